@@ -1,0 +1,68 @@
+"""The routing seam: what the proxy core asks a router, and what it gets back.
+
+The proxy core calls `Router.choose` once per attempt (retries pass the replicas already tried in
+`exclude`), then `Router.on_routed` once the upstream accepted the request, then
+`Router.on_finished` when the response ended. Policies (app/routing/policies.py) implement it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from app.prefix.fingerprint import Fingerprint
+
+
+@dataclass
+class Replica:
+    """One engine replica as the proxy sees it. Mutable counters are updated by the proxy core
+    (in-flight), the health checker (healthy) and the engine scraper (engine_*)."""
+
+    name: str
+    url: str  # base URL, no trailing slash, no /v1
+    engine: str = "auto"  # auto | vllm | sglang (auto resolved by the scraper)
+    block_size: int | None = None
+    kv_blocks: int | None = None
+    healthy: bool = True
+    inflight: int = 0
+    queued_prompt_tokens: int = 0  # prompt tokens routed here whose first token has not come yet
+    engine_waiting: float | None = None
+    engine_running: float | None = None
+    engine_kv_usage: float | None = None
+
+
+@dataclass
+class RouteRequest:
+    """What a policy may look at. `fingerprint` may be partial (hot path): see Fingerprint."""
+
+    tenant: str
+    model: str | None
+    session_id: str | None
+    fingerprint: Fingerprint | None
+    prompt_tokens_estimate: int
+
+
+@dataclass
+class RouteDecision:
+    replica: Replica
+    reason: str  # prefix_hit | load_override | cold_spread | session | failover | round_robin | least_load
+    matched_blocks: int = 0  # leading blocks predicted resident on `replica`
+    available_blocks: int = 0  # leading blocks resident anywhere in the fleet
+    scores: dict[str, float] = field(default_factory=dict)  # per-replica cost, for explanations
+
+
+class Router(Protocol):
+    async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
+        """Pick a healthy replica not in `exclude`; raise NoReplicaAvailable when none."""
+        ...
+
+    def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
+        """The upstream accepted the request: record residency/bindings (must not block)."""
+        ...
+
+    def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
+        ...
+
+
+class NoReplicaAvailable(Exception):
+    """No healthy replica is left to try."""

@@ -1,0 +1,200 @@
+"""Every prefixgate metric, defined once. Names and labels are contracts (ARCHITECTURE.md):
+dashboards, alert rules and the Helm chart read them. Each app instance owns a registry so that
+several proxies in one test process do not collide.
+
+Privacy: no label ever carries prompt text. Tenant labels go through `TenantLabels`, which folds
+tenants beyond the configured cap into `other` so cardinality stays bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+PROMPT_BUCKETS: tuple[tuple[str, int], ...] = (
+    ("0-1k", 1_000),
+    ("1k-4k", 4_000),
+    ("4k-16k", 16_000),
+    ("16k-64k", 64_000),
+    ("64k-128k", 128_000),
+)
+PROMPT_BUCKET_MAX = "128k+"
+UNKNOWN_BUCKET = "unknown"
+
+# Fine enough to read p95 anywhere from 10 ms to 60 s (and beyond, for 300k-token prefills).
+TTFT_BUCKETS = (
+    0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0,
+)
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5, 10)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+DECODE_RATE_BUCKETS = (1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
+
+OTHER_TENANT = "other"
+
+
+def prompt_bucket(prompt_tokens: int | None) -> str:
+    """The prompt-length bucket label for a token count (None -> `unknown`)."""
+    if prompt_tokens is None:
+        return UNKNOWN_BUCKET
+    for label, upper in PROMPT_BUCKETS:
+        if prompt_tokens < upper:
+            return label
+    return PROMPT_BUCKET_MAX
+
+
+class TenantLabels:
+    """Maps tenant ids to metric label values, capped: the first `cap` tenants seen keep their
+    name, later ones become `other`. Bounded memory and bounded series count."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, tenant: str) -> str:
+        if tenant in self._known:
+            return tenant
+        with self._lock:
+            if tenant in self._known:
+                return tenant
+            if len(self._known) < self._cap:
+                self._known.add(tenant)
+                return tenant
+        return OTHER_TENANT
+
+
+class Metrics:
+    """The registry and every metric prefixgate exports."""
+
+    def __init__(self, tenant_label_cap: int = 100) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.tenant_label = TenantLabels(tenant_label_cap)
+        r = self.registry
+
+        # --- client-side latency (the proxy's own clock) ---
+        self.ttft = Histogram(
+            "prefixgate_ttft_seconds",
+            "Client-side time to first token: request arrival at the proxy to the first chunk "
+            "carrying generated text (role-only and empty chunks excluded).",
+            ["model", "backend", "prompt_bucket"], buckets=TTFT_BUCKETS, registry=r)
+        self.first_byte = Histogram(
+            "prefixgate_upstream_first_byte_seconds",
+            "Arrival to the first upstream byte (about the engine's first token; role chunk).",
+            ["model", "backend"], buckets=TTFT_BUCKETS, registry=r)
+        self.request_duration = Histogram(
+            "prefixgate_request_duration_seconds",
+            "End-to-end request time at the proxy, by outcome.",
+            ["model", "backend", "status"], buckets=DURATION_BUCKETS, registry=r)
+        self.inter_token = Histogram(
+            "prefixgate_inter_token_seconds",
+            "Gaps between consecutive content chunks of a stream.",
+            ["model", "backend"], buckets=ITL_BUCKETS, registry=r)
+        self.decode_rate = Histogram(
+            "prefixgate_decode_tokens_per_second",
+            "Per-request decode rate: usage.completion_tokens over the decode span "
+            "(first to last content chunk); immune to servers that batch deltas.",
+            ["model", "backend"], buckets=DECODE_RATE_BUCKETS, registry=r)
+        self.proxy_overhead = Histogram(
+            "prefixgate_proxy_overhead_seconds",
+            "Arrival to the upstream request being sent: the proxy's own cost on the critical path.",
+            buckets=OVERHEAD_BUCKETS, registry=r)
+        self.requests = Counter(
+            "prefixgate_requests_total", "Requests received, by route and HTTP status.",
+            ["route", "status"], registry=r)
+
+        # --- tokens and prefix reuse ---
+        self.prompt_tokens = Counter(
+            "prefixgate_prompt_tokens_total", "Prompt tokens (engine usage).",
+            ["model", "tenant"], registry=r)
+        self.cached_tokens = Counter(
+            "prefixgate_cached_tokens_total",
+            "Prompt tokens served from the prefix cache: source=engine (usage.cached_tokens) "
+            "or predicted (the proxy's own block model).",
+            ["model", "tenant", "source"], registry=r)
+        self.reuse_tokens = Counter(
+            "prefixgate_prefix_reuse_tokens_total",
+            "Reusable prompt tokens: available (cached anywhere in the fleet), captured (predicted "
+            "resident on the chosen replica), delivered (reported by the engine).",
+            ["stage"], registry=r)
+        self.continuity = Gauge(
+            "prefixgate_prefix_continuity_ratio",
+            "Share of a tenant's last prompt's full blocks that continue an earlier prompt.",
+            ["tenant"], registry=r)
+        self.breaks = Counter(
+            "prefixgate_prefix_breaks_total",
+            "Prefix chain breaks by diagnosed cause "
+            "(dynamic_head, tool_order, front_trim, template_change, new_session, other).",
+            ["tenant", "cause"], registry=r)
+        self.tenant_evictions = Counter(
+            "prefixgate_tenant_history_evictions_total",
+            "Tenants or chains dropped from the bounded continuity history.", registry=r)
+        self.fingerprint_mode = Gauge(
+            "prefixgate_fingerprint_mode",
+            "1 for the active fingerprint mode: exact (local tokenizer), engine (/tokenize), approx.",
+            ["mode"], registry=r)
+
+        # --- engine (scraped from replicas' /metrics) ---
+        self.engine_hit_ratio = Gauge(
+            "prefixgate_engine_prefix_cache_hit_ratio",
+            "Engine prefix-cache hit ratio over the last scrape window (tokens hit / tokens queried).",
+            ["backend"], registry=r)
+        self.engine_caching_enabled = Gauge(
+            "prefixgate_engine_prefix_caching_enabled",
+            "0 when the engine's prefix cache is off (config says so, or prompts flow with zero "
+            "cache queries), else 1.", ["backend"], registry=r)
+        self.engine_spec_acceptance = Gauge(
+            "prefixgate_engine_spec_acceptance_length",
+            "Speculative decoding mean acceptance length (tokens per verify step, bonus included).",
+            ["backend"], registry=r)
+        self.engine_waiting = Gauge(
+            "prefixgate_engine_requests_waiting", "Requests queued in the engine.", ["backend"], registry=r)
+        self.engine_running = Gauge(
+            "prefixgate_engine_requests_running", "Requests running in the engine.", ["backend"], registry=r)
+        self.engine_kv_usage = Gauge(
+            "prefixgate_engine_kv_usage_ratio", "Engine KV-cache usage, 0..1.", ["backend"], registry=r)
+        self.engine_block_size = Gauge(
+            "prefixgate_engine_block_size_tokens", "Engine prefix-cache block (page) size.",
+            ["backend"], registry=r)
+        self.engine_kv_blocks = Gauge(
+            "prefixgate_engine_kv_capacity_blocks", "Engine KV capacity in blocks (num_gpu_blocks).",
+            ["backend"], registry=r)
+        self.engine_stale = Gauge(
+            "prefixgate_engine_metrics_stale", "1 when the last scrape of the backend failed.",
+            ["backend"], registry=r)
+        self.prediction_fidelity = Gauge(
+            "prefixgate_prediction_fidelity_ratio",
+            "Engine-delivered / proxy-predicted cached tokens over the window; well below 1 means "
+            "eviction pressure or a wrong block model.", ["backend"], registry=r)
+
+        # --- routing, upstream, hygiene, state ---
+        self.route_decisions = Counter(
+            "prefixgate_route_decisions_total", "Routing decisions by backend and reason.",
+            ["backend", "reason"], registry=r)
+        self.upstream_errors = Counter(
+            "prefixgate_upstream_errors_total",
+            "Upstream failures by kind (connect, status_5xx, timeout, midstream, ...).",
+            ["backend", "kind"], registry=r)
+        self.backend_healthy = Gauge(
+            "prefixgate_backend_healthy", "1 when the backend passes health checks.", ["backend"], registry=r)
+        self.backend_inflight = Gauge(
+            "prefixgate_backend_inflight_requests", "Requests the proxy has in flight per backend.",
+            ["backend"], registry=r)
+        self.rewrites = Counter(
+            "prefixgate_rewrites_total", "Hygiene rewrites applied, by kind.", ["tenant", "kind"], registry=r)
+        self.rejections = Counter(
+            "prefixgate_rejections_total", "Requests rejected by hygiene or auth, by reason.",
+            ["tenant", "reason"], registry=r)
+        self.hygiene_findings = Counter(
+            "prefixgate_hygiene_findings_total", "Hygiene findings by kind (any policy).",
+            ["tenant", "kind"], registry=r)
+        self.state_backend_up = Gauge(
+            "prefixgate_state_backend_up", "1 when the shared state backend (Redis) is reachable; "
+            "1 for the in-memory store.", registry=r)
+
+    def render(self) -> tuple[bytes, str]:
+        """Prometheus text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

