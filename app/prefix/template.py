@@ -1,0 +1,179 @@
+"""Chat-template rendering exactly as transformers' `apply_chat_template` does, without transformers.
+
+Engines (vLLM, SGLang) render a chat request with the tokenizer's Jinja template and then encode the
+text with `add_special_tokens=False`. To predict the engine's prompt token ids (and so its prefix
+cache blocks) the proxy and the simulator must render byte-identically. transformers' recipe
+(`transformers/utils/chat_template_utils.py`):
+- `jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)` with the
+  `loopcontrols` extension and the `{% generation %}` tag (a no-op for rendering);
+- filter `tojson` = `json.dumps(ensure_ascii=False, ...)` (no HTML escaping);
+- globals `raise_exception` (TemplateError), `strftime_now` (local time: date-printing templates
+  make the prompt time-dependent, a classic prefix-cache breaker);
+- variables `messages`, `tools`, `documents`, `add_generation_prompt`, the special-token strings
+  (`bos_token`, `eos_token`, ...) and any extra kwargs.
+Template source: `chat_template.jinja` overrides `tokenizer_config.json["chat_template"]` (a string,
+or a list of `{name, template}` where "default" wins).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
+
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                      "cls_token", "mask_token")
+
+
+class TemplateError(ValueError):
+    """The template called raise_exception, or could not be compiled/rendered."""
+
+
+class _GenerationTag(Extension):
+    """`{% generation %}...{% endgeneration %}` (transformers' AssistantTracker): renders its body.
+
+    transformers uses it only to compute assistant masks; the rendered text is unchanged.
+    """
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=32)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"chat template does not compile: {exc}") from exc
+
+
+def _token_content(value: Any) -> str | None:
+    """AddedToken dicts in tokenizer_config.json carry the string under `content`."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it is rendered with."""
+
+    def __init__(self, source: str, special_token_vars: Mapping[str, str] | None = None,
+                 special_tokens: Sequence[str] = ()) -> None:
+        self.source = source
+        self.special_token_vars: dict[str, str] = dict(special_token_vars or {})
+        # Every special (added) token string, longest first: the delimiters a segmenter splits on.
+        self.special_tokens: list[str] = sorted(set(special_tokens), key=lambda s: (-len(s), s))
+        self._template = _compile(source)
+
+    @classmethod
+    def from_dir(cls, path: str | Path | None = None) -> ChatTemplate:
+        """Load from a Hugging Face tokenizer directory (None: the built-in default tokenizer)."""
+        directory = Path(path) if path is not None else DEFAULT_TOKENIZER_DIR
+        config = _read_json(directory / "tokenizer_config.json")
+        source = _template_source(directory, config)
+        token_vars: dict[str, str] = {}
+        for src in (_read_json(directory / "special_tokens_map.json"), config):
+            for key in SPECIAL_TOKEN_KEYS:
+                content = _token_content(src.get(key))
+                if content is not None:
+                    token_vars[key] = content
+        specials = set(token_vars.values())
+        for entry in (config.get("added_tokens_decoder") or {}).values():
+            if isinstance(entry, Mapping) and entry.get("special") and entry.get("content"):
+                specials.add(str(entry["content"]))
+        for entry in _read_json(directory / "tokenizer.json").get("added_tokens") or []:
+            if isinstance(entry, Mapping) and entry.get("special") and entry.get("content"):
+                specials.add(str(entry["content"]))
+        for extra in config.get("additional_special_tokens") or []:
+            content = _token_content(extra)
+            if content:
+                specials.add(content)
+        return cls(source, token_vars, sorted(specials))
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
+               add_generation_prompt: bool = True, documents: Sequence[Any] | None = None,
+               **kwargs: Any) -> str:
+        """The prompt text the engine tokenizes (then encoded with add_special_tokens=False)."""
+        variables: dict[str, Any] = dict(self.special_token_vars)
+        variables.update(kwargs)
+        variables.update(messages=list(messages), tools=list(tools) if tools else None,
+                         documents=list(documents) if documents else None,
+                         add_generation_prompt=add_generation_prompt)
+        try:
+            return self._template.render(**variables)
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"chat template failed: {exc}") from exc
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _template_source(directory: Path, config: Mapping[str, Any]) -> str:
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default") or next(iter(named.values()), None)
+    if not isinstance(template, str):
+        raise TemplateError(f"no chat template in {directory}")
+    return template
+
+
+@lru_cache(maxsize=8)
+def _load_cached(path: str | None) -> ChatTemplate:
+    return ChatTemplate.from_dir(path)
+
+
+def load_chat_template(path: str | Path | None = None) -> ChatTemplate:
+    """Memoised `ChatTemplate.from_dir` (one compiled template per directory per process)."""
+    return _load_cached(str(path) if path is not None else None)
+
+
+def render(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
+           add_generation_prompt: bool = True, tokenizer: str | Path | None = None,
+           **kwargs: Any) -> str:
+    """Render with the template of `tokenizer` (a directory; None = the built-in default)."""
+    return load_chat_template(tokenizer).render(messages, tools=tools,
+                                                add_generation_prompt=add_generation_prompt, **kwargs)

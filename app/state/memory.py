@@ -1,0 +1,177 @@
+"""In-process Store: the embedded default (one gateway pod, or the sidecar).
+
+Residency per replica is an LRU of block hashes with a TTL, bounded at the replica's KV capacity.
+Chains are inserted tail-first so that block 0 is the most recently used: eviction then removes
+tail blocks before the head, as vLLM's free queue does (blocks of a finished request are freed in
+reverse order), which keeps each replica's resident set prefix-closed. `residency_lookup` relies
+on that to binary-search the leading resident run instead of scanning a 15k-block chain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+DEFAULT_CAPACITY_BLOCKS = 4096
+DEFAULT_TTL_S = 3600.0
+DEFAULT_HISTORY = 64
+DEFAULT_MAX_TENANTS = 10_000
+DEFAULT_MAX_BINDINGS = 100_000
+
+
+class _Residency:
+    def __init__(self, capacity: int, ttl_s: float, clock: Callable[[], float]) -> None:
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self.blocks: OrderedDict[int, float] = OrderedDict()  # hash -> expiry; last = most recent
+
+    def add(self, hashes: list[int]) -> int:
+        expiry = self._clock() + self.ttl_s
+        for h in reversed(hashes):
+            self.blocks[h] = expiry
+            self.blocks.move_to_end(h)
+        evicted = 0
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
+            evicted += 1
+        return evicted
+
+    def has(self, h: int, now: float) -> bool:
+        expiry = self.blocks.get(h)
+        if expiry is None:
+            return False
+        if expiry < now:
+            del self.blocks[h]
+            return False
+        return True
+
+    def leading(self, hashes: list[int]) -> int:
+        """Length of the leading resident run (binary search; the set is prefix-closed)."""
+        now = self._clock()
+        lo, hi = 0, len(hashes)  # invariant: hashes[:lo] resident, hashes[hi:] not known resident
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.has(hashes[mid - 1], now):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+
+class MemoryStore:
+    """Store protocol (app/state/base.py) on plain dicts; every structure is bounded."""
+
+    def __init__(
+        self,
+        capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
+        ttl_s: float = DEFAULT_TTL_S,
+        history_len: int = DEFAULT_HISTORY,
+        max_tenants: int = DEFAULT_MAX_TENANTS,
+        max_bindings: int = DEFAULT_MAX_BINDINGS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.default_capacity = capacity_blocks
+        self.ttl_s = ttl_s
+        self.history_len = history_len
+        self.max_tenants = max_tenants
+        self.max_bindings = max_bindings
+        self._clock = clock
+        self._residency: dict[str, _Residency] = {}
+        self._bindings: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._history: OrderedDict[str, deque[dict]] = OrderedDict()
+        self._counters: dict[str, dict[str, float]] = {}
+        self.evicted_tenants = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def up(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------- residency
+    def _replica(self, replica: str) -> _Residency:
+        res = self._residency.get(replica)
+        if res is None:
+            res = self._residency[replica] = _Residency(self.default_capacity, self.ttl_s, self._clock)
+        return res
+
+    def set_capacity(self, replica: str, capacity_blocks: int) -> None:
+        res = self._replica(replica)
+        res.capacity = max(1, capacity_blocks)
+        res.add([])  # trims to the new bound
+
+    async def residency_lookup(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+        return self.residency_lookup_sync(block_hashes, replicas)
+
+    def residency_lookup_sync(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+        return {r: (self._residency[r].leading(block_hashes) if r in self._residency else 0) for r in replicas}
+
+    async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
+        self._replica(replica).add(block_hashes)
+
+    async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
+        res = self._residency.get(replica)
+        if res is not None:
+            for h in block_hashes:
+                res.blocks.pop(h, None)
+
+    async def residency_clear(self, replica: str) -> None:
+        self._residency.pop(replica, None)
+
+    def residency_size(self, replica: str) -> int:
+        res = self._residency.get(replica)
+        return len(res.blocks) if res else 0
+
+    def residency_hashes(self, replica: str) -> set[int]:
+        res = self._residency.get(replica)
+        return set(res.blocks) if res else set()
+
+    # ------------------------------------------------------------- bindings
+    async def binding_get(self, key: str) -> str | None:
+        item = self._bindings.get(key)
+        if item is None:
+            return None
+        replica, expiry = item
+        if expiry < self._clock():
+            del self._bindings[key]
+            return None
+        return replica
+
+    async def binding_set(self, key: str, replica: str) -> None:
+        self._bindings[key] = (replica, self._clock() + self.ttl_s)
+        self._bindings.move_to_end(key)
+        while len(self._bindings) > self.max_bindings:
+            self._bindings.popitem(last=False)
+
+    # ------------------------------------------------------------- tenant history and counters
+    async def history_append(self, tenant: str, record: dict) -> None:
+        hist = self._history.get(tenant)
+        if hist is None:
+            hist = self._history[tenant] = deque(maxlen=self.history_len)
+            while len(self._history) > self.max_tenants:
+                evicted, _ = self._history.popitem(last=False)
+                self._counters.pop(evicted, None)
+                self.evicted_tenants += 1
+        self._history.move_to_end(tenant)
+        hist.append(record)
+
+    async def history_recent(self, tenant: str, limit: int) -> list[dict]:
+        hist = self._history.get(tenant)
+        if not hist:
+            return []
+        return list(hist)[-limit:]
+
+    async def counter_incr(self, tenant: str, field: str, amount: float = 1.0) -> None:
+        counters = self._counters.setdefault(tenant, {})
+        counters[field] = counters.get(field, 0.0) + amount
+
+    async def counters(self, tenant: str) -> dict[str, float]:
+        return dict(self._counters.get(tenant, {}))
+
+    async def tenants(self) -> list[str]:
+        return list(dict.fromkeys([*self._history, *self._counters]))
