@@ -44,6 +44,19 @@ class Discovery(BaseModel):
     interval_s: float = 10.0
 
 
+class RoutingWeights(BaseModel):
+    """prefix_affinity / least_load cost terms (app/routing/scorers.py); units: prefill tokens."""
+
+    uncached: float = 1.0  # multiplier on the prompt tokens a replica would have to prefill
+    backlog: float = 1.0  # multiplier on the replica's queued prompt tokens
+    decode: float = 1.0  # multiplier on the decode-load term
+    waiting_request_tokens: float = 2048.0  # an engine-reported waiting request, in prompt tokens
+    decode_tokens_per_running: float = 256.0  # one running decode, in prompt tokens
+    load_epsilon: float = 0.25  # bounded-load hashing slack (cold spread, session)
+    cold_key_tokens: int = 4096  # cold prefixes hash on the chain over this many leading tokens
+    cold_match_ratio: float = 0.25  # best fleet match below this share of the prompt = cold
+
+
 class Routing(BaseModel):
     policy: RoutingPolicy = "prefix_affinity"
     block_size: int = DEFAULT_BLOCK_SIZE
@@ -54,6 +67,7 @@ class Routing(BaseModel):
     kv_events_endpoints: dict[str, str] = Field(default_factory=dict)  # backend name -> tcp://host:port
     health_interval_s: float = 5.0
     max_retries: int = 2  # other replicas tried when one fails before the first byte
+    weights: RoutingWeights = Field(default_factory=RoutingWeights)
 
 
 class CacheSalt(BaseModel):
@@ -111,11 +125,21 @@ class Upstream(BaseModel):
 class Scrape(BaseModel):
     interval_s: float = 5.0
     timeout_s: float = 2.0
+    window_s: float = 60.0  # engine hit ratio / acceptance length / prediction fidelity window
+    jitter: float = 0.2  # each interval is interval_s * uniform(1 - jitter, 1 + jitter)
+    max_bytes: int = 8 * 1024 * 1024  # a larger /metrics body is refused (counts as a failed scrape)
 
 
 class StateOptions(BaseModel):
     redis_timeout_s: float = 0.05  # budget for the one pre-forward round trip
     key_ttl_s: float = 3600.0
+    namespace: str = "prefixgate"  # keys are <namespace>:v1:...; gateways sharing a Redis may differ
+    control_timeout_s: float = 1.0  # budget for batched writes, hygiene reads and reconnect probes
+    flush_interval_s: float = 0.002  # writes gathered this long into one pipelined batch
+    max_pending_writes: int = 1_000_000  # queued write weight (ops + blocks) kept through an outage
+    breaker_timeouts: int = 3  # consecutive over-budget calls that switch to local-only mode
+    reconnect_backoff_s: float = 0.1  # first reconnect delay; doubles up to reconnect_backoff_max_s
+    reconnect_backoff_max_s: float = 5.0
 
 
 class Tracing(BaseModel):

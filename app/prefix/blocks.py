@@ -118,3 +118,25 @@ def cacheable_blocks(num_tokens: int, block_size: int) -> int:
 def predicted_hit_tokens(resident_leading_blocks: int, num_tokens: int, block_size: int) -> int:
     """vLLM's hit count: B * min(leading resident blocks, floor((N-1)/B))."""
     return block_size * min(resident_leading_blocks, cacheable_blocks(num_tokens, block_size))
+
+
+def vllm_chain_from(
+    tokens: Sequence[int],
+    block_size: int,
+    parent: bytes | None = None,
+    start_block: int = 0,
+    algo: HashAlgo = "sha256",
+    python_hash_seed: str | None = None,
+    cache_salt: str | None = None,
+) -> list[bytes]:
+    """`vllm_chain` continued from block `start_block` (whose predecessor's digest is `parent`;
+    None = NONE_HASH), so an engine can hash the blocks that decode fills one at a time without
+    rehashing the prompt. Same values as `vllm_chain(tokens, ...)[start_block:]`."""
+    h = _hash_fn(algo)
+    digest = parent if parent is not None else none_hash(algo, python_hash_seed)
+    out: list[bytes] = []
+    for i in range(start_block, len(tokens) // block_size):
+        extra = (("cache_salt", cache_salt),) if cache_salt is not None and i == 0 else None
+        digest = h((digest, tuple(tokens[i * block_size:(i + 1) * block_size]), extra))
+        out.append(digest)
+    return out

@@ -17,7 +17,8 @@ VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # ChatML, with the tool block Qwen-style templates use. Rendered exactly as transformers does
-# (sandboxed jinja2, trim_blocks, lstrip_blocks, tojson without HTML escaping).
+# (sandboxed jinja2, trim_blocks, lstrip_blocks, tojson without HTML escaping). Content is used as
+# a string, so vLLM detects the "string" content format and joins list-of-parts text with "\n".
 CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
@@ -31,9 +32,7 @@ CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if not (message['role'] == 'system' and loop.first) %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- elif message['content'] %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}{%- endif %}"
+    "{%- if message['content'] %}{{- message['content'] }}{%- endif %}"
     "{%- if message.get('tool_calls') %}{%- for call in message['tool_calls'] %}"
     "{{- '\\n<tool_call>\\n' }}{{- {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
     "{{- '\\n</tool_call>' }}{%- endfor %}{%- endif %}"

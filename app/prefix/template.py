@@ -18,6 +18,7 @@ or a list of `{name, template}` where "default" wins).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
@@ -88,6 +89,50 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+_ITERATES_CONTENT = re.compile(r"for\s+\w+\s+in\s+[\w.]+(\.content\b|\[\s*['\"]content['\"]\s*\])")
+
+
+def detect_content_format(source: str) -> str:
+    """vLLM's content-format guess: "openai" when the template loops over a message's content
+    parts, else "string" (list content is then joined to one string before rendering)."""
+    return "openai" if _ITERATES_CONTENT.search(source) else "string"
+
+
+def prepare_messages(messages: Sequence[Mapping[str, Any]], content_format: str) -> list[dict[str, Any]]:
+    """Normalise OpenAI messages the way vLLM does before rendering: with the "string" format,
+    text parts are joined with "\n"; assistant tool-call `arguments` JSON strings become dicts
+    (invalid JSON or a non-object becomes {}), and an empty `tool_calls` list is dropped."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        msg = dict(message)
+        content = msg.get("content")
+        if content_format == "string" and isinstance(content, list):
+            msg["content"] = "\n".join(
+                str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+        calls = msg.get("tool_calls")
+        if isinstance(calls, list):
+            if not calls:
+                msg.pop("tool_calls")
+            else:
+                msg["tool_calls"] = [_parse_call(c) for c in calls]
+        out.append(msg)
+    return out
+
+
+def _parse_call(call: Any) -> Any:
+    if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+        return call
+    function = dict(call["function"])
+    args = function.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            parsed = {}
+        function["arguments"] = parsed if isinstance(parsed, dict) else {}
+    return {**call, "function": function}
+
+
 class ChatTemplate:
     """A compiled chat template plus the special tokens it is rendered with."""
 
@@ -97,6 +142,7 @@ class ChatTemplate:
         self.special_token_vars: dict[str, str] = dict(special_token_vars or {})
         # Every special (added) token string, longest first: the delimiters a segmenter splits on.
         self.special_tokens: list[str] = sorted(set(special_tokens), key=lambda s: (-len(s), s))
+        self.content_format = detect_content_format(source)
         self._template = _compile(source)
 
     @classmethod
@@ -130,7 +176,7 @@ class ChatTemplate:
         """The prompt text the engine tokenizes (then encoded with add_special_tokens=False)."""
         variables: dict[str, Any] = dict(self.special_token_vars)
         variables.update(kwargs)
-        variables.update(messages=list(messages), tools=list(tools) if tools else None,
+        variables.update(messages=prepare_messages(messages, self.content_format), tools=list(tools) if tools else None,
                          documents=list(documents) if documents else None,
                          add_generation_prompt=add_generation_prompt)
         try:

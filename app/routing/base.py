@@ -2,7 +2,7 @@
 
 The proxy core calls `Router.choose` once per attempt (retries pass the replicas already tried in
 `exclude`), then `Router.on_routed` once the upstream accepted the request, then
-`Router.on_finished` when the response ended. Policies (app/routing/policies.py) implement it.
+`Router.on_finished` when the response ended. Policies (one file each in app/routing/) implement it.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ class RouteDecision:
     matched_blocks: int = 0  # leading blocks predicted resident on `replica`
     available_blocks: int = 0  # leading blocks resident anywhere in the fleet
     scores: dict[str, float] = field(default_factory=dict)  # per-replica cost, for explanations
+    # Prompt tokens the chosen replica is predicted to prefill (prompt minus predicted hit). The
+    # proxy adds it to replica.queued_prompt_tokens when it forwards and takes it off at the first
+    # byte, which is the prefill backlog the cost-based policies read.
+    prefill_tokens: int = 0
+    explanation: str = ""  # one line a person can read: why this replica (no prompt text)
 
 
 class Router(Protocol):

@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
-from app.config import Settings
+from app.config import RoutingWeights, Settings
 from app.routing.base import Router
+from app.routing.least_load import LeastLoadRouter
+from app.routing.prefix_affinity import AffinityOptions, PrefixAffinityRouter
 from app.routing.replicas import ReplicaSet
 from app.routing.round_robin import RoundRobinRouter
+from app.routing.scorers import ScoreWeights
+from app.routing.session import SessionRouter
 from app.state.base import Store
 from app.telemetry.metrics import Metrics
 
 
+def score_weights(w: RoutingWeights) -> ScoreWeights:
+    return ScoreWeights(uncached=w.uncached, backlog=w.backlog, decode=w.decode,
+                        waiting_request_tokens=w.waiting_request_tokens,
+                        decode_tokens_per_running=w.decode_tokens_per_running)
+
+
 def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics: Metrics) -> Router:
-    policy = settings.routing.policy
-    # The affinity policies land with the routing issue; until then every policy is round-robin.
-    del store, metrics, policy
-    return RoundRobinRouter(replicas)
+    routing = settings.routing
+    weights = score_weights(routing.weights)
+    if routing.policy == "round_robin":
+        return RoundRobinRouter(replicas)
+    if routing.policy == "least_load":
+        return LeastLoadRouter(replicas, weights)
+    if routing.policy == "session":
+        return SessionRouter(replicas, store, epsilon=routing.weights.load_epsilon)
+    if routing.policy == "prefix_affinity":
+        options = AffinityOptions(
+            block_size=routing.block_size, weights=weights, epsilon=routing.weights.load_epsilon,
+            cold_key_tokens=routing.weights.cold_key_tokens,
+            cold_match_ratio=routing.weights.cold_match_ratio,
+            predictive_index=not routing.kv_events, default_kv_blocks=routing.kv_blocks)
+        return PrefixAffinityRouter(replicas, store, options, metrics)
+    raise ValueError(f"unknown routing policy {routing.policy!r}")

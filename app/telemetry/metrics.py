@@ -174,6 +174,15 @@ class Metrics:
         self.route_decisions = Counter(
             "prefixgate_route_decisions_total", "Routing decisions by backend and reason.",
             ["backend", "reason"], registry=r)
+        self.kv_events = Counter(
+            "prefixgate_kv_events_total",
+            "Engine KV-cache events applied to the residency index, by kind (stored, removed, "
+            "cleared; orphan = a stored block whose parent was unknown, skipped).",
+            ["backend", "kind"], registry=r)
+        self.kv_event_gaps = Counter(
+            "prefixgate_kv_event_gaps_total",
+            "Sequence gaps in a replica's KV event stream; the replica's index was replayed or "
+            "cleared and rebuilt, so predictions undercount until it refills.", ["backend"], registry=r)
         self.upstream_errors = Counter(
             "prefixgate_upstream_errors_total",
             "Upstream failures by kind (connect, status_5xx, timeout, midstream, ...).",
@@ -194,6 +203,18 @@ class Metrics:
         self.state_backend_up = Gauge(
             "prefixgate_state_backend_up", "1 when the shared state backend (Redis) is reachable; "
             "1 for the in-memory store.", registry=r)
+        self.state_fallbacks = Counter(
+            "prefixgate_state_fallbacks_total",
+            "Shared-state reads answered from the gateway's local state because Redis was down "
+            "(reason=down), over its time budget (timeout) or failed (error). Routing still works; "
+            "it just sees only this pod's view.", ["op", "reason"], registry=r)
+        self.state_pending_writes = Gauge(
+            "prefixgate_state_pending_writes",
+            "Shared-state writes queued for Redis (batched; replayed after an outage).", registry=r)
+        self.state_dropped_writes = Counter(
+            "prefixgate_state_dropped_writes_total",
+            "Queued shared-state writes dropped because the queue hit its bound during a long Redis "
+            "outage; other pods miss them until the data is written again.", registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""

@@ -1,0 +1,100 @@
+"""Request-body validation for the OpenAI surface: pure, so it is unit-tested without a server.
+
+Only what the proxy relies on is checked (and what an engine would reject anyway, but earlier
+and with a clear message): the body is a JSON object, `model` is a string, chat has a non-empty
+`messages` list of objects, completions a `prompt`, and the few typed fields the proxy reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.proxy.context import ProxyError
+
+_NUMBER = (int, float)
+
+# field -> (accepted types, description); None is accepted for every optional field
+_OPTIONAL_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "stream": ((bool,), "a boolean"),
+    "stream_options": ((dict,), "an object"),
+    "n": ((int,), "an integer"),
+    "max_tokens": ((int,), "an integer"),
+    "max_completion_tokens": ((int,), "an integer"),
+    "temperature": (_NUMBER, "a number"),
+    "top_p": (_NUMBER, "a number"),
+    "user": ((str,), "a string"),
+    "stop": ((str, list), "a string or a list of strings"),
+    "tools": ((list,), "a list"),
+    "cache_salt": ((str,), "a string"),
+}
+
+
+def _bad(message: str, param: str | None = None, code: str = "invalid_type") -> ProxyError:
+    return ProxyError(400, message, param=param, code=code)
+
+
+def parse_body(raw: bytes, route: str) -> dict[str, Any]:
+    """Parse and check a chat (`route="chat"`) or completions body; raises ProxyError(400)."""
+    if not raw:
+        raise _bad("request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _bad(f"request body is not valid JSON: {exc.msg}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    validate_body(body, route)
+    return body
+
+
+def validate_body(body: dict[str, Any], route: str) -> None:
+    model = body.get("model")
+    if model is None:
+        raise _bad("you must provide a model parameter", "model", "missing_required_parameter")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' must be a non-empty string", "model")
+    if route == "chat":
+        messages = body.get("messages")
+        if messages is None:
+            raise _bad("'messages' is a required property", "messages", "missing_required_parameter")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("'messages' must be a non-empty list", "messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise _bad(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
+    else:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise _bad("'prompt' is a required property", "prompt", "missing_required_parameter")
+        if not isinstance(prompt, (str, list)) or (isinstance(prompt, list) and not prompt):
+            raise _bad("'prompt' must be a string or a non-empty list", "prompt")
+    for name, (types, described) in _OPTIONAL_TYPES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise _bad(f"'{name}' must be {described}", name)
+    n = body.get("n")
+    if isinstance(n, int) and n < 1:
+        raise _bad("'n' must be at least 1", "n")
+
+
+def with_include_usage(raw: bytes, body: dict[str, Any]) -> bytes:
+    """The request bytes with `stream_options.include_usage = true`.
+
+    When the body has no `stream_options` at all the key is spliced before the closing brace (no
+    re-serialisation of a possibly 1 MB prompt); otherwise the parsed body is re-serialised.
+    """
+    if "stream_options" not in body:
+        stripped = raw.rstrip()
+        if stripped.endswith(b"}"):
+            return stripped[:-1] + b',"stream_options":{"include_usage":true}}'
+    options = body.get("stream_options") or {}
+    return orjson.dumps({**body, "stream_options": {**options, "include_usage": True}})
+
+
+def client_wants_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))

@@ -1,0 +1,170 @@
+"""The dynamic-value detector: text that typically changes from one request to the next.
+
+A value such as `Current time: 2026-04-14T09:31:07Z` on top of a system prompt changes block 0 of
+every prompt and so defeats the engine's prefix cache. This module only says *where* such values
+are (`find_dynamic_spans`) and which lines hold them (`dynamic_lines`); whether one actually broke
+a chain is decided by diagnosis (app/prefix/diagnose.py), which compares consecutive requests: a
+value that looks dynamic but never changes (a fixed policy date, a version, an example UUID) is
+not a cause. The hygiene rewrite (`move_dynamic`) reuses `dynamic_lines` to move such lines below
+the static content.
+
+Patterns are plain regexes, compiled once; extra ones come from `hygiene.dynamic_patterns`.
+Covered: ISO/RFC timestamps, numeric dates (Y-M-D, D.M.Y, M/D/Y), written dates in English,
+German, French, Spanish, Italian, Portuguese and Dutch, CJK dates, clock times, Unix epochs,
+UUIDs, ULIDs, long hex ids, request/session/trace ids, prefixed ids (req_…, sess_…), emails,
+user-name lines and counters (turn 7, request #123).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+_MONTHS = (
+    # en
+    "january|february|march|april|may|june|july|august|september|october|november|december|"
+    "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec|"
+    # de
+    "januar|jänner|februar|märz|mai|juni|juli|oktober|dezember|okt|dez|"
+    # fr
+    "janvier|février|fevrier|mars|avril|juin|juillet|août|aout|septembre|octobre|novembre|décembre|decembre|"
+    # es / pt / it
+    "enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|setiembre|octubre|noviembre|diciembre|"
+    "janeiro|fevereiro|março|maio|junho|julho|setembro|outubro|novembro|dezembro|"
+    "gennaio|febbraio|aprile|maggio|giugno|luglio|settembre|ottobre|dicembre|"
+    # nl
+    "januari|februari|maart|augustus"
+)
+_WEEKDAYS = (
+    "monday|tuesday|wednesday|thursday|friday|saturday|sunday|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|"
+    "montag|dienstag|mittwoch|donnerstag|freitag|samstag|sonntag|"
+    "lundi|mardi|mercredi|jeudi|vendredi|samedi|dimanche|"
+    "lunes|martes|miércoles|miercoles|jueves|viernes|sábado|sabado|domingo|"
+    "lunedì|martedì|mercoledì|giovedì|venerdì|"
+    "maandag|dinsdag|woensdag|donderdag|vrijdag|zaterdag|zondag"
+)
+_TIME = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
+_TZ = r"(?:\s?(?:Z|UTC|GMT|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T))?"
+_DAY = r"(?:0?[1-9]|[12]\d|3[01])"
+_MON = r"(?:0?[1-9]|1[0-2])"
+_YEAR = r"(?:19|20)\d{2}"
+
+# (kind, pattern). Order matters only for ties; overlapping matches are merged by start/length.
+BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("timestamp", rf"\b{_YEAR}-{_MON}-{_DAY}[T ]{_TIME}{_TZ}"),
+    ("timestamp", rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}"),  # RFC 2822
+    ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
+    ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
+    ("date", rf"\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
+    ("date", rf"\b{_MON}/{_DAY}/(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
+    ("date", rf"\b{_DAY}/{_MON}/(?:{_YEAR})\b(?:,?\s*{_TIME})?"),
+    ("date", rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?"),
+    ("date", rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+)?{_TIME})?"),
+    ("date", rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b"),
+    ("date", rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b"),
+    ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
+    ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
+    ("time", rf"(?<![\w.:/-]){_TIME}{_TZ}(?![\w.:/-])"),
+    ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?\b"),
+    ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
+    ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
+    ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-][A-Za-z0-9]{6,}\b"),
+    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:id|identifier|key|token|nr|no|number|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:-]{3,}"),
+    ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
+    ("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
+    ("user", r"(?i)\b(?:user(?:\s?name)?|customer|logged in as|signed in as|current user|nutzer(?:name)?|benutzer(?:name)?|utilisateur|usuario|utente)\s*[:=]\s*[\"']?\w[\w.\- ]{0,40}"),
+    ("user", r"(?i)\b(?:you are (?:talking|speaking|chatting) (?:to|with)|du sprichst mit|sie sprechen mit|tu parles (?:à|avec)|vous parlez (?:à|avec)|estás hablando con|hablas con)\s+\w[\w.\-]*(?:\s+[A-Z][\w.\-]*)?"),
+    ("counter", r"(?i)\b(?:turn|request|call|attempt|step|iteration|message|visit|session|round|run|try|versuch|anfrage|tentative|intento)\s*(?:#|no\.?|nr\.?|number)?\s*\d+\b(?:\s*(?:of|/|von|sur|de)\s*\d+)?"),
+    ("counter", r"(?i)\b(?:count|counter|seq|sequence|index|request_count|n_calls|uptime)\s*[:=]\s*\d+\b"),
+)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One dynamic-looking value: `text[start:end]`, with its kind (date, uuid, email, ...)."""
+
+    start: int
+    end: int
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True)
+class DynamicLine:
+    """A line (without its newline) that holds at least one dynamic value."""
+
+    start: int
+    end: int
+    text: str
+    spans: tuple[Span, ...]
+
+
+class DynamicDetector:
+    """Compiled built-in patterns plus `extra` regexes (kind `custom`). Thread-safe, reusable."""
+
+    def __init__(self, extra: Sequence[str] = ()) -> None:
+        compiled: list[tuple[str, re.Pattern[str]]] = [(k, re.compile(p)) for k, p in BUILTIN_PATTERNS]
+        compiled.extend(("custom", re.compile(p)) for p in extra)
+        self._patterns = compiled
+
+    def find(self, text: str, start: int = 0, end: int | None = None) -> list[Span]:
+        """Dynamic spans in `text[start:end]`, non-overlapping, ordered; the longest match wins."""
+        stop = len(text) if end is None else end
+        found: list[Span] = []
+        for kind, pattern in self._patterns:
+            for m in pattern.finditer(text, start, stop):
+                if m.end() > m.start():
+                    found.append(Span(m.start(), m.end(), kind, m.group(0)))
+        return _merge(found)
+
+    def lines(self, text: str) -> list[DynamicLine]:
+        """Lines holding at least one dynamic value (offsets into `text`)."""
+        out: list[DynamicLine] = []
+        spans = self.find(text)
+        i = 0
+        while i < len(spans):
+            line_start = text.rfind("\n", 0, spans[i].start) + 1
+            line_end = text.find("\n", spans[i].start)
+            line_end = len(text) if line_end < 0 else line_end
+            members = []
+            while i < len(spans) and spans[i].start < line_end:
+                members.append(spans[i])
+                i += 1
+            out.append(DynamicLine(line_start, line_end, text[line_start:line_end], tuple(members)))
+        return out
+
+
+def _merge(spans: Iterable[Span]) -> list[Span]:
+    """Overlapping matches become one span (union), named after the earliest, longest match."""
+    ordered = sorted(spans, key=lambda s: (s.start, -(s.end - s.start)))
+    out: list[Span] = []
+    for span in ordered:
+        if out and span.start < out[-1].end:
+            if span.end > out[-1].end:
+                last = out[-1]
+                out[-1] = Span(last.start, span.end, last.kind, last.text + span.text[last.end - span.start:])
+            continue
+        out.append(span)
+    return out
+
+
+@lru_cache(maxsize=16)
+def get_detector(extra: tuple[str, ...] = ()) -> DynamicDetector:
+    """A shared detector per set of extra patterns (compiling ~25 regexes costs ~5 ms)."""
+    return DynamicDetector(extra)
+
+
+def find_dynamic_spans(text: str, extra_patterns: Sequence[str] = ()) -> list[Span]:
+    """Every dynamic-looking value in `text` (see the module docstring for what counts)."""
+    return get_detector(tuple(extra_patterns)).find(text)
+
+
+def dynamic_lines(text: str, extra_patterns: Sequence[str] = ()) -> list[DynamicLine]:
+    """The lines of `text` that hold dynamic-looking values: what `move_dynamic` moves."""
+    return get_detector(tuple(extra_patterns)).lines(text)
+
+
+def has_dynamic(text: str, extra_patterns: Sequence[str] = ()) -> bool:
+    return bool(find_dynamic_spans(text, extra_patterns))

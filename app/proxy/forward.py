@@ -1,0 +1,119 @@
+"""The attempt loop: route, send, retry on another replica while nothing reached the client.
+
+A failure before the first upstream body byte (connect refused, timeout, 5xx, a stream closed
+before its first byte) is retried on a replica not yet tried, up to `routing.max_retries` extra
+attempts; after that the caller turns the last `UpstreamError` into a 502 (or `NoReplicaAvailable`
+into a 503). Once the first byte was relayed the response is committed: later failures become an
+SSE error event (relay.py), never a retry.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+import aiohttp
+import orjson
+
+from app.proxy.clock import StreamClock
+from app.proxy.context import RequestContext
+from app.proxy.relay import StreamObserver, relay_buffered, relay_raw, relay_stream
+from app.proxy.upstream import UpstreamError, upstream_headers
+from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
+
+if TYPE_CHECKING:
+    from app.server import Services
+
+Mode = Literal["stream", "buffered", "raw"]
+_ERROR_SNIPPET = 200
+
+
+async def _status_error(replica: Replica, resp: aiohttp.ClientResponse) -> UpstreamError:
+    """A 5xx answer as an UpstreamError carrying the upstream's own error message (bounded)."""
+    message = ""
+    try:
+        body = await resp.read()
+        payload = orjson.loads(body)
+        err = payload.get("error") if isinstance(payload, dict) else None
+        if isinstance(err, dict):
+            message = str(err.get("message", ""))[:_ERROR_SNIPPET]
+        elif isinstance(payload, dict) and "detail" in payload:
+            message = str(payload["detail"])[:_ERROR_SNIPPET]
+    except Exception:  # the message is a courtesy; the status is the fact
+        message = ""
+    detail = f": {message}" if message else ""
+    return UpstreamError("status_5xx", replica.name, f"{replica.name} returned HTTP {resp.status}{detail}",
+                         status=resp.status)
+
+
+async def forward(services: Services, ctx: RequestContext, send: Any, body: bytes, request: RouteRequest,
+                  clock: StreamClock, *, method: str, path: str, mode: Mode,
+                  drop_usage: bool = False) -> None:
+    """Forward `body` and relay the answer. Raises (nothing sent yet) NoReplicaAvailable when no
+    replica could be tried, or the last UpstreamError when every attempt failed."""
+    metrics = services.metrics
+    headers = upstream_headers(ctx.headers, ctx.request_id, services.settings.upstream.api_key)
+    tried: set[str] = set()
+    last_error: UpstreamError | None = None
+    for _ in range(1 + max(0, services.settings.routing.max_retries)):
+        try:
+            decision = await services.router.choose(request, frozenset(tried))
+        except NoReplicaAvailable:
+            if last_error is not None:
+                raise last_error from None
+            raise
+        replica = decision.replica
+        tried.add(replica.name)
+        ctx.decision = decision
+        ctx.attempts += 1
+        metrics.route_decisions.labels(replica.name, decision.reason).inc()
+        replica.inflight += 1
+        metrics.backend_inflight.labels(replica.name).set(replica.inflight)
+        resp: aiohttp.ClientResponse | None = None
+        committed = ok = False
+        try:
+            clock.upstream_sent(time.perf_counter())
+            resp = await services.upstream.open(replica, method, path, body, headers)
+            if resp.status >= 500:
+                raise await _status_error(replica, resp)
+            first = b""
+            if mode != "buffered" and resp.status < 400:
+                first = await services.upstream.first_chunk(replica, resp)
+            committed = True
+            services.health.mark_success(replica)
+            if resp.status < 400:
+                services.router.on_routed(request, decision)
+            if mode == "stream" and resp.status == 200:
+                observer = StreamObserver(ctx.route, clock, drop_usage,
+                                          collect_text=int(ctx.body.get("n") or 1) == 1)
+                await relay_stream(ctx, resp, first, send, observer)
+            elif mode == "raw":
+                await relay_raw(ctx, resp, first, send, clock)
+            else:
+                await relay_buffered(ctx, resp, send, clock, parse=mode != "raw")
+            failure = ctx.attrs.get("upstream_failure")
+            if isinstance(failure, UpstreamError):
+                metrics.upstream_errors.labels(replica.name, failure.kind).inc()
+            if resp.status >= 400 and ctx.outcome == "ok":
+                ctx.outcome = "client_error"
+            ok = ctx.outcome == "ok"
+            return
+        except UpstreamError as exc:
+            metrics.upstream_errors.labels(replica.name, exc.kind).inc()
+            services.health.mark_failure(replica, exc.kind)
+            if committed:
+                ctx.outcome = "upstream_error"
+                raise
+            last_error = exc
+        finally:
+            if resp is not None:
+                if ok:
+                    resp.release()
+                else:
+                    resp.close()
+            replica.inflight -= 1
+            metrics.backend_inflight.labels(replica.name).set(replica.inflight)
+            if committed:
+                services.router.on_finished(request, decision, ok)
+    assert last_error is not None
+    raise last_error

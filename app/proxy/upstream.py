@@ -1,0 +1,122 @@
+"""The upstream side of the hot path: one pooled aiohttp session to every replica.
+
+aiohttp, not httpx, because httpx's pool scans every connection for every waiting request and its
+reads cost ~3x more (ARCHITECTURE.md, measured): `TCPConnector(limit=0)` keeps unbounded keep-alive
+connections per replica, aiohttp sets TCP_NODELAY on them, and responses are read with
+`readany()` so bytes are relayed as they arrive. Failures are turned into `UpstreamError` with a
+`kind` that the metrics and the retry logic share: connect, timeout, disconnect, status_5xx, empty,
+midstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import aiohttp
+
+from app.config import Limits
+from app.routing.base import Replica
+
+# Request headers never forwarded upstream: hop-by-hop ones, those aiohttp sets itself, and
+# accept-encoding (the relay must see identity-encoded SSE to observe it).
+_DROP_REQUEST = frozenset({
+    "host", "content-length", "connection", "keep-alive", "proxy-connection", "te", "trailer",
+    "transfer-encoding", "upgrade", "accept-encoding", "expect",
+})
+# Response headers never copied to the client (the ASGI server frames the body itself).
+DROP_RESPONSE = frozenset({
+    "content-length", "transfer-encoding", "connection", "keep-alive", "date", "server",
+})
+
+
+class UpstreamError(Exception):
+    """A failed attempt at one replica. `kind` labels prefixgate_upstream_errors_total."""
+
+    def __init__(self, kind: str, backend: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.backend = backend
+        self.status = status
+
+
+def upstream_headers(incoming: Mapping[str, str], request_id: str, api_key: str | None,
+                     content_type: str = "application/json") -> dict[str, str]:
+    """Headers for the upstream request: the client's, minus hop-by-hop, with the request id;
+    the client's Authorization is replaced when the proxy has its own upstream key."""
+    out = {k: v for k, v in incoming.items() if k not in _DROP_REQUEST}
+    out["x-request-id"] = request_id
+    out["accept-encoding"] = "identity"
+    out.setdefault("content-type", content_type)
+    if api_key:
+        out["authorization"] = f"Bearer {api_key}"
+    return out
+
+
+def classify_exception(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect"
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return "timeout"
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
+        return "disconnect"
+    return "error"
+
+
+class Upstream:
+    """Owns the aiohttp session (created on the serving loop in `start`)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=75,
+                                         enable_cleanup_closed=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect_timeout_s,
+                                        sock_read=self.limits.read_timeout_s)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                             skip_auto_headers=("User-Agent",))
+
+    async def stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    @property
+    def connector(self) -> aiohttp.BaseConnector | None:
+        return self.session.connector if self.session else None
+
+    async def open(self, replica: Replica, method: str, path: str, body: bytes,
+                   headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+        """Send the request; returns once the response headers arrived (any status).
+
+        Bounded by limits.first_byte_timeout_s; raises UpstreamError on failure.
+        """
+        assert self.session is not None, "Upstream.start() was not awaited"
+        try:
+            async with asyncio.timeout(self.limits.first_byte_timeout_s):
+                return await self.session.request(method, replica.url + path, data=body or None,
+                                                  headers=dict(headers), allow_redirects=False)
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(classify_exception(exc), replica.name,
+                                f"{replica.name}: {type(exc).__name__}: {exc}") from exc
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            raise UpstreamError("timeout", replica.name,
+                                f"{replica.name}: no response within {self.limits.first_byte_timeout_s}s") from exc
+
+    async def first_chunk(self, replica: Replica, resp: aiohttp.ClientResponse) -> bytes:
+        """The first body bytes (the role chunk, or the first token), bounded by the first-byte
+        timeout. Nothing has reached the client yet, so a failure here is still retryable."""
+        try:
+            async with asyncio.timeout(self.limits.first_byte_timeout_s):
+                data = await resp.content.readany()
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(classify_exception(exc), replica.name,
+                                f"{replica.name}: {type(exc).__name__} before the first byte") from exc
+        except (asyncio.TimeoutError, TimeoutError) as exc:
+            raise UpstreamError("timeout", replica.name,
+                                f"{replica.name}: no first byte within {self.limits.first_byte_timeout_s}s") from exc
+        if not data:
+            raise UpstreamError("empty", replica.name, f"{replica.name}: closed the stream before the first byte")
+        return data

@@ -1,0 +1,137 @@
+"""Replica health: active `/health` checks, passive marking on failures, a small circuit breaker.
+
+Active: every `routing.health_interval_s` each replica's `GET /health` is probed; 200 marks it
+healthy. The same pass reads `GET /v1/models`, which gives the proxy its model list (the 404 check
+and the `/v1/models` union). Passive: a connect failure on the hot path opens the replica's breaker
+at once (it leaves rotation until a probe succeeds); other failures count, and `FAILURE_THRESHOLD`
+consecutive ones open it too. Open breakers are probed every `OPEN_PROBE_S`, not every interval,
+so a replica that restarts is back within a second or so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import aiohttp
+
+from app.routing.base import Replica
+from app.routing.replicas import ReplicaSet
+from app.telemetry.metrics import Metrics
+
+log = logging.getLogger("prefixgate.health")
+
+FAILURE_THRESHOLD = 3  # consecutive non-connect failures that open the breaker
+OPEN_PROBE_S = 1.0  # probe period for replicas whose breaker is open
+PROBE_TIMEOUT_S = 2.0
+
+
+class HealthChecker:
+    def __init__(self, replicas: ReplicaSet, metrics: Metrics, interval_s: float,
+                 probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        self.replicas = replicas
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self.failures: dict[str, int] = {}
+        self.models: dict[str, list[dict]] = {}  # replica -> its /v1/models `data`
+        self._last_probe: dict[str, float] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.probe_timeout_s))
+        for replica in self.replicas.all():
+            self._publish(replica)
+        self._task = asyncio.create_task(self._loop(), name="prefixgate-health")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------ passive signals (hot path)
+    def mark_failure(self, replica: Replica, kind: str) -> None:
+        count = self.failures.get(replica.name, 0) + 1
+        self.failures[replica.name] = count
+        if replica.healthy and (kind == "connect" or count >= FAILURE_THRESHOLD):
+            log.warning("replica %s marked unhealthy after %s failure", replica.name, kind)
+            replica.healthy = False
+            self._publish(replica)
+            self._wake.set()
+
+    def mark_success(self, replica: Replica) -> None:
+        if self.failures.get(replica.name):
+            self.failures[replica.name] = 0
+
+    # ------------------------------------------------------------ model list
+    def known_models(self) -> set[str] | None:
+        """Model ids served by healthy replicas; None when no replica reported a list yet."""
+        healthy = {r.name for r in self.replicas.healthy()}
+        lists = [self.models[name] for name in healthy if name in self.models]
+        if not lists:
+            return None
+        return {m.get("id") for data in lists for m in data if isinstance(m, dict)}
+
+    def model_union(self) -> list[dict]:
+        seen: dict[str, dict] = {}
+        for replica in self.replicas.healthy():
+            for model in self.models.get(replica.name, []):
+                if isinstance(model, dict) and model.get("id") not in seen:
+                    seen[model["id"]] = model
+        return list(seen.values())
+
+    # ------------------------------------------------------------ active checks
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(r) for r in self.replicas.all()))
+
+    async def check(self, replica: Replica) -> bool:
+        assert self._session is not None
+        self._last_probe[replica.name] = time.monotonic()
+        ok = False
+        try:
+            async with self._session.get(replica.url + "/health") as resp:
+                ok = resp.status == 200
+            if ok:
+                async with self._session.get(replica.url + "/v1/models") as resp:
+                    if resp.status == 200:
+                        payload = await resp.json(content_type=None)
+                        data = payload.get("data") if isinstance(payload, dict) else None
+                        if isinstance(data, list):
+                            self.models[replica.name] = data
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            ok = False
+        if ok != replica.healthy:
+            log.warning("replica %s is now %s", replica.name, "healthy" if ok else "unhealthy")
+        replica.healthy = ok
+        if ok:
+            self.failures[replica.name] = 0
+        self._publish(replica)
+        return ok
+
+    def _publish(self, replica: Replica) -> None:
+        self.metrics.backend_healthy.labels(replica.name).set(1 if replica.healthy else 0)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.check_all()
+            except Exception:  # a bug in one pass must not end health checking
+                log.exception("health check pass failed")
+            deadline = time.monotonic() + self.interval_s
+            while (remaining := deadline - time.monotonic()) > 0:
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), min(remaining, OPEN_PROBE_S))
+                unhealthy = [r for r in self.replicas.all() if not r.healthy]
+                if unhealthy:
+                    await asyncio.gather(*(self.check(r) for r in unhealthy))

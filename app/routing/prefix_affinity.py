@@ -1,0 +1,140 @@
+"""`prefix_affinity` (the default policy): send a request where its prefix is resident, unless the
+queue there costs more than the prefill it saves.
+
+Per candidate replica the cost is the sum of the scorers (app/routing/scorers.py), all in prefill
+tokens: the prompt tokens not resident there (from the residency index, one Store round trip for
+all replicas), its prefill backlog and its decode load. The lowest cost wins:
+- `prefix_hit`: the winner holds the longest resident prefix among the candidates;
+- `load_override`: another replica holds more of the prefix, but its load outweighs the saving;
+- `cold_spread`: no candidate holds a meaningful share of the prompt (< `cold_match_ratio`), so
+  the request is placed by bounded-load consistent hashing of its first blocks: the same prefix
+  lands on the same replica across turns and gateway pods, and no replica takes more than
+  (1 + epsilon) x the mean load, so cold traffic never piles onto one replica;
+- `failover`: a retry (the previous replicas are in `exclude`).
+
+`on_routed` inserts the known prompt blocks into the chosen replica's residency index right away
+(off the hot path, a task), so a tenant's next turn or a concurrent request finds them before the
+fingerprint hook writes the full chain; in KV-event mode the engine's events are the only writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.prefix.blocks import predicted_hit_tokens
+from app.routing.background import BackgroundWrites
+from app.routing.base import Replica, RouteDecision, RouteRequest
+from app.routing.replicas import ReplicaSet
+from app.routing.ring import DEFAULT_EPSILON, RingCache, pick_bounded
+from app.routing.round_robin import pick_candidates
+from app.routing.scorers import ReplicaCost, ScoreWeights, load_value, replica_costs
+from app.state.base import Store
+from app.telemetry.metrics import Metrics
+
+DEFAULT_COLD_KEY_TOKENS = 4096
+DEFAULT_COLD_MATCH_RATIO = 0.25
+
+
+@dataclass(frozen=True)
+class AffinityOptions:
+    block_size: int = 16
+    weights: ScoreWeights = ScoreWeights()
+    epsilon: float = DEFAULT_EPSILON
+    cold_key_tokens: int = DEFAULT_COLD_KEY_TOKENS
+    cold_match_ratio: float = DEFAULT_COLD_MATCH_RATIO
+    predictive_index: bool = True  # False in KV-event mode: the engine's events own the index
+    default_kv_blocks: int | None = None
+
+
+def cold_key(block_hashes: Sequence[int], block_size: int, key_tokens: int, tenant: str) -> str | int:
+    """The chained hash over the first `key_tokens` tokens (one hash covers all earlier blocks),
+    or the tenant when the prompt has no full block yet."""
+    if not block_hashes:
+        return f"tenant:{tenant}"
+    n = max(1, min(len(block_hashes), key_tokens // max(1, block_size)))
+    return block_hashes[n - 1]
+
+
+def prompt_tokens_of(request: RouteRequest) -> int:
+    fp = request.fingerprint
+    if fp is not None and fp.complete and fp.num_tokens is not None:
+        return fp.num_tokens
+    known = len(fp.block_hashes) * fp.block_size if fp is not None else 0
+    return max(request.prompt_tokens_estimate, known, 1)
+
+
+def choose_by_cost(costs: list[ReplicaCost]) -> ReplicaCost:
+    """Lowest total; ties go to the longer resident prefix, then fewer in flight, then the name."""
+    return min(costs, key=lambda c: (c.total, -c.matched_blocks, c.replica.inflight, c.replica.name))
+
+
+class PrefixAffinityRouter:
+    def __init__(self, replicas: ReplicaSet, store: Store, options: AffinityOptions | None = None,
+                 metrics: Metrics | None = None) -> None:
+        self._replicas = replicas
+        self._store = store
+        self.options = options or AffinityOptions()
+        self._metrics = metrics
+        self._ring = RingCache()
+        self._capacity_seen: dict[str, int] = {}
+        self.writes = BackgroundWrites()
+
+    def _sync_capacity(self, replicas: Sequence[Replica]) -> None:
+        """Bound each replica's index at its KV capacity once the scraper (or config) knows it."""
+        set_capacity = getattr(self._store, "set_capacity", None)
+        if set_capacity is None:
+            return
+        for r in replicas:
+            blocks = r.kv_blocks or self.options.default_kv_blocks
+            if blocks and self._capacity_seen.get(r.name) != blocks:
+                set_capacity(r.name, blocks)
+                self._capacity_seen[r.name] = blocks
+
+    async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
+        candidates = pick_candidates(self._replicas, exclude)
+        self._sync_capacity(candidates)
+        fp = request.fingerprint
+        hashes = fp.block_hashes if fp is not None else []
+        block_size = fp.block_size if fp is not None else self.options.block_size
+        prompt = prompt_tokens_of(request)
+        matched: dict[str, int] = {}
+        if hashes:
+            matched = await self._store.residency_lookup(hashes, [r.name for r in self._replicas.healthy()])
+        available = max(matched.values(), default=0)
+        costs = replica_costs(candidates, matched, prompt, block_size, self.options.weights)
+        best_match = max(c.matched_blocks for c in costs)
+
+        if predicted_hit_tokens(best_match, prompt, block_size) < self.options.cold_match_ratio * prompt:
+            key = cold_key(hashes, block_size, self.options.cold_key_tokens, request.tenant)
+            loads = {c.replica.name: load_value(c.replica, self.options.weights) for c in costs}
+            ring = self._ring.get(self._replicas.names())
+            name, _first = pick_bounded(ring, key, loads, new_load=float(prompt), epsilon=self.options.epsilon)
+            chosen = next(c for c in costs if c.replica.name == name)
+            reason = "cold_spread"
+        else:
+            chosen = choose_by_cost(costs)
+            reason = "prefix_hit" if chosen.matched_blocks == best_match else "load_override"
+        if exclude:
+            reason = "failover"
+        hit = predicted_hit_tokens(chosen.matched_blocks, prompt, block_size)
+        return RouteDecision(
+            replica=chosen.replica, reason=reason, matched_blocks=chosen.matched_blocks,
+            available_blocks=available, scores={c.replica.name: c.total for c in costs},
+            prefill_tokens=max(0, prompt - hit), explanation=f"{reason}; " + chosen.explain())
+
+    def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
+        fp = request.fingerprint
+        if fp is None or not fp.block_hashes:
+            return
+        if self._metrics is not None:
+            prompt = prompt_tokens_of(request)
+            self._metrics.reuse_tokens.labels(stage="available").inc(
+                predicted_hit_tokens(decision.available_blocks, prompt, fp.block_size))
+            self._metrics.reuse_tokens.labels(stage="captured").inc(
+                predicted_hit_tokens(decision.matched_blocks, prompt, fp.block_size))
+        if self.options.predictive_index:  # also refreshes the LRU position of a hit, as the engine does
+            self.writes.spawn(self._store.residency_add(decision.replica.name, list(fp.block_hashes)))
+
+    def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
+        return None

@@ -1,0 +1,88 @@
+"""Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018).
+
+A key walks the ring clockwise from its position and takes the first replica whose load is at
+most (1 + epsilon) times the mean load *including* the new item, so no replica ever carries more
+than (1 + epsilon) x its fair share while keys keep their replica as long as it has room. Adding
+or removing a replica moves only the keys that hashed near it. Used by the `session` policy and by
+`prefix_affinity` to spread cold prefixes: the same first blocks land on the same replica across
+turns and across gateway pods (the ring depends only on replica names).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+
+DEFAULT_VNODES = 64  # virtual nodes per replica: keeps the share of each replica within ~15 %
+DEFAULT_EPSILON = 0.25  # load bound slack; ~1.25 max/mean is the issue's imbalance target
+
+
+def stable_hash(data: bytes) -> int:
+    """64-bit hash that is the same in every process (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def key_hash(key: str | int) -> int:
+    if isinstance(key, int):
+        return stable_hash(key.to_bytes(8, "big", signed=False) if key >= 0 else str(key).encode())
+    return stable_hash(key.encode())
+
+
+class HashRing:
+    def __init__(self, names: Sequence[str], vnodes: int = DEFAULT_VNODES) -> None:
+        self.names = tuple(sorted(set(names)))
+        points = sorted((stable_hash(f"{n}#{i}".encode()), n) for n in self.names for i in range(vnodes))
+        self._points = [p for p, _ in points]
+        self._owners = [n for _, n in points]
+
+    def walk(self, key: str | int) -> Iterator[str]:
+        """Distinct replica names in ring order starting at the key's position."""
+        if not self._points:
+            return
+        start = bisect.bisect_left(self._points, key_hash(key)) % len(self._points)
+        seen: set[str] = set()
+        n = len(self._points)
+        for i in range(n):
+            owner = self._owners[(start + i) % n]
+            if owner not in seen:
+                seen.add(owner)
+                yield owner
+                if len(seen) == len(self.names):
+                    return
+
+
+def load_bound(loads: Mapping[str, float], new_load: float, epsilon: float) -> float:
+    """Most load a replica may already carry and still take the new item."""
+    if not loads:
+        return 0.0
+    return (1.0 + epsilon) * (sum(loads.values()) + new_load) / len(loads)
+
+
+def pick_bounded(ring: HashRing, key: str | int, loads: Mapping[str, float], new_load: float = 1.0,
+                 epsilon: float = DEFAULT_EPSILON) -> tuple[str, bool]:
+    """(replica, True if it is the key's first choice). Only replicas in `loads` are eligible;
+    when all are over the bound (cannot happen with epsilon > 0, kept for safety) the least
+    loaded wins."""
+    bound = load_bound(loads, new_load, epsilon)
+    first = True
+    for name in ring.walk(key):
+        if name not in loads:
+            continue
+        if loads[name] <= bound:
+            return name, first
+        first = False
+    return min(loads, key=lambda n: (loads[n], n)), False
+
+
+class RingCache:
+    """Rebuilds the ring only when the set of replica names changes."""
+
+    def __init__(self, vnodes: int = DEFAULT_VNODES) -> None:
+        self._vnodes = vnodes
+        self._ring = HashRing((), vnodes)
+
+    def get(self, names: Sequence[str]) -> HashRing:
+        if tuple(sorted(set(names))) != self._ring.names:
+            self._ring = HashRing(names, self._vnodes)
+        return self._ring

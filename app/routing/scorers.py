@@ -1,0 +1,105 @@
+"""Scorers: small pure functions that each put one number on a replica and say why.
+
+Every scorer returns a `Score` in the same unit, **prefill-token equivalents**: the work a replica
+must do before our request's first token, so the sum of a replica's scores is proportional to the
+TTFT this request would see there (TTFT ~ (backlog + uncached) / prefill rate). A policy composes
+them (llm-d's filters -> scorers -> picker shape); the lowest total wins.
+
+- `uncached_prompt`: prompt tokens the replica would have to prefill (vLLM's hit formula, A.4).
+- `prefill_backlog`: prompt tokens already routed there and not yet past their first token
+  (`replica.queued_prompt_tokens`, kept by the proxy), or the engine's own waiting queue when that
+  says more (other gateway pods share the replica).
+- `decode_load`: running decodes slow every prefill step (chunked prefill shares the batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.prefix.blocks import predicted_hit_tokens
+from app.routing.base import Replica
+
+# A waiting engine request we know nothing about costs about this many prefill tokens.
+DEFAULT_WAITING_REQUEST_TOKENS = 2048
+# One running decode stream slows a prefill step about as much as this many prompt tokens.
+DEFAULT_DECODE_TOKENS_PER_RUNNING = 256
+
+
+@dataclass(frozen=True)
+class Score:
+    name: str
+    value: float  # prefill-token equivalents; lower is better
+    why: str
+
+
+@dataclass(frozen=True)
+class ScoreWeights:
+    """Multipliers per scorer (config routing.weights) and the conversion constants."""
+
+    uncached: float = 1.0
+    backlog: float = 1.0
+    decode: float = 1.0
+    waiting_request_tokens: float = DEFAULT_WAITING_REQUEST_TOKENS
+    decode_tokens_per_running: float = DEFAULT_DECODE_TOKENS_PER_RUNNING
+
+
+@dataclass(frozen=True)
+class ReplicaCost:
+    replica: Replica
+    matched_blocks: int
+    parts: tuple[Score, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(p.value for p in self.parts)
+
+    def explain(self) -> str:
+        return f"{self.replica.name}: {self.total:.0f} = " + " + ".join(f"{p.name} {p.why}" for p in self.parts)
+
+
+def uncached_prompt(prompt_tokens: int, matched_blocks: int, block_size: int, weight: float = 1.0) -> Score:
+    hit = predicted_hit_tokens(matched_blocks, prompt_tokens, block_size)
+    uncached = max(0, prompt_tokens - hit)
+    return Score("uncached", weight * uncached, f"{uncached} of {prompt_tokens} prompt tokens not resident")
+
+
+def prefill_backlog(replica: Replica, waiting_request_tokens: float, weight: float = 1.0) -> Score:
+    own = float(replica.queued_prompt_tokens)
+    engine = (replica.engine_waiting or 0.0) * waiting_request_tokens
+    if engine > own:
+        return Score("backlog", weight * engine, f"{replica.engine_waiting:g} waiting in engine")
+    return Score("backlog", weight * own, f"{own:.0f} queued prompt tokens")
+
+
+def decode_load(replica: Replica, tokens_per_running: float, weight: float = 1.0) -> Score:
+    running = max(float(replica.inflight), replica.engine_running or 0.0)
+    return Score("decode", weight * running * tokens_per_running, f"{running:g} running")
+
+
+def load_scores(replica: Replica, weights: ScoreWeights) -> tuple[Score, ...]:
+    """The load part of the cost (everything but the prompt's own uncached tokens)."""
+    return (
+        prefill_backlog(replica, weights.waiting_request_tokens, weights.backlog),
+        decode_load(replica, weights.decode_tokens_per_running, weights.decode),
+    )
+
+
+def replica_costs(
+    replicas: Sequence[Replica],
+    matched: dict[str, int],
+    prompt_tokens: int,
+    block_size: int,
+    weights: ScoreWeights,
+) -> list[ReplicaCost]:
+    """Cost of sending a `prompt_tokens` request to each replica, given its leading resident blocks."""
+    out = []
+    for r in replicas:
+        m = matched.get(r.name, 0)
+        parts = (uncached_prompt(prompt_tokens, m, block_size, weights.uncached), *load_scores(r, weights))
+        out.append(ReplicaCost(r, m, parts))
+    return out
+
+
+def load_value(replica: Replica, weights: ScoreWeights) -> float:
+    return sum(s.value for s in load_scores(replica, weights))

@@ -1,0 +1,122 @@
+"""The KV block pool, shaped like vLLM V1's `BlockPool`.
+
+Invariants (as in vLLM):
+- Block 0 is the reserved null block; `num_blocks - 1` blocks are usable, and
+  `usage = 1 - free / (num_blocks - 1)` (cached but unreferenced blocks count as free).
+- A block is referenced by every running request that uses it (`ref_cnt`); at 0 it sits in the
+  free queue, still cached (hash kept) until it is handed out again.
+- The free queue is LRU: allocation takes from the head; a finished request's blocks are
+  appended tail-first, so its last blocks are evicted before its first ones.
+- Only full blocks are cached, keyed by their chained hash. A hash already cached is not cached
+  twice (the newer block stays anonymous).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+EventSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    ref_cnt: int = 0
+    key: Hashable | None = None  # engine hash when cached
+    proxy_hash: int | None = None  # app.prefix.blocks.proxy_chain value of the same block
+
+
+@dataclass
+class BlockPool:
+    num_blocks: int
+    on_event: EventSink | None = None
+    blocks: list[Block] = field(init=False)
+    cached: dict[Hashable, Block] = field(init=False, default_factory=dict)
+    free: OrderedDict[int, Block] = field(init=False, default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.blocks[0].ref_cnt = 1  # the null block is never handed out
+        for block in self.blocks[1:]:
+            self.free[block.block_id] = block
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def usage(self) -> float:
+        usable = self.num_blocks - 1
+        return 1.0 - len(self.free) / usable if usable else 0.0
+
+    def leading_hits(self, keys: Sequence[Hashable], max_blocks: int) -> list[Block]:
+        """Cached blocks for the longest resident prefix of `keys`, at most `max_blocks`."""
+        hits: list[Block] = []
+        for key in keys[:max_blocks]:
+            block = self.cached.get(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def resident_proxy_hashes(self) -> list[int]:
+        return [b.proxy_hash for b in self.cached.values() if b.proxy_hash is not None]
+
+    # ------------------------------------------------------------------ mutations
+    def touch(self, blocks: Sequence[Block]) -> None:
+        """Take a reference on cache hits (removing unreferenced ones from the free queue)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self.free[block.block_id]
+            block.ref_cnt += 1
+
+    def allocate(self, n: int) -> list[Block] | None:
+        """`n` fresh blocks from the LRU head (evicting their cached hashes), or None if short."""
+        if n > len(self.free):
+            return None
+        out: list[Block] = []
+        removed: list[Hashable] = []
+        for _ in range(n):
+            _, block = self.free.popitem(last=False)
+            if block.key is not None:
+                if self.cached.get(block.key) is block:
+                    del self.cached[block.key]
+                    removed.append(block.key)
+                block.key = None
+                block.proxy_hash = None
+            block.ref_cnt = 1
+            out.append(block)
+        if removed and self.on_event:
+            self.on_event({"type": "BlockRemoved", "keys": removed})
+        return out
+
+    def release(self, blocks: Sequence[Block]) -> None:
+        """Drop one reference per block; blocks reaching 0 join the free queue tail-first."""
+        for block in reversed(blocks):
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free[block.block_id] = block
+
+    def cache(self, block: Block, key: Hashable, proxy_hash: int) -> bool:
+        """Register a now-full block under its hash; False when that hash is already cached."""
+        if key in self.cached:
+            return False
+        block.key = key
+        block.proxy_hash = proxy_hash
+        self.cached[key] = block
+        return True
+
+    def reset(self) -> bool:
+        """Forget every cached hash (vLLM `reset_prefix_cache`); refused while blocks are in use."""
+        if len(self.free) != self.num_blocks - 1:
+            return False
+        for block in self.cached.values():
+            block.key = None
+            block.proxy_hash = None
+        self.cached.clear()
+        if self.on_event:
+            self.on_event({"type": "AllBlocksCleared"})
+        return True

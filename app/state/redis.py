@@ -1,0 +1,245 @@
+"""RedisStore: the Store protocol on one Redis, shared by every gateway pod.
+
+Semantics equal MemoryStore's (the contract suite in tests/test_state_contract.py runs both):
+- residency per replica is a sorted set of packed block hashes scored by last use in
+  microseconds (keys.chain_scores), trimmed to the replica's capacity, with per-member TTL as a
+  score cutoff and a key TTL for idle replicas. Lookup is ONE script call for all replicas: a
+  binary search over the chain inside Redis (O(log n) ZSCOREs per replica), because the sets are
+  prefix-closed. The chain travels once, 8 bytes per block.
+- bindings are plain keys with PX; history a list trimmed to `history_len`; counters a hash;
+  the tenant registry a sorted set by last write, trimmed to `max_tenants` (evicted tenants'
+  history and counters are deleted with them).
+
+This class does no fault handling: every method raises redis errors. ResilientStore
+(app/state/resilient.py) adds the local fallback, the time budget and the batched writes.
+Records must be JSON-serialisable (they cross processes); they come back as JSON round-trips.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from app.state import ops
+from app.state.keys import DEFAULT_NAMESPACE, KeySpace, chain_scores, next_base, pack_hashes, unpack_members
+from app.state.memory import (
+    DEFAULT_CAPACITY_BLOCKS,
+    DEFAULT_HISTORY,
+    DEFAULT_MAX_TENANTS,
+    DEFAULT_TTL_S,
+)
+
+DEFAULT_SOCKET_TIMEOUT_S = 2.0  # a backstop; callers bound each call with their own budget
+
+# KEYS: residency keys; ARGV[1]: packed chain, ARGV[2]: score cutoff (expired below it).
+# Returns the leading resident run per key. Relies on the sets being prefix-closed.
+_LOOKUP_LUA = """
+local blob = ARGV[1]
+local cutoff = tonumber(ARGV[2])
+local n = math.floor(#blob / 8)
+local out = {}
+for k = 1, #KEYS do
+  local lo, hi = 0, n
+  if redis.call('EXISTS', KEYS[k]) == 1 then
+    while lo < hi do
+      local mid = math.floor((lo + hi + 1) / 2)
+      local s = redis.call('ZSCORE', KEYS[k], string.sub(blob, (mid - 1) * 8 + 1, mid * 8))
+      if s and tonumber(s) >= cutoff then lo = mid else hi = mid - 1 end
+    end
+  else
+    lo = 0
+  end
+  out[k] = lo
+end
+return out
+"""
+
+
+def _us(seconds: float) -> int:
+    return int(seconds * 1_000_000)
+
+
+def connect(url: str, socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S) -> aioredis.Redis:
+    """A client without built-in retries: a failed call must fail fast so the caller can answer
+    from local state instead of waiting through reconnect attempts."""
+    return aioredis.Redis.from_url(
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+        retry=Retry(NoBackoff(), 0), retry_on_error=[], decode_responses=False,
+        health_check_interval=0)
+
+
+class RedisStore:
+    """Store protocol on Redis; raises on any Redis failure (see module docstring)."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis | str,
+        namespace: str = DEFAULT_NAMESPACE,
+        capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
+        ttl_s: float = DEFAULT_TTL_S,
+        key_ttl_s: float = DEFAULT_TTL_S,
+        history_len: int = DEFAULT_HISTORY,
+        max_tenants: int = DEFAULT_MAX_TENANTS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = connect(client) if isinstance(client, str) else client
+        self.keys = KeySpace(namespace)
+        self.default_capacity = capacity_blocks
+        self.ttl_s = ttl_s
+        self.key_ttl_s = key_ttl_s
+        self.history_len = history_len
+        self.max_tenants = max_tenants
+        self._clock = clock
+        self._capacity: dict[str, int] = {}
+        self._last_base = 0
+        self._lookup = self.client.register_script(_LOOKUP_LUA)
+        self.evicted_tenants = 0
+
+    async def start(self) -> None:
+        await self.client.ping()
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def up(self) -> bool:
+        return True
+
+    async def ping(self) -> bool:
+        return bool(await self.client.ping())
+
+    # ------------------------------------------------------------- op constructors (no I/O)
+    def capacity(self, replica: str) -> int:
+        return self._capacity.get(replica, self.default_capacity)
+
+    def set_capacity(self, replica: str, capacity_blocks: int) -> None:
+        """Takes effect at the replica's next write (or an applied ops.CapacityTrim)."""
+        self._capacity[replica] = max(1, capacity_blocks)
+
+    def residency_add_op(self, replica: str, block_hashes: list[int]) -> ops.ResidencyAdd:
+        n = len(block_hashes)
+        self._last_base = next_base(_us(self._clock()), self._last_base, n)
+        return ops.ResidencyAdd(replica, pack_hashes(block_hashes), self._last_base)
+
+    def history_op(self, tenant: str, record: dict) -> ops.HistoryAppend:
+        return ops.HistoryAppend(tenant, orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS), self._clock())
+
+    def counter_op(self, tenant: str, field: str, amount: float) -> ops.CounterIncr:
+        return ops.CounterIncr(tenant, field, float(amount), self._clock())
+
+    # ------------------------------------------------------------- batched writes
+    async def apply(self, batch: list[ops.WriteOp]) -> None:
+        """Every op of `batch` in one MULTI/EXEC round trip (all or nothing), then, only when the
+        tenant registry outgrew its bound, one more to evict the oldest tenants."""
+        if not batch:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        touched_tenants = False
+        for op in batch:
+            touched_tenants |= self._queue(pipe, op)
+        if touched_tenants:
+            pipe.zcard(self.keys.tenants())
+        results = await pipe.execute()
+        if touched_tenants and int(results[-1]) > self.max_tenants:
+            await self._evict_tenants(int(results[-1]) - self.max_tenants)
+
+    def _queue(self, pipe: Any, op: ops.WriteOp) -> bool:
+        """Adds the op's commands to the pipeline; True when it touched the tenant registry."""
+        ttl_ms = int(self.key_ttl_s * 1000)
+        if isinstance(op, ops.ResidencyAdd | ops.CapacityTrim):
+            key = self.keys.residency(op.replica)
+            if isinstance(op, ops.ResidencyAdd) and op.blob:
+                members = unpack_members(op.blob)
+                pipe.zadd(key, dict(zip(members, chain_scores(op.base_us, len(members)), strict=True)), gt=True)
+            pipe.zremrangebyscore(key, "-inf", f"({_us(self._clock() - self.ttl_s)}")
+            pipe.zremrangebyrank(key, 0, -self.capacity(op.replica) - 1)
+            pipe.pexpire(key, int(self.ttl_s * 1000))
+        elif isinstance(op, ops.ResidencyRemove):
+            if op.blob:
+                pipe.zrem(self.keys.residency(op.replica), *unpack_members(op.blob))
+        elif isinstance(op, ops.ResidencyClear):
+            pipe.delete(self.keys.residency(op.replica))
+        elif isinstance(op, ops.BindingSet):
+            pipe.set(self.keys.binding(op.key), op.replica.encode(), px=int(self.ttl_s * 1000))
+        elif isinstance(op, ops.HistoryAppend):
+            key = self.keys.history(op.tenant)
+            pipe.rpush(key, op.record)
+            pipe.ltrim(key, -self.history_len, -1)
+            pipe.pexpire(key, ttl_ms)
+            self._register_tenant(pipe, op.tenant, op.at, ttl_ms)
+            return True
+        elif isinstance(op, ops.CounterIncr):
+            key = self.keys.counters(op.tenant)
+            pipe.hincrbyfloat(key, op.field, op.amount)
+            pipe.pexpire(key, ttl_ms)
+            self._register_tenant(pipe, op.tenant, op.at, ttl_ms)
+            return True
+        else:  # pragma: no cover - exhaustive over ops.WriteOp
+            raise TypeError(f"unknown op {op!r}")
+        return False
+
+    def _register_tenant(self, pipe: Any, tenant: str, at: float, ttl_ms: int) -> None:
+        pipe.zadd(self.keys.tenants(), {tenant: at}, gt=True)  # GT still adds new members
+        pipe.pexpire(self.keys.tenants(), ttl_ms)
+
+    async def _evict_tenants(self, excess: int) -> None:
+        popped = await self.client.zpopmin(self.keys.tenants(), excess)
+        names = [member.decode() for member, _ in popped]
+        if names:
+            await self.client.delete(*[k for t in names for k in (self.keys.history(t), self.keys.counters(t))])
+            self.evicted_tenants += len(names)
+
+    # ------------------------------------------------------------- residency
+    async def residency_lookup(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+        if not replicas:
+            return {}
+        if not block_hashes:
+            return dict.fromkeys(replicas, 0)
+        cutoff = _us(self._clock() - self.ttl_s)
+        counts = await self._lookup(keys=[self.keys.residency(r) for r in replicas],
+                                    args=[pack_hashes(block_hashes), cutoff])
+        return {r: int(c) for r, c in zip(replicas, counts, strict=True)}
+
+    async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
+        await self.apply([self.residency_add_op(replica, block_hashes)])
+
+    async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
+        await self.apply([ops.ResidencyRemove(replica, pack_hashes(block_hashes))])
+
+    async def residency_clear(self, replica: str) -> None:
+        await self.apply([ops.ResidencyClear(replica)])
+
+    async def residency_count(self, replica: str) -> int:
+        """Members held for the replica (expired ones included until the next write prunes them)."""
+        return int(await self.client.zcard(self.keys.residency(replica)))
+
+    # ------------------------------------------------------------- bindings
+    async def binding_get(self, key: str) -> str | None:
+        value = await self.client.get(self.keys.binding(key))
+        return value.decode() if value is not None else None
+
+    async def binding_set(self, key: str, replica: str) -> None:
+        await self.apply([ops.BindingSet(key, replica)])
+
+    # ------------------------------------------------------------- tenant history and counters
+    async def history_append(self, tenant: str, record: dict) -> None:
+        await self.apply([self.history_op(tenant, record)])
+
+    async def history_recent(self, tenant: str, limit: int) -> list[dict]:
+        raw = await self.client.lrange(self.keys.history(tenant), -limit if limit > 0 else 0, -1)
+        return [orjson.loads(item) for item in raw]
+
+    async def counter_incr(self, tenant: str, field: str, amount: float = 1.0) -> None:
+        await self.apply([self.counter_op(tenant, field, amount)])
+
+    async def counters(self, tenant: str) -> dict[str, float]:
+        raw = await self.client.hgetall(self.keys.counters(tenant))
+        return {k.decode(): float(v) for k, v in raw.items()}
+
+    async def tenants(self) -> list[str]:
+        return [t.decode() for t in await self.client.zrange(self.keys.tenants(), 0, -1)]

@@ -1,0 +1,158 @@
+"""OpenTelemetry tracing: one span per proxied request, as a RequestHook.
+
+Off by default (`tracing.enabled`). When on, the exporter is OTLP/HTTP configured by the standard
+env (OTEL_EXPORTER_OTLP_ENDPOINT / _TRACES_ENDPOINT, _HEADERS, _TIMEOUT, OTEL_SERVICE_NAME,
+OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER, OTEL_BSP_*), so the proxy has no tracing settings
+of its own to learn. Each app gets its own TracerProvider (not the global one): several proxies in
+one process (tests, the demo) stay independent and shut down cleanly.
+
+The span starts at the request's arrival (back-dated from `ctx.timings.arrival`), is a child of
+the client's W3C `traceparent` when one came in, and its context is written into `ctx.headers`
+(which the proxy forwards upstream), so vLLM/SGLang spans join the same trace. Attributes follow
+the GenAI semantic conventions (gen_ai.*) plus prefixgate.* for what only the proxy knows. Prompt
+text never becomes an attribute.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from app.config import Settings
+from app.proxy.context import RequestContext
+
+SPAN_KEY = "otel_span"  # ctx.attrs key holding the open span between the two hook calls
+OPERATION = {"chat": "chat", "completions": "text_completion"}
+DEFAULT_SERVICE_NAME = "prefixgate"
+# ctx.attrs keys other hooks fill in after the response (tenant tracker, diagnosis)
+CONTINUITY_ATTR = "continuity"
+BREAK_CAUSE_ATTR = "break_cause"
+PREDICTED_CACHED_ATTR = "predicted_cached_tokens"
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def _wall_ns(perf_stamp: float) -> int:
+    """A time.perf_counter() stamp as epoch nanoseconds (spans carry wall-clock times)."""
+    return time.time_ns() - int((time.perf_counter() - perf_stamp) * 1e9)
+
+
+def request_attributes(ctx: RequestContext) -> dict[str, Any]:
+    """Attributes known before routing."""
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": OPERATION.get(ctx.route, ctx.route),
+        "gen_ai.request.stream": ctx.stream,
+        "prefixgate.tenant": ctx.tenant,
+        "prefixgate.request_id": ctx.request_id,
+        "http.request.method": "POST",
+        "url.path": ctx.path,
+    }
+    if ctx.model:
+        attrs["gen_ai.request.model"] = ctx.model
+    max_tokens = ctx.body.get("max_completion_tokens") or ctx.body.get("max_tokens")
+    if isinstance(max_tokens, int):
+        attrs["gen_ai.request.max_tokens"] = max_tokens
+    return attrs
+
+
+def response_attributes(ctx: RequestContext) -> dict[str, Any]:
+    """Attributes known once the response ended: usage, latency, routing, prefix continuity."""
+    attrs: dict[str, Any] = {"prefixgate.outcome": ctx.outcome, "prefixgate.attempts": ctx.attempts}
+    if ctx.status is not None:
+        attrs["http.response.status_code"] = ctx.status
+    usage = ctx.usage or {}
+    if isinstance(usage.get("prompt_tokens"), int):
+        attrs["gen_ai.usage.input_tokens"] = usage["prompt_tokens"]
+    if isinstance(usage.get("completion_tokens"), int):
+        attrs["gen_ai.usage.output_tokens"] = usage["completion_tokens"]
+    cached = ctx.engine_cached_tokens
+    if isinstance(cached, int):
+        attrs["gen_ai.usage.cache_read.input_tokens"] = cached
+        attrs["prefixgate.cached_tokens"] = cached
+    t = ctx.timings
+    if t.first_token is not None:
+        ttft = t.first_token - t.arrival
+        attrs["gen_ai.response.time_to_first_chunk"] = ttft
+        attrs["prefixgate.ttft_s"] = ttft
+    if t.upstream_sent is not None:
+        attrs["prefixgate.proxy_overhead_s"] = t.upstream_sent - t.arrival
+    decision = ctx.decision
+    if decision is not None:
+        attrs["prefixgate.backend"] = decision.replica.name
+        attrs["prefixgate.route_reason"] = decision.reason
+        attrs["prefixgate.prefix.matched_blocks"] = decision.matched_blocks
+        attrs["prefixgate.prefix.available_blocks"] = decision.available_blocks
+        if decision.replica.engine in ("vllm", "sglang"):
+            attrs["gen_ai.provider.name"] = decision.replica.engine
+    for key, name in ((CONTINUITY_ATTR, "prefixgate.prefix.continuity"),
+                      (BREAK_CAUSE_ATTR, "prefixgate.prefix.break_cause"),
+                      (PREDICTED_CACHED_ATTR, "prefixgate.predicted_cached_tokens")):
+        value = ctx.attrs.get(key)
+        if isinstance(value, str | int | float | bool):
+            attrs[name] = value
+    return attrs
+
+
+class TracingHook:
+    """Starts the request span in `before_route`, ends it in `after_response`. Cheap: no I/O on
+    the hot path (the batch processor exports from its own thread)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer("prefixgate")
+
+    async def before_route(self, ctx: RequestContext) -> None:
+        parent = _PROPAGATOR.extract(ctx.headers)
+        name = f"{OPERATION.get(ctx.route, ctx.route)} {ctx.model}" if ctx.model else ctx.route
+        span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
+                                      attributes=request_attributes(ctx),
+                                      start_time=_wall_ns(ctx.timings.arrival))
+        ctx.attrs[SPAN_KEY] = span
+        carrier: dict[str, str] = {}
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+        ctx.headers.update(carrier)  # forwarded upstream: the engine's spans join this trace
+
+    def after_response(self, ctx: RequestContext) -> None:
+        span = ctx.attrs.pop(SPAN_KEY, None)
+        if span is None:
+            return
+        span.set_attributes(response_attributes(ctx))
+        if ctx.outcome != "ok" or (ctx.status is not None and ctx.status >= 500):
+            span.set_status(Status(StatusCode.ERROR, ctx.outcome))
+        end = ctx.timings.end
+        span.end(end_time=_wall_ns(end) if end is not None else None)
+
+    def shutdown(self) -> None:
+        """Flush and stop the exporter (call from the app's lifespan on exit)."""
+        self.provider.shutdown()
+
+
+def build_provider(exporter: SpanExporter | None = None) -> TracerProvider:
+    """A TracerProvider exporting in batches; OTLP/HTTP from the OTEL_* env unless `exporter`."""
+    resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    provider = TracerProvider(resource=resource)
+    if exporter is None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def build_tracing_hook(settings: Settings, exporter: SpanExporter | None = None) -> TracingHook | None:
+    """The hook when `tracing.enabled` (and OTEL_SDK_DISABLED is not true), else None."""
+    if not settings.tracing.enabled:
+        return None
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    return TracingHook(build_provider(exporter))

@@ -1,0 +1,125 @@
+"""Writes prefixgate-rules.test.yaml next to this file; run it after editing the rules' texts.
+
+Expected annotations are the rule's own text with $labels filled in; `$value` renderings are given
+per case (checked by hand against promtool's output), so a broken template still fails the test.
+"""
+import re
+from pathlib import Path
+
+import yaml
+
+root = Path(__file__).resolve().parent.parent
+rules = {(r['alert'], r.get('labels', {}).get('prompt_bucket')): r for g in yaml.safe_load((root/'prefixgate-rules.yaml').read_text())['groups'] for r in g['rules']}
+
+def ann(alert, labels, **values):
+    out = {}
+    for key, text in rules[(alert, labels.get('prompt_bucket'))]['annotations'].items():
+        def sub(m, key=key):
+            inner = m.group(1).strip()
+            if inner.startswith('$labels.'):
+                return labels[inner[len('$labels.'):]]
+            return values[key]
+        out[key] = re.sub(r'\{\{(.*?)\}\}', sub, text)
+    return out
+
+def alert(name, labels, **values):
+    lab = dict(rules[(name, labels.get('prompt_bucket'))]['labels'])
+    lab.update(labels)
+    return {'exp_labels': lab, 'exp_annotations': ann(name, labels, **values)}
+
+S = 'prefixgate_'
+tests = []
+# --- TTFT p95 per bucket
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}ttft_seconds_bucket{{prompt_bucket="{b}",le="{le}",instance="p1"}}', 'values': v}
+    for b in ('0-1k', '4k-16k') for le, v in (('1', '0x30'), ('2', '0+10x30'), ('+Inf', '0+10x30'))],
+  'alert_rule_test': [
+    {'eval_time': '10m', 'alertname': 'PrefixgateTTFTP95High', 'exp_alerts': []},
+    {'eval_time': '25m', 'alertname': 'PrefixgateTTFTP95High', 'exp_alerts': [
+        alert('PrefixgateTTFTP95High', {'prompt_bucket': '0-1k'}, summary='1.95s')]}]})
+# --- hit ratio low: a fires; b has no traffic; c hits well
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}engine_prefix_cache_hit_ratio{{backend="a",instance="p1"}}', 'values': '0.1x60'},
+    {'series': f'{S}engine_prefix_cache_hit_ratio{{backend="b",instance="p1"}}', 'values': '0.1x60'},
+    {'series': f'{S}engine_prefix_cache_hit_ratio{{backend="c",instance="p1"}}', 'values': '0.8x60'},
+    {'series': f'{S}engine_prefix_caching_enabled{{backend="a",instance="p1"}}', 'values': '1x60'},
+    {'series': f'{S}engine_prefix_caching_enabled{{backend="b",instance="p1"}}', 'values': '1x60'},
+    {'series': f'{S}engine_prefix_caching_enabled{{backend="c",instance="p1"}}', 'values': '1x60'},
+    {'series': f'{S}route_decisions_total{{backend="a",reason="prefix_hit",instance="p1"}}', 'values': '0+10x60'},
+    {'series': f'{S}route_decisions_total{{backend="b",reason="prefix_hit",instance="p1"}}', 'values': '5x60'},
+    {'series': f'{S}route_decisions_total{{backend="c",reason="prefix_hit",instance="p1"}}', 'values': '0+10x60'},
+  ], 'alert_rule_test': [
+    {'eval_time': '20m', 'alertname': 'PrefixgateEnginePrefixCacheHitRatioLow', 'exp_alerts': []},
+    {'eval_time': '50m', 'alertname': 'PrefixgateEnginePrefixCacheHitRatioLow', 'exp_alerts': [
+        alert('PrefixgateEnginePrefixCacheHitRatioLow', {'backend': 'a'}, summary='10%')]}]})
+# --- caching disabled: a (traffic) fires, b (no traffic) does not, c (on) does not
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}engine_prefix_caching_enabled{{backend="a",instance="p1"}}', 'values': '0x20'},
+    {'series': f'{S}engine_prefix_caching_enabled{{backend="b",instance="p1"}}', 'values': '0x20'},
+    {'series': f'{S}engine_prefix_caching_enabled{{backend="c",instance="p1"}}', 'values': '1x20'},
+    {'series': f'{S}route_decisions_total{{backend="a",reason="cold_spread",instance="p1"}}', 'values': '0+5x20'},
+    {'series': f'{S}route_decisions_total{{backend="b",reason="cold_spread",instance="p1"}}', 'values': '3x20'},
+    {'series': f'{S}route_decisions_total{{backend="c",reason="cold_spread",instance="p1"}}', 'values': '0+5x20'},
+  ], 'alert_rule_test': [
+    {'eval_time': '3m', 'alertname': 'PrefixgatePrefixCachingDisabled', 'exp_alerts': []},
+    {'eval_time': '12m', 'alertname': 'PrefixgatePrefixCachingDisabled', 'exp_alerts': [
+        alert('PrefixgatePrefixCachingDisabled', {'backend': 'a'})]}]})
+# --- continuity breaks: t1 spikes after 70m; t2 is steady; t3 only starts new sessions
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}prefix_breaks_total{{tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0x69 10+10x50'},
+    {'series': f'{S}prefix_breaks_total{{tenant="t2",cause="tool_order",instance="p1"}}', 'values': '0+6x120'},
+    {'series': f'{S}prefix_breaks_total{{tenant="t3",cause="new_session",instance="p1"}}', 'values': '0x69 10+10x50'},
+  ], 'alert_rule_test': [
+    {'eval_time': '60m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': []},
+    {'eval_time': '95m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': [
+        alert('PrefixgateContinuityBreaksSpiking', {'tenant': 't1'}, description='0.17')]}]})
+# --- speculative acceptance: a drops from 3 to 1.5 at 400m; b stays at 3
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}engine_spec_acceptance_length{{backend="a",instance="p1"}}', 'values': '3x400 1.5x60'},
+    {'series': f'{S}engine_spec_acceptance_length{{backend="b",instance="p1"}}', 'values': '3x460'},
+  ], 'alert_rule_test': [
+    {'eval_time': '390m', 'alertname': 'PrefixgateSpecAcceptanceLengthDropped', 'exp_alerts': []},
+    {'eval_time': '440m', 'alertname': 'PrefixgateSpecAcceptanceLengthDropped', 'exp_alerts': [
+        alert('PrefixgateSpecAcceptanceLengthDropped', {'backend': 'a'}, summary='1.5')]}]})
+# --- upstream errors: a fails 10% of routed requests, b 1%
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}upstream_errors_total{{backend="a",kind="connect",instance="p1"}}', 'values': '0+1x20'},
+    {'series': f'{S}upstream_errors_total{{backend="b",kind="timeout",instance="p1"}}', 'values': '0+0.1x20'},
+    {'series': f'{S}route_decisions_total{{backend="a",reason="prefix_hit",instance="p1"}}', 'values': '0+10x20'},
+    {'series': f'{S}route_decisions_total{{backend="b",reason="prefix_hit",instance="p1"}}', 'values': '0+10x20'},
+  ], 'alert_rule_test': [
+    {'eval_time': '3m', 'alertname': 'PrefixgateUpstreamErrors', 'exp_alerts': []},
+    {'eval_time': '15m', 'alertname': 'PrefixgateUpstreamErrors', 'exp_alerts': [
+        alert('PrefixgateUpstreamErrors', {'backend': 'a'}, summary='10%')]}]})
+# --- no healthy backend: pod p1 sees none healthy, p2 sees one
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}backend_healthy{{backend="a",instance="p1"}}', 'values': '0x5'},
+    {'series': f'{S}backend_healthy{{backend="b",instance="p1"}}', 'values': '0x5'},
+    {'series': f'{S}backend_healthy{{backend="a",instance="p2"}}', 'values': '1x5'},
+    {'series': f'{S}backend_healthy{{backend="b",instance="p2"}}', 'values': '0x5'},
+  ], 'alert_rule_test': [
+    {'eval_time': '3m', 'alertname': 'PrefixgateNoHealthyBackend', 'exp_alerts': [
+        alert('PrefixgateNoHealthyBackend', {'instance': 'p1'})]}]})
+# --- state backend: p1 down, p2 up
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}state_backend_up{{instance="p1"}}', 'values': '0x5'},
+    {'series': f'{S}state_backend_up{{instance="p2"}}', 'values': '1x5'},
+  ], 'alert_rule_test': [
+    {'eval_time': '1m', 'alertname': 'PrefixgateStateBackendDown', 'exp_alerts': []},
+    {'eval_time': '4m', 'alertname': 'PrefixgateStateBackendDown', 'exp_alerts': [
+        alert('PrefixgateStateBackendDown', {'instance': 'p1'})]}]})
+# --- engine metrics stale: a stale, b fresh
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}engine_metrics_stale{{backend="a",instance="p1"}}', 'values': '1x15'},
+    {'series': f'{S}engine_metrics_stale{{backend="b",instance="p1"}}', 'values': '0x15'},
+  ], 'alert_rule_test': [
+    {'eval_time': '12m', 'alertname': 'PrefixgateEngineMetricsStale', 'exp_alerts': [
+        alert('PrefixgateEngineMetricsStale', {'backend': 'a'})]}]})
+
+head = """# promtool unit tests for ../prefixgate-rules.yaml: every alert has a case that fires and
+# cases that must not (other buckets, backends, tenants or pods in the same input).
+# Run: promtool test rules deploy/prometheus/tests/prefixgate-rules.test.yaml
+# Regenerating the expected annotations: they are the rule's text with $labels filled in.
+"""
+doc = {'rule_files': ['../prefixgate-rules.yaml'], 'evaluation_interval': '1m', 'tests': tests}
+(root/'tests'/'prefixgate-rules.test.yaml').write_text(head + yaml.safe_dump(doc, sort_keys=False, width=100, allow_unicode=True))

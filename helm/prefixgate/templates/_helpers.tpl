@@ -1,0 +1,101 @@
+{{- define "prefixgate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "prefixgate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "prefixgate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "prefixgate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "prefixgate.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "prefixgate.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: prefixgate
+{{- end }}
+
+{{- define "prefixgate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "prefixgate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "prefixgate.redisSecretName" -}}
+{{- if .Values.redis.existingSecret }}{{ .Values.redis.existingSecret }}{{ else }}{{ include "prefixgate.fullname" . }}-redis{{ end }}
+{{- end }}
+
+{{/* The prefixgate container: the gateway Deployment and the sidecar snippet use the same spec. */}}
+{{- define "prefixgate.container" -}}
+name: prefixgate
+image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+args: ["serve", "--config", "/etc/prefixgate/config.yaml"]
+ports:
+  - name: http
+    containerPort: {{ .Values.config.listen.port }}
+    protocol: TCP
+env:
+  - name: PYTHONUNBUFFERED
+    value: "1"
+  {{- if or .Values.redis.existingSecret .Values.redis.createSecret }}
+  - name: PREFIXGATE_STATE
+    valueFrom:
+      secretKeyRef:
+        name: {{ include "prefixgate.redisSecretName" . }}
+        key: {{ .Values.redis.existingSecretKey }}
+  {{- else if .Values.redis.url }}
+  - name: PREFIXGATE_STATE
+    value: {{ .Values.redis.url | quote }}
+  {{- end }}
+  {{- with .Values.env }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .Values.envFrom }}
+envFrom:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: http
+  {{- toYaml .Values.probes.liveness | nindent 2 }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: http
+  {{- toYaml .Values.probes.readiness | nindent 2 }}
+resources:
+  {{- toYaml .Values.resources | nindent 2 }}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+volumeMounts:
+  - name: config
+    mountPath: /etc/prefixgate
+    readOnly: true
+  - name: tmp
+    mountPath: /tmp
+{{- end }}
+
+{{- define "prefixgate.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "prefixgate.fullname" . }}
+- name: tmp
+  emptyDir: {}
+{{- end }}

@@ -1,0 +1,120 @@
+"""Contract tests: the recorded-style /metrics samples in tests/fixtures/engines parse into the
+numbers engine-facts.md says they carry (vLLM 0.32/0.33, SGLang 0.5.23)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.engines import sglang, vllm
+from app.engines.sample import (
+    BLOCK_SIZE,
+    CACHE_HITS,
+    CACHE_QUERIES,
+    HIT_ALIGNMENT,
+    KV_BLOCKS,
+    KV_USAGE,
+    PROMPT_TOKENS,
+    RUNNING,
+    SPEC_ACCEPT_LENGTH,
+    SPEC_ACCEPTED,
+    SPEC_DRAFTS,
+    WAITING,
+    detect_engine,
+    parse_exposition,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "engines"
+
+
+def load(name: str):
+    return parse_exposition((FIXTURES / name).read_text())
+
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.txt")), ids=lambda p: p.name)
+def test_every_fixture_parses_and_is_detected(path: Path) -> None:
+    samples = parse_exposition(path.read_text())
+    expected = "sglang" if path.name.startswith("sglang") else "vllm"
+    assert detect_engine(samples) == expected
+    assert not any(name.endswith("_created") for name in samples)
+
+
+def test_vllm_033_counters_gauges_and_cache_config() -> None:
+    sample = vllm.adapt(load("vllm-0.33-spec-a.txt"))
+    assert sample.engine == "vllm"
+    assert sample.counters == {CACHE_QUERIES: 120000.0, CACHE_HITS: 90000.0, PROMPT_TOKENS: 121000.0,
+                               SPEC_DRAFTS: 4000.0, SPEC_ACCEPTED: 6000.0}
+    assert sample.gauges[WAITING] == 2.0 and sample.gauges[RUNNING] == 5.0
+    assert sample.gauges[KV_USAGE] == pytest.approx(0.37)
+    assert sample.gauges[BLOCK_SIZE] == 16 and sample.gauges[HIT_ALIGNMENT] == 16
+    assert sample.gauges[KV_BLOCKS] == 27306
+    assert sample.prefix_caching_configured is True
+    assert sample.hash_algo == "sha256"
+    assert sample.process_start == pytest.approx(1.764441237e9)
+    assert sample.cache_config["num_gpu_blocks"] == "27306"
+
+
+def test_vllm_032_prefix_off_without_new_labels() -> None:
+    sample = vllm.adapt(load("vllm-0.32-prefix-off.txt"))
+    assert sample.prefix_caching_configured is False
+    assert "hash_block_size" not in sample.cache_config
+    assert sample.gauges[HIT_ALIGNMENT] == 16  # falls back to block_size
+    assert SPEC_DRAFTS not in sample.counters  # no --speculative-config: absent, not zero
+
+
+def test_vllm_hybrid_hits_align_on_cache_hit_alignment_tokens() -> None:
+    sample = vllm.adapt(load("vllm-0.33-hybrid-a.txt"))
+    assert sample.gauges[BLOCK_SIZE] == 1056
+    assert sample.gauges[HIT_ALIGNMENT] == 528
+
+
+def test_vllm_data_parallel_engines_are_summed() -> None:
+    text = "\n".join([
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2',
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 3',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.2',
+        'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.4',
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100',
+        'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 50',
+        'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1',
+        'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1000"} 1',
+        "",
+    ])
+    sample = vllm.adapt(parse_exposition(text))
+    assert sample.gauges[WAITING] == 5
+    assert sample.gauges[KV_USAGE] == pytest.approx(0.3)
+    assert sample.counters[CACHE_QUERIES] == 150
+    assert sample.gauges[KV_BLOCKS] == 2000
+
+
+def test_sglang_effective_token_modes_and_rank_zero_only() -> None:
+    sample = sglang.adapt(load("sglang-0.5.23-a.txt"))
+    assert sample.engine == "sglang"
+    # all modes (input + device + host + storage) vs the *_hit modes, tp_rank 0 only
+    assert sample.counters[CACHE_QUERIES] == 195000.0
+    assert sample.counters[CACHE_HITS] == 155000.0
+    assert sample.gauges[WAITING] == 3 and sample.gauges[RUNNING] == 8  # not doubled by tp_rank=1
+    assert sample.gauges[SPEC_ACCEPT_LENGTH] == pytest.approx(2.61)
+    assert sample.gauges[BLOCK_SIZE] == 1
+    assert KV_BLOCKS not in sample.gauges  # no capacity without server_info
+    assert sample.prefix_caching_configured is None
+
+
+def test_sglang_server_info_gives_capacity_and_radix_flag() -> None:
+    info = {"disable_radix_cache": True, "page_size": 1, "max_total_num_tokens": 412000}
+    sample = sglang.adapt(load("sglang-0.5.23-a.txt"), info)
+    assert sample.prefix_caching_configured is False
+    assert sample.gauges[KV_BLOCKS] == 412000
+
+
+def test_sglang_without_spec_has_no_acceptance_length() -> None:
+    text = ('sglang:spec_accept_length{tp_rank="0"} 0.0\n'
+            'sglang:num_queue_reqs{tp_rank="0"} 0\n')
+    sample = sglang.adapt(parse_exposition(text))
+    assert SPEC_ACCEPT_LENGTH not in sample.gauges
+    assert CACHE_QUERIES not in sample.counters
+
+
+def test_unknown_exposition_is_unknown() -> None:
+    assert detect_engine(parse_exposition("process_start_time_seconds 1\nfoo_total 3\n")) == "unknown"

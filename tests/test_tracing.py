@@ -1,0 +1,127 @@
+"""Tracing hook: spans reach a real OTLP/HTTP endpoint (in-test receiver), configured only by the
+standard OTEL_* env, with GenAI and prefixgate attributes and W3C context propagated upstream."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from app.config import Settings
+from app.proxy.context import RequestContext, Timings
+from app.routing.base import Replica, RouteDecision
+from app.telemetry.tracing import SPAN_KEY, build_tracing_hook, response_attributes
+from tests.otlp_receiver import OTLPReceiver
+
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN = "b7ad6b7169203331"
+
+
+def make_ctx(headers: dict[str, str] | None = None) -> RequestContext:
+    now = time.perf_counter()
+    return RequestContext(
+        request_id="req-1", route="chat", path="/v1/chat/completions", tenant="team-a",
+        headers=dict(headers or {}), body={"model": "m1", "max_tokens": 32, "messages": []},
+        model="m1", stream=True, timings=Timings(arrival=now - 0.25))
+
+
+def finish(ctx: RequestContext) -> None:
+    t = ctx.timings
+    t.upstream_sent = t.arrival + 0.001
+    t.first_byte = t.arrival + 0.05
+    t.first_token = t.arrival + 0.08
+    t.end = t.arrival + 0.2
+    ctx.status = 200
+    ctx.decision = RouteDecision(replica=Replica(name="vllm-0", url="http://x", engine="vllm"),
+                                 reason="prefix_hit", matched_blocks=12, available_blocks=14)
+    ctx.usage = {"prompt_tokens": 240, "completion_tokens": 17,
+                 "prompt_tokens_details": {"cached_tokens": 192}}
+    ctx.attrs.update(continuity=0.8, break_cause="dynamic_head")
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch):
+    with OTLPReceiver() as rx:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", rx.endpoint)
+        monkeypatch.setenv("OTEL_SERVICE_NAME", "gw-test")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+        yield rx
+
+
+def test_off_by_default() -> None:
+    assert Settings().tracing.enabled is False
+    assert build_tracing_hook(Settings()) is None
+
+
+def test_otel_sdk_disabled_env_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert build_tracing_hook(Settings(tracing={"enabled": True})) is None
+
+
+async def test_span_exported_over_otlp_http_with_attributes(receiver: OTLPReceiver) -> None:
+    hook = build_tracing_hook(Settings(tracing={"enabled": True}))
+    assert hook is not None
+    try:
+        ctx = make_ctx({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "x-tenant-id": "team-a"})
+        await hook.before_route(ctx)
+        # W3C context for the upstream: same trace, our span as parent, sampled
+        version, trace_id, parent_id, flags = ctx.headers["traceparent"].split("-")
+        assert (version, trace_id, flags) == ("00", CLIENT_TRACE, "01")
+        assert parent_id != CLIENT_SPAN
+        finish(ctx)
+        hook.after_response(ctx)
+        assert SPAN_KEY not in ctx.attrs
+        (span,) = receiver.wait_for(1)
+    finally:
+        hook.shutdown()
+
+    assert span["trace_id"] == CLIENT_TRACE
+    assert span["parent_span_id"] == CLIENT_SPAN  # child of the client's span
+    assert span["span_id"] == parent_id  # the upstream's parent is this span
+    assert span["name"] == "chat m1"
+    a = span["attributes"]
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.request.model"] == "m1"
+    assert a["gen_ai.usage.input_tokens"] == 240
+    assert a["gen_ai.usage.output_tokens"] == 17
+    assert a["gen_ai.provider.name"] == "vllm"
+    assert a["prefixgate.tenant"] == "team-a"
+    assert a["prefixgate.backend"] == "vllm-0"
+    assert a["prefixgate.route_reason"] == "prefix_hit"
+    assert a["prefixgate.cached_tokens"] == 192
+    assert a["prefixgate.prefix.continuity"] == pytest.approx(0.8)
+    assert a["prefixgate.prefix.break_cause"] == "dynamic_head"
+    assert a["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.08, abs=1e-6)
+    # the span covers arrival to end (back-dated to the request's arrival)
+    assert (span["end_ns"] - span["start_ns"]) / 1e9 == pytest.approx(0.2, abs=0.01)
+    assert receiver.resources[0]["service.name"] == "gw-test"
+
+
+async def test_new_trace_without_client_context_and_error_status(receiver: OTLPReceiver) -> None:
+    hook = build_tracing_hook(Settings(tracing={"enabled": True}))
+    assert hook is not None
+    try:
+        ctx = make_ctx()
+        await hook.before_route(ctx)
+        assert ctx.headers["traceparent"].startswith("00-")
+        ctx.outcome, ctx.status = "upstream_error", 502
+        ctx.timings.end = time.perf_counter()
+        hook.after_response(ctx)
+        hook.after_response(ctx)  # a second call must not export twice
+        (span,) = receiver.wait_for(1)
+    finally:
+        hook.shutdown()
+    assert span["parent_span_id"] == ""
+    assert span["status_code"] == 2  # STATUS_CODE_ERROR
+    assert span["attributes"]["prefixgate.outcome"] == "upstream_error"
+    assert "gen_ai.usage.input_tokens" not in span["attributes"]
+    assert len(receiver.spans) == 1
+
+
+def test_response_attributes_never_carry_prompt_text() -> None:
+    ctx = make_ctx()
+    ctx.body["messages"] = [{"role": "user", "content": "SECRET PROMPT"}]
+    finish(ctx)
+    values = [str(v) for v in response_attributes(ctx).values()]
+    assert not any("SECRET" in v for v in values)
