@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test tools lint e2e bench check-deploy clean
+.PHONY: venv demo test tools lint e2e bench check-deploy sync-deploy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,18 @@ test: venv tools
 
 lint: venv
 	$(BIN)/ruff check app tests bench
+
+# Deploy artefacts only (dashboards, alert rules, Helm chart, kustomize, Dockerfile, tracing);
+# also part of `make test`.
+check-deploy: venv tools
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_deploy_dashboards.py tests/test_deploy_rules.py tests/test_deploy_helm.py \
+		tests/test_deploy_manifests.py tests/test_deploy_prometheus.py tests/test_tracing.py
+
+# Regenerate the dashboards and the Helm chart's copies (dashboards, rules, values schema).
+sync-deploy: venv
+	$(BIN)/python dashboards/build.py
+	$(BIN)/python deploy/sync.py
 
 e2e: venv
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e.sh

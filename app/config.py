@@ -132,14 +132,31 @@ class Scrape(BaseModel):
 
 class StateOptions(BaseModel):
     redis_timeout_s: float = 0.05  # budget for the one pre-forward round trip
+    redis_timeout_per_1k_blocks_s: float = 0.002  # the lookup's budget grows with the chain sent
     key_ttl_s: float = 3600.0
     namespace: str = "prefixgate"  # keys are <namespace>:v1:...; gateways sharing a Redis may differ
     control_timeout_s: float = 1.0  # budget for batched writes, hygiene reads and reconnect probes
-    flush_interval_s: float = 0.002  # writes gathered this long into one pipelined batch
+    flush_interval_s: float = 0.0  # extra wait to gather writes; 0: writes queued while a batch is in flight form the next one
     max_pending_writes: int = 1_000_000  # queued write weight (ops + blocks) kept through an outage
     breaker_timeouts: int = 3  # consecutive over-budget calls that switch to local-only mode
     reconnect_backoff_s: float = 0.1  # first reconnect delay; doubles up to reconnect_backoff_max_s
     reconnect_backoff_max_s: float = 5.0
+
+
+class Prefix(BaseModel):
+    """Fingerprints (app/prefix/fingerprint.py) and the per-tenant continuity tracker."""
+
+    mode: Literal["auto", "exact", "engine", "approx"] = "auto"  # auto: exact, approx if no tokenizer
+    memo_mb: int = 128  # segment -> token ids memo and chain-state memo, each
+    inline_chars: int = 2048  # missing segments up to this size are encoded on the hot path
+    inline_hash_tokens: int = 16_384  # known segments up to this many tokens are hashed inline
+    workers: int = 2  # tokenisation worker threads
+    tracker_max_hashes: int = 2_000_000  # block hashes kept across all tenants (~100 MB)
+    tracker_tenant_max_hashes: int = 131_072  # per tenant
+    tracker_texts_mb: int = 64  # rendered prompts kept for diagnosis, all tenants
+    tracker_texts_per_tenant: int = 4
+    window: int = 64  # requests per tenant the /hygiene continuity is computed over
+    last_breaks: int = 5  # breaks listed per tenant in /hygiene
 
 
 class Tracing(BaseModel):
@@ -163,6 +180,7 @@ class Settings(BaseSettings):
     upstream: Upstream = Field(default_factory=Upstream)
     scrape: Scrape = Field(default_factory=Scrape)
     tracing: Tracing = Field(default_factory=Tracing)
+    prefix: Prefix = Field(default_factory=Prefix)
 
     @classmethod
     def settings_customise_sources(

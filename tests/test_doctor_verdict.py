@@ -38,6 +38,11 @@ def test_timing_shape_noisy_when_warm_calls_disagree() -> None:
     assert timing_shape([1.0])[0] == "none"
 
 
+def test_millisecond_jitter_after_a_big_step_is_still_flat() -> None:
+    assert timing_shape([0.4035, 0.0168, 0.0082])[0] == "step"
+    assert timing_shape([0.05, 0.03, 0.012])[0] == "noisy"  # jitter as large as the step
+
+
 def test_counters_with_zero_queries_mean_off_whatever_the_clock_says() -> None:
     result = cache_verdict(STEP, CacheCounters(queries=0, hits=0))
     assert result.verdict == "off"
@@ -110,6 +115,14 @@ def test_two_point_uses_actual_counts_when_they_agree() -> None:
     assert result.decode_tps == pytest.approx(236 / 2.36)
 
 
+def test_two_point_clamps_a_slightly_negative_intercept_quietly() -> None:
+    # prefill ~0 (cached) and the short point measured a little fast
+    result = two_point(point_stats(64, [(0.63, 64)] * 3), point_stats(320, [(3.20, 320)] * 3))
+    assert result.prefill_s == 0.0 and result.warnings == ()
+    result = two_point(point_stats(64, [(0.3, 64)] * 3), point_stats(320, [(3.20, 320)] * 3))
+    assert result.prefill_s == 0.0 and any("negative" in w for w in result.warnings)
+
+
 def test_two_point_unresolvable() -> None:
     result = two_point(point_stats(64, [(1.0, 64)]), point_stats(320, [(0.9, 320)]))
     assert result.decode_tps is None and result.prefill_s is None
@@ -131,6 +144,7 @@ def test_ladder_lengths() -> None:
     assert ladder_lengths(8000, 8000) == [8000]
     assert ladder_lengths(8000, 5000) == [5000]
     assert ladder_lengths(1000, 4000) == [1000, 2000, 4000]
+    assert ladder_lengths(1000, 16_376) == [1000, 2000, 4000, 8000, 16_376]  # no 16000 rung
     assert ladder_lengths(0, 4000) == []
 
 

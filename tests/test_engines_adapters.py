@@ -118,3 +118,37 @@ def test_sglang_without_spec_has_no_acceptance_length() -> None:
 
 def test_unknown_exposition_is_unknown() -> None:
     assert detect_engine(parse_exposition("process_start_time_seconds 1\nfoo_total 3\n")) == "unknown"
+
+
+REAL = Path(__file__).parent / "fixtures" / "real_vllm"
+
+
+def test_real_vllm_032_capture_contract() -> None:
+    """A true capture (tests/fixtures/real_vllm, vLLM 0.32.0 on CPU, --block-size 32): the
+    0.32 cache_config_info writes "None" for hash_block_size/cache_hit_alignment_tokens."""
+    idle = vllm.adapt(parse_exposition((REAL / "metrics_idle.txt").read_text()))
+    after = vllm.adapt(parse_exposition((REAL / "metrics_after.txt").read_text()))
+    assert detect_engine(parse_exposition((REAL / "metrics_after.txt").read_text())) == "vllm"
+    assert idle.counters[CACHE_QUERIES] == 0 and idle.counters[CACHE_HITS] == 0
+    assert after.counters[CACHE_QUERIES] == 7235 and after.counters[CACHE_HITS] == 3584
+    assert after.counters[PROMPT_TOKENS] == 7235
+    assert SPEC_DRAFTS not in after.counters  # started without --speculative-config
+    assert after.gauges[BLOCK_SIZE] == 32 and after.gauges[HIT_ALIGNMENT] == 32
+    assert after.gauges[KV_BLOCKS] == 32768
+    assert after.gauges[WAITING] == 0 and after.gauges[RUNNING] == 0 and after.gauges[KV_USAGE] == 0
+    assert after.prefix_caching_configured is True and after.hash_algo == "sha256"
+    assert after.process_start == idle.process_start is not None
+
+
+def test_slimmed_parse_keeps_every_non_bucket_sample() -> None:
+    """Skipping comments and buckets must not change any value the adapters read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for path in [*FIXTURES.glob("*.txt"), *REAL.glob("metrics_*.txt")]:
+        text = path.read_text()
+        full: dict[str, list] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if not s.name.endswith(("_created", "_bucket")):
+                    full.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+        assert parse_exposition(text) == full, path.name

@@ -26,6 +26,7 @@ from app.serving import ServerThread
 from app.telemetry.metrics import Metrics
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
+REAL = Path(__file__).parent / "fixtures" / "real_vllm"
 
 
 class FakeClock:
@@ -116,6 +117,23 @@ async def test_vllm_pair_gives_window_ratios_gauges_and_replica_geometry(server:
     status = scraper.status()["b0"]
     assert status["verdict"] == "prefix cache on, 83% hit, spec acceptance length 2.80"
     assert status["hash_algo"] == "sha256"
+
+
+async def test_real_vllm_capture_pair(server: ExpositionServer) -> None:
+    scraper, replicas, metrics, clock = make(server.thread.url)
+    try:
+        server.text = (REAL / "metrics_idle.txt").read_text()
+        await scraper.scrape_once()
+        clock.t += 30
+        server.text = (REAL / "metrics_after.txt").read_text()
+        await scraper.scrape_once()
+        verdict = scraper.status()["b0"]["verdict"]
+    finally:
+        await scraper.stop()
+    assert gauge(metrics, "engine_prefix_cache_hit_ratio") == pytest.approx(3584 / 7235)
+    assert verdict == "prefix cache on, 50% hit"
+    replica = replicas.get("b0")
+    assert replica is not None and (replica.block_size, replica.kv_blocks) == (32, 32768)
 
 
 async def test_restart_gives_no_negative_or_spiking_rate(server: ExpositionServer) -> None:

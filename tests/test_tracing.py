@@ -3,7 +3,9 @@ standard OTEL_* env, with GenAI and prefixgate attributes and W3C context propag
 
 from __future__ import annotations
 
+import asyncio
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,7 +38,9 @@ def finish(ctx: RequestContext) -> None:
                                  reason="prefix_hit", matched_blocks=12, available_blocks=14)
     ctx.usage = {"prompt_tokens": 240, "completion_tokens": 17,
                  "prompt_tokens_details": {"cached_tokens": 192}}
-    ctx.attrs.update(continuity=0.8, break_cause="dynamic_head")
+    ctx.attrs["prefix_predicted_tokens"] = 176
+    ctx.attrs["prefix_observation"] = SimpleNamespace(continuity=0.8,
+                                                      diagnosis=SimpleNamespace(cause="dynamic_head"))
 
 
 @pytest.fixture
@@ -92,6 +96,7 @@ async def test_span_exported_over_otlp_http_with_attributes(receiver: OTLPReceiv
     assert a["prefixgate.cached_tokens"] == 192
     assert a["prefixgate.prefix.continuity"] == pytest.approx(0.8)
     assert a["prefixgate.prefix.break_cause"] == "dynamic_head"
+    assert a["prefixgate.predicted_cached_tokens"] == 176
     assert a["gen_ai.response.time_to_first_chunk"] == pytest.approx(0.08, abs=1e-6)
     # the span covers arrival to end (back-dated to the request's arrival)
     assert (span["end_ns"] - span["start_ns"]) / 1e9 == pytest.approx(0.2, abs=0.01)
@@ -119,9 +124,94 @@ async def test_new_trace_without_client_context_and_error_status(receiver: OTLPR
     assert len(receiver.spans) == 1
 
 
+async def test_span_waits_for_the_prefix_observation(receiver: OTLPReceiver) -> None:
+    """Continuity comes from the prefix hook's after-response task: the span ends once it is
+    there, with the response's end time (waiting does not stretch the span)."""
+    hook = build_tracing_hook(Settings(tracing={"enabled": True}))
+    assert hook is not None
+    try:
+        ctx = make_ctx()
+        ctx.attrs["prefix_input"] = object()  # the prefix hook fingerprinted this request
+        await hook.before_route(ctx)
+        finish(ctx)
+        observation = ctx.attrs.pop("prefix_observation")
+        hook.after_response(ctx)
+        await asyncio.sleep(0.3)
+        assert receiver.spans == []  # still waiting for the observation
+        ctx.attrs["prefix_observation"] = observation
+        await hook.drain()
+        (span,) = receiver.wait_for(1)
+    finally:
+        hook.shutdown()
+    assert span["attributes"]["prefixgate.prefix.continuity"] == pytest.approx(0.8)
+    assert (span["end_ns"] - span["start_ns"]) / 1e9 == pytest.approx(0.2, abs=0.01)
+
+
+async def test_shutdown_ends_spans_still_waiting(receiver: OTLPReceiver) -> None:
+    hook = build_tracing_hook(Settings(tracing={"enabled": True}))
+    assert hook is not None
+    ctx = make_ctx()
+    ctx.attrs["prefix_input"] = object()
+    await hook.before_route(ctx)
+    finish(ctx)
+    del ctx.attrs["prefix_observation"]
+    hook.after_response(ctx)
+    hook.shutdown()  # flushes: the waiting span is exported without continuity
+    (span,) = receiver.wait_for(1)
+    assert "prefixgate.prefix.continuity" not in span["attributes"]
+    assert span["attributes"]["prefixgate.backend"] == "vllm-0"
+
+
 def test_response_attributes_never_carry_prompt_text() -> None:
     ctx = make_ctx()
     ctx.body["messages"] = [{"role": "user", "content": "SECRET PROMPT"}]
     finish(ctx)
     values = [str(v) for v in response_attributes(ctx).values()]
     assert not any("SECRET" in v for v in values)
+
+
+def test_through_the_proxy_span_per_request_and_traceparent_upstream(receiver: OTLPReceiver) -> None:
+    """The real proxy (tracing.enabled) in front of a simulated vLLM that records the headers it
+    receives: one span per request, the engine sees our span as its parent."""
+    import httpx
+
+    from app.server import create_app
+    from app.serving import ServerThread
+    from app.sim.options import SimOptions
+    from app.sim.server import SimApp
+
+    seen: list[dict[str, str]] = []
+    sim = SimApp(SimOptions.from_kwargs(time_scale=0))
+
+    async def recording(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http" and scope["path"].startswith("/v1/chat"):
+            seen.append({k.decode().lower(): v.decode() for k, v in scope["headers"]})
+        await sim(scope, receive, send)
+
+    with ServerThread(recording) as engine:
+        settings = Settings(backends=[{"url": engine.url, "name": "sim-0"}], tracing={"enabled": True})
+        app = create_app(settings)
+        with ServerThread(app) as proxy:
+            body = {"model": "sim", "stream": True, "max_tokens": 4,
+                    "stream_options": {"include_usage": True},
+                    "messages": [{"role": "system", "content": "You are terse. " * 40},
+                                 {"role": "user", "content": "hello"}]}
+            r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30,
+                           headers={"x-tenant-id": "team-b",
+                                    "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+            assert r.status_code == 200
+            (span,) = receiver.wait_for(1)
+    assert len(seen) == 1
+    _, trace_id, parent, _ = seen[0]["traceparent"].split("-")
+    assert trace_id == CLIENT_TRACE and parent == span["span_id"]
+    a = span["attributes"]
+    assert span["parent_span_id"] == CLIENT_SPAN
+    assert a["prefixgate.tenant"] == "team-b"
+    assert a["prefixgate.backend"] == "sim-0"
+    assert a["gen_ai.request.model"] == "sim"
+    assert a["gen_ai.usage.output_tokens"] > 0
+    assert a["gen_ai.response.time_to_first_chunk"] > 0
+    assert "prefixgate.route_reason" in a
+    # the prefix hook's observation arrived before the span ended
+    assert 0.0 <= a["prefixgate.prefix.continuity"] <= 1.0
+    assert a["prefixgate.predicted_cached_tokens"] >= 0

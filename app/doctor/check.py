@@ -125,7 +125,7 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: CheckOptions
 
     calibration = document.Calibration()
     nonce = document.new_nonce()
-    await _calibrate(client, endpoint, model, opts, nonce, calibration)
+    await _calibrate(client, endpoint, model, opts, calibration)
 
     # 1. the same prompt, several times
     words = calibration.words_for(opts.prompt_tokens)
@@ -146,7 +146,7 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: CheckOptions
 
     # 3. the length ladder
     if opts.ladder:
-        await _ladder(client, endpoint, model, nonce, opts, result, calibration, sink)
+        await _ladder(client, endpoint, model, opts, result, calibration, sink)
 
     result.measured = True
     _collect_problems(result)
@@ -178,13 +178,13 @@ def _describe_engine(result: CheckResult, snapshot: EngineSnapshot | None) -> No
 
 
 async def _calibrate(client: httpx.AsyncClient, endpoint: Endpoint, model: str, opts: CheckOptions,
-                     nonce: str, calibration: document.Calibration) -> None:
+                     calibration: document.Calibration) -> None:
     """Learn tokens-per-word without touching the probe's prefix (different nonces)."""
     small, large = CALIBRATION_TOKENS
     sizes = (min(small, max(32, opts.prompt_tokens // 4)), min(large, max(128, opts.prompt_tokens)))
-    for i, tokens in enumerate(sizes):
+    for tokens in sizes:
         words = document.Calibration().words_for(tokens)
-        text = document.build_document(words, f"{nonce}-calibration{i}")
+        text = document.build_document(words, document.new_nonce())
         count = await tokenize_count(client, endpoint, model, text)
         if count is None:
             count = (await stream_chat(client, endpoint, model, text, 1)).prompt_tokens
@@ -240,15 +240,15 @@ def ladder_cap(opts: CheckOptions, max_model_len: int | None) -> int:
     return min(limits) if limits else LADDER_NO_LIMIT_CAP
 
 
-async def _ladder(client: httpx.AsyncClient, endpoint: Endpoint, model: str, nonce: str, opts: CheckOptions,
+async def _ladder(client: httpx.AsyncClient, endpoint: Endpoint, model: str, opts: CheckOptions,
                   result: CheckResult, calibration: document.Calibration, sink: ProgressSink) -> None:
     cap = ladder_cap(opts, result.max_model_len)
     rungs = verdict.ladder_lengths(opts.prompt_tokens, cap, opts.ladder_factor)
     sink.stage(f"length ladder up to {cap} tokens", len(rungs))
-    for i, target in enumerate(rungs):
+    for target in rungs:
         words = calibration.words_for(target)
         # A fresh nonce per rung: each rung pays its full prefill instead of reusing the previous one.
-        text = document.build_document(words, f"{nonce}-ladder{i}")
+        text = document.build_document(words, document.new_nonce())
         step = await _ladder_step(client, endpoint, model, text, target)
         result.ladder_steps.append(step)
         calibration.observe(words, step.prompt_tokens)

@@ -1,7 +1,7 @@
 """The probe document: deterministic filler text of a chosen size, unique per run.
 
 Unique per run because a previous run's cached blocks would fake a warm first call: the nonce
-is on the first line *and* seeds the word stream, so two runs share no block past the chat
+opens the first line *and* seeds the word stream, so two runs share no block past the chat
 template's header. Identical across the repeats of one run because the same (nonce, words)
 always yields the same string. The endpoint's tokenizer is unknown, so sizes are in words and
 `Calibration` maps tokens to words from the engine's own `usage.prompt_tokens`.
@@ -41,7 +41,8 @@ def new_nonce() -> str:
 def build_document(n_words: int, nonce: str) -> str:
     """~n_words of sentences; the first line names the nonce, the last line asks a question."""
     rng = random.Random(nonce)
-    lines = [f"Reference document {nonce}. Read it, then answer the question at the end.", ""]
+    # The nonce leads: the first cache block (template header included) differs between runs.
+    lines = [f"{nonce}: a reference document. Read it, then answer the question at the end.", ""]
     words_left = max(n_words, 1)
     paragraph: list[str] = []
     while words_left > 0:

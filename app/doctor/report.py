@@ -115,7 +115,9 @@ def render(result: CheckResult, console: Console) -> None:
         )
         tps = f"{decode.decode_tps:.1f} tok/s" if decode.decode_tps else "—"
         table.add_row("decode (two-point)", tps, spreads)
-        table.add_row("prefill (intercept)", _s(decode.prefill_s), "the warm, cached prompt")
+        cached = cache is not None and cache.verdict == "on"
+        table.add_row("prefill (intercept)", _s(decode.prefill_s),
+                      "the same prompt again, served from cache" if cached else "the same prompt again")
         if result.naive_decode_tps is not None:
             table.add_row("naive per-event rate", f"{result.naive_decode_tps:,.0f} tok/s",
                           "1/median gap between SSE events — shown to be ignored when it disagrees")

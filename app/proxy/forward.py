@@ -69,6 +69,8 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
         metrics.route_decisions.labels(replica.name, decision.reason).inc()
         replica.inflight += 1
         metrics.backend_inflight.labels(replica.name).set(replica.inflight)
+        queued = decision.prefill_tokens  # prefill backlog the cost-based routers read (until first byte)
+        replica.queued_prompt_tokens += queued
         resp: aiohttp.ClientResponse | None = None
         committed = ok = False
         try:
@@ -79,6 +81,8 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             first = b""
             if mode != "buffered" and resp.status < 400:
                 first = await services.upstream.first_chunk(replica, resp)
+            replica.queued_prompt_tokens -= queued
+            queued = 0
             committed = True
             services.health.mark_success(replica)
             if resp.status < 400:
@@ -112,6 +116,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
                 else:
                     resp.close()
             replica.inflight -= 1
+            replica.queued_prompt_tokens -= queued
             metrics.backend_inflight.labels(replica.name).set(replica.inflight)
             if committed:
                 services.router.on_finished(request, decision, ok)

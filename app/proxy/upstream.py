@@ -56,7 +56,7 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str, api_key: str 
 def classify_exception(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect"
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+    if isinstance(exc, TimeoutError):
         return "timeout"
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
         return "disconnect"
@@ -101,7 +101,7 @@ class Upstream:
         except aiohttp.ClientError as exc:
             raise UpstreamError(classify_exception(exc), replica.name,
                                 f"{replica.name}: {type(exc).__name__}: {exc}") from exc
-        except (asyncio.TimeoutError, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise UpstreamError("timeout", replica.name,
                                 f"{replica.name}: no response within {self.limits.first_byte_timeout_s}s") from exc
 
@@ -114,7 +114,7 @@ class Upstream:
         except aiohttp.ClientError as exc:
             raise UpstreamError(classify_exception(exc), replica.name,
                                 f"{replica.name}: {type(exc).__name__} before the first byte") from exc
-        except (asyncio.TimeoutError, TimeoutError) as exc:
+        except TimeoutError as exc:
             raise UpstreamError("timeout", replica.name,
                                 f"{replica.name}: no first byte within {self.limits.first_byte_timeout_s}s") from exc
         if not data:

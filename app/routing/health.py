@@ -108,7 +108,7 @@ class HealthChecker:
                         data = payload.get("data") if isinstance(payload, dict) else None
                         if isinstance(data, list):
                             self.models[replica.name] = data
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             ok = False
         if ok != replica.healthy:
             log.warning("replica %s is now %s", replica.name, "healthy" if ok else "unhealthy")
@@ -130,7 +130,7 @@ class HealthChecker:
             deadline = time.monotonic() + self.interval_s
             while (remaining := deadline - time.monotonic()) > 0:
                 self._wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(remaining, OPEN_PROBE_S))
                 unhealthy = [r for r in self.replicas.all() if not r.healthy]
                 if unhealthy:

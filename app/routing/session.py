@@ -54,8 +54,8 @@ class SessionRouter:
                              explanation=f"{reason}; hashed to {name} (in flight {loads[name]:g})")
 
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
-        if decision.reason != "session":  # new key or re-placed: (re)bind it
-            self.writes.spawn(self._store.binding_set(session_key(request), decision.replica.name))
+        # (re)bind on every request: a new or re-placed key gets its replica, a kept one a fresh TTL
+        self.writes.spawn(self._store.binding_set(session_key(request), decision.replica.name))
 
     def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
         return None

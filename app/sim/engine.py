@@ -8,7 +8,8 @@ One step (as vLLM's `Scheduler.schedule`):
 2. then waiting requests, FCFS, while budget remains and nothing was preempted: prefix-cache
    lookup (hits = leading resident blocks, capped at floor((N-1)/P)), then blocks for the chunk;
    a request that does not fit stays waiting;
-3. the step takes `prefill_tokens / prefill_tps` (+ `1/decode_tps` when it carries decodes),
+3. the step takes `prefill_tokens / prefill_tps` (+ `1/decode_tps` when it carries decodes,
+   + `cached_tokens / cached_tps` for requests admitted with a cache hit: the attention term),
    scaled by `time_scale` (0: no sleep, same order and accounting);
 4. a request whose known tokens are all computed samples its next token(s).
 Blocks are cached as soon as they are allocated and full (vLLM caches optimistically), so
@@ -62,6 +63,7 @@ class SimEngine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending_events: list[dict[str, Any]] = []
+        self._step_cached_tokens = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -137,9 +139,11 @@ class SimEngine:
             self.steps += 1
 
     def _step_time(self, scheduled: list[tuple[SimRequest, int, bool]]) -> float:
+        o = self.options
         prefill = sum(n for _, n, decode in scheduled if not decode)
         decodes = any(decode for _, _, decode in scheduled)
-        return prefill / self.options.prefill_tps + (1.0 / self.options.decode_tps if decodes else 0.0)
+        cached = self._step_cached_tokens / o.cached_tps if o.cached_tps > 0 else 0.0
+        return prefill / o.prefill_tps + (1.0 / o.decode_tps if decodes else 0.0) + cached
 
     # ------------------------------------------------------------------ scheduling
     def _lookahead(self, req: SimRequest) -> int:
@@ -147,6 +151,7 @@ class SimEngine:
 
     def _schedule(self) -> list[tuple[SimRequest, int, bool]]:
         budget = self.options.max_batch_tokens
+        self._step_cached_tokens = 0
         out: list[tuple[SimRequest, int, bool]] = []
         preempted = False
         i = 0
@@ -189,6 +194,7 @@ class SimEngine:
             req.blocks = hits + (self.pool.allocate(need) or [])
             req.num_cached_blocks = len(hits)
             req.num_computed = computed
+            self._step_cached_tokens += computed
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = computed
             if not req.preempted:
@@ -227,9 +233,12 @@ class SimEngine:
         if full <= start:
             return
         run: list[int] = []
+        prompt_blocks = req.num_prompt_tokens // self.page
         for j in range(start, full):
             if self.pool.cache(req.blocks[j], req.keys[j], req.proxy_hashes[j]):
                 run.append(j)
+                if j < prompt_blocks and not req.preempted:
+                    req.created_cache_tokens += self.page
             elif run:
                 self._stored(req, run)
                 run = []
@@ -272,6 +281,7 @@ class SimEngine:
             req.first_token_time = now
             req.virtual_first_token = self.clock
             self.metrics.on_first_token(now - req.arrival, req.num_prompt_tokens, req.streaming)
+            self.metrics.on_prompt_done(req.num_prompt_tokens, max(req.num_cached_tokens, 0))
             self.counters["prompt_tokens"] += req.num_prompt_tokens
         req.last_token_time = now
         self.counters["generation_tokens"] += new

@@ -95,5 +95,6 @@ class KVEventPublisher:
         self.seq += 1
 
     def close(self) -> None:
-        self._sock.close(0)
-        self._ctx.term()
+        if not self._sock.closed:
+            self._sock.close(0)
+            self._ctx.term()

@@ -55,11 +55,26 @@ class SimMetrics:
         self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", names, registry=r)
         self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", names, registry=r)
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.", [*names, "finished_reason"], registry=r)
+        self.waiting_by_reason = Gauge("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.", [*names, "reason"], registry=r)
+        sleep = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping.", [*names, "sleep_state"], registry=r)
+        for state, value in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
+            sleep.labels(**self.labels, sleep_state=state).set(value)
+        self.by_source = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [*names, "source"], registry=r)
+        self.cached = Counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", names, registry=r)
+        self.cached_by_source = Counter("vllm:prompt_tokens_cached_by_source", "Number of cached prompt tokens by source.", [*names, "source"], registry=r)
+        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+            self.by_source.labels(**self.labels, source=source)
+        for source in ("device", "host", "p2p", "disk", "external_unspecified"):
+            self.cached_by_source.labels(**self.labels, source=source)
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            self.success.labels(**self.labels, finished_reason=reason)
+        self.cached.labels(**self.labels)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", names, buckets=VLLM_TTFT_BUCKETS, registry=r)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", names, buckets=VLLM_ITL_BUCKETS, registry=r)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", names, buckets=VLLM_LATENCY_BUCKETS, registry=r)
-        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(self._cache_config(o)), registry=r)
-        info.labels(**self._cache_config(o)).set(1)
+        info_labels = {**self._cache_config(o), "engine": "0"}
+        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info_labels), registry=r)
+        info.labels(**info_labels).set(1)
         self.spec = o.spec_decode is not None
         if self.spec:
             self.drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", names, registry=r)
@@ -82,7 +97,10 @@ class SimMetrics:
             "enable_prefix_caching": str(o.prefix_caching), "gpu_memory_utilization": "0.9",
             "num_cpu_blocks": "None", "num_gpu_blocks": str(o.kv_blocks), "num_gpu_blocks_override": "None",
             "prefix_caching_hash_algo": o.prefix_caching_hash_algo, "hash_block_size": str(o.block_size),
-            "cache_hit_alignment_tokens": str(o.block_size), "sliding_window": "None", "swap_space": "0",
+            "cache_hit_alignment_tokens": str(o.block_size), "sliding_window": "None",
+            "_block_size_resolved": "True", "effective_attention_block_size": str(o.block_size),
+            "user_specified_block_size": "True", "kv_cache_size_tokens": str(o.kv_blocks * o.block_size),
+            "prefix_match_unit": "None", "mamba_cache_mode": "none", "is_attention_free": "False",
         }
 
     # ------------------------------------------------------------------ SGLang
@@ -125,6 +143,14 @@ class SimMetrics:
         elif lookup:
             self.queries.labels(**self.labels).inc(prompt_tokens)
             self.hits.labels(**self.labels).inc(cached_tokens)
+
+    def on_prompt_done(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """The prompt's split by source, counted when its first token is out (as vLLM does)."""
+        if self.options.flavor == "vllm":
+            self.by_source.labels(**self.labels, source="local_compute").inc(prompt_tokens - cached_tokens)
+            self.by_source.labels(**self.labels, source="local_cache_hit").inc(cached_tokens)
+            self.cached.labels(**self.labels).inc(cached_tokens)
+            self.cached_by_source.labels(**self.labels, source="device").inc(cached_tokens)
 
     def on_first_token(self, ttft_s: float, prompt_tokens: int, streaming: bool) -> None:
         if self.options.flavor == "sglang":
@@ -177,5 +203,8 @@ class SimMetrics:
         running, waiting, usage = self.gauges()
         self.running.labels(**self.labels).set(running)
         self.waiting.labels(**self.labels).set(waiting)
+        if self.options.flavor == "vllm":
+            self.waiting_by_reason.labels(**self.labels, reason="capacity").set(waiting)
+            self.waiting_by_reason.labels(**self.labels, reason="deferred").set(0)
         self.kv_usage.labels(**self.labels).set(usage)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -43,6 +43,7 @@ class SimRequest:
     num_cached_blocks: int = 0  # leading blocks of `blocks` registered in the pool's cache
     num_computed: int = 0
     num_cached_tokens: int = -1  # set at first scheduling (vLLM semantics)
+    created_cache_tokens: int = 0  # prompt tokens in blocks this request newly cached
     output_ids: list[int] = field(init=False, default_factory=list)
     output_text: list[str] = field(init=False, default_factory=list)
     reasoning_tokens: int = 0

@@ -17,6 +17,9 @@ from tokenizers import Tokenizer
 
 from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
 from app.prefix.template import ChatTemplate, load_chat_template
+from app.prefix.tokens import SegmentTokenizer
+
+MEMO_BYTES = 64 * 1024 * 1024
 
 FILLER = (
     " The cache is warm when the prefix is stable, and the first token arrives early because"
@@ -32,6 +35,12 @@ class SimTokenizer:
         eos = self.template.special_token_vars.get("eos_token")
         eos_id = self.tokenizer.token_to_id(eos) if eos else None
         self.eos_id: int | None = eos_id
+        specials = list(self.template.special_tokens)
+        specials += [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
+        # Segment memo: a system prompt shared by many requests is encoded once (exact for
+        # tokenizers where added tokens split the text; SegmentTokenizer verifies that at load).
+        self.segments = SegmentTokenizer(self.tokenizer, self.template, specials, memo_bytes=MEMO_BYTES,
+                                         workers=1, source=str(self.directory))
         self.filler_ids: list[int] = self.tokenizer.encode(FILLER, add_special_tokens=False).ids
         self.filler_text: list[str] = [self.tokenizer.decode([i]) for i in self.filler_ids]
 
@@ -41,7 +50,12 @@ class SimTokenizer:
                                     **kwargs)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+        if add_special_tokens and self.tokenizer.post_processor is not None:
+            return list(self.tokenizer.encode(text, add_special_tokens=True).ids)
+        out: list[int] = []
+        for ids in self.segments.encode_segments(self.segments.split(text)):
+            out.extend(ids)
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))

@@ -65,7 +65,10 @@ def fold64(block_hash: int) -> int:
 
 def pack_hashes(block_hashes: list[int]) -> bytes:
     """The chain as one blob of 8-byte members, in chain order."""
-    return struct.pack(f">{len(block_hashes)}Q", *(fold64(h) for h in block_hashes))
+    try:
+        return struct.pack(f">{len(block_hashes)}Q", *block_hashes)
+    except struct.error:  # a hash outside 0..2**64-1: fold them (rare, engine digests)
+        return struct.pack(f">{len(block_hashes)}Q", *(fold64(h) for h in block_hashes))
 
 
 def unpack_members(blob: bytes) -> list[bytes]:

@@ -27,7 +27,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from app.state import ops
-from app.state.keys import DEFAULT_NAMESPACE, KeySpace, chain_scores, next_base, pack_hashes, unpack_members
+from app.state.keys import DEFAULT_NAMESPACE, KeySpace, next_base, pack_hashes, unpack_members
 from app.state.memory import (
     DEFAULT_CAPACITY_BLOCKS,
     DEFAULT_HISTORY,
@@ -61,16 +61,42 @@ return out
 """
 
 
+# KEYS[1]: a residency key; ARGV: packed chain, base score, expiry cutoff, capacity, key TTL ms.
+# Block i scores base - i (keys.chain_scores); GT keeps newer scores. Scores are formatted with
+# %d because Lua would print a 16-digit number with only 14 significant digits.
+_ADD_LUA = """
+local key = KEYS[1]
+local blob = ARGV[1]
+local base = tonumber(ARGV[2])
+local n = math.floor(#blob / 8)
+local i = 0
+while i < n do
+  local args = {'GT'}
+  local last = math.min(n, i + 1000)
+  for j = i, last - 1 do
+    args[#args + 1] = string.format('%d', base - j)
+    args[#args + 1] = string.sub(blob, j * 8 + 1, j * 8 + 8)
+  end
+  redis.call('ZADD', key, unpack(args))
+  i = last
+end
+redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. ARGV[3])
+redis.call('ZREMRANGEBYRANK', key, 0, -tonumber(ARGV[4]) - 1)
+redis.call('PEXPIRE', key, ARGV[5])
+return n
+"""
+
+
 def _us(seconds: float) -> int:
     return int(seconds * 1_000_000)
 
 
 def connect(url: str, socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S) -> aioredis.Redis:
-    """A client without built-in retries: a failed call must fail fast so the caller can answer
-    from local state instead of waiting through reconnect attempts."""
+    """A client that retries once, at once: a pooled connection that went stale (Redis restarted)
+    reconnects within the caller's budget, and a Redis that is really gone still fails fast."""
     return aioredis.Redis.from_url(
         url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
-        retry=Retry(NoBackoff(), 0), retry_on_error=[], decode_responses=False,
+        retry=Retry(NoBackoff(), 1), decode_responses=False,
         health_check_interval=0)
 
 
@@ -152,13 +178,12 @@ class RedisStore:
         """Adds the op's commands to the pipeline; True when it touched the tenant registry."""
         ttl_ms = int(self.key_ttl_s * 1000)
         if isinstance(op, ops.ResidencyAdd | ops.CapacityTrim):
-            key = self.keys.residency(op.replica)
-            if isinstance(op, ops.ResidencyAdd) and op.blob:
-                members = unpack_members(op.blob)
-                pipe.zadd(key, dict(zip(members, chain_scores(op.base_us, len(members)), strict=True)), gt=True)
-            pipe.zremrangebyscore(key, "-inf", f"({_us(self._clock() - self.ttl_s)}")
-            pipe.zremrangebyrank(key, 0, -self.capacity(op.replica) - 1)
-            pipe.pexpire(key, int(self.ttl_s * 1000))
+            # EVAL, not EVALSHA: a Redis restarted between two batches has no script cache, and
+            # a NOSCRIPT inside MULTI would half-apply the batch. Redis caches the compiled body.
+            blob = op.blob if isinstance(op, ops.ResidencyAdd) else b""
+            base = op.base_us if isinstance(op, ops.ResidencyAdd) else 0
+            pipe.eval(_ADD_LUA, 1, self.keys.residency(op.replica), blob, base,
+                      _us(self._clock() - self.ttl_s), self.capacity(op.replica), int(self.ttl_s * 1000))
         elif isinstance(op, ops.ResidencyRemove):
             if op.blob:
                 pipe.zrem(self.keys.residency(op.replica), *unpack_members(op.blob))

@@ -11,10 +11,16 @@ the client's W3C `traceparent` when one came in, and its context is written into
 (which the proxy forwards upstream), so vLLM/SGLang spans join the same trace. Attributes follow
 the GenAI semantic conventions (gen_ai.*) plus prefixgate.* for what only the proxy knows. Prompt
 text never becomes an attribute.
+
+Continuity and break cause are computed by the prefix hook after the response, in a task (exact
+tokens off the hot path). When that work is pending the span is ended by a small task that waits
+for `ctx.attrs["prefix_observation"]` (bounded by OBSERVATION_WAIT_S); the span's end time is still
+the response's end, so waiting never stretches its duration.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -23,7 +29,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from app.config import Settings
@@ -32,10 +38,11 @@ from app.proxy.context import RequestContext
 SPAN_KEY = "otel_span"  # ctx.attrs key holding the open span between the two hook calls
 OPERATION = {"chat": "chat", "completions": "text_completion"}
 DEFAULT_SERVICE_NAME = "prefixgate"
-# ctx.attrs keys other hooks fill in after the response (tenant tracker, diagnosis)
-CONTINUITY_ATTR = "continuity"
-BREAK_CAUSE_ATTR = "break_cause"
-PREDICTED_CACHED_ATTR = "predicted_cached_tokens"
+# ctx.attrs keys written by the prefix hook (app/prefix/hook.py)
+PREFIX_PENDING_ATTR = "prefix_input"  # set before routing when a fingerprint exists
+OBSERVATION_ATTR = "prefix_observation"  # tracker Observation: .continuity, .diagnosis.cause
+PREDICTED_ATTR = "prefix_predicted_tokens"
+OBSERVATION_WAIT_S = 5.0
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -92,13 +99,23 @@ def response_attributes(ctx: RequestContext) -> dict[str, Any]:
         attrs["prefixgate.prefix.available_blocks"] = decision.available_blocks
         if decision.replica.engine in ("vllm", "sglang"):
             attrs["gen_ai.provider.name"] = decision.replica.engine
-    for key, name in ((CONTINUITY_ATTR, "prefixgate.prefix.continuity"),
-                      (BREAK_CAUSE_ATTR, "prefixgate.prefix.break_cause"),
-                      (PREDICTED_CACHED_ATTR, "prefixgate.predicted_cached_tokens")):
-        value = ctx.attrs.get(key)
-        if isinstance(value, str | int | float | bool):
-            attrs[name] = value
+    predicted = ctx.attrs.get(PREDICTED_ATTR)
+    if isinstance(predicted, int):
+        attrs["prefixgate.predicted_cached_tokens"] = predicted
+    obs = ctx.attrs.get(OBSERVATION_ATTR)
+    continuity = getattr(obs, "continuity", None)
+    if isinstance(continuity, int | float):
+        attrs["prefixgate.prefix.continuity"] = float(continuity)
+    cause = getattr(getattr(obs, "diagnosis", None), "cause", None)
+    if isinstance(cause, str):
+        attrs["prefixgate.prefix.break_cause"] = cause
     return attrs
+
+
+def observation_pending(ctx: RequestContext) -> bool:
+    """True when the prefix hook will publish an observation for this request later."""
+    return (PREFIX_PENDING_ATTR in ctx.attrs and OBSERVATION_ATTR not in ctx.attrs
+            and ctx.outcome == "ok" and ctx.decision is not None)
 
 
 class TracingHook:
@@ -108,6 +125,7 @@ class TracingHook:
     def __init__(self, provider: TracerProvider) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer("prefixgate")
+        self._pending: dict[asyncio.Task[None], tuple[RequestContext, Span, int]] = {}
 
     async def before_route(self, ctx: RequestContext) -> None:
         parent = _PROPAGATOR.extract(ctx.headers)
@@ -124,14 +142,45 @@ class TracingHook:
         span = ctx.attrs.pop(SPAN_KEY, None)
         if span is None:
             return
+        end = ctx.timings.end if ctx.timings.end is not None else time.perf_counter()
+        end_ns = _wall_ns(end)
+        if observation_pending(ctx):
+            try:
+                task = asyncio.get_running_loop().create_task(self._end_after_observation(ctx, span, end_ns))
+            except RuntimeError:  # no loop (called from a thread): end now
+                pass
+            else:
+                self._pending[task] = (ctx, span, end_ns)
+                task.add_done_callback(lambda t: self._pending.pop(t, None))
+                return
+        self._end(ctx, span, end_ns)
+
+    async def _end_after_observation(self, ctx: RequestContext, span: Span, end_ns: int) -> None:
+        delay, deadline = 0.005, time.monotonic() + OBSERVATION_WAIT_S
+        while OBSERVATION_ATTR not in ctx.attrs and time.monotonic() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        self._end(ctx, span, end_ns)
+
+    @staticmethod
+    def _end(ctx: RequestContext, span: Span, end_ns: int) -> None:
         span.set_attributes(response_attributes(ctx))
         if ctx.outcome != "ok" or (ctx.status is not None and ctx.status >= 500):
             span.set_status(Status(StatusCode.ERROR, ctx.outcome))
-        end = ctx.timings.end
-        span.end(end_time=_wall_ns(end) if end is not None else None)
+        span.end(end_time=end_ns)
+
+    async def drain(self) -> None:
+        """Wait for spans still waiting on their prefix observation (tests, shutdown)."""
+        while self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
 
     def shutdown(self) -> None:
-        """Flush and stop the exporter (call from the app's lifespan on exit)."""
+        """Flush and stop the exporter (call from the app's lifespan on exit). Spans still waiting
+        for an observation are ended now with what they have."""
+        for task, (ctx, span, end_ns) in list(self._pending.items()):
+            task.cancel()
+            self._end(ctx, span, end_ns)
+        self._pending.clear()
         self.provider.shutdown()
 
 

@@ -1,0 +1,172 @@
+"""The prefix hook: fingerprint on the hot path, prediction + residency + continuity after it.
+
+before_route: `Fingerprinter.prepare` (render, split, memo walk; salt = ctx.salt, which the
+hygiene hook sets when cache isolation is on) -> ctx.fingerprint, read by the router.
+
+after_response (never blocks the loop; everything slow is a task or a worker thread):
+1. prediction in the engine's rule, B * min(leading resident blocks, floor((N-1)/B)), on the chosen
+   replica *before* this request's own blocks count: the router's lookup
+   (`decision.matched_blocks`) when the routed chain covered it, else a lookup of the full chain;
+2. residency: the full prompt chain plus the blocks of generated tokens the engine keeps
+   (it caches full blocks of the N + out - 1 tokens it computed), written right away so the
+   tenant's next turn finds them;
+3. tenant continuity + diagnosis (app/prefix/tracker.py), then metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any
+
+from app.prefix.blocks import predicted_hit_tokens
+from app.prefix.fingerprint import Fingerprint, Fingerprinter, PromptInput, prompt_input
+from app.prefix.sketch import build_sketch
+from app.prefix.template import TemplateError
+from app.prefix.tracker import TenantTracker
+from app.proxy.context import RequestContext
+
+log = logging.getLogger("prefixgate.prefix")
+MODES = ("exact", "engine", "approx")
+INLINE_OUTPUT_CHARS = 16_384  # generated text encoded inside after_response (~1 ms)
+RECENT_PREDICTIONS = 4096
+
+
+class PrefixHook:
+    def __init__(self, settings: Any, services: Any, fingerprinter: Fingerprinter,
+                 tracker: TenantTracker) -> None:
+        self.settings = settings
+        self.services = services
+        self.fingerprinter = fingerprinter
+        self.tracker = tracker
+        self.metrics = services.metrics
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._evictions_seen = 0
+        self.processed = 0  # requests fully processed after their response (tests poll it)
+        # (request id, tenant, predicted, engine-reported) of recent requests: for audits and tests
+        self.predictions: deque[tuple[str, str, int, int | None]] = deque(maxlen=RECENT_PREDICTIONS)
+        for mode in MODES:
+            self.metrics.fingerprint_mode.labels(mode).set(1 if mode == fingerprinter.mode else 0)
+
+    @property
+    def mode(self) -> str:
+        return self.fingerprinter.mode
+
+    def block_size(self) -> int:
+        """The fleet's block size: the first replica that reported one, else routing.block_size."""
+        for replica in self.services.replicas.all():
+            if replica.block_size:
+                return int(replica.block_size)
+        return int(self.settings.routing.block_size)
+
+    # ------------------------------------------------------------------ hot path
+    async def before_route(self, ctx: RequestContext) -> None:
+        inp = prompt_input(ctx.route, ctx.body)
+        if inp is None:
+            return
+        try:
+            fp = self.fingerprinter.prepare(inp, self.block_size(), ctx.salt)
+        except (TemplateError, ValueError, TypeError) as exc:
+            log.debug("no fingerprint for %s: %s", ctx.request_id, type(exc).__name__)
+            return
+        ctx.fingerprint = fp
+        ctx.attrs["prefix_input"] = inp
+        ctx.attrs["prefix_routed_blocks"] = len(fp.block_hashes)
+        ctx.attrs["prefix_routed_complete"] = fp.complete
+
+    # ------------------------------------------------------------------ after the response
+    def after_response(self, ctx: RequestContext) -> None:
+        fp = ctx.fingerprint
+        if fp is None or ctx.decision is None or ctx.outcome != "ok" or (ctx.status or 200) >= 400:
+            return
+        output_ids = None
+        text = ctx.attrs.get("output_text") or ""
+        if fp.complete and len(text) <= INLINE_OUTPUT_CHARS:
+            output_ids = self.fingerprinter.encode_text(text) if text else []
+        task = asyncio.get_running_loop().create_task(self._after(ctx, fp, output_ids))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for pending after-response work (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def shutdown(self) -> None:
+        self.fingerprinter.close()
+
+    async def _after(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
+        try:
+            await self._process(ctx, fp, output_ids)
+        except Exception:  # observability must never take the proxy down
+            log.exception("prefix after_response failed")
+
+    async def _process(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
+        store = self.services.store
+        replica = ctx.decision.replica.name  # type: ignore[union-attr]
+        fp = await self.fingerprinter.complete(fp)
+        n = fp.num_tokens or 0
+        b = fp.block_size
+        chain = fp.block_hashes
+        routed = int(ctx.attrs.get("prefix_routed_blocks", 0))
+        matched = ctx.decision.matched_blocks  # type: ignore[union-attr]
+        if matched >= routed and routed < len(chain):
+            lookup = await store.residency_lookup(chain, [replica])
+            matched = max(matched, lookup.get(replica, 0))
+        if output_ids is None:
+            text = ctx.attrs.get("output_text") or ""
+            loop = asyncio.get_running_loop()
+            output_ids = await loop.run_in_executor(self.fingerprinter.tokenizer.pool,
+                                                    self.fingerprinter.encode_text, text)
+        usage = ctx.usage or {}
+        produced = usage.get("completion_tokens")
+        produced = int(produced) if isinstance(produced, int) else len(output_ids)
+        resident = (n + produced - 1) // b if n else 0
+        full = self.fingerprinter.extend_with_output(fp, output_ids) if output_ids else list(chain)
+        resident_chain = full[:max(len(chain), min(resident, len(full)))]
+        await store.residency_add(replica, resident_chain)
+
+        predicted = predicted_hit_tokens(matched, n, b)
+        delivered = ctx.engine_cached_tokens
+        model = ctx.model or "unknown"
+        tenant = self.metrics.tenant_label(ctx.tenant)
+        self.metrics.cached_tokens.labels(model, tenant, "predicted").inc(predicted)
+        if isinstance(delivered, int) and delivered >= 0:
+            self.metrics.reuse_tokens.labels(stage="delivered").inc(delivered)
+            scraper = self.services.components.get("scraper") if hasattr(self.services, "components") else None
+            if scraper is not None and hasattr(scraper, "record_prediction"):
+                scraper.record_prediction(replica, predicted, delivered)
+        ctx.attrs["prefix_predicted_tokens"] = predicted
+        self.predictions.append((ctx.request_id, ctx.tenant, predicted,
+                                 delivered if isinstance(delivered, int) else None))
+
+        inp: PromptInput | None = ctx.attrs.get("prefix_input")
+        sketch = build_sketch(inp, fp.text) if fp.text is not None else None
+        obs = await self.tracker.observe(ctx.tenant, chain, sketch, b,
+                                         extra_chain=resident_chain[len(chain):])
+        if obs.continuity is not None:
+            self.metrics.continuity.labels(tenant).set(obs.continuity)
+        if obs.diagnosis is not None and obs.diagnosis.cause is not None:
+            self.metrics.breaks.labels(tenant, obs.diagnosis.cause).inc()
+        evicted = self.tracker.evictions - self._evictions_seen
+        if evicted > 0:
+            self.metrics.tenant_evictions.inc(evicted)
+            self._evictions_seen += evicted
+        ctx.attrs["prefix_observation"] = obs
+        self.processed += 1
+
+
+def build_prefix_hook(settings: Any, services: Any) -> PrefixHook:
+    """The fingerprint + continuity hook, and its tracker (also mounted for /hygiene)."""
+    opts = settings.prefix
+    fingerprinter = Fingerprinter.from_settings(settings)
+    tracker = TenantTracker(
+        services.store, max_hashes=opts.tracker_max_hashes, tenant_max_hashes=opts.tracker_tenant_max_hashes,
+        texts_bytes=opts.tracker_texts_mb * 1024 * 1024, texts_per_tenant=opts.tracker_texts_per_tenant,
+        max_tenants=settings.tenants.max_tenants, show_text=settings.hygiene.show_text,
+        extra_patterns=settings.hygiene.dynamic_patterns)
+    hook = PrefixHook(settings, services, fingerprinter, tracker)
+    if hasattr(services, "components"):
+        services.components["prefix"] = hook
+    return hook

@@ -1,0 +1,144 @@
+"""`prefixgate lint FILE`: the gateway's continuity analysis, offline, for CI.
+
+FILE holds one OpenAI request body (JSON) or consecutive ones (JSONL, or a JSON array), as one
+tenant would send them. Each request is fingerprinted with the same tokenizer and template the
+proxy uses, matched against the earlier ones and diagnosed (app/prefix/diagnose.py). A single
+request has nothing to compare with, so it is checked statically: a value that is almost surely
+per-request (a clock time, a uuid, a request id...) placed before static content is reported.
+
+Exit status: 1 when a problem was found (any break but `new_session`), 0 otherwise, 2 on bad input.
+`--json` prints one object per request: {"index", "continuity", "cause", "spans", "fix"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.prefix.diagnose import Diagnosis, fix_for
+from app.prefix.dynamic import Span, get_detector
+from app.prefix.fingerprint import Fingerprinter, prompt_input
+from app.prefix.sketch import RequestSketch, build_sketch
+from app.prefix.tokens import SegmentTokenizer
+from app.prefix.tracker import TenantTracker
+from app.state.memory import MemoryStore
+
+NOT_A_PROBLEM = {"new_session"}
+# Kinds that are per-request in practice; dates only with a "now" cue on their line.
+VOLATILE = {"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex"}
+NOW_CUE = re.compile(r"(?i)\b(current|today|now|heute|aujourd|hoy|oggi|vandaag|date\s*:|datum\s*:|time\s*:)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="a JSON request body, or JSONL / a JSON array of consecutive bodies")
+    parser.add_argument("--json", action="store_true", help="one JSON object per request analysed")
+    parser.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: built-in)")
+    parser.add_argument("--block-size", type=int, default=16, help="engine block size (default 16)")
+    parser.add_argument("--dynamic-pattern", action="append", default=[], metavar="REGEX",
+                        help="extra dynamic-value regex (repeatable)")
+
+
+def load_requests(path: str) -> list[dict[str, Any]]:
+    raw = Path(path).read_text(encoding="utf-8") if path != "-" else sys.stdin.read()
+    stripped = raw.strip()
+    if not stripped:
+        return []
+    try:
+        data = json.loads(stripped)
+    except json.JSONDecodeError:
+        data = [json.loads(line) for line in stripped.splitlines() if line.strip()]
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+        raise ValueError("expected a JSON object, a JSON array of objects, or JSONL")
+    return [d.get("body", d) if isinstance(d.get("body"), dict) else d for d in data]
+
+
+def static_findings(sketch: RequestSketch, material: int, extra: tuple[str, ...] = ()) -> list[Span]:
+    """Volatile values before at least `material` chars of static content (single request)."""
+    limit = sketch.tail_start
+    out: list[Span] = []
+    for span in get_detector(extra).find(sketch.text, 0, limit):
+        if limit - span.end < material:
+            continue
+        line_start = sketch.text.rfind("\n", 0, span.start) + 1
+        line = sketch.text[line_start:span.start]
+        if span.kind in VOLATILE or NOW_CUE.search(line) or span.kind in ("email", "user"):
+            out.append(span)
+    return out
+
+
+async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, block_size: int,
+                  extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    tracker = TenantTracker(MemoryStore(), show_text=True, extra_patterns=extra)
+    results: list[dict[str, Any]] = []
+    material = max(64, 6 * block_size)
+    for index, body in enumerate(bodies):
+        route = "chat" if "messages" in body else "completions"
+        inp = prompt_input(route, body)
+        if inp is None:
+            results.append({"index": index, "continuity": None, "cause": None, "spans": [],
+                            "fix": None, "error": "no messages or prompt"})
+            continue
+        fp = fingerprinter.complete_sync(fingerprinter.prepare(inp, block_size))
+        sketch = build_sketch(inp, fp.text or "")
+        obs = await tracker.observe("lint", fp.block_hashes, sketch, block_size)
+        cause = obs.diagnosis.cause if obs.diagnosis else None
+        spans = obs.diagnosis.spans if obs.diagnosis else []
+        fix = fix_for(obs.diagnosis, sketch.text) if obs.diagnosis else None
+        result: dict[str, Any] = {"index": index, "continuity": obs.continuity if index else None,
+                                  "cause": cause, "spans": [s.text for s in spans], "fix": fix}
+        if cause is not None:
+            result.update(block_index=obs.matched_blocks, token_offset=obs.matched_blocks * block_size)
+        if len(bodies) == 1:
+            found = static_findings(sketch, material, extra)
+            if found:
+                diag = Diagnosis("dynamic_head", found[0].start, found)
+                result.update(cause="dynamic_head", spans=[s.text for s in found],
+                              fix=fix_for(diag, sketch.text), static=True)
+        result["tokens"] = fp.num_tokens
+        results.append(result)
+    return results
+
+
+def _human(r: dict[str, Any]) -> str:
+    cont = "–" if r["continuity"] is None else f"{r['continuity']:.2f}"
+    head = f"request {r['index']}: {r.get('tokens') or 0} tokens, continuity {cont}"
+    if r.get("error"):
+        return f"{head}: {r['error']}"
+    if not r["cause"]:
+        return f"{head}: ok"
+    where = " (suspected, single request)" if r.get("static") else \
+        f" at block {r.get('block_index')} (token {r.get('token_offset')})"
+    spans = f" values: {', '.join(repr(s) for s in r['spans'])}" if r["spans"] else ""
+    return f"{head}: {r['cause']}{where}{spans}\n    fix: {r['fix']}"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        bodies = load_requests(args.file)
+    except (OSError, ValueError) as exc:
+        print(f"prefixgate lint: {exc}", file=sys.stderr)
+        return 2
+    tokenizer = SegmentTokenizer.load(args.tokenizer, workers=1)
+    fingerprinter = Fingerprinter(tokenizer)
+    extra = tuple(args.dynamic_pattern)
+    try:
+        results = asyncio.run(analyse(bodies, fingerprinter, args.block_size, extra))
+    finally:
+        fingerprinter.close()
+    problems = [r for r in results if r["cause"] and r["cause"] not in NOT_A_PROBLEM]
+    for r in results:
+        if args.json:
+            print(json.dumps({k: r[k] for k in ("index", "continuity", "cause", "spans", "fix")},
+                             ensure_ascii=False))
+        else:
+            print(_human(r))
+    if not args.json:
+        print(f"{len(results)} request(s), {len(problems)} problem(s)")
+    return 1 if problems else 0

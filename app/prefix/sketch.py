@@ -1,0 +1,100 @@
+"""A request's shape, as diagnosis needs it: the rendered prompt plus where its parts are.
+
+Diagnosis (app/prefix/diagnose.py) compares two requests of a tenant. Text alone says *where*
+they diverge; the structure says *what* diverged: the tools (same set, other order?), the history
+(early turns dropped?), the system message, or the final user turn (expected to differ). A sketch
+is built once per request off the hot path and kept only for a tenant's last few requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.prefix.fingerprint import PromptInput
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where a message's content sits in the rendered prompt."""
+
+    role: str
+    index: int  # position in the messages list
+    start: int
+    end: int
+
+
+@dataclass
+class RequestSketch:
+    text: str
+    kind: str = "chat"  # chat | completions
+    regions: list[Region] = field(default_factory=list)
+    message_keys: list[str] = field(default_factory=list)  # role + content digest, in order
+    system_text: str | None = None
+    tools_raw: list[str] = field(default_factory=list)  # each tool as sent (key order kept)
+    tools_canon: list[str] = field(default_factory=list)  # each tool with sorted keys
+    tail_start: int = 0  # where the content that is expected to vary (the last turn) begins
+
+    def region_at(self, offset: int) -> Region | None:
+        for region in self.regions:
+            if region.start <= offset < region.end:
+                return region
+        return None
+
+    def first_history_start(self) -> int:
+        """Start of the first non-system message's content (len(text) when none)."""
+        for region in self.regions:
+            if region.role != "system":
+                return region.start
+        return len(self.text)
+
+
+def content_text(content: Any) -> str:
+    """A message's text: the string, or its text parts joined with newlines (vLLM 'string' format)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content
+                         if isinstance(p, Mapping) and p.get("type") == "text")
+    return ""
+
+
+def _digest(value: Any) -> str:
+    raw = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+
+
+def build_sketch(inp: PromptInput | None, text: str) -> RequestSketch:
+    """Locate each message's content in `text` (in order) and record tools and the tail start."""
+    if inp is None or inp.kind != "chat":
+        cut = text.rfind("\n\n")
+        if cut < 0:
+            cut = text.rfind("\n")
+        return RequestSketch(text, kind="completions", tail_start=cut + 1 if cut >= 0 else 0)
+    sketch = RequestSketch(text)
+    cursor = 0
+    for index, message in enumerate(inp.messages):
+        role = str(message.get("role", ""))
+        body = content_text(message.get("content"))
+        sketch.message_keys.append(f"{role}:{_digest([body, message.get('tool_calls')])}")
+        if role in ("system", "developer") and index == 0:
+            sketch.system_text = body
+        if not body:
+            continue
+        pos = text.find(body, cursor)
+        if pos < 0:
+            continue
+        sketch.regions.append(Region(role, index, pos, pos + len(body)))
+        cursor = pos + len(body)
+    for tool in inp.tools or []:
+        sketch.tools_raw.append(json.dumps(tool, ensure_ascii=False, default=str))
+        sketch.tools_canon.append(json.dumps(tool, ensure_ascii=False, sort_keys=True, default=str))
+    last = sketch.regions[-1] if sketch.regions else None
+    if last is not None and last.index == len(inp.messages) - 1 and last.role != "system":
+        sketch.tail_start = last.start
+    else:
+        sketch.tail_start = len(text)
+    return sketch

@@ -1,0 +1,33 @@
+"""The routing side's background components for the app's lifespan: DNS discovery (when
+`discovery` is configured) and the KV-event subscriber (routing.kv_events with endpoints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.config import Settings
+from app.engines.kv_events import KVEventSubscriber
+from app.routing.background import BackgroundWrites
+from app.routing.base import Replica
+from app.routing.discovery import DnsDiscovery
+from app.routing.replicas import ReplicaSet
+from app.state.base import Store
+from app.telemetry.metrics import Metrics
+
+
+def build_routing_components(settings: Settings, replicas: ReplicaSet, store: Store,
+                             metrics: Metrics) -> list[Any]:
+    """Objects with async start()/stop(), in start order."""
+    out: list[Any] = []
+    if settings.discovery is not None:
+        writes = BackgroundWrites()
+
+        def forget(_added: list[Replica], removed: list[str]) -> None:
+            for name in removed:  # a pod that comes back under the same IP starts cold
+                writes.spawn(store.residency_clear(name))
+
+        out.append(DnsDiscovery(settings.discovery, replicas, on_change=forget))
+    routing = settings.routing
+    if routing.kv_events and routing.kv_events_endpoints:
+        out.append(KVEventSubscriber(routing.kv_events_endpoints, store, metrics))
+    return out

@@ -1,0 +1,197 @@
+"""`prefixgate serve`: the proxy app and the wiring of its parts.
+
+`create_app(settings)` returns one ASGI app that dispatches on the path *before* any framework:
+`/v1/*` (except `/v1/models`) goes to the raw ASGI hot path (app/api/openai.py), everything else
+to FastAPI (control plane, /hygiene, /ui). The lifespan starts and stops the shared parts held in
+`Services`: the upstream session, the state store, background components (health checker, engine
+scraper) and hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from app.api.admin import build_admin_router
+from app.api.engines import build_engines_router
+from app.api.errors import error_body
+from app.api.hygiene import build_hygiene_router
+from app.api.openai import OpenAIProxy
+from app.config import Backend, Settings, load_settings
+from app.engines.scrape import EngineScraper
+from app.prefix.hook import build_prefix_hook
+from app.proxy.context import ProxyError, RequestHook
+from app.proxy.upstream import Upstream
+from app.routing.base import Router
+from app.routing.components import build_routing_components
+from app.routing.factory import build_router
+from app.routing.health import HealthChecker
+from app.routing.replicas import ReplicaSet
+from app.state.base import Store
+from app.state.factory import build_store
+from app.telemetry.metrics import Metrics
+from app.telemetry.tracing import build_tracing_hook
+
+log = logging.getLogger("prefixgate.server")
+
+
+class Background(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+@dataclass
+class Services:
+    """Everything the request path and the control plane share, built once per app."""
+
+    settings: Settings
+    metrics: Metrics
+    replicas: ReplicaSet
+    store: Store
+    router: Router
+    upstream: Upstream
+    health: HealthChecker
+    hooks: list[RequestHook] = field(default_factory=list)
+    background: list[Background] = field(default_factory=list)
+    extra_routers: list[Any] = field(default_factory=list)  # FastAPI APIRouters mounted on the app
+    components: dict[str, Any] = field(default_factory=dict)  # named parts, e.g. "scraper"
+
+
+def build_services(settings: Settings) -> Services:
+    metrics = Metrics(settings.metrics.tenant_label_cap)
+    replicas = ReplicaSet.from_backends(settings.backends)
+    store = build_store(settings, metrics)
+    router = build_router(settings, replicas, store, metrics)
+    health = HealthChecker(replicas, metrics, settings.routing.health_interval_s)
+    services = Services(settings=settings, metrics=metrics, replicas=replicas, store=store, router=router,
+                        upstream=Upstream(settings.limits), health=health)
+
+    # --- background components (started in order, stopped in reverse): one line each ---
+    services.background.append(health)
+    scraper = EngineScraper(replicas, metrics, settings)
+    services.components["scraper"] = scraper
+    services.background.append(scraper)
+    services.background.extend(build_routing_components(settings, replicas, store, metrics))
+
+    # --- hooks, in hot-path order (hygiene, then prefix/fingerprint, then tracing): one line each ---
+    # pending: app.hygiene.hook.build_hygiene_hook(settings, services) (goes first)
+    _add_hook(services, build_prefix_hook(settings, services))
+    _add_hook(services, build_tracing_hook(settings))
+
+    # --- extra control-plane routers (/hygiene/*, /ui): one line each ---
+    services.extra_routers.append(build_hygiene_router(services))
+    services.extra_routers.append(build_engines_router(scraper))
+    return services
+
+
+def _add_hook(services: Services, hook: RequestHook | None) -> None:
+    if hook is not None:
+        services.hooks.append(hook)
+
+
+class PrefixgateApp:
+    """The ASGI entry point: path dispatch to the raw hot path or the FastAPI control plane."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self.openai = OpenAIProxy(services)
+        self.control = _control_plane(services)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path.startswith("/v1/") and path != "/v1/models":
+                await self.openai(scope, receive, send)
+                return
+        await self.control(scope, receive, send)
+
+
+def _control_plane(services: Services) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await services.upstream.start()
+        await services.store.start()
+        started: list[Background] = []
+        try:
+            for component in services.background:
+                await component.start()
+                started.append(component)
+            yield
+        finally:
+            for component in reversed(started):
+                with contextlib.suppress(Exception):
+                    await component.stop()
+            for hook in services.hooks:
+                shutdown = getattr(hook, "shutdown", None)
+                if callable(shutdown):
+                    with contextlib.suppress(Exception):
+                        shutdown()
+            await services.store.close()
+            await services.upstream.stop()
+
+    app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.services = services
+
+    @app.exception_handler(ProxyError)
+    async def proxy_error(_: Request, exc: ProxyError) -> Response:
+        return Response(error_body(exc), status_code=exc.status, media_type="application/json",
+                        headers=exc.headers)
+
+    app.include_router(build_admin_router(services))
+    for extra in services.extra_routers:
+        app.include_router(extra)
+    return app
+
+
+def create_app(settings: Settings) -> PrefixgateApp:
+    return PrefixgateApp(build_services(settings))
+
+
+# ---------------------------------------------------------------- CLI: prefixgate serve
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config file (keys: see README ## Configuration)")
+    parser.add_argument("--backend", action="append", metavar="URL",
+                        help="replica base URL (repeatable); replaces the file's backends")
+    parser.add_argument("--host", help="listen address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, help="listen port (default 8080)")
+    parser.add_argument("--policy", choices=["round_robin", "least_load", "session", "prefix_affinity"])
+    parser.add_argument("--state", help="memory | redis://host:6379/0")
+    parser.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: built-in)")
+    parser.add_argument("--log-level", default="info")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {"state": args.state, "tokenizer": args.tokenizer}
+    if args.backend:
+        overrides["backends"] = [Backend(url=url).model_dump() for url in args.backend]
+    listen = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if listen:
+        overrides["listen"] = listen
+    if args.policy:
+        overrides["routing"] = {"policy": args.policy}
+    return load_settings(args.config, **overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.serving import uvicorn_config
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    if not settings.backends and settings.discovery is None:
+        log.error("no backends: pass --backend URL or set backends in the config file")
+        return 2
+    app = create_app(settings)
+    log.info("prefixgate on http://%s:%d -> %s", settings.listen.host, settings.listen.port,
+             ", ".join(r.url for r in app.services.replicas.all()))
+    uvicorn.Server(uvicorn_config(app, settings.listen.host, settings.listen.port,
+                                  log_level=args.log_level.lower())).run()
+    return 0

@@ -1,0 +1,240 @@
+"""Proxy overhead: the simulator at --time-scale 0 behind prefixgate vs the same simulator direct.
+
+    .venv/bin/python bench/overhead.py [--rounds 3] [--quick] [--policy round_robin]
+    (or: prefixgate bench overhead [...])
+
+Streaming chat requests (~35 SSE events each) at concurrency 1/16/128 with short prompts, and
+~1 MB prompts at concurrency 1/16. The simulator and the proxy run as separate processes (as in
+production); this process is the load generator (aiohttp). Direct and proxied runs alternate in
+rounds so machine noise hits both alike. Reported: client-side TTFT (request start to the first
+content chunk) p50/p99 per path, the added TTFT (proxy minus direct, per percentile) and the
+throughput ratio (proxied requests/s over direct requests/s).
+
+Targets (issue 3): added TTFT p50 <= 1 ms and p99 <= 5 ms at concurrency 16; throughput >= 0.8x
+direct at 128; the 1 MB prompt adds <= 2 ms at p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from app.serving import free_port  # noqa: E402
+
+CONTENT_MARK = b'"delta":{"content":"'
+
+
+@dataclass
+class Case:
+    name: str
+    prompt_bytes: int
+    concurrency: int
+    requests: int
+
+
+@dataclass
+class Result:
+    ttfts: list[float]
+    wall: float
+    errors: int
+    cpu_s: float = 0.0  # CPU time of the proxy process during the proxied runs
+
+    @property
+    def rps(self) -> float:
+        return len(self.ttfts) / self.wall if self.wall > 0 else 0.0
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """user+system CPU time of a process (all threads), from /proc; 0 where unavailable."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def make_body(prompt_bytes: int, i: int) -> bytes:
+    unit = f"request {i}: the quick brown fox jumps over the lazy dog. "
+    text = (unit * (prompt_bytes // len(unit) + 1))[:prompt_bytes]
+    return orjson.dumps({"model": "sim", "messages": [{"role": "user", "content": text}], "max_tokens": 32,
+                         "ignore_eos": True, "stream": True})
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: bytes) -> float | None:
+    start = time.perf_counter()
+    ttft = None
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+        if resp.status != 200:
+            await resp.read()
+            return None
+        async for data in resp.content.iter_any():
+            if ttft is None and CONTENT_MARK in data:
+                ttft = time.perf_counter() - start
+    return ttft
+
+
+async def run_case(base: str, case: Case, bodies: list[bytes]) -> Result:
+    url = base + "/v1/chat/completions"
+    ttfts: list[float] = []
+    errors = 0
+    queue = list(range(case.requests))
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+        await one(session, url, bodies[0])  # warm the connection(s)
+
+        async def worker() -> None:
+            nonlocal errors
+            while queue:
+                i = queue.pop()
+                try:
+                    t = await one(session, url, bodies[i % len(bodies)])
+                except aiohttp.ClientError:
+                    t = None
+                if t is None:
+                    errors += 1
+                else:
+                    ttfts.append(t)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(case.concurrency)))
+        wall = time.perf_counter() - start
+    return Result(ttfts, wall, errors)
+
+
+def wait_ready(url: str, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {timeout}s")
+
+
+def start(cmd: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def cases(quick: bool) -> list[Case]:
+    scale = 0.25 if quick else 1.0
+    mb = 1024 * 1024
+    return [
+        Case("short", 200, 1, int(200 * scale)),
+        Case("short", 200, 16, int(800 * scale)),
+        Case("short", 200, 128, int(2048 * scale)),
+        Case("1 MB", mb, 1, int(20 * scale) or 4),
+        Case("1 MB", mb, 16, int(48 * scale) or 16),
+    ]
+
+
+async def measure(direct: str, proxied: str, rounds: int, quick: bool,
+                  proxy_pid: int | None = None) -> list[tuple[Case, Result, Result]]:
+    rows = []
+    for case in cases(quick):
+        per_round = max(1, case.requests // rounds)
+        bodies = [make_body(case.prompt_bytes, i) for i in range(min(per_round, 64))]
+        d_all, p_all = Result([], 0.0, 0), Result([], 0.0, 0)
+        sub = Case(case.name, case.prompt_bytes, case.concurrency, per_round)
+        for r in range(rounds):
+            order = [(direct, d_all), (proxied, p_all)] if r % 2 == 0 else [(proxied, p_all), (direct, d_all)]
+            for base, acc in order:
+                cpu0 = cpu_seconds(proxy_pid)
+                res = await run_case(base, sub, bodies)
+                if acc is p_all:
+                    acc.cpu_s += cpu_seconds(proxy_pid) - cpu0
+                acc.ttfts += res.ttfts
+                acc.wall += res.wall
+                acc.errors += res.errors
+        rows.append((case, d_all, p_all))
+        print(f"  done: {case.name} x{case.concurrency}", file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[tuple[Case, Result, Result]], command: str) -> str:
+    head = ("| prompt | conc | requests | direct TTFT p50 / p99 | proxied TTFT p50 / p99 | added p50 | added p99 "
+            "| direct req/s | proxied req/s | throughput ratio | proxy CPU / req | errors |")
+    lines = [f"command: {command}", "", head, "|" + "---|" * 12]
+    for case, d, p in rows:
+        ms = 1000.0
+        lines.append(
+            f"| {case.name} | {case.concurrency} | {len(p.ttfts)} "
+            f"| {pct(d.ttfts, .5) * ms:.2f} / {pct(d.ttfts, .99) * ms:.2f} ms "
+            f"| {pct(p.ttfts, .5) * ms:.2f} / {pct(p.ttfts, .99) * ms:.2f} ms "
+            f"| {(pct(p.ttfts, .5) - pct(d.ttfts, .5)) * ms:+.2f} ms "
+            f"| {(pct(p.ttfts, .99) - pct(d.ttfts, .99)) * ms:+.2f} ms "
+            f"| {d.rps:.0f} | {p.rps:.0f} | {p.rps / d.rps if d.rps else float('nan'):.2f}x "
+            f"| {p.cpu_s / max(1, len(p.ttfts)) * ms:.2f} ms | {d.errors}/{p.errors} |")
+    lines.append("")
+    lines.append("targets: added p50 <= 1 ms and p99 <= 5 ms at conc 16; ratio >= 0.8x at 128; 1 MB adds <= 2 ms p50")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
+    parser.add_argument("--policy", default=None, help="proxy routing policy (default: the config default)")
+    args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    py = sys.executable
+    sim_port, proxy_port = free_port(), free_port()
+    sim = start([py, "-m", "app.cli", "sim", "--replicas", "1", "--port", str(sim_port), "--time-scale", "0",
+                 "--max-model-len", "4000000", "--max-num-seqs", "1024", "--kv-blocks", "400000"])
+    proxy = None
+    try:
+        direct = f"http://127.0.0.1:{sim_port}"
+        wait_ready(direct + "/health")
+        serve = [py, "-m", "app.cli", "serve", "--backend", direct, "--host", "127.0.0.1", "--port",
+                 str(proxy_port), "--log-level", "warning"]
+        if args.policy:
+            serve += ["--policy", args.policy]
+        proxy = start(serve)
+        proxied = f"http://127.0.0.1:{proxy_port}"
+        wait_ready(proxied + "/readyz")
+        rows = asyncio.run(measure(direct, proxied, args.rounds, args.quick, proxy.pid))
+    finally:
+        if proxy is not None:
+            stop(proxy)
+        stop(sim)
+    command = "python bench/overhead.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    print(table(rows, command.strip()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

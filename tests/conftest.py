@@ -1,0 +1,154 @@
+"""Shared fixtures: simulated replicas and a proxy in front of them, over real loopback HTTP.
+
+- `sim_factory(replicas=2, **SimOptions)` -> a started `app.sim.testing.SimCluster` (stopped at
+  teardown); `sim` is a 2-replica cluster at time_scale 0 (no simulated delays).
+- `proxy_factory(backends, **settings)` -> `ProxyHandle`: `create_app(Settings)` in a ServerThread.
+  `backends` is a SimCluster, anything with `.urls`/`.url`, or a list of URLs; keyword arguments are
+  Settings sections deep-merged over the defaults (e.g. `routing={"policy": "round_robin"}`,
+  `limits={"max_body_bytes": 1024}`, `names=["a", "b"]` names the backends).
+- `proxy` is a proxy in front of `sim`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from app.config import Settings
+from app.server import PrefixgateApp, Services, create_app
+from app.serving import ServerThread
+
+# redis_server (session), redis_proc (per test, killable), redis_namespace: a real redis-server
+pytest_plugins = ["tests.redis_server"]
+
+
+@dataclass
+class ProxyHandle:
+    app: PrefixgateApp
+    server: ServerThread
+    settings: Settings
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def base_url(self) -> str:
+        """For the openai client: `OpenAI(base_url=proxy.base_url, api_key="x")`."""
+        return self.server.url + "/v1"
+
+    @property
+    def services(self) -> Services:
+        return self.app.services
+
+    def metrics_text(self) -> str:
+        return self.services.metrics.render()[0].decode()
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until every request the proxy accepted has finished (after_response hooks and
+        metrics included): a client can see the end of a response just before that."""
+        deadline = time.monotonic() + timeout
+        while self.app.openai.active:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.app.openai.active} request(s) still active after {timeout}s")
+            time.sleep(0.005)
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        """The value of one sample in the proxy's registry (None when absent), once settled."""
+        self.settle()
+        return self.services.metrics.registry.get_sample_value(name, labels)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def _urls(backends: Any) -> list[str]:
+    if isinstance(backends, str):
+        return [backends]
+    urls = getattr(backends, "urls", None)
+    if urls is not None:
+        return list(urls)
+    url = getattr(backends, "url", None)
+    if isinstance(url, str):
+        return [url]
+    return [u if isinstance(u, str) else u.url for u in backends]
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def build_settings(backends: Any, names: list[str] | None = None, **sections: Any) -> Settings:
+    urls = _urls(backends)
+    entries = [{"url": u, **({"name": names[i]} if names else {})} for i, u in enumerate(urls)]
+    return Settings(**_deep_merge({"backends": entries}, sections))
+
+
+@pytest.fixture
+def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
+    started: list[ProxyHandle] = []
+
+    def make(backends: Any, names: list[str] | None = None, **sections: Any) -> ProxyHandle:
+        settings = build_settings(backends, names, **sections)
+        app = create_app(settings)
+        handle = ProxyHandle(app, ServerThread(app).start(), settings)
+        started.append(handle)
+        return handle
+
+    yield make
+    for handle in reversed(started):
+        handle.stop()
+
+
+@pytest.fixture
+def sim_factory() -> Iterator[Callable[..., Any]]:
+    from app.sim.testing import SimCluster
+
+    clusters: list[Any] = []
+
+    def make(replicas: int = 2, **options: Any) -> Any:
+        cluster = SimCluster(replicas=replicas, **options)
+        cluster.start()
+        clusters.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in reversed(clusters):
+        cluster.stop()
+
+
+@pytest.fixture
+def sim(sim_factory: Callable[..., Any]) -> Any:
+    return sim_factory(replicas=2, time_scale=0.0)
+
+
+@pytest.fixture
+def proxy(proxy_factory: Callable[..., ProxyHandle], sim: Any) -> ProxyHandle:
+    return proxy_factory(sim)
+
+
+@pytest.fixture
+def fake_upstream_factory() -> Iterator[Callable[..., Any]]:
+    """`fake_upstream_factory(script)` -> a started fake_upstream.FakeUpstream (tests/)."""
+    from fake_upstream import FakeUpstream
+
+    servers: list[FakeUpstream] = []
+
+    def make(script: Any, model: str = "fake") -> FakeUpstream:
+        server = FakeUpstream(script, model).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.stop()

@@ -1,0 +1,70 @@
+"""Endpoint URL handling, request bodies and error decoding of the doctor's HTTP probe."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from app.doctor.probe import Endpoint, ProbeError, chat_body, health, list_models, stream_chat
+
+
+@pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/", "h:8000"])
+def test_endpoint_root_with_or_without_v1(url: str) -> None:
+    endpoint = Endpoint.from_url(url, api_key="k")
+    assert endpoint.root == "http://h:8000"
+    assert endpoint.v1("/models") == "http://h:8000/v1/models"
+    assert endpoint.headers == {"Authorization": "Bearer k"}
+    assert Endpoint.from_url(url).headers == {}
+
+
+def test_chat_body_forces_length_and_asks_for_usage() -> None:
+    body = chat_body("m", "doc", 64)
+    assert body["ignore_eos"] is True and body["max_tokens"] == 64
+    assert body["stream"] and body["stream_options"] == {"include_usage": True}
+    assert "ignore_eos" not in chat_body("m", "doc", 64, ignore_eos=False)
+
+
+def _client(handler: httpx.MockTransport) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=handler)
+
+
+async def test_errors_are_decoded_and_usage_read() -> None:
+    sse = (
+        'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+        'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+        'data: {"choices":[{"index":0,"delta":{"reasoning":"x"}}]}\n\n'
+        'data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2,'
+        '"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+        "data: [DONE]\n\n"
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/chat/completions":
+            if b'"bad"' in request.content:
+                return httpx.Response(400, json={"error": {"message": "too long", "type": "BadRequestError"}})
+            if b'"midstream"' in request.content:
+                return httpx.Response(200, text='data: {"error": {"message": "engine died"}}\n\ndata: [DONE]\n\n')
+            assert request.headers["authorization"] == "Bearer k"
+            return httpx.Response(200, text=sse)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 4096}, {"id": "n"}]})
+        if request.url.path == "/health":
+            return httpx.Response(404)
+        if request.url.path == "/readyz":
+            return httpx.Response(503)
+        return httpx.Response(404)
+
+    endpoint = Endpoint.from_url("http://e/v1", api_key="k")
+    async with _client(httpx.MockTransport(handler)) as client:
+        result = await stream_chat(client, endpoint, "m", "doc", 2)
+        assert result.prompt_tokens == 10 and result.completion_tokens == 2 and result.cached_tokens == 0
+        assert result.ttft_s is not None and len(result.text_event_times) == 2  # the role chunk is not text
+        with pytest.raises(ProbeError) as bad:
+            await stream_chat(client, endpoint, "bad", "doc", 2)
+        assert bad.value.status == 400 and "too long" in bad.value.message
+        with pytest.raises(ProbeError) as died:
+            await stream_chat(client, endpoint, "midstream", "doc", 2)
+        assert "engine died" in died.value.message
+        models = await list_models(client, endpoint)
+        assert [(m.id, m.max_model_len) for m in models] == [("m", 4096), ("n", None)]
+        assert await health(client, endpoint) is False  # no /health, /readyz says 503

@@ -1,0 +1,122 @@
+"""The ZMQ subscriber over loopback: a real PUB socket plays the engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from app.engines.kv_events import KVEventSubscriber
+from app.prefix.blocks import proxy_chain
+from app.serving import free_port
+from app.state.memory import MemoryStore
+from app.telemetry.metrics import Metrics
+
+B = 4
+
+
+def stored(hashes, parent, tokens):
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+            "token_ids": tokens, "block_size": B, "lora_id": None, "medium": "GPU", "lora_name": None}
+
+
+def message(seq: int, events) -> list[bytes]:
+    return [b"kv", seq.to_bytes(8, "big"), msgspec.msgpack.encode([float(seq), events, 0])]
+
+
+class Publisher:
+    def __init__(self, ctx: zmq.asyncio.Context) -> None:
+        self.port = free_port()
+        self.sock = ctx.socket(zmq.PUB)
+        self.sock.bind(f"tcp://127.0.0.1:{self.port}")
+
+    async def send_until_received(self, sub: KVEventSubscriber, name: str, frames: list[bytes]) -> None:
+        """PUB/SUB drops messages until the subscription propagates: resend a no-op first."""
+        while sub.streams[name].batches == 0:
+            await self.sock.send_multipart(message(0, []))
+            await asyncio.sleep(0.05)
+        await self.sock.send_multipart(frames)
+
+
+async def test_subscriber_applies_events_handles_gaps_and_replays():
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx)
+    replay_port = free_port()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{replay_port}")
+    store = MemoryStore()
+    metrics = Metrics()
+    sub = KVEventSubscriber({"r0": f"tcp://127.0.0.1:{pub.port}"}, store, metrics,
+                            replay_endpoints={"r0": f"tcp://127.0.0.1:{replay_port}"}, topic="kv")
+    await sub.start()
+    try:
+        tokens = list(range(16))
+        chain = proxy_chain(tokens, B)
+        await pub.send_until_received(sub, "r0", message(1, [stored([1, 2], None, tokens[:8])]))
+        await sub.wait_for_batches("r0", 2)
+        await pub.sock.send_multipart(message(2, [stored([3, 4], 2, tokens[8:])]))
+        await sub.wait_for_batches("r0", 3)
+        assert store.residency_hashes("r0") == set(chain)
+        assert store.residency_lookup_sync(chain, ["r0"]) == {"r0": 4}
+
+        # A gap (seq 3 lost) with a replay endpoint: the missed batch is fetched and applied.
+        async def serve_replay():
+            ident, empty, start = await router.recv_multipart()
+            assert int.from_bytes(start, "big") == 3
+            lost = message(3, [{"type": "BlockRemoved", "block_hashes": [4], "medium": "GPU"}])
+            await router.send_multipart([ident, b"", *lost])
+            await router.send_multipart([ident, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+        replay = asyncio.create_task(serve_replay())
+        await pub.sock.send_multipart(message(4, [{"type": "BlockRemoved", "block_hashes": [3]}]))
+        await sub.wait_for_batches("r0", 5)
+        await replay
+        assert store.residency_hashes("r0") == set(chain[:2])
+        assert sub.streams["r0"].last_seq == 4
+
+        # A gap the replay cannot fill (buffer starts later): index cleared, rebuilt from there.
+        async def serve_short_replay():
+            ident, _, _ = await router.recv_multipart()
+            await router.send_multipart([ident, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+        replay = asyncio.create_task(serve_short_replay())
+        other = [7, 7, 7, 7]
+        await pub.sock.send_multipart(message(9, [stored([50], None, other)]))
+        await sub.wait_for_batches("r0", 6)
+        await replay
+        assert store.residency_hashes("r0") == set(proxy_chain(other, B))
+        assert metrics.registry.get_sample_value("prefixgate_kv_event_gaps_total", {"backend": "r0"}) == 2
+        stored_count = metrics.registry.get_sample_value(
+            "prefixgate_kv_events_total", {"backend": "r0", "kind": "stored"})
+        assert stored_count == 5
+
+        await pub.sock.send_multipart(message(10, [{"type": "AllBlocksCleared"}]))
+        await sub.wait_for_batches("r0", 7)
+        assert store.residency_size("r0") == 0
+    finally:
+        await sub.stop()
+        router.close(0)
+        pub.sock.close(0)
+        ctx.term()
+
+
+async def test_gap_without_replay_clears_the_replica_index():
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx)
+    store = MemoryStore()
+    sub = KVEventSubscriber({"r0": f"tcp://127.0.0.1:{pub.port}"}, store)
+    await sub.start()
+    try:
+        await pub.send_until_received(sub, "r0", message(1, [stored([1], None, [1, 2, 3, 4])]))
+        await sub.wait_for_batches("r0", 2)
+        assert store.residency_size("r0") == 1
+        await pub.sock.send_multipart(message(5, [stored([9], 1, [5, 6, 7, 8])]))  # parent lost with the gap
+        await sub.wait_for_batches("r0", 3)
+        assert store.residency_size("r0") == 0  # cleared; the orphan could not be placed
+        assert sub.streams["r0"].gaps == 1
+    finally:
+        await sub.stop()
+        pub.sock.close(0)
+        ctx.term()

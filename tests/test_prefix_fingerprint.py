@@ -1,0 +1,121 @@
+"""Fingerprints: exact equality with the simulator's prompt ids, memo walk, inline new turns."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.config import Settings
+from app.prefix.blocks import proxy_chain
+from app.prefix.fingerprint import Fingerprinter, extend_node, prompt_input, root_node
+from app.prefix.tokens import SegmentTokenizer
+from app.sim.tokens import load_tokenizer
+
+SYSTEM = "You are a careful assistant. " * 400  # ~12 KB: bigger than the inline budget
+
+
+@pytest.fixture(scope="module")
+def fpr() -> Fingerprinter:
+    return Fingerprinter(SegmentTokenizer.load())
+
+
+def _sim_ids(body: dict) -> list[int]:
+    sim = load_tokenizer(None)
+    text = sim.render_chat(body["messages"], body.get("tools"), body.get("add_generation_prompt", True),
+                           **(body.get("chat_template_kwargs") or {}))
+    return sim.encode(text)
+
+
+BODIES = [
+    {"messages": [{"role": "user", "content": "hi"}]},
+    {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Ünïcödé  \n\tq"}]},
+    {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "a"},
+                  {"role": "assistant", "content": "b <|im_end|> c"}, {"role": "user", "content": "d"}],
+     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": "part one"},
+                                              {"type": "text", "text": "part two"}]}],
+     "add_generation_prompt": False},
+]
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_complete_chain_equals_sim_ids(fpr: Fingerprinter, body: dict) -> None:
+    fp = fpr.complete_sync(fpr.prepare(prompt_input("chat", body), 16))
+    ids = _sim_ids(body)
+    assert fp.complete and fp.num_tokens == len(ids)
+    assert fp.block_hashes == proxy_chain(ids, 16)
+    assert list(fpr.prompt_ids(fp)) == ids
+
+
+def test_cold_big_miss_is_deferred_then_warm_is_complete(fpr: Fingerprinter) -> None:
+    body = {"messages": [{"role": "system", "content": SYSTEM + "cold"}, {"role": "user", "content": "q"}]}
+    inp = prompt_input("chat", body)
+    cold = fpr.prepare(inp, 16)
+    assert not cold.complete and cold.num_tokens is None
+    assert len(cold.block_hashes) == 0  # "<|im_start|>" alone fills no block
+    asyncio.run(fpr.complete(cold))
+    assert cold.complete and cold.block_hashes == proxy_chain(_sim_ids(body), 16)
+    warm = fpr.prepare(inp, 16)
+    assert warm.complete and warm.block_hashes == cold.block_hashes
+    # a new turn appended: still complete on the hot path (small segments encoded inline)
+    body2 = {"messages": body["messages"] + [{"role": "assistant", "content": "answer"},
+                                             {"role": "user", "content": "follow-up"}]}
+    nxt = fpr.prepare(prompt_input("chat", body2), 16)
+    assert nxt.complete and nxt.block_hashes == proxy_chain(_sim_ids(body2), 16)
+    assert nxt.block_hashes[:len(warm.block_hashes) - 1] == warm.block_hashes[:-1]
+
+
+def test_salt_changes_every_block(fpr: Fingerprinter) -> None:
+    inp = prompt_input("chat", {"messages": [{"role": "user", "content": "x " * 200}]})
+    a = fpr.complete_sync(fpr.prepare(inp, 16, salt="tenant-a"))
+    b = fpr.complete_sync(fpr.prepare(inp, 16, salt="tenant-b"))
+    plain = fpr.complete_sync(fpr.prepare(inp, 16))
+    assert not set(a.block_hashes) & set(b.block_hashes)
+    assert a.block_hashes == proxy_chain(list(fpr.prompt_ids(plain)), 16, salt="tenant-a")
+
+
+def test_block_size_is_respected(fpr: Fingerprinter) -> None:
+    inp = prompt_input("chat", {"messages": [{"role": "user", "content": "word " * 300}]})
+    fp16 = fpr.complete_sync(fpr.prepare(inp, 16))
+    fp64 = fpr.complete_sync(fpr.prepare(inp, 64))
+    assert len(fp64.block_hashes) == fp16.num_tokens // 64
+    assert fp64.block_hashes == proxy_chain(list(fpr.prompt_ids(fp16)), 64)
+
+
+def test_completions_and_token_ids(fpr: Fingerprinter) -> None:
+    fp = fpr.complete_sync(fpr.prepare(prompt_input("completions", {"prompt": "hello " * 50}), 16))
+    ids = load_tokenizer(None).encode("hello " * 50)
+    assert fp.num_tokens == len(ids) and fp.block_hashes == proxy_chain(ids, 16)
+    fp_ids = fpr.prepare(prompt_input("completions", {"prompt": list(range(40))}), 16)
+    assert fp_ids.complete and fp_ids.block_hashes == proxy_chain(list(range(40)), 16)
+    assert prompt_input("chat", {"messages": []}) is None
+
+
+def test_extend_node_matches_chain_over_concatenation() -> None:
+    ids = list(range(100))
+    node = root_node("s", 16)
+    for cut in (3, 17, 40, 100):
+        node = extend_node(node, ids[:cut][len(ids[:node.num_tokens]):]) if cut > node.num_tokens else node
+    assert node.chain() == proxy_chain(ids, 16, salt="s")
+    assert len(node.tail) == 100 % 16
+
+
+def test_output_extension(fpr: Fingerprinter) -> None:
+    inp = prompt_input("chat", {"messages": [{"role": "user", "content": "tell me " * 30}]})
+    fp = fpr.complete_sync(fpr.prepare(inp, 16))
+    out = list(fpr.encode_text(" The cache is warm when the prefix is stable"))
+    assert fpr.extend_with_output(fp, out) == proxy_chain(list(fpr.prompt_ids(fp)) + out, 16)
+
+
+def test_from_settings_modes() -> None:
+    exact = Fingerprinter.from_settings(Settings())
+    assert exact.mode == "exact"
+    approx = Fingerprinter.from_settings(Settings(prefix={"mode": "approx"}))
+    assert approx.mode == "approx"
+    fp = approx.complete_sync(approx.prepare(prompt_input("chat", {"messages": [{"role": "user", "content": "abcd" * 100}]}), 16))
+    assert fp.complete and fp.num_tokens and fp.num_tokens < 130
+    broken = Fingerprinter.from_settings(Settings(tokenizer="/nonexistent/dir"))
+    assert broken.mode == "approx"
+    with pytest.raises(Exception):
+        Fingerprinter.from_settings(Settings(tokenizer="/nonexistent/dir", prefix={"mode": "exact"}))

@@ -1,0 +1,124 @@
+"""End to end over loopback: simulated replica + proxy + the prefix hook.
+
+- prediction: on one replica whose pool never evicts, the proxy's predicted cached tokens equal
+  the simulator's usage cached_tokens for every request of a multi-turn, multi-tenant workload;
+- a tenant with `Current time: …` on top of a long system prompt shows continuity ≈ 0 and
+  dynamic_head breaks in /hygiene and /metrics; a clean tenant shows continuity ≈ 1.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+SYSTEMS = {
+    "acme": "You are Acme's logistics assistant. Refunds within 30 days; shipping 3 to 5 days.\n" * 40,
+    "globex": "Globex research helper. Cite sources, prefer primary literature, be concise.\n" * 35,
+    "initech": "Initech IT desk. Ask for the asset tag first, then the symptom, then the OS.\n" * 45,
+}
+
+
+def wait_processed(hook: Any, n: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while hook.processed < n:
+        assert time.monotonic() < deadline, f"only {hook.processed}/{n} requests processed"
+        time.sleep(0.01)
+
+
+def prompt_len(messages: list[dict]) -> int:
+    from app.sim.tokens import load_tokenizer
+
+    tok = load_tokenizer(None)
+    return len(tok.encode(tok.render_chat(messages, None)))
+
+
+def send(client: httpx.Client, tenant: str, messages: list[dict], stream: bool,
+         max_tokens: int | None = None) -> str:
+    body = {"model": "sim", "messages": messages, "max_tokens": max_tokens or 24 + len(messages) % 7}
+    if not stream:
+        r = client.post("/v1/chat/completions", json=body, headers={"x-tenant-id": tenant})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+    body["stream"] = True
+    text = []
+    with client.stream("POST", "/v1/chat/completions", json=body, headers={"x-tenant-id": tenant}) as r:
+        assert r.status_code == 200
+        import json as _json
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = _json.loads(line[6:])
+                for choice in chunk.get("choices") or []:
+                    text.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(text)
+
+
+def test_prediction_equals_sim_cached_tokens(sim_factory, proxy_factory) -> None:
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=200_000)
+    proxy = proxy_factory(sim)
+    hook = proxy.services.components["prefix"]
+    convs = {t: [{"role": "system", "content": s}] for t, s in SYSTEMS.items()}
+    sent = 0
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        for turn in range(5):
+            for tenant, msgs in convs.items():
+                msgs.append({"role": "user", "content": f"Turn {turn} question from {tenant}: status of ticket?"})
+                # every other request ends exactly on a block boundary (N + out = k * 16): the
+                # engine keeps the blocks of N + out - 1 computed tokens, not the last one
+                edge = 16 + (-prompt_len(msgs)) % 16 if sent % 2 else None
+                reply = send(client, tenant, msgs, stream=(turn + sent) % 2 == 0, max_tokens=edge)
+                msgs.append({"role": "assistant", "content": reply})
+                sent += 1
+                wait_processed(hook, sent)
+    rows = list(hook.predictions)
+    assert len(rows) == sent == 15
+    mismatched = [(t, p, d) for _, t, p, d in rows if p != d]
+    assert not mismatched, mismatched
+    assert sum(p for _, _, p, _ in rows) > 10_000  # the history really was reused
+    assert proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="predicted") == \
+        proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="engine")
+    assert proxy.sample("prefixgate_fingerprint_mode", mode="exact") == 1.0
+    assert proxy.sample("prefixgate_prefix_reuse_tokens_total", stage="delivered") > 0
+
+
+def test_dynamic_head_tenant_vs_clean_tenant(sim_factory, proxy_factory) -> None:
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
+    proxy = proxy_factory(sim)
+    hook = proxy.services.components["prefix"]
+    static = SYSTEMS["acme"]
+    n = 0
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        clean = [{"role": "system", "content": SYSTEMS["globex"]}]
+        for i in range(5):
+            now = f"2026-04-14T09:{10 + i:02d}:{(7 * i) % 60:02d}Z"
+            send(client, "clock", [{"role": "system", "content": f"Current time: {now}\n{static}"},
+                                   {"role": "user", "content": f"Where is parcel {i}?"}], stream=False)
+            clean.append({"role": "user", "content": f"question {i}"})
+            clean.append({"role": "assistant", "content": send(client, "clean", clean, stream=i % 2 == 1)})
+            n += 2
+            wait_processed(hook, n)
+        tenants = client.get("/hygiene/tenants").json()
+        clock = client.get("/hygiene/tenants/clock").json()
+        clean_report = client.get("/hygiene/tenants/clean").json()
+        missing = client.get("/hygiene/tenants/nobody")
+        ui = client.get("/ui")
+        metrics = client.get("/metrics").text
+    assert tenants["fingerprint_mode"] == "exact"
+    assert {t["tenant"] for t in tenants["tenants"]} == {"clock", "clean"}
+    assert clock["continuity"] < 0.05
+    assert clock["breaks_by_cause"] == {"dynamic_head": 4}
+    last = clock["last_breaks"][0]
+    assert last["cause"] == "dynamic_head" and last["block_index"] <= 1 and last["token_offset"] <= 16
+    assert last["span_kinds"] == ["timestamp"]
+    assert "2026" not in last["snippet"] and "Acme" not in last["snippet"]  # show_text is off
+    assert "below the static content" in last["fix"]
+    assert clean_report["continuity"] > 0.75 and clean_report["breaks"] == 0
+    assert missing.status_code == 404
+    assert ui.status_code == 200 and "clock" in ui.text and "dynamic_head" in ui.text
+    assert 'prefixgate_prefix_breaks_total{cause="dynamic_head",tenant="clock"} 4.0' in metrics
+    gauge = [ln for ln in metrics.splitlines() if ln.startswith('prefixgate_prefix_continuity_ratio{tenant="clock"}')]
+    assert gauge and float(gauge[0].split()[-1]) < 0.05
+    clean_gauge = [ln for ln in metrics.splitlines()
+                   if ln.startswith('prefixgate_prefix_continuity_ratio{tenant="clean"}')]
+    assert clean_gauge and float(clean_gauge[0].split()[-1]) > 0.9

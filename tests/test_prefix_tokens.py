@@ -1,0 +1,73 @@
+"""Segment split, memo and the segment-concatenation invariant (property test)."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.prefix.tokens import SegmentSplitter, SegmentTokenizer, TokenMemo, concat_matches
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@pytest.fixture(scope="module")
+def tok() -> SegmentTokenizer:
+    return SegmentTokenizer.load()
+
+
+def test_split_keeps_specials_as_segments() -> None:
+    sp = SegmentSplitter(SPECIALS)
+    text = "<|im_start|>system\nhi<|im_end|>\n<|im_start|>user\nq<|im_end|>"
+    segs = sp.split(text)
+    assert "".join(segs) == text
+    assert segs == ["<|im_start|>", "system\nhi", "<|im_end|>", "\n", "<|im_start|>", "user\nq", "<|im_end|>"]
+
+
+def test_split_prefers_longest_special() -> None:
+    sp = SegmentSplitter(["<|a|>", "<|a|>b"])
+    assert sp.split("x<|a|>by") == ["x", "<|a|>b", "y"]
+    assert SegmentSplitter([]).split("abc") == ["abc"]
+    assert sp.split("") == []
+
+
+def test_memo_is_bounded_lru() -> None:
+    memo = TokenMemo(max_bytes=400)
+    for i in range(20):
+        memo.put(f"seg{i}", array("I", [i] * 10))
+    assert memo.bytes <= 400
+    assert memo.get("seg0") is None  # evicted
+    assert memo.get("seg19") == array("I", [19] * 10)
+    assert memo.evictions > 0
+
+
+def test_default_tokenizer_is_segmentable(tok: SegmentTokenizer) -> None:
+    assert tok.segmented
+    assert tok.count_special() == 3
+
+
+_piece = st.sampled_from(list("ab c\n\t .:Ü中<|>_") + ["<|im_start|>", "<|im_end|>", "  ", "\n\n", "def ", "123"])
+_text = st.lists(_piece, max_size=30).map("".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant", "tool"]), _text), min_size=1,
+                max_size=5), st.booleans())
+def test_segment_concat_equals_full_encode_chatml(tok: SegmentTokenizer, msgs, agp) -> None:
+    assert tok.template is not None
+    text = tok.template.render([{"role": r, "content": c} for r, c in msgs], add_generation_prompt=agp)
+    assert concat_matches(tok, text)
+    joined = array("I")
+    for ids in tok.encode_segments(tok.split(text)):
+        joined.extend(ids)
+    assert joined == tok.encode(text)
+
+
+def test_non_segmentable_tokenizer_falls_back(tok: SegmentTokenizer) -> None:
+    # A tokenizer whose special strips the whitespace around it breaks concatenation: simulate by
+    # splitting at a string that is not a special token for the tokenizer (BPE merges across it).
+    fake = SegmentTokenizer(tok.tokenizer, tok.template, ["in"])
+    assert not fake.segmented
+    assert fake.split("a in b") == ["a in b"]

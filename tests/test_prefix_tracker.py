@@ -1,0 +1,91 @@
+"""Tenant tracker: longest seen prefix, bounded memory, records and counters through the Store."""
+
+from __future__ import annotations
+
+from app.prefix.sketch import RequestSketch
+from app.prefix.tracker import TenantTracker, longest_known_prefix, sample_chain, sampled_prefix, tenant_report
+from app.state.memory import MemoryStore
+
+
+def chain(prefix: int, n: int, tag: int) -> list[int]:
+    """Blocks shared by every chain with the same first `prefix` ids, then chain-specific ones."""
+    return list(range(prefix)) + [tag * 1_000_000 + i for i in range(n - prefix)]
+
+
+def test_longest_known_prefix_binary_search() -> None:
+    known = {1, 2, 3}
+    assert longest_known_prefix([1, 2, 3, 4], known) == 3
+    assert longest_known_prefix([9, 8, 7], known) == 0
+    assert longest_known_prefix([], known) == 0
+
+
+def test_sample_gives_lower_bound() -> None:
+    c = list(range(1000))
+    s = sample_chain(c)
+    assert len(s) <= 40 and s[0] == [0, 0] and s[-1] == [999, 999]
+    assert sampled_prefix(c, s) == 1000
+    other = c[:500] + [-1] * 500
+    assert 256 <= sampled_prefix(other, s) <= 500
+
+
+async def test_continuity_and_counters() -> None:
+    store = MemoryStore()
+    tr = TenantTracker(store)
+    first = await tr.observe("t", chain(0, 10, 1), None, 16)
+    assert first.matched_blocks == 0 and first.continuity == 0.0
+    second = await tr.observe("t", chain(0, 10, 1) + [42, 43], None, 16)
+    assert second.matched_blocks == 10 and abs(second.continuity - 10 / 12) < 1e-9
+    other_tenant = await tr.observe("u", chain(0, 10, 1), None, 16)
+    assert other_tenant.matched_blocks == 0  # tenants never see each other's history
+    counters = await store.counters("t")
+    assert counters["requests"] == 2 and counters["blocks"] == 22 and counters["matched_blocks"] == 10
+    report = await tenant_report(store, "t")
+    assert report["requests"] == 2 and abs(report["continuity"] - 10 / 22) < 1e-9
+
+
+async def test_generated_blocks_count_as_history() -> None:
+    tr = TenantTracker(MemoryStore())
+    await tr.observe("t", [1, 2, 3], None, 16, extra_chain=[4, 5])
+    obs = await tr.observe("t", [1, 2, 3, 4, 5, 6], None, 16)
+    assert obs.matched_blocks == 5
+
+
+async def test_break_is_diagnosed_and_reported() -> None:
+    store = MemoryStore()
+    tr = TenantTracker(store, show_text=False)
+    body = "You are helpful. Static policy text follows.\n" * 30
+    p = RequestSketch("Current time: 2026-04-14T09:31:07Z\n" + body, kind="completions", tail_start=10_000)
+    c = RequestSketch("Current time: 2026-04-14T09:33:00Z\n" + body, kind="completions", tail_start=10_000)
+    await tr.observe("t", chain(0, 20, 1), p, 16)
+    obs = await tr.observe("t", chain(0, 20, 2), c, 16)
+    assert obs.diagnosis is not None and obs.diagnosis.cause == "dynamic_head"
+    report = await tenant_report(store, "t")
+    assert report["breaks_by_cause"] == {"dynamic_head": 1}
+    last = report["last_breaks"][0]
+    assert last["cause"] == "dynamic_head" and last["block_index"] == 0 and last["token_offset"] == 0
+    assert "2026" not in last["snippet"] and "policy" not in last["snippet"] and last["spans"] == []
+    assert last["span_kinds"] == ["timestamp"]
+
+
+async def test_cross_pod_fallback_uses_store_samples() -> None:
+    store = MemoryStore()
+    await TenantTracker(store).observe("t", list(range(100)), None, 16)
+    other_pod = TenantTracker(store)
+    obs = await other_pod.observe("t", list(range(100)) + [7], None, 16)
+    assert obs.matched_blocks == 100
+
+
+async def test_memory_is_bounded() -> None:
+    tr = TenantTracker(MemoryStore(), max_hashes=1000, tenant_max_hashes=300, max_tenants=5,
+                       texts_bytes=5000, texts_per_tenant=2)
+    for t in range(12):
+        for r in range(4):
+            sk = RequestSketch("x" * 1000, kind="completions")
+            await tr.observe(f"t{t}", chain(0, 100, t * 10 + r), sk, 16)
+    assert tr.hash_count <= 1000
+    assert len(tr._tenants) <= 5
+    assert tr._text_bytes <= 5000
+    assert tr.evictions > 0
+    # a tenant's own history is trimmed oldest-first and stays prefix-closed
+    state = tr._tenants["t11"]
+    assert len(state.hashes) <= 300

@@ -1,0 +1,65 @@
+"""Pure request-side helpers: validation, include_usage splicing, tenant resolution."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from app.api.tenant import resolve_tenant, tenant_for_key
+from app.api.validation import client_wants_usage, parse_body, with_include_usage
+from app.config import Tenants
+from app.proxy.context import ProxyError
+
+
+def test_with_include_usage_splices_without_reserialising() -> None:
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\u00e9"}], "stream": true}  \n'
+    body = orjson.loads(raw)
+    out = with_include_usage(raw, body)
+    assert out.startswith(raw.rstrip()[:-1])  # original bytes kept verbatim
+    assert orjson.loads(out) == {**body, "stream_options": {"include_usage": True}}
+
+
+def test_with_include_usage_merges_existing_options() -> None:
+    body = {"model": "m", "prompt": "x", "stream_options": {"continuous_usage_stats": False}}
+    out = orjson.loads(with_include_usage(orjson.dumps(body), body))
+    assert out["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+    assert client_wants_usage({"stream_options": {"include_usage": True}})
+    assert not client_wants_usage({"stream_options": None})
+
+
+def test_parse_body_accepts_valid_requests() -> None:
+    assert parse_body(b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}', "chat")
+    assert parse_body(b'{"model":"m","prompt":[1,2,3],"max_tokens":null}', "completions")
+
+
+@pytest.mark.parametrize("raw,param", [
+    (b"", None), (b"nope", None), (b'"str"', None),
+    (b'{"model": 3, "messages": [{"role": "user"}]}', "model"),
+    (b'{"model": "m", "messages": []}', "messages"),
+    (b'{"model": "m", "messages": ["hi"]}', "messages[0]"),
+    (b'{"model": "m", "messages": [{"role": "user"}], "temperature": "hot"}', "temperature"),
+    (b'{"model": "m", "messages": [{"role": "user"}], "n": 0}', "n"),
+])
+def test_parse_body_rejects(raw: bytes, param: str | None) -> None:
+    with pytest.raises(ProxyError) as info:
+        parse_body(raw, "chat")
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_tenant_order_header_then_user_then_default() -> None:
+    t = Tenants()
+    assert resolve_tenant({"x-tenant-id": "a"}, {"user": "u"}, t) == "a"
+    assert resolve_tenant({}, {"user": "u"}, t) == "u"
+    assert resolve_tenant({}, {}, t) == "default"
+    assert resolve_tenant({"team": "z"}, None, Tenants(header="Team")) == "z"
+
+
+def test_api_keys_required_and_header_cannot_override() -> None:
+    t = Tenants(api_keys={"k1": "alpha", "k2": "beta"})
+    assert resolve_tenant({"authorization": "Bearer k2", "x-tenant-id": "alpha"}, None, t) == "beta"
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic k1"}):
+        with pytest.raises(ProxyError) as info:
+            resolve_tenant(headers, None, t)
+        assert info.value.status == 401
+    assert tenant_for_key("k1", t.api_keys) == "alpha"
+    assert tenant_for_key("k", t.api_keys) is None

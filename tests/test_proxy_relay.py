@@ -1,0 +1,237 @@
+"""Byte-level relay behaviour against a scripted raw-socket upstream (tests/fake_upstream.py):
+latency of the first content chunk, TCP_NODELAY, usage-chunk filtering, mid-stream death,
+client disconnect, retries before the first byte."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+
+import httpx
+import orjson
+import pytest
+from fake_upstream import FakeResponse, SeenRequest, sse
+
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+USAGE = {"prompt_tokens": 1500, "completion_tokens": 3, "total_tokens": 1503,
+         "prompt_tokens_details": {"cached_tokens": 1024}}
+
+
+def role() -> bytes:
+    return sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+
+
+def token(text: str) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": {"content": text}}]})
+
+
+def standard_stream(req: SeenRequest, gap: float = 0.0) -> FakeResponse:
+    return FakeResponse(chunks=[(0, role()), (gap, token("a")), (gap, token("b")), (gap, token("c")),
+                                (0, sse({"choices": [], "usage": USAGE})), (0, sse(b"[DONE]"))])
+
+
+def stream_chunks(url: str, body: dict, headers: dict | None = None) -> tuple[httpx.Response, list[tuple[bytes, float]]]:
+    received: list[tuple[bytes, float]] = []
+    with httpx.Client(timeout=30) as client, client.stream("POST", url + "/v1/chat/completions", json=body,
+                                                         headers=headers or {}) as resp:
+        for chunk in resp.iter_raw():
+            received.append((chunk, time.perf_counter()))
+    return resp, received
+
+
+def test_stream_relayed_unchanged_and_usage_chunk_dropped(fake_upstream_factory, proxy_factory) -> None:
+    up = fake_upstream_factory(standard_stream)
+    proxy = proxy_factory([up.url], names=["fake-0"])
+    resp, received = stream_chunks(proxy.url, CHAT, {"x-request-id": "req-123"})
+    text = b"".join(c for c, _ in received)
+    assert resp.status_code == 200
+    assert text == role() + token("a") + token("b") + token("c") + sse(b"[DONE]")
+    assert resp.headers["x-prefixgate-backend"] == "fake-0"
+    assert resp.headers["x-request-id"] == "req-123"
+    sent = orjson.loads(up.requests[0].body)
+    assert sent["stream_options"] == {"include_usage": True}
+    assert up.requests[0].headers["x-request-id"] == "req-123"
+    # usage from the dropped chunk still reached the metrics
+    assert proxy.sample("prefixgate_prompt_tokens_total", model="fake", tenant="default") == 1500
+    assert proxy.sample("prefixgate_cached_tokens_total", model="fake", tenant="default", source="engine") == 1024
+    assert proxy.sample("prefixgate_ttft_seconds_count", model="fake", backend="fake-0", prompt_bucket="1k-4k") == 1
+
+
+def test_client_asking_for_usage_gets_it_unchanged(fake_upstream_factory, proxy_factory) -> None:
+    up = fake_upstream_factory(standard_stream)
+    proxy = proxy_factory([up.url])
+    body = {**CHAT, "stream_options": {"include_usage": True}}
+    _, received = stream_chunks(proxy.url, body)
+    assert sse({"choices": [], "usage": USAGE}) in b"".join(c for c, _ in received)
+    assert up.requests[0].body == orjson.dumps(body)  # original bytes forwarded
+
+
+def test_first_content_chunk_leaves_the_proxy_immediately(fake_upstream_factory, proxy_factory) -> None:
+    """Each content chunk reaches the client within a few ms of the upstream writing it (Nagle
+    plus a delayed ACK would add ~40 ms to every other chunk); TTFT is the content time."""
+    chunks = [(0.0, role())] + [(0.005, token(f"t{i}")) for i in range(20)] + [(0, sse(b"[DONE]"))]
+    up = fake_upstream_factory(lambda req: FakeResponse(chunks=[(0.15, chunks[0][1])] + chunks[1:]))
+    proxy = proxy_factory([up.url])
+    _, received = stream_chunks(proxy.url, CHAT)
+    sent_at = {chunk: t for chunk, t in up.sent}
+    latencies = []
+    for chunk, t_recv in received:
+        if chunk in sent_at and chunk.startswith(b'data: {"choices":[{"index":0,"delta":{"content"'):
+            latencies.append(t_recv - sent_at[chunk])
+    assert len(latencies) >= 10, "chunks were coalesced: the relay is buffering"
+    assert statistics.median(latencies) < 0.010, latencies
+    ttft = proxy.sample("prefixgate_ttft_seconds_sum", model="fake", backend=proxy.services.replicas.names()[0],
+                        prompt_bucket="unknown")
+    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", model="fake",
+                              backend=proxy.services.replicas.names()[0])
+    assert first_byte >= 0.15 and ttft >= first_byte
+
+
+def test_client_sockets_have_tcp_nodelay(fake_upstream_factory, proxy_factory) -> None:
+    up = fake_upstream_factory(lambda req: standard_stream(req, gap=0.3))
+    proxy = proxy_factory([up.url])
+    with httpx.Client(timeout=30) as client, client.stream("POST", proxy.url + "/v1/chat/completions",
+                                                         json=CHAT) as resp:
+        chunks = resp.iter_raw()  # keep the iterator: dropping it closes the response
+        next(chunks)
+        conns = list(proxy.server.server.server_state.connections)
+        assert conns
+        for proto in conns:
+            sock = proto.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_midstream_death_gives_error_event_then_done(fake_upstream_factory, proxy_factory) -> None:
+    up = fake_upstream_factory(lambda req: FakeResponse(chunks=[(0, role()), (0, token("a")), (0, token("b"))],
+                                                        die_after=2))
+    proxy = proxy_factory([up.url], names=["dying"])
+    resp, received = stream_chunks(proxy.url, CHAT)
+    text = b"".join(c for c, _ in received)
+    assert text.startswith(role() + token("a"))
+    events = [e for e in text.split(b"\n\n") if e]
+    error = orjson.loads(events[-2].removeprefix(b"data: "))
+    assert error["error"]["code"] == "upstream_midstream"
+    assert events[-1] == b"data: [DONE]"
+    assert proxy.sample("prefixgate_upstream_errors_total", backend="dying", kind="midstream") == 1
+
+
+def test_upstream_error_event_is_relayed_as_is(fake_upstream_factory, proxy_factory) -> None:
+    err = {"error": {"object": "error", "message": "aborted", "type": "InternalServerError", "param": None,
+                     "code": 500}}
+    up = fake_upstream_factory(lambda req: FakeResponse(chunks=[(0, role()), (0, sse(err)), (0, sse(b"[DONE]"))]))
+    proxy = proxy_factory([up.url])
+    _, received = stream_chunks(proxy.url, CHAT)
+    assert b"".join(c for c, _ in received) == role() + sse(err) + sse(b"[DONE]")
+
+
+def test_refused_replica_is_retried_on_another(fake_upstream_factory, proxy_factory) -> None:
+    up = fake_upstream_factory(standard_stream)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    proxy = proxy_factory([dead, up.url], names=["dead", "live"],
+                          routing={"policy": "round_robin", "health_interval_s": 3600})
+    replica = proxy.services.replicas.get("dead")
+    deadline = time.monotonic() + 10
+    while replica.healthy:  # the start-up probe finds it dead; pretend it was not probed yet
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    replica.healthy = True
+    for _ in range(3):
+        resp, _ = stream_chunks(proxy.url, CHAT)
+        assert resp.status_code == 200
+        assert resp.headers["x-prefixgate-backend"] == "live"
+    assert proxy.sample("prefixgate_upstream_errors_total", backend="dead", kind="connect") >= 1
+    assert not proxy.services.replicas.get("dead").healthy  # passive marking took it out
+
+
+def test_all_replicas_failing_gives_502_then_503(fake_upstream_factory, proxy_factory) -> None:
+    def boom(req: SeenRequest) -> FakeResponse:
+        body = orjson.dumps({"error": {"message": "engine exploded", "type": "InternalServerError"}})
+        return FakeResponse(status=500, headers={"content-type": "application/json"}, chunks=[(0, body)])
+
+    ups = [fake_upstream_factory(boom) for _ in range(2)]
+    proxy = proxy_factory(ups, routing={"max_retries": 1})
+    r = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
+    assert r.status_code == 502
+    assert "engine exploded" in r.json()["error"]["message"]
+    assert sum(len(u.requests) for u in ups) == 2  # tried both, no more
+    for replica in proxy.services.replicas.all():
+        replica.healthy = False
+    r = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "no_healthy_upstream"
+
+
+def test_first_byte_timeout_retries_then_502(fake_upstream_factory, proxy_factory) -> None:
+    slow = fake_upstream_factory(lambda req: FakeResponse(chunks=[(3.0, role())]))
+    proxy = proxy_factory([slow], limits={"first_byte_timeout_s": 0.3}, routing={"max_retries": 0})
+    t0 = time.perf_counter()
+    r = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_timeout"
+    assert time.perf_counter() - t0 < 2.5
+
+
+def test_read_timeout_midstream_ends_the_stream(fake_upstream_factory, proxy_factory) -> None:
+    up = fake_upstream_factory(lambda req: FakeResponse(chunks=[(0, role()), (0, token("a")), (3.0, token("b"))]))
+    proxy = proxy_factory([up.url], limits={"read_timeout_s": 0.3})
+    _, received = stream_chunks(proxy.url, CHAT)
+    text = b"".join(c for c, _ in received)
+    assert b"upstream_timeout" in text and text.endswith(b"data: [DONE]\n\n")
+
+
+def test_client_disconnect_closes_upstream_connection(fake_upstream_factory, proxy_factory) -> None:
+    chunks = [(0, role())] + [(0.05, token("x")) for _ in range(200)] + [(0, sse(b"[DONE]"))]
+    up = fake_upstream_factory(lambda req: FakeResponse(chunks=chunks))
+    proxy = proxy_factory([up.url])
+    with httpx.Client(timeout=30) as client, client.stream("POST", proxy.url + "/v1/chat/completions",
+                                                         json=CHAT) as resp:
+        it = resp.iter_raw()
+        next(it)
+        next(it)
+    # the proxy closes its upstream socket: the fake's writes then fail and it stops sending
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        n = len(up.sent)
+        time.sleep(0.3)
+        if len(up.sent) == n:
+            break
+    assert len(up.sent) < 100, "upstream kept streaming after the client left"
+    connector = proxy.services.upstream.connector
+    assert connector is not None and not connector._acquired  # no leaked upstream connection
+    deadline = time.monotonic() + 5
+    while proxy.sample("prefixgate_requests_total", route="chat", status="499") is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_non_stream_passes_json_and_records_usage(fake_upstream_factory, proxy_factory) -> None:
+    payload = {"id": "x", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}}],
+               "usage": USAGE}
+    up = fake_upstream_factory(lambda req: FakeResponse(headers={"content-type": "application/json"},
+                                                        chunks=[(0, orjson.dumps(payload))]))
+    proxy = proxy_factory([up.url])
+    r = httpx.post(proxy.url + "/v1/chat/completions", json={**CHAT, "stream": False}, timeout=30)
+    assert r.status_code == 200 and r.json() == payload
+    assert "stream_options" not in orjson.loads(up.requests[0].body)
+    assert proxy.sample("prefixgate_prompt_tokens_total", model="fake", tenant="default") == 1500
+
+
+def test_passthrough_other_v1_paths(fake_upstream_factory, proxy_factory) -> None:
+    up = fake_upstream_factory(lambda req: FakeResponse(headers={"content-type": "application/json"},
+                                                        chunks=[(0, b'{"ok": true}')]))
+    proxy = proxy_factory([up.url])
+    r = httpx.post(proxy.url + "/v1/embeddings?x=1", json={"model": "fake", "input": "a"}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"ok": True}
+    assert up.requests[0].path == "/v1/embeddings?x=1"
+
+
+@pytest.mark.parametrize("configured", [None, "upstream-secret"])
+def test_authorization_pass_through_or_replaced(fake_upstream_factory, proxy_factory, configured) -> None:
+    up = fake_upstream_factory(standard_stream)
+    proxy = proxy_factory([up.url], upstream={"api_key": configured})
+    stream_chunks(proxy.url, CHAT, {"authorization": "Bearer client-key"})
+    expected = f"Bearer {configured}" if configured else "Bearer client-key"
+    assert up.requests[0].headers["authorization"] == expected

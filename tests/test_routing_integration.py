@@ -1,0 +1,135 @@
+"""Routing end to end: the proxy (real fingerprint hook, real index) in front of simulated replicas
+over loopback HTTP."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+NAMES = ["r0", "r1", "r2", "r3"]
+
+
+def words(seed: int, n: int) -> str:
+    return " ".join(f"w{(seed * 7919 + i * 31) % 9973}" for i in range(n))
+
+
+def chat(client: httpx.Client, tenant: str, messages: list[dict]) -> httpx.Response:
+    resp = client.post("/v1/chat/completions", headers={"x-tenant-id": tenant},
+                       json={"model": "sim", "messages": messages, "max_tokens": 4})
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def conversation(seed: int, turns: int) -> list[list[dict]]:
+    system = {"role": "system", "content": f"tenant {seed} documents: " + words(seed, 1500)}
+    history: list[dict] = [system]
+    out = []
+    for t in range(turns):
+        history = [*history, {"role": "user", "content": f"turn {t}: " + words(seed * 100 + t, 60)}]
+        out.append(list(history))
+        history = [*history, {"role": "assistant", "content": "ok " + words(seed + t, 20)}]
+    return out
+
+
+def decisions(proxy, reason: str) -> float:
+    return sum(proxy.sample("prefixgate_route_decisions_total", backend=n, reason=reason) or 0.0 for n in NAMES)
+
+
+def test_consecutive_turns_of_a_tenant_land_on_the_same_replica(sim_factory, proxy_factory):
+    sim = sim_factory(replicas=4, time_scale=0.0)
+    proxy = proxy_factory(sim, names=NAMES)
+    homes = {}
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        for turn in range(3):
+            for tenant in range(6):
+                resp = chat(client, f"t{tenant}", conversation(tenant, 3)[turn])
+                backend = resp.headers["x-prefixgate-backend"]
+                assert homes.setdefault(tenant, backend) == backend, f"tenant {tenant} moved at turn {turn}"
+                if turn > 0:  # the engine really served the history from its cache
+                    assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 1000
+    assert len(set(homes.values())) >= 2  # cold tenants were spread
+    assert decisions(proxy, "prefix_hit") == 12
+    assert decisions(proxy, "cold_spread") == 6
+
+
+def test_killed_replica_is_skipped_and_retried_before_the_first_byte(sim_factory, proxy_factory):
+    sim = sim_factory(replicas=3, time_scale=0.0)
+    proxy = proxy_factory(sim, names=NAMES[:3])
+    turns = conversation(7, 4)
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        home = chat(client, "t7", turns[0]).headers["x-prefixgate-backend"]
+        i = NAMES.index(home)
+        # a replica that drops the connection without answering: retried elsewhere
+        httpx.post(sim.urls[i] + "/sim/faults", json={"mode": "drop"})
+        resp = chat(client, "t7", turns[1])
+        assert resp.headers["x-prefixgate-backend"] != home
+        assert decisions(proxy, "failover") == 1
+        # a killed replica: connection refused, retried, then left out of rotation
+        sim.servers[i].stop()
+        resp = chat(client, "t7", turns[2])
+        assert resp.headers["x-prefixgate-backend"] != home
+        assert proxy.sample("prefixgate_upstream_errors_total", backend=home, kind="connect") == 1
+        assert proxy.services.replicas.get(home).healthy is False
+        for t in range(5):
+            assert chat(client, f"other{t}", conversation(20 + t, 1)[0]).headers["x-prefixgate-backend"] != home
+        assert decisions(proxy, "failover") == 2
+
+
+def test_load_overrides_affinity_when_the_replica_is_saturated(sim_factory, proxy_factory):
+    sim = sim_factory(replicas=2, time_scale=0.0)
+    proxy = proxy_factory(sim, names=NAMES[:2])
+    turns = conversation(3, 3)
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        home = chat(client, "t3", turns[0]).headers["x-prefixgate-backend"]
+        replica = proxy.services.replicas.get(home)
+        replica.queued_prompt_tokens += 1_000_000  # a deep prefill queue, as a flood would leave it
+        try:
+            resp = chat(client, "t3", turns[1])
+        finally:
+            replica.queued_prompt_tokens -= 1_000_000
+        other = resp.headers["x-prefixgate-backend"]
+        assert other != home
+        assert proxy.sample("prefixgate_route_decisions_total", backend=other, reason="load_override") == 1
+        # once the queue is gone the prefix wins again
+        assert chat(client, "t3", turns[2]).headers["x-prefixgate-backend"] in (home, other)
+        assert decisions(proxy, "prefix_hit") == 1
+
+
+def test_kv_event_mode_keeps_the_index_equal_to_the_engine(sim_factory, proxy_factory):
+    sim = sim_factory(replicas=2, time_scale=0.0, kv_events=True, kv_blocks=160, block_size=16)
+    endpoints = dict(zip(NAMES[:2], sim.kv_event_endpoints, strict=True))
+    proxy = proxy_factory(sim, names=NAMES[:2],
+                          routing={"kv_events": True, "kv_events_endpoints": endpoints, "kv_blocks": 160})
+    from app.engines.kv_events import KVEventSubscriber
+
+    sub = next(c for c in proxy.services.background if isinstance(c, KVEventSubscriber))
+    store = proxy.services.store
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        # PUB/SUB drops what is sent before the subscription lands: warm up, then start clean
+        deadline = time.monotonic() + 10
+        while sum(s.batches for s in sub.streams.values()) < 2 and time.monotonic() < deadline:
+            for url in sim.urls:
+                httpx.post(url + "/v1/completions", json={"model": "sim", "prompt": words(1, 40), "max_tokens": 1})
+            time.sleep(0.05)
+        for url in sim.urls:
+            assert httpx.post(url + "/reset_prefix_cache").json()["success"]
+        for turn in range(3):  # enough traffic to evict: 9 tenants x ~1.7k tokens > 2 x 160 blocks
+            for tenant in range(9):
+                chat(client, f"k{tenant}", conversation(40 + tenant, 3)[turn])
+
+        def engine_sets() -> dict[str, set[int]]:
+            return {n: set(httpx.get(u + "/sim/state").json()["resident_proxy_hashes"])
+                    for n, u in zip(NAMES[:2], sim.urls, strict=True)}
+
+        deadline = time.monotonic() + 10
+        while True:
+            engine = engine_sets()
+            index = {n: store.residency_hashes(n) for n in NAMES[:2]}
+            if index == engine or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert all(engine.values())
+    assert index == engine
+    assert sum(s.gaps for s in sub.streams.values()) == 0
+    assert (proxy.sample("prefixgate_kv_events_total", backend="r0", kind="removed") or 0) > 0

@@ -1,0 +1,189 @@
+"""Each policy against a ReplicaSet and a real MemoryStore (no HTTP)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from app.config import Settings
+from app.prefix.blocks import proxy_chain
+from app.prefix.fingerprint import Fingerprint
+from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
+from app.routing.factory import build_router
+from app.routing.least_load import LeastLoadRouter
+from app.routing.prefix_affinity import AffinityOptions, PrefixAffinityRouter, cold_key
+from app.routing.replicas import ReplicaSet
+from app.routing.round_robin import RoundRobinRouter
+from app.routing.session import SessionRouter
+from app.state.memory import MemoryStore
+from app.telemetry.metrics import Metrics
+
+B = 16
+
+
+def fleet(n: int = 4) -> ReplicaSet:
+    return ReplicaSet(Replica(f"r{i}", f"http://r{i}") for i in range(n))
+
+
+def request(tokens: list[int], tenant: str = "t", session: str | None = None) -> RouteRequest:
+    fp = Fingerprint(block_size=B, block_hashes=proxy_chain(tokens, B), num_tokens=len(tokens), complete=True)
+    return RouteRequest(tenant=tenant, model="m", session_id=session, fingerprint=fp,
+                        prompt_tokens_estimate=len(tokens))
+
+
+def doc(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + i) % 50000 for i in range(n)]
+
+
+async def routed(router, req, exclude=frozenset()):
+    decision = await router.choose(req, exclude)
+    router.on_routed(req, decision)
+    await router.writes.drain()
+    return decision
+
+
+async def test_factory_builds_each_policy():
+    for policy, cls in [("round_robin", RoundRobinRouter), ("least_load", LeastLoadRouter),
+                        ("session", SessionRouter), ("prefix_affinity", PrefixAffinityRouter)]:
+        s = Settings(routing={"policy": policy})
+        assert isinstance(build_router(s, fleet(), MemoryStore(), Metrics()), cls)
+    s = Settings(routing={"policy": "prefix_affinity", "kv_events": True})
+    router = build_router(s, fleet(), MemoryStore(), Metrics())
+    assert router.options.predictive_index is False
+
+
+async def test_affinity_next_turn_lands_where_the_first_went():
+    store = MemoryStore()
+    router = PrefixAffinityRouter(fleet(), store, AffinityOptions(block_size=B))
+    turn1 = doc(1, 4000)
+    first = await routed(router, request(turn1))
+    assert first.reason == "cold_spread" and first.matched_blocks == 0
+    turn2 = turn1 + doc(2, 300)
+    second = await routed(router, request(turn2))
+    assert second.replica.name == first.replica.name
+    assert second.reason == "prefix_hit"
+    assert second.matched_blocks == 4000 // B and second.available_blocks == 4000 // B
+    assert second.prefill_tokens == len(turn2) - B * (4000 // B)
+    assert "prefix_hit" in second.explanation and "uncached" in second.explanation
+
+
+async def test_cold_prefixes_spread_and_no_replica_is_a_dumping_ground():
+    replicas = fleet()
+    router = PrefixAffinityRouter(replicas, MemoryStore(), AffinityOptions(block_size=B))
+    placed = Counter()
+    for t in range(40):
+        d = await routed(router, request(doc(100 + t, 2000), tenant=f"t{t}"))
+        assert d.reason == "cold_spread"
+        placed[d.replica.name] += 1
+        d.replica.inflight += 1  # they all stay in flight: the bound must hold
+        d.replica.queued_prompt_tokens += d.prefill_tokens
+    assert set(placed) == {"r0", "r1", "r2", "r3"}
+    assert max(placed.values()) <= 1.25 * 10 + 1
+
+
+async def test_cold_key_is_stable_across_turns():
+    t1 = proxy_chain(doc(5, 8000), B)
+    t2 = proxy_chain(doc(5, 8000) + doc(6, 500), B)
+    assert cold_key(t1, B, 4096, "x") == cold_key(t2, B, 4096, "x")
+    assert cold_key([], B, 4096, "x") == "tenant:x"
+
+
+async def test_load_overrides_affinity_when_the_resident_replica_is_saturated():
+    replicas = fleet()
+    router = PrefixAffinityRouter(replicas, MemoryStore(), AffinityOptions(block_size=B))
+    prompt = doc(9, 3200)
+    first = await routed(router, request(prompt))
+    home = first.replica
+    home.queued_prompt_tokens = 50_000  # a long prefill queue in front of us
+    home.inflight = 8
+    again = await routed(router, request(prompt + doc(10, 64)))
+    assert again.replica.name != home.name
+    assert again.reason == "load_override"
+    assert again.available_blocks == 3200 // B and again.matched_blocks == 0
+    assert again.scores[home.name] > again.scores[again.replica.name]
+
+
+async def test_affinity_retry_goes_to_the_next_best_replica():
+    router = PrefixAffinityRouter(fleet(), MemoryStore(), AffinityOptions(block_size=B))
+    prompt = doc(3, 1600)
+    home = (await routed(router, request(prompt))).replica.name
+    retry = await router.choose(request(prompt), frozenset({home}))
+    assert retry.replica.name != home and retry.reason == "failover"
+    with pytest.raises(NoReplicaAvailable):
+        await router.choose(request(prompt), frozenset({"r0", "r1", "r2", "r3"}))
+
+
+async def test_unhealthy_replica_is_never_chosen():
+    replicas = fleet()
+    router = PrefixAffinityRouter(replicas, MemoryStore(), AffinityOptions(block_size=B))
+    prompt = doc(4, 1600)
+    home = (await routed(router, request(prompt))).replica
+    home.healthy = False
+    for _ in range(5):
+        assert (await routed(router, request(prompt))).replica.name != home.name
+
+
+async def test_affinity_bounds_the_index_at_the_replica_kv_capacity():
+    replicas = fleet(1)
+    replicas.get("r0").kv_blocks = 100
+    store = MemoryStore(capacity_blocks=10_000)
+    router = PrefixAffinityRouter(replicas, store, AffinityOptions(block_size=B))
+    for t in range(5):
+        await routed(router, request(doc(20 + t, 60 * B), tenant=f"t{t}"))
+    assert store.residency_size("r0") == 100
+
+
+async def test_affinity_records_available_and_captured_reuse():
+    metrics = Metrics()
+    router = PrefixAffinityRouter(fleet(), MemoryStore(), AffinityOptions(block_size=B), metrics)
+    prompt = doc(30, 1600)
+    await routed(router, request(prompt))
+    await routed(router, request(prompt))
+    value = metrics.registry.get_sample_value
+    assert value("prefixgate_prefix_reuse_tokens_total", {"stage": "available"}) == 1600 - B
+    assert value("prefixgate_prefix_reuse_tokens_total", {"stage": "captured"}) == 1600 - B
+
+
+async def test_kv_event_mode_does_not_write_predictions():
+    store = MemoryStore()
+    router = PrefixAffinityRouter(fleet(), store, AffinityOptions(block_size=B, predictive_index=False))
+    d = await routed(router, request(doc(40, 800)))
+    assert store.residency_size(d.replica.name) == 0
+
+
+async def test_least_load_picks_the_idle_replica_and_spreads_ties():
+    replicas = fleet()
+    router = LeastLoadRouter(replicas)
+    replicas.get("r0").queued_prompt_tokens = 9000
+    replicas.get("r1").inflight = 3
+    replicas.get("r2").engine_waiting = 2
+    d = await router.choose(request(doc(1, 100)))
+    assert d.replica.name == "r3" and d.reason == "least_load"
+    replicas.get("r0").queued_prompt_tokens = 0
+    replicas.get("r1").inflight = 0
+    replicas.get("r2").engine_waiting = 0
+    names = {(await router.choose(request(doc(1, 100)))).replica.name for _ in range(8)}
+    assert names == {"r0", "r1", "r2", "r3"}
+
+
+async def test_session_is_sticky_bounded_and_fails_over():
+    replicas = fleet()
+    store = MemoryStore()
+    router = SessionRouter(replicas, store)
+    req = request(doc(1, 100), session="abc")
+    first = await routed(router, req)
+    for _ in range(3):
+        d = await routed(router, req)
+        assert d.replica.name == first.replica.name and d.reason == "session"
+    assert await store.binding_get("session:abc") == first.replica.name
+    first.replica.inflight = 50  # far above (1 + eps) x mean
+    moved = await routed(router, req)
+    assert moved.replica.name != first.replica.name and moved.reason == "load_override"
+    assert await store.binding_get("session:abc") == moved.replica.name
+    moved.replica.healthy = False
+    gone = await routed(router, req)
+    assert gone.replica.name != moved.replica.name and gone.reason == "failover"
+    # without a session id, the tenant is the key
+    t1 = await routed(router, request(doc(2, 100), tenant="acme"))
+    assert (await routed(router, request(doc(3, 100), tenant="acme"))).replica.name == t1.replica.name

@@ -1,0 +1,88 @@
+"""Scorers and the bounded-load ring: pure functions, no server."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from app.routing.base import Replica
+from app.routing.ring import HashRing, load_bound, pick_bounded
+from app.routing.scorers import (
+    ScoreWeights,
+    decode_load,
+    prefill_backlog,
+    replica_costs,
+    uncached_prompt,
+)
+
+
+def test_uncached_prompt_follows_vllm_hit_formula():
+    # 100 tokens, B=16: at most floor(99/16)=6 blocks can hit
+    assert uncached_prompt(100, 0, 16).value == 100
+    assert uncached_prompt(100, 3, 16).value == 100 - 48
+    assert uncached_prompt(100, 10, 16).value == 100 - 96
+    assert "4 of 100" in uncached_prompt(100, 10, 16).why
+
+
+def test_backlog_takes_engine_queue_when_it_says_more():
+    r = Replica("a", "http://a", queued_prompt_tokens=1000)
+    assert prefill_backlog(r, 2048).value == 1000
+    r.engine_waiting = 3
+    s = prefill_backlog(r, 2048)
+    assert s.value == 3 * 2048 and "waiting in engine" in s.why
+
+
+def test_decode_load_uses_the_larger_of_inflight_and_engine_running():
+    r = Replica("a", "http://a", inflight=2)
+    assert decode_load(r, 256).value == 512
+    r.engine_running = 5
+    assert decode_load(r, 256).value == 5 * 256
+
+
+def test_costs_prefer_resident_prefix_until_backlog_outweighs_it():
+    a = Replica("a", "http://a")
+    b = Replica("b", "http://b")
+    costs = {c.replica.name: c.total for c in replica_costs([a, b], {"a": 100}, 1700, 16, ScoreWeights())}
+    assert costs["a"] < costs["b"]
+    a.queued_prompt_tokens = 5000
+    costs = {c.replica.name: c.total for c in replica_costs([a, b], {"a": 100}, 1700, 16, ScoreWeights())}
+    assert costs["a"] > costs["b"]
+
+
+def test_ring_is_stable_and_spreads_keys():
+    ring = HashRing(["r0", "r1", "r2", "r3"])
+    owners = Counter(next(ring.walk(f"key{i}")) for i in range(4000))
+    assert set(owners) == {"r0", "r1", "r2", "r3"}
+    assert max(owners.values()) / min(owners.values()) < 1.6
+    again = HashRing(["r3", "r2", "r1", "r0"])
+    assert all(next(ring.walk(f"key{i}")) == next(again.walk(f"key{i}")) for i in range(200))
+
+
+def test_ring_removal_moves_only_the_removed_replicas_keys():
+    full = HashRing(["r0", "r1", "r2", "r3"])
+    less = HashRing(["r0", "r1", "r2"])
+    for i in range(500):
+        before = next(full.walk(i))
+        if before != "r3":
+            assert next(less.walk(i)) == before
+
+
+def test_pick_bounded_skips_overloaded_first_choice():
+    ring = HashRing(["r0", "r1", "r2", "r3"])
+    key = "tenant-x"
+    first = next(ring.walk(key))
+    loads = {n: 0.0 for n in ring.names}
+    assert pick_bounded(ring, key, loads, 1.0, 0.25) == (first, True)
+    loads[first] = 100.0
+    chosen, is_first = pick_bounded(ring, key, loads, 1.0, 0.25)
+    assert chosen != first and not is_first
+    assert loads[chosen] <= load_bound(loads, 1.0, 0.25)
+
+
+def test_pick_bounded_never_exceeds_the_bound_over_many_keys():
+    ring = HashRing([f"r{i}" for i in range(4)])
+    loads = {n: 0.0 for n in ring.names}
+    for i in range(400):  # everything hashes: the bound alone keeps max/mean <= 1 + eps (+1 item)
+        name, _ = pick_bounded(ring, i % 7, loads, 1.0, 0.25)  # only 7 distinct keys: very skewed
+        loads[name] += 1
+    mean = sum(loads.values()) / len(loads)
+    assert max(loads.values()) <= 1.25 * mean + 1

@@ -1,0 +1,46 @@
+"""vLLM 0.33 block-hash recipes (engine-facts A.3 vectors) and the incremental chain the sim uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.prefix.blocks import low64, none_hash, proxy_chain, proxy_digest, vllm_chain, vllm_chain_from
+
+TOKENS = list(range(32))
+
+VECTORS = [
+    # algo, seed, NONE_HASH hex, H_0 hex, H_0 u64, H_1 u64
+    ("sha256", None, "066b1e8987e027138e98701c46128929378935f9b6cd1549105ae6b4f0d71198",
+     "fe8fa5dda3210d0ca2031e37cbe3b001186773cd1c710beb2d45fcb51d434798", 3262291359910021016, 7142137847444424233),
+    ("sha256", "0", "1973e23848344dc43a988a9b478663803cfffe1243480253f9a3cf004b14aa7c",
+     "6358e31578a64b75ebe28cdb99d3beae65de82a2087321dc6ec84ae048faaaa6", 7982712666671721126, 12675106281628537544),
+    ("sha256_cbor", None, "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0",
+     "dc918a88b139e5afe60b88eda27508d4aee16c10fdc354791efea06206ac0749", 2233398808101521225, 17911472383915781900),
+    ("sha256_cbor", "0", "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e",
+     "d830de3d42c00f25a2949b5d12d98642664a44872c1614c5b0147556276afc9c", 12687895063098490012, 1814341696565857452),
+]
+
+
+@pytest.mark.parametrize("algo,seed,none_hex,h0_hex,h0_u64,h1_u64", VECTORS)
+def test_vllm_vectors(algo, seed, none_hex, h0_hex, h0_u64, h1_u64):
+    assert none_hash(algo, seed).hex() == none_hex
+    chain = vllm_chain(TOKENS, 16, algo=algo, python_hash_seed=seed)
+    assert chain[0].hex() == h0_hex
+    assert [low64(d) for d in chain] == [h0_u64, h1_u64]
+    assert vllm_chain_from(TOKENS, 16, algo=algo, python_hash_seed=seed) == chain
+
+
+def test_salted_vector():
+    chain = vllm_chain(TOKENS, 16, algo="sha256_cbor", python_hash_seed="0", cache_salt="tenant-a")
+    assert chain[0].hex() == "3be36890effbb5e0d90d6506b68f1365539bcf2a82688a430612688636e0959d"
+    assert vllm_chain_from(TOKENS, 16, algo="sha256_cbor", python_hash_seed="0", cache_salt="tenant-a") == chain
+
+
+def test_incremental_chain_equals_full_chain():
+    tokens = list(range(1000, 1000 + 16 * 9 + 5))
+    full = vllm_chain(tokens, 16, cache_salt="s")
+    assert len(full) == 9  # only full blocks
+    for start in range(1, 9):
+        assert vllm_chain_from(tokens, 16, parent=full[start - 1], start_block=start, cache_salt="s") == full[start:]
+    proxy = proxy_chain(tokens, 16, salt="s")
+    assert proxy_chain(tokens, 16, salt="s", parent=proxy_digest(proxy[3]), start_block=4) == proxy[4:]
