@@ -138,7 +138,7 @@ class StateOptions(BaseModel):
     control_timeout_s: float = 1.0  # budget for batched writes, hygiene reads and reconnect probes
     flush_interval_s: float = 0.0  # extra wait to gather writes; 0: writes queued while a batch is in flight form the next one
     max_pending_writes: int = 1_000_000  # queued write weight (ops + blocks) kept through an outage
-    breaker_timeouts: int = 3  # consecutive over-budget calls that switch to local-only mode
+    stall_s: float = 0.25  # an over-budget Redis call still unanswered this long: local-only mode
     reconnect_backoff_s: float = 0.1  # first reconnect delay; doubles up to reconnect_backoff_max_s
     reconnect_backoff_max_s: float = 5.0
 

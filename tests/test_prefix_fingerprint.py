@@ -117,5 +117,5 @@ def test_from_settings_modes() -> None:
     assert fp.complete and fp.num_tokens and fp.num_tokens < 130
     broken = Fingerprinter.from_settings(Settings(tokenizer="/nonexistent/dir"))
     assert broken.mode == "approx"
-    with pytest.raises(Exception):
+    with pytest.raises(FileNotFoundError):
         Fingerprinter.from_settings(Settings(tokenizer="/nonexistent/dir", prefix={"mode": "exact"}))

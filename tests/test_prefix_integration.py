@@ -122,3 +122,27 @@ def test_dynamic_head_tenant_vs_clean_tenant(sim_factory, proxy_factory) -> None
     clean_gauge = [ln for ln in metrics.splitlines()
                    if ln.startswith('prefixgate_prefix_continuity_ratio{tenant="clean"}')]
     assert clean_gauge and float(clean_gauge[0].split()[-1]) > 0.9
+
+
+def test_engine_mode_uses_replica_tokenize(sim_factory, proxy_factory) -> None:
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
+    proxy = proxy_factory(sim, prefix={"mode": "engine"})
+    hook = proxy.services.components["prefix"]
+    assert hook.mode == "engine"
+    convs = {t: [{"role": "system", "content": SYSTEMS[t]}] for t in ("acme", "globex")}
+    sent = 0
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        for turn in range(3):
+            for tenant, msgs in convs.items():
+                msgs.append({"role": "user", "content": f"turn {turn}: and now?"})
+                edge = 16 + (-prompt_len(msgs)) % 16 if sent % 2 else None
+                msgs.append({"role": "assistant", "content": send(client, tenant, msgs, False, edge)})
+                sent += 1
+                wait_processed(hook, sent)
+        modes = client.get("/hygiene/tenants").json()["fingerprint_mode"]
+    rows = list(hook.predictions)
+    assert [(p, d) for _, _, p, d in rows if p != d] == []
+    assert sum(p for _, _, p, _ in rows) > 2_000
+    assert modes == "engine"
+    assert proxy.sample("prefixgate_fingerprint_mode", mode="engine") == 1.0
+    assert proxy.sample("prefixgate_fingerprint_mode", mode="exact") == 0.0

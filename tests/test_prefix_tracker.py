@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.prefix.sketch import RequestSketch
-from app.prefix.tracker import TenantTracker, longest_known_prefix, sample_chain, sampled_prefix, tenant_report
+from app.prefix.tracker import (
+    TenantTracker,
+    longest_known_prefix,
+    sample_chain,
+    sampled_prefix,
+    tenant_report,
+)
 from app.state.memory import MemoryStore
 
 
@@ -50,10 +58,11 @@ async def test_generated_blocks_count_as_history() -> None:
     assert obs.matched_blocks == 5
 
 
-async def test_break_is_diagnosed_and_reported() -> None:
+@pytest.mark.parametrize("repeat", [30, 3000])  # 3000: diagnosed in a worker thread
+async def test_break_is_diagnosed_and_reported(repeat: int) -> None:
     store = MemoryStore()
     tr = TenantTracker(store, show_text=False)
-    body = "You are helpful. Static policy text follows.\n" * 30
+    body = "You are helpful. Static policy text follows.\n" * repeat
     p = RequestSketch("Current time: 2026-04-14T09:31:07Z\n" + body, kind="completions", tail_start=10_000)
     c = RequestSketch("Current time: 2026-04-14T09:33:00Z\n" + body, kind="completions", tail_start=10_000)
     await tr.observe("t", chain(0, 20, 1), p, 16)

@@ -181,3 +181,16 @@ def test_cache_salt_over_http():
         _, _, a2 = chat_stream(client, messages, max_tokens=1, extra_body={"cache_salt": "tenant-a"})
         assert a.prompt_tokens_details.cached_tokens == b.prompt_tokens_details.cached_tokens == 0
         assert a2.prompt_tokens_details.cached_tokens == 16 * ((a2.prompt_tokens - 1) // 16)
+
+
+def test_continuous_usage_stats_and_kv_capacity():
+    with SimCluster(time_scale=0, kv_blocks=9, include_usage_always=True) as sim:  # 8 usable blocks
+        url = sim.urls[0]
+        events = raw_events(url, {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 3,
+                                  "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+        parsed = [json.loads(e) for e in events[:-1]]
+        assert [p["usage"]["completion_tokens"] for p in parsed] == [0, 1, 2, 3, 3]
+        forced = raw_events(url, {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 1})
+        assert json.loads(forced[-2])["choices"] == []  # --enable-force-include-usage
+        r = httpx.post(url + "/v1/completions", json={"prompt": list(range(200)), "max_tokens": 1})
+        assert r.status_code == 400 and "KV cache" in r.json()["error"]["message"]

@@ -88,9 +88,11 @@ def with_include_usage(raw: bytes, body: dict[str, Any]) -> bytes:
     re-serialisation of a possibly 1 MB prompt); otherwise the parsed body is re-serialised.
     """
     if "stream_options" not in body:
-        stripped = raw.rstrip()
-        if stripped.endswith(b"}"):
-            return stripped[:-1] + b',"stream_options":{"include_usage":true}}'
+        end = len(raw)
+        while end and raw[end - 1] in b" \t\r\n":
+            end -= 1
+        if end and raw[end - 1] == 0x7D:  # "}"
+            return b"".join((memoryview(raw)[:end - 1], b',"stream_options":{"include_usage":true}}'))
     options = body.get("stream_options") or {}
     return orjson.dumps({**body, "stream_options": {**options, "include_usage": True}})
 

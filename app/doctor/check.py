@@ -29,6 +29,8 @@ from app.doctor.probe import (
 CALIBRATION_TOKENS = (256, 1024)
 PROBE_MAX_TOKENS = 8  # the repeated-prompt calls only need a first token
 LADDER_MAX_TOKENS = 8
+LADDER_CAP_MARGIN = 0.01  # calibration error seen on 8k-32k documents: well under 0.5%
+LADDER_DETAIL_CHARS = 160
 LADDER_NO_LIMIT_CAP = 1 << 20  # climb until something fails when nobody says where the limit is
 
 
@@ -236,7 +238,9 @@ def ladder_cap(opts: CheckOptions, max_model_len: int | None) -> int:
     """Highest prompt length to try: the model's context minus room for the answer, or --max-tokens-ladder."""
     limits = [opts.ladder_max_tokens] if opts.ladder_max_tokens else []
     if max_model_len:
-        limits.append(max_model_len - LADDER_MAX_TOKENS)
+        # Aim a little under the hard limit: the document is sized by calibration, and a rung that
+        # overshoots by a handful of tokens would be rejected and hide the real ceiling.
+        limits.append(int((max_model_len - LADDER_MAX_TOKENS) * (1 - LADDER_CAP_MARGIN)))
     return min(limits) if limits else LADDER_NO_LIMIT_CAP
 
 
@@ -263,12 +267,13 @@ async def _ladder_step(client: httpx.AsyncClient, endpoint: Endpoint, model: str
     try:
         probe = await stream_chat(client, endpoint, model, text, LADDER_MAX_TOKENS)
     except ProbeError as exc:
+        detail = exc.message[:LADDER_DETAIL_CHARS]
         alive = await health(client, endpoint)
         if alive is False:
-            return verdict.LadderStep(target, None, "unhealthy", exc.message)
+            return verdict.LadderStep(target, None, "unhealthy", detail)
         if exc.status is not None and 400 <= exc.status < 500:
-            return verdict.LadderStep(target, None, "rejected", exc.message)
-        return verdict.LadderStep(target, None, "failed", exc.message)
+            return verdict.LadderStep(target, None, "rejected", detail)
+        return verdict.LadderStep(target, None, "failed", detail)
     if await health(client, endpoint) is False:
         return verdict.LadderStep(target, probe.prompt_tokens, "unhealthy", "request passed, /health failed after",
                                   probe.total_s)

@@ -160,6 +160,8 @@ class PromptInput:
     prompt: str = ""
     ids: list[int] | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    body: Mapping[str, Any] | None = None  # the request body (engine mode sends it to /tokenize)
 
 
 def prompt_input(route: str, body: Mapping[str, Any]) -> PromptInput | None:
@@ -177,12 +179,13 @@ def prompt_input(route: str, body: Mapping[str, Any]) -> PromptInput | None:
                 kwargs[key] = body[key]
         kwargs["add_generation_prompt"] = bool(body.get("add_generation_prompt", True))
         tools = body.get("tools")
-        return PromptInput("chat", messages=messages, tools=tools if tools else None, template_kwargs=kwargs)
+        return PromptInput("chat", messages=messages, tools=tools if tools else None, template_kwargs=kwargs,
+                           model=body.get("model"), body=body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return PromptInput("completions", prompt=prompt)
+        return PromptInput("completions", prompt=prompt, model=body.get("model"), body=body)
     if isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
         return PromptInput("ids", ids=list(prompt))
     return None
@@ -201,30 +204,84 @@ class ApproxTokenizer(SegmentTokenizer):
                            range(0, len(text), APPROX_CHARS)))
 
 
+class EngineTokenize:
+    """`POST /tokenize` on a healthy replica (vLLM and SGLang both serve it): the engine's own ids
+    for a whole request, when no local tokenizer matches the engine."""
+
+    def __init__(self, replicas: Any, timeout_s: float = 10.0) -> None:
+        self.replicas = replicas
+        self.timeout_s = timeout_s
+        self._client: Any = None
+
+    def _url(self) -> str:
+        healthy = [r for r in self.replicas.all() if r.healthy] or self.replicas.all()
+        if not healthy:
+            raise RuntimeError("no replica to ask for /tokenize")
+        return healthy[0].url.rstrip("/") + "/tokenize"
+
+    async def tokenize(self, payload: Mapping[str, Any]) -> list[int]:
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+        resp = await self._client.post(self._url(), json=dict(payload))
+        resp.raise_for_status()
+        tokens = resp.json().get("tokens")
+        if not isinstance(tokens, list):
+            raise ValueError("/tokenize returned no tokens")
+        return [int(t) for t in tokens]
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+_ENGINE_KEYS = ("messages", "tools", "add_generation_prompt", "chat_template_kwargs", "documents",
+                "continue_final_message", "prompt", "add_special_tokens", "model")
+
+
+def engine_payload(inp: PromptInput) -> dict[str, Any]:
+    """The /tokenize request for a chat or completion body (only the keys that shape the ids)."""
+    body = inp.body or {}
+    return {k: body[k] for k in _ENGINE_KEYS if body.get(k) is not None}
+
+
 class Fingerprinter:
     """Hot-path `prepare` and off-path `complete` over one tokenizer (see module docstring)."""
 
     def __init__(self, tokenizer: SegmentTokenizer, mode: FingerprintMode = "exact",
                  memo_bytes: int = 128 * 1024 * 1024, inline_chars: int = 2048,
-                 inline_hash_tokens: int = 16_384) -> None:
+                 inline_hash_tokens: int = 16_384, engine: EngineTokenize | None = None) -> None:
         self.tokenizer = tokenizer
         self.mode = mode
+        self.engine = engine if mode == "engine" else None
         self.inline_chars = inline_chars
         self.inline_hash_tokens = inline_hash_tokens
         self.chains = ChainMemo(memo_bytes)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> Fingerprinter:
-        """exact with settings.tokenizer (None = built-in default); approx when it cannot load."""
+    def from_settings(cls, settings: Any, replicas: Any = None) -> Fingerprinter:
+        """exact with settings.tokenizer (None = built-in default); approx when it cannot load;
+        engine (ids from the replicas' /tokenize; the local template renders text for diagnosis)."""
         opts = settings.prefix
         memo = opts.memo_mb * 1024 * 1024
         mode = opts.mode
         tokenizer: SegmentTokenizer
-        if mode in ("auto", "exact", "engine"):
+        if mode == "engine":
+            if replicas is None:
+                raise ValueError("engine mode needs the replica set")
+            try:
+                tokenizer = SegmentTokenizer.load(settings.tokenizer, memo, opts.workers)
+            except Exception:  # noqa: BLE001 - text for diagnosis only: the default template will do
+                tokenizer = SegmentTokenizer.load(None, memo, opts.workers)
+            return cls(tokenizer, "engine", memo, opts.inline_chars, opts.inline_hash_tokens,
+                       EngineTokenize(replicas, settings.limits.connect_timeout_s + 5.0))
+        if mode in ("auto", "exact"):
             try:
                 tokenizer = SegmentTokenizer.load(settings.tokenizer, memo, opts.workers)
                 mode = "exact" if mode == "auto" else mode
-            except (OSError, ValueError, Exception):  # noqa: BLE001 - any load failure means approx
+            except Exception:  # noqa: BLE001 - any load failure (missing dir, bad json) means approx
                 if mode == "exact":
                     raise
                 tokenizer = ApproxTokenizer.load(None, memo, opts.workers)
@@ -235,6 +292,12 @@ class Fingerprinter:
 
     def close(self) -> None:
         self.tokenizer.close()
+        if self.engine is not None and self.engine._client is not None:
+            client, self.engine._client = self.engine._client, None
+            try:
+                asyncio.get_running_loop().create_task(client.aclose())
+            except RuntimeError:
+                pass
 
     # ------------------------------------------------------------------ rendering
     def render(self, inp: PromptInput) -> str:
@@ -256,6 +319,8 @@ class Fingerprinter:
             return Fingerprint(block_size, node.chain(), len(ids), True, self.mode, salt, len(ids),
                                extra={"segments": 0})
         text = self.render(inp)
+        if self.engine is not None:
+            return self._prepare_engine(inp, text, block_size, salt)
         segments = self.tokenizer.split(text)
         node = self.chains.root(salt, block_size)
         i = 0
@@ -276,6 +341,19 @@ class Fingerprinter:
             self._finish(fp, node)
         else:
             fp.state = (node, segments[i:])
+        return fp
+
+    def _prepare_engine(self, inp: PromptInput, text: str, block_size: int, salt: str | None) -> Fingerprint:
+        """Engine mode: a seen request is complete from the memo (keyed by its rendered text);
+        anything else waits for /tokenize in `complete`."""
+        root = self.chains.root(salt, block_size)
+        fp = Fingerprint(block_size, [], None, False, "engine", salt, int(len(text) / CHARS_PER_TOKEN),
+                         extra={"segments": 1, "chars": len(text)}, text=text)
+        node = self.chains.get(root, text)
+        if node is not None:
+            self._finish(fp, node)
+        else:
+            fp.state = ("engine", root, text, engine_payload(inp))
         return fp
 
     def _extend_inline(self, node: ChainNode, segments: list[str], i: int) -> tuple[ChainNode, int]:
@@ -310,7 +388,7 @@ class Fingerprinter:
     # ------------------------------------------------------------------ off the hot path
     def complete_sync(self, fp: Fingerprint) -> Fingerprint:
         """Tokenise the pending segments and finish the chain (worker thread)."""
-        if fp.complete or fp.state is None:
+        if fp.complete or fp.state is None or fp.state[:1] == ("engine",):
             return fp
         node, pending = fp.state
         ids_list = self.tokenizer.encode_segments(pending)
@@ -327,8 +405,24 @@ class Fingerprinter:
         """Finish `fp` in the tokenizer's worker pool (the event loop never tokenises)."""
         if fp.complete:
             return fp
+        if self.engine is not None and isinstance(fp.state, tuple) and fp.state[:1] == ("engine",):
+            _, root, text, payload = fp.state
+            ids = await self.engine.tokenize(payload)
+            node = extend_node(root, ids)
+            self.chains.put(root, text, node)
+            self._finish(fp, node)
+            return fp
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.tokenizer.pool, self.complete_sync, fp)
+
+    async def encode_output(self, text: str) -> list[int] | array:
+        """Ids of generated text as the engine would re-tokenise it (worker thread or /tokenize)."""
+        if not text:
+            return []
+        if self.engine is not None:
+            return await self.engine.tokenize({"prompt": text, "add_special_tokens": False})
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.tokenizer.pool, self.encode_text, text)
 
     def prompt_ids(self, fp: Fingerprint) -> array:
         """The prompt's token ids (complete fingerprints; re-reads the memo, encodes misses)."""

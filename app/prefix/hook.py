@@ -82,7 +82,7 @@ class PrefixHook:
             return
         output_ids = None
         text = ctx.attrs.get("output_text") or ""
-        if fp.complete and len(text) <= INLINE_OUTPUT_CHARS:
+        if fp.complete and len(text) <= INLINE_OUTPUT_CHARS and self.fingerprinter.engine is None:
             output_ids = self.fingerprinter.encode_text(text) if text else []
         task = asyncio.get_running_loop().create_task(self._after(ctx, fp, output_ids))
         self._tasks.add(task)
@@ -115,10 +115,7 @@ class PrefixHook:
             lookup = await store.residency_lookup(chain, [replica])
             matched = max(matched, lookup.get(replica, 0))
         if output_ids is None:
-            text = ctx.attrs.get("output_text") or ""
-            loop = asyncio.get_running_loop()
-            output_ids = await loop.run_in_executor(self.fingerprinter.tokenizer.pool,
-                                                    self.fingerprinter.encode_text, text)
+            output_ids = await self.fingerprinter.encode_output(ctx.attrs.get("output_text") or "")
         usage = ctx.usage or {}
         produced = usage.get("completion_tokens")
         produced = int(produced) if isinstance(produced, int) else len(output_ids)
@@ -160,7 +157,7 @@ class PrefixHook:
 def build_prefix_hook(settings: Any, services: Any) -> PrefixHook:
     """The fingerprint + continuity hook, and its tracker (also mounted for /hygiene)."""
     opts = settings.prefix
-    fingerprinter = Fingerprinter.from_settings(settings)
+    fingerprinter = Fingerprinter.from_settings(settings, services.replicas)
     tracker = TenantTracker(
         services.store, max_hashes=opts.tracker_max_hashes, tenant_max_hashes=opts.tracker_tenant_max_hashes,
         texts_bytes=opts.tracker_texts_mb * 1024 * 1024, texts_per_tenant=opts.tracker_texts_per_tenant,

@@ -146,6 +146,8 @@ class SegmentTokenizer:
              workers: int = DEFAULT_WORKERS) -> SegmentTokenizer:
         """Load `tokenizer.json` (+ chat template) from a HF tokenizer directory; None = built-in."""
         directory = Path(path) if path is not None else DEFAULT_TOKENIZER_DIR
+        if not (directory / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"no tokenizer.json in {directory}")
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         try:
             template: ChatTemplate | None = load_chat_template(path)

@@ -14,16 +14,19 @@ counters (`counter_incr`); /hygiene reads only the Store.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from app.prefix.diagnose import Diagnosis, diagnose, fix_for, snippet
 from app.prefix.sketch import RequestSketch
 
 SAMPLE_POINTS = 24
+INLINE_DIAGNOSE_CHARS = 64 * 1024  # larger prompt pairs are diagnosed in a worker thread
 
 
 @dataclass
@@ -128,7 +131,12 @@ class TenantTracker:
         diag: Diagnosis | None = None
         prev = self._best_sketch(state, best_seq)
         if sketch is not None and prev is not None and (total == 0 or matched < total):
-            diag = diagnose(prev, sketch, material=max(64, 6 * block_size), extra_patterns=self.extra_patterns)
+            call = partial(diagnose, prev, sketch, material=max(64, 6 * block_size),
+                           extra_patterns=self.extra_patterns)
+            if len(sketch.text) + len(prev.text) > INLINE_DIAGNOSE_CHARS:
+                diag = await asyncio.get_running_loop().run_in_executor(None, call)  # keep the loop free
+            else:
+                diag = call()
         seq = state.last_seq + 1
         state.last_seq = seq
         record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain, block_size)

@@ -108,7 +108,7 @@ class SimApp:
             ("POST", "/flush_cache"): self.reset_prefix_cache, ("GET", "/flush_cache"): self.reset_prefix_cache,
             ("POST", "/v1/chat/completions"): self.chat, ("POST", "/v1/completions"): self.completion,
             ("POST", "/sim/faults"): self.set_faults, ("GET", "/sim/faults"): self.get_faults,
-            ("GET", "/sim/state"): self.state,
+            ("GET", "/sim/state"): self.state, ("GET", "/kv_event_sources"): self.kv_event_sources,
         }
 
     @property
@@ -173,6 +173,12 @@ class SimApp:
         await _send_json(send, 200, {"model_path": o.model, "page_size": o.page_size,
                                      "max_total_num_tokens": o.pool_blocks * o.page_size,
                                      "disable_radix_cache": not o.prefix_caching, "version": VERSION})
+
+    async def kv_event_sources(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.kv_events_endpoint
+        await _send_json(send, 200, {"sources": [{"data_parallel_rank": 0, "endpoint": endpoint,
+                                                  "topic": self.options.kv_events_topic,
+                                                  "replay_endpoint": None}] if endpoint else []})
 
     async def tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = await _read_body(receive)
@@ -276,6 +282,13 @@ class SimApp:
             parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
             ids = await self._tokenize(parsed, len(raw))
             max_tokens = check_length(len(ids), parsed.max_tokens, o.max_model_len)
+            capacity = (o.pool_blocks - 1) * o.page_size
+            if len(ids) > capacity:
+                # vLLM refuses to start when max_model_len exceeds the KV cache; the sim allows
+                # the mismatch (small pools for eviction tests) and rejects the one request.
+                raise ApiError(400, f"The prompt has {len(ids)} tokens, more than the KV cache holds "
+                                    f"({capacity} tokens = {o.pool_blocks - 1} blocks of {o.page_size}).",
+                               "messages")
         except ApiError as exc:
             await _send_json(send, exc.status, exc.body())
             return

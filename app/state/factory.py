@@ -54,6 +54,6 @@ def build_store(settings: Settings, metrics: Metrics) -> Store:
         remote, build_memory_store(settings), metrics, timeout_s=opts.redis_timeout_s,
         timeout_per_1k_blocks_s=opts.redis_timeout_per_1k_blocks_s,
         control_timeout_s=opts.control_timeout_s, flush_interval_s=opts.flush_interval_s,
-        max_pending=opts.max_pending_writes, breaker_timeouts=opts.breaker_timeouts,
+        max_pending=opts.max_pending_writes, stall_s=opts.stall_s,
         backoff_s=opts.reconnect_backoff_s, backoff_max_s=opts.reconnect_backoff_max_s,
         label=redacted(settings.state))

@@ -11,9 +11,11 @@ promises:
   so batches grow with load and a lone write leaves at once). While Redis is down
   the queue keeps the writes (up to `max_pending` weight, oldest dropped first) and replays them
   on reconnect, so counters and history made during an outage are not lost.
-- Faults: a connection error, or `breaker_timeouts` consecutive over-budget calls, switch to
-  local-only mode (logged once, prefixgate_state_backend_up=0); a background task probes with
-  exponential backoff and switches back (logged once, gauge 1), then the queue drains.
+- Faults: a connection error, or an over-budget call still unanswered after `stall_s`, switch
+  to local-only mode (logged once, prefixgate_state_backend_up=0); a background task probes with
+  exponential backoff and switches back (logged once, gauge 1), then the queue drains. A call
+  past its budget keeps running in the background: a late answer proves Redis alive (the delay
+  was this pod's busy event loop, or a burst), so only a real stall trips the switch.
 
 Read-your-writes: a binding or a replica's removals still queued are answered from the mirror.
 """
@@ -47,7 +49,7 @@ DEFAULT_CONTROL_TIMEOUT_S = 1.0
 DEFAULT_FLUSH_INTERVAL_S = 0.0  # batches form on their own: writes queue up while one is in flight
 DEFAULT_MAX_BATCH = 256
 DEFAULT_MAX_PENDING = 1_000_000
-DEFAULT_BREAKER_TIMEOUTS = 3
+DEFAULT_STALL_S = 0.25
 DEFAULT_BACKOFF_S = 0.1
 DEFAULT_BACKOFF_MAX_S = 5.0
 
@@ -76,7 +78,7 @@ class ResilientStore:
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         max_batch: int = DEFAULT_MAX_BATCH,
         max_pending: int = DEFAULT_MAX_PENDING,
-        breaker_timeouts: int = DEFAULT_BREAKER_TIMEOUTS,
+        stall_s: float = DEFAULT_STALL_S,
         backoff_s: float = DEFAULT_BACKOFF_S,
         backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
         label: str = "redis",
@@ -90,13 +92,13 @@ class ResilientStore:
         self.flush_interval_s = flush_interval_s
         self.max_batch = max_batch
         self.max_pending = max_pending
-        self.breaker_timeouts = breaker_timeouts
+        self.stall_s = stall_s
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         self.label = label  # how logs name the backend (never a password)
         self._up = False
         self._closed = False
-        self._consecutive_timeouts = 0
+        self._overdue: set[asyncio.Future[Any]] = set()  # calls past their budget, still running
         self._queue: deque[ops.WriteOp] = deque()
         self._queued_weight = 0
         self._pending_replica: Counter[str] = Counter()  # replicas with removals/clears queued
@@ -144,7 +146,6 @@ class ResilientStore:
 
     def _mark_up(self) -> None:
         self._up = True
-        self._consecutive_timeouts = 0
         if self.metrics is not None:
             self.metrics.state_backend_up.set(1)
         if self.outages:
@@ -184,14 +185,13 @@ class ResilientStore:
 
     async def _bounded(self, op: str, call: Awaitable[T], budget: float) -> T | _Missing:
         """The call's result within `budget`, or _MISSING (and the fault bookkeeping)."""
+        task = asyncio.ensure_future(call)
         try:
             async with asyncio.timeout(budget):
-                result = await call
+                return await asyncio.shield(task)
         except TimeoutError:
             self._fallback(op, "timeout")
-            self._consecutive_timeouts += 1
-            if self._consecutive_timeouts >= self.breaker_timeouts and self._up:
-                self._mark_down(TimeoutError(f"{self._consecutive_timeouts} calls over {budget * 1000:g} ms"))
+            self._watch_overdue(task)
             return _MISSING
         except _LINK_ERRORS as exc:
             self._fallback(op, "down")
@@ -201,8 +201,26 @@ class ResilientStore:
             self._fallback(op, "error")
             log.warning("shared state: %s failed: %s", op, exc)
             return _MISSING
-        self._consecutive_timeouts = 0
-        return result
+
+    def _watch_overdue(self, task: asyncio.Future[Any]) -> None:
+        self._overdue.add(task)
+        task.add_done_callback(self._overdue_done)
+        asyncio.get_running_loop().call_later(self.stall_s, self._check_stall, task)
+
+    def _overdue_done(self, task: asyncio.Future[Any]) -> None:
+        self._overdue.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved either way: a late answer only proves Redis alive
+        if isinstance(exc, _LINK_ERRORS) and self._up:
+            self._mark_down(exc)
+
+    def _check_stall(self, task: asyncio.Future[Any]) -> None:
+        if task.done() or not self._up:
+            return
+        self._mark_down(TimeoutError(f"a call unanswered after {self.stall_s:g} s"))
+        for stuck in list(self._overdue):  # frees their connections; the reconnect probe takes over
+            stuck.cancel()
 
     async def _remote_read(self, op: str, call_factory: Any, budget: float) -> Any:
         if not self._up:
