@@ -109,6 +109,7 @@ class Hygiene(BaseModel):
     show_text: bool = False
     rewrites: Rewrites = Field(default_factory=Rewrites)
     dynamic_patterns: list[str] = Field(default_factory=list)  # extra regexes for the detector
+    flag_unsorted_tools: bool = False  # unsorted tools are a finding even when their order is stable
 
 
 class Limits(BaseModel):
@@ -138,7 +139,7 @@ class StateOptions(BaseModel):
     control_timeout_s: float = 1.0  # budget for batched writes, hygiene reads and reconnect probes
     flush_interval_s: float = 0.0  # extra wait to gather writes; 0: writes queued while a batch is in flight form the next one
     max_pending_writes: int = 1_000_000  # queued write weight (ops + blocks) kept through an outage
-    stall_s: float = 0.25  # an over-budget Redis call still unanswered this long: local-only mode
+    stall_s: float = 0.5  # after an over-budget call, a PING unanswered this long: local-only mode
     reconnect_backoff_s: float = 0.1  # first reconnect delay; doubles up to reconnect_backoff_max_s
     reconnect_backoff_max_s: float = 5.0
 
@@ -151,7 +152,8 @@ class Prefix(BaseModel):
     inline_chars: int = 2048  # missing segments up to this size are encoded on the hot path
     inline_hash_tokens: int = 16_384  # known segments up to this many tokens are hashed inline
     workers: int = 2  # tokenisation worker threads
-    tracker_max_hashes: int = 2_000_000  # block hashes kept across all tenants (~100 MB)
+    pending_wait_ms: float = 50.0  # a tenant's next request waits at most this for its previous chain
+    tracker_max_hashes: int = 1_000_000  # block hashes kept across all tenants (~100 B each)
     tracker_tenant_max_hashes: int = 131_072  # per tenant
     tracker_texts_mb: int = 64  # rendered prompts kept for diagnosis, all tenants
     tracker_texts_per_tenant: int = 4

@@ -26,6 +26,7 @@ from app.api.hygiene import build_hygiene_router
 from app.api.openai import OpenAIProxy
 from app.config import Backend, Settings, load_settings
 from app.engines.scrape import EngineScraper
+from app.hygiene.hook import build_hygiene_hook
 from app.prefix.hook import build_prefix_hook
 from app.proxy.context import ProxyError, RequestHook
 from app.proxy.upstream import Upstream
@@ -81,7 +82,7 @@ def build_services(settings: Settings) -> Services:
     services.background.extend(build_routing_components(settings, replicas, store, metrics))
 
     # --- hooks, in hot-path order (hygiene, then prefix/fingerprint, then tracing): one line each ---
-    # pending: app.hygiene.hook.build_hygiene_hook(settings, services) (goes first)
+    _add_hook(services, build_hygiene_hook(settings, services))
     _add_hook(services, build_prefix_hook(settings, services))
     _add_hook(services, build_tracing_hook(settings))
 

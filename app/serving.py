@@ -45,7 +45,9 @@ class ServerThread:
         return f"http://{self.host}:{self.port}"
 
     def _run(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        # the production loop (uvloop when installed, as `prefixgate serve` gets), not asyncio's
+        factory = self.server.config.get_loop_factory()
+        self.loop = factory() if factory is not None else asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.server.serve())
 

@@ -50,6 +50,7 @@ class FakeUpstream:
         self._sock.listen(64)
         self.port = self._sock.getsockname()[1]
         self._closed = False
+        self._conns: set[socket.socket] = set()
         self._thread = threading.Thread(target=self._accept, daemon=True)
 
     @property
@@ -61,8 +62,14 @@ class FakeUpstream:
         return self
 
     def stop(self) -> None:
+        """Stop listening and cut every open connection (pooled keep-alive ones included)."""
         self._closed = True
-        self._sock.close()
+        for sock in [self._sock, *list(self._conns)]:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept()/recv()
+            except OSError:
+                pass
+            sock.close()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -71,6 +78,7 @@ class FakeUpstream:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -98,6 +106,7 @@ class FakeUpstream:
         except OSError:
             return
         finally:
+            self._conns.discard(conn)
             conn.close()
 
     def _respond(self, conn: socket.socket, req: SeenRequest) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from app.doctor.metrics import counters_delta, parse_metrics
 
 VLLM = """\
@@ -80,3 +82,29 @@ def test_counters_delta() -> None:
     assert delta.hit_rate is not None and abs(delta.hit_rate - 15968 / 24000) < 1e-9
     assert counters_delta(None, after) is None
     assert counters_delta(parse_metrics("foo 1\n"), parse_metrics("foo 2\n")) is None
+
+
+# ---- contract: real and engine-shaped expositions (tests/fixtures) ---------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_real_vllm_032_capture() -> None:
+    idle = parse_metrics((FIXTURES / "real_vllm" / "metrics_idle.txt").read_text())
+    after = parse_metrics((FIXTURES / "real_vllm" / "metrics_after.txt").read_text())
+    assert idle.engine == after.engine == "vllm"
+    assert not idle.busy and not after.busy
+    assert after.block_size == 32 and after.prefix_caching_enabled is True
+    delta = counters_delta(idle, after)
+    assert delta is not None and delta.queries == 7235.0 and delta.hits == 3584.0
+
+
+def test_engine_fixtures_off_hybrid_and_sglang() -> None:
+    off = parse_metrics((FIXTURES / "engines" / "vllm-0.32-prefix-off.txt").read_text())
+    assert off.prefix_caching_enabled is False and off.queries == 0 and off.busy
+    hybrid = parse_metrics((FIXTURES / "engines" / "vllm-0.33-hybrid-a.txt").read_text())
+    assert hybrid.block_size == 1056 and hybrid.queries == 0  # on by config, yet never queried
+    sg = parse_metrics((FIXTURES / "engines" / "sglang-0.5.23-a.txt").read_text())
+    # tensor-parallel ranks report the same batch: counted once (tp_rank 0)
+    assert sg.engine == "sglang" and sg.running == 8 and sg.waiting == 3 and sg.busy
+    assert sg.queries == 195_000 and sg.hits == 155_000 and sg.block_size == 1

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
-from app.doctor.probe import Endpoint, ProbeError, chat_body, health, list_models, stream_chat
+from app.doctor.probe import Endpoint, ProbeError, chat_body, health, list_models, stream_chat, tokenize_count
 
 
 @pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/", "h:8000"])
@@ -68,3 +70,26 @@ async def test_errors_are_decoded_and_usage_read() -> None:
         models = await list_models(client, endpoint)
         assert [(m.id, m.max_model_len) for m in models] == [("m", 4096), ("n", None)]
         assert await health(client, endpoint) is False  # no /health, /readyz says 503
+
+
+# ---- contract: a real vLLM 0.32 stream and /tokenize answer (tests/fixtures/real_vllm) -------
+
+REAL = Path(__file__).parent / "fixtures" / "real_vllm"
+
+
+async def test_real_vllm_streams_and_tokenize() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, content=(REAL / "tokenize_chat.json").read_bytes())
+        name = "chat_stream_warm.sse" if b"warm" in request.content else "chat_stream_cold.sse"
+        return httpx.Response(200, content=(REAL / name).read_bytes(),
+                              headers={"content-type": "text/event-stream"})
+
+    endpoint = Endpoint.from_url("http://vllm:8000")
+    async with _client(httpx.MockTransport(handler)) as client:
+        cold = await stream_chat(client, endpoint, "tiny", "cold", 12)
+        warm = await stream_chat(client, endpoint, "tiny", "warm", 12)
+        assert await tokenize_count(client, endpoint, "tiny", "x") == 22
+    assert (cold.prompt_tokens, cold.completion_tokens, cold.cached_tokens) == (1814, 12, 0)
+    assert (warm.prompt_tokens, warm.completion_tokens, warm.cached_tokens) == (1814, 12, 1792)
+    assert cold.ttft_s is not None and 1 <= len(cold.text_event_times) <= 12

@@ -113,6 +113,11 @@ def test_busy_replica_refuses_to_measure(sim_factory: Sim, long_request: Callabl
     assert code == 2
     assert "Could not measure" in capsys.readouterr().out
 
+    # --force measures anyway, and says the numbers include someone else's traffic.
+    code, report = check(capsys, sim.urls[0], "--prompt-tokens", "1000", "--no-decode", "--force")
+    assert report["measured"] is True and code in (0, 1)
+    assert any("busy" in w for w in report["warnings"])
+
 
 def test_ladder_stops_at_the_context_limit(sim_factory: Sim, capsys: pytest.CaptureFixture[str]) -> None:
     sim = sim_factory(replicas=1, time_scale=1.0, decode_tps=1000, max_model_len=6000)
@@ -160,3 +165,16 @@ def test_through_prefixgate_itself(sim_factory: Sim, proxy_factory: Callable[...
     assert report["engine"] == "prefixgate"
     assert report["cache_verdict"] == "on"
     assert report["cached_tokens"][0] == 0 and report["hit_rate"] == pytest.approx(2 / 3, abs=0.03)
+
+
+def test_ladder_through_prefixgate_sizes_without_tokenize(sim_factory: Sim, proxy_factory: Callable[..., Any],
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # prefixgate serves no /tokenize: documents are sized from usage.prompt_tokens alone, and the
+    # context limit comes from the proxy's /v1/models.
+    sim = sim_factory(replicas=1, time_scale=1.0, decode_tps=1000, max_model_len=6000)
+    proxy = proxy_factory(sim)
+    code, report = check(capsys, proxy.url, "--prompt-tokens", "1000", "--no-decode", "--ladder")
+    assert code == 0, report
+    assert report["max_model_len"] == 6000
+    assert report["ladder"][-1]["outcome"] == "ok"
+    assert 5500 <= report["ceiling_tokens"] < 6000

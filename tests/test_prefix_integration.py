@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 SYSTEMS = {
     "acme": "You are Acme's logistics assistant. Refunds within 30 days; shipping 3 to 5 days.\n" * 40,
@@ -54,9 +55,10 @@ def send(client: httpx.Client, tenant: str, messages: list[dict], stream: bool,
     return "".join(text)
 
 
-def test_prediction_equals_sim_cached_tokens(sim_factory, proxy_factory) -> None:
+@pytest.mark.parametrize("policy", ["prefix_affinity", "round_robin"])
+def test_prediction_equals_sim_cached_tokens(sim_factory, proxy_factory, policy: str) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=200_000)
-    proxy = proxy_factory(sim)
+    proxy = proxy_factory(sim, routing={"policy": policy})
     hook = proxy.services.components["prefix"]
     convs = {t: [{"role": "system", "content": s}] for t, s in SYSTEMS.items()}
     sent = 0
@@ -80,6 +82,7 @@ def test_prediction_equals_sim_cached_tokens(sim_factory, proxy_factory) -> None
         proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="engine")
     assert proxy.sample("prefixgate_fingerprint_mode", mode="exact") == 1.0
     assert proxy.sample("prefixgate_prefix_reuse_tokens_total", stage="delivered") > 0
+    assert proxy.sample("prefixgate_prefix_reuse_tokens_total", stage="captured") > 0
 
 
 def test_dynamic_head_tenant_vs_clean_tenant(sim_factory, proxy_factory) -> None:
@@ -146,3 +149,28 @@ def test_engine_mode_uses_replica_tokenize(sim_factory, proxy_factory) -> None:
     assert modes == "engine"
     assert proxy.sample("prefixgate_fingerprint_mode", mode="engine") == 1.0
     assert proxy.sample("prefixgate_fingerprint_mode", mode="exact") == 0.0
+
+
+def test_cold_big_prompt_is_known_by_the_next_turn(sim_factory, proxy_factory) -> None:
+    """A system prompt too big to encode inline is tokenised while the first request is in
+    flight, and its blocks are in the index before the next turn is routed."""
+    sim = sim_factory(replicas=3, time_scale=0.0)
+    proxy = proxy_factory(sim)
+    system = "Reference manual, chapter on returns and refunds, paragraph. " * 400  # ~25 KB
+    msgs = [{"role": "system", "content": system}]
+    homes, headers = set(), []
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        for turn in range(3):
+            msgs.append({"role": "user", "content": f"question {turn}"})
+            r = client.post("/v1/chat/completions", json={"model": "sim", "messages": msgs, "max_tokens": 8},
+                            headers={"x-tenant-id": "big"})
+            assert r.status_code == 200
+            homes.add(r.headers["x-prefixgate-backend"])
+            headers.append(r.headers["x-prefixgate-prefix"])
+            if turn:
+                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 3000
+            msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+    assert len(homes) == 1, homes
+    assert headers[0].startswith("0/")  # cold: nothing known on the hot path
+    matched, total = (int(x) for x in headers[2].split("/"))
+    assert total > 300 and matched >= total - 2

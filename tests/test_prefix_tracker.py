@@ -98,3 +98,27 @@ async def test_memory_is_bounded() -> None:
     # a tenant's own history is trimmed oldest-first and stays prefix-closed
     state = tr._tenants["t11"]
     assert len(state.hashes) <= 300
+
+
+async def test_two_pods_share_history_through_redis(redis_server, redis_namespace) -> None:
+    from app.state.redis import RedisStore
+
+    stores = [RedisStore(redis_server.url, namespace=redis_namespace) for _ in range(2)]
+    for s in stores:
+        await s.start()
+    try:
+        pod_a, pod_b = TenantTracker(stores[0]), TenantTracker(stores[1])
+        body = "Static policy text, the same in every request.\n" * 30
+        p = RequestSketch("Request ID: a81f3c9e\n" + body, kind="completions", tail_start=10_000)
+        c = RequestSketch("Request ID: 77be01d4\n" + body, kind="completions", tail_start=10_000)
+        await pod_a.observe("t", list(range(40)), p, 16)
+        obs = await pod_b.observe("t", list(range(40)) + [99], c, 16)  # pod b never saw request 1
+        assert obs.matched_blocks == 40  # found through the record's chain sample in Redis
+        await pod_a.observe("t", chain(0, 40, 3), c, 16)
+        report = await tenant_report(stores[1], "t")
+        assert report["requests"] == 3
+        assert report["breaks_by_cause"] == {"dynamic_head": 1}
+        assert report["last_breaks"][0]["span_kinds"] == ["id"]
+    finally:
+        for s in stores:
+            await s.close()

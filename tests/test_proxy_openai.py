@@ -3,6 +3,8 @@ and completions; the clock against role-chunk-early and batched deltas; the cont
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from openai import OpenAI
@@ -91,11 +93,17 @@ def test_control_plane(proxy) -> None:
         assert name in text
 
 
-def test_readyz_503_without_healthy_replica(proxy) -> None:
-    for replica in proxy.services.replicas.all():
-        replica.healthy = False
-    r = httpx.get(proxy.url + "/readyz")
-    assert r.status_code == 503 and not r.json()["ready"]
+def test_readyz_503_without_healthy_replica(proxy_factory) -> None:
+    from app.serving import free_port
+
+    proxy = proxy_factory([f"http://127.0.0.1:{free_port()}"])  # nothing listens there
+    deadline = time.monotonic() + 10
+    while (r := httpx.get(proxy.url + "/readyz")).status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not r.json()["ready"]
+    r = httpx.post(proxy.url + "/v1/chat/completions", json={"model": "sim", "messages": MESSAGES})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_upstream"
 
 
 @pytest.mark.parametrize("header,body_user,expected", [
@@ -115,8 +123,20 @@ def test_api_keys_required_and_define_the_tenant(sim, proxy_factory) -> None:
     with pytest.raises(Exception) as info:
         client(proxy).chat.completions.create(model="sim", messages=MESSAGES, max_tokens=2)
     assert getattr(info.value, "status_code", None) == 401
+    assert proxy.sample("prefixgate_rejections_total", tenant="unauthenticated", reason="invalid_api_key") == 1
     good = OpenAI(base_url=proxy.base_url, api_key="sk-good", max_retries=0)
     good.chat.completions.create(model="sim", messages=MESSAGES, max_tokens=2,
                                  extra_headers={"x-tenant-id": "someone-else"})
     assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="paying") > 0
     assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="someone-else") is None
+
+
+def test_sglang_flavor_reasoning_counts_as_first_token(sim_factory, proxy_factory) -> None:
+    sim = sim_factory(replicas=1, flavor="sglang", reasoning_tokens=4, time_scale=0.0)
+    proxy = proxy_factory(sim, names=["sg"])
+    chunks = list(client(proxy).chat.completions.create(model="sim", messages=MESSAGES, max_tokens=8,
+                                                        stream=True))
+    deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
+    assert any(getattr(d, "reasoning_content", None) for d in deltas)
+    assert proxy.sample("prefixgate_ttft_seconds_count", model="sim", backend="sg", prompt_bucket="0-1k") == 1
+    assert proxy.sample("prefixgate_requests_total", route="chat", status="200") == 1

@@ -80,7 +80,10 @@ def test_first_content_chunk_leaves_the_proxy_immediately(fake_upstream_factory,
         if chunk in sent_at and chunk.startswith(b'data: {"choices":[{"index":0,"delta":{"content"'):
             latencies.append(t_recv - sent_at[chunk])
     assert len(latencies) >= 10, "chunks were coalesced: the relay is buffering"
-    assert statistics.median(latencies) < 0.010, latencies
+    # upstream write -> client read across two loopback hops and the relay: ~0.3 ms when the CPU is
+    # free; the minimum shows the path adds ~1 ms at most, the median that nothing buffers chunks
+    assert min(latencies) < 0.003, latencies
+    assert statistics.median(latencies) < 0.015, latencies
     ttft = proxy.sample("prefixgate_ttft_seconds_sum", model="fake", backend=proxy.services.replicas.names()[0],
                         prompt_bucket="unknown")
     first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", model="fake",
@@ -152,13 +155,17 @@ def test_all_replicas_failing_gives_502_then_503(fake_upstream_factory, proxy_fa
         return FakeResponse(status=500, headers={"content-type": "application/json"}, chunks=[(0, body)])
 
     ups = [fake_upstream_factory(boom) for _ in range(2)]
-    proxy = proxy_factory(ups, routing={"max_retries": 1})
+    proxy = proxy_factory(ups, routing={"max_retries": 1, "health_interval_s": 0.2})
     r = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
     assert r.status_code == 502
     assert "engine exploded" in r.json()["error"]["message"]
     assert sum(len(u.requests) for u in ups) == 2  # tried both, no more
-    for replica in proxy.services.replicas.all():
-        replica.healthy = False
+    for up in ups:
+        up.stop()  # now refused: the health probes take both out of rotation
+    deadline = time.monotonic() + 10
+    while proxy.services.replicas.healthy():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     r = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "no_healthy_upstream"

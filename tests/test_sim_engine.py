@@ -215,3 +215,15 @@ async def test_abort_frees_blocks():
         assert engine.state()["running"] == 0
     finally:
         await engine.stop()
+
+
+async def test_prompt_logprobs_skip_the_lookup_but_still_fill_the_cache():
+    engine = make_engine()
+    try:
+        await run(engine, toks(64))
+        skipped = await run(engine, toks(64), skip_prefix_cache=True)
+        assert skipped.num_cached_tokens == 0
+        assert engine.counters["prefix_cache_queries"] == 64  # only the first request looked up
+        assert (await run(engine, toks(64))).num_cached_tokens == 48
+    finally:
+        await engine.stop()

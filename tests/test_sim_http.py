@@ -194,3 +194,13 @@ def test_continuous_usage_stats_and_kv_capacity():
         assert json.loads(forced[-2])["choices"] == []  # --enable-force-include-usage
         r = httpx.post(url + "/v1/completions", json={"prompt": list(range(200)), "max_tokens": 1})
         assert r.status_code == 400 and "KV cache" in r.json()["error"]["message"]
+
+
+def test_prompt_logprobs_request_skips_the_prefix_cache():
+    with SimCluster(time_scale=0) as sim:
+        url = sim.urls[0]
+        body = {"prompt": list(range(100, 200)), "max_tokens": 1}
+        httpx.post(url + "/v1/completions", json=body)
+        r = httpx.post(url + "/v1/completions", json={**body, "prompt_logprobs": 1}).json()
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert metric(httpx.get(url + "/metrics").text, "vllm:prefix_cache_queries_total") == 100

@@ -82,3 +82,34 @@ def test_eviction_emits_block_removed_and_reset_all_cleared(sim_and_sub):
     batches = collect(sub, lambda b: any(e["type"] == "AllBlocksCleared" for e in events_of(b)))
     assert {"type": "AllBlocksCleared"} in events_of(batches)
     assert httpx.get(url + "/sim/state").json()["num_resident_blocks"] == 0
+
+
+def test_gap_fault_then_replay_returns_the_missed_batches(sim_and_sub):
+    sim, sub = sim_and_sub
+    url = sim.urls[0]
+    assert httpx.post(url + "/sim/faults", json={"mode": "kv_gap", "count": 1}).status_code == 200
+    httpx.post(url + "/v1/completions", json={"prompt": list(range(500, 540)), "max_tokens": 1})
+    httpx.post(url + "/v1/completions", json={"prompt": list(range(600, 640)), "max_tokens": 1})
+    got = collect(sub, lambda b: len(b) >= 1, timeout=3)
+    assert got and got[0][1] >= 1  # batch 0 was never sent: a gap
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(sim.kv_replay_endpoints[0])
+    try:
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        replayed = []
+        while dealer.poll(3000):
+            frames = dealer.recv_multipart()
+            assert frames[0] == b""
+            if frames[1] == (-1).to_bytes(8, "big", signed=True):
+                assert frames[2] == b""
+                break
+            replayed.append((int.from_bytes(frames[1], "big"), msgspec.msgpack.decode(frames[2])))
+    finally:
+        dealer.close(0)
+        ctx.term()
+    assert [s for s, _ in replayed] == list(range(len(replayed))) and len(replayed) >= 2
+    first_events = replayed[0][1][1]
+    assert first_events[0]["type"] == "BlockStored" and first_events[0]["token_ids"] == list(range(500, 532))
+    sources = httpx.get(url + "/kv_event_sources").json()["sources"]
+    assert sources[0]["replay_endpoint"] == sim.kv_replay_endpoints[0]

@@ -137,6 +137,40 @@ async def test_paused_redis_costs_at_most_the_budget_then_trips_to_local(redis_p
         await store.close()
 
 
+BUSY_LUA = """
+local t0 = redis.call('TIME')
+local start = tonumber(t0[1]) * 1000000 + tonumber(t0[2])
+while true do
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000000 + tonumber(t[2]) - start > tonumber(ARGV[1]) then return 1 end
+end
+"""
+
+
+async def test_slow_but_answering_redis_stays_in_use(redis_proc: RedisServer) -> None:
+    """Redis busy for 0.3 s (a long script from elsewhere): calls over budget fall back to local
+    answers, but the liveness PING is answered within stall_s, so the pod keeps using Redis."""
+    metrics = Metrics()
+    store = ResilientStore(RedisStore(redis_proc.url, namespace="late"), MemoryStore(), metrics,
+                           timeout_s=BUDGET_S, stall_s=1.0)
+    await store.start()
+    other = RedisStore(redis_proc.url)
+    try:
+        busy = asyncio.create_task(other.client.eval(BUSY_LUA, 0, 300_000))
+        await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        assert await store.residency_lookup([1, 2], ["r"]) == {"r": 0}
+        assert time.monotonic() - t0 < 0.25  # the budget, not the 0.3 s busy spell
+        await busy
+        await asyncio.sleep(0.3)
+        assert store.up() and store.outages == 0  # never switched to local-only mode
+        assert gauge(metrics, "prefixgate_state_fallbacks_total", op="residency_lookup", reason="timeout") == 1
+        assert gauge(metrics, "prefixgate_state_backend_up") == 1
+    finally:
+        await other.close()
+        await store.close()
+
+
 async def test_outage_queue_is_bounded() -> None:
     server = RedisServer()  # never started
     store = ResilientStore(RedisStore(server.url), MemoryStore(), timeout_s=BUDGET_S,

@@ -37,6 +37,7 @@ log = logging.getLogger("prefixgate.api")
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 BYTES_PER_TOKEN_ESTIMATE = 4
+UNAUTHENTICATED = "unauthenticated"  # tenant label of requests rejected for a missing/invalid key
 
 
 def request_id_from(headers: dict[str, str]) -> str:
@@ -151,6 +152,8 @@ class OpenAIProxy:
                 ctx.status = ctx.status or 499
         except Exception as exc:  # every failure becomes an OpenAI-shaped error response
             err = to_proxy_error(exc)
+            if err.status == 401:
+                self.services.metrics.rejections.labels(UNAUTHENTICATED, err.code or "auth").inc()
             if ctx is not None:
                 ctx.status = err.status
                 ctx.outcome = "client_error" if err.status < 500 else "upstream_error"
@@ -168,12 +171,12 @@ class OpenAIProxy:
 
     async def _chat_or_completions(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
         services = self.services
-        for hook in services.hooks:
-            await hook.before_route(ctx)
         known = services.health.known_models()
         if known is not None and ctx.model not in known:
             raise ProxyError(404, f"The model `{ctx.model}` does not exist.", type="NotFoundError",
                              param="model", code="model_not_found")
+        for hook in services.hooks:
+            await hook.before_route(ctx)
         drop_usage = ctx.stream and not client_wants_usage(ctx.body)
         if ctx.body_changed:
             body = ctx.body

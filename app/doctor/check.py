@@ -7,7 +7,7 @@ is one `CheckResult` that the report renders as a table or as one JSON object.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import httpx
@@ -27,9 +27,12 @@ from app.doctor.probe import (
 # Two small first requests: tokens-per-word of this endpoint's tokenizer and the fixed overhead
 # (chat template, header and question lines), fitted as a line.
 CALIBRATION_TOKENS = (256, 1024)
+SIZING_ROUNDS = 4  # /tokenize corrections per document
+SIZING_TOLERANCE = 0.005  # a sized document lands within 0.5% under its target
 PROBE_MAX_TOKENS = 8  # the repeated-prompt calls only need a first token
 LADDER_MAX_TOKENS = 8
 LADDER_CAP_MARGIN = 0.01  # calibration error seen on 8k-32k documents: well under 0.5%
+LADDER_RETRY_SHRINK = 0.03  # the top rung's one retry without /tokenize
 LADDER_DETAIL_CHARS = 160
 LADDER_NO_LIMIT_CAP = 1 << 20  # climb until something fails when nobody says where the limit is
 
@@ -94,12 +97,14 @@ class CheckResult:
         return verdict.exit_code(self.measured, self.problems)
 
 
-async def run_check(opts: CheckOptions, progress: ProgressSink | None = None) -> CheckResult:
+async def run_check(opts: CheckOptions, progress: ProgressSink | None = None,
+                    transport: httpx.AsyncBaseTransport | None = None) -> CheckResult:
+    """The whole check. `transport` lets tests stand in for the endpoint (httpx.MockTransport)."""
     sink = progress or NullProgress()
     endpoint = Endpoint.from_url(opts.url, opts.api_key)
     result = CheckResult(url=endpoint.root)
     timeout = httpx.Timeout(opts.timeout_s, connect=10.0)
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with httpx.AsyncClient(timeout=timeout, transport=transport) as client:
         try:
             await _run(client, endpoint, opts, result, sink)
         except ProbeError as exc:
@@ -125,13 +130,11 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: CheckOptions
     if snapshot is not None and snapshot.busy:
         result.warnings.append("measured on a busy engine (--force): timings include queueing")
 
-    calibration = document.Calibration()
-    nonce = document.new_nonce()
-    await _calibrate(client, endpoint, model, opts, calibration)
+    sizer = Sizer(client, endpoint, model)
+    await sizer.calibrate(opts.prompt_tokens)
 
     # 1. the same prompt, several times
-    words = calibration.words_for(opts.prompt_tokens)
-    doc = document.build_document(words, nonce)
+    doc, words = await sizer.document(opts.prompt_tokens, document.new_nonce())
     sink.stage(f"same prompt x{opts.repeats} (~{opts.prompt_tokens} tokens)", opts.repeats)
     before = await read_metrics(client, endpoint.root, endpoint.headers)
     probes: list[ProbeResult] = []
@@ -140,15 +143,18 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: CheckOptions
         sink.advance()
     after = await read_metrics(client, endpoint.root, endpoint.headers)
     _record_cache(result, probes, before, after)
-    calibration.observe(words, result.prompt_tokens)
+    sizer.calibration.observe(words, result.prompt_tokens)
 
     # 2. two-point prefill/decode on the (now warm) same prompt
     if opts.two_point:
-        await _two_point(client, endpoint, model, doc, opts, result, sink)
+        try:
+            await _two_point(client, endpoint, model, doc, opts, result, sink)
+        except ProbeError as exc:  # the cache verdict above still stands
+            result.problems.append(f"two-point measurement failed: {exc.message}")
 
     # 3. the length ladder
     if opts.ladder:
-        await _ladder(client, endpoint, model, opts, result, calibration, sink)
+        await _ladder(client, endpoint, model, opts, result, sizer, sink)
 
     result.measured = True
     _collect_problems(result)
@@ -179,18 +185,52 @@ def _describe_engine(result: CheckResult, snapshot: EngineSnapshot | None) -> No
     result.prefix_caching_enabled = snapshot.prefix_caching_enabled
 
 
-async def _calibrate(client: httpx.AsyncClient, endpoint: Endpoint, model: str, opts: CheckOptions,
-                     calibration: document.Calibration) -> None:
-    """Learn tokens-per-word without touching the probe's prefix (different nonces)."""
-    small, large = CALIBRATION_TOKENS
-    sizes = (min(small, max(32, opts.prompt_tokens // 4)), min(large, max(128, opts.prompt_tokens)))
-    for tokens in sizes:
-        words = document.Calibration().words_for(tokens)
-        text = document.build_document(words, document.new_nonce())
-        count = await tokenize_count(client, endpoint, model, text)
-        if count is None:
-            count = (await stream_chat(client, endpoint, model, text, 1)).prompt_tokens
-        calibration.observe(words, count)
+class Sizer:
+    """Builds probe documents of a target token length for this endpoint's (unknown) tokenizer.
+
+    With the engine's POST /tokenize (vLLM, SGLang) a document is corrected until it lands just
+    under the target — the ladder's top rung must not overshoot max_model_len. Without it the
+    calibration line (fitted from usage.prompt_tokens) sizes documents to within a few percent.
+    """
+
+    def __init__(self, client: httpx.AsyncClient, endpoint: Endpoint, model: str) -> None:
+        self.client, self.endpoint, self.model = client, endpoint, model
+        self.calibration = document.Calibration()
+        self.tokenize_works: bool | None = None
+
+    async def count(self, text: str) -> int | None:
+        if self.tokenize_works is False:
+            return None
+        count = await tokenize_count(self.client, self.endpoint, self.model, text)
+        self.tokenize_works = count is not None
+        return count
+
+    async def calibrate(self, prompt_tokens: int) -> None:
+        """Two small documents (fresh nonces, so the probe's prefix stays cold) fit the line."""
+        small, large = CALIBRATION_TOKENS
+        for tokens in (min(small, max(32, prompt_tokens // 4)), min(large, max(128, prompt_tokens))):
+            words = document.Calibration().words_for(tokens)
+            text = document.build_document(words, document.new_nonce())
+            count = await self.count(text)
+            if count is None:
+                count = (await stream_chat(self.client, self.endpoint, self.model, text, 1)).prompt_tokens
+            self.calibration.observe(words, count)
+
+    async def document(self, target: int, nonce: str) -> tuple[str, int]:
+        """(text, words) of about `target` tokens; at most `target` when /tokenize is available."""
+        words = self.calibration.words_for(target)
+        text = document.build_document(words, nonce)
+        for _ in range(SIZING_ROUNDS):
+            count = await self.count(text)
+            if count is None:
+                break
+            if target * (1 - SIZING_TOLERANCE) <= count <= target:
+                break
+            per_word, _ = self.calibration.line()
+            # Same nonce, more words extends the same word stream: a local correction converges.
+            words = max(1, words + int((target - count) / per_word) - (1 if count > target else 0))
+            text = document.build_document(words, nonce)
+        return text, words
 
 
 def _record_cache(result: CheckResult, probes: list[ProbeResult], before: EngineSnapshot | None,
@@ -245,21 +285,32 @@ def ladder_cap(opts: CheckOptions, max_model_len: int | None) -> int:
 
 
 async def _ladder(client: httpx.AsyncClient, endpoint: Endpoint, model: str, opts: CheckOptions,
-                  result: CheckResult, calibration: document.Calibration, sink: ProgressSink) -> None:
+                  result: CheckResult, sizer: Sizer, sink: ProgressSink) -> None:
     cap = ladder_cap(opts, result.max_model_len)
     rungs = verdict.ladder_lengths(opts.prompt_tokens, cap, opts.ladder_factor)
     sink.stage(f"length ladder up to {cap} tokens", len(rungs))
     for target in rungs:
-        words = calibration.words_for(target)
-        # A fresh nonce per rung: each rung pays its full prefill instead of reusing the previous one.
-        text = document.build_document(words, document.new_nonce())
-        step = await _ladder_step(client, endpoint, model, text, target)
+        step = await _sized_ladder_step(client, endpoint, model, sizer, target)
+        if step.outcome == "rejected" and target == cap and sizer.tokenize_works is False:
+            # Sized by calibration alone, the top rung may overshoot the limit by a few percent:
+            # one retry a little lower, so the ceiling is not reported a whole rung too low.
+            first = step
+            step = await _sized_ladder_step(client, endpoint, model, sizer, int(target * (1 - LADDER_RETRY_SHRINK)))
+            step = replace(step, detail=f"{step.detail} (retried lower after: {first.detail})".strip())
         result.ladder_steps.append(step)
-        calibration.observe(words, step.prompt_tokens)
         sink.advance()
         if step.outcome != "ok":
             break
     result.ladder = verdict.summarize_ladder(result.ladder_steps, cap)
+
+
+async def _sized_ladder_step(client: httpx.AsyncClient, endpoint: Endpoint, model: str, sizer: Sizer,
+                             target: int) -> verdict.LadderStep:
+    # A fresh nonce per rung: each rung pays its full prefill instead of reusing the previous one.
+    text, words = await sizer.document(target, document.new_nonce())
+    step = await _ladder_step(client, endpoint, model, text, target)
+    sizer.calibration.observe(words, step.prompt_tokens)
+    return step
 
 
 async def _ladder_step(client: httpx.AsyncClient, endpoint: Endpoint, model: str, text: str,

@@ -16,6 +16,7 @@ from rich.table import Table
 from app.doctor.check import CheckResult
 
 VERDICT_STYLE = {"on": "bold green", "off": "bold red", "unclear": "bold yellow"}
+NAIVE_AGREES = 1.5  # within this factor the per-event rate is not misleading
 VERDICT_TEXT = {"on": "WORKS (one step down, then flat)", "off": "OFF", "unclear": "UNCLEAR"}
 
 
@@ -75,6 +76,17 @@ def _s(value: float | None, unit: str = "s") -> str:
     return "—" if value is None or not math.isfinite(value) else f"{value:.3f} {unit}"
 
 
+def _naive_note(naive: float, two_point: float | None) -> str:
+    """Why the per-event rate is shown at all: it is the measurement that fools people."""
+    method = "one token per SSE event, timed by arrival"
+    if not two_point:
+        return method
+    factor = max(naive / two_point, two_point / naive)
+    if factor < NAIVE_AGREES:
+        return f"{method}: agrees with the two-point rate"
+    return f"{method}: {factor:.0f}x off the two-point rate — the server batches deltas; ignore it"
+
+
 def render(result: CheckResult, console: Console) -> None:
     """The human report: one table of findings, then causes, warnings and the bottom line."""
     title = f"prefixgate check {result.url}  model={result.model or '?'}  engine={result.engine or '?'}"
@@ -120,7 +132,7 @@ def render(result: CheckResult, console: Console) -> None:
                       "the same prompt again, served from cache" if cached else "the same prompt again")
         if result.naive_decode_tps is not None:
             table.add_row("naive per-event rate", f"{result.naive_decode_tps:,.0f} tok/s",
-                          "1/median gap between SSE events — shown to be ignored when it disagrees")
+                          _naive_note(result.naive_decode_tps, decode.decode_tps))
     if result.ladder is not None:
         rungs = ", ".join(
             f"{s.prompt_tokens or s.target_tokens}:{s.outcome}" for s in result.ladder_steps

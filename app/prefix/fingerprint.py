@@ -112,7 +112,7 @@ class ChainMemo:
 
     @staticmethod
     def _cost(segment: str, node: ChainNode) -> int:
-        return len(segment) + 8 * len(node.hashes) + 4 * len(node.tail) + 160
+        return len(segment) + 40 * len(node.hashes) + 4 * len(node.tail) + 160  # int objects + list slots
 
     def root(self, salt: str | None, block_size: int) -> ChainNode:
         key = (salt, block_size)
@@ -202,6 +202,9 @@ class ApproxTokenizer(SegmentTokenizer):
     def encode(self, text: str) -> array:
         return array("I", (zlib.crc32(text[i:i + APPROX_CHARS].encode()) for i in
                            range(0, len(text), APPROX_CHARS)))
+
+    def encode_many(self, texts: list[str]) -> list[array]:
+        return [self.encode(t) for t in texts]
 
 
 class EngineTokenize:
@@ -386,10 +389,11 @@ class Fingerprinter:
         fp.extra["node"] = node
 
     # ------------------------------------------------------------------ off the hot path
-    def complete_sync(self, fp: Fingerprint) -> Fingerprint:
-        """Tokenise the pending segments and finish the chain (worker thread)."""
+    def rest_sync(self, fp: Fingerprint) -> ChainNode | None:
+        """Tokenise the pending segments and extend the chain (worker thread). Fills the memos
+        but leaves `fp` alone (the router may still be reading it); None when nothing is pending."""
         if fp.complete or fp.state is None or fp.state[:1] == ("engine",):
-            return fp
+            return None
         node, pending = fp.state
         ids_list = self.tokenizer.encode_segments(pending)
         for seg, ids in zip(pending, ids_list, strict=True):
@@ -398,22 +402,50 @@ class Fingerprinter:
                 child = extend_node(node, ids)
                 self.chains.put(node, seg, child)
             node = child
-        self._finish(fp, node)
+        return node
+
+    def complete_sync(self, fp: Fingerprint) -> Fingerprint:
+        """Finish `fp` in this thread (offline use: lint, benchmarks)."""
+        node = self.rest_sync(fp)
+        if node is not None:
+            self._finish(fp, node)
         return fp
 
-    async def complete(self, fp: Fingerprint) -> Fingerprint:
-        """Finish `fp` in the tokenizer's worker pool (the event loop never tokenises)."""
-        if fp.complete:
-            return fp
+    async def rest(self, fp: Fingerprint) -> ChainNode | None:
+        """The final chain node of an incomplete `fp` (worker pool or /tokenize); memos filled."""
         if self.engine is not None and isinstance(fp.state, tuple) and fp.state[:1] == ("engine",):
             _, root, text, payload = fp.state
-            ids = await self.engine.tokenize(payload)
-            node = extend_node(root, ids)
+            node = extend_node(root, await self.engine.tokenize(payload))
             self.chains.put(root, text, node)
-            self._finish(fp, node)
-            return fp
+            return node
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.tokenizer.pool, self.complete_sync, fp)
+        return await loop.run_in_executor(self.tokenizer.pool, self.rest_sync, fp)
+
+    def start(self, fp: Fingerprint) -> asyncio.Task[ChainNode | None] | None:
+        """Begin the off-path work now (a task; the tokenisation runs in the worker pool, without
+        the GIL) so the memos know this prompt as early as possible, e.g. for the next turn."""
+        if fp.complete:
+            return None
+        task = asyncio.get_running_loop().create_task(self.rest(fp))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "never retrieved"
+        return task
+
+    async def complete(self, fp: Fingerprint,
+                       started: asyncio.Task[ChainNode | None] | None = None) -> Fingerprint:
+        """Finish `fp` (awaiting `started` when given); the event loop never tokenises."""
+        if fp.complete:
+            return fp
+        node = None
+        if started is not None:
+            try:
+                node = await started
+            except Exception:  # noqa: BLE001 - retried below
+                node = None
+        if node is None and not fp.complete:
+            node = await self.rest(fp)
+        if node is not None and not fp.complete:
+            self._finish(fp, node)
+        return fp
 
     async def encode_output(self, text: str) -> list[int] | array:
         """Ids of generated text as the engine would re-tokenise it (worker thread or /tokenize)."""
@@ -441,8 +473,5 @@ class Fingerprinter:
         return extend_node(node, output_ids).chain()
 
     def encode_text(self, text: str) -> array:
-        """Ids of free text (generated output), through the segment memo."""
-        out = array("I")
-        for ids in self.tokenizer.encode_segments(self.tokenizer.split(text)):
-            out.extend(ids)
-        return out
+        """Ids of free text (generated output), as the engine re-tokenises it in the next turn."""
+        return self.tokenizer.encode_text(text)

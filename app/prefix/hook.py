@@ -9,19 +9,20 @@ after_response (never blocks the loop; everything slow is a task or a worker thr
    (`decision.matched_blocks`) when the routed chain covered it, else a lookup of the full chain;
 2. residency: the full prompt chain plus the blocks of generated tokens the engine keeps
    (it caches full blocks of the N + out - 1 tokens it computed), written right away so the
-   tenant's next turn finds them;
+   tenant's next turn finds them (not in KV-event mode: there the engines' events own the index);
 3. tenant continuity + diagnosis (app/prefix/tracker.py), then metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from typing import Any
 
 from app.prefix.blocks import predicted_hit_tokens
-from app.prefix.fingerprint import Fingerprint, Fingerprinter, PromptInput, prompt_input
+from app.prefix.fingerprint import ChainNode, Fingerprint, Fingerprinter, PromptInput, prompt_input
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
 from app.prefix.tracker import TenantTracker
@@ -29,7 +30,7 @@ from app.proxy.context import RequestContext
 
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
-INLINE_OUTPUT_CHARS = 16_384  # generated text encoded inside after_response (~1 ms)
+INLINE_OUTPUT_CHARS = 4096  # generated text encoded inside after_response (< 1 ms)
 RECENT_PREDICTIONS = 4096
 
 
@@ -41,7 +42,14 @@ class PrefixHook:
         self.fingerprinter = fingerprinter
         self.tracker = tracker
         self.metrics = services.metrics
+        # prefix_affinity reads the residency index at choose time and writes the routed chain
+        # (and emits the available/captured reuse split); the other policies do neither
+        self.router_looks_up = settings.routing.policy == "prefix_affinity"
+        # with KV events the engines' own events are the only writer of the residency index
+        self.writes_residency = not settings.routing.kv_events
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._pending: dict[str, asyncio.Task[Any]] = {}  # tenant -> its latest in-flight completion
+        self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         self._evictions_seen = 0
         self.processed = 0  # requests fully processed after their response (tests poll it)
         # (request id, tenant, predicted, engine-reported) of recent requests: for audits and tests
@@ -65,15 +73,67 @@ class PrefixHook:
         inp = prompt_input(ctx.route, ctx.body)
         if inp is None:
             return
+        previous = self._pending.get(ctx.tenant)
+        if previous is not None and not previous.done() and self.pending_wait_s > 0:
+            # the tenant's previous prompt is still being tokenised (its response already ended if
+            # this is the next turn): a short, bounded wait lets this prompt reuse its chain
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(previous), self.pending_wait_s)
         try:
             fp = self.fingerprinter.prepare(inp, self.block_size(), ctx.salt)
-        except (TemplateError, ValueError, TypeError) as exc:
+        except TemplateError as exc:
             log.debug("no fingerprint for %s: %s", ctx.request_id, type(exc).__name__)
+            return
+        except Exception:  # a malformed body is the proxy core's business, never ours to fail
+            log.debug("no fingerprint for %s", ctx.request_id, exc_info=True)
             return
         ctx.fingerprint = fp
         ctx.attrs["prefix_input"] = inp
         ctx.attrs["prefix_routed_blocks"] = len(fp.block_hashes)
         ctx.attrs["prefix_routed_complete"] = fp.complete
+        if not fp.complete:  # big misses: tokenise in the worker pool while the request is forwarded
+            task = asyncio.get_running_loop().create_task(self._early(ctx, fp))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            ctx.attrs["prefix_pending"] = task
+            self._pending[ctx.tenant] = task
+            task.add_done_callback(lambda t, tenant=ctx.tenant: self._pending.get(tenant) is t
+                                   and self._pending.pop(tenant, None))
+
+    async def _early(self, ctx: RequestContext, fp: Fingerprint) -> ChainNode | None:
+        """Finish the chain while the request is in flight and, once it was routed, write the
+        prompt's blocks to the residency index right away (the engine caches them during prefill,
+        and the tenant's next turn may arrive as soon as this response ends)."""
+        node = await self.fingerprinter.rest(fp)
+        if node is None or ctx.decision is None or not self.writes_residency:
+            return node
+        chain = node.chain()
+        replica = ctx.decision.replica.name
+        ctx.attrs["prefix_matched"] = await self._matched(ctx, chain, node.num_tokens, fp.block_size)
+        await self.services.store.residency_add(replica, chain)
+        return node
+
+    async def _matched(self, ctx: RequestContext, chain: list[int], n: int, b: int) -> int:
+        """Leading blocks of `chain` resident on the chosen replica before this request's own
+        blocks count (see the module docstring)."""
+        store = self.services.store
+        decision = ctx.decision
+        assert decision is not None
+        replica = decision.replica.name
+        routed = int(ctx.attrs.get("prefix_routed_blocks", 0))
+        if self.router_looks_up:
+            # the router looked up the routed chain before inserting it: exact for that part
+            matched = decision.matched_blocks
+            if matched >= routed and routed < len(chain):
+                lookup = await store.residency_lookup(chain, [replica])
+                matched = max(matched, lookup.get(replica, 0))
+            return matched
+        # other policies neither read nor write the index: look up before our own insert
+        lookup = await store.residency_lookup(chain, self.services.replicas.names())
+        matched = lookup.get(replica, 0)
+        available = max(lookup.values(), default=0)
+        self.metrics.reuse_tokens.labels(stage="available").inc(predicted_hit_tokens(available, n, b))
+        self.metrics.reuse_tokens.labels(stage="captured").inc(predicted_hit_tokens(matched, n, b))
+        return matched
 
     # ------------------------------------------------------------------ after the response
     def after_response(self, ctx: RequestContext) -> None:
@@ -105,24 +165,29 @@ class PrefixHook:
     async def _process(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
         store = self.services.store
         replica = ctx.decision.replica.name  # type: ignore[union-attr]
-        fp = await self.fingerprinter.complete(fp)
+        fp = await self.fingerprinter.complete(fp, ctx.attrs.get("prefix_pending"))
         n = fp.num_tokens or 0
         b = fp.block_size
         chain = fp.block_hashes
-        routed = int(ctx.attrs.get("prefix_routed_blocks", 0))
-        matched = ctx.decision.matched_blocks  # type: ignore[union-attr]
-        if matched >= routed and routed < len(chain):
-            lookup = await store.residency_lookup(chain, [replica])
-            matched = max(matched, lookup.get(replica, 0))
+        matched = ctx.attrs.get("prefix_matched")
+        if not isinstance(matched, int):
+            matched = await self._matched(ctx, chain, n, b)
         if output_ids is None:
             output_ids = await self.fingerprinter.encode_output(ctx.attrs.get("output_text") or "")
         usage = ctx.usage or {}
         produced = usage.get("completion_tokens")
         produced = int(produced) if isinstance(produced, int) else len(output_ids)
         resident = (n + produced - 1) // b if n else 0
-        full = self.fingerprinter.extend_with_output(fp, output_ids) if output_ids else list(chain)
+        # The engine caches the ids it *sampled*; the proxy only sees their text. Re-tokenising
+        # that text gives other ids often enough (a random or odd-output model: merges across
+        # token boundaries, skipped special tokens), and trusting them over-predicts the next
+        # turn by the blocks they span (real vLLM, tests/e2e). A different count means different
+        # ids: then only the prompt's blocks are taken as resident.
+        stable = len(output_ids) == produced
+        full = self.fingerprinter.extend_with_output(fp, output_ids) if output_ids and stable else list(chain)
         resident_chain = full[:max(len(chain), min(resident, len(full)))]
-        await store.residency_add(replica, resident_chain)
+        if self.writes_residency:
+            await store.residency_add(replica, resident_chain)
 
         predicted = predicted_hit_tokens(matched, n, b)
         delivered = ctx.engine_cached_tokens

@@ -91,7 +91,7 @@ def sampled_prefix(chain: Sequence[int], sample: Sequence[Sequence[int]]) -> int
 class TenantTracker:
     """Observe requests, answer continuity, diagnose breaks, write records and counters."""
 
-    def __init__(self, store: Any, max_hashes: int = 2_000_000, tenant_max_hashes: int = 131_072,
+    def __init__(self, store: Any, max_hashes: int = 1_000_000, tenant_max_hashes: int = 131_072,
                  texts_bytes: int = 64 * 1024 * 1024, texts_per_tenant: int = 4, max_tenants: int = 10_000,
                  show_text: bool = False, extra_patterns: Sequence[str] = (),
                  clock: Any = time.time) -> None:

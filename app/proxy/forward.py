@@ -81,6 +81,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             first = b""
             if mode != "buffered" and resp.status < 400:
                 first = await services.upstream.first_chunk(replica, resp)
+                clock.first_byte(time.perf_counter())  # before routing callbacks run
             replica.queued_prompt_tokens -= queued
             queued = 0
             committed = True

@@ -108,9 +108,8 @@ async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first:
     """Relay an SSE response whose first bytes (`first`) already arrived. Never raises for
     upstream failures: mid-stream death becomes an error event plus `[DONE]` for the client."""
     clock = observer.clock
-    now = time.perf_counter()
-    clock.first_byte(now)
-    out = observer.feed(first, now)
+    clock.first_byte(time.perf_counter())  # no-op when the caller stamped it on arrival
+    out = observer.feed(first, clock.timings.first_byte or time.perf_counter())
     ctx.status = resp.status
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
     if out:

@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-events", default=None, metavar="ENDPOINT",
                    help="publish ZMQ KV events (bound; replica i uses port+i), e.g. tcp://*:5557")
     p.add_argument("--kv-events-topic", default="")
+    p.add_argument("--kv-events-replay", default=None, metavar="ENDPOINT",
+                   help="replay ROUTER endpoint (replica i uses port+i; default: a free loopback port)")
     p.add_argument("--max-model-len", type=int, default=131072)
     p.add_argument("--disable-prompt-tokens-details", dest="enable_prompt_tokens_details",
                    action="store_false", help="omit usage.prompt_tokens_details.cached_tokens")
@@ -57,7 +59,7 @@ def _endpoint_for(endpoint: str, i: int) -> str:
 
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    names = {f for f in SimOptions.__dataclass_fields__} - {"kv_events"}
+    names = {f for f in SimOptions.__dataclass_fields__} - {"kv_events", "kv_events_replay"}
     return {k: v for k, v in vars(args).items() if k in names}
 
 
@@ -67,9 +69,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         for i in range(args.replicas):
             kv = _endpoint_for(args.kv_events, i) if args.kv_events else False
-            clusters.append(SimCluster(1, host=args.host, ports=[args.port + i], kv_events=kv, **base).start())
+            replay = _endpoint_for(args.kv_events_replay, i) if args.kv_events_replay else None
+            clusters.append(SimCluster(1, host=args.host, ports=[args.port + i], kv_events=kv,
+                                       kv_events_replay=replay, **base).start())
         for i, c in enumerate(clusters):
-            events = f"  kv-events {c.kv_event_endpoints[0]}" if c.kv_event_endpoints else ""
+            events = (f"  kv-events {c.kv_event_endpoints[0]} (replay {c.kv_replay_endpoints[0]})"
+                      if c.kv_event_endpoints else "")
             print(f"replica {i}: {c.urls[0]}/v1  ({args.flavor}, block {args.block_size}, "
                   f"{args.kv_blocks} blocks){events}", flush=True)
         stop = threading.Event()

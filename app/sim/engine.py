@@ -182,7 +182,8 @@ class SimEngine:
                and len(self.running) < self.options.max_num_seqs):
             req = self.waiting[0]
             hits: list[Block] = []
-            if self.hash_spec is not None:
+            lookup = self.hash_spec is not None and not req.skip_prefix_cache
+            if lookup:
                 hits = self.pool.leading_hits(req.keys, (len(req.all_ids) - 1) // self.page)
             computed = len(hits) * self.page
             n = min(len(req.all_ids) - computed, budget)
@@ -198,7 +199,6 @@ class SimEngine:
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = computed
             if not req.preempted:
-                lookup = self.hash_spec is not None
                 if lookup:
                     self.counters["prefix_cache_queries"] += len(req.all_ids)
                     self.counters["prefix_cache_hits"] += computed
@@ -291,7 +291,8 @@ class SimEngine:
             self._free(req)
             self._finish(req, req.finish_reason)
         else:
-            req.extend_hashes(self.hash_spec)
+            if self.hash_spec is not None and len(req.all_ids) // self.page > len(req.proxy_hashes):
+                req.extend_hashes(self.hash_spec)
             req.event.set()
 
     def _stop_reason(self, req: SimRequest) -> str | None:

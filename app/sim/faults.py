@@ -7,6 +7,8 @@
 - `die_midstream`: abort the connection after K SSE events;
 - `stall`: accept, then send nothing for `delay_s` (then serve normally);
 - `slow`: multiply every engine step's time by `factor` (until `clear`; `count` is ignored);
+- `kv_gap`: the next `count` KV-event batches are not sent (their seq is used up and they stay in
+  the replay buffer), so a subscriber sees a sequence gap;
 - `clear`: forget pending faults, restore speed, and revive a crashed engine.
 Request faults apply to the next `count` requests (default 1), in the order they were posted.
 """
@@ -17,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-MODES = ("error", "drop", "die_midstream", "stall", "slow", "clear")
+MODES = ("error", "drop", "die_midstream", "stall", "slow", "kv_gap", "clear")
 
 
 @dataclass

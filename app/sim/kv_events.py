@@ -7,11 +7,16 @@ carries the blocks' token ids, so a subscriber can index them with its own hash 
 SGLang flavor: one `BlockStored` per page, signed int64 hashes, and a `cache_salt` field.
 
 The simulator always binds the endpoint (subscribers connect), whatever its host part.
+Replay as vLLM's ROUTER `replay_endpoint`: a client sends `[b"", start_seq(8 bytes)]` from a
+DEALER and gets `[b"", seq, payload]` for every buffered batch with seq >= start, then
+`[b"", -1 (signed 8 bytes), b""]`. The last `REPLAY_BUFFER` batches are kept.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Hashable
 from typing import Any
 
@@ -21,6 +26,8 @@ import zmq
 from app.prefix.blocks import low64
 
 _encoder = msgspec.msgpack.Encoder()
+REPLAY_BUFFER = 10_000  # vLLM KVEventsConfig.buffer_steps
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 def _engine_hash(key: Hashable | None, flavor: str) -> int | None:
@@ -64,37 +71,81 @@ def format_events(events: list[dict[str, Any]], flavor: str, block_size: int) ->
     return out
 
 
+def _bind(sock: zmq.Socket, endpoint: str) -> str:
+    sock.bind(endpoint.replace("tcp://*", "tcp://0.0.0.0"))
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT) if endpoint.endswith(":0") else endpoint
+
+
 class KVEventPublisher:
-    """A ZMQ PUB socket publishing one batch per engine step."""
+    """A ZMQ PUB socket publishing one batch per engine step, plus a replay ROUTER served by a
+    small thread (ZMQ sockets stay in the thread that uses them; the buffer is shared)."""
 
     def __init__(self, endpoint: str, flavor: str = "vllm", block_size: int = 16, topic: str = "",
-                 dp_rank: int = 0) -> None:
-        self.endpoint = endpoint
+                 dp_rank: int = 0, replay_endpoint: str | None = "tcp://127.0.0.1:0") -> None:
         self.flavor = flavor
         self.block_size = block_size
         self.topic = topic.encode()
         self.dp_rank = dp_rank
         self.seq = 0
+        self.drop_next = 0  # fault injection: batches to skip on the wire (seq still advances)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.SNDHWM, 100_000)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(endpoint.replace("tcp://*", "tcp://0.0.0.0"))
-        if endpoint.endswith(":0"):
-            self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint = _bind(self._sock, endpoint)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=REPLAY_BUFFER)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.replay_endpoint: str | None = None
+        self._thread: threading.Thread | None = None
+        if replay_endpoint:
+            router = self._ctx.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            self.replay_endpoint = _bind(router, replay_endpoint)
+            self._thread = threading.Thread(target=self._serve_replay, args=(router,), daemon=True,
+                                            name="sim-kv-replay")
+            self._thread.start()
 
     def publish(self, events: list[dict[str, Any]]) -> None:
         wire = format_events(events, self.flavor, self.block_size)
         if not wire:
             return
         payload = _encoder.encode([time.time(), wire, self.dp_rank])
+        seq = self.seq.to_bytes(8, "big")
+        with self._lock:
+            self._buffer.append((self.seq, payload))
+        self.seq += 1
+        if self.drop_next > 0:
+            self.drop_next -= 1
+            return
         try:
-            self._sock.send_multipart([self.topic, self.seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK)
+            self._sock.send_multipart([self.topic, seq, payload], flags=zmq.NOBLOCK)
         except zmq.Again:
             pass  # PUB drops at the high-water mark, as vLLM's publisher does
-        self.seq += 1
+
+    def _serve_replay(self, router: zmq.Socket) -> None:
+        try:
+            while not self._stop.is_set():
+                if not router.poll(50):
+                    continue
+                frames = router.recv_multipart()
+                if len(frames) != 3:
+                    continue
+                client, _, start_bytes = frames
+                start = int.from_bytes(start_bytes, "big")
+                with self._lock:
+                    batches = [(s, p) for s, p in self._buffer if s >= start]
+                for s, payload in batches:
+                    router.send_multipart([client, b"", s.to_bytes(8, "big"), payload])
+                router.send_multipart([client, b"", END_SEQ, b""])
+        finally:
+            router.close(0)
 
     def close(self) -> None:
-        if not self._sock.closed:
-            self._sock.close(0)
-            self._ctx.term()
+        if self._sock.closed:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._sock.close(0)
+        self._ctx.term()

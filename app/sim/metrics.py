@@ -13,6 +13,7 @@ speculative decoding is configured, TTFT buckets from vllm/v1/metrics/buckets.py
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -37,6 +38,7 @@ class SimMetrics:
         self.options = options
         self.gauges = gauges
         self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[Any, ...], Any] = {}
         if options.flavor == "sglang":
             self._init_sglang(options)
         else:
@@ -106,8 +108,9 @@ class SimMetrics:
     # ------------------------------------------------------------------ SGLang
     def _init_sglang(self, o: SimOptions) -> None:
         r = self.registry
-        names = ["model_name", "engine_type", "tp_rank", "pp_rank"]
-        self.labels = {"model_name": o.model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+        names = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+        self.labels = {"model_name": o.model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+                       "moe_ep_rank": "0"}
         self.running = Gauge("sglang:num_running_reqs", "The number of running requests.", names, registry=r)
         self.waiting = Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", names, registry=r)
         self.kv_usage = Gauge("sglang:token_usage", "The token usage.", names, registry=r)
@@ -133,55 +136,62 @@ class SimMetrics:
             self.effective.labels(**self.labels, mode=mode)
 
     # ------------------------------------------------------------------ events from the engine
+    def _child(self, metric: Any, **labels: str) -> Any:
+        """The labelled child, memoised: `labels()` costs microseconds and runs per token."""
+        key = (id(metric), *labels.values())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(**labels)
+        return child
+
     def on_admitted(self, prompt_tokens: int, cached_tokens: int, lookup: bool) -> None:
         """A new request did its prefix-cache lookup (vLLM counts queries only when it looks up)."""
         if self.options.flavor == "sglang":
-            base = {"model_name": self.options.model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
-            self.effective.labels(**base, mode="input").inc(prompt_tokens - cached_tokens)
-            self.effective.labels(**base, mode="device_hit").inc(cached_tokens)
-            self.hit_rate.labels(**self.labels).set(cached_tokens / prompt_tokens if prompt_tokens else 0.0)
+            self._child(self.effective, **self.labels, mode="input").inc(prompt_tokens - cached_tokens)
+            self._child(self.effective, **self.labels, mode="device_hit").inc(cached_tokens)
+            self._child(self.hit_rate, **self.labels).set(cached_tokens / prompt_tokens if prompt_tokens else 0.0)
         elif lookup:
-            self.queries.labels(**self.labels).inc(prompt_tokens)
-            self.hits.labels(**self.labels).inc(cached_tokens)
+            self._child(self.queries, **self.labels).inc(prompt_tokens)
+            self._child(self.hits, **self.labels).inc(cached_tokens)
 
     def on_prompt_done(self, prompt_tokens: int, cached_tokens: int) -> None:
         """The prompt's split by source, counted when its first token is out (as vLLM does)."""
         if self.options.flavor == "vllm":
-            self.by_source.labels(**self.labels, source="local_compute").inc(prompt_tokens - cached_tokens)
-            self.by_source.labels(**self.labels, source="local_cache_hit").inc(cached_tokens)
-            self.cached.labels(**self.labels).inc(cached_tokens)
-            self.cached_by_source.labels(**self.labels, source="device").inc(cached_tokens)
+            self._child(self.by_source, **self.labels, source="local_compute").inc(prompt_tokens - cached_tokens)
+            self._child(self.by_source, **self.labels, source="local_cache_hit").inc(cached_tokens)
+            self._child(self.cached, **self.labels).inc(cached_tokens)
+            self._child(self.cached_by_source, **self.labels, source="device").inc(cached_tokens)
 
     def on_first_token(self, ttft_s: float, prompt_tokens: int, streaming: bool) -> None:
         if self.options.flavor == "sglang":
             s = {"model_name": self.options.model, "engine_type": "unified", "is_streaming": str(streaming)}
-            self.ttft.labels(**s).observe(ttft_s)
-            self.prompt_tokens.labels(**s).inc(prompt_tokens)
+            self._child(self.ttft, **s).observe(ttft_s)
+            self._child(self.prompt_tokens, **s).inc(prompt_tokens)
         else:
-            self.ttft.labels(**self.labels).observe(ttft_s)
-            self.prompt_tokens.labels(**self.labels).inc(prompt_tokens)
+            self._child(self.ttft, **self.labels).observe(ttft_s)
+            self._child(self.prompt_tokens, **self.labels).inc(prompt_tokens)
 
     def on_tokens(self, n: int, gap_s: float | None, streaming: bool) -> None:
         if self.options.flavor == "sglang":
             s = {"model_name": self.options.model, "engine_type": "unified", "is_streaming": str(streaming)}
-            self.generation_tokens.labels(**s).inc(n)
+            self._child(self.generation_tokens, **s).inc(n)
         else:
-            self.generation_tokens.labels(**self.labels).inc(n)
+            self._child(self.generation_tokens, **self.labels).inc(n)
             if gap_s is not None:
-                self.itl.labels(**self.labels).observe(gap_s)
+                self._child(self.itl, **self.labels).observe(gap_s)
 
     def on_finished(self, reason: str, e2e_s: float, cached_tokens: int) -> None:
         if self.options.flavor == "sglang":
-            self.requests.labels(model_name=self.options.model, engine_type="unified").inc()
-            self.cached_total.labels(**self.labels, cache_source="device").inc(cached_tokens)
-            self.cached_total.labels(**self.labels, cache_source="total").inc(cached_tokens)
+            self._child(self.requests, model_name=self.options.model, engine_type="unified").inc()
+            self._child(self.cached_total, **self.labels, cache_source="device").inc(cached_tokens)
+            self._child(self.cached_total, **self.labels, cache_source="total").inc(cached_tokens)
         else:
-            self.success.labels(**self.labels, finished_reason=reason).inc()
-            self.e2e.labels(**self.labels).observe(e2e_s)
+            self._child(self.success, **self.labels, finished_reason=reason).inc()
+            self._child(self.e2e, **self.labels).observe(e2e_s)
 
     def on_preempted(self) -> None:
         if self.options.flavor == "vllm":
-            self.preemptions.labels(**self.labels).inc()
+            self._child(self.preemptions, **self.labels).inc()
 
     def on_spec_step(self, draft_tokens: int, accepted: int) -> None:
         """One verify step of one sequence: `draft_tokens` proposed, the first `accepted` kept."""
@@ -190,21 +200,21 @@ class SimMetrics:
         if self.options.flavor == "sglang":
             self._spec_forwards += 1
             self._spec_tokens += accepted + 1
-            self.verify_calls.labels(model_name=self.options.model, engine_type="unified").inc()
-            self.accept_length.labels(**self.labels).set(self._spec_tokens / self._spec_forwards)
+            self._child(self.verify_calls, model_name=self.options.model, engine_type="unified").inc()
+            self._child(self.accept_length, **self.labels).set(self._spec_tokens / self._spec_forwards)
             return
-        self.drafts.labels(**self.labels).inc()
-        self.draft_tokens.labels(**self.labels).inc(draft_tokens)
-        self.accepted.labels(**self.labels).inc(accepted)
+        self._child(self.drafts, **self.labels).inc()
+        self._child(self.draft_tokens, **self.labels).inc(draft_tokens)
+        self._child(self.accepted, **self.labels).inc(accepted)
         for pos in range(accepted):
-            self.accepted_pos.labels(**self.labels, position=str(pos)).inc()
+            self._child(self.accepted_pos, **self.labels, position=str(pos)).inc()
 
     def render(self) -> tuple[bytes, str]:
         running, waiting, usage = self.gauges()
-        self.running.labels(**self.labels).set(running)
-        self.waiting.labels(**self.labels).set(waiting)
+        self._child(self.running, **self.labels).set(running)
+        self._child(self.waiting, **self.labels).set(waiting)
         if self.options.flavor == "vllm":
-            self.waiting_by_reason.labels(**self.labels, reason="capacity").set(waiting)
-            self.waiting_by_reason.labels(**self.labels, reason="deferred").set(0)
-        self.kv_usage.labels(**self.labels).set(usage)
+            self._child(self.waiting_by_reason, **self.labels, reason="capacity").set(waiting)
+            self._child(self.waiting_by_reason, **self.labels, reason="deferred").set(0)
+        self._child(self.kv_usage, **self.labels).set(usage)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

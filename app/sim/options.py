@@ -39,6 +39,7 @@ class SimOptions:
     spec_tokens: int = 3  # draft tokens proposed per step when spec_decode is set
     kv_events: bool | str = False  # True: a free tcp port; a string: the endpoint to bind
     kv_events_topic: str = ""
+    kv_events_replay: str | None = None  # replay ROUTER endpoint (None: a free loopback port)
     max_model_len: int = 131072
     enable_prompt_tokens_details: bool = True
     include_usage_always: bool = False

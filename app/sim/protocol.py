@@ -50,6 +50,7 @@ class ParsedRequest:
     prompt_text: str | None = None
     prompt_ids: list[int] | None = None
     add_special_tokens: bool = False
+    skip_prefix_cache: bool = False  # vLLM skips the lookup when prompt logprobs are requested
 
 
 def _missing(name: str) -> ApiError:
@@ -129,7 +130,7 @@ def _common(body: dict[str, Any], kind: str, served_model: str, default_max: int
     if max_tokens is None:
         max_tokens = _int_field(body, "max_tokens", default_max, 1)
     return ParsedRequest(
-        kind=kind, model=model, stream=stream, include_usage=bool(options.get("include_usage")),
+        skip_prefix_cache=body.get("prompt_logprobs") is not None, kind=kind, model=model, stream=stream, include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("include_usage")) and bool(options.get("continuous_usage_stats")),
         max_tokens=max_tokens, min_tokens=_int_field(body, "min_tokens", 0, 0) or 0,
         ignore_eos=_bool_field(body, "ignore_eos", False), cache_salt=validate_cache_salt(body.get("cache_salt")))

@@ -33,6 +33,7 @@ class SimRequest:
     ignore_eos: bool = False
     cache_salt: str | None = None
     streaming: bool = True
+    skip_prefix_cache: bool = False  # no lookup (prompt logprobs); its blocks are still cached
     request_id: str = field(default_factory=lambda: f"sim-{next(_ids)}")
     arrival: float = field(default_factory=time.monotonic)
 

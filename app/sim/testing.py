@@ -3,6 +3,7 @@
     with SimCluster(replicas=2, time_scale=0) as sim:
         sim.urls                  # ["http://127.0.0.1:PORT", ...] (no /v1)
         sim.kv_event_endpoints    # ["tcp://127.0.0.1:PORT", ...] when kv_events=True
+        sim.kv_replay_endpoints   # the matching replay (ROUTER) endpoints
         sim.engine(0)             # the replica's SimEngine, for white-box assertions
 
 Options use the `prefixgate sim` flag names with underscores (see app.sim.options.SimOptions).
@@ -35,6 +36,7 @@ class SimCluster:
         self.servers: list[ServerThread] = []
         self.urls: list[str] = []
         self.kv_event_endpoints: list[str] = []
+        self.kv_replay_endpoints: list[str] = []  # vLLM-style ROUTER replay, per replica
 
     def start(self) -> SimCluster:
         tokenizer = load_tokenizer(self.options.tokenizer)
@@ -48,6 +50,8 @@ class SimCluster:
                 self.urls.append(server.url)
                 if app.kv_events_endpoint:
                     self.kv_event_endpoints.append(app.kv_events_endpoint)
+                if app.kv_replay_endpoint:
+                    self.kv_replay_endpoints.append(app.kv_replay_endpoint)
         except BaseException:
             self.stop()
             raise

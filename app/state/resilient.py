@@ -11,11 +11,11 @@ promises:
   so batches grow with load and a lone write leaves at once). While Redis is down
   the queue keeps the writes (up to `max_pending` weight, oldest dropped first) and replays them
   on reconnect, so counters and history made during an outage are not lost.
-- Faults: a connection error, or an over-budget call still unanswered after `stall_s`, switch
-  to local-only mode (logged once, prefixgate_state_backend_up=0); a background task probes with
-  exponential backoff and switches back (logged once, gauge 1), then the queue drains. A call
-  past its budget keeps running in the background: a late answer proves Redis alive (the delay
-  was this pod's busy event loop, or a burst), so only a real stall trips the switch.
+- Faults: a connection error, or an over-budget call followed by a PING unanswered within
+  `stall_s`, switch to local-only mode (logged once, prefixgate_state_backend_up=0); a background
+  task probes with exponential backoff and switches back (logged once, gauge 1), then the queue
+  drains. An answered PING means the delay was a burst or this pod's busy event loop, so Redis
+  stays in use: only a real stall trips the switch.
 
 Read-your-writes: a binding or a replica's removals still queued are answered from the mirror.
 """
@@ -49,7 +49,7 @@ DEFAULT_CONTROL_TIMEOUT_S = 1.0
 DEFAULT_FLUSH_INTERVAL_S = 0.0  # batches form on their own: writes queue up while one is in flight
 DEFAULT_MAX_BATCH = 256
 DEFAULT_MAX_PENDING = 1_000_000
-DEFAULT_STALL_S = 0.25
+DEFAULT_STALL_S = 0.5
 DEFAULT_BACKOFF_S = 0.1
 DEFAULT_BACKOFF_MAX_S = 5.0
 
@@ -98,7 +98,7 @@ class ResilientStore:
         self.label = label  # how logs name the backend (never a password)
         self._up = False
         self._closed = False
-        self._overdue: set[asyncio.Future[Any]] = set()  # calls past their budget, still running
+        self._liveness: asyncio.Task[None] | None = None
         self._queue: deque[ops.WriteOp] = deque()
         self._queued_weight = 0
         self._pending_replica: Counter[str] = Counter()  # replicas with removals/clears queued
@@ -127,11 +127,11 @@ class ResilientStore:
         if self._up:
             await self.flush()
         self._closed = True
-        for task in (self._flusher, self._reconnector):
+        for task in (self._flusher, self._reconnector, self._liveness):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        self._flusher = self._reconnector = None
+        self._flusher = self._reconnector = self._liveness = None
         try:
             await self.remote.close()
         except (RedisError, OSError):
@@ -184,14 +184,15 @@ class ResilientStore:
             self.metrics.state_fallbacks.labels(op=op, reason=reason).inc()
 
     async def _bounded(self, op: str, call: Awaitable[T], budget: float) -> T | _Missing:
-        """The call's result within `budget`, or _MISSING (and the fault bookkeeping)."""
-        task = asyncio.ensure_future(call)
+        """The call's result within `budget`, or _MISSING (and the fault bookkeeping). The call
+        runs in the caller's task: a separate task would cost an extra trip through a busy
+        event loop, which is most of what a Redis round trip costs there."""
         try:
             async with asyncio.timeout(budget):
-                return await asyncio.shield(task)
+                return await call
         except TimeoutError:
             self._fallback(op, "timeout")
-            self._watch_overdue(task)
+            self._check_liveness()
             return _MISSING
         except _LINK_ERRORS as exc:
             self._fallback(op, "down")
@@ -202,25 +203,19 @@ class ResilientStore:
             log.warning("shared state: %s failed: %s", op, exc)
             return _MISSING
 
-    def _watch_overdue(self, task: asyncio.Future[Any]) -> None:
-        self._overdue.add(task)
-        task.add_done_callback(self._overdue_done)
-        asyncio.get_running_loop().call_later(self.stall_s, self._check_stall, task)
+    def _check_liveness(self) -> None:
+        """After an over-budget call: one PING decides. An answer within `stall_s` means Redis is
+        alive and the delay was a burst or this pod's busy loop; none means Redis is stuck."""
+        if self._liveness is None or self._liveness.done():
+            self._liveness = asyncio.get_running_loop().create_task(self._probe(), name="state-liveness")
 
-    def _overdue_done(self, task: asyncio.Future[Any]) -> None:
-        self._overdue.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()  # retrieved either way: a late answer only proves Redis alive
-        if isinstance(exc, _LINK_ERRORS) and self._up:
-            self._mark_down(exc)
-
-    def _check_stall(self, task: asyncio.Future[Any]) -> None:
-        if task.done() or not self._up:
-            return
-        self._mark_down(TimeoutError(f"a call unanswered after {self.stall_s:g} s"))
-        for stuck in list(self._overdue):  # frees their connections; the reconnect probe takes over
-            stuck.cancel()
+    async def _probe(self) -> None:
+        try:
+            async with asyncio.timeout(self.stall_s):
+                await self.remote.ping()
+        except (TimeoutError, RedisError, OSError):
+            if self._up:
+                self._mark_down(TimeoutError(f"no answer to PING in {self.stall_s:g} s after a call over budget"))
 
     async def _remote_read(self, op: str, call_factory: Any, budget: float) -> Any:
         if not self._up:

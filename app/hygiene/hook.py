@@ -1,0 +1,184 @@
+"""The hygiene hook: first on the hot path, before the fingerprint (app/server.py).
+
+Per request:
+1. cache isolation (`tenants.cache_salt`): the tenant's salt goes into the body and `ctx.salt`
+   (the fingerprint chain starts from it); a client's own `cache_salt` is replaced or refused.
+   With isolation off a client salt passes through and still seeds the fingerprint.
+2. findings (app/hygiene/findings.py): bounded scan of the system/developer heads, tool order.
+3. the tenant's policy (`tenants.default` / `tenants.overrides`):
+   - observe: `prefixgate_hygiene_findings_total` only;
+   - warn: + response header `x-prefixgate-hygiene` listing the findings;
+   - rewrite: the enabled rewrites (app/hygiene/rewrite.py), each counted in
+     `prefixgate_rewrites_total{kind}` and listed in `x-prefixgate-rewrites`; findings no rewrite
+     fixed are still listed in `x-prefixgate-hygiene`;
+   - reject: a finding means 400, OpenAI-shaped, saying what is wrong and how to fix it, counted in
+     `prefixgate_rejections_total{reason}`.
+The body is marked changed (and so re-serialised by the proxy) only when a salt or rewrite
+changed it. Headers and metrics never carry prompt text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.hygiene.findings import (
+    DYNAMIC_HEAD,
+    TOOL_ORDER,
+    Finding,
+    LineClassifier,
+    ToolOrderMemo,
+    dynamic_findings,
+    dynamic_lines,
+    tool_findings,
+    tools_signature,
+)
+from app.hygiene.rewrite import CANONICAL_JSON, MOVE_DYNAMIC, SORT_TOOLS, RewriteOptions, apply_rewrites
+from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
+from app.proxy.context import ProxyError, RequestContext
+
+HYGIENE_HEADER = "x-prefixgate-hygiene"
+REWRITES_HEADER = "x-prefixgate-rewrites"
+CLIENT_SALT = "client_salt"  # rewrite kind (replaced) and rejection reason (refused)
+INVALID_SALT = "invalid_salt"
+
+
+def fix_message(finding: Finding) -> str:
+    """What is wrong and how to fix it, for a 400 (no prompt text)."""
+    if finding.kind == DYNAMIC_HEAD and finding.line is not None:
+        ln = finding.line
+        return (f"{finding.where} holds a per-request value ({finding.detail}) before "
+                f"{ln.static_after} characters of reusable prompt, so the engine's prefix cache misses "
+                "from there on, on every request. Fix: move that line below the static content "
+                "(e.g. append it to the last user message), or ask for the `rewrite` policy.")
+    if finding.kind == TOOL_ORDER:
+        what = "are not sorted" if finding.detail == "unsorted" else \
+            f"arrived in another {finding.detail} than in an earlier request with the same tools"
+        return (f"tools {what}, so the prompt differs from the tools on and the prefix cache misses. "
+                "Fix: send tools sorted by function name with a fixed JSON key order.")
+    return f"{finding.kind} at {finding.where}"
+
+
+def _fixed(finding: Finding, kinds: tuple[str, ...], opts: RewriteOptions) -> bool:
+    if finding.kind == DYNAMIC_HEAD:
+        return MOVE_DYNAMIC in kinds
+    if finding.kind == TOOL_ORDER:
+        if finding.detail == "key order":
+            return opts.canonical_json
+        return opts.sort_tools and (finding.detail == "order" or opts.canonical_json)
+    return False
+
+
+class HygieneHook:
+    def __init__(self, settings: Any, metrics: Any, salts: TenantSalts | None) -> None:
+        self.tenants = settings.tenants
+        self.metrics = metrics
+        self.salts = salts
+        self.client_salt_policy = settings.tenants.cache_salt.client_salt
+        hygiene = settings.hygiene
+        self.flag_unsorted = hygiene.flag_unsorted_tools
+        r = hygiene.rewrites
+        self.options = RewriteOptions(r.move_dynamic, r.sort_tools, r.canonical_json, r.move_target,
+                                      r.max_moved_lines)
+        self.classifier = LineClassifier(hygiene.dynamic_patterns)
+        self.tool_memo = ToolOrderMemo()
+
+    # ------------------------------------------------------------------ hot path
+    async def before_route(self, ctx: RequestContext) -> None:
+        if ctx.route not in ("chat", "completions"):
+            return
+        tenant = self.metrics.tenant_label(ctx.tenant)
+        self._isolate(ctx, tenant)
+        if ctx.route != "chat":
+            return  # completions: salt only (a raw prompt has no system/developer messages)
+        findings, lines = self._scan(ctx)
+        ctx.attrs["hygiene_findings"] = findings
+        for kind in sorted({f.kind for f in findings}):
+            self.metrics.hygiene_findings.labels(tenant, kind).inc()
+        policy = self.tenants.policy_for(ctx.tenant)
+        if policy == "observe" or (not findings and policy != "rewrite"):
+            return
+        if policy == "warn":
+            ctx.response_headers[HYGIENE_HEADER] = _header(findings)
+        elif policy == "reject":
+            self._reject(findings, tenant)
+        elif policy == "rewrite":
+            self._rewrite(ctx, tenant, findings, lines)
+
+    def after_response(self, ctx: RequestContext) -> None:
+        return None
+
+    # ------------------------------------------------------------------ parts
+    def _isolate(self, ctx: RequestContext, tenant: str) -> None:
+        client = ctx.body.get("cache_salt")
+        decision = decide_salt(client, self.salts(ctx.tenant) if self.salts else None,
+                               self.client_salt_policy)
+        if decision.action == "reject":
+            self.metrics.rejections.labels(tenant, CLIENT_SALT).inc()
+            raise ProxyError(400, "cache_salt is set by the gateway (per-tenant cache isolation); "
+                                  "remove `cache_salt` from the request.",
+                             param="cache_salt", code="cache_salt_not_allowed")
+        if decision.action == "client" and not valid_salt(client):
+            return  # the engine will refuse it with its own message; do not seed the chain with it
+        ctx.salt = decision.salt
+        if decision.salt is not None and client != decision.salt:
+            ctx.body = {**ctx.body, "cache_salt": decision.salt}
+            ctx.body_changed = True
+        if decision.action == "replace":
+            self.metrics.rewrites.labels(tenant, CLIENT_SALT).inc()
+            _add(ctx.response_headers, REWRITES_HEADER, CLIENT_SALT)
+
+    def _scan(self, ctx: RequestContext) -> tuple[list[Finding], list[Any]]:
+        tools = ctx.body.get("tools")
+        sig = tools_signature(tools) if isinstance(tools, list) and tools else None
+        lines = dynamic_lines(ctx.body, self.classifier, sig.chars if sig else 0)
+        findings = dynamic_findings(lines)
+        if sig is not None:
+            findings += tool_findings(ctx.tenant, sig, self.tool_memo, self.flag_unsorted)
+        return findings, lines
+
+    def _reject(self, findings: list[Finding], tenant: str) -> None:
+        first = findings[0]
+        for reason in sorted({f.kind for f in findings}):
+            self.metrics.rejections.labels(tenant, reason).inc()
+        message = "prefix-cache hygiene: " + " ".join(fix_message(f) for f in findings)
+        param = "tools" if first.kind == TOOL_ORDER else \
+            f"messages[{first.line.message}].content" if first.line else None
+        raise ProxyError(400, message, param=param, code=first.kind,
+                         headers={HYGIENE_HEADER: _header(findings)})
+
+    def _rewrite(self, ctx: RequestContext, tenant: str, findings: list[Finding], lines: list[Any]) -> None:
+        result = apply_rewrites(ctx.body, lines, self.options)
+        if result.changed:
+            ctx.body = result.body
+            ctx.body_changed = True
+            for kind in result.kinds:
+                self.metrics.rewrites.labels(tenant, kind).inc()
+                label = f"{kind}({result.moved_lines})" if kind == MOVE_DYNAMIC else kind
+                _add(ctx.response_headers, REWRITES_HEADER, label)
+        left = [f for f in findings if not _fixed(f, result.kinds, self.options)]
+        if left:
+            ctx.response_headers[HYGIENE_HEADER] = _header(left)
+
+
+def _header(findings: list[Finding]) -> str:
+    return ", ".join(f.label() for f in findings)
+
+
+def _add(headers: dict[str, str], name: str, item: str) -> None:
+    headers[name] = f"{headers[name]}, {item}" if headers.get(name) else item
+
+
+def build_hygiene_hook(settings: Any, services: Any) -> HygieneHook:
+    """The hygiene + isolation hook (first in the hook list). Raises ValueError when isolation
+    is enabled without a usable secret."""
+    salts = None
+    if settings.tenants.cache_salt.enabled:
+        salts = TenantSalts(load_secret(settings.tenants.cache_salt.secret_env))
+    hook = HygieneHook(settings, services.metrics, salts)
+    if hasattr(services, "components"):
+        services.components["hygiene"] = hook
+    return hook
+
+
+__all__ = ["CANONICAL_JSON", "HYGIENE_HEADER", "MOVE_DYNAMIC", "REWRITES_HEADER", "SORT_TOOLS",
+           "HygieneHook", "build_hygiene_hook", "fix_message"]

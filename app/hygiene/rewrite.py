@@ -1,0 +1,164 @@
+"""Hygiene rewrites: pure, deterministic transformations of a chat request body.
+
+Each returns a new body (the input is never mutated) or None when it has nothing to change, so
+the caller re-serialises the body only when something changed. The same input always gives the
+same output, hence the same bytes upstream: a rewrite must never introduce variation itself.
+
+- `move_dynamic`: whole lines holding per-request values (findings.DynamicLine) leave the head
+  of their system/developer message and are appended, in their original order, to the last user
+  message after a blank line (`last_user`, default: everything before the question becomes
+  reusable) or to the end of their own message (`system_end`: the system prompt before them
+  stays reusable, the history after it does not). Nothing is deleted or edited: every original
+  line is still in the prompt. When more lines qualify than `max_lines`, or one of them is a
+  paragraph (not movable), nothing moves: a partial move would change the prompt without making
+  its head stable.
+- `sort_tools`: tools by function name; Python's sort is stable, so tools with equal names keep
+  their relative order.
+- `canonical_json`: every key of every tool (wrapper and JSON schema) sorted, recursively. A
+  separate switch because property order can steer what some models generate first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from app.hygiene.findings import DynamicLine, last_user_index, tool_name
+
+MoveTarget = Literal["last_user", "system_end"]
+MOVE_DYNAMIC = "move_dynamic"
+SORT_TOOLS = "sort_tools"
+CANONICAL_JSON = "canonical_json"
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    move_dynamic: bool = True
+    sort_tools: bool = True
+    canonical_json: bool = False
+    move_target: MoveTarget = "last_user"
+    max_moved_lines: int = 8
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    body: dict[str, Any]
+    kinds: tuple[str, ...]  # rewrites applied, in order
+    moved_lines: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.kinds)
+
+
+def _cut_lines(text: str, lines: Sequence[DynamicLine]) -> str:
+    """`text` without the given lines and their line breaks (lines sorted by start)."""
+    out: list[str] = []
+    cursor = 0
+    for ln in lines:
+        start, end = ln.start, ln.end
+        if end < len(text) and text[end] == "\n":
+            end += 1  # the line and its newline
+        elif start > 0 and text[start - 1] == "\n" and start - 1 >= cursor:
+            start -= 1  # the last line: drop the newline before it instead
+        out.append(text[cursor:start])
+        cursor = end
+    out.append(text[cursor:])
+    return "".join(out)
+
+
+def _append_text(message: dict[str, Any], moved: str) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": moved}]}
+    text = content if isinstance(content, str) else ""
+    if not text:
+        return {**message, "content": moved}
+    sep = "\n" if text.endswith("\n") else "\n\n"
+    return {**message, "content": text + sep + moved}
+
+
+def _with_text(message: dict[str, Any], part: int | None, text: str) -> dict[str, Any]:
+    if part is None:
+        return {**message, "content": text}
+    parts = list(message["content"])
+    parts[part] = {**parts[part], "text": text}
+    return {**message, "content": parts}
+
+
+def _text_of(message: dict[str, Any], part: int | None) -> str:
+    return message["content"] if part is None else message["content"][part]["text"]
+
+
+def move_dynamic(body: dict[str, Any], lines: Sequence[DynamicLine], target: MoveTarget = "last_user",
+                 max_lines: int = 8) -> tuple[dict[str, Any], int] | None:
+    """(new body, lines moved), or None when nothing can move (see the module docstring)."""
+    if not lines or len(lines) > max_lines or not all(ln.movable for ln in lines):
+        return None
+    messages = list(body["messages"])
+    groups: dict[tuple[int, int | None], list[DynamicLine]] = {}
+    for ln in sorted(lines, key=lambda x: (x.message, -1 if x.part is None else x.part, x.start)):
+        groups.setdefault((ln.message, ln.part), []).append(ln)
+    last_user = last_user_index(messages)
+    to_user: list[str] = []
+    for (index, part), group in groups.items():
+        original = messages[index]
+        text = _text_of(original, part)
+        moved = "\n".join(text[ln.start:ln.end] for ln in group)
+        remaining = _cut_lines(text, group)
+        if target == "last_user" and last_user < len(messages):
+            messages[index] = _with_text(original, part, remaining)
+            to_user.append(moved)
+        else:
+            sep = "" if not remaining or remaining.endswith("\n") else "\n"
+            messages[index] = _with_text(original, part, remaining + sep + moved)
+    if to_user:
+        messages[last_user] = _append_text(messages[last_user], "\n".join(to_user))
+    return {**body, "messages": messages}, len(lines)
+
+
+def sort_tools(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Tools sorted by function name (stable), or None when already in that order."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or len(tools) < 2:
+        return None
+    ordered = sorted(tools, key=tool_name)
+    if all(a is b for a, b in zip(ordered, tools, strict=True)):
+        return None
+    return {**body, "tools": ordered}
+
+
+def canonical_json(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Every tool with its keys sorted recursively, or None when they already are."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    sorted_bytes = orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
+    if sorted_bytes == orjson.dumps(tools):
+        return None
+    return {**body, "tools": orjson.loads(sorted_bytes)}
+
+
+def apply_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> RewriteResult:
+    """Every enabled rewrite that changes something, in a fixed order."""
+    kinds: list[str] = []
+    moved = 0
+    if opts.move_dynamic and lines:
+        result = move_dynamic(body, lines, opts.move_target, opts.max_moved_lines)
+        if result is not None:
+            body, moved = result
+            kinds.append(MOVE_DYNAMIC)
+    if opts.canonical_json:
+        changed = canonical_json(body)
+        if changed is not None:
+            body = changed
+            kinds.append(CANONICAL_JSON)
+    if opts.sort_tools:
+        changed = sort_tools(body)
+        if changed is not None:
+            body = changed
+            kinds.append(SORT_TOOLS)
+    return RewriteResult(body, tuple(kinds), moved)

@@ -1,0 +1,113 @@
+"""Writing one generation's response: SSE events as the engine produces tokens, or one JSON body.
+
+Event rules (vLLM 0.32/0.33): the role event goes out with the first token (or at arrival with
+`role_chunk_early`); content events carry `deltas_per_chunk` tokens each (the last one carries
+the finish reason); reasoning and content never share an event; the usage event (`choices: []`)
+comes when asked for or forced; `data: [DONE]` ends the stream. A `die_midstream` fault aborts
+the connection after K events; an engine-side abort (client gone) ends quietly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.sim.asgi import SSE_HEADERS, Receive, Send, cut_connection, send_json
+from app.sim.engine import SimEngine
+from app.sim.options import SimOptions
+from app.sim.protocol import ApiError, ParsedRequest
+from app.sim.request import SimRequest
+from app.sim.shapes import DONE, Shaper
+
+
+class _Die(Exception):
+    pass
+
+
+def usage_for(req: SimRequest, shaper: Shaper, options: SimOptions, final_response: bool = False) -> dict[str, Any]:
+    cached = max(req.num_cached_tokens, 0) if options.enable_prompt_tokens_details else None
+    return shaper.usage(req.num_prompt_tokens, len(req.output_ids), cached, req.created_cache_tokens,
+                        final_response)
+
+
+async def respond(engine: SimEngine, req: SimRequest, shaper: Shaper, send: Send, receive: Receive,
+                  die_after: int | None) -> None:
+    """Non-streamed: wait for the end, then one JSON body."""
+    while not req.finished:
+        await req.event.wait()
+        req.event.clear()
+    if req.finish_reason == "abort":
+        return
+    if req.finish_reason == "error":
+        await send_json(send, 500, ApiError(500, req.error or "engine error").body())
+        return
+    if die_after is not None:
+        await cut_connection(send, receive)
+        return
+    r = engine.options.reasoning_tokens
+    reasoning = "".join(req.output_text[:r]) if r and req.output_text else None
+    content = "".join(req.output_text[r:])
+    await send_json(send, 200, shaper.full_response(content, reasoning, req.finish_reason or "stop",
+                                                    usage_for(req, shaper, engine.options, True)))
+
+
+async def stream(engine: SimEngine, parsed: ParsedRequest, req: SimRequest, shaper: Shaper, send: Send,
+                 receive: Receive, die_after: int | None) -> None:
+    o = engine.options
+    chat = parsed.kind == "chat"
+    usage_on = parsed.include_usage or o.include_usage_always
+    continuous = parsed.continuous_usage
+    k = o.deltas_per_chunk
+    r = o.reasoning_tokens
+    sent_events = 0
+
+    async def emit(data: bytes) -> None:
+        nonlocal sent_events
+        if die_after is not None and sent_events >= die_after:
+            raise _Die
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+        sent_events += 1
+
+    def running_usage(upto: int) -> dict[str, Any] | None:
+        return shaper.usage(req.num_prompt_tokens, upto, None) if continuous else None
+
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    try:
+        role_sent = False
+        if chat and o.role_chunk_early:
+            await emit(shaper.role_event(running_usage(0)))
+            role_sent = True
+        sent = 0
+        while True:
+            await req.event.wait()
+            req.event.clear()
+            if req.finish_reason == "abort":
+                return
+            if req.finish_reason == "error":
+                await emit(shaper.error_event(req.error or "engine error"))
+                break
+            available = len(req.output_ids)
+            finished = req.finished
+            if chat and not role_sent and available:
+                await emit(shaper.role_event(running_usage(0)))
+                role_sent = True
+            while available - sent >= k or (finished and sent < available):
+                end = min(sent + k, available)
+                if sent < r < end:
+                    end = r  # reasoning and content never share an event
+                last = finished and end == available
+                text = "".join(req.output_text[sent:end])
+                await emit(shaper.delta_event(text, reasoning=sent < r,
+                                              finish_reason=req.finish_reason if last else None,
+                                              usage=running_usage(end)))
+                sent = end
+            if finished:
+                if available == 0:
+                    await emit(shaper.finish_event(req.finish_reason or "stop"))
+                break
+        if usage_on:
+            await emit(shaper.usage_event(usage_for(req, shaper, o)))
+        await emit(DONE)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except _Die:
+        engine.abort(req)
+        await cut_connection(send, receive)

@@ -1,0 +1,133 @@
+"""Session fixtures of the real-vLLM tier: the tiny model and up to three real vLLM replicas.
+
+`vllm_fleet` starts every replica the tier needs at once (their ~30 s start-ups overlap) and stops
+them all by PID at the end of the session, on failure too. Specs:
+- `b32`: block 32, prefix caching on, KV events on a free port (prediction, simulator, TTFT,
+  gauges, KV events);
+- `b128`: vLLM's default block size (128 on the CPU backend), prefix caching on;
+- `nocache`: `--no-enable-prefix-caching` (the caching-enabled gauge must read 0).
+
+Per-test fixtures (`vllm_b32`, ...) empty the replica's prefix cache first, so tests are independent.
+Every test skips with the reason printed when .venv-vllm is missing. `PREFIXGATE_E2E_MODEL` (set by
+scripts/e2e.sh) points at a prebuilt model; otherwise it is built into a temp dir.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.vllm_server import (
+    ReplicaSpec,
+    VllmReplica,
+    build_tiny_model,
+    missing_reason,
+    start_replicas,
+    stop_all,
+)
+
+SPECS = (
+    ReplicaSpec("b32", block_size=32, kv_events=True, cpu="0"),
+    ReplicaSpec("b128", block_size=None, cpu="1"),
+    ReplicaSpec("nocache", block_size=32, prefix_caching=False, cpu="1"),
+)
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    reason = missing_reason()
+    if reason:
+        print(f"\n{reason}")
+        pytest.skip(reason)
+    given = os.environ.get("PREFIXGATE_E2E_MODEL")
+    out = Path(given) if given else tmp_path_factory.mktemp("e2e") / "tiny-model"
+    return build_tiny_model(out)
+
+
+@pytest.fixture(scope="session")
+def vllm_fleet(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmReplica]]:
+    log_dir = Path(os.environ.get("PREFIXGATE_E2E_LOGS") or tmp_path_factory.mktemp("vllm-logs"))
+    replicas = start_replicas(SPECS, vllm_model_dir, log_dir)
+    atexit.register(stop_all, replicas)  # belt and braces: an interrupted session still stops them
+    try:
+        yield {r.name: r for r in replicas}
+    finally:
+        stop_all(replicas)
+
+
+def _fresh(fleet: dict[str, VllmReplica], name: str) -> VllmReplica:
+    replica = fleet[name]
+    if replica.spec.prefix_caching:
+        replica.reset_prefix_cache()
+    return replica
+
+
+@pytest.fixture
+def vllm_b32(vllm_fleet: dict[str, VllmReplica]) -> VllmReplica:
+    return _fresh(vllm_fleet, "b32")
+
+
+@pytest.fixture
+def vllm_b128(vllm_fleet: dict[str, VllmReplica]) -> VllmReplica:
+    return _fresh(vllm_fleet, "b128")
+
+
+@pytest.fixture
+def vllm_nocache(vllm_fleet: dict[str, VllmReplica]) -> VllmReplica:
+    return _fresh(vllm_fleet, "nocache")
+
+
+class RecordingHook:
+    """A RequestHook appended after the others: keeps every finished RequestContext by request id
+    (timings, outcome, usage) so tests can look at what the proxy itself measured."""
+
+    def __init__(self) -> None:
+        self.contexts: dict[str, Any] = {}
+
+    async def before_route(self, ctx: Any) -> None:
+        return None
+
+    def after_response(self, ctx: Any) -> None:
+        self.contexts[ctx.request_id] = ctx
+
+
+@pytest.fixture
+def e2e_proxy(proxy_factory: Callable[..., Any], vllm_model_dir: Path) -> Callable[..., Any]:
+    """`e2e_proxy(replicas, **sections)` -> a started ProxyHandle in front of real replicas, with
+    the model's tokenizer, fast scrapes and health checks, a `RecordingHook` at `.recorder`, and
+    every replica's block size already learnt from its /metrics (the scraper ran once)."""
+
+    def make(replicas: list[Any], **sections: Any) -> Any:
+        merged: dict[str, Any] = {"tokenizer": str(vllm_model_dir), "scrape": {"interval_s": 0.5, "jitter": 0.0},
+                                  "routing": {"health_interval_s": 0.5}}
+        for key, value in sections.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        handle = proxy_factory([r.url for r in replicas], names=[r.name for r in replicas], **merged)
+        handle.recorder = RecordingHook()
+        handle.services.hooks.append(handle.recorder)
+        deadline = time.monotonic() + 30
+        while not all(r.block_size for r in handle.services.replicas.all()):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the engine scraper never reported a block size")
+            time.sleep(0.05)
+        return handle
+
+    return make
+
+
+def wait_processed(hook: Any, count: int, timeout: float = 30.0) -> None:
+    """Until the prefix hook finished its after-response work for `count` requests."""
+    deadline = time.monotonic() + timeout
+    while hook.processed < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"prefix hook processed {hook.processed} of {count} requests")
+        time.sleep(0.02)
