@@ -42,8 +42,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def timed_concurrently(call: Callable[[int], Awaitable[object]], n: int,
-                             concurrency: int = CONCURRENCY) -> list[float]:
-    """Latency of n calls with `concurrency` in flight, in milliseconds."""
+                             concurrency: int | None = None) -> list[float]:
+    """Latency of n calls with `concurrency` in flight (default: --concurrency), in milliseconds."""
+    concurrency = concurrency or CONCURRENCY
     out: list[float] = []
     counter = iter(range(n))
 
@@ -237,13 +238,16 @@ def proxy_level(url: str, n: int, rounds: int) -> list[tuple[str, float, float, 
 
 
 def main() -> int:
+    global CONCURRENCY
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=800, help="per state, through the proxy")
     parser.add_argument("--lookups", type=int, default=2000, help="per store and chain length")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--skip-store", action="store_true")
     parser.add_argument("--skip-proxy", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
+    CONCURRENCY = args.concurrency
     cmd = "python bench/state.py " + " ".join(sys.argv[1:])
     with RedisServer() as server:
         if not args.skip_store:

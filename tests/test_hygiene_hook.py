@@ -253,7 +253,7 @@ def test_client_salt_passes_through_when_isolation_is_off(fake_upstream_factory,
 def test_completions_get_the_salt_but_no_scan(fake_upstream_factory, proxy_factory, monkeypatch) -> None:
     monkeypatch.setenv(SECRET_ENV, "a-test-secret-of-enough-length")
     up = fake_upstream_factory(json_reply)
-    proxy = proxy_factory([up.url], **SALT, **{"tenants": {**SALT["tenants"], "default": {"policy": "reject"}}})
+    proxy = proxy_factory([up.url], tenants={**SALT["tenants"], "default": {"policy": "reject"}})
     prompt = "Current time: 2026-04-14T09:31:07Z\n" + STATIC
     r = httpx.post(proxy.url + "/v1/completions", json={"model": "fake", "prompt": prompt},
                    headers={"x-tenant-id": "t1"}, timeout=30)

@@ -29,6 +29,7 @@ from app.doctor.probe import (
 CALIBRATION_TOKENS = (256, 1024)
 SIZING_ROUNDS = 4  # /tokenize corrections per document
 SIZING_TOLERANCE = 0.005  # a sized document lands within 0.5% under its target
+TOKENIZE_AGREEMENT = 0.02  # /tokenize vs usage.prompt_tokens for the same document
 PROBE_MAX_TOKENS = 8  # the repeated-prompt calls only need a first token
 LADDER_MAX_TOKENS = 8
 LADDER_CAP_MARGIN = 0.01  # calibration error seen on 8k-32k documents: well under 0.5%
@@ -143,6 +144,8 @@ async def _run(client: httpx.AsyncClient, endpoint: Endpoint, opts: CheckOptions
         sink.advance()
     after = await read_metrics(client, endpoint.root, endpoint.headers)
     _record_cache(result, probes, before, after)
+    if not sizer.agrees_with_usage(result.prompt_tokens):
+        result.warnings.append("/tokenize disagrees with usage.prompt_tokens: sizing by calibration instead")
     sizer.calibration.observe(words, result.prompt_tokens)
 
     # 2. two-point prefill/decode on the (now warm) same prompt
@@ -197,13 +200,26 @@ class Sizer:
         self.client, self.endpoint, self.model = client, endpoint, model
         self.calibration = document.Calibration()
         self.tokenize_works: bool | None = None
+        self.last_count: int | None = None
 
     async def count(self, text: str) -> int | None:
         if self.tokenize_works is False:
             return None
         count = await tokenize_count(self.client, self.endpoint, self.model, text)
-        self.tokenize_works = count is not None
-        return count
+        words = len(text.split())
+        # An endpoint whose /tokenize ignores chat messages answers something implausible: stop asking.
+        self.tokenize_works = count is not None and words / 4 <= count <= words * 4 + 64
+        self.last_count = count if self.tokenize_works else None
+        return self.last_count
+
+    def agrees_with_usage(self, prompt_tokens: int | None) -> bool:
+        """After a real request: /tokenize must have counted what the engine then prefilled."""
+        if self.last_count is None or not prompt_tokens:
+            return True
+        if abs(self.last_count - prompt_tokens) > TOKENIZE_AGREEMENT * prompt_tokens:
+            self.tokenize_works = False
+            return False
+        return True
 
     async def calibrate(self, prompt_tokens: int) -> None:
         """Two small documents (fresh nonces, so the probe's prefix stays cold) fit the line."""

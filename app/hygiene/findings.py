@@ -36,8 +36,7 @@ from typing import Any
 
 import orjson
 
-from app.prefix.dynamic import get_detector
-from app.prefix.lint import NOW_CUE, VOLATILE
+from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, get_detector
 
 HEAD_SCAN_CHARS = 2048  # characters of each system/developer message read line by line
 TAIL_SCAN_CHARS = 512  # and the last lines, when reusable turns follow the message
@@ -45,7 +44,7 @@ MAX_LINE_CHARS = 512  # a longer "line" is a paragraph: its head is checked, it 
 MIN_STATIC_AFTER = 96  # reusable chars that must follow a value (diagnosis' default `material`)
 LINE_MEMO_ENTRIES = 8192  # memoised line verdicts (keys are <= MAX_LINE_CHARS chars: <= ~4 MB)
 TOOL_MEMO_ENTRIES = 10_000  # (tenant, tool set) -> last order seen
-ALWAYS_VOLATILE = VOLATILE | {"email", "user", "custom"}
+ALWAYS_VOLATILE = VOLATILE_KINDS | {"email", "user", "custom"}
 SCANNED_ROLES = ("system", "developer")
 
 DYNAMIC_HEAD = "dynamic_head"

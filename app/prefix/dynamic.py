@@ -81,6 +81,12 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 
+# Kinds that change per request in practice (a single request can be judged on them alone);
+# dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
+VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex"})
+NOW_CUE = re.compile(r"(?i)\b(current|today|now|heute|aujourd|hoy|oggi|vandaag|date\s*:|datum\s*:|time\s*:)")
+
+
 @dataclass(frozen=True)
 class Span:
     """One dynamic-looking value: `text[start:end]`, with its kind (date, uuid, email, ...)."""

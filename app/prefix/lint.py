@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from app.prefix.diagnose import Diagnosis, fix_for
-from app.prefix.dynamic import Span, get_detector
+from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, Span, get_detector
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import RequestSketch, build_sketch
 from app.prefix.tokens import SegmentTokenizer
@@ -29,9 +28,7 @@ from app.prefix.tracker import TenantTracker
 from app.state.memory import MemoryStore
 
 NOT_A_PROBLEM = {"new_session"}
-# Kinds that are per-request in practice; dates only with a "now" cue on their line.
-VOLATILE = {"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex"}
-NOW_CUE = re.compile(r"(?i)\b(current|today|now|heute|aujourd|hoy|oggi|vandaag|date\s*:|datum\s*:|time\s*:)")
+VOLATILE = set(VOLATILE_KINDS)  # kept for importers of the old names (app/hygiene/findings.py)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

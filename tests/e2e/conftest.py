@@ -123,11 +123,3 @@ def e2e_proxy(proxy_factory: Callable[..., Any], vllm_model_dir: Path) -> Callab
 
     return make
 
-
-def wait_processed(hook: Any, count: int, timeout: float = 30.0) -> None:
-    """Until the prefix hook finished its after-response work for `count` requests."""
-    deadline = time.monotonic() + timeout
-    while hook.processed < count:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"prefix hook processed {hook.processed} of {count} requests")
-        time.sleep(0.02)

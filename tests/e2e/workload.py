@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,13 +150,18 @@ class Record:
     body: dict[str, Any]
     prompt_tokens: int | None
     cached_tokens: int | None
+    completion_tokens: int | None
     text: str
+    previous: str | None  # request id of the conversation's previous reply (None on a first turn)
 
 
 def run_sequence(client: httpx.Client, base_url: str, *, echo: bool, max_tokens: int, tag: str,
-                 steps: tuple[Step, ...] = SEQUENCE) -> list[Record]:
-    """Send the sequence in order; returns what the engine reported for each request."""
+                 steps: tuple[Step, ...] = SEQUENCE,
+                 after_each: Callable[[Record], None] | None = None) -> list[Record]:
+    """Send the sequence in order; returns what the engine reported for each request.
+    `after_each(record)` runs after every response (e.g. to wait for KV events to settle)."""
     convs = conversations()
+    previous: dict[str, str] = {}
     records: list[Record] = []
     for i, step in enumerate(steps):
         conv = convs[step.conversation]
@@ -176,8 +182,12 @@ def run_sequence(client: httpx.Client, base_url: str, *, echo: bool, max_tokens:
             reply = result.text if echo else words(f"{step.conversation}-assistant-{conv.turns}", 60)
             conv.messages.append({"role": "assistant", "content": reply})
         conv.last_body = body
-        records.append(Record(request_id, step, conv.tenant, body, result.prompt_tokens, result.cached_tokens,
-                              result.text))
+        record = Record(request_id, step, conv.tenant, body, result.prompt_tokens, result.cached_tokens,
+                        result.usage.get("completion_tokens"), result.text, previous.get(step.conversation))
+        previous[step.conversation] = request_id
+        records.append(record)
+        if after_each is not None:
+            after_each(record)
     return records
 
 
@@ -195,3 +205,12 @@ def table(rows: list[tuple[Any, ...]], header: tuple[str, ...]) -> str:
     lines = [" | ".join(str(x).ljust(w) for x, w in zip(header, widths, strict=True))]
     lines += [" | ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(lines)
+
+
+def wait_processed(hook: Any, count: int, timeout: float = 30.0) -> None:
+    """Until the prefix hook finished its after-response work for `count` requests."""
+    deadline = time.monotonic() + timeout
+    while hook.processed < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"prefix hook processed {hook.processed} of {count} requests")
+        time.sleep(0.02)

@@ -1,0 +1,135 @@
+"""Client-side TTFT against real vLLM: stamped at the first chunk carrying text, not at the
+`{"role": "assistant", "content": ""}` chunk nor at the `{"content": ""}` chunks vLLM streams for
+tokens that detokenise to nothing (special tokens; steered here with `logit_bias`).
+
+The proxy's own `send` calls are tapped (same process, same perf_counter clock), so the assertion
+is about order, not duration: every relayed read before the first text chunk was sent before the
+TTFT stamp, and the read carrying it was sent after.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.e2e.workload import chat_body, stream_chat
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+SPECIALS = {"0": 8, "1": 8}  # <|endoftext|>, <|im_start|>: skipped on detokenisation -> content ""
+PROMPT = [{"role": "user", "content": "Tell me about prefix caches and why the first token matters."}]
+
+
+class SendTap:
+    """Wraps the proxy's /v1 handler to stamp every response body message it sends."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.sends: list[tuple[float, bytes]] = []
+
+    @property
+    def active(self) -> int:
+        return self.inner.active
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def tapped(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                self.sends.append((time.perf_counter(), message["body"]))
+            await send(message)
+
+        await self.inner(scope, receive, tapped)
+
+
+def _content_pattern(result: Any) -> list[str]:
+    """E: content "" (role chunk included), T: text, N: no content key."""
+    return ["N" if c is None else ("E" if c == "" else "T") for _, c in result.contents()]
+
+
+def _leading_empty_body(replica: Any) -> tuple[dict[str, Any], list[str]]:
+    """A seeded request whose stream starts with several empty-content chunks, then text."""
+    best: tuple[int, dict[str, Any], list[str]] | None = None
+    with httpx.Client(timeout=60) as client:
+        for seed in range(16):
+            body = chat_body(PROMPT, 12, temperature=1.0, seed=seed, logit_bias=SPECIALS)
+            pattern = _content_pattern(stream_chat(client, replica.url, body))
+            lead = pattern.index("T") if "T" in pattern else 0
+            if lead and (best is None or lead > best[0]):
+                best = (lead, body, pattern)
+            if lead >= 5:
+                break
+    assert best is not None and best[0] >= 3, "no seed gave >= 2 empty content chunks before text"
+    return best[1], best[2]
+
+
+def _first_text_send(sends: list[tuple[float, bytes]]) -> int:
+    """Index of the send that completes the first event with non-empty choice-0 content."""
+    data = b"".join(body for _, body in sends)
+    offset = 0
+    end = None
+    for raw in data.split(b"\n\n"):
+        offset += len(raw) + 2
+        line = raw.strip()
+        if not line.startswith(b"data:") or line.endswith(b"[DONE]"):
+            continue
+        event = orjson.loads(line[5:])
+        choices = event.get("choices") or []
+        if choices and (choices[0].get("delta") or {}).get("content"):
+            end = offset - 2
+            break
+    assert end is not None, "no text chunk was relayed"
+    total = 0
+    for i, (_, body) in enumerate(sends):
+        total += len(body)
+        if total >= end:
+            return i
+    raise AssertionError("unreachable")
+
+
+def _count(proxy: Any, name: str) -> float:
+    text = proxy.metrics_text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_ttft_stamped_at_first_text_chunk_not_role_or_empty_chunks(e2e_proxy: Any, vllm_b32: Any) -> None:
+    body, direct = _leading_empty_body(vllm_b32)
+    proxy = e2e_proxy([vllm_b32])
+    tap = SendTap(proxy.app.openai)
+    proxy.app.openai = tap
+    before = _count(proxy, "prefixgate_ttft_seconds_count")
+    with httpx.Client(timeout=60) as client:
+        result = stream_chat(client, proxy.url, body, {"x-request-id": "ttft-mixed"})
+    proxy.settle()
+    assert _content_pattern(result) == direct, "seeded stream differs through the proxy"
+    ctx = proxy.recorder.contexts["ttft-mixed"]
+    t = ctx.timings
+    assert t.first_byte is not None and t.first_token is not None
+    first = _first_text_send(tap.sends)
+    print(f"\nstream {''.join(direct)}; relayed in {len(tap.sends)} reads, first text in read {first}; "
+          f"first byte {1000 * (t.first_byte - t.arrival):.1f} ms, TTFT {1000 * (t.first_token - t.arrival):.1f} ms")
+    assert first >= 1, "role chunk and first text arrived in one read: nothing to tell apart"
+    assert all(sent <= t.first_token for sent, _ in tap.sends[:first]), "TTFT stamped before the text arrived"
+    assert t.first_token <= tap.sends[first][0]
+    assert t.first_byte < t.first_token
+    assert ctx.content_chunks == _content_pattern(result).count("T")
+    assert _count(proxy, "prefixgate_ttft_seconds_count") == before + 1
+
+
+def test_stream_of_only_empty_chunks_has_no_ttft(e2e_proxy: Any, vllm_b32: Any) -> None:
+    proxy = e2e_proxy([vllm_b32])
+    body = chat_body(PROMPT, 6, logit_bias={"1": 100})
+    ttft_before = _count(proxy, "prefixgate_ttft_seconds_count")
+    first_byte_before = _count(proxy, "prefixgate_upstream_first_byte_seconds_count")
+    with httpx.Client(timeout=60) as client:
+        result = stream_chat(client, proxy.url, body, {"x-request-id": "ttft-empty"})
+    proxy.settle()
+    pattern = _content_pattern(result)
+    assert pattern.count("E") == 1 + 6 and "T" not in pattern, pattern  # role chunk + 6 empty tokens
+    assert result.usage.get("completion_tokens") == 6
+    ctx = proxy.recorder.contexts["ttft-empty"]
+    assert ctx.timings.first_byte is not None and ctx.timings.first_token is None
+    assert ctx.content_chunks == 0
+    assert _count(proxy, "prefixgate_ttft_seconds_count") == ttft_before
+    assert _count(proxy, "prefixgate_upstream_first_byte_seconds_count") == first_byte_before + 1
