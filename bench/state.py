@@ -25,6 +25,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from overhead import pct, start, stop, wait_ready  # noqa: E402  (bench/overhead.py)
 
 from app.state.keys import pack_hashes  # noqa: E402
 from app.state.memory import MemoryStore  # noqa: E402
@@ -34,11 +37,6 @@ from tests.redis_server import RedisServer  # noqa: E402
 
 CONCURRENCY = 16
 REPLICAS = ["r0", "r1", "r2", "r3"]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def timed_concurrently(call: Callable[[int], Awaitable[object]], n: int,
@@ -149,20 +147,6 @@ def free_port_run(n: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
-def wait_http(url: str, timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(url)
-
-
 async def drive(url: str, bodies: list[dict]) -> tuple[list[float], int]:
     import aiohttp
 
@@ -198,27 +182,23 @@ def proxy_figures(url: str) -> tuple[float, int]:
 def proxy_level(url: str, n: int, rounds: int) -> list[tuple[str, float, float, int, float, int]]:
     """Simulator and two proxies as their own processes (`prefixgate sim`, `prefixgate serve`);
     this process only drives the load."""
-    import subprocess
-
     from app.serving import free_port
 
     py = sys.executable
     base = free_port_run(4)
-    procs = [subprocess.Popen([py, "-m", "app", "sim", "--replicas", "4", "--port", str(base),
-                               "--time-scale", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [start([py, "-m", "app", "sim", "--replicas", "4", "--port", str(base), "--time-scale", "0"])]
     backends = [a for i in range(4) for a in ("--backend", f"http://127.0.0.1:{base + i}")]
     proxies = {}
     try:
         for i in range(4):
-            wait_http(f"http://127.0.0.1:{base + i}/health")
+            wait_ready(f"http://127.0.0.1:{base + i}/health")
         for state in ("memory", url):
             port = free_port()
-            procs.append(subprocess.Popen(
-                [py, "-m", "app", "serve", *backends, "--port", str(port), "--host", "127.0.0.1",
-                 "--state", state, "--policy", "prefix_affinity", "--log-level", "warning"]))
+            procs.append(start([py, "-m", "app", "serve", *backends, "--port", str(port), "--host", "127.0.0.1",
+                                "--state", state, "--policy", "prefix_affinity", "--log-level", "warning"]))
             proxies["memory" if state == "memory" else "redis"] = f"http://127.0.0.1:{port}"
         for proxy_url in proxies.values():
-            wait_http(proxy_url + "/readyz")
+            wait_ready(proxy_url + "/readyz")
         lat: dict[str, list[float]] = {s: [] for s in proxies}
         failures = dict.fromkeys(proxies, 0)
         for rnd in range(rounds):
@@ -230,14 +210,10 @@ def proxy_level(url: str, n: int, rounds: int) -> list[tuple[str, float, float, 
         return [(s, pct(v, 0.5), pct(v, 0.99), failures[s], *proxy_figures(proxies[s])) for s, v in lat.items()]
     finally:
         for proc in reversed(procs):
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     global CONCURRENCY
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=800, help="per state, through the proxy")
@@ -246,9 +222,9 @@ def main() -> int:
     parser.add_argument("--skip-store", action="store_true")
     parser.add_argument("--skip-proxy", action="store_true")
     parser.add_argument("--concurrency", type=int, default=16)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     CONCURRENCY = args.concurrency
-    cmd = "python bench/state.py " + " ".join(sys.argv[1:])
+    cmd = "python bench/state.py " + " ".join(sys.argv[1:] if argv is None else argv)
     with RedisServer() as server:
         if not args.skip_store:
             rows = asyncio.run(store_level(server.url, args.lookups))

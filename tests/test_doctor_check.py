@@ -80,3 +80,23 @@ async def test_a_failing_two_point_keeps_the_cache_verdict() -> None:
     assert result.decode is None
     assert any("two-point measurement failed: HTTP 503" in p for p in result.problems)
     assert result.exit_code == 1
+
+
+async def test_a_tokenize_that_disagrees_with_usage_is_dropped() -> None:
+    engine = FakeEngine()
+    calls: list[int] = []
+
+    def with_tokenize(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/tokenize":
+            calls.append(1)
+            content = json.loads(request.content)["messages"][0]["content"]
+            return httpx.Response(200, json={"count": int(_tokens(content) * 1.1)})  # another tokenizer
+        return engine(request)
+
+    opts = CheckOptions(url="http://fake", prompt_tokens=1000, two_point=False, ladder=True)
+    result = await run_check(opts, transport=httpx.MockTransport(with_tokenize))
+    assert any("/tokenize disagrees" in w for w in result.warnings)
+    asked_before_ladder = len(calls)
+    assert asked_before_ladder >= 3  # calibration + probe sizing used it
+    assert result.ladder is not None and result.ladder.ceiling_tokens is not None
+    assert len(calls) == asked_before_ladder  # the ladder no longer asks

@@ -171,6 +171,16 @@ def test_rewrite_turns_misses_into_hits(sim_factory, proxy_factory) -> None:
         ratios[tenant] = cached / prompt
     assert ratios["broken"] < 0.1
     assert ratios["fixed"] > 0.9
+    # streamed, without include_usage: the rewritten body also carries the proxy's usage request
+    stream = client.chat.completions.create(
+        model="sim", messages=messages("Current time: 2026-04-14T09:40:00Z [fixed]\n", "Third?"), max_tokens=4,
+        stream=True, extra_headers={"x-tenant-id": "fixed"})
+    chunks = list(stream)
+    assert all(c.usage is None for c in chunks)  # the client did not ask for usage
+    proxy.settle()
+    prompt = proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="fixed")
+    cached = proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="fixed", source="engine")
+    assert prompt and cached and cached / prompt > 0.6  # 3 requests, the first one cold
 
 
 SALT = {"tenants": {"cache_salt": {"enabled": True, "secret_env": SECRET_ENV}}}

@@ -21,8 +21,8 @@ def chat(client: httpx.Client, tenant: str, messages: list[dict]) -> httpx.Respo
     return resp
 
 
-def conversation(seed: int, turns: int) -> list[list[dict]]:
-    system = {"role": "system", "content": f"tenant {seed} documents: " + words(seed, 1500)}
+def conversation(seed: int, turns: int, doc_words: int = 1500) -> list[list[dict]]:
+    system = {"role": "system", "content": f"tenant {seed} documents: " + words(seed, doc_words)}
     history: list[dict] = [system]
     out = []
     for t in range(turns):
@@ -56,21 +56,21 @@ def test_consecutive_turns_of_a_tenant_land_on_the_same_replica(sim_factory, pro
 def test_killed_replica_is_skipped_and_retried_before_the_first_byte(sim_factory, proxy_factory):
     sim = sim_factory(replicas=3, time_scale=0.0)
     proxy = proxy_factory(sim, names=NAMES[:3])
-    turns = conversation(7, 4)
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
-        home = chat(client, "t7", turns[0]).headers["x-prefixgate-backend"]
-        i = NAMES.index(home)
         # a replica that drops the connection without answering: retried elsewhere
-        httpx.post(sim.urls[i] + "/sim/faults", json={"mode": "drop"})
-        resp = chat(client, "t7", turns[1])
-        assert resp.headers["x-prefixgate-backend"] != home
+        turns = conversation(7, 2)
+        home = chat(client, "t7", turns[0]).headers["x-prefixgate-backend"]
+        httpx.post(sim.urls[NAMES.index(home)] + "/sim/faults", json={"mode": "drop"})
+        assert chat(client, "t7", turns[1]).headers["x-prefixgate-backend"] != home
         assert decisions(proxy, "failover") == 1
         # a killed replica: connection refused, retried, then left out of rotation
-        sim.servers[i].stop()
-        resp = chat(client, "t7", turns[2])
-        assert resp.headers["x-prefixgate-backend"] != home
+        turns = conversation(8, 2)
+        home = chat(client, "t8", turns[0]).headers["x-prefixgate-backend"]
+        sim.servers[NAMES.index(home)].stop()
+        assert chat(client, "t8", turns[1]).headers["x-prefixgate-backend"] != home
         assert proxy.sample("prefixgate_upstream_errors_total", backend=home, kind="connect") == 1
         assert proxy.services.replicas.get(home).healthy is False
+        assert decisions(proxy, "failover") == 2
         for t in range(5):
             assert chat(client, f"other{t}", conversation(20 + t, 1)[0]).headers["x-prefixgate-backend"] != home
         assert decisions(proxy, "failover") == 2
@@ -114,9 +114,9 @@ def test_kv_event_mode_keeps_the_index_equal_to_the_engine(sim_factory, proxy_fa
             time.sleep(0.05)
         for url in sim.urls:
             assert httpx.post(url + "/reset_prefix_cache").json()["success"]
-        for turn in range(3):  # enough traffic to evict: 9 tenants x ~1.7k tokens > 2 x 160 blocks
+        for turn in range(3):  # enough traffic to evict: 9 tenants x ~1k tokens > 2 x 160 blocks
             for tenant in range(9):
-                chat(client, f"k{tenant}", conversation(40 + tenant, 3)[turn])
+                chat(client, f"k{tenant}", conversation(40 + tenant, 3, doc_words=200)[turn])
 
         def engine_sets() -> dict[str, set[int]]:
             return {n: set(httpx.get(u + "/sim/state").json()["resident_proxy_hashes"])

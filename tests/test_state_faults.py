@@ -185,6 +185,28 @@ async def test_outage_queue_is_bounded() -> None:
         await store.close()
 
 
+async def test_refused_writes_are_dropped_logged_once_and_serving_goes_on(caplog) -> None:
+    """A Redis at its maxmemory (noeviction) refuses writes: they are counted and dropped (a
+    retry would not help), the pod keeps Redis for reads and keeps answering."""
+    caplog.set_level(logging.WARNING, logger="app.state.resilient")
+    with RedisServer(maxmemory="3mb") as server:
+        metrics = Metrics()
+        store = make(server.url, metrics)
+        await store.start()
+        try:
+            for i in range(60):
+                await store.history_append(f"t{i}", {"pad": "x" * 100_000})
+                await store.flush()
+            assert store.dropped_writes > 0
+            assert gauge(metrics, "prefixgate_state_dropped_writes_total") == store.dropped_writes
+            assert len([r for r in caplog.records if "refused" in r.message]) == 1
+            assert store.up()
+            await store.residency_add("r", [1, 2])
+            assert await store.residency_lookup([1, 2], ["r"]) == {"r": 2}
+        finally:
+            await store.close()
+
+
 async def test_factory_builds_resilient_store_from_url(redis_proc: RedisServer) -> None:
     metrics = Metrics()
     settings = Settings(state=redis_proc.url)

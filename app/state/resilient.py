@@ -109,6 +109,7 @@ class ResilientStore:
         self._reconnector: asyncio.Task[None] | None = None
         self.dropped_writes = 0
         self.outages = 0
+        self._refused_logged = False
 
     # ------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -267,8 +268,15 @@ class ResilientStore:
                 self._queue.extendleft(reversed(batch))
                 self._mark_down(exc)
                 return False
-            except RedisError as exc:  # a command Redis refused: retrying would not help
-                log.warning("shared state: dropped a batch of %d writes: %s", len(batch), exc)
+            except RedisError as exc:  # a command Redis refused (OOM, ...): retrying would not help
+                self.dropped_writes += len(batch)
+                if self.metrics is not None:
+                    self.metrics.state_dropped_writes.inc(len(batch))
+                if not self._refused_logged:  # once until a batch goes through again
+                    self._refused_logged = True
+                    log.warning("shared state: Redis refused a batch of %d writes: %s", len(batch), exc)
+            else:
+                self._refused_logged = False
             for op in batch:
                 self._forget(op)
             self._gauge()

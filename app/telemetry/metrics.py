@@ -213,8 +213,9 @@ class Metrics:
             "Shared-state writes queued for Redis (batched; replayed after an outage).", registry=r)
         self.state_dropped_writes = Counter(
             "prefixgate_state_dropped_writes_total",
-            "Queued shared-state writes dropped because the queue hit its bound during a long Redis "
-            "outage; other pods miss them until the data is written again.", registry=r)
+            "Shared-state writes dropped: the queue hit its bound during a long Redis outage, or "
+            "Redis refused them (maxmemory); other pods miss them until the data is written again.",
+            registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""

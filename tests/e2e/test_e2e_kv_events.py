@@ -1,0 +1,107 @@
+"""KV-event mode against real vLLM: the routing index follows the engine's own ZMQ events.
+
+vLLM publishes BlockStored (with the ids it really cached: prompt *and sampled* tokens) and
+AllBlocksCleared (POST /reset_prefix_cache). With the index fed by those events, the proxy's
+prediction is exact even when the engine's replies are fed back (the case where re-tokenised text
+cannot tell which generated blocks really match), and a cache reset empties the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from app.engines.kv_events import KVEventSubscriber
+from app.prefix.fingerprint import prompt_input
+from tests.e2e.workload import Record, run_sequence, table, wait_processed
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+QUIET_S = 0.5  # no new event batch for this long after a response: the engine published its blocks
+
+
+def _subscriber(proxy: Any) -> KVEventSubscriber:
+    found = [c for c in proxy.services.background if isinstance(c, KVEventSubscriber)]
+    assert found, "routing.kv_events with an endpoint did not start a KVEventSubscriber"
+    return found[0]
+
+
+def _connect(replica: Any, sub: KVEventSubscriber, timeout: float = 30.0) -> None:
+    """A SUB socket misses what is published before it joined: reset the cache (AllBlocksCleared)
+    until one batch arrives, which proves the subscription is live and leaves the cache empty."""
+    deadline = time.monotonic() + timeout
+    while sub.streams[replica.name].batches == 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError("no KV event batch arrived from vLLM")
+        replica.reset_prefix_cache()
+        t = time.monotonic()
+        while sub.streams[replica.name].batches == 0 and time.monotonic() - t < 1.0:
+            time.sleep(0.05)
+
+
+def _settle(sub: KVEventSubscriber, name: str, before: int, timeout: float = 20.0) -> None:
+    """Until at least one new batch arrived and the stream then stayed quiet for QUIET_S."""
+    deadline = time.monotonic() + timeout
+    last, since = sub.streams[name].batches, time.monotonic()
+    while True:
+        now = time.monotonic()
+        count = sub.streams[name].batches
+        if count != last:
+            last, since = count, now
+        if count > before and now - since >= QUIET_S:
+            return
+        if now > deadline:
+            raise TimeoutError(f"KV events from {name} did not settle ({count} batches)")
+        time.sleep(0.05)
+
+
+def _resident_blocks(proxy: Any, body: dict[str, Any], name: str) -> tuple[int, int]:
+    """(leading blocks of this prompt's chain resident for `name`, blocks in the chain)."""
+    hook = proxy.services.components["prefix"]
+    b = proxy.services.replicas.all()[0].block_size
+    fp = hook.fingerprinter.complete_sync(hook.fingerprinter.prepare(prompt_input("chat", body), b))
+    lookup = asyncio.run_coroutine_threadsafe(
+        proxy.services.store.residency_lookup(fp.block_hashes, [name]), proxy.server.loop).result(10)
+    return lookup.get(name, 0), len(fp.block_hashes)
+
+
+def test_index_follows_vllm_events_exact_predictions_and_reset(e2e_proxy: Any, vllm_b32: Any) -> None:
+    name = vllm_b32.name
+    proxy = e2e_proxy([vllm_b32], routing={"kv_events": True, "kv_events_endpoints": {name: vllm_b32.kv_endpoint}})
+    sub = _subscriber(proxy)
+    _connect(vllm_b32, sub)
+    counts: dict[str, int] = {}
+
+    def after_each(rec: Record) -> None:
+        _settle(sub, name, counts.get("batches", 0))
+        counts["batches"] = sub.streams[name].batches
+
+    counts["batches"] = sub.streams[name].batches
+    with httpx.Client(timeout=120) as client:
+        records = run_sequence(client, proxy.url, echo=True, max_tokens=40, tag="kv", after_each=after_each)
+    hook = proxy.services.components["prefix"]
+    wait_processed(hook, len(records))
+    predicted = {rid: p for rid, _t, p, _d in hook.predictions}
+    rows = [(r.request_id, r.step.label, r.prompt_tokens, r.cached_tokens, predicted.get(r.request_id))
+            for r in records]
+    equal = sum(1 for r in records if predicted.get(r.request_id) == r.cached_tokens)
+    print(f"\nKV-event mode, echo, b32: {equal}/{len(records)} equal\n"
+          + table(rows, ("request", "step", "prompt", "vllm cached", "predicted")))
+    stored = proxy.sample("prefixgate_kv_events_total", backend=name, kind="stored") or 0
+    assert stored > 0
+    assert [predicted.get(r.request_id) for r in records] == [r.cached_tokens for r in records]
+
+    # the last prompt is resident block for block, as vLLM stored it
+    last = records[-1]
+    resident, total = _resident_blocks(proxy, last.body, name)
+    assert total == last.prompt_tokens // 32 and resident == total
+
+    cleared = proxy.sample("prefixgate_kv_events_total", backend=name, kind="cleared") or 0
+    before = sub.streams[name].batches
+    vllm_b32.reset_prefix_cache()
+    _settle(sub, name, before)
+    assert (proxy.sample("prefixgate_kv_events_total", backend=name, kind="cleared") or 0) == cleared + 1
+    assert _resident_blocks(proxy, last.body, name)[0] == 0
