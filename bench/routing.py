@@ -195,6 +195,18 @@ async def replica_numbers(session: aiohttp.ClientSession, url: str) -> dict[str,
     return out
 
 
+async def route_reasons(session: aiohttp.ClientSession, base: str) -> dict[str, float]:
+    """prefixgate's own decision counts by reason (prefixgate_route_decisions_total)."""
+    out: dict[str, float] = {}
+    async with session.get(base + "/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            if line.startswith("prefixgate_route_decisions_total{"):
+                m = re.search(r'reason="([^"]+)"', line)
+                if m:
+                    out[m.group(1)] = out.get(m.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -222,6 +234,7 @@ async def run_target(target: str, tenants: list[Tenant], args: argparse.Namespac
             await asyncio.gather(*(run_tenant(session, base, t, args.time_scale, t0, results) for t in tenants))
             wall = time.perf_counter() - t0
             after = [await replica_numbers(session, u) for u in urls]
+            reasons = await route_reasons(session, base) if target.startswith("prefixgate:") else {}
     finally:
         if proc is not None:
             stop(proc)
@@ -239,6 +252,7 @@ async def run_target(target: str, tenants: list[Tenant], args: argparse.Namespac
         "imb_requests": imbalance([d.get("vllm:request_success_total", 0.0) for d in delta]),
         "imb_prefill": imbalance([d.get("vllm:prefix_cache_queries_total", 0.0)
                                   - d.get("vllm:prefix_cache_hits_total", 0.0) for d in delta]),
+        "reasons": reasons,
         "busy": statistics.fmean(d["clock"] * args.time_scale / wall for d in delta), "wall": wall,
     }
 
@@ -260,6 +274,10 @@ def print_table(rows: list[dict], bound_ratio: float, command: str) -> None:
     if ref and ours:
         print(f"\nprefix_affinity vs sglang-router cache_aware: p95 TTFT {ours['p95'] / ref['p95'] - 1:+.0%}, "
               f"hit ratio {ours['hit_ratio']:.3f} vs {ref['hit_ratio']:.3f}")
+    print("\nprefixgate route decisions by reason (includes the readiness probe):")
+    for r in rows:
+        if r["reasons"]:
+            print(f"  {r['target']}: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["reasons"].items())))
     print("\ntarget commands (replica URLs vary per run):")
     for r in rows:
         print(f"  {r['target']}: {r['command']}")
