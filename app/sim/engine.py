@@ -32,6 +32,7 @@ from app.sim.request import HashSpec, SimRequest
 from app.sim.tokens import SimTokenizer, load_tokenizer
 
 RECENT = 256  # finished-request summaries kept for /sim/state
+MAX_CATCH_UP_S = 0.05  # step-pacing backlog the loop may catch up after overruns
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -56,6 +57,7 @@ class SimEngine:
         self.slow_factor = 1.0
         self.dead = False
         self.steps = 0
+        self._deadline = 0.0  # loop time the current step's sleep runs to (see _pace)
         self.counters = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "prompt_tokens": 0,
                          "generation_tokens": 0, "num_preemptions": 0, "requests_finished": 0}
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
@@ -133,10 +135,24 @@ class SimEngine:
             step_s = self._step_time(scheduled)
             self.clock += step_s
             delay = step_s * self.options.time_scale * self.slow_factor
-            await asyncio.sleep(delay if delay > 0 else 0)
+            await self._pace(delay)
             self._update(scheduled)
             self._flush_events()
             self.steps += 1
+
+    async def _pace(self, delay: float) -> None:
+        """Sleep to an absolute deadline, not for `delay`: each sleep overshoots by the event loop's
+        wake-up latency (~1 ms on a loaded box), which would make every decode step slower than
+        configured. Running to a deadline catches up; after an idle gap or a long stall the deadline
+        restarts from now (at most MAX_CATCH_UP_S of backlog is caught up, never a burst)."""
+        if delay <= 0:
+            await asyncio.sleep(0)
+            return
+        now = asyncio.get_running_loop().time()
+        if self._deadline < now - MAX_CATCH_UP_S:
+            self._deadline = now
+        self._deadline += delay
+        await asyncio.sleep(max(0.0, self._deadline - now))
 
     def _step_time(self, scheduled: list[tuple[SimRequest, int, bool]]) -> float:
         o = self.options

@@ -121,7 +121,9 @@ class MemoryStore:
                 res.blocks.pop(h, None)
 
     async def residency_clear(self, replica: str) -> None:
-        self._residency.pop(replica, None)
+        res = self._residency.get(replica)
+        if res is not None:
+            res.blocks.clear()  # keep the replica's capacity (AllBlocksCleared is not a resize)
 
     def residency_size(self, replica: str) -> int:
         res = self._residency.get(replica)

@@ -1,7 +1,7 @@
 """Session fixtures of the real-vLLM tier: the tiny model and up to three real vLLM replicas.
 
-`vllm_fleet` starts every replica the tier needs at once (their ~30 s start-ups overlap) and stops
-them all by PID at the end of the session, on failure too. Specs:
+`vllm_fleet` starts every replica the selected tests use at once (their ~30 s start-ups overlap)
+and stops them all by PID at the end of the session, on failure too. Specs:
 - `b32`: block 32, prefix caching on, KV events on a free port (prediction, simulator, TTFT,
   gauges, KV events);
 - `b128`: vLLM's default block size (128 on the CPU backend), prefix caching on;
@@ -51,9 +51,12 @@ def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_fleet(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmReplica]]:
+def vllm_fleet(request: pytest.FixtureRequest, vllm_model_dir: Path,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmReplica]]:
     log_dir = Path(os.environ.get("PREFIXGATE_E2E_LOGS") or tmp_path_factory.mktemp("vllm-logs"))
-    replicas = start_replicas(SPECS, vllm_model_dir, log_dir)
+    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    specs = [s for s in SPECS if f"vllm_{s.name}" in wanted] or list(SPECS)
+    replicas = start_replicas(specs, vllm_model_dir, log_dir)
     atexit.register(stop_all, replicas)  # belt and braces: an interrupted session still stops them
     try:
         yield {r.name: r for r in replicas}

@@ -1,7 +1,8 @@
 """KV-event mode against real vLLM: the routing index follows the engine's own ZMQ events.
 
 vLLM publishes BlockStored (with the ids it really cached: prompt *and sampled* tokens) and
-AllBlocksCleared (POST /reset_prefix_cache). With the index fed by those events, the proxy's
+AllBlocksCleared (POST /reset_prefix_cache; observed: it leaves with the batch of the engine's
+next step, so a reset on an idle engine is published only when the next request runs). With the index fed by those events, the proxy's
 prediction is exact even when the engine's replies are fed back (the case where re-tokenised text
 cannot tell which generated blocks really match), and a cache reset empties the index.
 """
@@ -29,14 +30,22 @@ def _subscriber(proxy: Any) -> KVEventSubscriber:
     return found[0]
 
 
+def _probe(replica: Any, n: int) -> None:
+    """A small request with a prompt of its own: vLLM publishes queued events (AllBlocksCleared
+    included) only with the batch of its next engine step, so something has to run."""
+    body = {"model": "tiny", "prompt": f"probe {n} " * 24, "max_tokens": 1}
+    httpx.post(replica.url + "/v1/completions", json=body, timeout=60).raise_for_status()
+
+
 def _connect(replica: Any, sub: KVEventSubscriber, timeout: float = 30.0) -> None:
-    """A SUB socket misses what is published before it joined: reset the cache (AllBlocksCleared)
-    until one batch arrives, which proves the subscription is live and leaves the cache empty."""
+    """A SUB socket misses what is published before it joined: probe until one batch arrives."""
     deadline = time.monotonic() + timeout
+    n = 0
     while sub.streams[replica.name].batches == 0:
         if time.monotonic() > deadline:
             raise TimeoutError("no KV event batch arrived from vLLM")
-        replica.reset_prefix_cache()
+        n += 1
+        _probe(replica, n)
         t = time.monotonic()
         while sub.streams[replica.name].batches == 0 and time.monotonic() - t < 1.0:
             time.sleep(0.05)
@@ -102,6 +111,7 @@ def test_index_follows_vllm_events_exact_predictions_and_reset(e2e_proxy: Any, v
     cleared = proxy.sample("prefixgate_kv_events_total", backend=name, kind="cleared") or 0
     before = sub.streams[name].batches
     vllm_b32.reset_prefix_cache()
+    _probe(vllm_b32, 0)  # carries the AllBlocksCleared out
     _settle(sub, name, before)
     assert (proxy.sample("prefixgate_kv_events_total", backend=name, kind="cleared") or 0) == cleared + 1
     assert _resident_blocks(proxy, last.body, name)[0] == 0
