@@ -36,6 +36,20 @@ from app.serving import free_port  # noqa: E402
 
 CONTENT_MARK = b'"delta":{"content":"'
 
+# `prefixgate serve` minus the request hooks, for --core-only
+CORE_ONLY = """
+import sys
+import uvicorn
+from app.config import Settings
+from app.server import create_app
+from app.serving import uvicorn_config
+backend, port, policy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+settings = Settings(backends=[{"url": backend}], **({"routing": {"policy": policy}} if policy else {}))
+app = create_app(settings)
+app.services.hooks.clear()
+uvicorn.Server(uvicorn_config(app, "127.0.0.1", port)).run()
+"""
+
 
 @dataclass
 class Case:
@@ -238,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
     parser.add_argument("--policy", default=None, help="proxy routing policy (default: the config default)")
+    parser.add_argument("--core-only", action="store_true",
+                        help="run the proxy without its request hooks (hygiene, fingerprint, tracing): "
+                             "the relay core's own cost")
     args = parser.parse_args(argv if argv is not None else sys.argv[1:])
     py = sys.executable
     sim_port, proxy_port = free_port(), free_port()
@@ -251,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                  str(proxy_port), "--log-level", "warning"]
         if args.policy:
             serve += ["--policy", args.policy]
+        if args.core_only:
+            serve = [py, "-c", CORE_ONLY, direct, str(proxy_port), args.policy or ""]
         proxy = start(serve)
         proxied = f"http://127.0.0.1:{proxy_port}"
         wait_ready(proxied + "/readyz")

@@ -293,7 +293,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill-tps", type=float, default=4000.0)
     p.add_argument("--decode-tps", type=float, default=60.0)
     p.add_argument("--max-batch-tokens", type=int, default=2048)
-    p.add_argument("--time-scale", type=float, default=0.5, help="real seconds per simulated second")
+    p.add_argument("--time-scale", type=float, default=0.4, help="real seconds per simulated second")
     p.add_argument("--session-rate", type=float, default=0.5, help="session starts per simulated second")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))

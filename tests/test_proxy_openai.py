@@ -50,6 +50,8 @@ def test_request_id_and_backend_headers(proxy) -> None:
         model="sim", messages=MESSAGES, max_tokens=4, extra_headers={"x-request-id": "abc-1"})
     assert raw.headers["x-request-id"] == "abc-1"
     assert raw.headers["x-prefixgate-backend"] in proxy.services.replicas.names()
+    matched, total = raw.headers["x-prefixgate-prefix"].split("/")  # from the fingerprint hook
+    assert 0 <= int(matched) <= int(total)
 
 
 def test_ttft_is_content_time_not_role_chunk(sim_factory, proxy_factory) -> None:

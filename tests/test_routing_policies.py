@@ -187,3 +187,28 @@ async def test_session_is_sticky_bounded_and_fails_over():
     # without a session id, the tenant is the key
     t1 = await routed(router, request(doc(2, 100), tenant="acme"))
     assert (await routed(router, request(doc(3, 100), tenant="acme"))).replica.name == t1.replica.name
+
+
+async def test_affinity_forgets_a_prefix_after_the_index_ttl():
+    now = [0.0]
+    store = MemoryStore(ttl_s=60.0, clock=lambda: now[0])
+    router = PrefixAffinityRouter(fleet(), store, AffinityOptions(block_size=B))
+    prompt = doc(50, 1600)
+    await routed(router, request(prompt))
+    assert (await routed(router, request(prompt))).reason == "prefix_hit"
+    now[0] += 61.0
+    again = await routed(router, request(prompt))
+    assert again.reason == "cold_spread" and again.available_blocks == 0
+
+
+async def test_cold_spread_avoids_a_replica_with_a_large_recent_share():
+    replicas = fleet()
+    router = PrefixAffinityRouter(replicas, MemoryStore(), AffinityOptions(block_size=B))
+    req = request(doc(77, 2000), tenant="new")
+    first = (await router.choose(req)).replica.name
+    for _ in range(40):  # sticky tenants kept sending their turns there
+        router.recent.add(first)
+    for name in ("r0", "r1", "r2", "r3"):
+        router.recent.add(name)
+    d = await router.choose(req)
+    assert d.reason == "cold_spread" and d.replica.name != first

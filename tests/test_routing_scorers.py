@@ -86,3 +86,20 @@ def test_pick_bounded_never_exceeds_the_bound_over_many_keys():
         loads[name] += 1
     mean = sum(loads.values()) / len(loads)
     assert max(loads.values()) <= 1.25 * mean + 1
+
+
+def test_recent_requests_decay_per_request():
+    from app.routing.recent import RecentRequests
+
+    recent = RecentRequests(window=10)
+    for _ in range(5):
+        recent.add("a")
+    a_before = recent.value("a")
+    assert 4.0 < a_before < 5.0  # older requests weigh less than the newest
+    for _ in range(30):
+        recent.add("b")
+    assert recent.value("a") < a_before * 0.1  # forgotten after a few windows
+    assert recent.value("b") > 8.0 and recent.value("missing") == 0.0
+    for _ in range(5000):  # rescaling keeps values finite and consistent
+        recent.add("b")
+    assert 9.0 < recent.value("b") <= 10.0

@@ -475,3 +475,14 @@ class Fingerprinter:
     def encode_text(self, text: str) -> array:
         """Ids of free text (generated output), as the engine re-tokenises it in the next turn."""
         return self.tokenizer.encode_text(text)
+
+    def encode_small(self, text: str) -> array:
+        """`encode_text` for a short text on the event loop: the same ids, from one plain encode
+        per segment in this thread. (`encode_text` batches, and the tokenizers thread pool that
+        serves a batch may be busy with a worker's 1 MB prompt: a 100-char reply then waited
+        15-40 ms for it, on the loop.)"""
+        out = array("I")
+        for segment in self.tokenizer.split(text):
+            ids = self.tokenizer.lookup(segment)
+            out.extend(ids if ids is not None else self.tokenizer.encode(segment))
+        return out

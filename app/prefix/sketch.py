@@ -16,6 +16,8 @@ from typing import Any
 
 from app.prefix.fingerprint import PromptInput
 
+FIND_PROBE_CHARS = 64
+
 
 @dataclass(frozen=True)
 class Region:
@@ -67,8 +69,31 @@ def _digest(value: Any) -> str:
     return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
+def message_key(role: str, body: str, tool_calls: Any) -> str:
+    """Identity of a message for comparing two requests of one tenant *in this process* (sketches
+    are never shared): the content's length and str hash (cached on the string, ~0.1 ms per MB,
+    where a JSON dump + digest of a 1 MB system prompt took ~4 ms on the event loop)."""
+    calls = _digest(tool_calls) if tool_calls else "-"
+    return f"{role}:{len(body):x}.{hash(body) & 0xFFFFFFFFFFFFFFFF:016x}.{calls}"
+
+
+def find_content(text: str, body: str, cursor: int) -> int:
+    """Where `body` occurs in `text` from `cursor` (-1: nowhere). A short probe finds the
+    candidates and one memcmp confirms each: a plain find of a 1 MB needle costs ~0.6 ms of
+    preprocessing, the probe costs microseconds when the content follows its role header."""
+    if len(body) <= FIND_PROBE_CHARS:
+        return text.find(body, cursor)
+    probe = body[:FIND_PROBE_CHARS]
+    pos = text.find(probe, cursor)
+    while pos >= 0 and not text.startswith(body, pos):
+        pos = text.find(probe, pos + 1)
+    return pos
+
+
 def build_sketch(inp: PromptInput | None, text: str) -> RequestSketch:
-    """Locate each message's content in `text` (in order) and record tools and the tail start."""
+    """Locate each message's content in `text` (in order) and record tools and the tail start.
+    Cost: O(number of messages + tools), plus one memcmp per message: never a pass of
+    Python code over the prompt's characters (it runs on the event loop)."""
     if inp is None or inp.kind != "chat":
         cut = text.rfind("\n\n")
         if cut < 0:
@@ -79,12 +104,12 @@ def build_sketch(inp: PromptInput | None, text: str) -> RequestSketch:
     for index, message in enumerate(inp.messages):
         role = str(message.get("role", ""))
         body = content_text(message.get("content"))
-        sketch.message_keys.append(f"{role}:{_digest([body, message.get('tool_calls')])}")
+        sketch.message_keys.append(message_key(role, body, message.get("tool_calls")))
         if role in ("system", "developer") and index == 0:
             sketch.system_text = body
         if not body:
             continue
-        pos = text.find(body, cursor)
+        pos = find_content(text, body, cursor)
         if pos < 0:
             continue
         sketch.regions.append(Region(role, index, pos, pos + len(body)))

@@ -20,6 +20,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import compress, repeat
+from operator import eq
 from typing import Any
 
 from app.prefix.diagnose import Diagnosis, diagnose, fix_for, snippet
@@ -140,7 +142,7 @@ class TenantTracker:
         seq = state.last_seq + 1
         state.last_seq = seq
         record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain, block_size)
-        self._remember(tenant, state, seq, [*chain, *extra_chain], sketch)
+        self._remember(tenant, state, seq, [*chain, *extra_chain] if extra_chain else list(chain), sketch)
         await self.store.history_append(tenant, record)
         await self.store.counter_incr(tenant, "requests")
         await self.store.counter_incr(tenant, "blocks", float(total))
@@ -197,12 +199,11 @@ class TenantTracker:
 
     def _remember(self, tenant: str, state: _Tenant, seq: int, hashes: list[int],
                   sketch: RequestSketch | None) -> None:
-        added = 0
-        for h in hashes:
-            if h not in state.hashes:
-                added += 1
-            state.hashes[h] = seq
-        self._hash_count += added
+        # C-level bulk update (this runs on the event loop; a Python loop over a 1 MB prompt's
+        # 25k hashes took ~2 ms): the dict's growth is the number of new hashes
+        before = len(state.hashes)
+        state.hashes.update(zip(hashes, repeat(seq)))
+        self._hash_count += len(state.hashes) - before
         state.requests.append((seq, hashes))
         if sketch is not None:
             state.sketches[seq] = sketch
@@ -223,10 +224,10 @@ class TenantTracker:
 
     def _drop_oldest_request(self, state: _Tenant) -> None:
         seq, hashes = state.requests.popleft()
-        for h in hashes:
-            if state.hashes.get(h) == seq:
-                del state.hashes[h]
-                self._hash_count -= 1
+        # the hashes this request is still the newest holder of, found and deleted at C speed
+        owned = list(dict.fromkeys(compress(hashes, map(eq, map(state.hashes.get, hashes), repeat(seq)))))
+        deque(map(state.hashes.pop, owned, repeat(None)), maxlen=0)
+        self._hash_count -= len(owned)
         self.evictions += 1
 
     def _drop_oldest_text(self, keep: str) -> bool:

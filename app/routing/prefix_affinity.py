@@ -9,7 +9,9 @@ all replicas), its prefill backlog and its decode load. The lowest cost wins:
 - `cold_spread`: no candidate holds a meaningful share of the prompt (< `cold_match_ratio`), so
   the request is placed by bounded-load consistent hashing of its first blocks: the same prefix
   lands on the same replica across turns and gateway pods, and no replica takes more than
-  (1 + epsilon) x the mean load, so cold traffic never piles onto one replica;
+  (1 + epsilon) x the mean of either the work queued now or its share of recent requests
+  (app/routing/recent.py), so cold traffic never piles onto one replica and sticky tenants do
+  not leave the fleet unbalanced;
 - `failover`: a retry (the previous replicas are in `exclude`).
 
 `on_routed` inserts the known prompt blocks into the chosen replica's residency index right away
@@ -25,8 +27,9 @@ from dataclasses import dataclass
 from app.prefix.blocks import predicted_hit_tokens
 from app.routing.background import BackgroundWrites
 from app.routing.base import Replica, RouteDecision, RouteRequest
+from app.routing.recent import RecentRequests
 from app.routing.replicas import ReplicaSet
-from app.routing.ring import DEFAULT_EPSILON, RingCache, pick_bounded
+from app.routing.ring import DEFAULT_EPSILON, RingCache, first_on_ring, within_bound
 from app.routing.round_robin import pick_candidates
 from app.routing.scorers import ReplicaCost, ScoreWeights, load_value, replica_costs
 from app.state.base import Store
@@ -79,6 +82,7 @@ class PrefixAffinityRouter:
         self._ring = RingCache()
         self._capacity_seen: dict[str, int] = {}
         self.writes = BackgroundWrites()
+        self.recent = RecentRequests()
 
     def _sync_capacity(self, replicas: Sequence[Replica]) -> None:
         """Bound each replica's index at its KV capacity once the scraper (or config) knows it."""
@@ -107,10 +111,7 @@ class PrefixAffinityRouter:
 
         if predicted_hit_tokens(best_match, prompt, block_size) < self.options.cold_match_ratio * prompt:
             key = cold_key(hashes, block_size, self.options.cold_key_tokens, request.tenant)
-            loads = {c.replica.name: load_value(c.replica, self.options.weights) for c in costs}
-            ring = self._ring.get(self._replicas.names())
-            name, _first = pick_bounded(ring, key, loads, new_load=float(prompt), epsilon=self.options.epsilon)
-            chosen = next(c for c in costs if c.replica.name == name)
+            chosen = self._cold_pick(key, costs, prompt)
             reason = "cold_spread"
         else:
             chosen = choose_by_cost(costs)
@@ -123,7 +124,24 @@ class PrefixAffinityRouter:
             available_blocks=available, scores={c.replica.name: c.total for c in costs},
             prefill_tokens=max(0, prompt - hit), explanation=f"{reason}; " + chosen.explain())
 
+    def _cold_pick(self, key: str | int, costs: list[ReplicaCost], prompt: int) -> ReplicaCost:
+        """Bounded-load hashing over two loads: the work queued now (prefill-token equivalents)
+        and the share of recent requests; the first replica on the key's ring walk within both
+        bounds wins (within the first alone if none is, else the least loaded now)."""
+        eps = self.options.epsilon
+        now = {c.replica.name: load_value(c.replica, self.options.weights) for c in costs}
+        recent = {c.replica.name: self.recent.value(c.replica.name) for c in costs}
+        ok_now = within_bound(now, float(prompt), eps)
+        ring = self._ring.get(self._replicas.names())
+        name, _ = first_on_ring(ring, key, ok_now & within_bound(recent, 1.0, eps))
+        if name is None:
+            name, _ = first_on_ring(ring, key, ok_now)
+        if name is None:
+            name = min(now, key=lambda n: (now[n], n))
+        return next(c for c in costs if c.replica.name == name)
+
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
+        self.recent.add(decision.replica.name)
         fp = request.fingerprint
         if fp is None or not fp.block_hashes:
             return

@@ -59,19 +59,28 @@ def load_bound(loads: Mapping[str, float], new_load: float, epsilon: float) -> f
     return (1.0 + epsilon) * (sum(loads.values()) + new_load) / len(loads)
 
 
+def within_bound(loads: Mapping[str, float], new_load: float, epsilon: float) -> set[str]:
+    """Replicas that may take the new item without exceeding (1 + epsilon) x the mean."""
+    bound = load_bound(loads, new_load, epsilon)
+    return {name for name, load in loads.items() if load <= bound}
+
+
+def first_on_ring(ring: HashRing, key: str | int, eligible: set[str]) -> tuple[str | None, bool]:
+    """(first eligible replica walking from the key, True if it is the key's first choice)."""
+    for i, name in enumerate(ring.walk(key)):
+        if name in eligible:
+            return name, i == 0
+    return None, False
+
+
 def pick_bounded(ring: HashRing, key: str | int, loads: Mapping[str, float], new_load: float = 1.0,
                  epsilon: float = DEFAULT_EPSILON) -> tuple[str, bool]:
     """(replica, True if it is the key's first choice). Only replicas in `loads` are eligible;
     when all are over the bound (cannot happen with epsilon > 0, kept for safety) the least
     loaded wins."""
-    bound = load_bound(loads, new_load, epsilon)
-    first = True
-    for name in ring.walk(key):
-        if name not in loads:
-            continue
-        if loads[name] <= bound:
-            return name, first
-        first = False
+    name, first = first_on_ring(ring, key, within_bound(loads, new_load, epsilon))
+    if name is not None:
+        return name, first
     return min(loads, key=lambda n: (loads[n], n)), False
 
 

@@ -54,7 +54,12 @@ def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vllm_fleet(request: pytest.FixtureRequest, vllm_model_dir: Path,
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VllmReplica]]:
     log_dir = Path(os.environ.get("PREFIXGATE_E2E_LOGS") or tmp_path_factory.mktemp("vllm-logs"))
-    wanted = {name for item in request.session.items for name in getattr(item, "fixturenames", ())}
+    wanted: set[str] = set()
+    for item in request.session.items:
+        wanted.update(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "vllm_replica" in callspec.params:
+            wanted.add(f"vllm_{callspec.params['vllm_replica']}")
     specs = [s for s in SPECS if f"vllm_{s.name}" in wanted] or list(SPECS)
     replicas = start_replicas(specs, vllm_model_dir, log_dir)
     atexit.register(stop_all, replicas)  # belt and braces: an interrupted session still stops them
@@ -79,6 +84,12 @@ def vllm_b32(vllm_fleet: dict[str, VllmReplica]) -> VllmReplica:
 @pytest.fixture
 def vllm_b128(vllm_fleet: dict[str, VllmReplica]) -> VllmReplica:
     return _fresh(vllm_fleet, "b128")
+
+
+@pytest.fixture
+def vllm_replica(request: pytest.FixtureRequest, vllm_fleet: dict[str, VllmReplica]) -> VllmReplica:
+    """Indirectly parametrized by spec name: `@pytest.mark.parametrize("vllm_replica", ["b32"], indirect=True)`."""
+    return _fresh(vllm_fleet, request.param)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 
 from app.engines.kv_events import KVEventSubscriber
 from app.prefix.fingerprint import prompt_input
-from tests.e2e.workload import Record, run_sequence, table, wait_processed
+from tests.e2e.workload import SEQUENCE, Record, run_sequence, table, wait_processed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 QUIET_S = 0.5  # no new event batch for this long after a response: the engine published its blocks
@@ -77,20 +77,31 @@ def _resident_blocks(proxy: Any, body: dict[str, Any], name: str) -> tuple[int, 
     return lookup.get(name, 0), len(fp.block_hashes)
 
 
-def test_index_follows_vllm_events_exact_predictions_and_reset(e2e_proxy: Any, vllm_b32: Any) -> None:
-    name = vllm_b32.name
-    proxy = e2e_proxy([vllm_b32], routing={"kv_events": True, "kv_events_endpoints": {name: vllm_b32.kv_endpoint}})
+def _kv_proxy(e2e_proxy: Any, replica: Any) -> tuple[Any, KVEventSubscriber]:
+    proxy = e2e_proxy([replica], routing={"kv_events": True,
+                                          "kv_events_endpoints": {replica.name: replica.kv_endpoint}})
     sub = _subscriber(proxy)
-    _connect(vllm_b32, sub)
-    counts: dict[str, int] = {}
+    _connect(replica, sub)
+    return proxy, sub
+
+
+def _run_settled(proxy: Any, sub: KVEventSubscriber, name: str, *, echo: bool, tag: str,
+                 steps: Any = None) -> list[Record]:
+    seen = {"batches": sub.streams[name].batches}
 
     def after_each(rec: Record) -> None:
-        _settle(sub, name, counts.get("batches", 0))
-        counts["batches"] = sub.streams[name].batches
+        _settle(sub, name, seen["batches"])
+        seen["batches"] = sub.streams[name].batches
 
-    counts["batches"] = sub.streams[name].batches
+    kwargs = {"steps": steps} if steps is not None else {}
     with httpx.Client(timeout=120) as client:
-        records = run_sequence(client, proxy.url, echo=True, max_tokens=40, tag="kv", after_each=after_each)
+        return run_sequence(client, proxy.url, echo=echo, max_tokens=40, tag=tag, after_each=after_each, **kwargs)
+
+
+def test_predictions_exact_with_vllm_events_even_for_echoed_replies(e2e_proxy: Any, vllm_b32: Any) -> None:
+    name = vllm_b32.name
+    proxy, sub = _kv_proxy(e2e_proxy, vllm_b32)
+    records = _run_settled(proxy, sub, name, echo=True, tag="kv")
     hook = proxy.services.components["prefix"]
     wait_processed(hook, len(records))
     predicted = {rid: p for rid, _t, p, _d in hook.predictions}
@@ -99,14 +110,19 @@ def test_index_follows_vllm_events_exact_predictions_and_reset(e2e_proxy: Any, v
     equal = sum(1 for r in records if predicted.get(r.request_id) == r.cached_tokens)
     print(f"\nKV-event mode, echo, b32: {equal}/{len(records)} equal\n"
           + table(rows, ("request", "step", "prompt", "vllm cached", "predicted")))
-    stored = proxy.sample("prefixgate_kv_events_total", backend=name, kind="stored") or 0
-    assert stored > 0
+    assert (proxy.sample("prefixgate_kv_events_total", backend=name, kind="stored") or 0) > 0
     assert [predicted.get(r.request_id) for r in records] == [r.cached_tokens for r in records]
 
-    # the last prompt is resident block for block, as vLLM stored it
-    last = records[-1]
-    resident, total = _resident_blocks(proxy, last.body, name)
-    assert total == last.prompt_tokens // 32 and resident == total
+
+def test_index_holds_what_vllm_stored_and_reset_clears_it(e2e_proxy: Any, vllm_b32: Any) -> None:
+    name = vllm_b32.name
+    proxy, sub = _kv_proxy(e2e_proxy, vllm_b32)
+    records = _run_settled(proxy, sub, name, echo=False, tag="kv-reset", steps=SEQUENCE[:3])
+    stored = proxy.sample("prefixgate_kv_events_total", backend=name, kind="stored") or 0
+    assert stored >= sum((r.prompt_tokens or 0) // 32 for r in records) - records[2].cached_tokens // 32
+    for rec in records:  # every prompt is resident block for block, as vLLM stored it
+        resident, total = _resident_blocks(proxy, rec.body, name)
+        assert total == (rec.prompt_tokens or 0) // 32 and resident == total, rec.step.label
 
     cleared = proxy.sample("prefixgate_kv_events_total", backend=name, kind="cleared") or 0
     before = sub.streams[name].batches
@@ -114,4 +130,5 @@ def test_index_follows_vllm_events_exact_predictions_and_reset(e2e_proxy: Any, v
     _probe(vllm_b32, 0)  # carries the AllBlocksCleared out
     _settle(sub, name, before)
     assert (proxy.sample("prefixgate_kv_events_total", backend=name, kind="cleared") or 0) == cleared + 1
-    assert _resident_blocks(proxy, last.body, name)[0] == 0
+    for rec in records:
+        assert _resident_blocks(proxy, rec.body, name)[0] == 0, rec.step.label

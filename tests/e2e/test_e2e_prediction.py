@@ -47,10 +47,9 @@ def _report(title: str, records: list[Record], predicted: dict[str, int], extra:
     return f"\n{title}: {equal}/{len(records)} equal\n{text}"
 
 
-@pytest.mark.parametrize("replica_name", ["b32", "b128"])
-def test_scripted_conversations_predicted_exactly(request: pytest.FixtureRequest, e2e_proxy: Any,
-                                                  replica_name: str) -> None:
-    replica = request.getfixturevalue(f"vllm_{replica_name}")
+@pytest.mark.parametrize("vllm_replica", ["b32", "b128"], indirect=True)
+def test_scripted_conversations_predicted_exactly(e2e_proxy: Any, vllm_replica: Any) -> None:
+    replica, replica_name = vllm_replica, vllm_replica.name
     records, predicted = _run(e2e_proxy, replica, echo=False, tag=f"scripted-{replica_name}")
     print(_report(f"scripted, {replica_name}", records, predicted))
     hits = [r.cached_tokens for r in records]
@@ -58,10 +57,10 @@ def test_scripted_conversations_predicted_exactly(request: pytest.FixtureRequest
     assert [predicted.get(r.request_id) for r in records] == hits
 
 
-@pytest.mark.parametrize("replica_name", ["b32", "b128"])
-def test_echoed_replies_exact_when_stable_and_never_over(request: pytest.FixtureRequest, e2e_proxy: Any,
-                                                         vllm_model_dir: Any, replica_name: str) -> None:
-    replica = request.getfixturevalue(f"vllm_{replica_name}")
+@pytest.mark.parametrize("vllm_replica", ["b32", "b128"], indirect=True)
+def test_echoed_replies_exact_when_stable_and_never_over(e2e_proxy: Any, vllm_model_dir: Any,
+                                                         vllm_replica: Any) -> None:
+    replica, replica_name = vllm_replica, vllm_replica.name
     records, predicted = _run(e2e_proxy, replica, echo=True, tag=f"echo-{replica_name}")
     tokenizer = Tokenizer.from_file(str(vllm_model_dir / "tokenizer.json"))
     by_id = {r.request_id: r for r in records}

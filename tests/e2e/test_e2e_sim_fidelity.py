@@ -19,10 +19,9 @@ from tests.e2e.workload import replay, run_sequence, table
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize("replica_name,block_size", [("b32", 32), ("b128", 128)])
-def test_simulator_reports_what_vllm_reports(request: pytest.FixtureRequest, vllm_model_dir: Any,
-                                             replica_name: str, block_size: int) -> None:
-    replica = request.getfixturevalue(f"vllm_{replica_name}")
+@pytest.mark.parametrize("vllm_replica,block_size", [("b32", 32), ("b128", 128)], indirect=["vllm_replica"])
+def test_simulator_reports_what_vllm_reports(vllm_model_dir: Any, vllm_replica: Any, block_size: int) -> None:
+    replica, replica_name = vllm_replica, vllm_replica.name
     with httpx.Client(timeout=120) as client:
         records = run_sequence(client, replica.url, echo=False, max_tokens=40, tag=f"sim-{replica_name}")
         with SimCluster(replicas=1, tokenizer=str(vllm_model_dir), block_size=block_size, model="tiny",

@@ -1,0 +1,272 @@
+"""Routing on real engines (issue 11): the same agent-style trace through prefixgate and peer routers
+in front of two real vLLM 0.32 CPU replicas serving the tiny random Llama (tests/e2e/tiny_model.py).
+
+    .venv/bin/python bench/routing_real.py            # ~4 min on 2 cores, after the 30-60 s start-up
+    .venv/bin/python bench/routing_real.py --targets prefixgate:prefix_affinity,prefixgate:round_robin
+
+Needs .venv-vllm (`make e2e` creates it) and, for sglang-router, ROUTERS_VENV (default
+.venv-routers: `pip install sglang-router==0.3.2`). The two replicas start once (block 32, one core
+each, dev mode) and their prefix caches are emptied between targets (POST /reset_prefix_cache), so
+every target starts cold on the same engines. The trace is bench/routing_trace.py's generator with
+prefixes sized for `--max-model-len 4096`.
+
+Reported per target, from each replica's *own* /metrics (Δ over the run): hits/queries per replica
+and overall, requests per replica; client-side TTFT p50/p95 (first content chunk). Optional
+`--kv-blocks N` caps each replica's KV cache (`--num-gpu-blocks-override`) to add eviction pressure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.serving import free_port  # noqa: E402
+from app.sim.tokens import load_tokenizer  # noqa: E402
+from bench.routing_trace import Tenant, TraceConfig, build_trace, upper_bound  # noqa: E402
+from tests.e2e.vllm_server import (  # noqa: E402
+    SERVED_MODEL,
+    ReplicaSpec,
+    VllmReplica,
+    build_tiny_model,
+    missing_reason,
+    start_replicas,
+    stop_all,
+)
+
+ALL_TARGETS = ("prefixgate:prefix_affinity", "sglang-router:cache_aware", "prefixgate:round_robin",
+               "sglang-router:round_robin")
+OUTPUT_TOKENS = 16
+BLOCK_SIZE = 32
+COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:request_success_total")
+_SAMPLE = re.compile(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$")
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft_s: float | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+def trace_config(args: argparse.Namespace) -> TraceConfig:
+    """The issue-5 trace shape, scaled to 4k-token contexts (prefix + turns stay under 4096)."""
+    return TraceConfig(tenants=args.tenants, min_turns=3, max_turns=5, prefix_median_tokens=1200,
+                       prefix_sigma=0.5, prefix_min_tokens=500, prefix_max_tokens=2200, shared_prompts=2,
+                       shared_share=0.5, shared_tokens=400, user_tokens=(40, 160), reply_tokens=(20, 60),
+                       think_mean_s=1.0, session_rate_per_s=args.session_rate, seed=args.seed)
+
+
+# ------------------------------------------------------------------ targets
+def start_target(target: str, replicas: list[VllmReplica], model_dir: Path, args: argparse.Namespace,
+                 tmp: Path) -> tuple[subprocess.Popen, str, list[str]]:
+    kind, policy = target.split(":", 1)
+    port, prom = free_port(), free_port()
+    urls = [r.url for r in replicas]
+    if kind == "prefixgate":
+        cfg = {"backends": [{"url": r.url, "name": r.name} for r in replicas], "tokenizer": str(model_dir),
+               "routing": {"policy": policy, "health_interval_s": 2.0}, "scrape": {"interval_s": 1.0}}
+        path = tmp / f"{policy}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        cmd = [sys.executable, "-m", "app", "serve", "--config", str(path), "--host", "127.0.0.1",
+               "--port", str(port), "--log-level", "warning"]
+    elif kind == "sglang-router":
+        cmd = [str(Path(args.routers_venv) / "bin" / "sglang-router"), "launch", "--host", "127.0.0.1",
+               "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+               "--worker-urls", *urls, "--policy", policy]
+    else:
+        raise ValueError(f"unknown target {target}")
+    log = open(tmp / f"{target.replace(':', '_')}.log", "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}", cmd
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def wait_ready(session: aiohttp.ClientSession, base: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    body = {"model": SERVED_MODEL, "prompt": "ready", "max_tokens": 1}
+    while time.monotonic() < deadline:
+        try:
+            async with session.post(base + "/v1/completions", json=body) as resp:
+                await resp.read()
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"{base} not ready in {timeout}s")
+
+
+# ------------------------------------------------------------------ load
+async def one_request(session: aiohttp.ClientSession, base: str, tenant: Tenant, turn: int) -> Result:
+    body = {"model": SERVED_MODEL, "messages": tenant.messages(turn), "max_tokens": OUTPUT_TOKENS,
+            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    headers = {"x-tenant-id": tenant.name, "x-session-id": tenant.name}
+    start = time.perf_counter()
+    ttft = None
+    usage: dict = {}
+    try:
+        async with session.post(base + "/v1/chat/completions", json=body, headers=headers) as resp:
+            if resp.status != 200:
+                await resp.read()
+                return Result(False, None, 0, 0)
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[5:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    if ttft is None and (choice.get("delta") or {}).get("content"):
+                        ttft = time.perf_counter() - start
+    except aiohttp.ClientError:
+        return Result(False, None, 0, 0)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return Result(ttft is not None, ttft, int(usage.get("prompt_tokens") or 0), int(cached))
+
+
+async def run_tenant(session: aiohttp.ClientSession, base: str, tenant: Tenant, scale: float, t0: float,
+                     out: list[Result]) -> None:
+    await asyncio.sleep(max(0.0, t0 + tenant.start_s * scale - time.perf_counter()))
+    for turn in range(len(tenant.users)):
+        out.append(await one_request(session, base, tenant, turn))
+        await asyncio.sleep(tenant.think_s[turn] * scale)
+
+
+async def counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    async with session.get(url + "/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            m = _SAMPLE.match(line)
+            if m and m.group(1) in COUNTERS:
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+async def run_target(target: str, tenants: list[Tenant], replicas: list[VllmReplica], model_dir: Path,
+                     args: argparse.Namespace, tmp: Path) -> dict:
+    for replica in replicas:
+        replica.reset_prefix_cache()
+    proc, base, cmd = start_target(target, replicas, model_dir, args, tmp)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         timeout=aiohttp.ClientTimeout(total=600)) as session:
+            await wait_ready(session, base)
+            before = [await counters(session, r.url) for r in replicas]
+            results: list[Result] = []
+            t0 = time.perf_counter()
+            await asyncio.gather(*(run_tenant(session, base, t, args.time_scale, t0, results) for t in tenants))
+            wall = time.perf_counter() - t0
+            after = [await counters(session, r.url) for r in replicas]
+    finally:
+        stop(proc)
+    delta = [{k: a.get(k, 0.0) - b.get(k, 0.0) for k in COUNTERS} for a, b in zip(after, before, strict=True)]
+    per_replica = []
+    for replica, d in zip(replicas, delta, strict=True):
+        q, h = d["vllm:prefix_cache_queries_total"], d["vllm:prefix_cache_hits_total"]
+        per_replica.append((replica.name, h / q if q else 0.0, int(d["vllm:request_success_total"])))
+    hits = sum(d["vllm:prefix_cache_hits_total"] for d in delta)
+    queries = sum(d["vllm:prefix_cache_queries_total"] for d in delta)
+    ok = [r for r in results if r.ok and r.ttft_s is not None]
+    return {"target": target, "command": shlex.join(cmd), "requests": len(results), "errors": len(results) - len(ok),
+            "hit_ratio": hits / queries if queries else 0.0, "per_replica": per_replica,
+            "p50": pct([r.ttft_s for r in ok], 0.5), "p95": pct([r.ttft_s for r in ok], 0.95),
+            "usage_ratio": (sum(r.cached_tokens for r in ok) / max(1, sum(r.prompt_tokens for r in ok))),
+            "wall": wall}
+
+
+def print_table(rows: list[dict], bound: float, command: str, replicas: list[VllmReplica]) -> None:
+    print(f"\n$ {command}")
+    print(f"engines: {len(replicas)} x real vLLM 0.32 (CPU, tiny random Llama, block {BLOCK_SIZE}); "
+          f"upper bound (one infinite cache) = {bound:.3f}\n")
+    names = [r.name for r in replicas]
+    head = ("| target | req | err | hits/queries (all) | "
+            + " | ".join(f"{n} hits/queries (req)" for n in names) + " | TTFT p50 ms | TTFT p95 ms |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in rows:
+        reps = " | ".join(f"{ratio:.3f} ({n})" for _, ratio, n in r["per_replica"])
+        print(f"| {r['target']} | {r['requests']} | {r['errors']} | {r['hit_ratio']:.3f} | {reps} | "
+              f"{1000 * r['p50']:.1f} | {1000 * r['p95']:.1f} |")
+    print("\ntarget commands (replica URLs vary per run):")
+    for r in rows:
+        print(f"  {r['target']}: {r['command']}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--targets", default=",".join(ALL_TARGETS))
+    p.add_argument("--tenants", type=int, default=16)
+    p.add_argument("--session-rate", type=float, default=1.0, help="session starts per trace second")
+    p.add_argument("--time-scale", type=float, default=1.0, help="real seconds per trace second")
+    p.add_argument("--kv-blocks", type=int, default=None, help="cap each replica's KV blocks (eviction pressure)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model-dir", default=None, help="prebuilt tiny model (default: build into a temp dir)")
+    p.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
+    return p.parse_args(argv)
+
+
+async def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    reason = missing_reason()
+    if reason:
+        print(reason)
+        return 0
+    tenants = build_trace(trace_config(args))
+    bound = upper_bound(tenants, load_tokenizer(None), BLOCK_SIZE)
+    print(f"trace: {len(tenants)} tenants, {sum(len(t.users) for t in tenants)} requests, "
+          f"{bound.prompt_tokens} prompt tokens", flush=True)
+    extra = ["--num-gpu-blocks-override", str(args.kv_blocks)] if args.kv_blocks else []
+    specs = [ReplicaSpec(f"vllm-{i}", block_size=BLOCK_SIZE, cpu=str(i % 2), extra_args=extra) for i in range(2)]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-routing-real-") as tmpdir:
+        tmp = Path(tmpdir)
+        model_dir = build_tiny_model(Path(args.model_dir) if args.model_dir else tmp / "model")
+        replicas = start_replicas(specs, model_dir, tmp / "logs")
+        try:
+            for target in args.targets.split(","):
+                row = await run_target(target.strip(), tenants, replicas, model_dir, args, tmp)
+                print(f"  {row['target']}: hit {row['hit_ratio']:.3f}, p50 {1000 * row['p50']:.1f} ms, "
+                      f"p95 {1000 * row['p95']:.1f} ms, errors {row['errors']}, {row['wall']:.0f}s", flush=True)
+                rows.append(row)
+        finally:
+            stop_all(replicas)
+    command = "python bench/routing_real.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    print_table(rows, bound.ratio, command.strip(), replicas)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
