@@ -55,6 +55,7 @@ class RoutingWeights(BaseModel):
     load_epsilon: float = 0.25  # bounded-load hashing slack (cold spread, session)
     cold_key_tokens: int = 4096  # cold prefixes hash on the chain over this many leading tokens
     cold_match_ratio: float = 0.25  # best fleet match below this share of the prompt = cold
+    cold_slack_tokens: float = 2048.0  # cold placement: replicas within this of the least loaded
 
 
 class Routing(BaseModel):

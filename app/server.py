@@ -183,6 +183,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.proxy.gctune import tune_for_serving
     from app.serving import uvicorn_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(settings)
     log.info("prefixgate on http://%s:%d -> %s", settings.listen.host, settings.listen.port,
              ", ".join(r.url for r in app.services.replicas.all()))
+    tune_for_serving()  # app/proxy/gctune.py: no full collections over start-up objects
     uvicorn.Server(uvicorn_config(app, settings.listen.host, settings.listen.port,
                                   log_level=args.log_level.lower())).run()
     return 0

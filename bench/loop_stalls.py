@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -34,7 +35,7 @@ import re
 import sys
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,12 +159,28 @@ class Stall:
     t0: float = 0.0  # first and last sample (perf_counter): the CPU shares are over this window
     t1: float = 0.0
     others: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    syscalls: Counter[str] = field(default_factory=Counter)  # what the loop thread was doing
 
 
-def thread_cpu_ns() -> dict[int, int]:
-    """On-CPU nanoseconds of every thread of this process (/proc/self/task/*/schedstat)."""
+SYSCALLS = {"0": "read", "1": "write", "7": "poll", "20": "writev", "202": "futex (GIL or a lock)",
+            "232": "epoll_wait (idle)", "281": "epoll_pwait (idle)", "44": "sendto", "45": "recvfrom",
+            "running": "running"}
+
+
+def loop_syscall(tid: int) -> str:
+    """The system call the thread is in now (/proc/self/task/TID/syscall, x86-64 numbers)."""
+    try:
+        with open(f"/proc/self/task/{tid}/syscall") as f:
+            first = f.read().split()[0]
+    except (OSError, IndexError):
+        return "?"
+    return SYSCALLS.get(first, f"syscall {first}")
+
+
+def thread_cpu_ns(tids: Any) -> dict[int, int]:
+    """On-CPU nanoseconds of these threads of this process (/proc/self/task/*/schedstat)."""
     out: dict[int, int] = {}
-    for tid in os.listdir("/proc/self/task"):
+    for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 out[int(tid)] = int(f.read().split()[0])
@@ -189,6 +206,10 @@ class LoopProbe:
         self._current: Stall | None = None
         self._natives: dict[int, int] = {}
         self._names: dict[int, str] = {}
+        self.gc_pauses_ms: list[float] = []
+        self._self_native = 0
+        self.gc_by_gen: dict[int, list[float]] = defaultdict(list)
+        self._gc_t0 = 0.0
         self.prefix_state_ms: list[float] = []  # stalls with the loop busy in app/prefix or app/state
         self._beat_future: Any = None
         self._watchdog = threading.Thread(target=self._watch, daemon=True, name="loop-watchdog")
@@ -196,8 +217,20 @@ class LoopProbe:
     def start(self) -> None:
         self._beat_future = asyncio.run_coroutine_threadsafe(self._beat(), self.loop)
         self._watchdog.start()
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        """Collector pauses hold the GIL whichever thread triggers them: they stall the loop too."""
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif self._gc_t0:
+            ms = (time.perf_counter() - self._gc_t0) * 1000
+            if ms >= 1.0:
+                self.gc_pauses_ms.append(ms)
+                self.gc_by_gen[info.get("generation", -1)].append(ms)
 
     def stop(self) -> None:
+        gc.callbacks.remove(self._gc)
         self._running = False
         self._watchdog.join(2)
         if self._beat_future is not None:
@@ -211,26 +244,28 @@ class LoopProbe:
             self.lags_ms.append(max(0.0, lag) * 1000)
 
     def _watch(self) -> None:
+        self._self_native = threading.get_native_id()
         while self._running:
-            time.sleep(0.0005)
+            time.sleep(0.001 if self._current is not None else 0.0005)
             now = time.perf_counter()
             due = self._due
             overdue = now - due
             if overdue > self.threshold_s:
                 if self._current is None or self._current.start != due:
                     self._close()
-                    self._current = Stall(due, cpu0=thread_cpu_ns(), t0=now)
                     self._natives = {t.ident: t.native_id for t in threading.enumerate()
                                      if t.ident is not None and t.native_id is not None}
                     self._names = {t.native_id: t.name for t in threading.enumerate()
                                    if t.native_id and t is not threading.current_thread()}
+                    self._current = Stall(due, cpu0=thread_cpu_ns([*self._names, self._self_native]), t0=now)
                 frames = sys._current_frames()
                 self._current.sites[site_of(frames.get(self.thread_id))] += 1
+                self._current.syscalls[loop_syscall(self._natives.get(self.thread_id, 0))] += 1
                 for ident, frame in frames.items():
                     native = self._natives.get(ident)
                     if ident != self.thread_id and native is not None:
                         self._current.others[native][site_of(frame)] += 1
-                self._current.cpu1 = thread_cpu_ns()
+                self._current.cpu1 = thread_cpu_ns([*self._names, self._self_native])
                 self._current.t1 = time.perf_counter()
                 self._current.lag_ms = overdue * 1000
             elif self._current is not None and self._current.start != due:
@@ -249,12 +284,16 @@ class LoopProbe:
         if window_ns > 1e6 and cpu.get(native, 0) < 0.5 * window_ns:
             # the loop thread was not running: it waited for the GIL (or the OS). Blame the
             # busiest other Python thread of this process over the stall, at its most sampled frame.
-            busy = max((t for t in cpu if t != native and t in self._names), key=lambda t: cpu[t], default=None)
-            if busy is not None and cpu[busy] >= 0.3 * window_ns and stall.others.get(busy):
+            others = [t for t in cpu if t != native and (t in self._names or t == self._self_native)]
+            busy = max(others, key=lambda t: cpu[t], default=None)
+            if busy == self._self_native and busy is not None and cpu[busy] >= 0.3 * window_ns:
+                sites = Counter({"(the watchdog itself: sampling cost)": 1})
+            elif busy is not None and sum(cpu[t] for t in others) >= 0.3 * window_ns and stall.others.get(busy):
                 where = stall.others[busy].most_common(1)[0][0]
                 sites = Counter({f"GIL held by {self._names.get(busy, busy)}: {where}": 1})
             else:
-                sites = Counter({"(loop not running: OS / other processes)": 1})
+                call = stall.syscalls.most_common(1)[0][0] if stall.syscalls else "?"
+                sites = Counter({f"(loop off-CPU, no Python thread busy; loop thread in: {call})": 1})
         elif any(PREFIX_STATE.search(site) for site in sites):
             self.prefix_state_ms.append(stall.lag_ms)
         total = sum(sites.values())
@@ -305,6 +344,23 @@ class SlowCallbacks(logging.Handler):
             self.by_handle[handle].append(float(m.group(2)) * 1000)
 
 
+def print_census(top: int = 8) -> None:
+    """The GC-tracked containers holding the most references (what a full collection walks)."""
+    sizes: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+    for obj in gc.get_objects():
+        if not isinstance(obj, list | dict | tuple | set | deque):
+            continue
+        n = len(obj)
+        if n >= 256:
+            kind = type(obj).__name__
+            sizes[kind] += n
+            counts[kind] += 1
+    print("\n| container (len >= 256) | objects | total len |\n|---|---:|---:|")
+    for kind, n in sizes.most_common(top):
+        print(f"| {kind} | {counts[kind]} | {n} |")
+
+
 # ---------------------------------------------------------------- main
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from app.config import Settings
@@ -320,7 +376,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         urls = sim_conn.recv()
         settings = Settings(backends=[{"url": u} for u in urls],
                             routing={"policy": args.policy, "kv_blocks": args.kv_blocks},
-                            limits={"max_body_bytes": 64 * 1024 * 1024})
+                            limits={"max_body_bytes": 64 * 1024 * 1024}, state=args.state)
         app = create_app(settings)
         server = ServerThread(app).start()
         assert server.loop is not None and server._thread.ident is not None
@@ -332,6 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 server.loop.set_debug(True)  # type: ignore[union-attr]
                 server.loop.slow_callback_duration = args.threshold_ms / 1000.0  # type: ignore[union-attr]
             server.loop.call_soon_threadsafe(debug_on)
+        time.sleep(args.warmup_s)  # start-up work (first engine scrape, health checks) stays out of the window
         probe = LoopProbe(server.loop, server._thread.ident, args.threshold_ms)
         probe.start()
         drv_conn, drv_child = ctx.Pipe()
@@ -346,7 +403,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if hook is not None:
             asyncio.run_coroutine_threadsafe(hook.drain(), server.loop).result(timeout=120)
         probe.stop()
-        return {"probe": probe, "load": load, "wall": wall, "slow": slow,
+        if args.census:
+            print_census()
+        gc.collect()  # garbage first: the second collection times walking what stays alive
+        t_gc = time.perf_counter()
+        gc.collect()
+        full_gc_ms = (time.perf_counter() - t_gc) * 1000
+        return {"probe": probe, "load": load, "wall": wall, "slow": slow, "full_gc_ms": full_gc_ms,
+                "gc_objects": len(gc.get_objects()),
                 "processed": getattr(hook, "processed", None)}
     finally:
         if server is not None:
@@ -363,14 +427,19 @@ def report(args: argparse.Namespace, res: dict[str, Any], cmd: str) -> None:
     print(f"\n## proxy event-loop lag, {args.concurrency} clients, long tenants {args.long_kb} KB x "
           f"{args.turns} turns  (`{cmd}`)\n")
     print("| label | requests long/short | failed | loop lag p50 ms | p99 ms | max ms | stalls > "
-          f"{args.threshold_ms:g} ms | stalled ms total | prefix/state stalls (max ms) | short TTFT p50 ms | "
-          "p99 ms | wall s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"{args.threshold_ms:g} ms | stalled ms total | prefix/state stalls (max ms) | GC pauses > 2 ms "
+          "(max ms) | short TTFT p50 ms | p99 ms | wall s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(f"| {args.label} | {load['long']}/{load['short']} | {load['failed']} | {pct(lags, 0.5):.2f} | "
           f"{pct(lags, 0.99):.2f} | {max(lags, default=0):.1f} | {len(over)} | "
           f"{sum(s.lag_ms for s in over):.0f} | {len(probe.prefix_state_ms)} "
-          f"({max(probe.prefix_state_ms, default=0):.1f}) | {pct(load['short_ttft'], 0.5):.1f} | "
+          f"({max(probe.prefix_state_ms, default=0):.1f}) | {sum(ms > 2 for ms in probe.gc_pauses_ms)} "
+          f"({max(probe.gc_pauses_ms, default=0):.1f}) | {pct(load['short_ttft'], 0.5):.1f} | "
           f"{pct(load['short_ttft'], 0.99):.1f} | {res['wall']:.1f} |")
+    print(f"\nafter the run: {res['gc_objects']} GC-tracked objects; a full collection of them took "
+          f"{res['full_gc_ms']:.1f} ms; GC pauses >= 1 ms during the run: {len(probe.gc_pauses_ms)}, "
+          f"{sum(probe.gc_pauses_ms):.0f} ms in all (" + ", ".join(
+              f"gen{g}: {len(v)}, max {max(v):.1f} ms" for g, v in sorted(probe.gc_by_gen.items())) + ")")
     print(f"\n### top stall sites (watchdog stack samples while the loop was > {args.threshold_ms:g} ms late)\n")
     print("| site (innermost app/ frame  <  outermost app/ frame) | stalls | ms total | max ms |")
     print("|---|---:|---:|---:|")
@@ -396,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="prefix_affinity")
     parser.add_argument("--threshold-ms", type=float, default=2.0)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--warmup-s", type=float, default=2.0, help="idle time before the probes start")
+    parser.add_argument("--state", default="memory", help="memory | redis://host:port/db")
+    parser.add_argument("--census", action="store_true", help="print the largest GC-tracked containers")
     parser.add_argument("--debug", action="store_true", help="also asyncio debug mode's slow callbacks")
     parser.add_argument("--label", default="this tree")
     args = parser.parse_args(argv)

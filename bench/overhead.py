@@ -1,6 +1,7 @@
 """Proxy overhead: the simulator at --time-scale 0 behind prefixgate vs the same simulator direct.
 
-    .venv/bin/python bench/overhead.py [--rounds 3] [--quick] [--policy round_robin]
+    .venv/bin/python bench/overhead.py [--rounds 3] [--quick] [--policy round_robin] [--core-only]
+        [--only short:128 ...] [--py-spy profile.txt]
     (or: prefixgate bench overhead [...])
 
 Streaming chat requests (~35 SSE events each) at concurrency 1/16/128 with short prompts, and
@@ -41,12 +42,14 @@ CORE_ONLY = """
 import sys
 import uvicorn
 from app.config import Settings
+from app.proxy.gctune import tune_for_serving
 from app.server import create_app
 from app.serving import uvicorn_config
 backend, port, policy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 settings = Settings(backends=[{"url": backend}], **({"routing": {"policy": policy}} if policy else {}))
 app = create_app(settings)
 app.services.hooks.clear()
+tune_for_serving()
 uvicorn.Server(uvicorn_config(app, "127.0.0.1", port)).run()
 """
 
@@ -180,22 +183,27 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def cases(quick: bool) -> list[Case]:
+def cases(quick: bool, only: list[str] | None = None) -> list[Case]:
+    """The benchmark's cases; `only` keeps those named `short:128` / `1MB:16` (prompt:concurrency)."""
     scale = 0.25 if quick else 1.0
     mb = 1024 * 1024
-    return [
+    every = [
         Case("short", 200, 1, int(200 * scale)),
         Case("short", 200, 16, int(800 * scale)),
         Case("short", 200, 128, int(2048 * scale)),
         Case("1 MB", mb, 1, int(20 * scale) or 4),
         Case("1 MB", mb, 16, int(48 * scale) or 16),
     ]
+    if not only:
+        return every
+    keys = {k.replace(" ", "").lower() for k in only}
+    return [c for c in every if f"{c.name.replace(' ', '').lower()}:{c.concurrency}" in keys]
 
 
 async def measure(direct: str, proxied: str, rounds: int, quick: bool,
-                  proxy_pid: int | None = None) -> list[tuple[Case, Result, Result]]:
+                  proxy_pid: int | None = None, only: list[str] | None = None) -> list[tuple[Case, Result, Result]]:
     rows = []
-    for case in cases(quick):
+    for case in cases(quick, only):
         per_round = max(1, case.requests // rounds)
         bodies = [make_body(case.prompt_bytes, i) for i in range(min(per_round, 64))]
         d_all, p_all = Result([], 0.0, 0), Result([], 0.0, 0)
@@ -255,12 +263,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--core-only", action="store_true",
                         help="run the proxy without its request hooks (hygiene, fingerprint, tracing): "
                              "the relay core's own cost")
+    parser.add_argument("--only", action="append", metavar="PROMPT:CONC",
+                        help="run only these cases, e.g. --only short:128 --only 1MB:16")
+    parser.add_argument("--py-spy", metavar="FILE",
+                        help="sample the proxy process with py-spy (installed separately) during the "
+                             "run and write collapsed stacks to FILE (--format raw)")
     args = parser.parse_args(argv if argv is not None else sys.argv[1:])
     py = sys.executable
     sim_port, proxy_port = free_port(), free_port()
     sim = start([py, "-m", "app.cli", "sim", "--replicas", "1", "--port", str(sim_port), "--time-scale", "0",
                  "--max-model-len", "4000000", "--max-num-seqs", "1024", "--kv-blocks", "400000"])
-    proxy = None
+    proxy = spy = None
     try:
         direct = f"http://127.0.0.1:{sim_port}"
         wait_ready(direct + "/health")
@@ -273,8 +286,18 @@ def main(argv: list[str] | None = None) -> int:
         proxy = start(serve)
         proxied = f"http://127.0.0.1:{proxy_port}"
         wait_ready(proxied + "/readyz")
-        rows = asyncio.run(measure(direct, proxied, args.rounds, args.quick, proxy.pid))
+        if args.py_spy:
+            spy = subprocess.Popen([os.path.join(os.path.dirname(py), "py-spy"), "record", "--format", "raw",
+                                    "--rate", "250", "--nonblocking", "-o", args.py_spy, "--pid", str(proxy.pid)],
+                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows = asyncio.run(measure(direct, proxied, args.rounds, args.quick, proxy.pid, args.only))
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            try:
+                spy.wait(30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
         if proxy is not None:
             stop(proxy)
         stop(sim)

@@ -244,6 +244,10 @@ async def run_target(target: str, tenants: list[Tenant], args: argparse.Namespac
     queries = sum(d.get("vllm:prefix_cache_queries_total", 0.0) for d in delta)
     ok = [r for r in results if r.ok and r.ttft_s is not None]
     by_bucket = {b: [r.ttft_s for r in ok if prompt_bucket(r.prompt_tokens) == b] for b in BUCKETS}
+    if args.dump:
+        with open(args.dump, "a") as f:
+            for r in results:
+                f.write(json.dumps({"target": target, **r.__dict__}) + "\n")
     return {
         "target": target, "command": shlex.join(cmd), "requests": len(results), "errors": len(results) - len(ok),
         "hit_ratio": hits / queries if queries else 0.0,
@@ -286,16 +290,17 @@ def print_table(rows: list[dict], bound_ratio: float, command: str) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default=",".join(ALL_TARGETS))
-    p.add_argument("--tenants", type=int, default=48)
+    p.add_argument("--tenants", type=int, default=40)
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=12000, help="per replica (x block size = KV tokens)")
     p.add_argument("--prefill-tps", type=float, default=4000.0)
     p.add_argument("--decode-tps", type=float, default=60.0)
     p.add_argument("--max-batch-tokens", type=int, default=2048)
-    p.add_argument("--time-scale", type=float, default=0.4, help="real seconds per simulated second")
+    p.add_argument("--time-scale", type=float, default=0.5, help="real seconds per simulated second")
     p.add_argument("--session-rate", type=float, default=0.5, help="session starts per simulated second")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dump", default=None, metavar="JSONL", help="append per-request results here")
     p.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
     return p.parse_args(argv)
 

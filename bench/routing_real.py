@@ -168,6 +168,22 @@ async def counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]
     return out
 
 
+async def proxy_overhead(session: aiohttp.ClientSession, base: str) -> tuple[float, float] | None:
+    """prefixgate's own arrival -> upstream-sent histogram: (p50, p95) upper bucket bounds, seconds."""
+    buckets: list[tuple[float, float]] = []
+    async with session.get(base + "/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            if line.startswith("prefixgate_proxy_overhead_seconds_bucket{"):
+                le = re.search(r'le="([^"]+)"', line)
+                if le:
+                    buckets.append((float(le.group(1)), float(line.rsplit(" ", 1)[1])))
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    buckets.sort()
+    total = buckets[-1][1]
+    return tuple(next(b for b, c in buckets if c >= q * total) for q in (0.5, 0.95))  # type: ignore[return-value]
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -190,6 +206,7 @@ async def run_target(target: str, tenants: list[Tenant], replicas: list[VllmRepl
             await asyncio.gather(*(run_tenant(session, base, t, args.time_scale, t0, results) for t in tenants))
             wall = time.perf_counter() - t0
             after = [await counters(session, r.url) for r in replicas]
+            overhead = await proxy_overhead(session, base) if target.startswith("prefixgate:") else None
     finally:
         stop(proc)
     delta = [{k: a.get(k, 0.0) - b.get(k, 0.0) for k in COUNTERS} for a, b in zip(after, before, strict=True)]
@@ -204,7 +221,7 @@ async def run_target(target: str, tenants: list[Tenant], replicas: list[VllmRepl
             "hit_ratio": hits / queries if queries else 0.0, "per_replica": per_replica,
             "p50": pct([r.ttft_s for r in ok], 0.5), "p95": pct([r.ttft_s for r in ok], 0.95),
             "usage_ratio": (sum(r.cached_tokens for r in ok) / max(1, sum(r.prompt_tokens for r in ok))),
-            "wall": wall}
+            "overhead": overhead, "wall": wall}
 
 
 def print_table(rows: list[dict], bound: float, command: str, replicas: list[VllmReplica]) -> None:
@@ -213,13 +230,15 @@ def print_table(rows: list[dict], bound: float, command: str, replicas: list[Vll
           f"upper bound (one infinite cache) = {bound:.3f}\n")
     names = [r.name for r in replicas]
     head = ("| target | req | err | hits/queries (all) | "
-            + " | ".join(f"{n} hits/queries (req)" for n in names) + " | TTFT p50 ms | TTFT p95 ms |")
+            + " | ".join(f"{n} hits/queries (req)" for n in names) + " | TTFT p50 ms | TTFT p95 ms | proxy overhead p50/p95 ms |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
         reps = " | ".join(f"{ratio:.3f} ({n})" for _, ratio, n in r["per_replica"])
+        over = "≤{:g}/≤{:g}".format(*(1000 * x for x in r["overhead"])) if r["overhead"] else "-"
         print(f"| {r['target']} | {r['requests']} | {r['errors']} | {r['hit_ratio']:.3f} | {reps} | "
-              f"{1000 * r['p50']:.1f} | {1000 * r['p95']:.1f} |")
+              f"{1000 * r['p50']:.1f} | {1000 * r['p95']:.1f} | {over} |")
+    print("\nproxy overhead = prefixgate_proxy_overhead_seconds (arrival -> upstream request sent), bucket bounds")
     print("\ntarget commands (replica URLs vary per run):")
     for r in rows:
         print(f"  {r['target']}: {r['command']}")

@@ -242,3 +242,32 @@ def test_authorization_pass_through_or_replaced(fake_upstream_factory, proxy_fac
     stream_chunks(proxy.url, CHAT, {"authorization": "Bearer client-key"})
     expected = f"Bearer {configured}" if configured else "Bearer client-key"
     assert up.requests[0].headers["authorization"] == expected
+
+
+def test_fast_path_over_real_sockets_split_usage_and_tricky_text(fake_upstream_factory, proxy_factory) -> None:
+    """After the first token the relay scans bytes instead of parsing events: a usage chunk cut
+    in two TCP writes (inside `"choices":[]`) is still dropped whole, a token whose text contains
+    `"choices":[]` is relayed, and usage and output text still reach the metrics and hooks."""
+    tricky = token('{"choices":[],"usage":{}}')
+    usage = sse({"choices": [], "usage": USAGE})
+    cut = usage.index(b'"choices":[]') + 4
+    up = fake_upstream_factory(lambda req: FakeResponse(chunks=[
+        (0, role()), (0.02, token("a")), (0.02, tricky), (0.02, token("c")), (0.02, usage[:cut]),
+        (0.05, usage[cut:]), (0.02, sse(b"[DONE]"))]))
+    proxy = proxy_factory([up.url], names=["fake-0"])
+    seen: list[str] = []
+
+    class Capture:
+        async def before_route(self, ctx) -> None:
+            return None
+
+        def after_response(self, ctx) -> None:
+            seen.append(ctx.attrs.get("output_text"))
+
+    proxy.services.hooks.append(Capture())
+    _, received = stream_chunks(proxy.url, CHAT)
+    assert b"".join(c for c, _ in received) == role() + token("a") + tricky + token("c") + sse(b"[DONE]")
+    assert seen == ['a{"choices":[],"usage":{}}c']
+    assert proxy.sample("prefixgate_prompt_tokens_total", model="fake", tenant="default") == 1500
+    # gaps between the token reads only (2; 1 if a stall merged two reads), none for usage/[DONE]
+    assert 1 <= proxy.sample("prefixgate_inter_token_seconds_count", model="fake", backend="fake-0") <= 2

@@ -78,12 +78,14 @@ class ClientGone(Exception):
 
 class _TrackedSend:
     """Wraps ASGI `send` to know when the response is complete: uvicorn's `receive` also returns
-    `http.disconnect` after a complete response, which must not count as the client leaving."""
+    `http.disconnect` after a complete response, which must not count as the client leaving.
+    `raw` is the unwrapped send, for body chunks that cannot complete the response (the relay's
+    per-chunk path saves a coroutine per chunk with it)."""
 
-    __slots__ = ("send", "complete")
+    __slots__ = ("send", "raw", "complete")
 
     def __init__(self, send: Any) -> None:
-        self.send = send
+        self.send = self.raw = send
         self.complete = False
 
     async def __call__(self, message: dict[str, Any]) -> None:

@@ -47,7 +47,9 @@ class Observation:
 @dataclass
 class _Tenant:
     hashes: dict[int, int] = field(default_factory=dict)  # block hash -> newest seq containing it
-    requests: deque[tuple[int, list[int]]] = field(default_factory=deque)  # (seq, hashes) oldest first
+    # (seq, hashes) oldest first; tuples of ints, which the garbage collector stops tracking once
+    # it has seen them (as lists, 25k references a request were walked again by every full collection)
+    requests: deque[tuple[int, tuple[int, ...]]] = field(default_factory=deque)
     sketches: OrderedDict[int, RequestSketch] = field(default_factory=OrderedDict)
     last_seq: int = 0
 
@@ -204,7 +206,7 @@ class TenantTracker:
         before = len(state.hashes)
         state.hashes.update(zip(hashes, repeat(seq)))
         self._hash_count += len(state.hashes) - before
-        state.requests.append((seq, hashes))
+        state.requests.append((seq, tuple(hashes)))
         if sketch is not None:
             state.sketches[seq] = sketch
             self._text_bytes += len(sketch.text)

@@ -17,6 +17,7 @@ import orjson
 
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
+from app.proxy.record import child
 from app.proxy.relay import StreamObserver, relay_buffered, relay_raw, relay_stream
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
@@ -66,9 +67,9 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
         tried.add(replica.name)
         ctx.decision = decision
         ctx.attempts += 1
-        metrics.route_decisions.labels(replica.name, decision.reason).inc()
+        child(metrics.route_decisions, replica.name, decision.reason).inc()
         replica.inflight += 1
-        metrics.backend_inflight.labels(replica.name).set(replica.inflight)
+        child(metrics.backend_inflight, replica.name).set(replica.inflight)
         queued = decision.prefill_tokens  # prefill backlog the cost-based routers read (until first byte)
         replica.queued_prompt_tokens += queued
         resp: aiohttp.ClientResponse | None = None
@@ -118,7 +119,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
                     resp.close()
             replica.inflight -= 1
             replica.queued_prompt_tokens -= queued
-            metrics.backend_inflight.labels(replica.name).set(replica.inflight)
+            child(metrics.backend_inflight, replica.name).set(replica.inflight)
             if committed:
                 services.router.on_finished(request, decision, ok)
     assert last_error is not None

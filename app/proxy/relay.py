@@ -3,8 +3,13 @@
 `StreamObserver` watches SSE bytes for the clock (first content chunk, gaps), usage, the
 `[DONE]` sentinel, mid-stream error events and the generated text of choice 0. Bytes reach the
 client unchanged and as soon as they arrive, except when the proxy itself added
-`stream_options.include_usage`: then whole events are forwarded and the usage-only event is
+`stream_options.include_usage`: then only whole events are forwarded and the usage-only event is
 dropped, so the client sees exactly what it asked for.
+
+Until the first content token every event is parsed (TTFT must stop exactly there). After it,
+for compact `\n`-framed streams (vLLM, SGLang), nothing is parsed per event: reads are scanned as
+bytes (app/proxy/scan.py) and decoded in batches by `StreamSummary` (measured: a 34-read vLLM-shaped
+stream costs the observer ~48 µs instead of ~71 µs; per read after the first token ~1.5 µs).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import orjson
 from app.api.errors import sse_error_event
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext
+from app.proxy.scan import USAGE_ONLY, StreamSummary, carries_generated, drop_usage_events, is_role_only
 from app.proxy.sse import SSEParser, classify
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
 
@@ -27,57 +33,115 @@ Send = Any  # ASGI send callable
 
 
 class StreamObserver:
-    """Per-event observer of one SSE response (chat or completions)."""
+    """Observer of one SSE response (chat or completions): parses events until the first
+    content token, then scans bytes (see the module docstring)."""
 
-    __slots__ = ("route", "clock", "drop_usage", "collect_text", "parser", "done", "error", "usage",
-                 "text_parts", "text_len")
+    __slots__ = ("route", "clock", "drop_usage", "summary", "parser", "fast", "saw_cr", "held", "framer")
 
     def __init__(self, route: str, clock: StreamClock, drop_usage: bool, collect_text: bool) -> None:
         self.route = route
         self.clock = clock
         self.drop_usage = drop_usage
-        self.collect_text = collect_text
+        self.summary = StreamSummary(route, collect_text, MAX_OUTPUT_CHARS)
         self.parser = SSEParser(emit_all=drop_usage)
-        self.done = False
-        self.error: dict[str, Any] | None = None
-        self.usage: dict[str, Any] | None = None
-        self.text_parts: list[str] = []
-        self.text_len = 0
+        self.fast = False  # past the first content token of a compact, \n-framed stream
+        self.saw_cr = False
+        self.held = b""  # fast + drop_usage: the incomplete last event, forwarded once complete
+        self.framer: SSEParser | None = None  # fast + drop_usage after a "\r" showed up: full framing
 
     def feed(self, data: bytes, now: float) -> bytes:
         """Observe one read; returns the bytes to forward to the client."""
-        events = self.parser.feed(data)
+        if self.fast:
+            if carries_generated(data, self.route):
+                self.clock.content(now)
+            self.summary.add_bytes(data)
+            return self._filter(data) if self.drop_usage else data
+        return self._feed_parsed(data, now)
+
+    def _feed_parsed(self, data: bytes, now: float) -> bytes:
+        if not self.saw_cr and b"\r" in data:
+            self.saw_cr = True
         kept: list[bytes] | None = [] if self.drop_usage else None
-        for ev in events:
-            if ev.data is None:
+        go_fast = False
+        chat = self.route == "chat"
+        for ev in self.parser.feed(data):
+            if ev.data is None or (chat and is_role_only(ev.data)):
                 if kept is not None:
                     kept.append(ev.raw)
                 continue
             chunk = classify(ev.data, self.route)
-            if chunk.done:
-                self.done = True
-            elif chunk.error is not None:
-                self.error = chunk.error
-            if chunk.usage is not None:
-                self.usage = chunk.usage
             if chunk.generated:
+                if self.clock.timings.first_token is None:
+                    go_fast = not self.saw_cr and carries_generated(ev.data, self.route)
                 self.clock.content(now, len(chunk.text))
-            if chunk.text and self.collect_text and self.text_len < MAX_OUTPUT_CHARS:
-                self.text_parts.append(chunk.text)
-                self.text_len += len(chunk.text)
-            if kept is not None and not (chunk.usage_only and self.drop_usage):
+            self.summary.take(chunk)
+            if kept is not None and not chunk.usage_only:
                 kept.append(ev.raw)
+        if go_fast:
+            self._go_fast()
         if kept is None:
             return data
         return b"".join(kept)
 
+    def _go_fast(self) -> None:
+        self.fast = True
+        pending = self.parser.pending()
+        if pending:
+            self.summary.add_bytes(pending)
+            if self.drop_usage:
+                self.held = pending  # not forwarded yet: the event is incomplete
+
+    def _filter(self, data: bytes) -> bytes:
+        """Fast-path forwarding when the usage chunk must be dropped: whole events only."""
+        if not self.held and self.framer is None and data.endswith(b"\n\n") and b"\r" not in data:
+            return drop_usage_events(data, self.route) if USAGE_ONLY in data else data  # the usual read
+        if self.framer is None and b"\r" not in data:
+            buf = self.held + data if self.held else data
+            end = buf.rfind(b"\n\n") + 2
+            if end < 2:
+                self.held = buf
+                return b""
+            self.held = buf[end:]
+            out = buf[:end] if end < len(buf) else buf
+            return drop_usage_events(out, self.route) if USAGE_ONLY in out else out
+        if self.framer is None:  # a "\r" line end: let the full parser find the event boundaries
+            self.framer = SSEParser(emit_all=True)
+            data, self.held = self.held + data, b""
+        kept = [ev.raw for ev in self.framer.feed(data)
+                if ev.data is None or USAGE_ONLY not in ev.raw or not classify(ev.data, self.route).usage_only]
+        return b"".join(kept)
+
     def flush(self) -> bytes:
         """Undispatched bytes at the end of the stream (filtering mode only)."""
-        return self.parser.pending() if self.drop_usage else b""
+        if not self.drop_usage:
+            return b""
+        if not self.fast:
+            return self.parser.pending()
+        return self.held + (self.framer.pending() if self.framer is not None else b"")
+
+    def finish(self) -> None:
+        """The stream ended: decode what the fast path retained."""
+        self.summary.finish()
+
+    @property
+    def done(self) -> bool:
+        return self.summary.done
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.summary.error
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.summary.usage
+
+    @property
+    def collect_text(self) -> bool:
+        return self.summary.collect_text
 
     @property
     def output_text(self) -> str:
-        return "".join(self.text_parts)[:MAX_OUTPUT_CHARS]
+        return self.summary.text
 
 
 def response_headers(resp: aiohttp.ClientResponse, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
@@ -116,6 +180,7 @@ async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first:
         await send({"type": "http.response.body", "body": out, "more_body": True})
     failure: UpstreamError | None = None
     content = resp.content
+    send_more = getattr(send, "raw", send)  # chunks with more_body=True need no completion tracking
     while True:
         try:
             data = await content.readany()
@@ -130,8 +195,9 @@ async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first:
         now = time.perf_counter()
         out = observer.feed(data, now)
         if out:
-            await send({"type": "http.response.body", "body": out, "more_body": True})
+            await send_more({"type": "http.response.body", "body": out, "more_body": True})
     tail = observer.flush()
+    observer.finish()
     if failure is None and not observer.done:
         failure = UpstreamError("midstream", ctx.decision.replica.name if ctx.decision else "?",
                                 "upstream closed the stream without [DONE]")

@@ -142,6 +142,11 @@ def classify(payload: bytes, route: str) -> Chunk:
         obj = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return Chunk(parsed=False)
+    return classify_obj(obj, route)
+
+
+def classify_obj(obj: Any, route: str) -> Chunk:
+    """`classify` for a payload already decoded from JSON (the end-of-stream batch parse)."""
     if not isinstance(obj, dict):
         return Chunk(parsed=False)
     chunk = Chunk()

@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Mapping
 
 import aiohttp
+from yarl import URL
 
 from app.config import Limits
 from app.routing.base import Replica
@@ -28,6 +29,9 @@ _DROP_REQUEST = frozenset({
 DROP_RESPONSE = frozenset({
     "content-length", "transfer-encoding", "connection", "keep-alive", "date", "server",
 })
+
+
+URL_CACHE_CAP = 1024  # passthrough paths carry client query strings: bound the cache
 
 
 class UpstreamError(Exception):
@@ -69,6 +73,7 @@ class Upstream:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=75,
@@ -83,6 +88,15 @@ class Upstream:
             await self.session.close()
             self.session = None
 
+    def _url(self, url: str) -> URL:
+        """Parsed once per distinct URL (aiohttp would parse the string on every request)."""
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= URL_CACHE_CAP:
+                self._urls.clear()
+            parsed = self._urls[url] = URL(url)
+        return parsed
+
     @property
     def connector(self) -> aiohttp.BaseConnector | None:
         return self.session.connector if self.session else None
@@ -96,7 +110,7 @@ class Upstream:
         assert self.session is not None, "Upstream.start() was not awaited"
         try:
             async with asyncio.timeout(self.limits.first_byte_timeout_s):
-                return await self.session.request(method, replica.url + path, data=body or None,
+                return await self.session.request(method, self._url(replica.url + path), data=body or None,
                                                   headers=dict(headers), allow_redirects=False)
         except aiohttp.ClientError as exc:
             raise UpstreamError(classify_exception(exc), replica.name,

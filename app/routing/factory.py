@@ -34,6 +34,7 @@ def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics
             block_size=routing.block_size, weights=weights, epsilon=routing.weights.load_epsilon,
             cold_key_tokens=routing.weights.cold_key_tokens,
             cold_match_ratio=routing.weights.cold_match_ratio,
+            cold_slack_tokens=routing.weights.cold_slack_tokens,
             predictive_index=not routing.kv_events, default_kv_blocks=routing.kv_blocks)
         return PrefixAffinityRouter(replicas, store, options, metrics)
     raise ValueError(f"unknown routing policy {routing.policy!r}")

@@ -8,10 +8,11 @@ all replicas), its prefill backlog and its decode load. The lowest cost wins:
 - `load_override`: another replica holds more of the prefix, but its load outweighs the saving;
 - `cold_spread`: no candidate holds a meaningful share of the prompt (< `cold_match_ratio`), so
   the request is placed by bounded-load consistent hashing of its first blocks: the same prefix
-  lands on the same replica across turns and gateway pods, and no replica takes more than
-  (1 + epsilon) x the mean of either the work queued now or its share of recent requests
-  (app/routing/recent.py), so cold traffic never piles onto one replica and sticky tenants do
-  not leave the fleet unbalanced;
+  lands on the same replica across turns and gateway pods, among the replicas whose queued work
+  is within one prefill chunk of the least loaded one (a cold prompt pays its whole prefill, so
+  waiting is TTFT) and whose share of recent requests is within (1 + epsilon) x the mean
+  (app/routing/recent.py): cold traffic never piles onto one replica, and sticky tenants do not
+  leave the fleet unbalanced;
 - `failover`: a retry (the previous replicas are in `exclude`).
 
 `on_routed` inserts the known prompt blocks into the chosen replica's residency index right away
@@ -37,6 +38,7 @@ from app.telemetry.metrics import Metrics
 
 DEFAULT_COLD_KEY_TOKENS = 4096
 DEFAULT_COLD_MATCH_RATIO = 0.25
+DEFAULT_COLD_SLACK_TOKENS = 2048  # one prefill chunk (vLLM's default max_num_batched_tokens order)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class AffinityOptions:
     epsilon: float = DEFAULT_EPSILON
     cold_key_tokens: int = DEFAULT_COLD_KEY_TOKENS
     cold_match_ratio: float = DEFAULT_COLD_MATCH_RATIO
+    cold_slack_tokens: float = DEFAULT_COLD_SLACK_TOKENS
     predictive_index: bool = True  # False in KV-event mode: the engine's events own the index
     default_kv_blocks: int | None = None
 
@@ -127,11 +130,16 @@ class PrefixAffinityRouter:
     def _cold_pick(self, key: str | int, costs: list[ReplicaCost], prompt: int) -> ReplicaCost:
         """Bounded-load hashing over two loads: the work queued now (prefill-token equivalents)
         and the share of recent requests; the first replica on the key's ring walk within both
-        bounds wins (within the first alone if none is, else the least loaded now)."""
+        bounds wins (within the first alone if none is, else the least loaded now).
+
+        The bound on the work queued now is tight (the least loaded replica plus one prefill
+        chunk): a cold prompt pays its whole prefill, so waiting behind another one shows up
+        directly in its TTFT; hashing only decides between replicas that are about as idle."""
         eps = self.options.epsilon
         now = {c.replica.name: load_value(c.replica, self.options.weights) for c in costs}
         recent = {c.replica.name: self.recent.value(c.replica.name) for c in costs}
-        ok_now = within_bound(now, float(prompt), eps)
+        least = min(now.values())
+        ok_now = {n for n, v in now.items() if v <= least + self.options.cold_slack_tokens}
         ring = self._ring.get(self._replicas.names())
         name, _ = first_on_ring(ring, key, ok_now & within_bound(recent, 1.0, eps))
         if name is None:

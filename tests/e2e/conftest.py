@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -61,12 +62,22 @@ def vllm_fleet(request: pytest.FixtureRequest, vllm_model_dir: Path,
         if callspec is not None and "vllm_replica" in callspec.params:
             wanted.add(f"vllm_{callspec.params['vllm_replica']}")
     specs = [s for s in SPECS if f"vllm_{s.name}" in wanted] or list(SPECS)
-    replicas = start_replicas(specs, vllm_model_dir, log_dir)
-    atexit.register(stop_all, replicas)  # belt and braces: an interrupted session still stops them
+    # a SIGTERM (CI's `timeout`) must still reach the teardown below: the replicas run in their own
+    # sessions, so nothing else would stop them
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        yield {r.name: r for r in replicas}
+        replicas = start_replicas(specs, vllm_model_dir, log_dir)
+        atexit.register(stop_all, replicas)  # belt and braces: an interrupted session still stops them
+        try:
+            yield {r.name: r for r in replicas}
+        finally:
+            stop_all(replicas)
     finally:
-        stop_all(replicas)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _fresh(fleet: dict[str, VllmReplica], name: str) -> VllmReplica:

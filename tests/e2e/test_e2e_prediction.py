@@ -32,11 +32,11 @@ def _predictions(proxy: Any, records: list[Record]) -> dict[str, int]:
     return {rid: predicted for rid, _tenant, predicted, _delivered in hook.predictions}
 
 
-def _run(e2e_proxy: Any, replica: Any, *, echo: bool, tag: str) -> tuple[list[Record], dict[str, int]]:
+def _run(e2e_proxy: Any, replica: Any, *, echo: bool, tag: str) -> tuple[list[Record], dict[str, int], Any]:
     proxy = e2e_proxy([replica])
     with httpx.Client(timeout=120) as client:
         records = run_sequence(client, proxy.url, echo=echo, max_tokens=MAX_TOKENS, tag=tag)
-    return records, _predictions(proxy, records)
+    return records, _predictions(proxy, records), proxy
 
 
 def _report(title: str, records: list[Record], predicted: dict[str, int], extra: dict[str, str] | None = None) -> str:
@@ -50,18 +50,23 @@ def _report(title: str, records: list[Record], predicted: dict[str, int], extra:
 @pytest.mark.parametrize("vllm_replica", ["b32", "b128"], indirect=True)
 def test_scripted_conversations_predicted_exactly(e2e_proxy: Any, vllm_replica: Any) -> None:
     replica, replica_name = vllm_replica, vllm_replica.name
-    records, predicted = _run(e2e_proxy, replica, echo=False, tag=f"scripted-{replica_name}")
+    records, predicted, proxy = _run(e2e_proxy, replica, echo=False, tag=f"scripted-{replica_name}")
     print(_report(f"scripted, {replica_name}", records, predicted))
     hits = [r.cached_tokens for r in records]
     assert any(hits) and not all(hits), "the sequence must contain both hits and misses"
     assert [predicted.get(r.request_id) for r in records] == hits
+    # the contract metric carries the same numbers (summed over tenants)
+    for source in ("predicted", "engine"):
+        total = sum(proxy.sample("prefixgate_cached_tokens_total", model="tiny", tenant=r, source=source) or 0
+                    for r in {rec.tenant for rec in records})
+        assert total == sum(hits), source
 
 
 @pytest.mark.parametrize("vllm_replica", ["b32", "b128"], indirect=True)
 def test_echoed_replies_exact_when_stable_and_never_over(e2e_proxy: Any, vllm_model_dir: Any,
                                                          vllm_replica: Any) -> None:
     replica, replica_name = vllm_replica, vllm_replica.name
-    records, predicted = _run(e2e_proxy, replica, echo=True, tag=f"echo-{replica_name}")
+    records, predicted, _ = _run(e2e_proxy, replica, echo=True, tag=f"echo-{replica_name}")
     tokenizer = Tokenizer.from_file(str(vllm_model_dir / "tokenizer.json"))
     by_id = {r.request_id: r for r in records}
     stable: dict[str, bool] = {}

@@ -1,0 +1,206 @@
+"""The relay's byte-level fast path (app/proxy/scan.py, StreamObserver in app/proxy/relay.py):
+every shortcut must agree with the full parser, whatever the TCP split."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.proxy.clock import StreamClock
+from app.proxy.context import Timings
+from app.proxy.relay import MAX_OUTPUT_CHARS, StreamObserver
+from app.proxy.scan import StreamSummary, carries_generated, drop_usage_events, is_role_only
+from app.proxy.sse import SSEParser, classify
+
+BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+TRICKY = 'say "choices":[] and "content":"" and "usage":{} \\n \u00e9\u2603 \U0001f600'
+
+
+def ev(obj: object, eol: bytes = b"\n") -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + eol + eol
+
+
+def delta(d: dict, finish: str | None = None) -> dict:
+    return {**BASE, "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]}
+
+
+def chat_stream(texts: list[str], eol: bytes = b"\n", usage: bool = True) -> list[bytes]:
+    events = [ev(delta({"role": "assistant", "content": ""}), eol)]
+    events += [ev(delta({"content": t}), eol) for t in texts]
+    events.append(ev(delta({"content": ""}, "stop"), eol))
+    if usage:
+        events.append(ev({**BASE, "choices": [], "usage": USAGE}, eol))
+    events.append(ev(b"[DONE]", eol))
+    return events
+
+
+def reference(stream: bytes, route: str = "chat") -> tuple[str, dict | None, bool, dict | None]:
+    """(text, usage, done, error) by the full parser: the behaviour the fast path must keep."""
+    text, usage, done, error = [], None, False, None
+    for event in SSEParser().feed(stream):
+        chunk = classify(event.data, route)
+        done = done or chunk.done
+        error = chunk.error if chunk.error is not None else error
+        usage = chunk.usage if chunk.usage is not None else usage
+        text.append(chunk.text)
+    return "".join(text), usage, done, error
+
+
+def split(stream: bytes, cuts: list[int]) -> list[bytes]:
+    parts, pos = [], 0
+    for cut in cuts:
+        if pos < len(stream):
+            parts.append(stream[pos:pos + cut])
+            pos += cut
+    if pos < len(stream):
+        parts.append(stream[pos:])
+    return parts
+
+
+def observe(parts: list[bytes], drop_usage: bool, route: str = "chat") -> tuple[StreamObserver, bytes, list[float]]:
+    """Feed reads at t = 1, 2, 3, ...; returns the observer, the forwarded bytes, the read times."""
+    clock = StreamClock(Timings(arrival=0.0))
+    obs = StreamObserver(route, clock, drop_usage, collect_text=True)
+    out = b"".join(obs.feed(part, float(i + 1)) for i, part in enumerate(parts)) + obs.flush()
+    obs.finish()
+    return obs, out, [float(i + 1) for i in range(len(parts))]
+
+
+# ------------------------------------------------------------------ byte checks
+def test_carries_generated_matches_the_classifier() -> None:
+    samples = [
+        delta({"role": "assistant", "content": ""}), delta({"content": "hi"}), delta({"content": ""}, "stop"),
+        delta({"reasoning": "hmm"}), delta({"reasoning_content": "hmm"}), delta({"reasoning": ""}),
+        delta({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}), delta({"tool_calls": []}),
+        delta({"content": TRICKY}), delta({"content": None}),
+        {**BASE, "choices": [], "usage": USAGE},
+    ]
+    for obj in samples:
+        payload = orjson.dumps(obj)
+        assert carries_generated(payload, "chat") == classify(payload, "chat").generated, obj
+    for text in ("x", ""):
+        payload = orjson.dumps({**BASE, "choices": [{"index": 0, "text": text}]})
+        assert carries_generated(payload, "completions") == bool(text)
+
+
+def test_escaped_markers_inside_text_are_not_keys() -> None:
+    # the text mentions an empty content key: its quotes arrive escaped, so only the real key counts
+    payload = orjson.dumps(delta({"content": '"content":""'}))
+    assert carries_generated(payload, "chat")
+    assert not carries_generated(orjson.dumps(delta({"content": ""}, "stop")), "chat")
+
+
+def test_role_only_shortcut_is_conservative() -> None:
+    assert is_role_only(orjson.dumps(delta({"role": "assistant", "content": ""})))
+    assert not is_role_only(orjson.dumps(delta({"role": "assistant", "content": "Hi"})))
+    assert not is_role_only(orjson.dumps({**delta({"role": "assistant", "content": ""}), "usage": USAGE}))
+    assert not is_role_only(orjson.dumps(delta({"role": "assistant", "content": "", "reasoning": "x"})))
+    # not compact JSON: the shortcut declines and the classifier decides
+    assert not is_role_only(b'{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}]}')
+
+
+def test_drop_usage_events_is_byte_exact_and_keeps_tricky_text() -> None:
+    tricky = ev(delta({"content": TRICKY}))
+    usage = ev({**BASE, "choices": [], "usage": USAGE})
+    comment = b": keep-alive\n\n"
+    assert drop_usage_events(tricky + comment + usage + ev(b"[DONE]"), "chat") == tricky + comment + ev(b"[DONE]")
+    # `"choices":[]` without usage is not the include_usage chunk: kept
+    empty = ev({**BASE, "choices": []})
+    assert drop_usage_events(empty, "chat") == empty
+
+
+# ------------------------------------------------------------------ the summary
+def test_summary_reads_text_usage_done_in_batches() -> None:
+    stream = b"".join(chat_stream(["Hel", "lo", TRICKY]))
+    summary = StreamSummary("chat", True, MAX_OUTPUT_CHARS)
+    for i in range(0, len(stream), 7):
+        summary.add_bytes(stream[i:i + 7])
+    summary.finish()
+    text, usage, done, _ = reference(stream)
+    assert summary.text == text == "Hello" + TRICKY
+    assert summary.usage == usage == USAGE and summary.done and done
+
+
+def test_summary_falls_back_for_error_events_and_crlf() -> None:
+    err = {"error": {"message": "boom", "type": "InternalServerError", "code": 500}}
+    for stream in (ev(delta({"content": "a"})) + b'data: {"error": {"message": "boom"}}\n\n' + ev(b"[DONE]"),
+                   b"".join(chat_stream(["a", "b"], eol=b"\r\n")),
+                   ev(delta({"content": "a"})) + ev(err) + ev(b"[DONE]")):
+        summary = StreamSummary("chat", True, MAX_OUTPUT_CHARS)
+        summary.add_bytes(stream)
+        summary.finish()
+        assert (summary.text, summary.usage, summary.done, summary.error) == reference(stream)
+
+
+def test_summary_ignores_an_unterminated_last_event() -> None:
+    summary = StreamSummary("chat", True, MAX_OUTPUT_CHARS)
+    summary.add_bytes(ev(delta({"content": "a"})) + b"data: [DONE]")
+    summary.finish()
+    assert summary.text == "a" and not summary.done
+
+
+# ------------------------------------------------------------------ the observer
+@pytest.mark.parametrize("drop_usage", [False, True])
+def test_usage_chunk_split_across_reads(drop_usage: bool) -> None:
+    events = chat_stream(["a", "b"])
+    usage_event = events[-2]
+    cut = usage_event.index(b'"choices":[]') + 5  # split inside the very bytes the check looks for
+    parts = events[:-2] + [usage_event[:cut], usage_event[cut:] + events[-1]]
+    obs, out, _ = observe(parts, drop_usage)
+    stream = b"".join(events)
+    assert out == (stream.replace(usage_event, b"") if drop_usage else stream)
+    assert obs.usage == USAGE and obs.done and obs.output_text == "ab"
+    assert obs.fast
+
+
+def test_ttft_at_first_content_read_and_gaps_per_read() -> None:
+    events = chat_stream(["a", "b", "c"])
+    obs, out, times = observe(events, drop_usage=True)  # one event per read, as vLLM writes them
+    assert out == b"".join(events[:-2] + events[-1:])  # the proxy-added usage chunk is gone
+    timings = obs.clock.timings
+    assert timings.first_token == times[1]  # the role chunk (read 1) did not stop the clock
+    assert timings.last_token == times[3]  # "c" (read 4); the finish, usage and [DONE] reads are not tokens
+    assert obs.clock.gaps == [1.0, 1.0] and obs.clock.content_chunks == 3
+
+
+def test_non_compact_json_keeps_the_full_parser() -> None:
+    events = [b'data: {"choices": [{"index": 0, "delta": {"content": "%s"}}]}\n\n' % t for t in (b"a", b"b")]
+    events.append(b'data: {"choices": [], "usage": {"prompt_tokens": 3}}\n\ndata: [DONE]\n\n')
+    obs, out, _ = observe(events, drop_usage=True)
+    assert not obs.fast
+    assert out == events[0] + events[1] + b"data: [DONE]\n\n"
+    assert obs.clock.content_chunks == 2 and obs.usage == {"prompt_tokens": 3} and obs.output_text == "ab"
+
+
+def test_crlf_after_the_first_token_still_frames_whole_events() -> None:
+    head = [ev(delta({"role": "assistant", "content": ""})), ev(delta({"content": "a"}))]
+    tail = b"".join(chat_stream(["b"], eol=b"\r\n")[1:])  # the server switched line ends (absurd, but legal)
+    obs, out, _ = observe(head + [tail[:9], tail[9:]], drop_usage=True)
+    usage = ev({**BASE, "choices": [], "usage": USAGE}, b"\r\n")
+    assert out == b"".join(head) + tail.replace(usage, b"")
+    assert obs.usage == USAGE and obs.done and obs.output_text == "ab"
+
+
+texts = st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12),
+                 min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts, st.sampled_from([b"\n", b"\r\n"]), st.lists(st.integers(1, 60), max_size=30), st.booleans(),
+       st.booleans())
+def test_any_split_forwards_the_same_bytes_and_observes_the_same(
+        words: list[str], eol: bytes, cuts: list[int], drop_usage: bool, comment: bool) -> None:
+    events = chat_stream(words, eol=eol)
+    if comment:
+        events.insert(2, b": ping" + eol + eol)
+    stream = b"".join(events)
+    obs, out, _ = observe(split(stream, cuts), drop_usage)
+    expected = stream.replace(events[-2], b"") if drop_usage else stream
+    assert out == expected
+    text, usage, done, error = reference(stream)
+    assert (obs.output_text, obs.usage, obs.done, obs.error) == (text, usage, done, error)
+    generated = [w for w in words if w]
+    assert (obs.clock.timings.first_token is not None) == bool(generated)
