@@ -52,6 +52,32 @@ async def test_long_residency_write_yields_and_keeps_single_pass_order() -> None
     assert (await store.residency_lookup(head, ["r"]))["r"] == len(head)
 
 
+async def test_lookups_between_slices_see_a_prefix_closed_set() -> None:
+    """A lookup running between two slices of a long add answers what a linear scan answers
+    (the binary search relies on the resident set being prefix-closed at every moment)."""
+    chain = rand_chain(4 * ADD_SLICE_BLOCKS + 33, 11)
+    store = MemoryStore(capacity_blocks=8 * ADD_SLICE_BLOCKS)
+    await store.residency_add("r", chain[:ADD_SLICE_BLOCKS // 2])  # warm head, cold rest
+    seen: list[tuple[int, int]] = []
+    done = False
+
+    async def reader() -> None:
+        while not done:
+            present = store._residency["r"].blocks
+            linear = next((i for i, h in enumerate(chain) if h not in present), len(chain))
+            seen.append(((await store.residency_lookup(chain, ["r"]))["r"], linear))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0)
+    await store.residency_add("r", chain)
+    done = True
+    await task
+    assert all(found == linear for found, linear in seen), seen
+    assert len(seen) >= 6
+    assert seen[-1] == (len(chain), len(chain))
+
+
 async def test_long_residency_write_trims_like_a_single_pass() -> None:
     chain = rand_chain(2 * ADD_SLICE_BLOCKS + 7, 3)
     store = MemoryStore(capacity_blocks=ADD_SLICE_BLOCKS + 5)

@@ -33,7 +33,8 @@ from app.prefix.tokens import SegmentTokenizer
 FingerprintMode = str  # "exact" (local tokenizer) | "engine" (/tokenize) | "approx" (char blocks)
 CHARS_PER_TOKEN = 3.5  # estimate used before exact tokens exist
 APPROX_CHARS = 4  # approx mode: one pseudo-token per 4 characters
-POLITE_BLOCKS = 256  # blocks hashed between two GIL releases in a worker thread (~0.3 ms)
+POLITE_BLOCKS = 512  # blocks hashed between two GIL releases in a worker thread (~0.6 ms)
+POLITE_PAUSE_S = 0.0001
 
 
 @dataclass
@@ -96,10 +97,12 @@ def root_node(salt: str | None, block_size: int) -> ChainNode:
 def extend_node(node: ChainNode, ids: Sequence[int], polite: bool = False) -> ChainNode:
     """The chain after appending `ids` to `node` (pure; hashes only the new full blocks).
 
-    `polite` (worker threads): hash in slices of POLITE_BLOCKS with a GIL release between them.
+    `polite` (worker threads): hash in slices of POLITE_BLOCKS with a short sleep between them.
     The hash loop is Python code, so a worker thread running it keeps the GIL for a whole switch
-    interval (5 ms) whenever the event loop asks for it; released every ~0.3 ms, it is handed
-    over at once (measured on a 20k-block prompt: the loop thread's worst wait 7 ms -> ~1 ms)."""
+    interval (5 ms) whenever the event loop asks for it. A sleep(0) is not enough: on a machine
+    with idle cores the worker takes the GIL back before the woken loop thread runs (measured:
+    loop stalls of 15-60 ms blamed on this loop with two workers hashing). A pause of
+    POLITE_PAUSE_S lets a waiting thread in; it costs ~15% of the hashing time, off the loop."""
     tokens = node.tail + array("I", ids) if node.tail else array("I", ids)
     b = node.block_size
     if not polite or len(tokens) <= POLITE_BLOCKS * b:
@@ -111,7 +114,7 @@ def extend_node(node: ChainNode, ids: Sequence[int], polite: bool = False) -> Ch
             part = proxy_chain(tokens[start * b:(start + POLITE_BLOCKS) * b], b, salt=node.salt, parent=digest)
             out.extend(part)
             digest = proxy_digest(part[-1])
-            time.sleep(0)  # releases the GIL: a waiting event loop takes it now
+            time.sleep(POLITE_PAUSE_S)  # releases the GIL long enough for a waiting event loop
         hashes = tuple(out)
     used = len(hashes) * node.block_size
     digest = proxy_digest(hashes[-1]) if hashes else node.digest

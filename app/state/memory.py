@@ -28,6 +28,7 @@ class _Residency:
         self.ttl_s = ttl_s
         self._clock = clock
         self.blocks: OrderedDict[int, float] = OrderedDict()  # hash -> expiry; last = most recent
+        self.writers = 0  # sliced adds in flight (MemoryStore.residency_add): trims wait for them
 
     def add(self, hashes: list[int]) -> int:
         self.refresh(hashes, self._clock() + self.ttl_s)
@@ -41,7 +42,16 @@ class _Residency:
             blocks[h] = expiry
             move(h)
 
+    def insert(self, hashes: list[int], expiry: float) -> None:
+        """Make `hashes` present, in order (new ones become the most recent), without moving
+        the ones already present."""
+        blocks = self.blocks
+        for h in hashes:
+            blocks[h] = expiry
+
     def trim(self) -> int:
+        if self.writers:
+            return 0  # the last sliced add in flight trims
         evicted = 0
         while len(self.blocks) > self.capacity:
             self.blocks.popitem(last=False)
@@ -122,19 +132,37 @@ class MemoryStore:
         return {r: (self._residency[r].leading(block_hashes) if r in self._residency else 0) for r in replicas}
 
     async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
-        """Adds the chain in slices of ADD_SLICE_BLOCKS, tail slice first, yielding to the event
-        loop between slices: a 1 MB prompt is ~25k blocks, ~2 ms of OrderedDict moves in one go.
-        The final LRU order is the one a single pass gives (block 0 most recent); a lookup that
-        runs between two slices sees the chain's tail before its head is refreshed, which never
-        lengthens a leading run. The trim to capacity runs once, at the end."""
+        """Adds the chain in slices of ADD_SLICE_BLOCKS, yielding to the event loop between them
+        (a 1 MB prompt is ~25k blocks: ~2 ms of OrderedDict moves in one go), in two passes so
+        that every state a concurrent lookup can see is one a single pass could leave:
+        1. the blocks after the leading resident run become present head first, so the
+           resident set stays prefix-closed (the binary search in `leading` stays exact);
+        2. the whole chain moves to the most recent end tail first, which changes only the order,
+           ending in the single pass's order (block 0 most recent).
+        Trims wait until no sliced add is in flight: one evicting between two slices of pass 2
+        would take this chain's not-yet-refreshed head before its tail."""
         res = self._replica(replica)
         expiry = self._clock() + self.ttl_s
-        end = len(block_hashes)
-        while end > ADD_SLICE_BLOCKS:
-            res.refresh(block_hashes[end - ADD_SLICE_BLOCKS:end], expiry)
-            end -= ADD_SLICE_BLOCKS
-            await asyncio.sleep(0)
-        res.refresh(block_hashes[:end], expiry)
+        n = len(block_hashes)
+        if n <= ADD_SLICE_BLOCKS:
+            res.refresh(block_hashes, expiry)
+            res.trim()
+            return
+        res.writers += 1
+        try:
+            start = res.leading(block_hashes)
+            while start < n:
+                res.insert(block_hashes[start:start + ADD_SLICE_BLOCKS], expiry)
+                start += ADD_SLICE_BLOCKS
+                await asyncio.sleep(0)
+            end = n
+            while end > 0:
+                res.refresh(block_hashes[max(0, end - ADD_SLICE_BLOCKS):end], expiry)
+                end -= ADD_SLICE_BLOCKS
+                if end > 0:
+                    await asyncio.sleep(0)
+        finally:
+            res.writers -= 1
         res.trim()
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
