@@ -1,7 +1,7 @@
 """Routing benchmark (issue 5): one agent-style trace replayed against each router in front of the
 same 4 simulated vLLM replicas with a finite KV pool, fresh replicas per target.
 
-    .venv/bin/python bench/routing.py                      # all targets (~10 min on 2 cores)
+    .venv/bin/python bench/routing.py                      # all targets (~12 min on 2 cores)
     .venv/bin/python bench/routing.py --targets prefixgate:prefix_affinity,sglang-router:cache_aware
 
 Targets: prefixgate with each policy (a `prefixgate serve` subprocess), sglang-router 0.3.2
@@ -290,7 +290,7 @@ def print_table(rows: list[dict], bound_ratio: float, command: str) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--targets", default=",".join(ALL_TARGETS))
-    p.add_argument("--tenants", type=int, default=40)
+    p.add_argument("--tenants", type=int, default=48)
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-blocks", type=int, default=12000, help="per replica (x block size = KV tokens)")

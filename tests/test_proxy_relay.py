@@ -271,3 +271,17 @@ def test_fast_path_over_real_sockets_split_usage_and_tricky_text(fake_upstream_f
     assert proxy.sample("prefixgate_prompt_tokens_total", model="fake", tenant="default") == 1500
     # gaps between the token reads only (2; 1 if a stall merged two reads), none for usage/[DONE]
     assert 1 <= proxy.sample("prefixgate_inter_token_seconds_count", model="fake", backend="fake-0") <= 2
+
+
+def test_upstream_cookies_never_reach_other_clients(fake_upstream_factory, proxy_factory) -> None:
+    """The upstream session is shared by every client: a Set-Cookie from a replica (say, an
+    ingress's sticky-session cookie) must not be replayed on anyone's later requests."""
+    up = fake_upstream_factory(lambda req: FakeResponse(
+        headers={"content-type": "text/event-stream", "set-cookie": "sticky=replica-0; Path=/"},
+        chunks=standard_stream(req).chunks))
+    proxy = proxy_factory([up.url.replace("127.0.0.1", "localhost")])  # a jar ignores IP hosts' cookies
+    stream_chunks(proxy.url, CHAT)
+    stream_chunks(proxy.url, CHAT)
+    stream_chunks(proxy.url, CHAT, {"cookie": "mine=1"})
+    assert "cookie" not in up.requests[1].headers
+    assert up.requests[2].headers["cookie"] == "mine=1"  # the client's own cookie, forwarded as sent

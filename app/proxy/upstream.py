@@ -80,8 +80,12 @@ class Upstream:
                                          enable_cleanup_closed=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect_timeout_s,
                                         sock_read=self.limits.read_timeout_s)
+        # DummyCookieJar: one session serves every client, so a cookie an upstream (or an ingress in
+        # front of it) sets must never ride along on other clients' requests; it also skips the jar's
+        # per-request filtering. The client's own Cookie header is forwarded like any other header.
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                             skip_auto_headers=("User-Agent",))
+                                             skip_auto_headers=("User-Agent",),
+                                             cookie_jar=aiohttp.DummyCookieJar())
 
     async def stop(self) -> None:
         if self.session is not None:
