@@ -285,3 +285,25 @@ def test_upstream_cookies_never_reach_other_clients(fake_upstream_factory, proxy
     stream_chunks(proxy.url, CHAT, {"cookie": "mine=1"})
     assert "cookie" not in up.requests[1].headers
     assert up.requests[2].headers["cookie"] == "mine=1"  # the client's own cookie, forwarded as sent
+
+
+def test_client_closing_right_after_done_is_a_delivered_response(fake_upstream_factory, proxy_factory) -> None:
+    """Clients (the openai SDK among them) may close as soon as they read `[DONE]`, before the
+    proxy's final empty write: that response was delivered, not abandoned (status 200, not 499)."""
+
+    def done_then_linger(req: SeenRequest) -> FakeResponse:
+        resp = standard_stream(req)
+        resp.chunks.append((1.5, b": upstream lingers before ending the body\n\n"))
+        return resp
+
+    up = fake_upstream_factory(done_then_linger)
+    proxy = proxy_factory([up.url], routing={"policy": "round_robin"})
+    with httpx.Client(timeout=30) as client, client.stream(
+            "POST", proxy.url + "/v1/chat/completions", json=CHAT) as resp:
+        seen = b""
+        for chunk in resp.iter_raw():
+            seen += chunk
+            if b"data: [DONE]" in seen:
+                break  # close while the proxy still waits for the upstream's end of body
+    assert proxy.sample("prefixgate_requests_total", route="chat", status="200") == 1
+    assert proxy.sample("prefixgate_requests_total", route="chat", status="499") is None

@@ -14,6 +14,7 @@ stream costs the observer ~48 µs instead of ~71 µs; per read after the first t
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -178,24 +179,21 @@ async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first:
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
     if out:
         await send({"type": "http.response.body", "body": out, "more_body": True})
-    failure: UpstreamError | None = None
     content = resp.content
     send_more = getattr(send, "raw", send)  # chunks with more_body=True need no completion tracking
-    while True:
-        try:
-            data = await content.readany()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            kind = classify_exception(exc)
-            kind = "timeout" if kind == "timeout" else "midstream"
-            failure = UpstreamError(kind, ctx.decision.replica.name if ctx.decision else "?",
-                                    f"upstream failed mid-stream ({type(exc).__name__})")
-            break
-        if not data:
-            break
-        now = time.perf_counter()
-        out = observer.feed(data, now)
-        if out:
-            await send_more({"type": "http.response.body", "body": out, "more_body": True})
+    try:
+        failure = await _relay_rest(ctx, content, send_more, observer)
+    except asyncio.CancelledError:
+        # The client went away. If it already had `[DONE]` (clients may close before the final
+        # empty write), the response was delivered: keep its accounting, and say so to the caller.
+        observer.flush()
+        observer.finish()
+        if observer.done and observer.error is None:
+            ctx.attrs["delivered_before_disconnect"] = True
+            ctx.usage = observer.usage
+            if observer.collect_text:
+                ctx.attrs["output_text"] = observer.output_text
+        raise
     tail = observer.flush()
     observer.finish()
     if failure is None and not observer.done:
@@ -212,6 +210,24 @@ async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first:
     ctx.usage = observer.usage
     if observer.collect_text:
         ctx.attrs["output_text"] = observer.output_text
+
+
+async def _relay_rest(ctx: RequestContext, content: aiohttp.StreamReader, send_more: Send,
+                      observer: StreamObserver) -> UpstreamError | None:
+    """Relay upstream reads until EOF; the upstream failure, if the stream broke."""
+    while True:
+        try:
+            data = await content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            kind = classify_exception(exc)
+            kind = "timeout" if kind == "timeout" else "midstream"
+            return UpstreamError(kind, ctx.decision.replica.name if ctx.decision else "?",
+                                 f"upstream failed mid-stream ({type(exc).__name__})")
+        if not data:
+            return None
+        out = observer.feed(data, time.perf_counter())
+        if out:
+            await send_more({"type": "http.response.body", "body": out, "more_body": True})
 
 
 def output_text_of(payload: dict[str, Any], route: str) -> str | None:
