@@ -4,7 +4,9 @@ Active: every `routing.health_interval_s` each replica's `GET /health` is probed
 healthy. The same pass reads `GET /v1/models`, which gives the proxy its model list (the 404 check
 and the `/v1/models` union). Passive: a connect failure on the hot path opens the replica's breaker
 at once (it leaves rotation until a probe succeeds); other failures count, and `FAILURE_THRESHOLD`
-consecutive ones open it too. Open breakers are probed every `OPEN_PROBE_S`, not every interval,
+consecutive ones open it too. A probe that times out on a healthy replica counts only after
+`PROBE_TIMEOUTS_TO_FAIL` in a row: under heavy load /health answers late without the engine being
+down. Open breakers are probed every `OPEN_PROBE_S`, not every interval,
 so a replica that restarts is back within a second or so.
 """
 
@@ -24,6 +26,7 @@ from app.telemetry.metrics import Metrics
 log = logging.getLogger("prefixgate.health")
 
 FAILURE_THRESHOLD = 3  # consecutive non-connect failures that open the breaker
+PROBE_TIMEOUTS_TO_FAIL = 2  # consecutive probe timeouts before a healthy replica leaves rotation
 OPEN_PROBE_S = 1.0  # probe period for replicas whose breaker is open
 PROBE_TIMEOUT_S = 2.0
 
@@ -36,6 +39,7 @@ class HealthChecker:
         self.interval_s = interval_s
         self.probe_timeout_s = probe_timeout_s
         self.failures: dict[str, int] = {}
+        self.probe_timeouts: dict[str, int] = {}
         self.models: dict[str, list[dict]] = {}  # replica -> its /v1/models `data`
         self._last_probe: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -108,7 +112,14 @@ class HealthChecker:
                         data = payload.get("data") if isinstance(payload, dict) else None
                         if isinstance(data, list):
                             self.models[replica.name] = data
-        except (TimeoutError, aiohttp.ClientError, ValueError):
+            self.probe_timeouts[replica.name] = 0
+        except TimeoutError:
+            # A busy engine (hundreds of streams, a long prefill) can answer /health late; one slow
+            # probe is not an outage. Refused connections and non-200s still count at once.
+            timeouts = self.probe_timeouts.get(replica.name, 0) + 1
+            self.probe_timeouts[replica.name] = timeouts
+            ok = replica.healthy and timeouts < PROBE_TIMEOUTS_TO_FAIL
+        except (aiohttp.ClientError, ValueError):
             ok = False
         if ok != replica.healthy:
             log.warning("replica %s is now %s", replica.name, "healthy" if ok else "unhealthy")
