@@ -192,6 +192,11 @@ def test_paused_redis_never_stalls_requests(sim_factory, proxy_factory, redis_pr
             chat(pod, "t30", conv[turn])
             waits.append(time.monotonic() - t0)
         assert max(waits) < 2.0, waits  # the budget is 50 ms; a stalled Redis call would hang
+        # the first over-budget call starts a PING that declares Redis down after `stall_s`
+        # (0.5 s): the turns above may all finish before that, so wait for the verdict (bounded)
+        deadline = time.monotonic() + 5.0
+        while pod.sample("prefixgate_state_backend_up") != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert pod.sample("prefixgate_state_backend_up") == 0
     finally:
         redis_proc.resume()
