@@ -198,11 +198,13 @@ class Settings(BaseSettings):
         return (init_settings, env_settings)
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` over `base`, nested mappings merged key by key (neither input is modified): a file's
+    `routing: {policy: x}` keeps the env's other routing keys; the test helpers build settings the same way."""
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -218,6 +220,6 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         data = loaded
     env_only = Settings()  # env applied onto defaults
     env_data = env_only.model_dump(exclude_defaults=True)
-    merged = _deep_merge(data, env_data)
-    merged = _deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
+    merged = deep_merge(data, env_data)
+    merged = deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
     return Settings(**merged)

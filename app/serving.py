@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import threading
 import time
 from typing import Any
@@ -19,6 +20,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Stop a child process: close its stdin (a child that waits on it sees EOF), SIGTERM, and SIGKILL
+    after `timeout` seconds, so a hung child never outlives the benchmark or test that started it."""
+    if proc.stdin and not proc.stdin.closed:
+        proc.stdin.close()
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:

@@ -28,19 +28,26 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.serving import free_port  # noqa: E402
+from app.serving import free_port, stop_process  # noqa: E402
 from app.sim.tokens import load_tokenizer  # noqa: E402
 from app.telemetry.metrics import prompt_bucket  # noqa: E402
+from bench._common import (  # noqa: E402
+    counters,
+    launch,
+    pct,
+    prefixgate_command,
+    print_commands,
+    replay,
+    sglang_router_command,
+    wait_ready,
+)
 from bench.routing_trace import Tenant, TraceConfig, build_trace, upper_bound  # noqa: E402
 
 ALL_TARGETS = ("prefixgate:prefix_affinity", "prefixgate:session", "prefixgate:least_load",
@@ -49,6 +56,7 @@ ALL_TARGETS = ("prefixgate:prefix_affinity", "prefixgate:session", "prefixgate:l
 BUCKETS = ("1k-4k", "4k-16k", "16k-64k", "64k-128k")
 MODEL = "sim"
 OUTPUT_TOKENS = 24
+REQUEST = {"model": MODEL, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True}
 
 _SIM_SERVER = """
 import json, sys
@@ -58,17 +66,6 @@ print(json.dumps(cluster.urls), flush=True)
 sys.stdin.read()
 cluster.stop()
 """
-
-
-@dataclass
-class Result:
-    tenant: str
-    turn: int
-    ok: bool
-    ttft_s: float | None
-    prompt_tokens: int
-    cached_tokens: int
-    backend: str | None
 
 
 # ------------------------------------------------------------------ processes
@@ -84,17 +81,6 @@ def start_sims(args: argparse.Namespace) -> tuple[subprocess.Popen, list[str]]:
     return proc, json.loads(line)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.stdin and not proc.stdin.closed:
-        proc.stdin.close()
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def start_target(target: str, urls: list[str], args: argparse.Namespace,
                  tmp: Path) -> tuple[subprocess.Popen, str, list[str]]:
     kind, policy = target.split(":", 1)
@@ -104,92 +90,21 @@ def start_target(target: str, urls: list[str], args: argparse.Namespace,
                "routing": {"policy": policy, "block_size": args.block_size, "kv_blocks": args.kv_blocks,
                            "health_interval_s": 2.0},
                "scrape": {"interval_s": 1.0}}
-        path = tmp / f"{policy}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        cmd = [sys.executable, "-m", "app", "serve", "--config", str(path), "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning"]
+        cmd = prefixgate_command(cfg, tmp / f"{policy}.yaml", port)
     elif kind == "sglang-router":
-        cmd = [str(Path(args.routers_venv) / "bin" / "sglang-router"), "launch", "--host", "127.0.0.1",
-               "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-               "--worker-urls", *urls, "--policy", policy]
+        cmd = sglang_router_command(args.routers_venv, port, prom, urls, policy)
     elif kind == "vllm-router":
         cmd = [str(Path(args.routers_venv) / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom), "--worker-urls", *urls,
                "--policy", policy, "--worker-startup-check-interval", "1"]
     else:
         raise ValueError(f"unknown target {target}")
-    log = open(tmp / f"{target.replace(':', '_')}.log", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    return proc, f"http://127.0.0.1:{port}", cmd
-
-
-async def wait_ready(session: aiohttp.ClientSession, base: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
-    while time.monotonic() < deadline:
-        try:
-            async with session.post(base + "/v1/chat/completions", json=body) as resp:
-                if resp.status == 200:
-                    await resp.read()
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"{base} not ready in {timeout}s")
-
-
-# ------------------------------------------------------------------ load generation
-async def one_request(session: aiohttp.ClientSession, base: str, tenant: Tenant, turn: int) -> Result:
-    body = {"model": MODEL, "messages": tenant.messages(turn), "max_tokens": OUTPUT_TOKENS,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    headers = {"x-tenant-id": tenant.name, "x-session-id": tenant.name}
-    start = time.perf_counter()
-    ttft = None
-    usage: dict = {}
-    backend = None
-    try:
-        async with session.post(base + "/v1/chat/completions", json=body, headers=headers) as resp:
-            backend = resp.headers.get("x-prefixgate-backend")
-            if resp.status != 200:
-                await resp.read()
-                return Result(tenant.name, turn, False, None, 0, 0, backend)
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    if ttft is None and (choice.get("delta") or {}).get("content"):
-                        ttft = time.perf_counter() - start
-    except aiohttp.ClientError:
-        return Result(tenant.name, turn, False, None, 0, 0, backend)
-    cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
-    return Result(tenant.name, turn, ttft is not None, ttft, int(usage.get("prompt_tokens") or 0), int(cached),
-                  backend)
-
-
-async def run_tenant(session: aiohttp.ClientSession, base: str, tenant: Tenant, scale: float,
-                     t0: float, out: list[Result]) -> None:
-    await asyncio.sleep(max(0.0, t0 + tenant.start_s * scale - time.perf_counter()))
-    for turn in range(len(tenant.users)):
-        out.append(await one_request(session, base, tenant, turn))
-        await asyncio.sleep(tenant.think_s[turn] * scale)
+    return launch(target, cmd, tmp), f"http://127.0.0.1:{port}", cmd
 
 
 # ------------------------------------------------------------------ replicas' own numbers
-_SAMPLE = re.compile(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$")
-
-
 async def replica_numbers(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    async with session.get(url + "/metrics") as resp:
-        for line in (await resp.text()).splitlines():
-            m = _SAMPLE.match(line)
-            if m and m.group(1) in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
-                                    "vllm:request_success_total"):
-                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    out = await counters(session, url)
     async with session.get(url + "/sim/state") as resp:
         out["clock"] = float((await resp.json())["virtual_clock_s"])
     return out
@@ -207,13 +122,6 @@ async def route_reasons(session: aiohttp.ClientSession, base: str) -> dict[str, 
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
 def imbalance(values: list[float]) -> float:
     mean = statistics.fmean(values) if values else 0.0
     return max(values) / mean if mean else float("nan")
@@ -227,18 +135,16 @@ async def run_target(target: str, tenants: list[Tenant], args: argparse.Namespac
         conn = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=600)
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
-            await wait_ready(session, base)
+            await wait_ready(session, base, "/v1/chat/completions",
+                             {"model": MODEL, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1})
             before = [await replica_numbers(session, u) for u in urls]
-            results: list[Result] = []
-            t0 = time.perf_counter()
-            await asyncio.gather(*(run_tenant(session, base, t, args.time_scale, t0, results) for t in tenants))
-            wall = time.perf_counter() - t0
+            results, wall = await replay(session, base, tenants, args.time_scale, REQUEST)
             after = [await replica_numbers(session, u) for u in urls]
             reasons = await route_reasons(session, base) if target.startswith("prefixgate:") else {}
     finally:
         if proc is not None:
-            stop(proc)
-        stop(sims)
+            stop_process(proc)
+        stop_process(sims)
     delta = [{k: a.get(k, 0.0) - b.get(k, 0.0) for k in a} for a, b in zip(after, before, strict=True)]
     hits = sum(d.get("vllm:prefix_cache_hits_total", 0.0) for d in delta)
     queries = sum(d.get("vllm:prefix_cache_queries_total", 0.0) for d in delta)
@@ -282,9 +188,7 @@ def print_table(rows: list[dict], bound_ratio: float, command: str) -> None:
     for r in rows:
         if r["reasons"]:
             print(f"  {r['target']}: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["reasons"].items())))
-    print("\ntarget commands (replica URLs vary per run):")
-    for r in rows:
-        print(f"  {r['target']}: {r['command']}")
+    print_commands(rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -19,25 +19,32 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.serving import free_port  # noqa: E402
+from app.serving import free_port, stop_process  # noqa: E402
 from app.sim.tokens import load_tokenizer  # noqa: E402
+from bench._common import (  # noqa: E402
+    COUNTERS,
+    counters,
+    launch,
+    pct,
+    prefixgate_command,
+    print_commands,
+    replay,
+    sglang_router_command,
+    wait_ready,
+)
 from bench.routing_trace import Tenant, TraceConfig, build_trace, upper_bound  # noqa: E402
 from tests.e2e.vllm_server import (  # noqa: E402
     SERVED_MODEL,
@@ -53,16 +60,7 @@ ALL_TARGETS = ("prefixgate:prefix_affinity", "sglang-router:cache_aware", "prefi
                "sglang-router:round_robin")
 OUTPUT_TOKENS = 16
 BLOCK_SIZE = 32
-COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:request_success_total")
-_SAMPLE = re.compile(r"^([a-zA-Z_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+)$")
-
-
-@dataclass
-class Result:
-    ok: bool
-    ttft_s: float | None
-    prompt_tokens: int
-    cached_tokens: int
+REQUEST = {"model": SERVED_MODEL, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True, "temperature": 0.0}
 
 
 def trace_config(args: argparse.Namespace) -> TraceConfig:
@@ -82,90 +80,12 @@ def start_target(target: str, replicas: list[VllmReplica], model_dir: Path, args
     if kind == "prefixgate":
         cfg = {"backends": [{"url": r.url, "name": r.name} for r in replicas], "tokenizer": str(model_dir),
                "routing": {"policy": policy, "health_interval_s": 2.0}, "scrape": {"interval_s": 1.0}}
-        path = tmp / f"{policy}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        cmd = [sys.executable, "-m", "app", "serve", "--config", str(path), "--host", "127.0.0.1",
-               "--port", str(port), "--log-level", "warning"]
+        cmd = prefixgate_command(cfg, tmp / f"{policy}.yaml", port)
     elif kind == "sglang-router":
-        cmd = [str(Path(args.routers_venv) / "bin" / "sglang-router"), "launch", "--host", "127.0.0.1",
-               "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-               "--worker-urls", *urls, "--policy", policy]
+        cmd = sglang_router_command(args.routers_venv, port, prom, urls, policy)
     else:
         raise ValueError(f"unknown target {target}")
-    log = open(tmp / f"{target.replace(':', '_')}.log", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    return proc, f"http://127.0.0.1:{port}", cmd
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-async def wait_ready(session: aiohttp.ClientSession, base: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    body = {"model": SERVED_MODEL, "prompt": "ready", "max_tokens": 1}
-    while time.monotonic() < deadline:
-        try:
-            async with session.post(base + "/v1/completions", json=body) as resp:
-                await resp.read()
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"{base} not ready in {timeout}s")
-
-
-# ------------------------------------------------------------------ load
-async def one_request(session: aiohttp.ClientSession, base: str, tenant: Tenant, turn: int) -> Result:
-    body = {"model": SERVED_MODEL, "messages": tenant.messages(turn), "max_tokens": OUTPUT_TOKENS,
-            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-    headers = {"x-tenant-id": tenant.name, "x-session-id": tenant.name}
-    start = time.perf_counter()
-    ttft = None
-    usage: dict = {}
-    try:
-        async with session.post(base + "/v1/chat/completions", json=body, headers=headers) as resp:
-            if resp.status != 200:
-                await resp.read()
-                return Result(False, None, 0, 0)
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[5:])
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    if ttft is None and (choice.get("delta") or {}).get("content"):
-                        ttft = time.perf_counter() - start
-    except aiohttp.ClientError:
-        return Result(False, None, 0, 0)
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return Result(ttft is not None, ttft, int(usage.get("prompt_tokens") or 0), int(cached))
-
-
-async def run_tenant(session: aiohttp.ClientSession, base: str, tenant: Tenant, scale: float, t0: float,
-                     out: list[Result]) -> None:
-    await asyncio.sleep(max(0.0, t0 + tenant.start_s * scale - time.perf_counter()))
-    for turn in range(len(tenant.users)):
-        out.append(await one_request(session, base, tenant, turn))
-        await asyncio.sleep(tenant.think_s[turn] * scale)
-
-
-async def counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    async with session.get(url + "/metrics") as resp:
-        for line in (await resp.text()).splitlines():
-            m = _SAMPLE.match(line)
-            if m and m.group(1) in COUNTERS:
-                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-    return out
+    return launch(target, cmd, tmp), f"http://127.0.0.1:{port}", cmd
 
 
 async def proxy_overhead(session: aiohttp.ClientSession, base: str) -> tuple[float, float] | None:
@@ -184,13 +104,6 @@ async def proxy_overhead(session: aiohttp.ClientSession, base: str) -> tuple[flo
     return tuple(next(b for b, c in buckets if c >= q * total) for q in (0.5, 0.95))  # type: ignore[return-value]
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
-
-
 async def run_target(target: str, tenants: list[Tenant], replicas: list[VllmReplica], model_dir: Path,
                      args: argparse.Namespace, tmp: Path) -> dict:
     for replica in replicas:
@@ -199,16 +112,13 @@ async def run_target(target: str, tenants: list[Tenant], replicas: list[VllmRepl
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                          timeout=aiohttp.ClientTimeout(total=600)) as session:
-            await wait_ready(session, base)
+            await wait_ready(session, base, "/v1/completions", {"model": SERVED_MODEL, "prompt": "ready", "max_tokens": 1})
             before = [await counters(session, r.url) for r in replicas]
-            results: list[Result] = []
-            t0 = time.perf_counter()
-            await asyncio.gather(*(run_tenant(session, base, t, args.time_scale, t0, results) for t in tenants))
-            wall = time.perf_counter() - t0
+            results, wall = await replay(session, base, tenants, args.time_scale, REQUEST)
             after = [await counters(session, r.url) for r in replicas]
             overhead = await proxy_overhead(session, base) if target.startswith("prefixgate:") else None
     finally:
-        stop(proc)
+        stop_process(proc)
     delta = [{k: a.get(k, 0.0) - b.get(k, 0.0) for k in COUNTERS} for a, b in zip(after, before, strict=True)]
     per_replica = []
     for replica, d in zip(replicas, delta, strict=True):
@@ -239,9 +149,7 @@ def print_table(rows: list[dict], bound: float, command: str, replicas: list[Vll
         print(f"| {r['target']} | {r['requests']} | {r['errors']} | {r['hit_ratio']:.3f} | {reps} | "
               f"{1000 * r['p50']:.1f} | {1000 * r['p95']:.1f} | {over} |")
     print("\nproxy overhead = prefixgate_proxy_overhead_seconds (arrival -> upstream request sent), bucket bounds")
-    print("\ntarget commands (replica URLs vary per run):")
-    for r in rows:
-        print(f"  {r['target']}: {r['command']}")
+    print_commands(rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.config import Settings
+from app.config import Settings, deep_merge
 from app.server import PrefixgateApp, Services, create_app
 from app.serving import ServerThread
 
@@ -78,53 +79,39 @@ def _urls(backends: Any) -> list[str]:
     return [u if isinstance(u, str) else u.url for u in backends]
 
 
-def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def build_settings(backends: Any, names: list[str] | None = None, **sections: Any) -> Settings:
     urls = _urls(backends)
     entries = [{"url": u, **({"name": names[i]} if names else {})} for i, u in enumerate(urls)]
-    return Settings(**_deep_merge({"backends": entries}, sections))
+    return Settings(**deep_merge({"backends": entries}, sections))
 
 
 @pytest.fixture
 def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
-    started: list[ProxyHandle] = []
+    with contextlib.ExitStack() as started:  # stops them in reverse order at teardown
 
-    def make(backends: Any, names: list[str] | None = None, **sections: Any) -> ProxyHandle:
-        settings = build_settings(backends, names, **sections)
-        app = create_app(settings)
-        handle = ProxyHandle(app, ServerThread(app).start(), settings)
-        started.append(handle)
-        return handle
+        def make(backends: Any, names: list[str] | None = None, **sections: Any) -> ProxyHandle:
+            settings = build_settings(backends, names, **sections)
+            app = create_app(settings)
+            handle = ProxyHandle(app, ServerThread(app).start(), settings)
+            started.callback(handle.stop)
+            return handle
 
-    yield make
-    for handle in reversed(started):
-        handle.stop()
+        yield make
 
 
 @pytest.fixture
 def sim_factory() -> Iterator[Callable[..., Any]]:
     from app.sim.testing import SimCluster
 
-    clusters: list[Any] = []
+    with contextlib.ExitStack() as started:  # stops them in reverse order at teardown
 
-    def make(replicas: int = 2, **options: Any) -> Any:
-        cluster = SimCluster(replicas=replicas, **options)
-        cluster.start()
-        clusters.append(cluster)
-        return cluster
+        def make(replicas: int = 2, **options: Any) -> Any:
+            cluster = SimCluster(replicas=replicas, **options)
+            cluster.start()
+            started.callback(cluster.stop)
+            return cluster
 
-    yield make
-    for cluster in reversed(clusters):
-        cluster.stop()
+        yield make
 
 
 @pytest.fixture

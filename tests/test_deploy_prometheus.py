@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from app.serving import free_port
+from app.serving import free_port, stop_process
 from tests.deploy_proxy import RunningProxy, running_proxy, send_traffic
 from tests.deploy_tools import DASHBOARDS as DASHBOARD_FILES
 from tests.deploy_tools import RULES, concrete, dashboard_exprs, load_dashboard, rule_exprs, tool
@@ -70,12 +70,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningPro
             time.sleep(2)  # a few rule evaluations
             yield proxy, prom
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def test_every_dashboard_panel_query_evaluates(stack: tuple[RunningProxy, Prometheus]) -> None:

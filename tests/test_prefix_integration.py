@@ -35,6 +35,12 @@ def prompt_len(messages: list[dict]) -> int:
     return len(tok.encode(tok.render_chat(messages, None)))
 
 
+def edge_max_tokens(messages: list[dict], sent: int) -> int | None:
+    """Every other request ends exactly on a block boundary (N + out = k * 16): the engine keeps
+    the blocks of N + out - 1 computed tokens, not the last one, and the prediction must agree."""
+    return 16 + (-prompt_len(messages)) % 16 if sent % 2 else None
+
+
 def send(client: httpx.Client, tenant: str, messages: list[dict], stream: bool,
          max_tokens: int | None = None) -> str:
     body = {"model": "sim", "messages": messages, "max_tokens": max_tokens or 24 + len(messages) % 7}
@@ -66,9 +72,7 @@ def test_prediction_equals_sim_cached_tokens(sim_factory, proxy_factory, policy:
         for turn in range(5):
             for tenant, msgs in convs.items():
                 msgs.append({"role": "user", "content": f"Turn {turn} question from {tenant}: status of ticket?"})
-                # every other request ends exactly on a block boundary (N + out = k * 16): the
-                # engine keeps the blocks of N + out - 1 computed tokens, not the last one
-                edge = 16 + (-prompt_len(msgs)) % 16 if sent % 2 else None
+                edge = edge_max_tokens(msgs, sent)
                 reply = send(client, tenant, msgs, stream=(turn + sent) % 2 == 0, max_tokens=edge)
                 msgs.append({"role": "assistant", "content": reply})
                 sent += 1
@@ -138,7 +142,7 @@ def test_engine_mode_uses_replica_tokenize(sim_factory, proxy_factory) -> None:
         for turn in range(3):
             for tenant, msgs in convs.items():
                 msgs.append({"role": "user", "content": f"turn {turn}: and now?"})
-                edge = 16 + (-prompt_len(msgs)) % 16 if sent % 2 else None
+                edge = edge_max_tokens(msgs, sent)
                 msgs.append({"role": "assistant", "content": send(client, tenant, msgs, False, edge)})
                 sent += 1
                 wait_processed(hook, sent)

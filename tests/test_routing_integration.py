@@ -7,11 +7,9 @@ import time
 
 import httpx
 
+from tests.chat_history import growing_history, words
+
 NAMES = ["r0", "r1", "r2", "r3"]
-
-
-def words(seed: int, n: int) -> str:
-    return " ".join(f"w{(seed * 7919 + i * 31) % 9973}" for i in range(n))
 
 
 def chat(client: httpx.Client, tenant: str, messages: list[dict]) -> httpx.Response:
@@ -23,13 +21,8 @@ def chat(client: httpx.Client, tenant: str, messages: list[dict]) -> httpx.Respo
 
 def conversation(seed: int, turns: int, doc_words: int = 1500) -> list[list[dict]]:
     system = {"role": "system", "content": f"tenant {seed} documents: " + words(seed, doc_words)}
-    history: list[dict] = [system]
-    out = []
-    for t in range(turns):
-        history = [*history, {"role": "user", "content": f"turn {t}: " + words(seed * 100 + t, 60)}]
-        out.append(list(history))
-        history = [*history, {"role": "assistant", "content": "ok " + words(seed + t, 20)}]
-    return out
+    return growing_history(system, [f"turn {t}: " + words(seed * 100 + t, 60) for t in range(turns)],
+                           ["ok " + words(seed + t, 20) for t in range(turns)])
 
 
 def decisions(proxy, reason: str) -> float:

@@ -18,6 +18,8 @@ import time
 import httpx
 
 from app.routing.ring import HashRing
+from tests.chat_history import growing_history
+from tests.chat_history import words as chat_words
 from tests.redis_server import RedisServer
 
 NAMES = ["r0", "r1", "r2", "r3"]
@@ -26,7 +28,8 @@ TURNS = 4
 
 
 def words(seed: int, n: int) -> str:
-    return " ".join(f"v{(seed * 7919 + i * 31) % 9973}" for i in range(n))
+    """This file's prompts use "v" words: the text its scenario was written and checked with."""
+    return chat_words(seed, n, letter="v")
 
 
 SYSTEM = {"role": "system", "content": "You are the support agent of ACME. " + words(1, 600)}
@@ -34,13 +37,8 @@ SYSTEM = {"role": "system", "content": "You are the support agent of ACME. " + w
 
 def conversation(seed: int, turns: int) -> list[list[dict]]:
     """Turn t's messages extend turn t-1's, after the shared system prompt."""
-    history: list[dict] = [SYSTEM]
-    out = []
-    for t in range(turns):
-        history = [*history, {"role": "user", "content": f"user {seed} turn {t}: " + words(seed * 100 + t, 30)}]
-        out.append(list(history))
-        history = [*history, {"role": "assistant", "content": "noted " + words(seed + t, 10)}]
-    return out
+    return growing_history(SYSTEM, [f"user {seed} turn {t}: " + words(seed * 100 + t, 30) for t in range(turns)],
+                           ["noted " + words(seed + t, 10) for t in range(turns)])
 
 
 def first_choice(tenant: str) -> str:

@@ -16,7 +16,6 @@ never wrong about a block being resident.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 
@@ -25,6 +24,7 @@ import zmq.asyncio
 
 from app.engines.kv_event_decode import EventIndexer, IndexUpdate, decode_batch
 from app.state.base import Store
+from app.tasks import cancel_and_wait
 from app.telemetry.metrics import Metrics
 
 log = logging.getLogger("prefixgate.kv_events")
@@ -77,11 +77,7 @@ class KVEventSubscriber:
             self._tasks.append(asyncio.create_task(self._run(name, sock), name=f"kv-events:{name}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         for sock in self._sockets:
             sock.close(linger=0)

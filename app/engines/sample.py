@@ -91,26 +91,21 @@ def detect_engine(samples: Samples) -> str:
 LabelFilter = Callable[[Labels], bool]
 
 
+def _picked(samples: Samples, name: str, where: LabelFilter | None) -> list[float]:
+    """The values of a sample whose labels pass `where` (all of them without one); [] when absent."""
+    return [v for labels, v in samples.get(name, ()) if where is None or where(labels)]
+
+
 def total(samples: Samples, name: str, where: LabelFilter | None = None) -> float | None:
     """Sum of a sample over its label sets (e.g. vLLM data-parallel engines); None when absent."""
-    rows = samples.get(name)
-    if rows is None:
-        return None
-    picked = [v for labels, v in rows if where is None or where(labels)]
-    if not picked:
-        return None
-    return float(sum(picked))
+    picked = _picked(samples, name, where)
+    return float(sum(picked)) if picked else None
 
 
 def mean(samples: Samples, name: str, where: LabelFilter | None = None) -> float | None:
     """Mean over label sets: for ratios such as KV usage, where a sum would exceed 1."""
-    rows = samples.get(name)
-    if rows is None:
-        return None
-    picked = [v for labels, v in rows if where is None or where(labels)]
-    if not picked:
-        return None
-    return float(sum(picked) / len(picked))
+    picked = _picked(samples, name, where)
+    return float(sum(picked) / len(picked)) if picked else None
 
 
 def first_labels(samples: Samples, name: str) -> dict[str, str] | None:

@@ -11,7 +11,8 @@ midstream.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
+from typing import TypeVar
 
 import aiohttp
 from yarl import URL
@@ -31,6 +32,7 @@ DROP_RESPONSE = frozenset({
 })
 
 
+T = TypeVar("T")
 URL_CACHE_CAP = 1024  # passthrough paths carry client query strings: bound the cache
 
 
@@ -105,6 +107,21 @@ class Upstream:
     def connector(self) -> aiohttp.BaseConnector | None:
         return self.session.connector if self.session else None
 
+    async def _before_first_byte(self, replica: Replica, call: Awaitable[T], waiting_for: str,
+                                 show_error: bool) -> T:
+        """Await `call` within limits.first_byte_timeout_s. Nothing has reached the client yet, so a
+        client error or the timeout becomes an UpstreamError the caller may retry elsewhere."""
+        try:
+            async with asyncio.timeout(self.limits.first_byte_timeout_s):
+                return await call
+        except aiohttp.ClientError as exc:
+            detail = f": {exc}" if show_error else f" before the {waiting_for}"
+            raise UpstreamError(classify_exception(exc), replica.name,
+                                f"{replica.name}: {type(exc).__name__}{detail}") from exc
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", replica.name,
+                                f"{replica.name}: no {waiting_for} within {self.limits.first_byte_timeout_s}s") from exc
+
     async def open(self, replica: Replica, method: str, path: str, body: bytes,
                    headers: Mapping[str, str]) -> aiohttp.ClientResponse:
         """Send the request; returns once the response headers arrived (any status).
@@ -112,29 +129,14 @@ class Upstream:
         Bounded by limits.first_byte_timeout_s; raises UpstreamError on failure.
         """
         assert self.session is not None, "Upstream.start() was not awaited"
-        try:
-            async with asyncio.timeout(self.limits.first_byte_timeout_s):
-                return await self.session.request(method, self._url(replica.url + path), data=body or None,
-                                                  headers=dict(headers), allow_redirects=False)
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(classify_exception(exc), replica.name,
-                                f"{replica.name}: {type(exc).__name__}: {exc}") from exc
-        except TimeoutError as exc:
-            raise UpstreamError("timeout", replica.name,
-                                f"{replica.name}: no response within {self.limits.first_byte_timeout_s}s") from exc
+        request = self.session.request(method, self._url(replica.url + path), data=body or None,
+                                       headers=dict(headers), allow_redirects=False)
+        return await self._before_first_byte(replica, request, "response", show_error=True)
 
     async def first_chunk(self, replica: Replica, resp: aiohttp.ClientResponse) -> bytes:
         """The first body bytes (the role chunk, or the first token), bounded by the first-byte
         timeout. Nothing has reached the client yet, so a failure here is still retryable."""
-        try:
-            async with asyncio.timeout(self.limits.first_byte_timeout_s):
-                data = await resp.content.readany()
-        except aiohttp.ClientError as exc:
-            raise UpstreamError(classify_exception(exc), replica.name,
-                                f"{replica.name}: {type(exc).__name__} before the first byte") from exc
-        except TimeoutError as exc:
-            raise UpstreamError("timeout", replica.name,
-                                f"{replica.name}: no first byte within {self.limits.first_byte_timeout_s}s") from exc
+        data = await self._before_first_byte(replica, resp.content.readany(), "first byte", show_error=False)
         if not data:
             raise UpstreamError("empty", replica.name, f"{replica.name}: closed the stream before the first byte")
         return data

@@ -9,7 +9,6 @@ resolution changes nothing: a DNS outage must not empty the fleet.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
@@ -17,6 +16,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from app.config import Discovery
 from app.routing.base import Replica
 from app.routing.replicas import ReplicaSet
+from app.tasks import cancel_and_wait
 
 log = logging.getLogger("prefixgate.discovery")
 
@@ -79,9 +79,7 @@ class DnsDiscovery:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _loop(self) -> None:

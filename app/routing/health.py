@@ -21,6 +21,7 @@ import aiohttp
 
 from app.routing.base import Replica
 from app.routing.replicas import ReplicaSet
+from app.tasks import cancel_and_wait
 from app.telemetry.metrics import Metrics
 
 log = logging.getLogger("prefixgate.health")
@@ -55,9 +56,7 @@ class HealthChecker:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         if self._session is not None:
             await self._session.close()

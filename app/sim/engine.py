@@ -30,6 +30,7 @@ from app.sim.options import SimOptions
 from app.sim.pool import Block, BlockPool
 from app.sim.request import HashSpec, SimRequest
 from app.sim.tokens import SimTokenizer, load_tokenizer
+from app.tasks import cancel_and_wait
 
 RECENT = 256  # finished-request summaries kept for /sim/state
 MAX_CATCH_UP_S = 0.05  # step-pacing backlog the loop may catch up after overruns
@@ -75,11 +76,7 @@ class SimEngine:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
             self._task = None
 
     def prepare(self, req: SimRequest) -> SimRequest:
