@@ -25,6 +25,7 @@ from app.api.errors import error_body
 from app.api.hygiene import build_hygiene_router
 from app.api.openai import OpenAIProxy
 from app.config import Backend, Settings, load_settings
+from app.engines.kv_events import KVEventSubscriber
 from app.engines.scrape import EngineScraper
 from app.hygiene.hook import build_hygiene_hook
 from app.prefix.hook import build_prefix_hook
@@ -79,7 +80,10 @@ def build_services(settings: Settings) -> Services:
     scraper = EngineScraper(replicas, metrics, settings)
     services.components["scraper"] = scraper
     services.background.append(scraper)
-    services.background.extend(build_routing_components(settings, replicas, store, metrics))
+    for component in build_routing_components(settings, replicas, store, metrics):
+        services.background.append(component)
+        if isinstance(component, KVEventSubscriber):
+            services.components["kv_events"] = component  # the prefix hook asks it when blocks arrived
 
     # --- hooks, in hot-path order (hygiene, then prefix/fingerprint, then tracing): one line each ---
     _add_hook(services, build_hygiene_hook(settings, services))

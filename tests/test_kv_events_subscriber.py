@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 import zmq
@@ -120,3 +121,22 @@ async def test_gap_without_replay_clears_the_replica_index():
         await sub.stop()
         pub.sock.close(0)
         ctx.term()
+
+
+async def test_resident_before_counts_only_blocks_stored_before_a_time():
+    """In KV-event mode a request's prediction must not count the blocks it made the engine store
+    itself (their events can arrive before the proxy's lookup)."""
+    store = MemoryStore()
+    sub = KVEventSubscriber({"r0": "tcp://127.0.0.1:1"}, store, Metrics())  # handle() only, no socket
+    tokens = list(range(16))
+    chain = proxy_chain(tokens, B)
+    await sub.handle("r0", message(0, [stored([1, 2], None, tokens[:8])]))
+    sent = time.perf_counter()
+    await asyncio.sleep(0.01)
+    await sub.handle("r0", message(1, [stored([3, 4], 2, tokens[8:])]))
+    assert (await store.residency_lookup(chain, ["r0"]))["r0"] == 4  # all four are resident now
+    assert sub.resident_before("r0", chain, sent) == 2  # but only two were when "sent"
+    assert sub.resident_before("r0", chain, time.perf_counter()) == 4
+    await sub.handle("r0", message(2, [{"type": "AllBlocksCleared"}]))
+    await sub.handle("r0", message(3, [stored([1, 2], None, tokens[:8])]))
+    assert sub.resident_before("r0", chain, sent) == 0  # re-stored after `sent`: not counted

@@ -204,3 +204,15 @@ def test_any_split_forwards_the_same_bytes_and_observes_the_same(
     assert (obs.output_text, obs.usage, obs.done, obs.error) == (text, usage, done, error)
     generated = [w for w in words if w]
     assert (obs.clock.timings.first_token is not None) == bool(generated)
+
+
+def test_summary_reads_usage_when_it_opens_a_batch() -> None:
+    """After the first content read, the next retained bytes may start with the usage event
+    itself (short answers, time_scale 0): it must still be found (seen as a flaky missing
+    cached_tokens in tests/test_prefix_integration.py)."""
+    parts = chat_stream(["Hello"])
+    usage_at = next(i for i, p in enumerate(parts) if b'"usage":{' in p)
+    summary = StreamSummary("chat", True, MAX_OUTPUT_CHARS)
+    summary.add_bytes(b"".join(parts[usage_at:]))  # the batch opens with the usage event
+    summary.finish()
+    assert summary.usage == USAGE and summary.done

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 
 import zmq
@@ -30,6 +31,7 @@ from app.telemetry.metrics import Metrics
 log = logging.getLogger("prefixgate.kv_events")
 
 REPLAY_TIMEOUT_S = 2.0
+MAX_STORED_AT = 1_000_000  # per replica: arrival times of stored blocks kept for resident_before()
 END_SEQ = -1  # replay end marker (signed 8-byte seq)
 
 
@@ -63,6 +65,8 @@ class KVEventSubscriber:
         self._tasks: list[asyncio.Task[None]] = []
         self._sockets: list[zmq.asyncio.Socket] = []
         self._applied = asyncio.Condition()
+        # replica -> block hash -> perf_counter() when its BlockStored arrived (oldest first)
+        self._stored_at: dict[str, dict[int, float]] = {name: {} for name in self.endpoints}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -90,6 +94,18 @@ class KVEventSubscriber:
         """Until `count` batches of `name` were applied (tests and readiness)."""
         async with self._applied:
             await asyncio.wait_for(self._applied.wait_for(lambda: self.streams[name].batches >= count), timeout)
+
+    def resident_before(self, name: str, chain: list[int], t: float) -> int:
+        """How many leading blocks of `chain` were reported stored no later than `t`
+        (perf_counter). With events as the index's only writer, a lookup made while a request is
+        in flight also sees the blocks that request itself made the engine store; its prediction
+        must only count blocks resident when it was sent. Blocks whose arrival is not known
+        (stored before this subscriber started, or aged out) count as resident."""
+        stored_at = self._stored_at.get(name, {})
+        for i, h in enumerate(chain):
+            if stored_at.get(h, t) > t:
+                return i
+        return len(chain)
 
     # ------------------------------------------------------------ the loop
     async def _run(self, name: str, sock: zmq.asyncio.Socket) -> None:
@@ -128,12 +144,21 @@ class KVEventSubscriber:
             self._applied.notify_all()
 
     async def _write(self, name: str, update: IndexUpdate) -> None:
+        stored_at = self._stored_at.setdefault(name, {})
         for kind, hashes in update.ops:
             if kind == "clear":
+                stored_at.clear()
                 await self.store.residency_clear(name)
             elif kind == "remove":
+                for h in hashes:
+                    stored_at.pop(h, None)
                 await self.store.residency_remove(name, hashes)
             else:
+                now = time.perf_counter()
+                for h in hashes:
+                    stored_at.setdefault(h, now)  # a re-report keeps the first arrival
+                while len(stored_at) > MAX_STORED_AT:
+                    del stored_at[next(iter(stored_at))]
                 await self.store.residency_add(name, hashes)
         for kind, n in update.counts.items():
             self._count(name, kind, n)

@@ -130,14 +130,24 @@ class PrefixHook:
             if matched >= routed and routed < len(chain):
                 lookup = await store.residency_lookup(chain, [replica])
                 matched = max(matched, lookup.get(replica, 0))
-            return matched
+            return self._resident_when_sent(ctx, replica, chain, matched)
         # other policies neither read nor write the index: look up before our own insert
         lookup = await store.residency_lookup(chain, self.services.replicas.names())
-        matched = lookup.get(replica, 0)
+        matched = self._resident_when_sent(ctx, replica, chain, lookup.get(replica, 0))
         available = max(lookup.values(), default=0)
         self.metrics.reuse_tokens.labels(stage="available").inc(predicted_hit_tokens(available, n, b))
         self.metrics.reuse_tokens.labels(stage="captured").inc(predicted_hit_tokens(matched, n, b))
         return matched
+
+    def _resident_when_sent(self, ctx: RequestContext, replica: str, chain: list[int], matched: int) -> int:
+        """In KV-event mode the engine may report this request's own blocks before the lookup
+        runs (the chain of a cold prompt is finished in a worker while the engine prefills):
+        count only blocks whose BlockStored arrived before the request was sent upstream."""
+        events = self.services.components.get("kv_events") if hasattr(self.services, "components") else None
+        sent = ctx.timings.upstream_sent
+        if self.writes_residency or events is None or sent is None or matched == 0:
+            return matched
+        return events.resident_before(replica, chain[:matched], sent)
 
     # ------------------------------------------------------------------ after the response
     def after_response(self, ctx: RequestContext) -> None:

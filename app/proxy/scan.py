@@ -179,7 +179,8 @@ class StreamSummary:
             self.done = True
         at = events.rfind(_USAGE)
         if at >= 0:
-            start = events.rfind(_EVENT_END, 0, at) + 2
+            prev_end = events.rfind(_EVENT_END, 0, at)
+            start = 0 if prev_end < 0 else prev_end + 2  # the usage event may open the batch
             usage = classify(events[start + len(_DATA):events.find(_EVENT_END, at)], self.route).usage
             if usage is not None:
                 self.usage = usage
