@@ -22,6 +22,7 @@ demo: venv
 	$(BIN)/prefixgate demo
 
 test: venv tools
+	$(BIN)/ruff check -q app tests bench dashboards deploy
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: venv
