@@ -1,6 +1,11 @@
-"""DNS discovery reconciliation with an injected resolver (and one real loopback resolution)."""
+"""DNS discovery reconciliation with an injected resolver, one real loopback resolution, and the
+proxy serving through a replica it discovered."""
 
 from __future__ import annotations
+
+import time
+
+import httpx
 
 from app.config import Discovery
 from app.routing.base import Replica
@@ -41,3 +46,19 @@ async def test_discovery_adds_removes_and_survives_dns_failure():
 
 async def test_real_resolution_of_localhost():
     assert "127.0.0.1" in await resolve_addresses("localhost", 80)
+
+
+def test_proxy_finds_its_replica_through_real_dns(sim_factory, proxy_factory) -> None:
+    """End to end: no static backends, only `discovery: {dns: localhost}` — the name really goes
+    through the system resolver, the replica it yields serves a request through the proxy."""
+    sim = sim_factory(replicas=1, time_scale=0.0)
+    port = int(sim.urls[0].rsplit(":", 1)[1])
+    proxy = proxy_factory([], discovery={"dns": "localhost", "port": port, "interval_s": 0.2})
+    deadline = time.monotonic() + 10
+    while not any(r.url == f"http://127.0.0.1:{port}" for r in proxy.services.replicas.healthy()):
+        assert time.monotonic() < deadline, [r.url for r in proxy.services.replicas.all()]
+        time.sleep(0.05)
+    resp = httpx.post(proxy.url + "/v1/chat/completions", timeout=30,
+                      json={"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-prefixgate-backend"] == f"127.0.0.1:{port}"
