@@ -143,7 +143,7 @@ class PrefixHook:
         """In KV-event mode the engine may report this request's own blocks before the lookup
         runs (the chain of a cold prompt is finished in a worker while the engine prefills):
         count only blocks whose BlockStored arrived before the request was sent upstream."""
-        events = self.services.components.get("kv_events") if hasattr(self.services, "components") else None
+        events = self.services.components.get("kv_events")
         sent = ctx.timings.upstream_sent
         if self.writes_residency or events is None or sent is None or matched == 0:
             return matched
@@ -210,8 +210,8 @@ class PrefixHook:
         self.metrics.cached_tokens.labels(model, tenant, "predicted").inc(predicted)
         if isinstance(delivered, int) and delivered >= 0:
             self.metrics.reuse_tokens.labels(stage="delivered").inc(delivered)
-            scraper = self.services.components.get("scraper") if hasattr(self.services, "components") else None
-            if scraper is not None and hasattr(scraper, "record_prediction"):
+            scraper = self.services.components.get("scraper")
+            if scraper is not None:
                 scraper.record_prediction(replica, predicted, delivered)
         ctx.attrs["prefix_predicted_tokens"] = predicted
         self.predictions.append((ctx.request_id, ctx.tenant, predicted,
@@ -244,6 +244,5 @@ def build_prefix_hook(settings: Any, services: Any) -> PrefixHook:
         max_tenants=settings.tenants.max_tenants, show_text=settings.hygiene.show_text,
         extra_patterns=settings.hygiene.dynamic_patterns)
     hook = PrefixHook(settings, services, fingerprinter, tracker)
-    if hasattr(services, "components"):
-        services.components["prefix"] = hook
+    services.components["prefix"] = hook
     return hook
