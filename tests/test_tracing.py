@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from app.config import Settings
-from app.proxy.context import RequestContext, Timings
+from app.proxy.context import PrefixStageState, RequestContext, Timings
 from app.routing.base import Replica, RouteDecision
-from app.telemetry.tracing import SPAN_KEY, build_tracing_hook, response_attributes
+from app.telemetry.tracing import build_tracing_hook, response_attributes
 from tests.otlp_receiver import OTLPReceiver
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -38,9 +38,16 @@ def finish(ctx: RequestContext) -> None:
                                  reason="prefix_hit", matched_blocks=12, available_blocks=14)
     ctx.usage = {"prompt_tokens": 240, "completion_tokens": 17,
                  "prompt_tokens_details": {"cached_tokens": 192}}
-    ctx.attrs["prefix_predicted_tokens"] = 176
-    ctx.attrs["prefix_observation"] = SimpleNamespace(continuity=0.8,
-                                                      diagnosis=SimpleNamespace(cause="dynamic_head"))
+    if ctx.prefix is None:
+        ctx.prefix = fingerprinted()
+    ctx.prefix.predicted_tokens = 176
+    ctx.prefix.observation = SimpleNamespace(continuity=0.8,  # type: ignore[assignment]
+                                             diagnosis=SimpleNamespace(cause="dynamic_head"))
+
+
+def fingerprinted() -> PrefixStageState:
+    """What the prefix stage leaves on a request it fingerprinted (its input is not read here)."""
+    return PrefixStageState(input=object(), routed_blocks=12, routed_complete=True)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -75,7 +82,7 @@ async def test_span_exported_over_otlp_http_with_attributes(receiver: OTLPReceiv
         assert parent_id != CLIENT_SPAN
         finish(ctx)
         hook.after_response(ctx)
-        assert SPAN_KEY not in ctx.attrs
+        assert ctx.span is None
         (span,) = receiver.wait_for(1)
     finally:
         hook.shutdown()
@@ -131,14 +138,14 @@ async def test_span_waits_for_the_prefix_observation(receiver: OTLPReceiver) -> 
     assert hook is not None
     try:
         ctx = make_ctx()
-        ctx.attrs["prefix_input"] = object()  # the prefix hook fingerprinted this request
+        ctx.prefix = fingerprinted()
         await hook.before_route(ctx)
         finish(ctx)
-        observation = ctx.attrs.pop("prefix_observation")
+        observation, ctx.prefix.observation = ctx.prefix.observation, None
         hook.after_response(ctx)
         await asyncio.sleep(0.3)
         assert receiver.spans == []  # still waiting for the observation
-        ctx.attrs["prefix_observation"] = observation
+        ctx.prefix.observation = observation
         await hook.drain()
         (span,) = receiver.wait_for(1)
     finally:
@@ -151,10 +158,10 @@ async def test_shutdown_ends_spans_still_waiting(receiver: OTLPReceiver) -> None
     hook = build_tracing_hook(Settings(tracing={"enabled": True}))
     assert hook is not None
     ctx = make_ctx()
-    ctx.attrs["prefix_input"] = object()
+    ctx.prefix = fingerprinted()
     await hook.before_route(ctx)
     finish(ctx)
-    del ctx.attrs["prefix_observation"]
+    ctx.prefix.observation = None
     hook.after_response(ctx)
     hook.shutdown()  # flushes: the waiting span is exported without continuity
     (span,) = receiver.wait_for(1)
@@ -196,12 +203,15 @@ def test_through_the_proxy_span_per_request_and_traceparent_upstream(receiver: O
                     "stream_options": {"include_usage": True},
                     "messages": [{"role": "system", "content": "You are terse. " * 40},
                                  {"role": "user", "content": "hello"}]}
-            r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30,
-                           headers={"x-tenant-id": "team-b",
-                                    "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+            headers = {"x-tenant-id": "team-b", "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
+            r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30, headers=headers)
             assert r.status_code == 200
             (span,) = receiver.wait_for(1)
-    assert len(seen) == 1
+            # the same prompt again: the tenant's second request continues all of the first
+            r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30, headers=headers)
+            assert r.status_code == 200
+            _, again = receiver.wait_for(2)
+    assert len(seen) == 2
     _, trace_id, parent, _ = seen[0]["traceparent"].split("-")
     assert trace_id == CLIENT_TRACE and parent == span["span_id"]
     a = span["attributes"]
@@ -212,6 +222,12 @@ def test_through_the_proxy_span_per_request_and_traceparent_upstream(receiver: O
     assert a["gen_ai.usage.output_tokens"] > 0
     assert a["gen_ai.response.time_to_first_chunk"] > 0
     assert "prefixgate.route_reason" in a
-    # the prefix hook's observation arrived before the span ended
-    assert 0.0 <= a["prefixgate.prefix.continuity"] <= 1.0
-    assert a["prefixgate.predicted_cached_tokens"] >= 0
+    # the prefix stage's observation arrived before each span ended: a tenant's first request
+    # continues nothing and is predicted cold; the repeat continues every block and is predicted
+    # to hit every full block but the one holding the last prompt token
+    assert a["prefixgate.prefix.continuity"] == 0.0
+    assert a["prefixgate.predicted_cached_tokens"] == 0
+    b = again["attributes"]
+    assert b["prefixgate.prefix.continuity"] == 1.0
+    prompt = b["gen_ai.usage.input_tokens"]
+    assert b["prefixgate.predicted_cached_tokens"] == (prompt - 1) // 16 * 16

@@ -91,7 +91,7 @@ class HygieneHook:
         if ctx.route != "chat":
             return  # completions: salt only (a raw prompt has no system/developer messages)
         findings, lines = self._scan(ctx)
-        ctx.attrs["hygiene_findings"] = findings
+        ctx.hygiene_findings = findings
         for kind in sorted({f.kind for f in findings}):
             self.metrics.hygiene_findings.labels(tenant, kind).inc()
         policy = self.tenants.policy_for(ctx.tenant)

@@ -22,11 +22,11 @@ from collections import deque
 from typing import Any
 
 from app.prefix.blocks import predicted_hit_tokens
-from app.prefix.fingerprint import ChainNode, Fingerprint, Fingerprinter, PromptInput, prompt_input
+from app.prefix.fingerprint import ChainNode, Fingerprint, Fingerprinter, prompt_input
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
 from app.prefix.tracker import TenantTracker
-from app.proxy.context import RequestContext
+from app.proxy.context import PrefixStageState, RequestContext
 
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
@@ -88,13 +88,11 @@ class PrefixHook:
             log.debug("no fingerprint for %s", ctx.request_id, exc_info=True)
             return
         ctx.fingerprint = fp
-        ctx.attrs["prefix_input"] = inp
-        ctx.attrs["prefix_routed_blocks"] = len(fp.block_hashes)
-        ctx.attrs["prefix_routed_complete"] = fp.complete
+        state = ctx.prefix = PrefixStageState(inp, len(fp.block_hashes), fp.complete)
         if not fp.complete:  # big misses: tokenise in the worker pool while the request is forwarded
             task = asyncio.get_running_loop().create_task(self._early(ctx, fp))
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            ctx.attrs["prefix_pending"] = task
+            state.pending = task
             self._pending[ctx.tenant] = task
             task.add_done_callback(lambda t, tenant=ctx.tenant: self._pending.get(tenant) is t
                                    and self._pending.pop(tenant, None))
@@ -111,7 +109,8 @@ class PrefixHook:
         # KV-event mode too: after the response the engine's own BlockStored events for this
         # request are in the index, and a lookup then counts them (real vLLM: a cold 1145-token
         # prompt "predicted" 1120 cached; tests/e2e/test_e2e_kv_events.py)
-        ctx.attrs["prefix_matched"] = await self._matched(ctx, chain, node.num_tokens, fp.block_size)
+        assert ctx.prefix is not None
+        ctx.prefix.matched = await self._matched(ctx, chain, node.num_tokens, fp.block_size)
         if self.writes_residency:
             await self.services.store.residency_add(replica, chain)
         return node
@@ -123,7 +122,7 @@ class PrefixHook:
         decision = ctx.decision
         assert decision is not None
         replica = decision.replica.name
-        routed = int(ctx.attrs.get("prefix_routed_blocks", 0))
+        routed = ctx.prefix.routed_blocks if ctx.prefix is not None else 0
         if self.router_looks_up:
             # the router looked up the routed chain before inserting it: exact for that part
             matched = decision.matched_blocks
@@ -179,12 +178,14 @@ class PrefixHook:
     async def _process(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
         store = self.services.store
         replica = ctx.decision.replica.name  # type: ignore[union-attr]
-        fp = await self.fingerprinter.complete(fp, ctx.attrs.get("prefix_pending"))
+        state = ctx.prefix
+        assert state is not None  # set with ctx.fingerprint
+        fp = await self.fingerprinter.complete(fp, state.pending)
         n = fp.num_tokens or 0
         b = fp.block_size
         chain = fp.block_hashes
-        matched = ctx.attrs.get("prefix_matched")
-        if not isinstance(matched, int):
+        matched = state.matched
+        if matched is None:
             matched = await self._matched(ctx, chain, n, b)
         if output_ids is None:
             output_ids = await self.fingerprinter.encode_output(ctx.attrs.get("output_text") or "")
@@ -213,13 +214,12 @@ class PrefixHook:
             scraper = self.services.components.get("scraper")
             if scraper is not None:
                 scraper.record_prediction(replica, predicted, delivered)
-        ctx.attrs["prefix_predicted_tokens"] = predicted
+        state.predicted_tokens = predicted
         self.predictions.append((ctx.request_id, ctx.tenant, predicted,
                                  delivered if isinstance(delivered, int) else None))
 
         await asyncio.sleep(0)  # a slice boundary: what follows is O(messages) + C-level bulk updates
-        inp: PromptInput | None = ctx.attrs.get("prefix_input")
-        sketch = build_sketch(inp, fp.text) if fp.text is not None else None
+        sketch = build_sketch(state.input, fp.text) if fp.text is not None else None
         obs = await self.tracker.observe(ctx.tenant, chain, sketch, b,
                                          extra_chain=resident_chain[len(chain):])
         if obs.continuity is not None:
@@ -230,7 +230,7 @@ class PrefixHook:
         if evicted > 0:
             self.metrics.tenant_evictions.inc(evicted)
             self._evictions_seen += evicted
-        ctx.attrs["prefix_observation"] = obs
+        state.observation = obs
         self.processed += 1
 
 

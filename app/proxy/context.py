@@ -1,8 +1,8 @@
-"""The per-request context that flows through the hot path, and the hook seam.
+"""The per-request context that flows through the pipeline, and the stage seam.
 
-Order on the hot path (app/api/openai.py drives it):
-  parse + size limit + tenant  ->  hooks.before_route (hygiene, then fingerprint)  ->  router
-  ->  upstream (aiohttp)  ->  relay bytes  ->  observer (SSE clock)  ->  hooks.after_response
+The steps and the fields each one writes are the table in app/pipeline/request.py (and
+docs/pipeline.md). Every note one stage leaves for another is a typed field here, owned by the
+stage named in its comment; there is no free-form dictionary.
 
 `before_route` may rewrite `ctx.body` (set `ctx.body_changed`), add response headers, set
 `ctx.fingerprint`, or raise `ProxyError` to reject. It must not do work that grows with prompt
@@ -12,11 +12,19 @@ block: schedule anything slow (tokenisation, Redis writes) as a task or in a wor
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.prefix.fingerprint import Fingerprint
 from app.routing.base import RouteDecision
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from app.hygiene.findings import Finding
+    from app.prefix.fingerprint import ChainNode, PromptInput
+    from app.prefix.tracker import Observation
 
 
 class ProxyError(Exception):
@@ -51,6 +59,20 @@ class Timings:
 
 
 @dataclass
+class PrefixStageState:
+    """What the prefix stage (fingerprint before routing, tracking after the response) keeps
+    about one request between its two calls, and what it publishes for the tracing stage."""
+
+    input: PromptInput  # the prompt as the fingerprinter reads it (messages/tools or a raw prompt)
+    routed_blocks: int  # blocks in the chain the router saw (the inline part of the fingerprint)
+    routed_complete: bool  # that chain covered the whole prompt (no worker-side rest)
+    pending: asyncio.Task[ChainNode | None] | None = None  # the rest of the chain, in a worker
+    matched: int | None = None  # leading blocks resident on the chosen replica when sent
+    predicted_tokens: int | None = None  # the engine-rule prediction of cached prompt tokens
+    observation: Observation | None = None  # continuity + diagnosis; None until tracked
+
+
+@dataclass
 class RequestContext:
     request_id: str
     route: str  # "chat" | "completions"
@@ -72,7 +94,13 @@ class RequestContext:
     outcome: str = "ok"  # ok | client_error | upstream_error | midstream_error | client_disconnect
     usage: dict[str, Any] | None = None
     content_chunks: int = 0
-    attrs: dict[str, Any] = field(default_factory=dict)  # free-form notes between hooks
+    # --- per-stage notes (app/pipeline/request.py lists who writes and who reads each) ---
+    hygiene_findings: list[Finding] | None = None  # hygiene stage: the scan's findings (chat only)
+    prefix: PrefixStageState | None = None  # prefix stage: set when the request was fingerprinted
+    span: Span | None = None  # tracing stage: the request's open span, until it is ended
+    # relay notes (output text, upstream failure, delivered-before-disconnect) still travel here
+    # until they become typed fields in the relay's own change
+    attrs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def prompt_tokens(self) -> int | None:

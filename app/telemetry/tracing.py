@@ -14,8 +14,8 @@ text never becomes an attribute.
 
 Continuity and break cause are computed by the prefix hook after the response, in a task (exact
 tokens off the hot path). When that work is pending the span is ended by a small task that waits
-for `ctx.attrs["prefix_observation"]` (bounded by OBSERVATION_WAIT_S); the span's end time is still
-the response's end, so waiting never stretches its duration.
+for `ctx.prefix.observation` (bounded by OBSERVATION_WAIT_S); the span's end time is still the
+response's end, so waiting never stretches its duration.
 """
 
 from __future__ import annotations
@@ -35,13 +35,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from app.config import Settings
 from app.proxy.context import RequestContext
 
-SPAN_KEY = "otel_span"  # ctx.attrs key holding the open span between the two hook calls
 OPERATION = {"chat": "chat", "completions": "text_completion"}
 DEFAULT_SERVICE_NAME = "prefixgate"
-# ctx.attrs keys written by the prefix hook (app/prefix/hook.py)
-PREFIX_PENDING_ATTR = "prefix_input"  # set before routing when a fingerprint exists
-OBSERVATION_ATTR = "prefix_observation"  # tracker Observation: .continuity, .diagnosis.cause
-PREDICTED_ATTR = "prefix_predicted_tokens"
 OBSERVATION_WAIT_S = 5.0
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -99,22 +94,22 @@ def response_attributes(ctx: RequestContext) -> dict[str, Any]:
         attrs["prefixgate.prefix.available_blocks"] = decision.available_blocks
         if decision.replica.engine in ("vllm", "sglang"):
             attrs["gen_ai.provider.name"] = decision.replica.engine
-    predicted = ctx.attrs.get(PREDICTED_ATTR)
-    if isinstance(predicted, int):
-        attrs["prefixgate.predicted_cached_tokens"] = predicted
-    obs = ctx.attrs.get(OBSERVATION_ATTR)
-    continuity = getattr(obs, "continuity", None)
-    if isinstance(continuity, int | float):
-        attrs["prefixgate.prefix.continuity"] = float(continuity)
-    cause = getattr(getattr(obs, "diagnosis", None), "cause", None)
-    if isinstance(cause, str):
-        attrs["prefixgate.prefix.break_cause"] = cause
+    if ctx.hygiene_findings:
+        attrs["prefixgate.hygiene.findings"] = sorted({f.kind for f in ctx.hygiene_findings})
+    prefix = ctx.prefix
+    if prefix is not None and prefix.predicted_tokens is not None:
+        attrs["prefixgate.predicted_cached_tokens"] = prefix.predicted_tokens
+    obs = prefix.observation if prefix is not None else None
+    if obs is not None and obs.continuity is not None:
+        attrs["prefixgate.prefix.continuity"] = float(obs.continuity)
+    if obs is not None and obs.diagnosis is not None and obs.diagnosis.cause is not None:
+        attrs["prefixgate.prefix.break_cause"] = obs.diagnosis.cause
     return attrs
 
 
 def observation_pending(ctx: RequestContext) -> bool:
     """True when the prefix hook will publish an observation for this request later."""
-    return (PREFIX_PENDING_ATTR in ctx.attrs and OBSERVATION_ATTR not in ctx.attrs
+    return (ctx.prefix is not None and ctx.prefix.observation is None
             and ctx.outcome == "ok" and ctx.decision is not None)
 
 
@@ -133,13 +128,13 @@ class TracingHook:
         span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
                                       attributes=request_attributes(ctx),
                                       start_time=_wall_ns(ctx.timings.arrival))
-        ctx.attrs[SPAN_KEY] = span
+        ctx.span = span
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
         ctx.headers.update(carrier)  # forwarded upstream: the engine's spans join this trace
 
     def after_response(self, ctx: RequestContext) -> None:
-        span = ctx.attrs.pop(SPAN_KEY, None)
+        span, ctx.span = ctx.span, None
         if span is None:
             return
         end = ctx.timings.end if ctx.timings.end is not None else time.perf_counter()
@@ -157,7 +152,7 @@ class TracingHook:
 
     async def _end_after_observation(self, ctx: RequestContext, span: Span, end_ns: int) -> None:
         delay, deadline = 0.005, time.monotonic() + OBSERVATION_WAIT_S
-        while OBSERVATION_ATTR not in ctx.attrs and time.monotonic() < deadline:
+        while ctx.prefix is not None and ctx.prefix.observation is None and time.monotonic() < deadline:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
         self._end(ctx, span, end_ns)
