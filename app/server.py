@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -27,7 +27,8 @@ from app.api.openai import OpenAIProxy
 from app.config import Backend, Settings, load_settings
 from app.engines.kv_events import KVEventSubscriber
 from app.engines.scrape import EngineScraper
-from app.hygiene.hook import build_hygiene_hook
+from app.pipeline.hygiene_stage import HygieneStage, build_hygiene_stage
+from app.pipeline.tracing_stage import TracingStage, build_tracing_stage
 from app.prefix.hook import build_prefix_hook
 from app.proxy.context import ProxyError, RequestHook
 from app.proxy.upstream import Upstream
@@ -39,7 +40,9 @@ from app.routing.replicas import ReplicaSet
 from app.state.base import Store
 from app.state.factory import build_store
 from app.telemetry.metrics import Metrics
-from app.telemetry.tracing import build_tracing_hook
+
+if TYPE_CHECKING:
+    from app.prefix.hook import PrefixHook
 
 log = logging.getLogger("prefixgate.server")
 
@@ -60,7 +63,11 @@ class Services:
     router: Router
     upstream: Upstream
     health: HealthChecker
-    hooks: list[RequestHook] = field(default_factory=list)
+    # the pipeline's stages (app/pipeline/request.py runs them in its order); None: step skipped
+    hygiene: HygieneStage | None = None
+    prefix: PrefixHook | None = None
+    tracing: TracingStage | None = None
+    hooks: list[RequestHook] = field(default_factory=list)  # extra observers, after the stages
     background: list[Background] = field(default_factory=list)
     extra_routers: list[Any] = field(default_factory=list)  # FastAPI APIRouters mounted on the app
     components: dict[str, Any] = field(default_factory=dict)  # named parts, e.g. "scraper"
@@ -85,20 +92,15 @@ def build_services(settings: Settings) -> Services:
         if isinstance(component, KVEventSubscriber):
             services.components["kv_events"] = component  # the prefix hook asks it when blocks arrived
 
-    # --- hooks, in hot-path order (hygiene, then prefix/fingerprint, then tracing): one line each ---
-    _add_hook(services, build_hygiene_hook(settings, services))
-    _add_hook(services, build_prefix_hook(settings, services))
-    _add_hook(services, build_tracing_hook(settings))
+    # --- the pipeline's stages (their order is app/pipeline/request.py's): one line each ---
+    services.hygiene = build_hygiene_stage(settings, metrics)
+    services.prefix = build_prefix_hook(settings, services)
+    services.tracing = build_tracing_stage(settings)
 
     # --- extra control-plane routers (/hygiene/*, /ui): one line each ---
     services.extra_routers.append(build_hygiene_router(services))
     services.extra_routers.append(build_engines_router(scraper))
     return services
-
-
-def _add_hook(services: Services, hook: RequestHook | None) -> None:
-    if hook is not None:
-        services.hooks.append(hook)
 
 
 class PrefixgateApp:
@@ -133,11 +135,10 @@ def _control_plane(services: Services) -> FastAPI:
             for component in reversed(started):
                 with contextlib.suppress(Exception):
                     await component.stop()
-            for hook in services.hooks:
-                shutdown = getattr(hook, "shutdown", None)
-                if callable(shutdown):
+            for stage in (services.prefix, services.tracing):
+                if stage is not None:
                     with contextlib.suppress(Exception):
-                        shutdown()
+                        stage.shutdown()
             await services.store.close()
             await services.upstream.stop()
 

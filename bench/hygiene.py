@@ -30,7 +30,6 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +39,7 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 
 from app.config import Settings  # noqa: E402
-from app.hygiene.hook import build_hygiene_hook  # noqa: E402
+from app.pipeline.hygiene_stage import build_hygiene_stage  # noqa: E402
 from app.proxy.context import RequestContext, Timings  # noqa: E402
 from app.server import create_app  # noqa: E402
 from app.serving import ServerThread  # noqa: E402
@@ -154,7 +153,7 @@ async def overhead(rounds: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"observe": [], "rewrite": [], "reserialise": [], "total": []}
     for policy in POLICIES:
         settings = Settings(tenants={"default": {"policy": policy}})
-        hook = build_hygiene_hook(settings, SimpleNamespace(metrics=Metrics()))
+        hook = build_hygiene_stage(settings, Metrics())
         rng = random.Random(3)
         for i in range(rounds + 5):
             body = big_body(i, rng, text)

@@ -37,7 +37,7 @@ from app.serving import free_port  # noqa: E402
 
 CONTENT_MARK = b'"delta":{"content":"'
 
-# `prefixgate serve` minus the request hooks, for --core-only
+# `prefixgate serve` minus the pipeline's stages (hygiene, prefix, tracing), for --core-only
 CORE_ONLY = """
 import sys
 import uvicorn
@@ -48,7 +48,7 @@ from app.serving import uvicorn_config
 backend, port, policy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 settings = Settings(backends=[{"url": backend}], **({"routing": {"policy": policy}} if policy else {}))
 app = create_app(settings)
-app.services.hooks.clear()
+app.services.hygiene = app.services.prefix = app.services.tracing = None
 tune_for_serving()
 uvicorn.Server(uvicorn_config(app, "127.0.0.1", port)).run()
 """

@@ -1,4 +1,4 @@
-"""Pure request-side helpers: validation, include_usage splicing, tenant resolution."""
+"""Pure request-side helpers: validation, splicing the forwarded body, tenant resolution."""
 
 from __future__ import annotations
 
@@ -6,25 +6,45 @@ import orjson
 import pytest
 
 from app.api.tenant import resolve_tenant, tenant_for_key
-from app.api.validation import client_wants_usage, parse_body, with_include_usage
+from app.api.validation import parse_body
 from app.config import Tenants
+from app.pipeline.body import client_wants_usage, forwarded_body, splice_members
 from app.proxy.context import ProxyError
 
 
-def test_with_include_usage_splices_without_reserialising() -> None:
+def include_usage(raw: bytes, body: dict) -> bytes:
+    return forwarded_body(raw, body, changed=False, salt=None, include_usage=True)
+
+
+def test_include_usage_is_spliced_without_reserialising() -> None:
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\u00e9"}], "stream": true}  \n'
     body = orjson.loads(raw)
-    out = with_include_usage(raw, body)
-    assert out.startswith(raw.rstrip()[:-1])  # original bytes kept verbatim
+    out = include_usage(raw, body)
+    assert out == raw[:-4] + b',"stream_options":{"include_usage":true}}  \n'  # original bytes verbatim
     assert orjson.loads(out) == {**body, "stream_options": {"include_usage": True}}
 
 
-def test_with_include_usage_merges_existing_options() -> None:
+def test_include_usage_merges_existing_options() -> None:
     body = {"model": "m", "prompt": "x", "stream_options": {"continuous_usage_stats": False}}
-    out = orjson.loads(with_include_usage(orjson.dumps(body), body))
+    out = orjson.loads(include_usage(orjson.dumps(body), body))
     assert out["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
     assert client_wants_usage({"stream_options": {"include_usage": True}})
     assert not client_wants_usage({"stream_options": None})
+
+
+def test_splice_members_edges() -> None:
+    assert splice_members(b'{"a":1}', {}) == b'{"a":1}'
+    assert splice_members(b'{ }', {"s": "x"}) == b'{ "s":"x"}'  # an empty object takes no comma
+    assert splice_members(b'{"a":1}\r\n', {"s": "x", "o": {"k": True}}) == b'{"a":1,"s":"x","o":{"k":true}}\r\n'
+    assert splice_members(b'[1]', {"s": "x"}) is None  # not an object: the caller re-serialises
+
+
+def test_a_rewritten_body_is_serialised_with_the_salt() -> None:
+    raw = b'{"model": "m", "prompt": "x"}'
+    out = forwarded_body(raw, {"model": "m", "prompt": "y"}, changed=True, salt="pg1-s", include_usage=False)
+    assert orjson.loads(out) == {"model": "m", "prompt": "y", "cache_salt": "pg1-s"}
+    same = {"model": "m", "prompt": "x", "cache_salt": "pg1-s"}  # the client already sent this salt
+    assert forwarded_body(orjson.dumps(same), same, changed=False, salt="pg1-s", include_usage=False) == orjson.dumps(same)
 
 
 def test_parse_body_accepts_valid_requests() -> None:

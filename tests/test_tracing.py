@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from app.config import Settings
+from app.pipeline.tracing_stage import build_tracing_stage, response_attributes
 from app.proxy.context import PrefixStageState, RequestContext, Timings
 from app.routing.base import Replica, RouteDecision
-from app.telemetry.tracing import build_tracing_hook, response_attributes
 from tests.otlp_receiver import OTLPReceiver
 
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -62,16 +62,16 @@ def receiver(monkeypatch: pytest.MonkeyPatch):
 
 def test_off_by_default() -> None:
     assert Settings().tracing.enabled is False
-    assert build_tracing_hook(Settings()) is None
+    assert build_tracing_stage(Settings()) is None
 
 
 def test_otel_sdk_disabled_env_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
-    assert build_tracing_hook(Settings(tracing={"enabled": True})) is None
+    assert build_tracing_stage(Settings(tracing={"enabled": True})) is None
 
 
 async def test_span_exported_over_otlp_http_with_attributes(receiver: OTLPReceiver) -> None:
-    hook = build_tracing_hook(Settings(tracing={"enabled": True}))
+    hook = build_tracing_stage(Settings(tracing={"enabled": True}))
     assert hook is not None
     try:
         ctx = make_ctx({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "x-tenant-id": "team-a"})
@@ -111,7 +111,7 @@ async def test_span_exported_over_otlp_http_with_attributes(receiver: OTLPReceiv
 
 
 async def test_new_trace_without_client_context_and_error_status(receiver: OTLPReceiver) -> None:
-    hook = build_tracing_hook(Settings(tracing={"enabled": True}))
+    hook = build_tracing_stage(Settings(tracing={"enabled": True}))
     assert hook is not None
     try:
         ctx = make_ctx()
@@ -134,7 +134,7 @@ async def test_new_trace_without_client_context_and_error_status(receiver: OTLPR
 async def test_span_waits_for_the_prefix_observation(receiver: OTLPReceiver) -> None:
     """Continuity comes from the prefix hook's after-response task: the span ends once it is
     there, with the response's end time (waiting does not stretch the span)."""
-    hook = build_tracing_hook(Settings(tracing={"enabled": True}))
+    hook = build_tracing_stage(Settings(tracing={"enabled": True}))
     assert hook is not None
     try:
         ctx = make_ctx()
@@ -155,7 +155,7 @@ async def test_span_waits_for_the_prefix_observation(receiver: OTLPReceiver) -> 
 
 
 async def test_shutdown_ends_spans_still_waiting(receiver: OTLPReceiver) -> None:
-    hook = build_tracing_hook(Settings(tracing={"enabled": True}))
+    hook = build_tracing_stage(Settings(tracing={"enabled": True}))
     assert hook is not None
     ctx = make_ctx()
     ctx.prefix = fingerprinted()

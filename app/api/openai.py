@@ -1,42 +1,41 @@
-"""The `/v1/*` hot path as a raw ASGI handler (dispatched before FastAPI, see app/server.py).
+"""The `/v1/*` hot path's ASGI adapter (dispatched before FastAPI, see app/server.py).
+
+It does only what needs the ASGI protocol: read the body (size limit), parse and validate it
+(chat/completions only), resolve the tenant, build the `RequestContext`, hand it to the pipeline
+(app/pipeline/request.py: the table of steps), and map every failure to an OpenAI-shaped error. A
+client disconnect cancels the pipeline (and with it the upstream request) through a watcher on
+`receive`.
 
 Raw ASGI rather than a FastAPI route because the streaming relay's per-chunk cost is the proxy's
-throughput (ARCHITECTURE.md: FastAPI+httpx collapses from ~64 streams; raw ASGI + aiohttp keeps
-0.89x of direct at 128). Order per request: read body (size limit) -> parse/validate -> tenant ->
-RequestContext -> hooks.before_route -> model check -> forward (route, retry, relay) ->
-hooks.after_response -> metrics. A client disconnect cancels the forward (and with it the upstream
-request) through a watcher on `receive`.
+throughput (docs/pipeline.md: FastAPI+httpx collapses from ~64 concurrent streams; raw ASGI +
+aiohttp keeps 0.89x of direct throughput at 128).
+
+Passthrough bodies (any other /v1/* path) are never parsed: they are relayed as bytes, so their
+tenant comes from the tenant header or the API key only (app/api/tenant.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import re
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from app.api.errors import send_error, to_proxy_error
 from app.api.tenant import resolve_tenant
-from app.api.validation import client_wants_usage, parse_body, with_include_usage
+from app.api.validation import parse_body
+from app.pipeline.request import RequestPipeline
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
-from app.proxy.forward import Mode, forward
-from app.proxy.record import record_request
-from app.routing.base import RouteRequest
 
 if TYPE_CHECKING:
     from app.server import Services
 
-log = logging.getLogger("prefixgate.api")
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-BYTES_PER_TOKEN_ESTIMATE = 4
 UNAUTHENTICATED = "unauthenticated"  # tenant label of requests rejected for a missing/invalid key
 
 
@@ -99,6 +98,7 @@ class OpenAIProxy:
 
     def __init__(self, services: Services) -> None:
         self.services = services
+        self.pipeline = RequestPipeline(services)
         self.active = 0  # requests not yet finished (hooks and metrics included); tests settle on 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -124,21 +124,21 @@ class OpenAIProxy:
             raw = await read_body(scope, receive, headers, settings.limits.max_body_bytes)
             if route is not None and scope["method"] != "POST":
                 raise ProxyError(405, f"{path} only accepts POST", code="method_not_allowed")
-            body = parse_body(raw, route) if route is not None else _maybe_json(raw)
-            tenant = resolve_tenant(headers, body, settings.tenants)
+            body = parse_body(raw, route) if route is not None else {}  # passthrough: bytes only
             ctx = RequestContext(
-                request_id=request_id, route=route or "passthrough", path=path, tenant=tenant,
-                headers=headers, body=body if isinstance(body, dict) else {},
-                model=body.get("model") if isinstance(body, dict) and route else None,
-                stream=bool(body.get("stream")) if route and isinstance(body, dict) else False,
+                request_id=request_id, route=route or "passthrough", path=path,
+                tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
+                model=body.get("model") if route else None, stream=bool(body.get("stream")),
                 timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
             )
             watcher = asyncio.create_task(
                 _watch_disconnect(receive, asyncio.current_task(), disconnected, send))
             if route is not None:
-                await self._chat_or_completions(ctx, raw, send, clock)
+                await self.pipeline.run(ctx, raw, send, clock)
             else:
-                await self._passthrough(ctx, scope, raw, send, clock)
+                query = scope.get("query_string") or b""
+                target = path + ("?" + query.decode("latin-1") if query else "")
+                await self.pipeline.passthrough(ctx, raw, send, clock, method=scope["method"], path=target)
         except ClientGone:
             if ctx is not None:
                 ctx.outcome = "client_disconnect"
@@ -169,58 +169,7 @@ class OpenAIProxy:
                 watcher.cancel()
             clock.end(time.perf_counter())
             if ctx is not None:
-                self._finish(ctx, clock)
-
-    async def _chat_or_completions(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
-        services = self.services
-        known = services.health.known_models()
-        if known is not None and ctx.model not in known:
-            raise ProxyError(404, f"The model `{ctx.model}` does not exist.", type="NotFoundError",
-                             param="model", code="model_not_found")
-        for hook in services.hooks:
-            await hook.before_route(ctx)
-        drop_usage = ctx.stream and not client_wants_usage(ctx.body)
-        if ctx.body_changed:
-            body = ctx.body
-            if drop_usage:
-                body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-            raw = orjson.dumps(body)
-        elif drop_usage:
-            raw = with_include_usage(raw, ctx.body)
-        fp = ctx.fingerprint
-        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else len(raw) // BYTES_PER_TOKEN_ESTIMATE
-        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate)
-        mode: Mode = "stream" if ctx.stream else "buffered"
-        await forward(services, ctx, send, raw, request, clock, method="POST", path=ctx.path, mode=mode,
-                      drop_usage=drop_usage)
-
-    async def _passthrough(self, ctx: RequestContext, scope: dict[str, Any], raw: bytes, send: Any,
-                           clock: StreamClock) -> None:
-        query = scope.get("query_string") or b""
-        path = ctx.path + ("?" + query.decode("latin-1") if query else "")
-        request = RouteRequest(ctx.tenant, None, ctx.session_id, None, len(raw) // BYTES_PER_TOKEN_ESTIMATE)
-        await forward(self.services, ctx, send, raw, request, clock, method=scope["method"], path=path,
-                      mode="raw")
-
-    def _finish(self, ctx: RequestContext, clock: StreamClock) -> None:
-        for hook in self.services.hooks:
-            try:
-                hook.after_response(ctx)
-            except Exception:  # a broken observer must not break the proxy
-                log.exception("after_response hook %s failed", type(hook).__name__)
-        try:
-            record_request(self.services.metrics, ctx, clock)
-        except Exception:
-            log.exception("recording metrics failed")
-
-
-def _maybe_json(raw: bytes) -> Any:
-    if not raw:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
+                self.pipeline.finish(ctx, clock)  # steps 8-9
 
 
 async def _watch_disconnect(receive: Any, task: asyncio.Task[Any] | None, flag: asyncio.Event,

@@ -1,9 +1,15 @@
 """Tenant resolution: who is asking, for metrics, continuity tracking and hygiene policy.
 
 Order: X-Tenant-ID header (name from settings.tenants.header), else the API key's tenant
-(settings.tenants.api_keys), else the body's `user`, else "default". When api_keys is non-empty a
-valid key is required and the tenant comes only from the key: a header cannot claim another
-tenant's identity.
+(settings.tenants.api_keys), else the body's `user` (chat/completions only), else "default". When
+api_keys is non-empty a valid key is required and the tenant comes only from the key: a header
+cannot claim another tenant's identity.
+
+Passthrough paths pass no body here: their bytes are relayed unparsed, because parsing a possibly
+large body (embeddings inputs, a /v1/responses transcript) only to read `user` would be work that
+grows with the request before its first upstream byte. They are not fingerprinted or tracked, so
+their tenant only names the session policy's fallback binding; a client that wants one tenant on
+every path sends the header or its API key, which is also the only identity a client cannot forge.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ def tenant_for_key(key: str | None, api_keys: Mapping[str, str]) -> str | None:
     return found
 
 
-def resolve_tenant(headers: Mapping[str, str], body: Any, tenants: Tenants) -> str:
+def resolve_tenant(headers: Mapping[str, str], body: Mapping[str, Any] | None, tenants: Tenants) -> str:
     """Resolve the tenant; raises ProxyError(401) when keys are configured and none is valid."""
     if tenants.api_keys:
         tenant = tenant_for_key(bearer_token(headers), tenants.api_keys)
@@ -50,7 +56,7 @@ def resolve_tenant(headers: Mapping[str, str], body: Any, tenants: Tenants) -> s
     header = headers.get(tenants.header.lower())
     if header:
         return header[:MAX_TENANT_LEN]
-    if isinstance(body, dict):
+    if body:
         user = body.get("user")
         if isinstance(user, str) and user:
             return user[:MAX_TENANT_LEN]

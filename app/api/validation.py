@@ -79,24 +79,3 @@ def validate_body(body: dict[str, Any], route: str) -> None:
     n = body.get("n")
     if isinstance(n, int) and n < 1:
         raise _bad("'n' must be at least 1", "n")
-
-
-def with_include_usage(raw: bytes, body: dict[str, Any]) -> bytes:
-    """The request bytes with `stream_options.include_usage = true`.
-
-    When the body has no `stream_options` at all the key is spliced before the closing brace (no
-    re-serialisation of a possibly 1 MB prompt); otherwise the parsed body is re-serialised.
-    """
-    if "stream_options" not in body:
-        end = len(raw)
-        while end and raw[end - 1] in b" \t\r\n":
-            end -= 1
-        if end and raw[end - 1] == 0x7D:  # "}"
-            return b"".join((memoryview(raw)[:end - 1], b',"stream_options":{"include_usage":true}}'))
-    options = body.get("stream_options") or {}
-    return orjson.dumps({**body, "stream_options": {**options, "include_usage": True}})
-
-
-def client_wants_usage(body: dict[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))

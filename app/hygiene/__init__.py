@@ -3,6 +3,7 @@ isolate tenants' caches with a per-tenant `cache_salt`.
 
 - findings.py: bounded scan of one request body (dynamic head lines, varying tool order);
 - rewrite.py: pure, deterministic rewrites (move_dynamic, sort_tools, canonical_json);
-- salt.py: per-tenant salt derivation and the client-salt decision;
-- hook.py: `build_hygiene_hook(settings, services)`, the first hook on the hot path.
+- salt.py: per-tenant salt derivation and the client-salt decision.
+
+The stage that applies them to a request is app/pipeline/hygiene_stage.py.
 """

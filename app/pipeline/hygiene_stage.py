@@ -1,10 +1,13 @@
-"""The hygiene hook: first on the hot path, before the fingerprint (app/server.py).
+"""The hygiene stage: step 1 of the pipeline (app/pipeline/request.py), before the fingerprint.
 
-Per request:
-1. cache isolation (`tenants.cache_salt`): the tenant's salt goes into the body and `ctx.salt`
-   (the fingerprint chain starts from it); a client's own `cache_salt` is replaced or refused.
+The adapter between the request and the pure hygiene cores (app/hygiene/findings.py, rewrite.py,
+salt.py). Per chat/completions request:
+1. cache isolation (`tenants.cache_salt`): the tenant's salt becomes `ctx.salt`, which the
+   fingerprint chain starts from and which app/pipeline/body.py splices into the forwarded bytes
+   (the parsed body is not touched for it); a client's own `cache_salt` is replaced or refused.
    With isolation off a client salt passes through and still seeds the fingerprint.
-2. findings (app/hygiene/findings.py): bounded scan of the system/developer heads, tool order.
+2. findings (app/hygiene/findings.py): bounded scan of the system/developer heads, tool order,
+   kept in `ctx.hygiene_findings` (the tracing stage lists their kinds on the span).
 3. the tenant's policy (`tenants.default` / `tenants.overrides`):
    - observe: `prefixgate_hygiene_findings_total` only;
    - warn: + response header `x-prefixgate-hygiene` listing the findings;
@@ -13,13 +16,13 @@ Per request:
      fixed are still listed in `x-prefixgate-hygiene`;
    - reject: a finding means 400, OpenAI-shaped, saying what is wrong and how to fix it, counted in
      `prefixgate_rejections_total{reason}`.
-The body is marked changed (and so re-serialised by the proxy) only when a salt or rewrite
-changed it. Headers and metrics never carry prompt text.
+`ctx.body` is replaced and marked changed (so the forwarded body is re-serialised) only when a
+rewrite changed it. Headers and metrics never carry prompt text.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.hygiene.findings import (
     DYNAMIC_HEAD,
@@ -35,6 +38,10 @@ from app.hygiene.findings import (
 from app.hygiene.rewrite import CANONICAL_JSON, MOVE_DYNAMIC, SORT_TOOLS, RewriteOptions, apply_rewrites
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
 from app.proxy.context import ProxyError, RequestContext
+
+if TYPE_CHECKING:
+    from app.config import Settings
+    from app.telemetry.metrics import Metrics
 
 HYGIENE_HEADER = "x-prefixgate-hygiene"
 REWRITES_HEADER = "x-prefixgate-rewrites"
@@ -68,8 +75,10 @@ def _fixed(finding: Finding, kinds: tuple[str, ...], opts: RewriteOptions) -> bo
     return False
 
 
-class HygieneHook:
-    def __init__(self, settings: Any, metrics: Any, salts: TenantSalts | None) -> None:
+class HygieneStage:
+    """Cache isolation, findings and the tenant's hygiene policy, before the fingerprint."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, salts: TenantSalts | None) -> None:
         self.tenants = settings.tenants
         self.metrics = metrics
         self.salts = salts
@@ -104,9 +113,6 @@ class HygieneHook:
         elif policy == "rewrite":
             self._rewrite(ctx, tenant, findings, lines)
 
-    def after_response(self, ctx: RequestContext) -> None:
-        return None
-
     # ------------------------------------------------------------------ parts
     def _isolate(self, ctx: RequestContext, tenant: str) -> None:
         client = ctx.body.get("cache_salt")
@@ -119,10 +125,7 @@ class HygieneHook:
                              param="cache_salt", code="cache_salt_not_allowed")
         if decision.action == "client" and not valid_salt(client):
             return  # the engine will refuse it with its own message; do not seed the chain with it
-        ctx.salt = decision.salt
-        if decision.salt is not None and client != decision.salt:
-            ctx.body = {**ctx.body, "cache_salt": decision.salt}
-            ctx.body_changed = True
+        ctx.salt = decision.salt  # app/pipeline/body.py puts it into the forwarded bytes
         if decision.action == "replace":
             self.metrics.rewrites.labels(tenant, CLIENT_SALT).inc()
             _add(ctx.response_headers, REWRITES_HEADER, CLIENT_SALT)
@@ -168,17 +171,14 @@ def _add(headers: dict[str, str], name: str, item: str) -> None:
     headers[name] = f"{headers[name]}, {item}" if headers.get(name) else item
 
 
-def build_hygiene_hook(settings: Any, services: Any) -> HygieneHook:
-    """The hygiene + isolation hook (first in the hook list). Raises ValueError when isolation
-    is enabled without a usable secret."""
+def build_hygiene_stage(settings: Settings, metrics: Metrics) -> HygieneStage:
+    """The hygiene + isolation stage. Raises ValueError when isolation is enabled without a
+    usable secret."""
     salts = None
     if settings.tenants.cache_salt.enabled:
         salts = TenantSalts(load_secret(settings.tenants.cache_salt.secret_env))
-    hook = HygieneHook(settings, services.metrics, salts)
-    if hasattr(services, "components"):
-        services.components["hygiene"] = hook
-    return hook
+    return HygieneStage(settings, metrics, salts)
 
 
 __all__ = ["CANONICAL_JSON", "HYGIENE_HEADER", "MOVE_DYNAMIC", "REWRITES_HEADER", "SORT_TOOLS",
-           "HygieneHook", "build_hygiene_hook", "fix_message"]
+           "HygieneStage", "build_hygiene_stage", "fix_message"]

@@ -1,0 +1,115 @@
+"""One request's path through prefixgate, step by step: read this table first.
+
+app/api/openai.py (the ASGI adapter) reads the body, resolves the tenant, builds the
+`RequestContext` and hands it to `RequestPipeline`, which runs the steps below in this order. Each
+step writes only the typed fields listed for it (app/proxy/context.py); later steps read them.
+
+| #  | step        | code                                    | writes on `ctx`                                   |
+|----|-------------|-----------------------------------------|---------------------------------------------------|
+| 0  | arrive      | app/api/openai.py                       | request_id, route, path, tenant, headers, body,   |
+|    |             |                                         | model, stream, session_id, timings.arrival        |
+| 1  | admit       | `RequestPipeline._admit`                | (404 `model_not_found` when no replica lists it)  |
+| 2  | hygiene     | app/pipeline/hygiene_stage.py           | salt, hygiene_findings, response_headers; body +  |
+|    |             |                                         | body_changed on a rewrite; or a 400 (`reject`)    |
+| 3  | fingerprint | prefix stage `before_route`             | fingerprint (the router reads it), prefix         |
+|    |             | (app/prefix/hook.py)                    | (.input, .routed_blocks, .routed_complete,        |
+|    |             |                                         | .pending: the rest of a big prompt, in a worker)  |
+| 3b | trace start | app/pipeline/tracing_stage.py           | span; headers["traceparent"] (sent upstream)      |
+| 4  | encode      | app/pipeline/body.py `forwarded_body`   | (the bytes sent: the client's, salt and           |
+|    |             |                                         | include_usage spliced in)                         |
+| 5  | route       | app/proxy/forward.py -> services.router | decision, attempts                                |
+| 6  | forward     | app/proxy/forward.py -> upstream        | timings.upstream_sent, timings.first_byte         |
+| 7  | relay       | app/proxy/relay.py                      | status, usage, outcome, timings.first_token /     |
+|    |             |                                         | last_token / end; the relay's notes (output text, |
+|    |             |                                         | upstream failure, delivered before disconnect)    |
+| 8  | track       | prefix stage `after_response`           | prefix.matched, .predicted_tokens, .observation   |
+|    |             |                                         | (in a task: continuity, diagnosis, residency)     |
+| 8b | trace end   | tracing stage `after_response`          | span -> None (waits for prefix.observation)       |
+| 9  | record      | app/proxy/record.py                     | content_chunks; the request's metrics             |
+
+Steps 5-7 are one attempt: forward() routes again to a replica not yet tried while nothing has
+reached the client (routing.max_retries). Steps 8-9 run once the response ended, whatever the
+outcome (`finish`, from the adapter's `finally`), and never block the loop. Passthrough paths
+(other /v1/* routes) skip 1-4 and 8: their bytes go to a routed replica as they came.
+
+A stage is optional: a `Services` without one (tests, `bench/overhead.py --core-only`) skips its
+step. `services.hooks` holds extra observers (tests, recorders): their `before_route` runs after
+step 3b and their `after_response` after 8b. docs/pipeline.md tells the same path in prose.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from app.pipeline.body import client_wants_usage, forwarded_body
+from app.proxy.clock import StreamClock
+from app.proxy.context import ProxyError, RequestContext
+from app.proxy.forward import Mode, forward
+from app.proxy.record import record_request
+from app.routing.base import RouteRequest
+
+if TYPE_CHECKING:
+    from app.server import Services
+
+log = logging.getLogger("prefixgate.pipeline")
+
+BYTES_PER_TOKEN_ESTIMATE = 4  # routing's load estimate for a prompt without a fingerprint
+
+
+class RequestPipeline:
+    """Drives one request through the steps of the table above."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    async def run(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
+        """Steps 1-7 for chat/completions. Raises ProxyError (or the last upstream error) when
+        nothing was sent to the client yet; the adapter turns it into an OpenAI-shaped error."""
+        services = self.services
+        self._admit(ctx)  # 1
+        if services.hygiene is not None:
+            await services.hygiene.before_route(ctx)  # 2
+        if services.prefix is not None:
+            await services.prefix.before_route(ctx)  # 3
+        if services.tracing is not None:
+            await services.tracing.before_route(ctx)  # 3b
+        for hook in services.hooks:
+            await hook.before_route(ctx)
+        drop_usage = ctx.stream and not client_wants_usage(ctx.body)
+        body = forwarded_body(raw, ctx.body, changed=ctx.body_changed, salt=ctx.salt,  # 4
+                              include_usage=drop_usage)
+        fp = ctx.fingerprint
+        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else len(body) // BYTES_PER_TOKEN_ESTIMATE
+        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate)
+        mode: Mode = "stream" if ctx.stream else "buffered"
+        await forward(services, ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
+                      mode=mode, drop_usage=drop_usage)
+
+    async def passthrough(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock, *,
+                          method: str, path: str) -> None:
+        """Steps 5-7 for any other /v1/* path: the client's bytes, routed and relayed as they are."""
+        request = RouteRequest(ctx.tenant, None, ctx.session_id, None, len(raw) // BYTES_PER_TOKEN_ESTIMATE)
+        await forward(self.services, ctx, send, raw, request, clock, method=method, path=path, mode="raw")
+
+    def finish(self, ctx: RequestContext, clock: StreamClock) -> None:
+        """Steps 8-9, once the response ended (any outcome). A failing observer is logged, never
+        allowed to break the proxy or the steps after it."""
+        services = self.services
+        for stage in (services.prefix, services.tracing, *services.hooks):  # 8, 8b, observers
+            if stage is None:
+                continue
+            try:
+                stage.after_response(ctx)
+            except Exception:
+                log.exception("after_response of %s failed", type(stage).__name__)
+        try:
+            record_request(services.metrics, ctx, clock)  # 9
+        except Exception:
+            log.exception("recording metrics failed")
+
+    def _admit(self, ctx: RequestContext) -> None:
+        known = self.services.health.known_models()
+        if known is not None and ctx.model not in known:
+            raise ProxyError(404, f"The model `{ctx.model}` does not exist.", type="NotFoundError",
+                             param="model", code="model_not_found")
