@@ -169,6 +169,17 @@ async def test_shutdown_ends_spans_still_waiting(receiver: OTLPReceiver) -> None
     assert span["attributes"]["prefixgate.backend"] == "vllm-0"
 
 
+def test_hygiene_finding_kinds_are_span_attributes() -> None:
+    from app.hygiene.findings import DYNAMIC_HEAD, TOOL_ORDER, Finding
+
+    ctx = make_ctx()
+    finish(ctx)
+    assert "prefixgate.hygiene.findings" not in response_attributes(ctx)
+    ctx.hygiene_findings = [Finding(TOOL_ORDER, "tools", "order"), Finding(DYNAMIC_HEAD, "messages[0] line 1", "timestamp"),
+                            Finding(DYNAMIC_HEAD, "messages[1] line 2", "uuid")]
+    assert response_attributes(ctx)["prefixgate.hygiene.findings"] == ["dynamic_head", "tool_order"]
+
+
 def test_response_attributes_never_carry_prompt_text() -> None:
     ctx = make_ctx()
     ctx.body["messages"] = [{"role": "user", "content": "SECRET PROMPT"}]

@@ -1,8 +1,8 @@
 """Per-tenant `cache_salt`: cache isolation between tenants on a shared engine.
 
 vLLM puts the salt into block 0's extra keys, so requests with different salts never share a
-block and requests with the same salt share exactly as unsalted ones (engine-facts A.5); SGLang
-namespaces its radix tree with it. One salt per tenant therefore keeps each tenant's cache
+block and requests with the same salt share exactly as unsalted ones (docs/pipeline.md, step 2);
+SGLang namespaces its radix tree with it. One salt per tenant therefore keeps each tenant's cache
 reusable by that tenant and invisible to the others: no tenant can probe another's prompts
 through cache timing.
 
