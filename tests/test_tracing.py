@@ -11,7 +11,8 @@ import pytest
 
 from app.config import Settings
 from app.pipeline.tracing_stage import build_tracing_stage, response_attributes
-from app.proxy.context import PrefixStageState, RequestContext, Timings
+from app.prefix.hook import PrefixStageState
+from app.proxy.context import RequestContext, Timings
 from app.routing.base import Replica, RouteDecision
 from tests.otlp_receiver import OTLPReceiver
 

@@ -19,19 +19,34 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from app.prefix.blocks import predicted_hit_tokens
-from app.prefix.fingerprint import ChainNode, Fingerprint, Fingerprinter, prompt_input
+from app.prefix.fingerprint import ChainNode, Fingerprint, Fingerprinter, PromptInput, prompt_input
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
-from app.prefix.tracker import TenantTracker
-from app.proxy.context import PrefixStageState, RequestContext
+from app.prefix.tracker import Observation, TenantTracker
+from app.proxy.context import RequestContext
 
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
 INLINE_OUTPUT_CHARS = 4096  # generated text encoded inside after_response (< 1 ms)
 RECENT_PREDICTIONS = 4096
+
+
+@dataclass
+class PrefixStageState:
+    """What the prefix stage (fingerprint before routing, tracking after the response) keeps
+    about one request between its two calls, and what it publishes for the tracing stage."""
+
+    input: PromptInput  # the prompt as the fingerprinter reads it (messages/tools or a raw prompt)
+    routed_blocks: int  # blocks in the chain the router saw (the inline part of the fingerprint)
+    routed_complete: bool  # that chain covered the whole prompt (no worker-side rest)
+    pending: asyncio.Task[ChainNode | None] | None = None  # the rest of the chain, in a worker
+    matched: int | None = None  # leading blocks resident on the chosen replica when sent
+    predicted_tokens: int | None = None  # the engine-rule prediction of cached prompt tokens
+    observation: Observation | None = None  # continuity + diagnosis; None until tracked
 
 
 class PrefixHook:

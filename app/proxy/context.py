@@ -12,7 +12,6 @@ block: schedule anything slow (tokenisation, Redis writes) as a task or in a wor
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,8 +22,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from app.hygiene.findings import Finding
-    from app.prefix.fingerprint import ChainNode, PromptInput
-    from app.prefix.tracker import Observation
+    from app.prefix.hook import PrefixStageState  # the stage imports this module
 
 
 class ProxyError(Exception):
@@ -59,20 +57,6 @@ class Timings:
 
 
 @dataclass
-class PrefixStageState:
-    """What the prefix stage (fingerprint before routing, tracking after the response) keeps
-    about one request between its two calls, and what it publishes for the tracing stage."""
-
-    input: PromptInput  # the prompt as the fingerprinter reads it (messages/tools or a raw prompt)
-    routed_blocks: int  # blocks in the chain the router saw (the inline part of the fingerprint)
-    routed_complete: bool  # that chain covered the whole prompt (no worker-side rest)
-    pending: asyncio.Task[ChainNode | None] | None = None  # the rest of the chain, in a worker
-    matched: int | None = None  # leading blocks resident on the chosen replica when sent
-    predicted_tokens: int | None = None  # the engine-rule prediction of cached prompt tokens
-    observation: Observation | None = None  # continuity + diagnosis; None until tracked
-
-
-@dataclass
 class RequestContext:
     request_id: str
     route: str  # "chat" | "completions"
@@ -96,7 +80,7 @@ class RequestContext:
     content_chunks: int = 0
     # --- per-stage notes (app/pipeline/request.py lists who writes and who reads each) ---
     hygiene_findings: list[Finding] | None = None  # hygiene stage: the scan's findings (chat only)
-    prefix: PrefixStageState | None = None  # prefix stage: set when the request was fingerprinted
+    prefix: PrefixStageState | None = None  # prefix stage: its notes, once the request was fingerprinted
     span: Span | None = None  # tracing stage: the request's open span, until it is ended
     # relay notes (output text, upstream failure, delivered-before-disconnect) still travel here
     # until they become typed fields in the relay's own change
