@@ -13,10 +13,13 @@ block: schedule anything slow (tokenisation, Redis writes) as a task or in a wor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.prefix.fingerprint import Fingerprint
 from app.routing.base import RouteDecision
+
+if TYPE_CHECKING:
+    from app.proxy.upstream import UpstreamError
 
 
 class ProxyError(Exception):
@@ -43,8 +46,9 @@ class Timings:
     """perf_counter stamps; None until the event happened."""
 
     arrival: float
-    upstream_sent: float | None = None
-    first_byte: float | None = None  # first upstream byte (role chunk ~ engine first token)
+    upstream_sent: float | None = None  # the latest attempt's request handed to the upstream client
+    failed_attempts: float = 0.0  # seconds spent in attempts that failed and were retried (send -> failure)
+    first_byte: float | None = None  # first body byte of a < 400 answer (stream: role chunk ~ engine first token)
     first_token: float | None = None  # first chunk carrying generated text: the client-side TTFT
     last_token: float | None = None
     end: float | None = None
@@ -72,6 +76,10 @@ class RequestContext:
     outcome: str = "ok"  # ok | client_error | upstream_error | midstream_error | client_disconnect
     usage: dict[str, Any] | None = None
     content_chunks: int = 0
+    # set by the relay (app/proxy/relay.py)
+    upstream_failure: UpstreamError | None = None  # the stream broke after its first byte
+    delivered_before_disconnect: bool = False  # the client left after it had the whole response
+    output_text: str | None = None  # choice 0's generated text (n == 1), bounded
     attrs: dict[str, Any] = field(default_factory=dict)  # free-form notes between hooks
 
     @property

@@ -17,8 +17,10 @@ import orjson
 
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
+from app.proxy.observer import StreamObserver
+from app.proxy.openai_shape import shape_for
 from app.proxy.record import child
-from app.proxy.relay import StreamObserver, relay_buffered, relay_raw, relay_stream
+from app.proxy.relay import relay_buffered, relay_raw, relay_stream
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
@@ -80,7 +82,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status >= 500:
                 raise await _status_error(replica, resp)
             first = b""
-            if mode != "buffered" and resp.status < 400:
+            if resp.status < 400:  # 2xx/3xx: the first body byte, still retryable (bounded wait)
                 first = await services.upstream.first_chunk(replica, resp)
                 clock.first_byte(time.perf_counter())  # before routing callbacks run
             replica.queued_prompt_tokens -= queued
@@ -90,15 +92,15 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status < 400:
                 services.router.on_routed(request, decision)
             if mode == "stream" and resp.status == 200:
-                observer = StreamObserver(ctx.route, clock, drop_usage,
+                observer = StreamObserver(shape_for(ctx.route), clock, drop_usage,
                                           collect_text=int(ctx.body.get("n") or 1) == 1)
                 await relay_stream(ctx, resp, first, send, observer)
             elif mode == "raw":
-                await relay_raw(ctx, resp, first, send, clock)
+                await relay_raw(ctx, resp, first, send)
             else:
-                await relay_buffered(ctx, resp, send, clock, parse=mode != "raw")
-            failure = ctx.attrs.get("upstream_failure")
-            if isinstance(failure, UpstreamError):
+                await relay_buffered(ctx, resp, first, send, parse=True)
+            failure = ctx.upstream_failure
+            if failure is not None:
                 metrics.upstream_errors.labels(replica.name, failure.kind).inc()
             if resp.status >= 400 and ctx.outcome == "ok":
                 ctx.outcome = "client_error"
@@ -110,6 +112,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if committed:
                 ctx.outcome = "upstream_error"
                 raise
+            clock.attempt_failed(time.perf_counter())
             last_error = exc
         finally:
             if resp is not None:
