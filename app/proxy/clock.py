@@ -2,7 +2,8 @@
 
 Pure bookkeeping over `time.perf_counter()` stamps handed in by the relay, so it is unit-testable
 with synthetic times. TTFT stops at the first chunk that carries generated text, not at the first
-upstream byte (the role chunk vLLM/SGLang may send before prefill ends).
+upstream byte (the role chunk vLLM/SGLang send first, docs/sse.md). What each stamp and the proxy
+overhead mean precisely: docs/relay.md, "Latency stamps".
 
 The decode rate is `usage.completion_tokens` over the decode span (first to last content chunk),
 never tokens-per-chunk arithmetic: servers that batch several deltas per chunk (vLLM

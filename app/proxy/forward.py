@@ -1,10 +1,12 @@
-"""The attempt loop: route, send, retry on another replica while nothing reached the client.
+"""The attempt loop: route, send, retry on another replica while nothing reached the client
+(docs/relay.md: attempts, the error contract).
 
 A failure before the first upstream body byte (connect refused, timeout, 5xx, a stream closed
 before its first byte) is retried on a replica not yet tried, up to `routing.max_retries` extra
 attempts; after that the caller turns the last `UpstreamError` into a 502 (or `NoReplicaAvailable`
-into a 503). Once the first byte was relayed the response is committed: later failures become an
-SSE error event (relay.py), never a retry.
+into a 503). Once the first body byte arrived the response is committed: later failures become an
+SSE error event (relay.py) or a 502, never a retry. Each attempt stamps its send on the clock and a
+failed one says so, so the proxy overhead never includes a failed attempt's wait.
 """
 
 from __future__ import annotations

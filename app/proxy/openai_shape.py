@@ -46,11 +46,13 @@ _TEXT_STRINGS = {"chat": re.compile(rb'"content":' + _JSON_STRING),
 class OpenAIShape:
     """`route` is "chat" (`/v1/chat/completions`) or "completions" (`/v1/completions`)."""
 
-    __slots__ = ("route", "byte_scans")
+    __slots__ = ("route", "byte_scans", "_markers", "_tool_calls")
 
     def __init__(self, route: str) -> None:
         self.route = route
         self.byte_scans = True
+        self._markers = _GENERATED_MARKERS[route]
+        self._tool_calls = route == "chat"
 
     def classify(self, data: bytes, event: str | None = None) -> Chunk:
         return classify(data, self.route)
@@ -59,7 +61,17 @@ class OpenAIShape:
         return self.route == "chat" and is_role_only(data)
 
     def carries_generated(self, events: bytes) -> bool:
-        return carries_generated(events, self.route)
+        """Whether compact-JSON SSE bytes hold a non-empty generated string (chat `content`,
+        `reasoning`, `reasoning_content`, a `tool_calls` entry; completions `text`). A marker cut
+        off at the very end of `events` counts as generated (its value is unknown)."""
+        for marker in self._markers:
+            i = events.find(marker)
+            while i >= 0:
+                j = i + len(marker)
+                if j >= len(events) or events[j] != _QUOTE:
+                    return True
+                i = events.find(marker, j)
+        return self._tool_calls and _TOOL_CALLS in events
 
     def drop_usage(self, events: bytes) -> bytes:
         return drop_usage_events(events, self.route) if USAGE_ONLY in events else events
@@ -98,19 +110,8 @@ def shape_for(route: str) -> OpenAIShape:
 
 
 def carries_generated(data: bytes, route: str) -> bool:
-    """Whether compact-JSON SSE bytes hold a non-empty generated string (chat `content`,
-    `reasoning`, `reasoning_content`, a `tool_calls` entry; completions `text`).
-
-    A marker cut off at the very end of `data` counts as generated (its value is unknown).
-    """
-    for marker in _GENERATED_MARKERS.get(route, _GENERATED_MARKERS["chat"]):
-        i = data.find(marker)
-        while i >= 0:
-            j = i + len(marker)
-            if j >= len(data) or data[j] != _QUOTE:
-                return True
-            i = data.find(marker, j)
-    return route == "chat" and _TOOL_CALLS in data
+    """`OpenAIShape.carries_generated` of the route's shape."""
+    return SHAPES[route].carries_generated(data)
 
 
 def is_role_only(payload: bytes) -> bool:

@@ -118,10 +118,11 @@ class WholeEvents:
     finds the boundaries (`\\r\\n` and `\\r` line ends) from then on.
     """
 
-    __slots__ = ("held", "_parser")
+    __slots__ = ("held", "plain", "_parser")
 
     def __init__(self, held: bytes = b"") -> None:
         self.held = held  # an incomplete event, `\\n` framing only
+        self.plain = True  # still `\\n` framing (no `\\r` seen): boundaries found by byte search
         self._parser: SSEParser | None = None
 
     def push(self, data: bytes) -> bytes:
@@ -138,5 +139,6 @@ class WholeEvents:
                 self.held = buf[end:]
                 return buf[:end]
             self._parser = SSEParser(emit_all=True)
+            self.plain = False
             data, self.held = self.held + data, b""
         return b"".join([ev.raw for ev in self._parser.feed(data)])
