@@ -21,6 +21,7 @@ class FakeResponse:
     headers: dict[str, str] = field(default_factory=lambda: {"content-type": "text/event-stream"})
     chunks: list[tuple[float, bytes]] = field(default_factory=list)  # (delay before, bytes)
     die_after: int | None = None  # close the socket after this many chunks, mid-response
+    drop: bool = False  # close the connection without sending any response at all
 
 
 @dataclass
@@ -123,6 +124,9 @@ class FakeUpstream:
             return True
         self.requests.append(req)
         resp = self.script(req)
+        if resp.drop:
+            conn.shutdown(socket.SHUT_RDWR)
+            return False
         head = f"HTTP/1.1 {resp.status} X\r\ntransfer-encoding: chunked\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in resp.headers.items())
         conn.sendall(head.encode() + b"\r\n")

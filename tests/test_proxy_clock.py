@@ -48,3 +48,22 @@ def test_decode_rate_undefined_cases() -> None:
     clock.content(1.5, chars=3)
     assert clock.decode_rate(None) is None
     assert clock.decode_rate(0) is None
+
+
+def test_overhead_excludes_failed_attempts_but_not_the_gateways_own_time() -> None:
+    clock = StreamClock(Timings(arrival=10.0))
+    clock.upstream_sent(10.002)  # parse + hooks + routing: 2 ms
+    clock.attempt_failed(12.002)  # the first replica took 2 s to fail
+    clock.upstream_sent(12.003)  # 1 ms to route the retry
+    clock.first_byte(12.5)
+    assert clock.overhead == pytest.approx(0.003)
+    assert clock.first_byte_latency == pytest.approx(2.5)  # the client waited for the failure too
+
+
+def test_overhead_when_every_attempt_failed_counts_the_last_one_as_sent() -> None:
+    clock = StreamClock(Timings(arrival=0.0))
+    clock.upstream_sent(0.001)
+    clock.attempt_failed(1.001)
+    clock.upstream_sent(1.002)
+    clock.attempt_failed(2.002)  # no attempt follows: nothing more to subtract
+    assert clock.overhead == pytest.approx(0.002)

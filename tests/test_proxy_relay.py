@@ -262,7 +262,7 @@ def test_fast_path_over_real_sockets_split_usage_and_tricky_text(fake_upstream_f
             return None
 
         def after_response(self, ctx) -> None:
-            seen.append(ctx.attrs.get("output_text"))
+            seen.append(ctx.output_text)
 
     proxy.services.hooks.append(Capture())
     _, received = stream_chunks(proxy.url, CHAT)

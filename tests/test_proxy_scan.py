@@ -1,5 +1,5 @@
-"""The relay's byte-level fast path (app/proxy/scan.py, StreamObserver in app/proxy/relay.py):
-every shortcut must agree with the full parser, whatever the TCP split."""
+"""The stream observer's byte-level fast path (app/proxy/observer.py, the OpenAI shape's scans in
+app/proxy/openai_shape.py): every shortcut must agree with the full parser, whatever the TCP split."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from app.proxy.clock import StreamClock
 from app.proxy.context import Timings
-from app.proxy.relay import MAX_OUTPUT_CHARS, StreamObserver
-from app.proxy.scan import StreamSummary, carries_generated, drop_usage_events, is_role_only
-from app.proxy.sse import SSEParser, classify
+from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver, StreamSummary
+from app.proxy.openai_shape import carries_generated, classify, drop_usage_events, is_role_only, shape_for
+from app.proxy.sse import SSEParser, WholeEvents
 
 BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
@@ -63,8 +63,8 @@ def split(stream: bytes, cuts: list[int]) -> list[bytes]:
 def observe(parts: list[bytes], drop_usage: bool, route: str = "chat") -> tuple[StreamObserver, bytes, list[float]]:
     """Feed reads at t = 1, 2, 3, ...; returns the observer, the forwarded bytes, the read times."""
     clock = StreamClock(Timings(arrival=0.0))
-    obs = StreamObserver(route, clock, drop_usage, collect_text=True)
-    out = b"".join(obs.feed(part, float(i + 1)) for i, part in enumerate(parts)) + obs.flush()
+    obs = StreamObserver(shape_for(route), clock, drop_usage, collect_text=True)
+    out = b"".join(obs.feed(part, float(i + 1)) for i, part in enumerate(parts))
     obs.finish()
     return obs, out, [float(i + 1) for i in range(len(parts))]
 
@@ -115,9 +115,10 @@ def test_drop_usage_events_is_byte_exact_and_keeps_tricky_text() -> None:
 # ------------------------------------------------------------------ the summary
 def test_summary_reads_text_usage_done_in_batches() -> None:
     stream = b"".join(chat_stream(["Hel", "lo", TRICKY]))
-    summary = StreamSummary("chat", True, MAX_OUTPUT_CHARS)
+    summary = StreamSummary(shape_for("chat"), True, MAX_OUTPUT_CHARS)
+    framer = WholeEvents()
     for i in range(0, len(stream), 7):
-        summary.add_bytes(stream[i:i + 7])
+        summary.add_events(framer.push(stream[i:i + 7]))
     summary.finish()
     text, usage, done, _ = reference(stream)
     assert summary.text == text == "Hello" + TRICKY
@@ -129,17 +130,18 @@ def test_summary_falls_back_for_error_events_and_crlf() -> None:
     for stream in (ev(delta({"content": "a"})) + b'data: {"error": {"message": "boom"}}\n\n' + ev(b"[DONE]"),
                    b"".join(chat_stream(["a", "b"], eol=b"\r\n")),
                    ev(delta({"content": "a"})) + ev(err) + ev(b"[DONE]")):
-        summary = StreamSummary("chat", True, MAX_OUTPUT_CHARS)
-        summary.add_bytes(stream)
+        summary = StreamSummary(shape_for("chat"), True, MAX_OUTPUT_CHARS)
+        summary.add_events(stream)
         summary.finish()
         assert (summary.text, summary.usage, summary.done, summary.error) == reference(stream)
 
 
-def test_summary_ignores_an_unterminated_last_event() -> None:
-    summary = StreamSummary("chat", True, MAX_OUTPUT_CHARS)
-    summary.add_bytes(ev(delta({"content": "a"})) + b"data: [DONE]")
-    summary.finish()
-    assert summary.text == "a" and not summary.done
+@pytest.mark.parametrize("drop_usage", [False, True])
+def test_an_unterminated_last_event_is_neither_sent_nor_observed(drop_usage: bool) -> None:
+    head = [ev(delta({"role": "assistant", "content": ""})), ev(delta({"content": "a"}))]
+    obs, out, _ = observe(head + [b"data: [DONE]"], drop_usage)
+    assert out == b"".join(head)
+    assert obs.output_text == "a" and not obs.done
 
 
 # ------------------------------------------------------------------ the observer
@@ -212,7 +214,28 @@ def test_summary_reads_usage_when_it_opens_a_batch() -> None:
     cached_tokens in tests/test_prefix_integration.py)."""
     parts = chat_stream(["Hello"])
     usage_at = next(i for i, p in enumerate(parts) if b'"usage":{' in p)
-    summary = StreamSummary("chat", True, MAX_OUTPUT_CHARS)
-    summary.add_bytes(b"".join(parts[usage_at:]))  # the batch opens with the usage event
+    summary = StreamSummary(shape_for("chat"), True, MAX_OUTPUT_CHARS)
+    summary.add_events(b"".join(parts[usage_at:]))  # the batch opens with the usage event
     summary.finish()
     assert summary.usage == USAGE and summary.done
+
+
+@pytest.mark.parametrize("drop_usage", [False, True])
+def test_recorded_vllm_stream_cut_anywhere_sends_only_whole_events(drop_usage: bool) -> None:
+    """The observer alone, for both forwarding modes: at every cut of a real vLLM capture the bytes
+    sent are exactly the whole events before the cut (minus the usage chunk when dropped)."""
+    from pathlib import Path
+
+    stream = (Path(__file__).parent / "fixtures" / "real_vllm" / "chat_stream_cold.sse").read_bytes()
+    raws = [e.raw for e in SSEParser(emit_all=True).feed(stream)]
+    usage = next(r for r in raws if b'"choices":[]' in r)
+    for k in range(1, len(stream) + 1):
+        parts, pos = [], 0
+        for raw in raws:
+            if pos < k:
+                parts.append(raw[:k - pos])
+            pos += len(raw)
+        obs, out, _ = observe(parts, drop_usage)
+        whole = b"".join(e.raw for e in SSEParser(emit_all=True).feed(stream[:k]))
+        assert out == (whole.replace(usage, b"") if drop_usage else whole), k
+        assert obs.done == (k == len(stream))

@@ -6,7 +6,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.proxy.sse import SSEParser, classify
+from app.proxy.openai_shape import classify
+from app.proxy.sse import SSEParser
 
 
 def feed_all(parser: SSEParser, parts: list[bytes]) -> list:

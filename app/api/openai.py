@@ -149,7 +149,7 @@ class OpenAIProxy:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            if ctx is not None and not ctx.attrs.get("delivered_before_disconnect"):
+            if ctx is not None and not ctx.delivered_before_disconnect:
                 ctx.outcome = "client_disconnect"
                 ctx.status = ctx.status or 499
         except Exception as exc:  # every failure becomes an OpenAI-shaped error response

@@ -28,6 +28,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from app.config import Settings
+from app.proxy.clock import overhead_of
 from app.proxy.context import RequestContext
 from app.telemetry.tracing import build_provider
 
@@ -79,8 +80,9 @@ def response_attributes(ctx: RequestContext) -> dict[str, Any]:
         ttft = t.first_token - t.arrival
         attrs["gen_ai.response.time_to_first_chunk"] = ttft
         attrs["prefixgate.ttft_s"] = ttft
-    if t.upstream_sent is not None:
-        attrs["prefixgate.proxy_overhead_s"] = t.upstream_sent - t.arrival
+    overhead = overhead_of(t)
+    if overhead is not None:
+        attrs["prefixgate.proxy_overhead_s"] = overhead
     decision = ctx.decision
     if decision is not None:
         attrs["prefixgate.backend"] = decision.replica.name

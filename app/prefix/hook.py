@@ -169,7 +169,7 @@ class PrefixHook:
         if fp is None or ctx.decision is None or ctx.outcome != "ok" or (ctx.status or 200) >= 400:
             return
         output_ids = None
-        text = ctx.attrs.get("output_text") or ""
+        text = ctx.output_text or ""
         if fp.complete and len(text) <= INLINE_OUTPUT_CHARS and self.fingerprinter.engine is None:
             output_ids = self.fingerprinter.encode_small(text) if text else []
         task = asyncio.get_running_loop().create_task(self._after(ctx, fp, output_ids))
@@ -203,7 +203,7 @@ class PrefixHook:
         if matched is None:
             matched = await self._matched(ctx, chain, n, b)
         if output_ids is None:
-            output_ids = await self.fingerprinter.encode_output(ctx.attrs.get("output_text") or "")
+            output_ids = await self.fingerprinter.encode_output(ctx.output_text or "")
         usage = ctx.usage or {}
         produced = usage.get("completion_tokens")
         produced = int(produced) if isinstance(produced, int) else len(output_ids)

@@ -2,7 +2,8 @@
 
 Pure bookkeeping over `time.perf_counter()` stamps handed in by the relay, so it is unit-testable
 with synthetic times. TTFT stops at the first chunk that carries generated text, not at the first
-upstream byte (the role chunk vLLM/SGLang may send before prefill ends).
+upstream byte (the role chunk vLLM/SGLang send first, docs/sse.md). What each stamp and the proxy
+overhead mean precisely: docs/relay.md, "Latency stamps".
 
 The decode rate is `usage.completion_tokens` over the decode span (first to last content chunk),
 never tokens-per-chunk arithmetic: servers that batch several deltas per chunk (vLLM
@@ -18,15 +19,37 @@ from app.proxy.context import Timings
 MAX_GAPS = 16_384  # inter-chunk gaps kept per request (a bound, not a sample)
 
 
+def overhead_of(t: Timings) -> float | None:
+    """The gateway's own time before the upstream request went out: arrival -> the last
+    attempt's send, minus the time earlier attempts spent on replicas that failed (waiting for a
+    connection, a 5xx, a first byte that never came). What the gateway itself added: parsing,
+    hooks, routing, retry bookkeeping (README, metrics)."""
+    if t.upstream_sent is None:
+        return None
+    return t.upstream_sent - t.arrival - t.failed_attempts
+
+
 @dataclass
 class StreamClock:
     timings: Timings
     gaps: list[float] = field(default_factory=list)
     content_chunks: int = 0
     first_chunk_chars: int = 0  # characters of text in the first content chunk (choice 0)
+    _failed_at: float | None = None  # when the latest attempt failed, until the next one is sent
 
     def upstream_sent(self, now: float) -> None:
-        self.timings.upstream_sent = now
+        """An attempt's request is handed to the upstream client (stamped per attempt). A
+        previous attempt that failed is then known to have been retried: the time it spent on
+        its replica (send -> failure) is not the gateway's own."""
+        t = self.timings
+        if self._failed_at is not None and t.upstream_sent is not None:
+            t.failed_attempts += self._failed_at - t.upstream_sent
+        self._failed_at = None
+        t.upstream_sent = now
+
+    def attempt_failed(self, now: float) -> None:
+        """The latest attempt failed at `now` (before its first byte reached the client)."""
+        self._failed_at = now
 
     def first_byte(self, now: float) -> None:
         if self.timings.first_byte is None:
@@ -59,8 +82,7 @@ class StreamClock:
 
     @property
     def overhead(self) -> float | None:
-        t = self.timings
-        return None if t.upstream_sent is None else t.upstream_sent - t.arrival
+        return overhead_of(self.timings)
 
     @property
     def duration(self) -> float | None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from app.hygiene.findings import Finding
     from app.prefix.hook import PrefixStageState  # the stage imports this module
+    from app.proxy.upstream import UpstreamError
 
 
 class ProxyError(Exception):
@@ -49,8 +50,9 @@ class Timings:
     """perf_counter stamps; None until the event happened."""
 
     arrival: float
-    upstream_sent: float | None = None
-    first_byte: float | None = None  # first upstream byte (role chunk ~ engine first token)
+    upstream_sent: float | None = None  # the latest attempt's request handed to the upstream client
+    failed_attempts: float = 0.0  # seconds spent in attempts that failed and were retried (send -> failure)
+    first_byte: float | None = None  # first body byte of a < 400 answer (stream: role chunk ~ engine first token)
     first_token: float | None = None  # first chunk carrying generated text: the client-side TTFT
     last_token: float | None = None
     end: float | None = None
@@ -82,9 +84,10 @@ class RequestContext:
     hygiene_findings: list[Finding] | None = None  # hygiene stage: the scan's findings (chat only)
     prefix: PrefixStageState | None = None  # prefix stage: its notes, once the request was fingerprinted
     span: Span | None = None  # tracing stage: the request's open span, until it is ended
-    # relay notes (output text, upstream failure, delivered-before-disconnect) still travel here
-    # until they become typed fields in the relay's own change
-    attrs: dict[str, Any] = field(default_factory=dict)
+    # set by the relay (app/proxy/relay.py)
+    upstream_failure: UpstreamError | None = None  # the stream broke after its first byte
+    delivered_before_disconnect: bool = False  # the client left after it had the whole response
+    output_text: str | None = None  # choice 0's generated text (n == 1), bounded
 
     @property
     def prompt_tokens(self) -> int | None:

@@ -1,10 +1,12 @@
-"""The attempt loop: route, send, retry on another replica while nothing reached the client.
+"""The attempt loop: route, send, retry on another replica while nothing reached the client
+(docs/relay.md: attempts, the error contract).
 
 A failure before the first upstream body byte (connect refused, timeout, 5xx, a stream closed
 before its first byte) is retried on a replica not yet tried, up to `routing.max_retries` extra
 attempts; after that the caller turns the last `UpstreamError` into a 502 (or `NoReplicaAvailable`
-into a 503). Once the first byte was relayed the response is committed: later failures become an
-SSE error event (relay.py), never a retry.
+into a 503). Once the first body byte arrived the response is committed: later failures become an
+SSE error event (relay.py) or a 502, never a retry. Each attempt stamps its send on the clock and a
+failed one says so, so the proxy overhead never includes a failed attempt's wait.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import orjson
 
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
+from app.proxy.observer import StreamObserver
+from app.proxy.openai_shape import shape_for
 from app.proxy.record import child
-from app.proxy.relay import StreamObserver, relay_buffered, relay_raw, relay_stream
+from app.proxy.relay import relay_buffered, relay_raw, relay_stream
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
@@ -80,7 +84,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status >= 500:
                 raise await _status_error(replica, resp)
             first = b""
-            if mode != "buffered" and resp.status < 400:
+            if resp.status < 400:  # 2xx/3xx: the first body byte, still retryable (bounded wait)
                 first = await services.upstream.first_chunk(replica, resp)
                 clock.first_byte(time.perf_counter())  # before routing callbacks run
             replica.queued_prompt_tokens -= queued
@@ -90,15 +94,15 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status < 400:
                 services.router.on_routed(request, decision)
             if mode == "stream" and resp.status == 200:
-                observer = StreamObserver(ctx.route, clock, drop_usage,
+                observer = StreamObserver(shape_for(ctx.route), clock, drop_usage,
                                           collect_text=int(ctx.body.get("n") or 1) == 1)
                 await relay_stream(ctx, resp, first, send, observer)
             elif mode == "raw":
-                await relay_raw(ctx, resp, first, send, clock)
+                await relay_raw(ctx, resp, first, send)
             else:
-                await relay_buffered(ctx, resp, send, clock, parse=mode != "raw")
-            failure = ctx.attrs.get("upstream_failure")
-            if isinstance(failure, UpstreamError):
+                await relay_buffered(ctx, resp, first, send, parse=True)
+            failure = ctx.upstream_failure
+            if failure is not None:
                 metrics.upstream_errors.labels(replica.name, failure.kind).inc()
             if resp.status >= 400 and ctx.outcome == "ok":
                 ctx.outcome = "client_error"
@@ -110,6 +114,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if committed:
                 ctx.outcome = "upstream_error"
                 raise
+            clock.attempt_failed(time.perf_counter())
             last_error = exc
         finally:
             if resp is not None:

@@ -85,7 +85,7 @@ def record_request(metrics: Metrics, ctx: RequestContext, clock: StreamClock) ->
     if clock.gaps:
         observe_many(child(metrics.inter_token, model, backend), clock.gaps)
     usage = ctx.usage or {}
-    output_text = ctx.attrs.get("output_text")
+    output_text = ctx.output_text
     rate = clock.decode_rate(usage.get("completion_tokens"), len(output_text) if output_text else None)
     if rate is not None:
         child(metrics.decode_rate, model, backend).observe(rate)

@@ -1,15 +1,10 @@
-"""Relaying one upstream response to the client, observing it on the side.
+"""Moving one upstream response's bytes to the client (the relay stack is in docs/relay.md).
 
-`StreamObserver` watches SSE bytes for the clock (first content chunk, gaps), usage, the
-`[DONE]` sentinel, mid-stream error events and the generated text of choice 0. Bytes reach the
-client unchanged and as soon as they arrive, except when the proxy itself added
-`stream_options.include_usage`: then only whole events are forwarded and the usage-only event is
-dropped, so the client sees exactly what it asked for.
-
-Until the first content token every event is parsed (TTFT must stop exactly there). After it,
-for compact `\n`-framed streams (vLLM, SGLang), nothing is parsed per event: reads are scanned as
-bytes (app/proxy/scan.py) and decoded in batches by `StreamSummary` (measured: a 34-read vLLM-shaped
-stream costs the observer ~48 µs instead of ~71 µs; per read after the first token ~1.5 µs).
+The relay only moves bytes: a streamed response's reads go through the stream observer
+(app/proxy/observer.py), which says what to send (whole events only) and what the stream said;
+a mid-stream failure ends the stream with the observer's error event (docs/relay.md: the error
+contract). Non-streamed responses are read whole and sent with a content-length; other `/v1/*`
+paths are passed through untouched.
 """
 
 from __future__ import annotations
@@ -21,128 +16,11 @@ from typing import Any
 import aiohttp
 import orjson
 
-from app.api.errors import sse_error_event
-from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext
-from app.proxy.scan import USAGE_ONLY, StreamSummary, carries_generated, drop_usage_events, is_role_only
-from app.proxy.sse import SSEParser, classify
+from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
 
-MAX_OUTPUT_CHARS = 4 * 1024 * 1024  # cap on ctx.attrs["output_text"]
-
 Send = Any  # ASGI send callable
-
-
-class StreamObserver:
-    """Observer of one SSE response (chat or completions): parses events until the first
-    content token, then scans bytes (see the module docstring)."""
-
-    __slots__ = ("route", "clock", "drop_usage", "summary", "parser", "fast", "saw_cr", "held", "framer")
-
-    def __init__(self, route: str, clock: StreamClock, drop_usage: bool, collect_text: bool) -> None:
-        self.route = route
-        self.clock = clock
-        self.drop_usage = drop_usage
-        self.summary = StreamSummary(route, collect_text, MAX_OUTPUT_CHARS)
-        self.parser = SSEParser(emit_all=drop_usage)
-        self.fast = False  # past the first content token of a compact, \n-framed stream
-        self.saw_cr = False
-        self.held = b""  # fast + drop_usage: the incomplete last event, forwarded once complete
-        self.framer: SSEParser | None = None  # fast + drop_usage after a "\r" showed up: full framing
-
-    def feed(self, data: bytes, now: float) -> bytes:
-        """Observe one read; returns the bytes to forward to the client."""
-        if self.fast:
-            if carries_generated(data, self.route):
-                self.clock.content(now)
-            self.summary.add_bytes(data)
-            return self._filter(data) if self.drop_usage else data
-        return self._feed_parsed(data, now)
-
-    def _feed_parsed(self, data: bytes, now: float) -> bytes:
-        if not self.saw_cr and b"\r" in data:
-            self.saw_cr = True
-        kept: list[bytes] | None = [] if self.drop_usage else None
-        go_fast = False
-        chat = self.route == "chat"
-        for ev in self.parser.feed(data):
-            if ev.data is None or (chat and is_role_only(ev.data)):
-                if kept is not None:
-                    kept.append(ev.raw)
-                continue
-            chunk = classify(ev.data, self.route)
-            if chunk.generated:
-                if self.clock.timings.first_token is None:
-                    go_fast = not self.saw_cr and carries_generated(ev.data, self.route)
-                self.clock.content(now, len(chunk.text))
-            self.summary.take(chunk)
-            if kept is not None and not chunk.usage_only:
-                kept.append(ev.raw)
-        if go_fast:
-            self._go_fast()
-        if kept is None:
-            return data
-        return b"".join(kept)
-
-    def _go_fast(self) -> None:
-        self.fast = True
-        pending = self.parser.pending()
-        if pending:
-            self.summary.add_bytes(pending)
-            if self.drop_usage:
-                self.held = pending  # not forwarded yet: the event is incomplete
-
-    def _filter(self, data: bytes) -> bytes:
-        """Fast-path forwarding when the usage chunk must be dropped: whole events only."""
-        if not self.held and self.framer is None and data.endswith(b"\n\n") and b"\r" not in data:
-            return drop_usage_events(data, self.route) if USAGE_ONLY in data else data  # the usual read
-        if self.framer is None and b"\r" not in data:
-            buf = self.held + data if self.held else data
-            end = buf.rfind(b"\n\n") + 2
-            if end < 2:
-                self.held = buf
-                return b""
-            self.held = buf[end:]
-            out = buf[:end] if end < len(buf) else buf
-            return drop_usage_events(out, self.route) if USAGE_ONLY in out else out
-        if self.framer is None:  # a "\r" line end: let the full parser find the event boundaries
-            self.framer = SSEParser(emit_all=True)
-            data, self.held = self.held + data, b""
-        kept = [ev.raw for ev in self.framer.feed(data)
-                if ev.data is None or USAGE_ONLY not in ev.raw or not classify(ev.data, self.route).usage_only]
-        return b"".join(kept)
-
-    def flush(self) -> bytes:
-        """Undispatched bytes at the end of the stream (filtering mode only)."""
-        if not self.drop_usage:
-            return b""
-        if not self.fast:
-            return self.parser.pending()
-        return self.held + (self.framer.pending() if self.framer is not None else b"")
-
-    def finish(self) -> None:
-        """The stream ended: decode what the fast path retained."""
-        self.summary.finish()
-
-    @property
-    def done(self) -> bool:
-        return self.summary.done
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        return self.summary.error
-
-    @property
-    def usage(self) -> dict[str, Any] | None:
-        return self.summary.usage
-
-    @property
-    def collect_text(self) -> bool:
-        return self.summary.collect_text
-
-    @property
-    def output_text(self) -> str:
-        return self.summary.text
 
 
 def response_headers(resp: aiohttp.ClientResponse, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
@@ -171,45 +49,50 @@ def proxy_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
 async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first: bytes, send: Send,
                        observer: StreamObserver) -> None:
     """Relay an SSE response whose first bytes (`first`) already arrived. Never raises for
-    upstream failures: mid-stream death becomes an error event plus `[DONE]` for the client."""
+    upstream failures: a stream that breaks before its end marker ends, for the client, with the
+    whole events it sent, then an error event and `[DONE]`."""
     clock = observer.clock
-    clock.first_byte(time.perf_counter())  # no-op when the caller stamped it on arrival
     out = observer.feed(first, clock.timings.first_byte or time.perf_counter())
     ctx.status = resp.status
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
     if out:
         await send({"type": "http.response.body", "body": out, "more_body": True})
-    content = resp.content
     send_more = getattr(send, "raw", send)  # chunks with more_body=True need no completion tracking
     try:
-        failure = await _relay_rest(ctx, content, send_more, observer)
+        failure = await _relay_rest(ctx, resp.content, send_more, observer)
     except asyncio.CancelledError:
-        # The client went away. If it already had `[DONE]` (clients may close before the final
-        # empty write), the response was delivered: keep its accounting, and say so to the caller.
-        observer.flush()
+        # The client went away. If it already had the end marker (clients may close before the
+        # final empty write), the response was delivered: keep its accounting, and say so.
         observer.finish()
         if observer.done and observer.error is None:
-            ctx.attrs["delivered_before_disconnect"] = True
-            ctx.usage = observer.usage
-            if observer.collect_text:
-                ctx.attrs["output_text"] = observer.output_text
+            ctx.delivered_before_disconnect = True
+            _take_results(ctx, observer)
         raise
-    tail = observer.flush()
     observer.finish()
-    if failure is None and not observer.done:
-        failure = UpstreamError("midstream", ctx.decision.replica.name if ctx.decision else "?",
-                                "upstream closed the stream without [DONE]")
+    tail = b""
+    if observer.done:
+        failure = None  # the end marker reached the client: a transport error after it changes nothing
+    elif failure is None:
+        failure = UpstreamError("midstream", _backend(ctx), "upstream closed the stream before its end marker")
     if observer.error is not None and ctx.outcome == "ok":
         ctx.outcome = "midstream_error"
     if failure is not None:
         ctx.outcome = "midstream_error"
-        ctx.attrs["upstream_failure"] = failure
-        tail += sse_error_event(ProxyError(502, str(failure), type="server_error",
-                                           code=f"upstream_{failure.kind}"))
+        ctx.upstream_failure = failure
+        tail = observer.end_after_failure(ProxyError(502, str(failure), type="server_error",
+                                                     code=f"upstream_{failure.kind}").body()["error"])
     await send({"type": "http.response.body", "body": tail, "more_body": False})
+    _take_results(ctx, observer)
+
+
+def _take_results(ctx: RequestContext, observer: StreamObserver) -> None:
     ctx.usage = observer.usage
     if observer.collect_text:
-        ctx.attrs["output_text"] = observer.output_text
+        ctx.output_text = observer.output_text
+
+
+def _backend(ctx: RequestContext) -> str:
+    return ctx.decision.replica.name if ctx.decision else "?"
 
 
 async def _relay_rest(ctx: RequestContext, content: aiohttp.StreamReader, send_more: Send,
@@ -221,8 +104,7 @@ async def _relay_rest(ctx: RequestContext, content: aiohttp.StreamReader, send_m
         except (aiohttp.ClientError, TimeoutError) as exc:
             kind = classify_exception(exc)
             kind = "timeout" if kind == "timeout" else "midstream"
-            return UpstreamError(kind, ctx.decision.replica.name if ctx.decision else "?",
-                                 f"upstream failed mid-stream ({type(exc).__name__})")
+            return UpstreamError(kind, _backend(ctx), f"upstream failed mid-stream ({type(exc).__name__})")
         if not data:
             return None
         out = observer.feed(data, time.perf_counter())
@@ -243,16 +125,16 @@ def output_text_of(payload: dict[str, Any], route: str) -> str | None:
     return text[:MAX_OUTPUT_CHARS] if isinstance(text, str) else None
 
 
-async def relay_buffered(ctx: RequestContext, resp: aiohttp.ClientResponse, send: Send,
-                         clock: StreamClock, parse: bool) -> None:
-    """Relay a non-streamed response (JSON). `parse`: read usage and output text from it."""
+async def relay_buffered(ctx: RequestContext, resp: aiohttp.ClientResponse, first: bytes, send: Send,
+                         parse: bool) -> None:
+    """Relay a non-streamed response (JSON) whose first body bytes (`first`) already arrived:
+    read the rest, then send it whole. `parse`: read usage and output text from it."""
     try:
-        body = await resp.read()
+        rest = await resp.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamError(classify_exception(exc), ctx.decision.replica.name if ctx.decision else "?",
+        raise UpstreamError(classify_exception(exc), _backend(ctx),
                             f"upstream failed while sending the response ({type(exc).__name__})") from exc
-    now = time.perf_counter()
-    clock.first_byte(now)
+    body = first + rest if first else rest
     if parse and resp.status == 200:
         try:
             payload = orjson.loads(body)
@@ -263,17 +145,15 @@ async def relay_buffered(ctx: RequestContext, resp: aiohttp.ClientResponse, send
             ctx.usage = usage if isinstance(usage, dict) else None
             text = output_text_of(payload, ctx.route)
             if text is not None:
-                ctx.attrs["output_text"] = text
+                ctx.output_text = text
     ctx.status = resp.status
     headers = response_headers(resp, ctx) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def relay_raw(ctx: RequestContext, resp: aiohttp.ClientResponse, first: bytes, send: Send,
-                    clock: StreamClock) -> None:
+async def relay_raw(ctx: RequestContext, resp: aiohttp.ClientResponse, first: bytes, send: Send) -> None:
     """Pass-through relay for other /v1/* paths: bytes as they come, nothing parsed."""
-    clock.first_byte(time.perf_counter())
     ctx.status = resp.status
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
     if first:

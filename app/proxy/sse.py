@@ -1,20 +1,15 @@
-"""Incremental Server-Sent Events parsing and the OpenAI chunk classifier.
+"""Incremental Server-Sent Events framing: the grammar every stream shape shares.
 
-The relay forwards upstream bytes unchanged; this module only *observes* them. `SSEParser.feed`
-accepts arbitrary TCP reads (an event split across reads, `\\r\\n` or `\\r` line ends, comments,
-multi-line `data:`) and returns the events completed by that read, each with its raw bytes so a
-caller that must filter one event out (the usage chunk the proxy added) can forward the rest
-byte-for-byte. `classify` turns one `data:` payload into the facts the clock needs.
+`SSEParser.feed` accepts arbitrary TCP reads (an event split across reads, `\\r\\n` or `\\r` line
+ends, comments, multi-line `data:`) and returns the events completed by that read, each with its
+raw bytes, so the observer (app/proxy/observer.py) can forward whole events byte-for-byte and leave
+out the one it must drop. What an event *means* is the stream shape's business (app/proxy/shape.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
-
-DONE = b"[DONE]"
 _LF = 0x0A
 
 
@@ -114,81 +109,36 @@ class SSEParser:
         return bytes(self._raw) + self._line
 
 
-@dataclass(slots=True)
-class Chunk:
-    """What one `data:` payload means to the clock."""
+class WholeEvents:
+    """Cuts a byte stream into whole events: `push` returns the bytes of every event completed
+    so far (byte-exact, blank-line terminators included) and holds back an incomplete tail.
 
-    done: bool = False  # the `[DONE]` sentinel
-    error: dict[str, Any] | None = None  # `data: {"error": ...}` (vLLM/SGLang mid-stream errors)
-    generated: bool = False  # carries generated text: content/reasoning/tool_calls or text
-    text: str = ""  # choice 0's generated content (chat `content`, completions `text`)
-    usage: dict[str, Any] | None = None
-    usage_only: bool = False  # `choices: []` + usage: the include_usage chunk
-    parsed: bool = True
-
-
-_CHAT_GENERATED_FIELDS = ("content", "reasoning", "reasoning_content")
-
-
-def classify(payload: bytes, route: str) -> Chunk:
-    """Classify one data payload of a chat (`route="chat"`) or completions stream.
-
-    A role-only delta or `{"role": "assistant", "content": ""}` is not generated text: TTFT must
-    not stop at the role chunk vLLM/SGLang send before (or with) the first token.
+    The usual read (`\\n` framing, as vLLM and SGLang write it) costs one `endswith`, or one
+    `rfind(b"\\n\\n")` when a read ends inside an event; once a `\\r` shows up, the full parser
+    finds the boundaries (`\\r\\n` and `\\r` line ends) from then on.
     """
-    if payload == DONE:
-        return Chunk(done=True)
-    try:
-        obj = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return Chunk(parsed=False)
-    return classify_obj(obj, route)
 
+    __slots__ = ("held", "plain", "_parser")
 
-def classify_obj(obj: Any, route: str) -> Chunk:
-    """`classify` for a payload already decoded from JSON (the end-of-stream batch parse)."""
-    if not isinstance(obj, dict):
-        return Chunk(parsed=False)
-    chunk = Chunk()
-    usage = obj.get("usage")
-    if isinstance(usage, dict):
-        chunk.usage = usage
-    choices = obj.get("choices")
-    if choices is None:
-        err = obj.get("error")
-        if err is not None:
-            chunk.error = err if isinstance(err, dict) else {"message": str(err)}
-        return chunk
-    if not isinstance(choices, list):
-        return chunk
-    if not choices:
-        chunk.usage_only = chunk.usage is not None
-        return chunk
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        text, generated = _choice_text(choice, route)
-        if generated:
-            chunk.generated = True
-        if text and choice.get("index", 0) == 0:
-            chunk.text = text
-    return chunk
+    def __init__(self, held: bytes = b"") -> None:
+        self.held = held  # an incomplete event, `\\n` framing only
+        self.plain = True  # still `\\n` framing (no `\\r` seen): boundaries found by byte search
+        self._parser: SSEParser | None = None
 
-
-def _choice_text(choice: dict[str, Any], route: str) -> tuple[str, bool]:
-    """(choice's content text, whether it carries any generated output)."""
-    if route != "chat":
-        text = choice.get("text")
-        return (text, True) if isinstance(text, str) and text else ("", False)
-    delta = choice.get("delta")
-    if not isinstance(delta, dict):
-        return "", False
-    content = delta.get("content")
-    content = content if isinstance(content, str) else ""
-    if content:
-        return content, True
-    for key in _CHAT_GENERATED_FIELDS[1:]:
-        value = delta.get(key)
-        if isinstance(value, str) and value:
-            return "", True
-    return "", bool(delta.get("tool_calls"))
+    def push(self, data: bytes) -> bytes:
+        if self._parser is None:
+            if b"\r" not in data and b"\r" not in self.held:
+                buf = self.held + data if self.held else data
+                if buf.endswith(b"\n\n"):
+                    self.held = b""
+                    return buf
+                end = buf.rfind(b"\n\n") + 2
+                if end < 2:
+                    self.held = buf
+                    return b""
+                self.held = buf[end:]
+                return buf[:end]
+            self._parser = SSEParser(emit_all=True)
+            self.plain = False
+            data, self.held = self.held + data, b""
+        return b"".join([ev.raw for ev in self._parser.feed(data)])

@@ -1,7 +1,7 @@
 """The upstream side of the hot path: one pooled aiohttp session to every replica.
 
 aiohttp, not httpx, because httpx's pool scans every connection for every waiting request and its
-reads cost ~3x more (ARCHITECTURE.md, measured): `TCPConnector(limit=0)` keeps unbounded keep-alive
+reads cost ~3x more (measured: docs/relay.md): `TCPConnector(limit=0)` keeps unbounded keep-alive
 connections per replica, aiohttp sets TCP_NODELAY on them, and responses are read with
 `readany()` so bytes are relayed as they arrive. Failures are turned into `UpstreamError` with a
 `kind` that the metrics and the retry logic share: connect, timeout, disconnect, status_5xx, empty,

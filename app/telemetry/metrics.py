@@ -83,7 +83,8 @@ class Metrics:
             ["model", "backend", "prompt_bucket"], buckets=TTFT_BUCKETS, registry=r)
         self.first_byte = Histogram(
             "prefixgate_upstream_first_byte_seconds",
-            "Arrival to the first upstream byte (about the engine's first token; role chunk).",
+            "Arrival to the first response body byte from the replica that answered (status < 400; "
+            "streams: the role chunk, about the engine's first token). Includes failed attempts.",
             ["model", "backend"], buckets=TTFT_BUCKETS, registry=r)
         self.request_duration = Histogram(
             "prefixgate_request_duration_seconds",
@@ -100,7 +101,8 @@ class Metrics:
             ["model", "backend"], buckets=DECODE_RATE_BUCKETS, registry=r)
         self.proxy_overhead = Histogram(
             "prefixgate_proxy_overhead_seconds",
-            "Arrival to the upstream request being sent: the proxy's own cost on the critical path.",
+            "The gateway's own time before the request went out: arrival to the last attempt's send, "
+            "minus the time failed attempts spent on their replicas.",
             buckets=OVERHEAD_BUCKETS, registry=r)
         self.requests = Counter(
             "prefixgate_requests_total", "Requests received, by route and HTTP status.",

@@ -1,0 +1,59 @@
+"""The seam between the stream observer and one API's SSE vocabulary: a per-route "shape".
+
+The observer (app/proxy/observer.py) knows SSE framing, the clock and what to keep; a shape knows
+what one API's events mean. OpenAI chat and completions (what vLLM and SGLang serve, see
+docs/sse.md) are app/proxy/openai_shape.py. Another API with another stream shape (`event:` lines,
+no `[DONE]`, its own error event) plugs in as another `StreamShape`, without touching the relay or
+the observer; a shape whose bytes cannot be scanned exactly sets `byte_scans = False` and gets every
+event parsed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(slots=True)
+class Chunk:
+    """What one event (or a batch of events, folded) means to the observer."""
+
+    done: bool = False  # the stream's end marker (OpenAI: `data: [DONE]`)
+    error: dict[str, Any] | None = None  # an error event from the upstream
+    generated: bool = False  # carries generated output (text, reasoning, tool calls)
+    text: str = ""  # choice 0's generated text
+    usage: dict[str, Any] | None = None
+    usage_only: bool = False  # the usage-only event the proxy may have asked for (and then drops)
+    parsed: bool = True
+
+
+class StreamShape(Protocol):
+    """One API's stream, as the observer needs it. Methods taking `events` get whole,
+    blank-line-terminated SSE events (one or several, as one byte string)."""
+
+    byte_scans: bool  # the byte checks below are exact for this shape: the observer may stop parsing
+
+    def classify(self, data: bytes, event: str | None) -> Chunk:
+        """One event's data (its `data:` lines joined) and `event:` name."""
+        ...
+
+    def certainly_empty(self, data: bytes) -> bool:
+        """A cheap check that an event carries nothing to observe (no parse needed)."""
+        ...
+
+    def carries_generated(self, events: bytes) -> bool:
+        """Whether the events hold generated output (byte scan, after the first token)."""
+        ...
+
+    def drop_usage(self, events: bytes) -> bytes:
+        """The events minus the usage-only ones, byte-exact otherwise."""
+        ...
+
+    def fold(self, events: bytes, want_text: bool) -> Chunk | None:
+        """The events folded into one Chunk by byte scans (the last usage, the end marker, the
+        concatenated text when `want_text`); None when they need per-event parsing."""
+        ...
+
+    def error_event(self, error: dict[str, Any]) -> bytes:
+        """The bytes that end a stream the upstream broke: the error event, then the end marker."""
+        ...
