@@ -28,7 +28,7 @@ from app.config import Backend, Settings, load_settings
 from app.engines.kv_events import KVEventSubscriber
 from app.engines.scrape import EngineScraper
 from app.hygiene.hook import build_hygiene_hook
-from app.prefix.hook import build_prefix_hook
+from app.pipeline.prefix_stage import build_prefix_stage
 from app.proxy.context import ProxyError, RequestHook
 from app.proxy.upstream import Upstream
 from app.routing.base import Router
@@ -87,7 +87,7 @@ def build_services(settings: Settings) -> Services:
 
     # --- hooks, in hot-path order (hygiene, then prefix/fingerprint, then tracing): one line each ---
     _add_hook(services, build_hygiene_hook(settings, services))
-    _add_hook(services, build_prefix_hook(settings, services))
+    _add_hook(services, build_prefix_stage(settings, services))
     _add_hook(services, build_tracing_hook(settings))
 
     # --- extra control-plane routers (/hygiene/*, /ui): one line each ---

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.config import Settings
+from app.pipeline.prefix_stage import PrefixStageState
+from app.prefix.prompt import PromptInput
 from app.proxy.context import RequestContext, Timings
 from app.routing.base import Replica, RouteDecision
 from app.telemetry.tracing import SPAN_KEY, build_tracing_hook, response_attributes
@@ -38,9 +40,11 @@ def finish(ctx: RequestContext) -> None:
                                  reason="prefix_hit", matched_blocks=12, available_blocks=14)
     ctx.usage = {"prompt_tokens": 240, "completion_tokens": 17,
                  "prompt_tokens_details": {"cached_tokens": 192}}
-    ctx.attrs["prefix_predicted_tokens"] = 176
-    ctx.attrs["prefix_observation"] = SimpleNamespace(continuity=0.8,
-                                                      diagnosis=SimpleNamespace(cause="dynamic_head"))
+    if ctx.prefix is None:
+        ctx.prefix = PrefixStageState(PromptInput("chat"), routed_blocks=12, routed_complete=True)
+    ctx.prefix.predicted_tokens = 176
+    ctx.prefix.observation = SimpleNamespace(continuity=0.8,  # type: ignore[assignment]
+                                             diagnosis=SimpleNamespace(cause="dynamic_head"))
 
 
 @pytest.fixture
@@ -131,14 +135,15 @@ async def test_span_waits_for_the_prefix_observation(receiver: OTLPReceiver) -> 
     assert hook is not None
     try:
         ctx = make_ctx()
-        ctx.attrs["prefix_input"] = object()  # the prefix hook fingerprinted this request
+        # the prefix stage fingerprinted this request
+        ctx.prefix = PrefixStageState(PromptInput("chat"), routed_blocks=12, routed_complete=True)
         await hook.before_route(ctx)
         finish(ctx)
-        observation = ctx.attrs.pop("prefix_observation")
+        observation, ctx.prefix.observation = ctx.prefix.observation, None
         hook.after_response(ctx)
         await asyncio.sleep(0.3)
         assert receiver.spans == []  # still waiting for the observation
-        ctx.attrs["prefix_observation"] = observation
+        ctx.prefix.observation = observation
         await hook.drain()
         (span,) = receiver.wait_for(1)
     finally:
@@ -151,10 +156,10 @@ async def test_shutdown_ends_spans_still_waiting(receiver: OTLPReceiver) -> None
     hook = build_tracing_hook(Settings(tracing={"enabled": True}))
     assert hook is not None
     ctx = make_ctx()
-    ctx.attrs["prefix_input"] = object()
+    ctx.prefix = PrefixStageState(PromptInput("chat"), routed_blocks=12, routed_complete=True)
     await hook.before_route(ctx)
     finish(ctx)
-    del ctx.attrs["prefix_observation"]
+    ctx.prefix.observation = None
     hook.after_response(ctx)
     hook.shutdown()  # flushes: the waiting span is exported without continuity
     (span,) = receiver.wait_for(1)

@@ -13,10 +13,13 @@ block: schedule anything slow (tokenisation, Redis writes) as a task or in a wor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.prefix.fingerprint import Fingerprint
 from app.routing.base import RouteDecision
+
+if TYPE_CHECKING:  # the stage imports this module
+    from app.pipeline.prefix_stage import PrefixStageState
 
 
 class ProxyError(Exception):
@@ -65,6 +68,7 @@ class RequestContext:
     body_changed: bool = False
     salt: str | None = None  # cache_salt sent upstream (tenant isolation), if any
     fingerprint: Fingerprint | None = None
+    prefix: PrefixStageState | None = None  # the prefix stage's notes (app/pipeline/prefix_stage.py)
     decision: RouteDecision | None = None
     attempts: int = 0
     response_headers: dict[str, str] = field(default_factory=dict)  # x-prefixgate-* additions

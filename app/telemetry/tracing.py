@@ -14,7 +14,7 @@ text never becomes an attribute.
 
 Continuity and break cause are computed by the prefix hook after the response, in a task (exact
 tokens off the hot path). When that work is pending the span is ended by a small task that waits
-for `ctx.attrs["prefix_observation"]` (bounded by OBSERVATION_WAIT_S); the span's end time is still
+for `ctx.prefix.observation` (bounded by OBSERVATION_WAIT_S); the span's end time is still
 the response's end, so waiting never stretches its duration.
 """
 
@@ -38,10 +38,6 @@ from app.proxy.context import RequestContext
 SPAN_KEY = "otel_span"  # ctx.attrs key holding the open span between the two hook calls
 OPERATION = {"chat": "chat", "completions": "text_completion"}
 DEFAULT_SERVICE_NAME = "prefixgate"
-# ctx.attrs keys written by the prefix hook (app/prefix/hook.py)
-PREFIX_PENDING_ATTR = "prefix_input"  # set before routing when a fingerprint exists
-OBSERVATION_ATTR = "prefix_observation"  # tracker Observation: .continuity, .diagnosis.cause
-PREDICTED_ATTR = "prefix_predicted_tokens"
 OBSERVATION_WAIT_S = 5.0
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -99,10 +95,11 @@ def response_attributes(ctx: RequestContext) -> dict[str, Any]:
         attrs["prefixgate.prefix.available_blocks"] = decision.available_blocks
         if decision.replica.engine in ("vllm", "sglang"):
             attrs["gen_ai.provider.name"] = decision.replica.engine
-    predicted = ctx.attrs.get(PREDICTED_ATTR)
+    prefix = ctx.prefix  # the prefix stage's notes (app/pipeline/prefix_stage.py)
+    predicted = prefix.predicted_tokens if prefix is not None else None
     if isinstance(predicted, int):
         attrs["prefixgate.predicted_cached_tokens"] = predicted
-    obs = ctx.attrs.get(OBSERVATION_ATTR)
+    obs = prefix.observation if prefix is not None else None
     continuity = getattr(obs, "continuity", None)
     if isinstance(continuity, int | float):
         attrs["prefixgate.prefix.continuity"] = float(continuity)
@@ -114,7 +111,7 @@ def response_attributes(ctx: RequestContext) -> dict[str, Any]:
 
 def observation_pending(ctx: RequestContext) -> bool:
     """True when the prefix hook will publish an observation for this request later."""
-    return (PREFIX_PENDING_ATTR in ctx.attrs and OBSERVATION_ATTR not in ctx.attrs
+    return (ctx.prefix is not None and ctx.prefix.observation is None
             and ctx.outcome == "ok" and ctx.decision is not None)
 
 
@@ -157,7 +154,7 @@ class TracingHook:
 
     async def _end_after_observation(self, ctx: RequestContext, span: Span, end_ns: int) -> None:
         delay, deadline = 0.005, time.monotonic() + OBSERVATION_WAIT_S
-        while OBSERVATION_ATTR not in ctx.attrs and time.monotonic() < deadline:
+        while observation_pending(ctx) and time.monotonic() < deadline:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
         self._end(ctx, span, end_ns)
