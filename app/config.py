@@ -155,7 +155,7 @@ class Prefix(BaseModel):
     inline_chars: int = 2048  # missing segments up to this size are encoded on the hot path
     inline_hash_tokens: int = 16_384  # known segments up to this many tokens are hashed inline
     workers: int = 2  # tokenisation worker threads
-    pending_wait_ms: float = 50.0  # a tenant's next request waits at most this for its previous chain
+    pending_wait_ms: float = 50.0  # a prompt continuing one still being tokenised waits at most this for it
     tracker_texts_per_tenant: int = 4  # (the bytes all tenants' texts may hold: memory.budget_mb)
     window: int = 64  # requests per tenant the /hygiene continuity is computed over
     last_breaks: int = 5  # breaks listed per tenant in /hygiene

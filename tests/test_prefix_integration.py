@@ -153,6 +153,9 @@ def test_engine_mode_uses_replica_tokenize(sim_factory, proxy_factory) -> None:
     assert modes == "engine"
     assert proxy.sample("prefixgate_fingerprint_mode", mode="engine") == 1.0
     assert proxy.sample("prefixgate_fingerprint_mode", mode="exact") == 0.0
+    # /tokenize rode the proxy's one upstream aiohttp session (no second HTTP stack)
+    assert hook.fingerprinter.engine.session() is proxy.services.upstream.session
+    assert not [n for n in vars(hook.fingerprinter.engine) if "client" in n]
 
 
 def test_cold_big_prompt_is_known_by_the_next_turn(sim_factory, proxy_factory) -> None:
