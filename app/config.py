@@ -13,6 +13,8 @@ import yaml
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from app.prefix.budget import DEFAULT_BUDGET_MB
+
 TenantPolicy = Literal["observe", "warn", "rewrite", "reject"]
 RoutingPolicy = Literal["round_robin", "least_load", "session", "prefix_affinity"]
 EngineKind = Literal["auto", "vllm", "sglang"]
@@ -146,20 +148,24 @@ class StateOptions(BaseModel):
 
 
 class Prefix(BaseModel):
-    """Fingerprints (app/prefix/fingerprint.py) and the per-tenant continuity tracker."""
+    """Fingerprints (app/prefix/fingerprint.py) and the per-tenant continuity tracker; what they
+    may keep in memory is a share of `memory.budget_mb` (app/prefix/budget.py)."""
 
     mode: Literal["auto", "exact", "engine", "approx"] = "auto"  # auto: exact, approx if no tokenizer
-    memo_mb: int = 128  # segment -> token ids memo and chain-state memo, each
     inline_chars: int = 2048  # missing segments up to this size are encoded on the hot path
     inline_hash_tokens: int = 16_384  # known segments up to this many tokens are hashed inline
     workers: int = 2  # tokenisation worker threads
-    pending_wait_ms: float = 50.0  # a tenant's next request waits at most this for its previous chain
-    tracker_max_hashes: int = 1_000_000  # block hashes kept across all tenants (~100 B each)
-    tracker_tenant_max_hashes: int = 131_072  # per tenant
-    tracker_texts_mb: int = 64  # rendered prompts kept for diagnosis, all tenants
-    tracker_texts_per_tenant: int = 4
+    pending_wait_ms: float = 50.0  # a prompt continuing one still being tokenised waits at most this for it
+    tracker_texts_per_tenant: int = 4  # (the bytes all tenants' texts may hold: memory.budget_mb)
     window: int = 64  # requests per tenant the /hygiene continuity is computed over
     last_breaks: int = 5  # breaks listed per tenant in /hygiene
+
+
+class Memory(BaseModel):
+    """One bound on what the gateway keeps between requests (docs/memory.md, app/prefix/budget.py)."""
+
+    # 512Mi Helm request = this + a fixed base (~100 MB interpreter, libraries, tokenizer) + headroom
+    budget_mb: int = Field(default=DEFAULT_BUDGET_MB, ge=8)
 
 
 class Tracing(BaseModel):
@@ -184,6 +190,7 @@ class Settings(BaseSettings):
     scrape: Scrape = Field(default_factory=Scrape)
     tracing: Tracing = Field(default_factory=Tracing)
     prefix: Prefix = Field(default_factory=Prefix)
+    memory: Memory = Field(default_factory=Memory)
 
     @classmethod
     def settings_customise_sources(

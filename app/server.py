@@ -28,8 +28,8 @@ from app.config import Backend, Settings, load_settings
 from app.engines.kv_events import KVEventSubscriber
 from app.engines.scrape import EngineScraper
 from app.pipeline.hygiene_stage import HygieneStage, build_hygiene_stage
+from app.pipeline.prefix_stage import build_prefix_stage
 from app.pipeline.tracing_stage import TracingStage, build_tracing_stage
-from app.prefix.hook import build_prefix_hook
 from app.proxy.context import ProxyError, RequestHook
 from app.proxy.upstream import Upstream
 from app.routing.base import Router
@@ -42,7 +42,7 @@ from app.state.factory import build_store
 from app.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:
-    from app.prefix.hook import PrefixHook
+    from app.pipeline.prefix_stage import PrefixStage
 
 log = logging.getLogger("prefixgate.server")
 
@@ -65,7 +65,7 @@ class Services:
     health: HealthChecker
     # the pipeline's stages (app/pipeline/request.py runs them in its order); None: step skipped
     hygiene: HygieneStage | None = None
-    prefix: PrefixHook | None = None
+    prefix: PrefixStage | None = None
     tracing: TracingStage | None = None
     hooks: list[RequestHook] = field(default_factory=list)  # extra observers, after the stages
     background: list[Background] = field(default_factory=list)
@@ -94,7 +94,7 @@ def build_services(settings: Settings) -> Services:
 
     # --- the pipeline's stages (their order is app/pipeline/request.py's): one line each ---
     services.hygiene = build_hygiene_stage(settings, metrics)
-    services.prefix = build_prefix_hook(settings, services)
+    services.prefix = build_prefix_stage(settings, services)
     services.tracing = build_tracing_stage(settings)
 
     # --- extra control-plane routers (/hygiene/*, /ui): one line each ---

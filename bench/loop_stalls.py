@@ -62,7 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 APP_DIR = os.path.join(ROOT, "app") + os.sep
-PREFIX_STATE = re.compile(r"app/(prefix|state)/|PrefixHook|TenantTracker")
+PREFIX_STATE = re.compile(r"app/(prefix|state)/|app/pipeline/prefix_stage|PrefixStage|TenantTracker")
 WORDS = ("alpha beta gamma delta epsilon policy refund shipping carrier invoice ledger account "
          "customer ticket status escalate warehouse parcel route region tariff clause section "
          "appendix schedule priority").split()

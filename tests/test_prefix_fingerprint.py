@@ -8,7 +8,8 @@ import pytest
 
 from app.config import Settings
 from app.prefix.blocks import proxy_chain
-from app.prefix.fingerprint import Fingerprinter, extend_node, prompt_input, root_node
+from app.prefix.chain import ChainMemo, ChainNode, extend_node, root_node
+from app.prefix.fingerprint import Fingerprinter, FingerprintState, prompt_input
 from app.prefix.tokens import SegmentTokenizer
 from app.sim.tokens import load_tokenizer
 
@@ -95,9 +96,11 @@ def test_completions_and_token_ids(fpr: Fingerprinter) -> None:
 def test_extend_node_matches_chain_over_concatenation() -> None:
     ids = list(range(100))
     node = root_node("s", 16)
+    chain: list[int] = []
     for cut in (3, 17, 40, 100):
-        node = extend_node(node, ids[:cut][len(ids[:node.num_tokens]):]) if cut > node.num_tokens else node
-    assert node.chain() == proxy_chain(ids, 16, salt="s")
+        node = extend_node(node, ids[node.num_tokens:cut])
+        chain.extend(node.hashes)
+    assert chain == proxy_chain(ids, 16, salt="s")
     assert len(node.tail) == 100 % 16
 
 
@@ -119,3 +122,39 @@ def test_from_settings_modes() -> None:
     assert broken.mode == "approx"
     with pytest.raises(FileNotFoundError):
         Fingerprinter.from_settings(Settings(tokenizer="/nonexistent/dir", prefix={"mode": "exact"}))
+
+
+def test_token_id_prompt_hashes_only_the_inline_budget_on_the_hot_path() -> None:
+    """Token-id prompts get the chat path's budget: at most inline_hash_tokens hashed in prepare
+    (on the event loop), the rest in the worker pool; the completed chain is exact."""
+    fpr = Fingerprinter(SegmentTokenizer.load(), inline_hash_tokens=1024)
+    ids = [(i * 7919) % 50_000 for i in range(100_000)]
+    fp = fpr.prepare(prompt_input("completions", {"prompt": ids}), 16)
+    assert fp.state is FingerprintState.IDS and not fp.complete
+    assert fp.block_hashes == proxy_chain(ids[:1024], 16)  # the leading part, exact
+    asyncio.run(fpr.complete(fp))
+    assert fp.complete and fp.num_tokens == len(ids) and fp.block_hashes == proxy_chain(ids, 16)
+    small = fpr.prepare(prompt_input("completions", {"prompt": ids[:1000]}), 16)
+    assert small.complete and small.block_hashes == proxy_chain(ids[:1000], 16)
+    fpr.close()
+
+
+def test_chain_memo_eviction_frees_the_nodes() -> None:
+    """An evicted chain state is freed: no descendant keeps its ancestors alive, so the memo's
+    byte count is what the chain states really hold."""
+    import gc
+    import weakref
+
+    memo = ChainMemo(max_bytes=20_000)
+    node = memo.root(None, 16)
+    refs: list[weakref.ref[ChainNode]] = []
+    for turn in range(200):  # one long conversation: each state grows from the previous one
+        child = extend_node(node, list(range(turn, turn + 48)))
+        memo.put(node, f"turn {turn}", child)
+        refs.append(weakref.ref(child))
+        node = child
+    del node, child
+    gc.collect()
+    alive = sum(1 for r in refs if r() is not None)
+    assert memo.evictions > 0 and memo.bytes <= 20_000
+    assert alive == len(memo)  # only what the memo still holds

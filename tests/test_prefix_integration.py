@@ -153,6 +153,9 @@ def test_engine_mode_uses_replica_tokenize(sim_factory, proxy_factory) -> None:
     assert modes == "engine"
     assert proxy.sample("prefixgate_fingerprint_mode", mode="engine") == 1.0
     assert proxy.sample("prefixgate_fingerprint_mode", mode="exact") == 0.0
+    # /tokenize rode the proxy's one upstream aiohttp session (no second HTTP stack)
+    assert hook.fingerprinter.engine.session() is proxy.services.upstream.session
+    assert not [n for n in vars(hook.fingerprinter.engine) if "client" in n]
 
 
 def test_cold_big_prompt_is_known_by_the_next_turn(sim_factory, proxy_factory) -> None:
@@ -178,3 +181,21 @@ def test_cold_big_prompt_is_known_by_the_next_turn(sim_factory, proxy_factory) -
     assert headers[0].startswith("0/")  # cold: nothing known on the hot path
     matched, total = (int(x) for x in headers[2].split("/"))
     assert total > 300 and matched >= total - 2
+
+
+def test_long_token_id_prompts_predict_exactly(sim_factory, proxy_factory) -> None:
+    """Token-id prompts past the inline hash budget are finished off the loop (not hashed in full
+    before forwarding) and still predict exactly what the engine serves from cache."""
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
+    proxy = proxy_factory(sim, prefix={"inline_hash_tokens": 1024})
+    hook = proxy.services.components["prefix"]
+    head = [(i * 7919) % 30_000 + 100 for i in range(20_000)]
+    with httpx.Client(base_url=proxy.url, timeout=60) as client:
+        for i in range(3):
+            body = {"model": "sim", "max_tokens": 2, "prompt": head + [200 + i] * (i + 17)}
+            r = client.post("/v1/completions", json=body)
+            r.raise_for_status()
+            wait_processed(hook, i + 1)
+    rows = list(hook.predictions)
+    assert [(p, d) for _, _, p, d in rows if p != d] == []
+    assert [p for _, _, p, _ in rows][1:] == [len(head) // 16 * 16] * 2

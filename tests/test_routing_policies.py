@@ -27,7 +27,7 @@ def fleet(n: int = 4) -> ReplicaSet:
 
 
 def request(tokens: list[int], tenant: str = "t", session: str | None = None) -> RouteRequest:
-    fp = Fingerprint(block_size=B, block_hashes=proxy_chain(tokens, B), num_tokens=len(tokens), complete=True)
+    fp = Fingerprint(block_size=B, block_hashes=proxy_chain(tokens, B), num_tokens=len(tokens))
     return RouteRequest(tenant=tenant, model="m", session_id=session, fingerprint=fp,
                         prompt_tokens_estimate=len(tokens))
 

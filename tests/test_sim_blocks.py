@@ -1,4 +1,4 @@
-"""vLLM 0.33 block-hash recipes (engine-facts A.3 vectors) and the incremental chain the sim uses."""
+"""vLLM 0.33 block-hash recipes (the published test vectors, docs/engine-hashing.md) and the incremental chain the sim uses."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from app.config import Settings
+from app.pipeline.prefix_stage import PrefixStageState
 from app.pipeline.tracing_stage import build_tracing_stage, response_attributes
-from app.prefix.hook import PrefixStageState
+from app.prefix.prompt import PromptInput
 from app.proxy.context import RequestContext, Timings
 from app.routing.base import Replica, RouteDecision
 from tests.otlp_receiver import OTLPReceiver
@@ -48,7 +49,7 @@ def finish(ctx: RequestContext) -> None:
 
 def fingerprinted() -> PrefixStageState:
     """What the prefix stage leaves on a request it fingerprinted (its input is not read here)."""
-    return PrefixStageState(input=object(), routed_blocks=12, routed_complete=True)  # type: ignore[arg-type]
+    return PrefixStageState(PromptInput("chat"), routed_blocks=12, routed_complete=True)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ step writes only the typed fields listed for it (app/proxy/context.py); later st
 | 2  | hygiene     | app/pipeline/hygiene_stage.py           | salt, hygiene_findings, response_headers; body +  |
 |    |             |                                         | body_changed on a rewrite; or a 400 (`reject`)    |
 | 3  | fingerprint | prefix stage `before_route`             | fingerprint (the router reads it), prefix         |
-|    |             | (app/prefix/hook.py)                    | (.input, .routed_blocks, .routed_complete,        |
+|    |             | (prefix_stage.py)                       | (.input, .routed_blocks, .routed_complete,        |
 |    |             |                                         | .pending: the rest of a big prompt, in a worker)  |
 | 3b | trace start | app/pipeline/tracing_stage.py           | span; headers["traceparent"] (sent upstream)      |
 | 4  | encode      | app/pipeline/body.py `forwarded_body`   | (the bytes sent: the client's, salt and           |

@@ -9,6 +9,8 @@ Two families live here:
 
 Invariant shared by both: only full blocks are hashed; block i's hash covers tokens[0:(i+1)B]
 through the chain, so two prompts share block i iff tokens[0:(i+1)B] are equal (and the salt).
+The engines' rules these mirror (block size, parent chaining, extra keys, cache_salt, SGLang's
+radix matching) are in docs/engine-hashing.md.
 """
 
 from __future__ import annotations

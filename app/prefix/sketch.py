@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.prefix.fingerprint import PromptInput
+from app.prefix.prompt import PromptInput
 
 FIND_PROBE_CHARS = 64
 
@@ -52,6 +53,17 @@ class RequestSketch:
             if region.role != "system":
                 return region.start
         return len(self.text)
+
+
+REGION_BYTES = 120  # a frozen Region (4 slots + GC header) and its list slot
+
+
+def sketch_bytes(sketch: RequestSketch) -> int:
+    """Bytes a kept sketch holds: its strings as stored (sys.getsizeof: 1-4 bytes a character plus
+    a header) and its regions. The text is usually the only big part."""
+    strings = (sketch.text, sketch.system_text or "", *sketch.message_keys, *sketch.tools_raw,
+               *sketch.tools_canon)
+    return sum(map(sys.getsizeof, strings)) + REGION_BYTES * len(sketch.regions) + 200
 
 
 def content_text(content: Any) -> str:

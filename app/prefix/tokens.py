@@ -9,17 +9,20 @@ tokenizer (added tokens with lstrip/rstrip, SentencePiece "prepend to the first 
 verified at load on probe texts, and where it fails `segmented` is False and callers encode the
 whole prompt instead.
 
-Memory is bounded: the memo is an LRU over (segment chars + 4 bytes per id).
+Memory is bounded: the memo is an LRU over the bytes its entries hold (docs/memory.md).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -28,6 +31,7 @@ from app.prefix.template import ChatTemplate, load_chat_template
 
 DEFAULT_MEMO_BYTES = 128 * 1024 * 1024
 DEFAULT_WORKERS = 2
+APPROX_CHARS = 4  # approx mode: one pseudo-token per 4 characters
 
 Ids = array  # array('I') of token ids
 
@@ -77,8 +81,19 @@ class SegmentSplitter:
         return out
 
 
+# What one memo entry holds besides its text and ids (CPython 3.11, sys.getsizeof): the array
+# header (80 B) and the OrderedDict's slot and link (~100 B).
+MEMO_ENTRY_OVERHEAD_BYTES = 180
+
+
+def memo_entry_bytes(segment: str, ids: Ids) -> int:
+    """Bytes a memo entry really holds: the key string as stored (1, 2 or 4 bytes a character plus
+    its header) and the ids (4 bytes each), plus the container overhead."""
+    return sys.getsizeof(segment) + ids.itemsize * len(ids) + MEMO_ENTRY_OVERHEAD_BYTES
+
+
 class TokenMemo:
-    """LRU segment -> ids, bounded in bytes (chars of the key + 4 bytes per id). Thread-safe."""
+    """LRU segment -> ids, bounded in the bytes its entries hold (memo_entry_bytes). Thread-safe."""
 
     def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -91,7 +106,7 @@ class TokenMemo:
 
     @staticmethod
     def _cost(segment: str, ids: Ids) -> int:
-        return len(segment) + 4 * len(ids) + 64
+        return memo_entry_bytes(segment, ids)
 
     def get(self, segment: str) -> Ids | None:
         with self._lock:
@@ -223,6 +238,22 @@ class SegmentTokenizer:
 
     def count_special(self) -> int:
         return len(self._special_ids)
+
+
+class ApproxTokenizer(SegmentTokenizer):
+    """Character-block pseudo-tokens (one per 4 chars, crc32): the last-resort mode when no
+    tokenizer matches the engine. Consistent with itself only; predictions are approximate."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.segmented = True  # consistent with itself by construction
+
+    def encode(self, text: str) -> array:
+        return array("I", (zlib.crc32(text[i:i + APPROX_CHARS].encode()) for i in
+                           range(0, len(text), APPROX_CHARS)))
+
+    def encode_many(self, texts: list[str]) -> list[array]:
+        return [self.encode(t) for t in texts]
 
 
 # ---------------------------------------------------------------------- verification

@@ -4,8 +4,10 @@ Local, bounded index (one per gateway pod): per tenant, block hash -> the newest
 contained it. Chained hashes identify whole prefixes, and requests are evicted oldest first
 (a hash shared with a newer request survives), so each tenant's set stays prefix-closed and
 "longest prefix of this chain seen before" is a binary search: O(log n) set lookups.
-Memory: a global cap on hashes across tenants (LRU tenants), a per-tenant cap (oldest requests
-dropped), and a byte cap on the rendered prompts kept for diagnosis.
+Memory, counted in the bytes really held (docs/memory.md): a global byte cap on the hashes across
+tenants (the index entries, the per-request tuples and each tenant's containers; LRU tenants go
+first, then the tenant's own oldest requests), a per-tenant cap (oldest requests dropped), and a
+byte cap on the request sketches (rendered prompts) kept for diagnosis.
 
 Shared, through the Store (several pods): one compact record per request (`history_append`,
 with a sparse sample of the chain so another pod can still find a common prefix) and the report
@@ -25,10 +27,15 @@ from operator import eq
 from typing import Any
 
 from app.prefix.diagnose import Diagnosis, diagnose, fix_for, snippet
-from app.prefix.sketch import RequestSketch
+from app.prefix.sketch import RequestSketch, sketch_bytes
 
 SAMPLE_POINTS = 24
 INLINE_DIAGNOSE_CHARS = 64 * 1024  # larger prompt pairs are diagnosed in a worker thread
+# Bytes held per unit, CPython 3.11 (sys.getsizeof): an index entry (dict slot ~52 B at its load
+# factor + the 64-bit int key, 36 B), a slot of a request's hash tuple, a tenant's empty containers.
+HASH_ENTRY_BYTES = 90
+HASH_SLOT_BYTES = 8
+TENANT_BYTES = 1024
 
 
 @dataclass
@@ -98,9 +105,10 @@ class TenantTracker:
     def __init__(self, store: Any, max_hashes: int = 1_000_000, tenant_max_hashes: int = 131_072,
                  texts_bytes: int = 64 * 1024 * 1024, texts_per_tenant: int = 4, max_tenants: int = 10_000,
                  show_text: bool = False, extra_patterns: Sequence[str] = (),
-                 clock: Any = time.time) -> None:
+                 clock: Any = time.time, max_hash_bytes: int | None = None) -> None:
         self.store = store
         self.max_hashes = max_hashes
+        self.max_hash_bytes = max_hash_bytes  # None: only the counts bound the hashes
         self.tenant_max_hashes = tenant_max_hashes
         self.texts_bytes = texts_bytes
         self.texts_per_tenant = texts_per_tenant
@@ -111,11 +119,23 @@ class TenantTracker:
         self.evictions = 0  # tenants or requests dropped from the bounded history
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._hash_count = 0
+        self._slots = 0  # hash slots of every kept request's tuple (a shared head counts per request)
         self._text_bytes = 0
 
     @property
     def hash_count(self) -> int:
         return self._hash_count
+
+    @property
+    def hash_bytes(self) -> int:
+        """Bytes held by the index, the kept requests' hash tuples and the tenants' containers."""
+        return (self._hash_count * HASH_ENTRY_BYTES + self._slots * HASH_SLOT_BYTES
+                + len(self._tenants) * TENANT_BYTES)
+
+    @property
+    def text_bytes(self) -> int:
+        """Bytes held by the kept request sketches (sketch_bytes)."""
+        return self._text_bytes
 
     # ------------------------------------------------------------------ observe
     async def observe(self, tenant: str, chain: Sequence[int], sketch: RequestSketch | None,
@@ -190,8 +210,9 @@ class TenantTracker:
     def _drop_tenant(self, tenant: str) -> None:
         state = self._tenants.pop(tenant)
         self._hash_count -= len(state.hashes)
+        self._slots -= sum(len(hashes) for _, hashes in state.requests)
         for sk in state.sketches.values():
-            self._text_bytes -= len(sk.text)
+            self._text_bytes -= sketch_bytes(sk)
         self.evictions += 1
 
     def _best_sketch(self, state: _Tenant, seq: int | None) -> RequestSketch | None:
@@ -207,12 +228,13 @@ class TenantTracker:
         state.hashes.update(zip(hashes, repeat(seq)))
         self._hash_count += len(state.hashes) - before
         state.requests.append((seq, tuple(hashes)))
+        self._slots += len(hashes)
         if sketch is not None:
             state.sketches[seq] = sketch
-            self._text_bytes += len(sketch.text)
+            self._text_bytes += sketch_bytes(sketch)
             while len(state.sketches) > self.texts_per_tenant:
                 _, old = state.sketches.popitem(last=False)
-                self._text_bytes -= len(old.text)
+                self._text_bytes -= sketch_bytes(old)
         while len(state.hashes) > self.tenant_max_hashes and len(state.requests) > 1:
             self._drop_oldest_request(state)
         while self._hash_count > self.max_hashes and len(self._tenants) > 1:
@@ -220,6 +242,14 @@ class TenantTracker:
             if victim == tenant:
                 break
             self._drop_tenant(victim)
+        while self.max_hash_bytes is not None and self.hash_bytes > self.max_hash_bytes:
+            victim = next(iter(self._tenants))
+            if victim != tenant:
+                self._drop_tenant(victim)
+            elif len(state.requests) > 1:
+                self._drop_oldest_request(state)
+            else:
+                break
         while self._text_bytes > self.texts_bytes:
             if not self._drop_oldest_text(tenant):
                 break
@@ -230,13 +260,14 @@ class TenantTracker:
         owned = list(dict.fromkeys(compress(hashes, map(eq, map(state.hashes.get, hashes), repeat(seq)))))
         deque(map(state.hashes.pop, owned, repeat(None)), maxlen=0)
         self._hash_count -= len(owned)
+        self._slots -= len(hashes)
         self.evictions += 1
 
     def _drop_oldest_text(self, keep: str) -> bool:
         for name, state in self._tenants.items():
             if state.sketches and (name != keep or len(state.sketches) > 1):
                 _, old = state.sketches.popitem(last=False)
-                self._text_bytes -= len(old.text)
+                self._text_bytes -= sketch_bytes(old)
                 return True
         return False
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from app.hygiene.findings import Finding
-    from app.prefix.hook import PrefixStageState  # the stage imports this module
+    from app.pipeline.prefix_stage import PrefixStageState  # the stage imports this module
     from app.proxy.upstream import UpstreamError
 
 
@@ -73,6 +73,7 @@ class RequestContext:
     body_changed: bool = False
     salt: str | None = None  # cache_salt sent upstream (tenant isolation), if any
     fingerprint: Fingerprint | None = None
+    prefix: PrefixStageState | None = None  # the prefix stage's notes (app/pipeline/prefix_stage.py)
     decision: RouteDecision | None = None
     attempts: int = 0
     response_headers: dict[str, str] = field(default_factory=dict)  # x-prefixgate-* additions

@@ -138,6 +138,15 @@ class Metrics:
             "prefixgate_fingerprint_mode",
             "1 for the active fingerprint mode: exact (local tokenizer), engine (/tokenize), approx.",
             ["mode"], registry=r)
+        self.memory_budget = Gauge(
+            "prefixgate_memory_budget_bytes",
+            "memory.budget_mb in bytes: the bound on what the gateway keeps between requests "
+            "(memos, tenant history); every such cap is a share of it (docs/memory.md).", registry=r)
+        self.memory_used = Gauge(
+            "prefixgate_memory_used_bytes",
+            "Bytes held now by each budgeted part (part=token_memo, chain_memo, tracker_hashes, "
+            "tracker_texts, recent), as each part counts its entries (docs/memory.md).",
+            ["part"], registry=r)
 
         # --- engine (scraped from replicas' /metrics) ---
         self.engine_hit_ratio = Gauge(

@@ -7,7 +7,7 @@ Two ways to continue a conversation:
 - the engine's own reply fed back (echo): vLLM also caches the blocks of the ids it *sampled*, which
   the next turn hits only where re-tokenising the reply text gives the same ids. The proxy sees
   text, not ids; it trusts generated blocks only when the re-tokenised reply has as many ids as
-  `usage.completion_tokens` (app/prefix/hook.py). So: exact after every stable reply, never above
+  `usage.completion_tokens` (app/pipeline/prefix_stage.py). So: exact after every stable reply, never above
   vLLM after an unstable one (where it may miss the few leading generated tokens that did survive).
   With KV events (test_e2e_kv_events.py) the index holds vLLM's real ids and echo is exact too.
 """

@@ -1,7 +1,15 @@
-"""The prefix hook: fingerprint on the hot path, prediction + residency + continuity after it.
+"""The prefix stage: fingerprint on the hot path, prediction + residency + continuity after it.
+
+The adapter between the request pipeline (RequestContext, Services) and the pure prefix core in
+app/prefix/ (which knows nothing of either). What it keeps about one request lives in
+`ctx.prefix` (PrefixStageState).
 
 before_route: `Fingerprinter.prepare` (render, split, memo walk; salt = ctx.salt, which the
-hygiene hook sets when cache isolation is on) -> ctx.fingerprint, read by the router.
+hygiene stage sets when cache isolation is on) -> ctx.fingerprint, read by the router. When the
+walk stops where an in-flight tokenisation of the same conversation stopped (same chain state,
+same next segment: this prompt continues that one), it waits up to `prefix.pending_wait_ms` for
+that work and continues the walk through it. It never waits for anything else: not for another
+conversation of the same tenant, nor for the tenant `default` that every anonymous client shares.
 
 after_response (never blocks the loop; everything slow is a task or a worker thread):
 1. prediction in the engine's rule, B * min(leading resident blocks, floor((N-1)/B)), on the chosen
@@ -19,39 +27,55 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.prefix.blocks import predicted_hit_tokens
-from app.prefix.fingerprint import ChainNode, Fingerprint, Fingerprinter, PromptInput, prompt_input
+from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
+from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, PromptInput, prompt_input
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
-from app.prefix.tracker import Observation, TenantTracker
+from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, Observation, TenantTracker
 from app.proxy.context import RequestContext
+
+if TYPE_CHECKING:
+    from app.engines.kv_events import KVEventSubscriber
+    from app.engines.scrape import EngineScraper
 
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
 INLINE_OUTPUT_CHARS = 4096  # generated text encoded inside after_response (< 1 ms)
-RECENT_PREDICTIONS = 4096
 
 
 @dataclass
 class PrefixStageState:
-    """What the prefix stage (fingerprint before routing, tracking after the response) keeps
-    about one request between its two calls, and what it publishes for the tracing stage."""
+    """What the prefix stage knows about one request (ctx.prefix), written in this order."""
 
-    input: PromptInput  # the prompt as the fingerprinter reads it (messages/tools or a raw prompt)
-    routed_blocks: int  # blocks in the chain the router saw (the inline part of the fingerprint)
-    routed_complete: bool  # that chain covered the whole prompt (no worker-side rest)
-    pending: asyncio.Task[ChainNode | None] | None = None  # the rest of the chain, in a worker
+    input: PromptInput  # the prompt as extracted from the body
+    routed_blocks: int  # leading blocks the router saw (the fingerprint may have been partial)
+    routed_complete: bool  # the router saw the whole prompt's chain
+    pending: asyncio.Task[ChainTip | None] | None = None  # finishing the chain while in flight
     matched: int | None = None  # leading blocks resident on the chosen replica when sent
-    predicted_tokens: int | None = None  # the engine-rule prediction of cached prompt tokens
-    observation: Observation | None = None  # continuity + diagnosis; None until tracked
+    predicted_tokens: int | None = None  # cached tokens predicted for this request
+    observation: Observation | None = None  # the tracker's continuity/diagnosis (last)
 
 
-class PrefixHook:
+def _kv_events(services: Any) -> KVEventSubscriber | None:
+    return services.components.get("kv_events")  # becomes services.kv_events (typed Services)
+
+
+def _scraper(services: Any) -> EngineScraper | None:
+    return services.components.get("scraper")  # becomes services.scraper (typed Services)
+
+
+def _output_text(ctx: RequestContext) -> str:
+    return ctx.output_text or ""  # the relay's copy of the generated text
+
+
+class PrefixStage:
     def __init__(self, settings: Any, services: Any, fingerprinter: Fingerprinter,
-                 tracker: TenantTracker) -> None:
+                 tracker: TenantTracker, recent: int = 4096) -> None:
         self.settings = settings
         self.services = services
         self.fingerprinter = fingerprinter
@@ -63,12 +87,14 @@ class PrefixHook:
         # with KV events the engines' own events are the only writer of the residency index
         self.writes_residency = not settings.routing.kv_events
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._pending: dict[str, asyncio.Task[Any]] = {}  # tenant -> its latest in-flight completion
+        # in-flight tokenisations by the work they do (PendingWork.key): a conversation's next
+        # request finds its predecessor's here; entries leave when their task ends
+        self._pending: dict[Hashable, asyncio.Task[ChainTip | None]] = {}
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         self._evictions_seen = 0
         self.processed = 0  # requests fully processed after their response (tests poll it)
         # (request id, tenant, predicted, engine-reported) of recent requests: for audits and tests
-        self.predictions: deque[tuple[str, str, int, int | None]] = deque(maxlen=RECENT_PREDICTIONS)
+        self.predictions: deque[tuple[str, str, int, int | None]] = deque(maxlen=recent)
         for mode in MODES:
             self.metrics.fingerprint_mode.labels(mode).set(1 if mode == fingerprinter.mode else 0)
 
@@ -83,17 +109,17 @@ class PrefixHook:
                 return int(replica.block_size)
         return int(self.settings.routing.block_size)
 
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes each budgeted part holds now (prefixgate_memory_used_bytes{part})."""
+        return {**self.fingerprinter.memory_bytes(), "tracker_hashes": self.tracker.hash_bytes,
+                "tracker_texts": self.tracker.text_bytes,
+                "recent": len(self.predictions) * RECENT_ENTRY_BYTES}
+
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
         inp = prompt_input(ctx.route, ctx.body)
         if inp is None:
             return
-        previous = self._pending.get(ctx.tenant)
-        if previous is not None and not previous.done() and self.pending_wait_s > 0:
-            # the tenant's previous prompt is still being tokenised (its response already ended if
-            # this is the next turn): a short, bounded wait lets this prompt reuse its chain
-            with contextlib.suppress(asyncio.TimeoutError, Exception):
-                await asyncio.wait_for(asyncio.shield(previous), self.pending_wait_s)
         try:
             fp = self.fingerprinter.prepare(inp, self.block_size(), ctx.salt)
         except TemplateError as exc:
@@ -102,33 +128,46 @@ class PrefixHook:
         except Exception:  # a malformed body is the proxy core's business, never ours to fail
             log.debug("no fingerprint for %s", ctx.request_id, exc_info=True)
             return
+        await self._wait_for_predecessor(fp)
         ctx.fingerprint = fp
         state = ctx.prefix = PrefixStageState(inp, len(fp.block_hashes), fp.complete)
-        if not fp.complete:  # big misses: tokenise in the worker pool while the request is forwarded
-            task = asyncio.get_running_loop().create_task(self._early(ctx, fp))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            state.pending = task
-            self._pending[ctx.tenant] = task
-            task.add_done_callback(lambda t, tenant=ctx.tenant: self._pending.get(tenant) is t
-                                   and self._pending.pop(tenant, None))
+        if fp.complete or fp.pending is None:
+            return
+        # big misses: tokenise in the worker pool while the request is forwarded
+        key = fp.pending.key()
+        task = asyncio.get_running_loop().create_task(self._early(ctx, fp))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        state.pending = task
+        if key is not None:
+            self._pending[key] = task
+            task.add_done_callback(lambda t, k=key: self._pending.get(k) is t and self._pending.pop(k, None))
 
-    async def _early(self, ctx: RequestContext, fp: Fingerprint) -> ChainNode | None:
+    async def _wait_for_predecessor(self, fp: Fingerprint) -> None:
+        """If this prompt continues one whose tokenisation is in flight (its response may already
+        have ended: this is the next turn), wait for it briefly and continue the walk through it."""
+        key = fp.pending.key() if fp.pending is not None else None
+        previous = self._pending.get(key) if key is not None else None
+        if previous is None or previous.done() or self.pending_wait_s <= 0:
+            return
+        with contextlib.suppress(asyncio.TimeoutError, Exception):
+            await asyncio.wait_for(asyncio.shield(previous), self.pending_wait_s)
+        self.fingerprinter.advance(fp)
+
+    async def _early(self, ctx: RequestContext, fp: Fingerprint) -> ChainTip | None:
         """Finish the chain while the request is in flight and, once it was routed, write the
         prompt's blocks to the residency index right away (the engine caches them during prefill,
         and the tenant's next turn may arrive as soon as this response ends)."""
-        node = await self.fingerprinter.rest(fp)
-        if node is None or ctx.decision is None:
-            return node
-        chain = node.chain()
+        tip = await self.fingerprinter.rest(fp)
+        if tip is None or ctx.decision is None or ctx.prefix is None:
+            return tip
         replica = ctx.decision.replica.name
         # KV-event mode too: after the response the engine's own BlockStored events for this
         # request are in the index, and a lookup then counts them (real vLLM: a cold 1145-token
         # prompt "predicted" 1120 cached; tests/e2e/test_e2e_kv_events.py)
-        assert ctx.prefix is not None
-        ctx.prefix.matched = await self._matched(ctx, chain, node.num_tokens, fp.block_size)
+        ctx.prefix.matched = await self._matched(ctx, tip.hashes, tip.node.num_tokens, fp.block_size)
         if self.writes_residency:
-            await self.services.store.residency_add(replica, chain)
-        return node
+            await self.services.store.residency_add(replica, tip.hashes)
+        return tip
 
     async def _matched(self, ctx: RequestContext, chain: list[int], n: int, b: int) -> int:
         """Leading blocks of `chain` resident on the chosen replica before this request's own
@@ -157,7 +196,7 @@ class PrefixHook:
         """In KV-event mode the engine may report this request's own blocks before the lookup
         runs (the chain of a cold prompt is finished in a worker while the engine prefills):
         count only blocks whose BlockStored arrived before the request was sent upstream."""
-        events = self.services.components.get("kv_events")
+        events = _kv_events(self.services)
         sent = ctx.timings.upstream_sent
         if self.writes_residency or events is None or sent is None or matched == 0:
             return matched
@@ -169,7 +208,7 @@ class PrefixHook:
         if fp is None or ctx.decision is None or ctx.outcome != "ok" or (ctx.status or 200) >= 400:
             return
         output_ids = None
-        text = ctx.output_text or ""
+        text = _output_text(ctx)
         if fp.complete and len(text) <= INLINE_OUTPUT_CHARS and self.fingerprinter.engine is None:
             output_ids = self.fingerprinter.encode_small(text) if text else []
         task = asyncio.get_running_loop().create_task(self._after(ctx, fp, output_ids))
@@ -192,18 +231,17 @@ class PrefixHook:
 
     async def _process(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
         store = self.services.store
-        replica = ctx.decision.replica.name  # type: ignore[union-attr]
         state = ctx.prefix
-        assert state is not None  # set with ctx.fingerprint
-        fp = await self.fingerprinter.complete(fp, state.pending)
+        replica = ctx.decision.replica.name  # type: ignore[union-attr]
+        fp = await self.fingerprinter.complete(fp, state.pending if state is not None else None)
         n = fp.num_tokens or 0
         b = fp.block_size
         chain = fp.block_hashes
-        matched = state.matched
+        matched = state.matched if state is not None else None
         if matched is None:
             matched = await self._matched(ctx, chain, n, b)
         if output_ids is None:
-            output_ids = await self.fingerprinter.encode_output(ctx.output_text or "")
+            output_ids = await self.fingerprinter.encode_output(_output_text(ctx))
         usage = ctx.usage or {}
         produced = usage.get("completion_tokens")
         produced = int(produced) if isinstance(produced, int) else len(output_ids)
@@ -226,15 +264,16 @@ class PrefixHook:
         self.metrics.cached_tokens.labels(model, tenant, "predicted").inc(predicted)
         if isinstance(delivered, int) and delivered >= 0:
             self.metrics.reuse_tokens.labels(stage="delivered").inc(delivered)
-            scraper = self.services.components.get("scraper")
+            scraper = _scraper(self.services)
             if scraper is not None:
                 scraper.record_prediction(replica, predicted, delivered)
-        state.predicted_tokens = predicted
+        if state is not None:
+            state.predicted_tokens = predicted
         self.predictions.append((ctx.request_id, ctx.tenant, predicted,
                                  delivered if isinstance(delivered, int) else None))
 
         await asyncio.sleep(0)  # a slice boundary: what follows is O(messages) + C-level bulk updates
-        sketch = build_sketch(state.input, fp.text) if fp.text is not None else None
+        sketch = build_sketch(state.input if state is not None else None, fp.text) if fp.text is not None else None
         obs = await self.tracker.observe(ctx.tenant, chain, sketch, b,
                                          extra_chain=resident_chain[len(chain):])
         if obs.continuity is not None:
@@ -245,19 +284,28 @@ class PrefixHook:
         if evicted > 0:
             self.metrics.tenant_evictions.inc(evicted)
             self._evictions_seen += evicted
-        state.observation = obs
+        if state is not None:
+            state.observation = obs
         self.processed += 1
 
 
-def build_prefix_hook(settings: Any, services: Any) -> PrefixHook:
-    """The fingerprint + continuity hook, and its tracker (also mounted for /hygiene)."""
-    opts = settings.prefix
-    fingerprinter = Fingerprinter.from_settings(settings, services.replicas)
+def build_prefix_stage(settings: Any, services: Any) -> PrefixStage:
+    """The fingerprint + continuity stage and its tracker (also mounted for /hygiene), each cap a
+    share of `memory.budget_mb` (app/prefix/budget.py), exported as gauges."""
+    caps = MemoryCaps.from_budget(settings.memory.budget_mb)
+    fingerprinter = Fingerprinter.from_settings(
+        settings, services.replicas, session=lambda: services.upstream.session,
+        token_memo_bytes=caps.token_memo_bytes, chain_memo_bytes=caps.chain_memo_bytes)
     tracker = TenantTracker(
-        services.store, max_hashes=opts.tracker_max_hashes, tenant_max_hashes=opts.tracker_tenant_max_hashes,
-        texts_bytes=opts.tracker_texts_mb * 1024 * 1024, texts_per_tenant=opts.tracker_texts_per_tenant,
+        services.store, max_hashes=caps.tracker_hash_bytes // HASH_ENTRY_BYTES,
+        tenant_max_hashes=caps.tracker_tenant_hash_bytes // (HASH_ENTRY_BYTES + HASH_SLOT_BYTES),
+        texts_bytes=caps.tracker_text_bytes, texts_per_tenant=settings.prefix.tracker_texts_per_tenant,
         max_tenants=settings.tenants.max_tenants, show_text=settings.hygiene.show_text,
-        extra_patterns=settings.hygiene.dynamic_patterns)
-    hook = PrefixHook(settings, services, fingerprinter, tracker)
-    services.components["prefix"] = hook
-    return hook
+        extra_patterns=settings.hygiene.dynamic_patterns, max_hash_bytes=caps.tracker_hash_bytes)
+    stage = PrefixStage(settings, services, fingerprinter, tracker, recent=caps.recent_predictions)
+    metrics = services.metrics
+    metrics.memory_budget.set(caps.budget_bytes)
+    for part in stage.memory_bytes():
+        metrics.memory_used.labels(part).set_function(lambda part=part: stage.memory_bytes()[part])
+    services.components["prefix"] = stage
+    return stage

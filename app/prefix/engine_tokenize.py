@@ -1,0 +1,53 @@
+"""The engine's own `POST /tokenize` (vLLM and SGLang both serve it), for `prefix.mode: engine`.
+
+It rides the proxy's one pooled aiohttp session (the one the upstream requests use), handed in as
+a zero-argument callable because that session only exists once the serving loop started it: no
+second HTTP stack, no second connection pool to the same replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+import aiohttp
+
+if TYPE_CHECKING:  # app.routing.base imports the fingerprint, which imports this module
+    from app.routing.base import Replica
+
+
+class ReplicaSource(Protocol):
+    def all(self) -> list[Replica]: ...
+
+
+SessionSource = Callable[[], aiohttp.ClientSession | None]
+
+
+class EngineTokenize:
+    """The engine's ids for a whole request, from the first healthy replica."""
+
+    def __init__(self, replicas: ReplicaSource, session: SessionSource, timeout_s: float = 10.0) -> None:
+        self.replicas = replicas
+        self.session = session
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    def _url(self) -> str:
+        replicas = self.replicas.all()
+        healthy = [r for r in replicas if r.healthy] or replicas
+        if not healthy:
+            raise RuntimeError("no replica to ask for /tokenize")
+        return healthy[0].url.rstrip("/") + "/tokenize"
+
+    async def tokenize(self, payload: Mapping[str, Any]) -> list[int]:
+        session = self.session()
+        if session is None or session.closed:
+            raise RuntimeError("the upstream session is not started")
+        # identity: the shared session does not decompress (the relay passes bytes through as sent)
+        async with session.post(self._url(), json=dict(payload), timeout=self.timeout,
+                                headers={"accept-encoding": "identity"}) as resp:
+            resp.raise_for_status()
+            body = await resp.json(content_type=None)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list):
+            raise ValueError("/tokenize returned no tokens")
+        return [int(t) for t in tokens]

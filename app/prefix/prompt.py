@@ -1,0 +1,81 @@
+"""What a request asks the engine to tokenise, pulled out of an OpenAI body, and its rendering.
+
+Chat bodies render through the tokenizer's chat template exactly as the engine renders them
+(app/prefix/template.py), so the text the proxy splits and encodes is the text the engine encodes;
+completion prompts are used as sent; a prompt given as token ids is used as ids (nothing to render).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.prefix.template import ChatTemplate
+
+PromptKind = Literal["chat", "completions", "ids"]
+
+# The body keys that shape the engine's prompt ids (what engine mode sends to /tokenize).
+_ENGINE_KEYS = ("messages", "tools", "add_generation_prompt", "chat_template_kwargs", "documents",
+                "continue_final_message", "prompt", "add_special_tokens", "model")
+
+
+@dataclass
+class PromptInput:
+    """What a request asks the engine to tokenise: chat messages (+tools) or a completion prompt."""
+
+    kind: PromptKind
+    messages: list[Mapping[str, Any]] = field(default_factory=list)
+    tools: list[Any] | None = None
+    prompt: str = ""
+    ids: list[int] | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    body: Mapping[str, Any] | None = None  # the request body (engine mode sends it to /tokenize)
+
+
+def prompt_input(route: str, body: Mapping[str, Any]) -> PromptInput | None:
+    """Extract the prompt from an OpenAI request body (None when there is nothing to fingerprint)."""
+    if route == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        kwargs: dict[str, Any] = {}
+        extra = body.get("chat_template_kwargs")
+        if isinstance(extra, Mapping):
+            kwargs.update(extra)
+        for key in ("documents", "continue_final_message", "reasoning_effort"):
+            if body.get(key) is not None:
+                kwargs[key] = body[key]
+        kwargs["add_generation_prompt"] = bool(body.get("add_generation_prompt", True))
+        tools = body.get("tools")
+        return PromptInput("chat", messages=messages, tools=tools if tools else None, template_kwargs=kwargs,
+                           model=body.get("model"), body=body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return PromptInput("completions", prompt=prompt, model=body.get("model"), body=body)
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        # not copied nor checked id by id here (O(prompt) on the loop): the ids are converted to
+        # an array as they are hashed, inline for the head and in a worker for the rest, and a
+        # non-integer there ends the fingerprint (the engine refuses such a body anyway)
+        return PromptInput("ids", ids=prompt)
+    return None
+
+
+def render_prompt(template: ChatTemplate | None, inp: PromptInput) -> str:
+    """The prompt text the engine tokenises (chat: the template rendered as the engine does)."""
+    if inp.kind == "chat":
+        if template is None:
+            raise ValueError("tokenizer has no chat template")
+        kwargs = dict(inp.template_kwargs)
+        agp = kwargs.pop("add_generation_prompt", True)
+        return template.render(inp.messages, tools=inp.tools, add_generation_prompt=agp, **kwargs)
+    return inp.prompt
+
+
+def engine_payload(inp: PromptInput) -> dict[str, Any]:
+    """The /tokenize request for a chat or completion body (only the keys that shape the ids)."""
+    body = inp.body or {}
+    return {k: body[k] for k in _ENGINE_KEYS if body.get(k) is not None}
