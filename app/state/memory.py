@@ -3,8 +3,11 @@
 Residency per replica is an LRU of block hashes with a TTL, bounded at the replica's KV capacity.
 Chains are inserted tail-first so that block 0 is the most recently used: eviction then removes
 tail blocks before the head, as vLLM's free queue does (blocks of a finished request are freed in
-reverse order), which keeps each replica's resident set prefix-closed. `residency_lookup` relies
-on that to binary-search the leading resident run instead of scanning a 15k-block chain.
+reverse order). Every add is a whole chain from its root, so each block's parent is present and
+more recent than it: the resident set stays prefix-closed, and `residency_lookup` binary-searches
+the leading resident run instead of scanning a 15k-block chain. Adding whole chains, touching
+(never inserting) on a hit and removing whole subtrees is the caller's part: the residency owner
+(app/routing/residency.py, docs/routing.md) is the only writer.
 """
 
 from __future__ import annotations
@@ -42,6 +45,16 @@ class _Residency:
             blocks[h] = expiry
             move(h)
 
+    def touch(self, hashes: list[int], expiry: float) -> None:
+        """Refresh the blocks of `hashes` that are present, tail first; never insert one (the
+        engine reported them; a block removed meanwhile must stay removed)."""
+        blocks = self.blocks
+        move = blocks.move_to_end
+        for h in reversed(hashes):
+            if h in blocks:
+                blocks[h] = expiry
+                move(h)
+
     def insert(self, hashes: list[int], expiry: float) -> None:
         """Make `hashes` present, in order (new ones become the most recent), without moving
         the ones already present."""
@@ -68,7 +81,8 @@ class _Residency:
         return True
 
     def leading(self, hashes: list[int]) -> int:
-        """Length of the leading resident run (binary search; the set is prefix-closed)."""
+        """Length of the leading resident run: a binary search, exact because the set is
+        prefix-closed (app/routing/residency.py, the only writer, keeps it so)."""
         now = self._clock()
         lo, hi = 0, len(hashes)  # invariant: hashes[:lo] resident, hashes[hi:] not known resident
         while lo < hi:
@@ -164,6 +178,25 @@ class MemoryStore:
         finally:
             res.writers -= 1
         res.trim()
+
+    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+        """Mark the resident blocks of a chain as just used, as the engine does on a hit: present
+        ones move to the most recent end tail first (absent ones stay absent), in slices like
+        `residency_add`'s second pass."""
+        res = self._residency.get(replica)
+        if res is None:
+            return
+        expiry = self._clock() + self.ttl_s
+        end = len(block_hashes)
+        res.writers += 1
+        try:
+            while end > 0:
+                res.touch(block_hashes[max(0, end - ADD_SLICE_BLOCKS):end], expiry)
+                end -= ADD_SLICE_BLOCKS
+                if end > 0:
+                    await asyncio.sleep(0)
+        finally:
+            res.writers -= 1
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
         res = self._residency.get(replica)
