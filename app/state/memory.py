@@ -37,23 +37,25 @@ class _Residency:
         self.refresh(hashes, self._clock() + self.ttl_s)
         return self.trim()
 
-    def refresh(self, hashes: list[int], expiry: float) -> None:
-        """Insert or refresh `hashes` as the most recent, tail first (no trim)."""
+    def refresh(self, hashes: list[int], expiry: float, only_present: bool = False) -> None:
+        """Insert or refresh `hashes` as the most recent, tail first (no trim). `only_present`:
+        refresh the ones present and insert none (a touch: a block removed meanwhile stays so)."""
         blocks = self.blocks
         move = blocks.move_to_end
         for h in reversed(hashes):
+            if only_present and h not in blocks:
+                continue
             blocks[h] = expiry
             move(h)
 
-    def touch(self, hashes: list[int], expiry: float) -> None:
-        """Refresh the blocks of `hashes` that are present, tail first; never insert one (the
-        engine reported them; a block removed meanwhile must stay removed)."""
-        blocks = self.blocks
-        move = blocks.move_to_end
-        for h in reversed(hashes):
-            if h in blocks:
-                blocks[h] = expiry
-                move(h)
+    async def refresh_sliced(self, hashes: list[int], expiry: float, only_present: bool = False) -> None:
+        """`refresh` in slices of ADD_SLICE_BLOCKS from the tail, yielding between them."""
+        end = len(hashes)
+        while end > 0:
+            self.refresh(hashes[max(0, end - ADD_SLICE_BLOCKS):end], expiry, only_present)
+            end -= ADD_SLICE_BLOCKS
+            if end > 0:
+                await asyncio.sleep(0)
 
     def insert(self, hashes: list[int], expiry: float) -> None:
         """Make `hashes` present, in order (new ones become the most recent), without moving
@@ -169,12 +171,7 @@ class MemoryStore:
                 res.insert(block_hashes[start:start + ADD_SLICE_BLOCKS], expiry)
                 start += ADD_SLICE_BLOCKS
                 await asyncio.sleep(0)
-            end = n
-            while end > 0:
-                res.refresh(block_hashes[max(0, end - ADD_SLICE_BLOCKS):end], expiry)
-                end -= ADD_SLICE_BLOCKS
-                if end > 0:
-                    await asyncio.sleep(0)
+            await res.refresh_sliced(block_hashes, expiry)
         finally:
             res.writers -= 1
         res.trim()
@@ -186,17 +183,12 @@ class MemoryStore:
         res = self._residency.get(replica)
         if res is None:
             return
-        expiry = self._clock() + self.ttl_s
-        end = len(block_hashes)
         res.writers += 1
         try:
-            while end > 0:
-                res.touch(block_hashes[max(0, end - ADD_SLICE_BLOCKS):end], expiry)
-                end -= ADD_SLICE_BLOCKS
-                if end > 0:
-                    await asyncio.sleep(0)
+            await res.refresh_sliced(block_hashes, self._clock() + self.ttl_s, only_present=True)
         finally:
             res.writers -= 1
+        res.trim()  # an add that ran meanwhile left its trim to the last writer
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
         res = self._residency.get(replica)
