@@ -250,3 +250,31 @@ async def test_session_moves_only_when_other_sessions_overload_its_replica():
     for s in range(12):  # a second concurrent request of each session stays with it
         d = await router.choose(request(doc(s, 100), session=f"s{s}"))
         assert d.replica.name == placed[f"s{s}"] and d.reason == "session"
+
+
+async def test_every_policy_routes_only_to_replicas_serving_the_model():
+    replicas = fleet()
+    for r in replicas.all():
+        r.models = frozenset({"m"} if r.name in ("r1", "r3") else {"other", "other-lora"})
+    for policy in ("round_robin", "least_load", "session", "prefix_affinity"):
+        router = build_router(Settings(routing={"policy": policy}), replicas, MemoryStore(), Metrics())
+        chosen = set()
+        for s in range(8):
+            req = request(doc(s, 100), tenant=f"t{s}", session=f"s{s}")
+            d = await router.choose(req)
+            router.on_routed(req, d)
+            chosen.add(d.replica.name)
+        assert chosen <= {"r1", "r3"}, policy
+        retry = await router.choose(request(doc(1, 100)), frozenset({"r1"}))
+        assert retry.replica.name == "r3" and retry.reason == "failover", policy
+        with pytest.raises(NoReplicaAvailable):
+            await router.choose(request(doc(1, 100)), frozenset({"r1", "r3"}))
+
+
+async def test_model_filter_waits_for_the_first_model_lists():
+    from app.routing.filters import candidates
+
+    replicas = fleet(2)
+    assert len(candidates(replicas, request(doc(1, 10)))) == 2  # nothing known yet: no filter
+    replicas.get("r0").models = frozenset({"m"})
+    assert [r.name for r in candidates(replicas, request(doc(1, 10)))] == ["r0"]  # r1's list unknown

@@ -8,10 +8,9 @@ requests in flight, then round-robin order, so an idle fleet is still spread eve
 
 from __future__ import annotations
 
-import itertools
-
 from app.routing.base import BaseRouter, RouteDecision, RouteRequest
 from app.routing.filters import candidates
+from app.routing.pickers import Turns
 from app.routing.replicas import ReplicaSet
 from app.routing.scorers import ScoreWeights, load_scores
 
@@ -20,16 +19,14 @@ class LeastLoadRouter(BaseRouter):
     def __init__(self, replicas: ReplicaSet, weights: ScoreWeights | None = None) -> None:
         self._replicas = replicas
         self._weights = weights or ScoreWeights()
-        self._counter = itertools.count()
+        self._turns = Turns()
 
     async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         pool = candidates(self._replicas, request, exclude)
-        turn = next(self._counter)
-        n = len(pool)
         scored = []
-        for i, r in enumerate(pool):
+        for r, offset in zip(pool, self._turns.offsets(len(pool)), strict=True):
             parts = load_scores(r, self._weights)
-            scored.append((sum(p.value for p in parts), r.inflight, (i - turn) % n, r, parts))
+            scored.append((sum(p.value for p in parts), r.inflight, offset, r, parts))
         total, _, _, replica, parts = min(scored, key=lambda t: t[:3])
         why = " + ".join(f"{p.name} {p.why}" for p in parts)
         return RouteDecision(

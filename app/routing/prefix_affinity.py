@@ -32,6 +32,7 @@ from app.prefix.blocks import predicted_hit_tokens
 from app.routing.background import BackgroundWrites
 from app.routing.base import BaseRouter, Replica, RouteDecision, RouteRequest
 from app.routing.filters import candidates
+from app.routing.pickers import lowest_cost
 from app.routing.recent import RecentRequests
 from app.routing.replicas import ReplicaSet
 from app.routing.residency import ReplicaIndex
@@ -72,11 +73,6 @@ def prompt_tokens_of(request: RouteRequest) -> int:
     return max(request.prompt_tokens_estimate, known, 1)
 
 
-def choose_by_cost(costs: list[ReplicaCost]) -> ReplicaCost:
-    """Lowest total; ties go to the longer resident prefix, then fewer in flight, then the name."""
-    return min(costs, key=lambda c: (c.total, -c.matched_blocks, c.replica.inflight, c.replica.name))
-
-
 class PrefixAffinityRouter(BaseRouter):
     def __init__(self, replicas: ReplicaSet, residency: ReplicaIndex, options: AffinityOptions | None = None,
                  metrics: Metrics | None = None) -> None:
@@ -115,7 +111,7 @@ class PrefixAffinityRouter(BaseRouter):
             chosen = self._cold_pick(key, costs, prompt)
             reason = "cold_spread"
         else:
-            chosen = choose_by_cost(costs)
+            chosen = lowest_cost(costs)
             reason = "prefix_hit" if chosen.matched_blocks == best_match else "load_override"
         if exclude:
             reason = "failover"

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import itertools
-
 from app.routing.base import BaseRouter, RouteDecision, RouteRequest
 from app.routing.filters import candidates
+from app.routing.pickers import Turns
 from app.routing.replicas import ReplicaSet
 
 
 class RoundRobinRouter(BaseRouter):
     def __init__(self, replicas: ReplicaSet) -> None:
         self._replicas = replicas
-        self._counter = itertools.count()
+        self._turns = Turns()
 
     async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         pool = candidates(self._replicas, request, exclude)
-        replica = pool[next(self._counter) % len(pool)]
+        replica = self._turns.next(pool)
         return RouteDecision(replica=replica, reason="failover" if exclude else "round_robin")
