@@ -150,7 +150,7 @@ class ReplicaIndex:
 
     async def learn_cleared(self, replica: str) -> None:
         """AllBlocksCleared, a lost event stream, or a replica that left the fleet."""
-        self._tree(replica).clear()
+        self.trees.pop(replica, None)
         await self.store.residency_clear(replica)
 
     def _tree(self, replica: str) -> ChainTree:
