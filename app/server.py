@@ -34,9 +34,10 @@ from app.proxy.context import ProxyError, RequestHook
 from app.proxy.upstream import Upstream
 from app.routing.base import Router
 from app.routing.components import build_routing_components
-from app.routing.factory import build_router
+from app.routing.factory import build_residency, build_router
 from app.routing.health import HealthChecker
 from app.routing.replicas import ReplicaSet
+from app.routing.residency import ReplicaIndex
 from app.state.base import Store
 from app.state.factory import build_store
 from app.telemetry.metrics import Metrics
@@ -60,6 +61,7 @@ class Services:
     metrics: Metrics
     replicas: ReplicaSet
     store: Store
+    residency: ReplicaIndex  # the residency index's one owner (app/routing/residency.py)
     router: Router
     upstream: Upstream
     health: HealthChecker
@@ -77,9 +79,11 @@ def build_services(settings: Settings) -> Services:
     metrics = Metrics(settings.metrics.tenant_label_cap)
     replicas = ReplicaSet.from_backends(settings.backends)
     store = build_store(settings, metrics)
-    router = build_router(settings, replicas, store, metrics)
+    residency = build_residency(settings, store)
+    router = build_router(settings, replicas, store, metrics, residency)
     health = HealthChecker(replicas, metrics, settings.routing.health_interval_s)
-    services = Services(settings=settings, metrics=metrics, replicas=replicas, store=store, router=router,
+    services = Services(settings=settings, metrics=metrics, replicas=replicas, store=store,
+                        residency=residency, router=router,
                         upstream=Upstream(settings.limits), health=health)
 
     # --- background components (started in order, stopped in reverse): one line each ---
@@ -87,7 +91,7 @@ def build_services(settings: Settings) -> Services:
     scraper = EngineScraper(replicas, metrics, settings)
     services.components["scraper"] = scraper
     services.background.append(scraper)
-    for component in build_routing_components(settings, replicas, store, metrics):
+    for component in build_routing_components(settings, replicas, residency, metrics):
         services.background.append(component)
         if isinstance(component, KVEventSubscriber):
             services.components["kv_events"] = component  # the prefix hook asks it when blocks arrived

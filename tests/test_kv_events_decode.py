@@ -74,7 +74,7 @@ def test_indexer_continues_chains_from_parent_and_matches_proxy_chain():
     up = idx.apply([BlockStored([101, 102], None, tokens[:8], B),
                     BlockStored([103, 104, 105], 102, tokens[8:20], B)])
     chain = proxy_chain(tokens, B)
-    assert [h for kind, hs in up.ops if kind == "add" for h in hs] == chain
+    assert [h for kind, hs, _ in up.ops if kind == "add" for h in hs] == chain
     assert idx.map[105] == chain[4]
     assert up.counts == {"stored": 5}
 
@@ -82,7 +82,7 @@ def test_indexer_continues_chains_from_parent_and_matches_proxy_chain():
 def test_indexer_salted_chain_equals_salted_fingerprint():
     tokens = list(range(8))
     up = idx_apply([BlockStored([1, 2], None, tokens, B, extra_keys=[["tenant-a"], None])])
-    assert up.ops == [("add", proxy_chain(tokens, B, salt="tenant-a"))]
+    assert up.ops == [("add", proxy_chain(tokens, B, salt="tenant-a"), None)]
     assert proxy_chain(tokens, B, salt="tenant-a") != proxy_chain(tokens, B)
 
 
@@ -95,7 +95,7 @@ def test_indexer_removal_clear_orphans_and_other_tiers():
     idx.apply([BlockStored([1, 2], None, list(range(8)), B)])
     chain = proxy_chain(list(range(8)), B)
     up = idx.apply([BlockRemoved([2, 999])])
-    assert up.ops == [("remove", [chain[1]])]
+    assert up.ops == [("remove", [chain[1]], None)]
     assert up.counts == {"removed": 2}
     up = idx.apply([BlockStored([7], 12345, [1, 1, 1, 1], B)])  # parent never seen
     assert up.ops == [] and up.counts == {"orphan": 1}
@@ -103,13 +103,13 @@ def test_indexer_removal_clear_orphans_and_other_tiers():
     assert up.ops == [] and up.counts == {"ignored": 2}
     up = idx.apply([BlockStored([9], None, [5, 5, 5, 5], B), AllBlocksCleared(),
                     BlockStored([10], None, [6, 6, 6, 6], B)])
-    assert up.ops == [("clear", []), ("add", proxy_chain([6, 6, 6, 6], B))]
+    assert up.ops == [("clear", [], None), ("add", proxy_chain([6, 6, 6, 6], B), None)]
     assert idx.map == {10: proxy_chain([6, 6, 6, 6], B)[0]}
 
 
 def test_store_then_remove_in_one_batch_keeps_order():
     up = EventIndexer().apply([BlockStored([1], None, [3, 3, 3, 3], B), BlockRemoved([1])])
-    assert [k for k, _ in up.ops] == ["add", "remove"]
+    assert [k for k, _, _ in up.ops] == ["add", "remove"]
 
 
 @given(st.lists(st.integers(0, 50_000), min_size=4, max_size=64), st.integers(1, 4))
@@ -121,4 +121,4 @@ def test_any_split_of_a_sequence_into_events_gives_the_same_chain(tokens, cut):
     engine = list(range(1000, 1000 + full))
     up = EventIndexer().apply([BlockStored(engine[:cut], None, tokens[:cut * B], B),
                                BlockStored(engine[cut:], engine[cut - 1], tokens[cut * B:full * B], B)])
-    assert [h for _, hs in up.ops for h in hs] == proxy_chain(tokens, B)
+    assert [h for _, hs, _ in up.ops for h in hs] == proxy_chain(tokens, B)

@@ -11,6 +11,7 @@ import zmq.asyncio
 
 from app.engines.kv_events import KVEventSubscriber
 from app.prefix.blocks import proxy_chain
+from app.routing.residency import ReplicaIndex
 from app.serving import free_port
 from app.state.memory import MemoryStore
 from app.telemetry.metrics import Metrics
@@ -49,7 +50,7 @@ async def test_subscriber_applies_events_handles_gaps_and_replays():
     router.bind(f"tcp://127.0.0.1:{replay_port}")
     store = MemoryStore()
     metrics = Metrics()
-    sub = KVEventSubscriber({"r0": f"tcp://127.0.0.1:{pub.port}"}, store, metrics,
+    sub = KVEventSubscriber({"r0": f"tcp://127.0.0.1:{pub.port}"}, ReplicaIndex(store, True), metrics,
                             replay_endpoints={"r0": f"tcp://127.0.0.1:{replay_port}"}, topic="kv")
     await sub.start()
     try:
@@ -107,7 +108,7 @@ async def test_gap_without_replay_clears_the_replica_index():
     ctx = zmq.asyncio.Context()
     pub = Publisher(ctx)
     store = MemoryStore()
-    sub = KVEventSubscriber({"r0": f"tcp://127.0.0.1:{pub.port}"}, store)
+    sub = KVEventSubscriber({"r0": f"tcp://127.0.0.1:{pub.port}"}, ReplicaIndex(store, True))
     await sub.start()
     try:
         await pub.send_until_received(sub, "r0", message(1, [stored([1], None, [1, 2, 3, 4])]))
@@ -127,7 +128,7 @@ async def test_resident_before_counts_only_blocks_stored_before_a_time():
     """In KV-event mode a request's prediction must not count the blocks it made the engine store
     itself (their events can arrive before the proxy's lookup)."""
     store = MemoryStore()
-    sub = KVEventSubscriber({"r0": "tcp://127.0.0.1:1"}, store, Metrics())  # handle() only, no socket
+    sub = KVEventSubscriber({"r0": "tcp://127.0.0.1:1"}, ReplicaIndex(store, True), Metrics())  # handle() only, no socket
     tokens = list(range(16))
     chain = proxy_chain(tokens, B)
     await sub.handle("r0", message(0, [stored([1, 2], None, tokens[:8])]))

@@ -141,6 +141,7 @@ def test_refused_replica_is_retried_on_another(fake_upstream_factory, proxy_fact
         assert time.monotonic() < deadline
         time.sleep(0.02)
     replica.healthy = True
+    replica.models = proxy.services.replicas.get("live").models  # as if it had served the same list
     for _ in range(3):
         resp, _ = stream_chunks(proxy.url, CHAT)
         assert resp.status_code == 200

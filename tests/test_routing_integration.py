@@ -4,8 +4,11 @@ over loopback HTTP."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
+import pytest
 
 from tests.chat_history import growing_history, words
 
@@ -84,8 +87,10 @@ def test_load_overrides_affinity_when_the_replica_is_saturated(sim_factory, prox
         other = resp.headers["x-prefixgate-backend"]
         assert other != home
         assert proxy.sample("prefixgate_route_decisions_total", backend=other, reason="load_override") == 1
-        # once the queue is gone the prefix wins again
-        assert chat(client, "t3", turns[2]).headers["x-prefixgate-backend"] in (home, other)
+        # once the queue is gone the prefix wins again: turn 3 goes where the longest resident
+        # prefix is, which is turn 2's replica (it holds turns 1 and 2; home holds only turn 1)
+        assert chat(client, "t3", turns[2]).headers["x-prefixgate-backend"] == other
+        assert proxy.sample("prefixgate_route_decisions_total", backend=other, reason="prefix_hit") == 1
         assert decisions(proxy, "prefix_hit") == 1
 
 
@@ -126,3 +131,63 @@ def test_kv_event_mode_keeps_the_index_equal_to_the_engine(sim_factory, proxy_fa
     assert index == engine
     assert sum(s.gaps for s in sub.streams.values()) == 0
     assert (proxy.sample("prefixgate_kv_events_total", backend="r0", kind="removed") or 0) > 0
+
+
+def test_a_session_keeps_its_replica_with_concurrent_requests_in_flight(sim_factory, proxy_factory):
+    """Session affinity under concurrency: one session's overlapping requests are one key of the
+    bounded-load hashing, so none of them is moved off its replica in an idle fleet."""
+    sim = sim_factory(replicas=4, time_scale=1.0, decode_tps=100.0)
+    proxy = proxy_factory(sim, names=NAMES, routing={"policy": "session"})
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0)
+
+    def ask(i: int) -> str:
+        raw = client.chat.completions.with_raw_response.create(
+            model="sim", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=40,
+            extra_headers={"x-session-id": "conv-1"}, extra_body={"ignore_eos": True})
+        return raw.headers["x-prefixgate-backend"]
+
+    home = ask(0)  # binds the session
+    with ThreadPoolExecutor(6) as pool:
+        backends = list(pool.map(ask, range(1, 7)))  # ~0.4 s each: all in flight together
+    assert backends == [home] * 6
+    assert proxy.sample("prefixgate_route_decisions_total", backend=home, reason="session") == 7
+    assert decisions(proxy, "load_override") == 0
+
+
+def test_requests_go_only_to_replicas_that_serve_their_model(sim_factory, proxy_factory):
+    """A fleet of two models: each request lands on a replica whose own /v1/models lists it, a
+    retry too; 404 only for a model no replica serves; 503 when its replicas are all down."""
+    alpha = sim_factory(replicas=2, time_scale=0.0, model="alpha")
+    beta = sim_factory(replicas=1, time_scale=0.0, model="beta")
+    names = ["a0", "a1", "b0"]
+    proxy = proxy_factory([*alpha.urls, *beta.urls], names=names, routing={"policy": "round_robin"})
+    deadline = time.monotonic() + 10
+    while len(proxy.services.health.models) < len(names):  # the first health pass read every list
+        assert time.monotonic() < deadline, "no /v1/models from every replica"
+        time.sleep(0.02)
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0)
+
+    def backend(model: str) -> str:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        return raw.headers["x-prefixgate-backend"]
+
+    assert {backend("alpha") for _ in range(6)} == {"a0", "a1"}
+    assert {backend("beta") for _ in range(6)} == {"b0"}
+    assert sorted(m["id"] for m in client.models.list().model_dump()["data"]) == ["alpha", "beta"]
+    with pytest.raises(openai.NotFoundError):
+        backend("gamma")
+    # a replica of alpha drops the connection: the retry goes to the other alpha, never to beta
+    httpx.post(alpha.urls[0] + "/sim/faults", json={"mode": "drop", "count": 100})
+    assert {backend("alpha") for _ in range(4)} == {"a1"}
+    assert proxy.sample("prefixgate_route_decisions_total", backend="a1", reason="failover") >= 1
+    assert (proxy.sample("prefixgate_route_decisions_total", backend="b0", reason="failover") or 0) == 0
+    # beta's only replica is gone: beta still exists (503, retryable), alpha is unaffected
+    beta.servers[0].stop()
+    with pytest.raises(openai.APIStatusError) as err:  # refused, and no other replica serves beta
+        backend("beta")
+    assert err.value.status_code == 502 and "b0" in str(err.value)
+    with pytest.raises(openai.APIStatusError) as err:
+        backend("beta")  # now out of rotation: no replica serving it is left
+    assert err.value.status_code == 503
+    assert backend("alpha") == "a1"

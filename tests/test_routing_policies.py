@@ -14,6 +14,7 @@ from app.routing.factory import build_router
 from app.routing.least_load import LeastLoadRouter
 from app.routing.prefix_affinity import AffinityOptions, PrefixAffinityRouter, cold_key
 from app.routing.replicas import ReplicaSet
+from app.routing.residency import ReplicaIndex
 from app.routing.round_robin import RoundRobinRouter
 from app.routing.session import SessionRouter
 from app.state.memory import MemoryStore
@@ -50,12 +51,12 @@ async def test_factory_builds_each_policy():
         assert isinstance(build_router(s, fleet(), MemoryStore(), Metrics()), cls)
     s = Settings(routing={"policy": "prefix_affinity", "kv_events": True})
     router = build_router(s, fleet(), MemoryStore(), Metrics())
-    assert router.options.predictive_index is False
+    assert router.residency.events_own_presence is True
 
 
 async def test_affinity_next_turn_lands_where_the_first_went():
     store = MemoryStore()
-    router = PrefixAffinityRouter(fleet(), store, AffinityOptions(block_size=B))
+    router = PrefixAffinityRouter(fleet(), ReplicaIndex(store), AffinityOptions(block_size=B))
     turn1 = doc(1, 4000)
     first = await routed(router, request(turn1))
     assert first.reason == "cold_spread" and first.matched_blocks == 0
@@ -70,7 +71,7 @@ async def test_affinity_next_turn_lands_where_the_first_went():
 
 async def test_cold_prefixes_spread_and_no_replica_is_a_dumping_ground():
     replicas = fleet()
-    router = PrefixAffinityRouter(replicas, MemoryStore(), AffinityOptions(block_size=B))
+    router = PrefixAffinityRouter(replicas, ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B))
     placed = Counter()
     for t in range(40):
         d = await routed(router, request(doc(100 + t, 2000), tenant=f"t{t}"))
@@ -91,7 +92,7 @@ async def test_cold_key_is_stable_across_turns():
 
 async def test_load_overrides_affinity_when_the_resident_replica_is_saturated():
     replicas = fleet()
-    router = PrefixAffinityRouter(replicas, MemoryStore(), AffinityOptions(block_size=B))
+    router = PrefixAffinityRouter(replicas, ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B))
     prompt = doc(9, 3200)
     first = await routed(router, request(prompt))
     home = first.replica
@@ -105,7 +106,7 @@ async def test_load_overrides_affinity_when_the_resident_replica_is_saturated():
 
 
 async def test_affinity_retry_goes_to_the_next_best_replica():
-    router = PrefixAffinityRouter(fleet(), MemoryStore(), AffinityOptions(block_size=B))
+    router = PrefixAffinityRouter(fleet(), ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B))
     prompt = doc(3, 1600)
     home = (await routed(router, request(prompt))).replica.name
     retry = await router.choose(request(prompt), frozenset({home}))
@@ -116,7 +117,7 @@ async def test_affinity_retry_goes_to_the_next_best_replica():
 
 async def test_unhealthy_replica_is_never_chosen():
     replicas = fleet()
-    router = PrefixAffinityRouter(replicas, MemoryStore(), AffinityOptions(block_size=B))
+    router = PrefixAffinityRouter(replicas, ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B))
     prompt = doc(4, 1600)
     home = (await routed(router, request(prompt))).replica
     home.healthy = False
@@ -128,7 +129,7 @@ async def test_affinity_bounds_the_index_at_the_replica_kv_capacity():
     replicas = fleet(1)
     replicas.get("r0").kv_blocks = 100
     store = MemoryStore(capacity_blocks=10_000)
-    router = PrefixAffinityRouter(replicas, store, AffinityOptions(block_size=B))
+    router = PrefixAffinityRouter(replicas, ReplicaIndex(store), AffinityOptions(block_size=B))
     for t in range(5):
         await routed(router, request(doc(20 + t, 60 * B), tenant=f"t{t}"))
     assert store.residency_size("r0") == 100
@@ -136,7 +137,7 @@ async def test_affinity_bounds_the_index_at_the_replica_kv_capacity():
 
 async def test_affinity_records_available_and_captured_reuse():
     metrics = Metrics()
-    router = PrefixAffinityRouter(fleet(), MemoryStore(), AffinityOptions(block_size=B), metrics)
+    router = PrefixAffinityRouter(fleet(), ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B), metrics)
     prompt = doc(30, 1600)
     await routed(router, request(prompt))
     await routed(router, request(prompt))
@@ -147,7 +148,7 @@ async def test_affinity_records_available_and_captured_reuse():
 
 async def test_kv_event_mode_does_not_write_predictions():
     store = MemoryStore()
-    router = PrefixAffinityRouter(fleet(), store, AffinityOptions(block_size=B, predictive_index=False))
+    router = PrefixAffinityRouter(fleet(), ReplicaIndex(store, events_own_presence=True), AffinityOptions(block_size=B))
     d = await routed(router, request(doc(40, 800)))
     assert store.residency_size(d.replica.name) == 0
 
@@ -177,7 +178,8 @@ async def test_session_is_sticky_bounded_and_fails_over():
         d = await routed(router, req)
         assert d.replica.name == first.replica.name and d.reason == "session"
     assert await store.binding_get("session:abc") == first.replica.name
-    first.replica.inflight = 50  # far above (1 + eps) x mean
+    for i in range(3):  # other sessions in flight fill its replica: 3 + 1 > ceil(1.25 * 4 / 4) = 2
+        router.active.start(f"session:other{i}", first.replica.name)
     moved = await routed(router, req)
     assert moved.replica.name != first.replica.name and moved.reason == "load_override"
     assert await store.binding_get("session:abc") == moved.replica.name
@@ -185,6 +187,7 @@ async def test_session_is_sticky_bounded_and_fails_over():
     gone = await routed(router, req)
     assert gone.replica.name != moved.replica.name and gone.reason == "failover"
     # without a session id, the tenant is the key
+    router.on_finished(req, moved, True)
     t1 = await routed(router, request(doc(2, 100), tenant="acme"))
     assert (await routed(router, request(doc(3, 100), tenant="acme"))).replica.name == t1.replica.name
 
@@ -192,7 +195,7 @@ async def test_session_is_sticky_bounded_and_fails_over():
 async def test_affinity_forgets_a_prefix_after_the_index_ttl():
     now = [0.0]
     store = MemoryStore(ttl_s=60.0, clock=lambda: now[0])
-    router = PrefixAffinityRouter(fleet(), store, AffinityOptions(block_size=B))
+    router = PrefixAffinityRouter(fleet(), ReplicaIndex(store), AffinityOptions(block_size=B))
     prompt = doc(50, 1600)
     await routed(router, request(prompt))
     assert (await routed(router, request(prompt))).reason == "prefix_hit"
@@ -203,7 +206,7 @@ async def test_affinity_forgets_a_prefix_after_the_index_ttl():
 
 async def test_cold_spread_avoids_a_replica_with_a_large_recent_share():
     replicas = fleet()
-    router = PrefixAffinityRouter(replicas, MemoryStore(), AffinityOptions(block_size=B))
+    router = PrefixAffinityRouter(replicas, ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B))
     req = request(doc(77, 2000), tenant="new")
     first = (await router.choose(req)).replica.name
     for _ in range(40):  # sticky tenants kept sending their turns there
@@ -212,3 +215,66 @@ async def test_cold_spread_avoids_a_replica_with_a_large_recent_share():
         router.recent.add(name)
     d = await router.choose(req)
     assert d.reason == "cold_spread" and d.replica.name != first
+
+
+async def test_session_keeps_its_replica_with_concurrent_requests_in_flight():
+    """One session's requests in flight are one key: an idle 4-replica fleet never moves it."""
+    replicas = fleet()
+    router = SessionRouter(replicas, MemoryStore())
+    req = request(doc(1, 100), session="abc")
+    in_flight = []
+    for _ in range(8):  # as the proxy does: choose, count it in flight, on_routed; none finishes
+        d = await router.choose(req)
+        d.replica.inflight += 1
+        router.on_routed(req, d)
+        in_flight.append(d)
+    await router.writes.drain()
+    assert {d.replica.name for d in in_flight} == {in_flight[0].replica.name}
+    assert {d.reason for d in in_flight} == {"session"}
+    for d in in_flight:
+        router.on_finished(req, d, True)
+    assert router.active.total() == 0
+
+
+async def test_session_moves_only_when_other_sessions_overload_its_replica():
+    replicas = fleet()
+    router = SessionRouter(replicas, MemoryStore())
+    placed: dict[str, str] = {}
+    for s in range(12):  # 12 sessions in flight on 4 replicas: at most ceil(1.25 * 12 / 4) = 4 each
+        req = request(doc(s, 100), session=f"s{s}")
+        d = await router.choose(req)
+        router.on_routed(req, d)
+        placed[f"s{s}"] = d.replica.name
+    await router.writes.drain()
+    assert max(Counter(placed.values()).values()) <= 4
+    for s in range(12):  # a second concurrent request of each session stays with it
+        d = await router.choose(request(doc(s, 100), session=f"s{s}"))
+        assert d.replica.name == placed[f"s{s}"] and d.reason == "session"
+
+
+async def test_every_policy_routes_only_to_replicas_serving_the_model():
+    replicas = fleet()
+    for r in replicas.all():
+        r.models = frozenset({"m"} if r.name in ("r1", "r3") else {"other", "other-lora"})
+    for policy in ("round_robin", "least_load", "session", "prefix_affinity"):
+        router = build_router(Settings(routing={"policy": policy}), replicas, MemoryStore(), Metrics())
+        chosen = set()
+        for s in range(8):
+            req = request(doc(s, 100), tenant=f"t{s}", session=f"s{s}")
+            d = await router.choose(req)
+            router.on_routed(req, d)
+            chosen.add(d.replica.name)
+        assert chosen <= {"r1", "r3"}, policy
+        retry = await router.choose(request(doc(1, 100)), frozenset({"r1"}))
+        assert retry.replica.name == "r3" and retry.reason == "failover", policy
+        with pytest.raises(NoReplicaAvailable):
+            await router.choose(request(doc(1, 100)), frozenset({"r1", "r3"}))
+
+
+async def test_model_filter_waits_for_the_first_model_lists():
+    from app.routing.filters import candidates
+
+    replicas = fleet(2)
+    assert len(candidates(replicas, request(doc(1, 10)))) == 2  # nothing known yet: no filter
+    replicas.get("r0").models = frozenset({"m"})
+    assert [r.name for r in candidates(replicas, request(doc(1, 10)))] == ["r0"]  # r1's list unknown

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from app.routing.base import Replica
-from app.routing.ring import HashRing, load_bound, pick_bounded
+from app.routing.ring import HashRing, first_on_ring, key_bound, load_bound, within_bound
 from app.routing.scorers import (
     ScoreWeights,
     decode_load,
@@ -66,26 +66,28 @@ def test_ring_removal_moves_only_the_removed_replicas_keys():
             assert next(less.walk(i)) == before
 
 
-def test_pick_bounded_skips_overloaded_first_choice():
+def test_first_on_ring_skips_an_overloaded_first_choice():
     ring = HashRing(["r0", "r1", "r2", "r3"])
     key = "tenant-x"
     first = next(ring.walk(key))
     loads = {n: 0.0 for n in ring.names}
-    assert pick_bounded(ring, key, loads, 1.0, 0.25) == (first, True)
+    assert first_on_ring(ring, key, within_bound(loads, 1.0, 0.25)) == (first, True)
     loads[first] = 100.0
-    chosen, is_first = pick_bounded(ring, key, loads, 1.0, 0.25)
+    chosen, is_first = first_on_ring(ring, key, within_bound(loads, 1.0, 0.25))
     assert chosen != first and not is_first
     assert loads[chosen] <= load_bound(loads, 1.0, 0.25)
 
 
-def test_pick_bounded_never_exceeds_the_bound_over_many_keys():
+def test_key_bound_is_rounded_up_and_holds_over_many_keys():
+    assert key_bound(1, 4, 0.25) == 1  # an idle 4-replica fleet: one key fits anywhere
+    assert key_bound(4, 4, 0.25) == 2 and key_bound(8, 4, 0.25) == 3 and key_bound(16, 4, 0.0) == 4
     ring = HashRing([f"r{i}" for i in range(4)])
-    loads = {n: 0.0 for n in ring.names}
-    for i in range(400):  # everything hashes: the bound alone keeps max/mean <= 1 + eps (+1 item)
-        name, _ = pick_bounded(ring, i % 7, loads, 1.0, 0.25)  # only 7 distinct keys: very skewed
-        loads[name] += 1
-    mean = sum(loads.values()) / len(loads)
-    assert max(loads.values()) <= 1.25 * mean + 1
+    held = {n: 0 for n in ring.names}
+    for m in range(1, 401):  # each new key takes the first replica on its walk with room
+        bound = key_bound(m, 4, 0.25)
+        name, _ = first_on_ring(ring, f"k{m % 7}-{m}", {n for n, c in held.items() if c + 1 <= bound})
+        held[name] += 1
+        assert max(held.values()) <= bound
 
 
 def test_recent_requests_decay_per_request():

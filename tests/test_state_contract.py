@@ -92,6 +92,19 @@ async def test_readding_a_prefix_refreshes_its_lru_position(store) -> None:
     assert (await store.residency_lookup(chain(3, 2), ["r"]))["r"] == 2
 
 
+async def test_touch_refreshes_present_blocks_and_inserts_none(store) -> None:
+    await store.residency_add("r", chain(1, 4))
+    await store.residency_add("r", chain(2, 4))  # full at 8; chain 1 is the least recent
+    await store.residency_touch("r", chain(1, 2) + chain(9, 2))  # a hit on chain 1's head
+    await store.residency_add("r", chain(3, 4))  # evicts the 4 least recent: both chains' tails
+    await settle(store)
+    assert (await store.residency_lookup(chain(1, 4), ["r"]))["r"] == 2  # untouched, it would be 0
+    assert (await store.residency_lookup(chain(2, 4), ["r"]))["r"] == 2
+    assert (await store.residency_lookup(chain(9, 2), ["r"]))["r"] == 0  # touched, never inserted
+    await store.residency_touch("nobody", chain(1, 2))
+    assert (await store.residency_lookup(chain(1, 2), ["nobody"]))["nobody"] == 0
+
+
 async def test_remove_and_clear(store) -> None:
     await store.residency_add("r", chain(1, 5))
     await store.residency_remove("r", [chain(1, 5)[2]])
@@ -174,7 +187,7 @@ async def test_residency_and_bindings_expire(kind, redis_server: RedisServer, re
 
 
 async def test_random_sequences_match_memory_store(redis_server: RedisServer, redis_namespace: str) -> None:
-    """Random adds (chains branching off shared heads), removals, clears and capacity changes over
+    """Random adds (chains branching off shared heads), touches, removals, clears and capacity changes over
     three replicas: RedisStore answers every lookup exactly as MemoryStore does."""
     rng = random.Random(8)
     memory = make_store("memory", redis_server, redis_namespace)
@@ -196,10 +209,14 @@ async def test_random_sequences_match_memory_store(redis_server: RedisServer, re
         for step in range(300):
             roll = rng.random()
             r = rng.choice(replicas)
-            if roll < 0.75:
+            if roll < 0.67:
                 c = random_chain()
                 await memory.residency_add(r, c)
                 await redis.residency_add(r, c)
+            elif roll < 0.75:
+                c = random_chain()
+                await memory.residency_touch(r, c)
+                await redis.residency_touch(r, c)
             elif roll < 0.85:
                 victims = rng.sample(random_chain() or [0], k=1)
                 await memory.residency_remove(r, victims)

@@ -1,12 +1,12 @@
 """KV-cache events: decoding the wire payload and turning events into residency-index updates.
 
-Wire (engine-facts B.2): the payload is msgpack `[ts, events, dp_rank]`. Each event is either a
+Wire (docs/routing.md, "KV events"): the payload is msgpack `[ts, events, dp_rank]`. Each event is either a
 map with a `"type"` tag (vLLM >= #42892, SGLang) or the legacy tagged array
 `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
 lora_name, extra_keys, group_idx, ...]`, `["BlockRemoved", block_hashes, medium, ...]`,
 `["AllBlocksCleared"]`. Both are decoded; unknown event types are ignored (forward compatible).
 
-Keys (engine-facts B.3, llm-d's dual-key design): the index is keyed by prefixgate's own
+Keys (docs/routing.md; llm-d's dual-key design): the index is keyed by prefixgate's own
 `proxy_chain` over the event's `token_ids`, never by engine digests, so no engine seed, hash
 algorithm or version has to match. `EventIndexer` keeps, per replica, `engine hash -> proxy hash`
 so that a `BlockStored` can continue its chain from `parent_block_hash` and a `BlockRemoved` can
@@ -132,20 +132,21 @@ def salt_of(event: BlockStored) -> str | None:
 
 @dataclass
 class IndexUpdate:
-    """What a batch means for the Store, as ordered operations (order matters: a block stored
-    and evicted in the same batch must end up absent): ("add", chain in block order),
-    ("remove", hashes), ("clear", [])."""
+    """What a batch means for the residency index, as ordered operations (order matters: a block
+    stored and evicted in the same batch must end up absent): ("add", new blocks in chain order,
+    the proxy hash of their parent or None for a root), ("remove", hashes, None),
+    ("clear", [], None)."""
 
-    ops: list[tuple[str, list[int]]] = field(default_factory=list)
+    ops: list[tuple[str, list[int], int | None]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
 
-    def push(self, kind: str, hashes: list[int]) -> None:
+    def push(self, kind: str, hashes: list[int], parent: int | None = None) -> None:
         if kind == "clear":
-            self.ops = [("clear", [])]
+            self.ops = [("clear", [], None)]
         elif self.ops and self.ops[-1][0] == kind == "remove":
             self.ops[-1][1].extend(hashes)
         elif hashes:
-            self.ops.append((kind, hashes))
+            self.ops.append((kind, hashes, parent))
 
     def count(self, kind: str, n: int = 1) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + n
@@ -190,6 +191,7 @@ class EventIndexer:
                 or len(event.token_ids) < n * size):
             update.count("ignored")
             return
+        parent: int | None = None
         if event.parent_block_hash is None:
             hashes = proxy_chain(event.token_ids[:n * size], size, salt=salt_of(event))
         else:
@@ -198,9 +200,13 @@ class EventIndexer:
                 update.count("orphan", n)
                 return
             hashes = proxy_chain(event.token_ids[:n * size], size, parent=proxy_digest(parent))
-        if len(self.map) + n > self.max_entries:  # bounded: a map gone stale is rebuilt from scratch
-            self.map.clear()
+        if len(self.map) + n > self.max_entries:  # bounded: a map gone stale is rebuilt from scratch,
+            self.map.clear()  # and so is the index: its removals could no longer be mapped
+            update.push("clear", [])
+            if parent is not None:
+                update.count("orphan", n)
+                return
         for engine_hash, proxy in zip(event.block_hashes, hashes, strict=True):
             self.map[engine_hash] = proxy
-        update.push("add", hashes)
+        update.push("add", hashes, parent)
         update.count("stored", n)

@@ -1,10 +1,11 @@
 """Precise residency: subscribe to the replicas' ZMQ KV-cache events and keep the index equal to
 what each engine really holds (routing.kv_events: true).
 
-Transport (engine-facts B.2): a SUB socket per replica connected to the engine's PUB endpoint;
+Transport (docs/routing.md, "KV events"): a SUB socket per replica connected to the engine's PUB endpoint;
 each message is 3 frames `(topic, seq as 8-byte big-endian, msgpack payload)`, seq +1 per batch.
 Decoding and the engine-hash -> proxy-hash bookkeeping are pure (app/engines/kv_event_decode.py);
-this module is only the I/O: sockets, sequence tracking and Store writes.
+this module is only the I/O: sockets and sequence tracking. What the events mean for the index
+(whole chains, removed subtrees) is the residency owner's job (app/routing/residency.py).
 
 A sequence gap means the index missed stores or removals. When the replica has a replay
 endpoint (vLLM's ROUTER `replay_endpoint`), the missed batches are fetched and applied in order;
@@ -18,13 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
 
 import zmq
 import zmq.asyncio
 
 from app.engines.kv_event_decode import EventIndexer, IndexUpdate, decode_batch
-from app.state.base import Store
+from app.routing.residency import ReplicaIndex
 from app.tasks import cancel_and_wait
 from app.telemetry.metrics import Metrics
 
@@ -51,12 +51,12 @@ class ReplicaStream:
 
 
 class KVEventSubscriber:
-    def __init__(self, endpoints: dict[str, str], store: Store, metrics: Metrics | None = None,
+    def __init__(self, endpoints: dict[str, str], index: ReplicaIndex, metrics: Metrics | None = None,
                  replay_endpoints: dict[str, str] | None = None, topic: str = "",
                  replay_timeout_s: float = REPLAY_TIMEOUT_S) -> None:
         self.endpoints = dict(endpoints)
         self.replay_endpoints = dict(replay_endpoints or {})
-        self.store = store
+        self.index = index
         self.metrics = metrics
         self.topic = topic.encode()
         self.replay_timeout_s = replay_timeout_s
@@ -145,21 +145,22 @@ class KVEventSubscriber:
 
     async def _write(self, name: str, update: IndexUpdate) -> None:
         stored_at = self._stored_at.setdefault(name, {})
-        for kind, hashes in update.ops:
+        for kind, hashes, parent in update.ops:
             if kind == "clear":
                 stored_at.clear()
-                await self.store.residency_clear(name)
+                await self.index.learn_cleared(name)
             elif kind == "remove":
                 for h in hashes:
                     stored_at.pop(h, None)
-                await self.store.residency_remove(name, hashes)
+                await self.index.learn_removed(name, hashes)
             else:
                 now = time.perf_counter()
                 for h in hashes:
                     stored_at.setdefault(h, now)  # a re-report keeps the first arrival
                 while len(stored_at) > MAX_STORED_AT:
                     del stored_at[next(iter(stored_at))]
-                await self.store.residency_add(name, hashes)
+                if not await self.index.learn_stored(name, hashes, parent):
+                    update.count("orphan", len(hashes))
         for kind, n in update.counts.items():
             self._count(name, kind, n)
 
@@ -177,7 +178,7 @@ class KVEventSubscriber:
             return
         stream.indexer.reset()
         stream.last_seq = None
-        await self.store.residency_clear(stream.name)
+        await self.index.learn_cleared(stream.name)
 
     async def _replay(self, name: str, start: int) -> list[tuple[bytes, bytes]]:
         """Buffered (seq, payload) pairs from `start` on, or [] without a replay endpoint."""
@@ -207,10 +208,3 @@ class KVEventSubscriber:
         if self.metrics is not None and n:
             self.metrics.kv_events.labels(name, kind).inc(n)
 
-
-def build_subscriber(endpoints: dict[str, str], replica_names: Iterable[str], store: Store,
-                     metrics: Metrics | None = None) -> KVEventSubscriber | None:
-    """The subscriber for the configured replicas that have an endpoint (None when none has)."""
-    names = set(replica_names)
-    chosen = {n: e for n, e in endpoints.items() if n in names}
-    return KVEventSubscriber(chosen, store, metrics) if chosen else None

@@ -165,14 +165,13 @@ class PrefixStage:
         # request are in the index, and a lookup then counts them (real vLLM: a cold 1145-token
         # prompt "predicted" 1120 cached; tests/e2e/test_e2e_kv_events.py)
         ctx.prefix.matched = await self._matched(ctx, tip.hashes, tip.node.num_tokens, fp.block_size)
-        if self.writes_residency:
-            await self.services.store.residency_add(replica, tip.hashes)
+        await self.services.residency.learn_completed(replica, tip.hashes)  # a no-op in KV-event mode
         return tip
 
     async def _matched(self, ctx: RequestContext, chain: list[int], n: int, b: int) -> int:
         """Leading blocks of `chain` resident on the chosen replica before this request's own
         blocks count (see the module docstring)."""
-        store = self.services.store
+        index = self.services.residency
         decision = ctx.decision
         assert decision is not None
         replica = decision.replica.name
@@ -181,11 +180,11 @@ class PrefixStage:
             # the router looked up the routed chain before inserting it: exact for that part
             matched = decision.matched_blocks
             if matched >= routed and routed < len(chain):
-                lookup = await store.residency_lookup(chain, [replica])
+                lookup = await index.lookup(chain, [replica])
                 matched = max(matched, lookup.get(replica, 0))
             return self._resident_when_sent(ctx, replica, chain, matched)
         # other policies neither read nor write the index: look up before our own insert
-        lookup = await store.residency_lookup(chain, self.services.replicas.names())
+        lookup = await index.lookup(chain, self.services.replicas.names())
         matched = self._resident_when_sent(ctx, replica, chain, lookup.get(replica, 0))
         available = max(lookup.values(), default=0)
         self.metrics.reuse_tokens.labels(stage="available").inc(predicted_hit_tokens(available, n, b))
@@ -230,7 +229,6 @@ class PrefixStage:
             log.exception("prefix after_response failed")
 
     async def _process(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
-        store = self.services.store
         state = ctx.prefix
         replica = ctx.decision.replica.name  # type: ignore[union-attr]
         fp = await self.fingerprinter.complete(fp, state.pending if state is not None else None)
@@ -254,8 +252,7 @@ class PrefixStage:
         stable = len(output_ids) == produced
         full = self.fingerprinter.extend_with_output(fp, output_ids) if output_ids and stable else list(chain)
         resident_chain = full[:max(len(chain), min(resident, len(full)))]
-        if self.writes_residency:
-            await store.residency_add(replica, resident_chain)
+        await self.services.residency.learn_completed(replica, resident_chain)  # no-op with KV events
 
         predicted = predicted_hit_tokens(matched, n, b)
         delivered = ctx.engine_cached_tokens

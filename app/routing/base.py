@@ -2,7 +2,10 @@
 
 The proxy core calls `Router.choose` once per attempt (retries pass the replicas already tried in
 `exclude`), then `Router.on_routed` once the upstream accepted the request, then
-`Router.on_finished` when the response ended. Policies (one file each in app/routing/) implement it.
+`Router.on_finished` when the response ended (only after an accepted one: on_routed came first
+when the status was below 400). Policies (one file each in app/routing/) are compositions of
+filters (app/routing/filters.py), scorers (app/routing/scorers.py) and a picker, on `BaseRouter`;
+docs/routing.md describes each.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class Replica:
     engine_waiting: float | None = None
     engine_running: float | None = None
     engine_kv_usage: float | None = None
+    models: frozenset[str] | None = None  # ids in its own /v1/models (health checker); None: unknown
 
 
 @dataclass
@@ -67,6 +71,16 @@ class Router(Protocol):
 
     def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
         ...
+
+
+class BaseRouter:
+    """Default hooks for policies that keep no state about routed requests."""
+
+    def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
+        return None
+
+    def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
+        return None
 
 
 class NoReplicaAvailable(Exception):

@@ -11,11 +11,11 @@ from app.routing.background import BackgroundWrites
 from app.routing.base import Replica
 from app.routing.discovery import DnsDiscovery
 from app.routing.replicas import ReplicaSet
-from app.state.base import Store
+from app.routing.residency import ReplicaIndex
 from app.telemetry.metrics import Metrics
 
 
-def build_routing_components(settings: Settings, replicas: ReplicaSet, store: Store,
+def build_routing_components(settings: Settings, replicas: ReplicaSet, residency: ReplicaIndex,
                              metrics: Metrics) -> list[Any]:
     """Objects with async start()/stop(), in start order."""
     out: list[Any] = []
@@ -24,10 +24,10 @@ def build_routing_components(settings: Settings, replicas: ReplicaSet, store: St
 
         def forget(_added: list[Replica], removed: list[str]) -> None:
             for name in removed:  # a pod that comes back under the same IP starts cold
-                writes.spawn(store.residency_clear(name))
+                writes.spawn(residency.learn_cleared(name))
 
         out.append(DnsDiscovery(settings.discovery, replicas, on_change=forget))
     routing = settings.routing
     if routing.kv_events and routing.kv_events_endpoints:
-        out.append(KVEventSubscriber(routing.kv_events_endpoints, store, metrics))
+        out.append(KVEventSubscriber(routing.kv_events_endpoints, residency, metrics))
     return out

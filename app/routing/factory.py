@@ -1,4 +1,4 @@
-"""Builds the configured routing policy (settings.routing.policy)."""
+"""Builds the configured routing policy (settings.routing.policy) and the residency owner."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from app.routing.base import Router
 from app.routing.least_load import LeastLoadRouter
 from app.routing.prefix_affinity import AffinityOptions, PrefixAffinityRouter
 from app.routing.replicas import ReplicaSet
+from app.routing.residency import ReplicaIndex
 from app.routing.round_robin import RoundRobinRouter
 from app.routing.scorers import ScoreWeights
 from app.routing.session import SessionRouter
@@ -20,7 +21,15 @@ def score_weights(w: RoutingWeights) -> ScoreWeights:
                         decode_tokens_per_running=w.decode_tokens_per_running)
 
 
-def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics: Metrics) -> Router:
+def build_residency(settings: Settings, store: Store) -> ReplicaIndex:
+    """With routing.kv_events the engines' events own what is resident; else routed requests do."""
+    return ReplicaIndex(store, events_own_presence=settings.routing.kv_events)
+
+
+def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics: Metrics,
+                 residency: ReplicaIndex | None = None) -> Router:
+    """`residency` is the gateway's one index (shared with the KV-event subscriber and the
+    after-response stage); built here from `store` when the caller has none."""
     routing = settings.routing
     weights = score_weights(routing.weights)
     if routing.policy == "round_robin":
@@ -34,7 +43,6 @@ def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics
             block_size=routing.block_size, weights=weights, epsilon=routing.weights.load_epsilon,
             cold_key_tokens=routing.weights.cold_key_tokens,
             cold_match_ratio=routing.weights.cold_match_ratio,
-            cold_slack_tokens=routing.weights.cold_slack_tokens,
-            predictive_index=not routing.kv_events, default_kv_blocks=routing.kv_blocks)
-        return PrefixAffinityRouter(replicas, store, options, metrics)
+            cold_slack_tokens=routing.weights.cold_slack_tokens, default_kv_blocks=routing.kv_blocks)
+        return PrefixAffinityRouter(replicas, residency or build_residency(settings, store), options, metrics)
     raise ValueError(f"unknown routing policy {routing.policy!r}")

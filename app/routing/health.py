@@ -1,8 +1,9 @@
 """Replica health: active `/health` checks, passive marking on failures, a small circuit breaker.
 
 Active: every `routing.health_interval_s` each replica's `GET /health` is probed; 200 marks it
-healthy. The same pass reads `GET /v1/models`, which gives the proxy its model list (the 404 check
-and the `/v1/models` union). Passive: a connect failure on the hot path opens the replica's breaker
+healthy. The same pass reads `GET /v1/models`: each replica's own list (`Replica.models`) is what
+the serves-the-model filter routes on (app/routing/filters.py), and their union is the proxy's
+`/v1/models` and its 404 check. Passive: a connect failure on the hot path opens the replica's breaker
 at once (it leaves rotation until a probe succeeds); other failures count, and `FAILURE_THRESHOLD`
 consecutive ones open it too. A probe that times out on a healthy replica counts only after
 `PROBE_TIMEOUTS_TO_FAIL` in a row: under heavy load /health answers late without the engine being
@@ -78,12 +79,12 @@ class HealthChecker:
 
     # ------------------------------------------------------------ model list
     def known_models(self) -> set[str] | None:
-        """Model ids served by healthy replicas; None when no replica reported a list yet."""
-        healthy = {r.name for r in self.replicas.healthy()}
-        lists = [self.models[name] for name in healthy if name in self.models]
+        """Model ids some replica of the fleet lists (healthy or not: a model whose replicas are all
+        down exists, and gets 503, not 404); None when no replica reported a list yet."""
+        lists = [r.models for r in self.replicas.all() if r.models is not None]
         if not lists:
             return None
-        return {m.get("id") for data in lists for m in data if isinstance(m, dict)}
+        return set().union(*lists)
 
     def model_union(self) -> list[dict]:
         seen: dict[str, dict] = {}
@@ -111,6 +112,8 @@ class HealthChecker:
                         data = payload.get("data") if isinstance(payload, dict) else None
                         if isinstance(data, list):
                             self.models[replica.name] = data
+                            replica.models = frozenset(
+                                m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
             self.probe_timeouts[replica.name] = 0
         except TimeoutError:
             # A busy engine (hundreds of streams, a long prefill) can answer /health late; one slow

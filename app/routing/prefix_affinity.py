@@ -1,6 +1,8 @@
 """`prefix_affinity` (the default policy): send a request where its prefix is resident, unless the
 queue there costs more than the prefill it saves.
 
+Composition: the default filters (healthy, serves the model, not tried), the residency lookup,
+the scorers, then one of two pickers (lowest cost, or bounded-load hashing for cold prompts).
 Per candidate replica the cost is the sum of the scorers (app/routing/scorers.py), all in prefill
 tokens: the prompt tokens not resident there (from the residency index, one Store round trip for
 all replicas), its prefill backlog and its decode load. The lowest cost wins:
@@ -15,9 +17,10 @@ all replicas), its prefill backlog and its decode load. The lowest cost wins:
   leave the fleet unbalanced;
 - `failover`: a retry (the previous replicas are in `exclude`).
 
-`on_routed` inserts the known prompt blocks into the chosen replica's residency index right away
-(off the hot path, a task), so a tenant's next turn or a concurrent request finds them before the
-fingerprint hook writes the full chain; in KV-event mode the engine's events are the only writer.
+`on_routed` tells the residency owner (app/routing/residency.py) right away (off the hot path, a
+task): the known prompt blocks become resident there, so a tenant's next turn or a concurrent
+request finds them before the full chain is known; in KV-event mode only the resident head the
+lookup found is marked used, as the engine does on a hit.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from dataclasses import dataclass
 
 from app.prefix.blocks import predicted_hit_tokens
 from app.routing.background import BackgroundWrites
-from app.routing.base import Replica, RouteDecision, RouteRequest
+from app.routing.base import BaseRouter, Replica, RouteDecision, RouteRequest
+from app.routing.filters import candidates
+from app.routing.pickers import lowest_cost
 from app.routing.recent import RecentRequests
 from app.routing.replicas import ReplicaSet
+from app.routing.residency import ReplicaIndex
 from app.routing.ring import DEFAULT_EPSILON, RingCache, first_on_ring, within_bound
-from app.routing.round_robin import pick_candidates
 from app.routing.scorers import ReplicaCost, ScoreWeights, load_value, replica_costs
-from app.state.base import Store
 from app.telemetry.metrics import Metrics
 
 DEFAULT_COLD_KEY_TOKENS = 4096
@@ -49,7 +53,6 @@ class AffinityOptions:
     cold_key_tokens: int = DEFAULT_COLD_KEY_TOKENS
     cold_match_ratio: float = DEFAULT_COLD_MATCH_RATIO
     cold_slack_tokens: float = DEFAULT_COLD_SLACK_TOKENS
-    predictive_index: bool = True  # False in KV-event mode: the engine's events own the index
     default_kv_blocks: int | None = None
 
 
@@ -70,46 +73,37 @@ def prompt_tokens_of(request: RouteRequest) -> int:
     return max(request.prompt_tokens_estimate, known, 1)
 
 
-def choose_by_cost(costs: list[ReplicaCost]) -> ReplicaCost:
-    """Lowest total; ties go to the longer resident prefix, then fewer in flight, then the name."""
-    return min(costs, key=lambda c: (c.total, -c.matched_blocks, c.replica.inflight, c.replica.name))
-
-
-class PrefixAffinityRouter:
-    def __init__(self, replicas: ReplicaSet, store: Store, options: AffinityOptions | None = None,
+class PrefixAffinityRouter(BaseRouter):
+    def __init__(self, replicas: ReplicaSet, residency: ReplicaIndex, options: AffinityOptions | None = None,
                  metrics: Metrics | None = None) -> None:
         self._replicas = replicas
-        self._store = store
+        self.residency = residency
         self.options = options or AffinityOptions()
         self._metrics = metrics
         self._ring = RingCache()
-        self._capacity_seen: dict[str, int] = {}
         self.writes = BackgroundWrites()
         self.recent = RecentRequests()
 
     def _sync_capacity(self, replicas: Sequence[Replica]) -> None:
         """Bound each replica's index at its KV capacity once the scraper (or config) knows it."""
-        set_capacity = getattr(self._store, "set_capacity", None)
-        if set_capacity is None:
-            return
         for r in replicas:
             blocks = r.kv_blocks or self.options.default_kv_blocks
-            if blocks and self._capacity_seen.get(r.name) != blocks:
-                set_capacity(r.name, blocks)
-                self._capacity_seen[r.name] = blocks
+            if blocks:
+                self.residency.set_capacity(r.name, blocks)
 
     async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
-        candidates = pick_candidates(self._replicas, exclude)
-        self._sync_capacity(candidates)
+        pool = candidates(self._replicas, request, exclude)
+        self._sync_capacity(pool)
         fp = request.fingerprint
         hashes = fp.block_hashes if fp is not None else []
         block_size = fp.block_size if fp is not None else self.options.block_size
         prompt = prompt_tokens_of(request)
         matched: dict[str, int] = {}
         if hashes:
-            matched = await self._store.residency_lookup(hashes, [r.name for r in self._replicas.healthy()])
+            # every replica serving the model counts for `available`, tried ones included
+            matched = await self.residency.lookup(hashes, [r.name for r in candidates(self._replicas, request)])
         available = max(matched.values(), default=0)
-        costs = replica_costs(candidates, matched, prompt, block_size, self.options.weights)
+        costs = replica_costs(pool, matched, prompt, block_size, self.options.weights)
         best_match = max(c.matched_blocks for c in costs)
 
         if predicted_hit_tokens(best_match, prompt, block_size) < self.options.cold_match_ratio * prompt:
@@ -117,7 +111,7 @@ class PrefixAffinityRouter:
             chosen = self._cold_pick(key, costs, prompt)
             reason = "cold_spread"
         else:
-            chosen = choose_by_cost(costs)
+            chosen = lowest_cost(costs)
             reason = "prefix_hit" if chosen.matched_blocks == best_match else "load_override"
         if exclude:
             reason = "failover"
@@ -159,8 +153,6 @@ class PrefixAffinityRouter:
                 predicted_hit_tokens(decision.available_blocks, prompt, fp.block_size))
             self._metrics.reuse_tokens.labels(stage="captured").inc(
                 predicted_hit_tokens(decision.matched_blocks, prompt, fp.block_size))
-        if self.options.predictive_index:  # also refreshes the LRU position of a hit, as the engine does
-            self.writes.spawn(self._store.residency_add(decision.replica.name, list(fp.block_hashes)))
-
-    def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
-        return None
+        # a hit refreshes the LRU position of the resident head, as the engine does
+        self.writes.spawn(self.residency.learn_routed(decision.replica.name, list(fp.block_hashes),
+                                                      decision.matched_blocks))

@@ -1,17 +1,20 @@
 """Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018).
 
-A key walks the ring clockwise from its position and takes the first replica whose load is at
-most (1 + epsilon) times the mean load *including* the new item, so no replica ever carries more
-than (1 + epsilon) x its fair share while keys keep their replica as long as it has room. Adding
-or removing a replica moves only the keys that hashed near it. Used by the `session` policy and by
-`prefix_affinity` to spread cold prefixes: the same first blocks land on the same replica across
-turns and across gateway pods (the ring depends only on replica names).
+A key walks the ring clockwise from its position and takes the first replica with room under the
+bound, so no replica carries more than (1 + epsilon) x its fair share while keys keep their
+replica as long as it has room. In the method the balls are the keys: with m keys on n replicas
+each replica holds at most ceil((1 + epsilon) * m / n) of them (`key_bound`; the `session`
+policy). `within_bound` is the fractional form for a load share (`prefix_affinity` bounds each
+replica's share of recent requests when it spreads cold prefixes). Adding or removing a replica
+moves only the keys that hashed near it, and the ring depends only on replica names, so the same
+key lands on the same replica across turns and across gateway pods.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 from collections.abc import Iterator, Mapping, Sequence
 
 DEFAULT_VNODES = 64  # virtual nodes per replica: keeps the share of each replica within ~15 %
@@ -52,6 +55,14 @@ class HashRing:
                     return
 
 
+def key_bound(keys: int, replicas: int, epsilon: float) -> int:
+    """Most keys one replica may hold when `keys` keys (the new one included) share `replicas`
+    replicas: ceil((1 + epsilon) * keys / replicas), at least 1."""
+    if replicas <= 0:
+        return 0
+    return max(1, math.ceil((1.0 + epsilon) * keys / replicas - 1e-9))
+
+
 def load_bound(loads: Mapping[str, float], new_load: float, epsilon: float) -> float:
     """Most load a replica may already carry and still take the new item."""
     if not loads:
@@ -71,17 +82,6 @@ def first_on_ring(ring: HashRing, key: str | int, eligible: set[str]) -> tuple[s
         if name in eligible:
             return name, i == 0
     return None, False
-
-
-def pick_bounded(ring: HashRing, key: str | int, loads: Mapping[str, float], new_load: float = 1.0,
-                 epsilon: float = DEFAULT_EPSILON) -> tuple[str, bool]:
-    """(replica, True if it is the key's first choice). Only replicas in `loads` are eligible;
-    when all are over the bound (cannot happen with epsilon > 0, kept for safety) the least
-    loaded wins."""
-    name, first = first_on_ring(ring, key, within_bound(loads, new_load, epsilon))
-    if name is not None:
-        return name, first
-    return min(loads, key=lambda n: (loads[n], n)), False
 
 
 class RingCache:

@@ -3,9 +3,9 @@
 Every scorer returns a `Score` in the same unit, **prefill-token equivalents**: the work a replica
 must do before our request's first token, so the sum of a replica's scores is proportional to the
 TTFT this request would see there (TTFT ~ (backlog + uncached) / prefill rate). A policy composes
-them (llm-d's filters -> scorers -> picker shape); the lowest total wins.
+them (llm-d's filters -> scorers -> picker shape, docs/routing.md); the lowest total wins.
 
-- `uncached_prompt`: prompt tokens the replica would have to prefill (vLLM's hit formula, A.4).
+- `uncached_prompt`: prompt tokens the replica would have to prefill (the engine's hit rule, docs/routing.md).
 - `prefill_backlog`: prompt tokens already routed there and not yet past their first token
   (`replica.queued_prompt_tokens`, kept by the proxy), or the engine's own waiting queue when that
   says more (other gateway pods share the replica).

@@ -3,8 +3,11 @@
 Residency per replica is an LRU of block hashes with a TTL, bounded at the replica's KV capacity.
 Chains are inserted tail-first so that block 0 is the most recently used: eviction then removes
 tail blocks before the head, as vLLM's free queue does (blocks of a finished request are freed in
-reverse order), which keeps each replica's resident set prefix-closed. `residency_lookup` relies
-on that to binary-search the leading resident run instead of scanning a 15k-block chain.
+reverse order). Every add is a whole chain from its root, so each block's parent is present and
+more recent than it: the resident set stays prefix-closed, and `residency_lookup` binary-searches
+the leading resident run instead of scanning a 15k-block chain. Adding whole chains, touching
+(never inserting) on a hit and removing whole subtrees is the caller's part: the residency owner
+(app/routing/residency.py, docs/routing.md) is the only writer.
 """
 
 from __future__ import annotations
@@ -34,13 +37,25 @@ class _Residency:
         self.refresh(hashes, self._clock() + self.ttl_s)
         return self.trim()
 
-    def refresh(self, hashes: list[int], expiry: float) -> None:
-        """Insert or refresh `hashes` as the most recent, tail first (no trim)."""
+    def refresh(self, hashes: list[int], expiry: float, only_present: bool = False) -> None:
+        """Insert or refresh `hashes` as the most recent, tail first (no trim). `only_present`:
+        refresh the ones present and insert none (a touch: a block removed meanwhile stays so)."""
         blocks = self.blocks
         move = blocks.move_to_end
         for h in reversed(hashes):
+            if only_present and h not in blocks:
+                continue
             blocks[h] = expiry
             move(h)
+
+    async def refresh_sliced(self, hashes: list[int], expiry: float, only_present: bool = False) -> None:
+        """`refresh` in slices of ADD_SLICE_BLOCKS from the tail, yielding between them."""
+        end = len(hashes)
+        while end > 0:
+            self.refresh(hashes[max(0, end - ADD_SLICE_BLOCKS):end], expiry, only_present)
+            end -= ADD_SLICE_BLOCKS
+            if end > 0:
+                await asyncio.sleep(0)
 
     def insert(self, hashes: list[int], expiry: float) -> None:
         """Make `hashes` present, in order (new ones become the most recent), without moving
@@ -68,7 +83,8 @@ class _Residency:
         return True
 
     def leading(self, hashes: list[int]) -> int:
-        """Length of the leading resident run (binary search; the set is prefix-closed)."""
+        """Length of the leading resident run: a binary search, exact because the set is
+        prefix-closed (app/routing/residency.py, the only writer, keeps it so)."""
         now = self._clock()
         lo, hi = 0, len(hashes)  # invariant: hashes[:lo] resident, hashes[hi:] not known resident
         while lo < hi:
@@ -155,15 +171,24 @@ class MemoryStore:
                 res.insert(block_hashes[start:start + ADD_SLICE_BLOCKS], expiry)
                 start += ADD_SLICE_BLOCKS
                 await asyncio.sleep(0)
-            end = n
-            while end > 0:
-                res.refresh(block_hashes[max(0, end - ADD_SLICE_BLOCKS):end], expiry)
-                end -= ADD_SLICE_BLOCKS
-                if end > 0:
-                    await asyncio.sleep(0)
+            await res.refresh_sliced(block_hashes, expiry)
         finally:
             res.writers -= 1
         res.trim()
+
+    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+        """Mark the resident blocks of a chain as just used, as the engine does on a hit: present
+        ones move to the most recent end tail first (absent ones stay absent), in slices like
+        `residency_add`'s second pass."""
+        res = self._residency.get(replica)
+        if res is None:
+            return
+        res.writers += 1
+        try:
+            await res.refresh_sliced(block_hashes, self._clock() + self.ttl_s, only_present=True)
+        finally:
+            res.writers -= 1
+        res.trim()  # an add that ran meanwhile left its trim to the last writer
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
         res = self._residency.get(replica)

@@ -18,6 +18,7 @@ class ResidencyAdd:
     replica: str
     blob: bytes  # packed chain (keys.pack_hashes), head first
     base_us: int  # score of the head block (keys.next_base)
+    only_present: bool = False  # a touch: refresh members already there, insert none
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +68,3 @@ def weight(op: WriteOp) -> int:
     if isinstance(op, HistoryAppend):
         return 1 + len(op.record) // 64
     return 1
-
-
-def replica_of(op: WriteOp) -> str | None:
-    """The replica whose residency the op changes, if any."""
-    if isinstance(op, ResidencyAdd | ResidencyRemove | ResidencyClear | CapacityTrim):
-        return op.replica
-    return None

@@ -5,7 +5,7 @@ Semantics equal MemoryStore's (the contract suite in tests/test_state_contract.p
   microseconds (keys.chain_scores), trimmed to the replica's capacity, with per-member TTL as a
   score cutoff and a key TTL for idle replicas. Lookup is ONE script call for all replicas: a
   binary search over the chain inside Redis (O(log n) ZSCOREs per replica), because the sets are
-  prefix-closed. The chain travels once, 8 bytes per block.
+  prefix-closed (their only writer, app/routing/residency.py, keeps them so: docs/routing.md). The chain travels once, 8 bytes per block.
 - bindings are plain keys with PX; history a list trimmed to `history_len`; counters a hash;
   the tenant registry a sorted set by last write, trimmed to `max_tenants` (evicted tenants'
   history and counters are deleted with them).
@@ -61,7 +61,8 @@ return out
 """
 
 
-# KEYS[1]: a residency key; ARGV: packed chain, base score, expiry cutoff, capacity, key TTL ms.
+# KEYS[1]: a residency key; ARGV: packed chain, base score, expiry cutoff, capacity, key TTL ms,
+# and "XX" for a touch (refresh present members only) or "" for an add.
 # Block i scores base - i (keys.chain_scores); GT keeps newer scores. Scores are formatted with
 # %d because Lua would print a 16-digit number with only 14 significant digits.
 _ADD_LUA = """
@@ -72,6 +73,7 @@ local n = math.floor(#blob / 8)
 local i = 0
 while i < n do
   local args = {'GT'}
+  if ARGV[6] == 'XX' then args = {'XX', 'GT'} end
   local last = math.min(n, i + 1000)
   for j = i, last - 1 do
     args[#args + 1] = string.format('%d', base - j)
@@ -147,10 +149,10 @@ class RedisStore:
         """Takes effect at the replica's next write (or an applied ops.CapacityTrim)."""
         self._capacity[replica] = max(1, capacity_blocks)
 
-    def residency_add_op(self, replica: str, block_hashes: list[int]) -> ops.ResidencyAdd:
+    def residency_add_op(self, replica: str, block_hashes: list[int], only_present: bool = False) -> ops.ResidencyAdd:
         n = len(block_hashes)
         self._last_base = next_base(_us(self._clock()), self._last_base, n)
-        return ops.ResidencyAdd(replica, pack_hashes(block_hashes), self._last_base)
+        return ops.ResidencyAdd(replica, pack_hashes(block_hashes), self._last_base, only_present)
 
     def history_op(self, tenant: str, record: dict) -> ops.HistoryAppend:
         return ops.HistoryAppend(tenant, orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS), self._clock())
@@ -182,8 +184,9 @@ class RedisStore:
             # a NOSCRIPT inside MULTI would half-apply the batch. Redis caches the compiled body.
             blob = op.blob if isinstance(op, ops.ResidencyAdd) else b""
             base = op.base_us if isinstance(op, ops.ResidencyAdd) else 0
+            touch = "XX" if isinstance(op, ops.ResidencyAdd) and op.only_present else ""
             pipe.eval(_ADD_LUA, 1, self.keys.residency(op.replica), blob, base,
-                      _us(self._clock() - self.ttl_s), self.capacity(op.replica), int(self.ttl_s * 1000))
+                      _us(self._clock() - self.ttl_s), self.capacity(op.replica), int(self.ttl_s * 1000), touch)
         elif isinstance(op, ops.ResidencyRemove):
             if op.blob:
                 pipe.zrem(self.keys.residency(op.replica), *unpack_members(op.blob))
@@ -232,6 +235,9 @@ class RedisStore:
 
     async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
         await self.apply([self.residency_add_op(replica, block_hashes)])
+
+    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+        await self.apply([self.residency_add_op(replica, block_hashes, only_present=True)])
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
         await self.apply([ops.ResidencyRemove(replica, pack_hashes(block_hashes))])

@@ -283,7 +283,11 @@ class ResilientStore:
             return True
 
     async def flush(self) -> None:
-        """Sends everything queued now (bounded by control_timeout_s per batch)."""
+        """Sends everything queued now (bounded by control_timeout_s per batch). A batch the
+        flusher has in flight lands first: "queued now" includes it, or a caller that flushes
+        to read its own writes could read before them."""
+        async with self._flush_lock:
+            pass
         while self._queue and self._up:
             if not await self._flush_once():
                 return
@@ -322,6 +326,10 @@ class ResilientStore:
     async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
         await self.local.residency_add(replica, block_hashes)
         self._enqueue(self.remote.residency_add_op(replica, block_hashes))
+
+    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+        await self.local.residency_touch(replica, block_hashes)
+        self._enqueue(self.remote.residency_add_op(replica, block_hashes, only_present=True))
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
         await self.local.residency_remove(replica, block_hashes)
