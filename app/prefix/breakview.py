@@ -30,6 +30,7 @@ BEFORE_CHARS = 160  # window before the divergence (cut back to a line start whe
 AFTER_CHARS = 240
 STRUCTURE_AROUND = 12  # messages kept on each side of the divergent one (bounded record size)
 DIFF = "diff"  # mark kind of a differing run that is no dynamic value
+RUN_CHARS = 120
 
 
 def break_view(prev: RequestSketch | None, cur: RequestSketch, diag: Diagnosis, show_text: bool,
@@ -42,10 +43,9 @@ def break_view(prev: RequestSketch | None, cur: RequestSketch, diag: Diagnosis, 
         line = cur.text.count("\n", region.start, d) + 1 if where == "content" else None
         message = {"index": region.index, "role": region.role, "where": where, "line": line}
     anchor = region.index if region is not None else 0
-    realign = diag.realigned
     cur_marks = [(s.start, s.end, s.kind) for s in diag.spans]
     if not cur_marks:
-        cur_marks = [(d, _run_end(cur.text, d, realign.cur_offset if realign else None), DIFF)]
+        cur_marks = [(d, _run_end(cur.text, d), DIFF)]
     view: dict[str, Any] = {
         "pod": POD,
         "line": cur.text.count("\n", 0, d) + 1,
@@ -58,7 +58,7 @@ def break_view(prev: RequestSketch | None, cur: RequestSketch, diag: Diagnosis, 
     if prev is not None:
         prev_spans = _covering(get_detector(extra_patterns).find(*_line_of(prev.text, d)), d) if diag.spans else []
         prev_marks = [(s.start, s.end, s.kind) for s in prev_spans] or \
-            [(d, _run_end(prev.text, d, realign.prev_offset if realign else None), DIFF)]
+            [(d, _run_end(prev.text, d), DIFF)]
         view["view"]["prev"] = window(prev.text, d, prev_marks, prev_spans, show_text)
     return view
 
@@ -125,13 +125,13 @@ def window(text: str, d: int, marks: list[tuple[int, int, str]], spans: list[Spa
             "cut_before": lo > 0, "cut_after": hi < len(text)}
 
 
-def _run_end(text: str, d: int, realigned_at: int | None) -> int:
-    """End of the differing run from `d`: where the prompts re-align, else the end of the line."""
+def _run_end(text: str, d: int) -> int:
+    """End of the marked differing run from `d`: the end of its line, at most RUN_CHARS on.
+    (Where the prompts re-align is no better: an alignment artefact can make it 1 char on one
+    side and 90 on the other.)"""
     line_end = text.find("\n", d)
     line_end = len(text) if line_end < 0 else line_end
-    if realigned_at is not None and realigned_at > d:
-        return min(realigned_at, max(line_end, d + 1))
-    return max(line_end, min(len(text), d + 1))
+    return max(min(line_end, d + RUN_CHARS), min(len(text), d + 1))
 
 
 def _line_of(text: str, offset: int) -> tuple[str, int, int]:
