@@ -65,6 +65,17 @@ def send_workload(entry: Any, observers: list[Any] | None = None, clock_tenant: 
         wait_processed(hook, 2 * (i + 1))
 
 
+def wait_caching_verdict(url: str, timeout: float = 20.0) -> bool | None:
+    """The single backend's `caching_enabled` once the scraper decided it (its first scrape may
+    come late on a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        views = list(httpx.get(url + "/hygiene/engines").json()["backends"].values())
+        if views and views[0]["caching_enabled"] is not None or time.monotonic() > deadline:
+            return views[0]["caching_enabled"] if views else None
+        time.sleep(0.1)
+
+
 def save_artefact(path: Path) -> None:
     target = os.environ.get("PREFIXGATE_UI_ARTEFACTS")
     if target:
@@ -86,6 +97,7 @@ def test_ui_shows_continuity_break_and_highlight_without_prompt_text(sim_factory
     proxy = proxy_factory(sim, ui={"grafana_url": GRAFANA})
     send_workload(proxy)
     record = httpx.get(proxy.url + "/hygiene/tenants/clock").json()["last_breaks"][0]
+    caching = wait_caching_verdict(proxy.url)
 
     html, dom = dump_dom(proxy.url + "/ui")
     assert dom.one("body").attrs.get("data-ready") == "1", "the page never rendered its data"
@@ -121,6 +133,7 @@ def test_ui_shows_continuity_break_and_highlight_without_prompt_text(sim_factory
 
     # fleet and header
     backend = dom.one("table", id="fleet").find_all("tr", where=lambda n: "data-backend" in n.attrs)
+    assert caching is True  # the simulator's cache_config_info says so
     assert len(backend) == 1 and backend[0].one("span", cls="badge").text() == "ON"
     assert {t.attrs["data-stage"] for t in dom.find_all("div", cls="track")} == {"available", "captured", "delivered"}
     assert dom.by_id("grafana").attrs["href"] == GRAFANA
@@ -194,6 +207,7 @@ def test_lint_html_report_is_the_same_break_view_offline(tmp_path, capsys) -> No
     assert "Content-Security-Policy" in page and "default-src 'none'" in page
     html, dom = dump_dom(report.as_uri())
     assert dom.one("body").attrs.get("data-ready") == "1"
+    assert dom.one("body").attrs["data-renders"] == "1"  # a report never refreshes
     assert dom.by_id("fleet-section").attrs.get("hidden") is not None  # no engines offline
     assert dom.by_id("break-cause").text() == "dynamic_head"
     assert dom.by_id("break-block").text() == "1"
@@ -202,3 +216,16 @@ def test_lint_html_report_is_the_same_break_view_offline(tmp_path, capsys) -> No
     assert [m.text() for m in highlighted(dom, "cur")] == [stamp(2) + "timestamp"]
     assert dom.by_id("break-fix").text() == "Fix:" + fixes[-1]  # the sentence lint printed
     assert "from agent.jsonl" in dom.by_id("privacy-note").text()
+
+
+def test_deep_link_sorts_and_selects_and_the_page_refreshes(sim_factory, proxy_factory) -> None:
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
+    proxy = proxy_factory(sim, ui={"refresh_s": 0.5})
+    send_workload(proxy)
+    _, dom = dump_dom(proxy.url + "/ui#tenant=clean&sort=-continuity", budget_ms=4000)
+    rows = dom.one("table", id="tenants").find_all("tr", where=lambda n: "data-tenant" in n.attrs)
+    assert [r.attrs["data-tenant"] for r in rows] == ["clean", "clock"]  # best first, as linked
+    assert "selected" in tenant_row(dom, "clean").classes()
+    assert dom.by_id("break-tenant").text() == "tenant clean"
+    assert "No break recorded" in dom.by_id("break").text()
+    assert int(dom.one("body").attrs["data-renders"]) >= 3  # re-read every 0.5 s of (virtual) time

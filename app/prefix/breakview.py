@@ -31,6 +31,7 @@ AFTER_CHARS = 240
 STRUCTURE_AROUND = 12  # messages kept on each side of the divergent one (bounded record size)
 DIFF = "diff"  # mark kind of a differing run that is no dynamic value
 RUN_CHARS = 120
+LINE_CLIP = 160  # chars each side of the divergence scanned for the previous side's value (~1 ms)
 
 
 def break_view(prev: RequestSketch | None, cur: RequestSketch, diag: Diagnosis, show_text: bool,
@@ -129,15 +130,17 @@ def _run_end(text: str, d: int) -> int:
     """End of the marked differing run from `d`: the end of its line, at most RUN_CHARS on.
     (Where the prompts re-align is no better: an alignment artefact can make it 1 char on one
     side and 90 on the other.)"""
-    line_end = text.find("\n", d)
-    line_end = len(text) if line_end < 0 else line_end
-    return max(min(line_end, d + RUN_CHARS), min(len(text), d + 1))
+    line_end = text.find("\n", d, d + RUN_CHARS)
+    line_end = min(len(text), d + RUN_CHARS) if line_end < 0 else line_end
+    return max(line_end, min(len(text), d + 1))
 
 
 def _line_of(text: str, offset: int) -> tuple[str, int, int]:
-    start = text.rfind("\n", 0, offset) + 1
-    end = text.find("\n", offset)
-    return text, start, len(text) if end < 0 else end
+    """`offset`'s line, clipped to LINE_CLIP chars each side: this runs on the event loop, and a
+    1 MB single-line prompt must not be regex-scanned whole."""
+    start = max(text.rfind("\n", 0, offset) + 1, offset - LINE_CLIP)
+    end = text.find("\n", offset, offset + LINE_CLIP)
+    return text, start, min(len(text), offset + LINE_CLIP) if end < 0 else end
 
 
 def _covering(spans: list[Span], offset: int) -> list[Span]:

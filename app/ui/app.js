@@ -24,8 +24,9 @@
 
   var state = {
     embedded: null, overview: null, engines: null, tenants: [], details: {}, lint: null,
-    selected: null, breakIndex: 0, sort: { key: "continuity", dir: 1 }, timer: null, loaded: false
+    selected: null, breakIndex: 0, sort: { key: "continuity", dir: 1 }, timer: null, loaded: false, renders: 0
   };
+  var SORT_KEYS = ["tenant", "requests", "continuity", "breaks"];
 
   // ------------------------------------------------------------------ helpers
   function $(id) { return document.getElementById(id); }
@@ -270,6 +271,7 @@
       tr.addEventListener("click", function () {
         state.selected = t.tenant;
         state.breakIndex = 0;
+        saveHash();
         if (state.embedded || state.details[t.tenant]) render(); else load();
       });
       body.appendChild(tr);
@@ -413,6 +415,22 @@
     });
   }
 
+  // ------------------------------------------------------------------ deep links: #tenant=T&sort=-breaks
+  function readHash() {
+    var params = new URLSearchParams(location.hash.replace(/^#/, ""));
+    var sort = params.get("sort") || "";
+    var key = sort.replace(/^-/, "");
+    if (SORT_KEYS.indexOf(key) >= 0) state.sort = { key: key, dir: sort.charAt(0) === "-" ? -1 : 1 };
+    if (params.get("tenant")) state.selected = params.get("tenant");
+  }
+
+  function saveHash() {
+    var params = new URLSearchParams();
+    if (state.selected) params.set("tenant", state.selected);
+    params.set("sort", (state.sort.dir < 0 ? "-" : "") + state.sort.key);
+    history.replaceState(null, "", "#" + params.toString());
+  }
+
   function render() {
     renderHeader();
     renderFleet();
@@ -420,11 +438,14 @@
     renderBreak();
     renderLint();
     state.loaded = true;
+    state.renders += 1;
     document.body.setAttribute("data-ready", "1");
+    document.body.setAttribute("data-renders", String(state.renders));
   }
 
   // ------------------------------------------------------------------ start
   function start() {
+    readHash();
     var data = $("pg-data");
     if (data) {
       var payload = JSON.parse(data.textContent);
@@ -441,6 +462,7 @@
       if (!key) return;
       th.addEventListener("click", function () {
         state.sort = { key: key, dir: state.sort.key === key ? -state.sort.dir : (key === "breaks" || key === "requests" ? -1 : 1) };
+        saveHash();
         render();
       });
     });
