@@ -172,6 +172,13 @@ class Tracing(BaseModel):
     enabled: bool = False  # exporter configured by the standard OTEL_* env
 
 
+class Ui(BaseModel):
+    """The hygiene explorer page at /ui (docs/ui.md)."""
+
+    grafana_url: str | None = None  # http(s) link to the Grafana dashboards, shown in the page header
+    refresh_s: float = 5.0  # the page re-reads its JSON this often (0: no auto-refresh)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PREFIXGATE_", env_nested_delimiter="__", extra="ignore")
 
@@ -191,6 +198,7 @@ class Settings(BaseSettings):
     tracing: Tracing = Field(default_factory=Tracing)
     prefix: Prefix = Field(default_factory=Prefix)
     memory: Memory = Field(default_factory=Memory)
+    ui: Ui = Field(default_factory=Ui)
 
     @classmethod
     def settings_customise_sources(

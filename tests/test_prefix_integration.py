@@ -122,7 +122,10 @@ def test_dynamic_head_tenant_vs_clean_tenant(sim_factory, proxy_factory) -> None
     assert "below the static content" in last["fix"]
     assert clean_report["continuity"] > 0.75 and clean_report["breaks"] == 0
     assert missing.status_code == 404
-    assert ui.status_code == 200 and "clock" in ui.text and "dynamic_head" in ui.text
+    # /ui is the explorer app reading this JSON (its DOM is tested in a browser: tests/test_ui_browser.py)
+    assert ui.status_code == 200 and "/ui/app.js" in ui.text
+    row = next(t for t in tenants["tenants"] if t["tenant"] == "clock")
+    assert row["last_break"]["cause"] == "dynamic_head" and row["breaks_by_cause"] == {"dynamic_head": 4}
     assert 'prefixgate_prefix_breaks_total{cause="dynamic_head",tenant="clock"} 4.0' in metrics
     gauge = [ln for ln in metrics.splitlines() if ln.startswith('prefixgate_prefix_continuity_ratio{tenant="clock"}')]
     assert gauge and float(gauge[0].split()[-1]) < 0.05

@@ -1,19 +1,32 @@
-"""Control-plane reports on prefix hygiene: `/hygiene/tenants`, `/hygiene/tenants/{tenant}`, `/ui`.
+"""Control-plane reports on prefix hygiene, and the explorer page that reads them.
 
-Everything is read from the Store (records and counters written by the tenant tracker), so any
-gateway pod answers for the whole fleet. Prompt text appears only when `hygiene.show_text` is on;
-otherwise snippets are redacted to their shape (letters x, digits 9, dynamic values <kind>).
+JSON: `/hygiene/overview` (this pod, display settings, the reuse funnel), `/hygiene/tenants`
+(every tenant: continuity, its per-request sparkline, breaks by cause, TTFT by prompt bucket, the
+last break), `/hygiene/tenants/{tenant}` (one tenant's report with its last breaks). Page: `/ui`
+with `/ui/app.js` and `/ui/app.css` (app/ui/, docs/ui.md), under a CSP that allows nothing but
+this origin.
+
+Tenant figures are read from the Store (records and counters written by the tenant tracker), so
+any gateway pod answers for the whole fleet, break views included (app/prefix/breakview.py).
+Prompt text appears only when `hygiene.show_text` is on; otherwise snippets are redacted to their
+shape (letters x, digits 9, dynamic values <kind>). The reuse funnel is this pod's counters.
 """
 
 from __future__ import annotations
 
-import html
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from app.prefix.breakview import POD
 from app.prefix.tracker import tenant_report
+from app.ui.data import tenant_summary
+from app.ui.page import ASSETS, SECURITY_HEADERS, asset
+
+REUSE_STAGES = ("available", "captured", "delivered")
+REUSE_METRIC = "prefixgate_prefix_reuse_tokens_total"
 
 
 def _mode(services: Any) -> str | None:
@@ -28,20 +41,44 @@ async def _all_reports(services: Any) -> list[dict[str, Any]]:
     return [r for r in reports if r["requests"]]
 
 
+def safe_link(url: str | None) -> str | None:
+    """`url` when it is an absolute http(s) URL, else None (no javascript: links in the page)."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return url if parts.scheme in ("http", "https") and parts.netloc else None
+
+
+def reuse_funnel(metrics: Any) -> dict[str, Any]:
+    """This pod's reusable prompt tokens since it started, by stage; a stage never counted is
+    None (unknown), not 0."""
+    funnel: dict[str, Any] = {"scope": "pod", "pod": POD}
+    for stage in REUSE_STAGES:
+        funnel[stage] = metrics.registry.get_sample_value(REUSE_METRIC, {"stage": stage})
+    return funnel
+
+
 def build_hygiene_router(services: Any) -> APIRouter:
     router = APIRouter()
+    settings = services.settings
+
+    @router.get("/hygiene/overview")
+    async def overview() -> JSONResponse:
+        return JSONResponse({
+            "pod": POD, "fingerprint_mode": _mode(services), "show_text": settings.hygiene.show_text,
+            "window": settings.prefix.window, "grafana_url": safe_link(settings.ui.grafana_url),
+            "refresh_s": settings.ui.refresh_s, "reuse": reuse_funnel(services.metrics),
+        })
 
     @router.get("/hygiene/tenants")
     async def tenants() -> JSONResponse:
         reports = await _all_reports(services)
-        summary = [{k: r[k] for k in ("tenant", "requests", "continuity", "breaks", "breaks_by_cause")}
-                   for r in reports]
-        return JSONResponse({"fingerprint_mode": _mode(services),
-                             "show_text": services.settings.hygiene.show_text, "tenants": summary})
+        return JSONResponse({"fingerprint_mode": _mode(services), "show_text": settings.hygiene.show_text,
+                             "tenants": [tenant_summary(r) for r in reports]})
 
     @router.get("/hygiene/tenants/{tenant}")
     async def tenant(tenant: str) -> JSONResponse:
-        opts = services.settings.prefix
+        opts = settings.prefix
         report = await tenant_report(services.store, tenant, opts.window, opts.last_breaks)
         if not report["requests"]:
             return JSONResponse({"error": {"message": f"unknown tenant {tenant!r}", "type": "not_found",
@@ -51,35 +88,13 @@ def build_hygiene_router(services: Any) -> APIRouter:
 
     @router.get("/ui", response_class=HTMLResponse)
     async def ui() -> HTMLResponse:
-        return HTMLResponse(render_page(await _all_reports(services), _mode(services)))
+        return HTMLResponse(asset("index.html"), headers=SECURITY_HEADERS)
+
+    @router.get("/ui/{name}")
+    async def ui_asset(name: str) -> Response:
+        if name not in ASSETS:
+            return JSONResponse({"error": {"message": f"no such file {name!r}", "type": "not_found",
+                                           "param": None, "code": None}}, status_code=404)
+        return Response(asset(name), media_type=ASSETS[name], headers=SECURITY_HEADERS)
 
     return router
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.0f}%"
-
-
-def render_page(reports: list[dict[str, Any]], mode: str | None) -> str:
-    """A small self-contained HTML page: one row per tenant, then each tenant's last breaks."""
-    esc = html.escape
-    rows = []
-    details = []
-    for r in reports:
-        causes = ", ".join(f"{esc(k)}: {v}" for k, v in sorted(r["breaks_by_cause"].items())) or "–"
-        rows.append(f"<tr><td>{esc(r['tenant'])}</td><td>{r['requests']}</td><td>{_pct(r['continuity'])}</td>"
-                    f"<td>{r['breaks']}</td><td>{causes}</td></tr>")
-        for b in r["last_breaks"]:
-            details.append(
-                f"<tr><td>{esc(r['tenant'])}</td><td>{esc(str(b.get('cause')))}</td><td>{b.get('block_index')}</td>"
-                f"<td>{b.get('token_offset')}</td><td><code>{esc(str(b.get('snippet', '')))}</code></td>"
-                f"<td>{esc(str(b.get('fix') or ''))}</td></tr>")
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>prefixgate hygiene</title>"
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:2em}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}code{white-space:pre-wrap}</style>"
-        f"</head><body><h1>Prefix hygiene</h1><p>fingerprint mode: <b>{esc(str(mode))}</b></p>"
-        "<h2>Tenants</h2><table><tr><th>tenant</th><th>requests</th><th>continuity (window)</th>"
-        f"<th>breaks</th><th>by cause</th></tr>{''.join(rows)}</table>"
-        "<h2>Last breaks</h2><table><tr><th>tenant</th><th>cause</th><th>block</th><th>token offset</th>"
-        f"<th>snippet</th><th>fix</th></tr>{''.join(details)}</table></body></html>")

@@ -271,8 +271,11 @@ class PrefixStage:
 
         await asyncio.sleep(0)  # a slice boundary: what follows is O(messages) + C-level bulk updates
         sketch = build_sketch(state.input if state is not None else None, fp.text) if fp.text is not None else None
+        t = ctx.timings  # client-side TTFT and engine prompt tokens: /hygiene's TTFT by prompt bucket
+        facts = {"ttft_s": None if t.first_token is None else t.first_token - t.arrival,
+                 "prompt_tokens": ctx.prompt_tokens}
         obs = await self.tracker.observe(ctx.tenant, chain, sketch, b,
-                                         extra_chain=resident_chain[len(chain):])
+                                         extra_chain=resident_chain[len(chain):], facts=facts)
         if obs.continuity is not None:
             self.metrics.continuity.labels(tenant).set(obs.continuity)
         if obs.diagnosis is not None and obs.diagnosis.cause is not None:

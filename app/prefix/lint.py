@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="engine block size (default 16)")
     parser.add_argument("--dynamic-pattern", action="append", default=[], metavar="REGEX",
                         help="extra dynamic-value regex (repeatable)")
+    parser.add_argument("--html", metavar="REPORT", help="also write the /ui break view as one offline HTML file")
 
 
 def load_requests(path: str) -> list[dict[str, Any]]:
@@ -71,8 +72,8 @@ def static_findings(sketch: RequestSketch, material: int, extra: tuple[str, ...]
 
 
 async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, block_size: int,
-                  extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    tracker = TenantTracker(MemoryStore(), show_text=True, extra_patterns=extra)
+                  extra: tuple[str, ...] = (), store: MemoryStore | None = None) -> list[dict[str, Any]]:
+    tracker = TenantTracker(store or MemoryStore(), show_text=True, extra_patterns=extra)
     results: list[dict[str, Any]] = []
     material = max(64, 6 * block_size)
     for index, body in enumerate(bodies):
@@ -125,10 +126,15 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = SegmentTokenizer.load(args.tokenizer, workers=1)
     fingerprinter = Fingerprinter(tokenizer)
     extra = tuple(args.dynamic_pattern)
+    store = MemoryStore(history_len=max(1, len(bodies)))
     try:
-        results = asyncio.run(analyse(bodies, fingerprinter, args.block_size, extra))
+        results = asyncio.run(analyse(bodies, fingerprinter, args.block_size, extra, store))
     finally:
         fingerprinter.close()
+    if args.html:
+        from app.ui.report import write_lint_report
+
+        asyncio.run(write_lint_report(args.html, args.file, results, store, fingerprinter.mode))
     problems = [r for r in results if r["cause"] and r["cause"] not in NOT_A_PROBLEM]
     for r in results:
         if args.json:

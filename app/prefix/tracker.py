@@ -26,6 +26,7 @@ from itertools import compress, repeat
 from operator import eq
 from typing import Any
 
+from app.prefix.breakview import break_view
 from app.prefix.diagnose import Diagnosis, diagnose, fix_for, snippet
 from app.prefix.sketch import RequestSketch, sketch_bytes
 
@@ -139,9 +140,11 @@ class TenantTracker:
 
     # ------------------------------------------------------------------ observe
     async def observe(self, tenant: str, chain: Sequence[int], sketch: RequestSketch | None,
-                      block_size: int, extra_chain: Sequence[int] = ()) -> Observation:
+                      block_size: int, extra_chain: Sequence[int] = (),
+                      facts: dict[str, Any] | None = None) -> Observation:
         """Match `chain` (a complete prompt chain) against the tenant's history, diagnose a break,
-        then remember `chain` + `extra_chain` (blocks of generated tokens that follow it)."""
+        then remember `chain` + `extra_chain` (blocks of generated tokens that follow it).
+        `facts` (TTFT, prompt tokens) are stored with the request's record for the reports."""
         state = self._tenant(tenant)
         total = len(chain)
         matched = longest_known_prefix(chain, state.hashes)
@@ -163,7 +166,8 @@ class TenantTracker:
                 diag = call()
         seq = state.last_seq + 1
         state.last_seq = seq
-        record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain, block_size)
+        record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain, block_size, prev)
+        record.update(facts or {})
         self._remember(tenant, state, seq, [*chain, *extra_chain] if extra_chain else list(chain), sketch)
         await self.store.history_append(tenant, record)
         await self.store.counter_incr(tenant, "requests")
@@ -176,7 +180,7 @@ class TenantTracker:
 
     def _record(self, seq: int, tenant: str, total: int, matched: int, continuity: float | None,
                 diag: Diagnosis | None, sketch: RequestSketch | None, chain: Sequence[int],
-                block_size: int) -> dict[str, Any]:
+                block_size: int, prev: RequestSketch | None = None) -> dict[str, Any]:
         rec: dict[str, Any] = {
             "seq": seq, "ts": self.clock(), "blocks": total, "matched": matched,
             "continuity": continuity, "cause": None, "sample": sample_chain(chain),
@@ -195,6 +199,7 @@ class TenantTracker:
                 "fix": fix_for(diag, text, self.show_text),
                 "detail": diag.detail,
             })
+            rec.update(break_view(prev, sketch, diag, self.show_text, self.extra_patterns))  # for /ui
         return rec
 
     # ------------------------------------------------------------------ bounded memory
@@ -283,7 +288,7 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
     breaks = [r for r in records if r.get("cause")]
     by_cause = {k.split(":", 1)[1]: int(v) for k, v in counters.items() if k.startswith("breaks:")}
     keys = ("seq", "ts", "cause", "block_index", "token_offset", "char_offset", "blocks", "matched",
-            "span_kinds", "spans", "snippet", "fix")
+            "span_kinds", "spans", "snippet", "fix", "detail", "pod", "line", "message", "structure", "view")
     return {
         "tenant": tenant,
         "requests": int(counters.get("requests", 0)),
@@ -293,4 +298,5 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
         "breaks": int(counters.get("breaks", 0)),
         "breaks_by_cause": by_cause,
         "last_breaks": [{k: r.get(k) for k in keys if k in r} for r in breaks[-last_breaks:]][::-1],
+        "recent": [{k: r.get(k) for k in ("seq", "continuity", "cause", "ttft_s", "prompt_tokens")} for r in records],
     }
