@@ -64,13 +64,16 @@ class RecordingSim:
 
 
 def _pool(app: Any) -> tuple[int, int]:
+    """(acquired, idle) connections of the proxy's upstream aiohttp connector; (-1, -1) when it
+    cannot be read (aiohttp keeps them in private fields), so a leak check fails rather than
+    passing on zeros."""
     connector = app.services.upstream.connector
-    if connector is None:
-        return 0, 0
+    if connector is None or not hasattr(connector, "_acquired") or not hasattr(connector, "_conns"):
+        return -1, -1
     for _ in range(10):  # read from another thread: retry if the pool changed meanwhile
         try:
-            idle = sum(len(v) for v in list(getattr(connector, "_conns", {}).values()))
-            return len(getattr(connector, "_acquired", ())), idle
+            idle = sum(len(v) for v in list(connector._conns.values()))
+            return len(connector._acquired), idle
         except RuntimeError:
             continue
     return -1, -1

@@ -12,7 +12,7 @@ What must hold over the whole run (the figures are printed, then asserted):
   upstream_status_5xx) is the engine's: the simulators record every 5xx they send by request id,
   and a client 5xx counts as relayed only when its x-request-id is in that record;
 - no hang: each request gets a response (or, for a body the client cut short, a closed connection)
-  within REQUEST_TIMEOUT_S;
+  within REQUEST_TIMEOUT_S, and no connection is closed without a response otherwise;
 - every error the proxy answers on /v1/* is OpenAI-shaped JSON, every complete 200 stream ends
   with `data: [DONE]` and every event in it is JSON;
 - nothing leaks: afterwards no request is active in the proxies, no request is running or waiting
@@ -101,7 +101,8 @@ class Figures:
     distinct: set[int] = field(default_factory=set)  # hash of (method, target, headers, body)
     statuses: collections.Counter[str] = field(default_factory=collections.Counter)
     proxy_5xx: list[str] = field(default_factory=list)
-    relayed_5xx: int = 0
+    relayed_5xx: list[str] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)  # closed without a response, body not cut short
     hangs: list[str] = field(default_factory=list)
     bad_errors: list[str] = field(default_factory=list)
     bad_streams: list[str] = field(default_factory=list)
@@ -124,12 +125,14 @@ def _check(req: RawRequest, out: Outcome, five_xx: set[str], fig: Figures) -> No
         return
     if out.kind == "dropped":
         fig.dropped += 1
+    if out.kind == "closed" and req.framing != "short":
+        fig.unanswered.append(_describe(req, out))
     if out.status is None:
         return
     rid = out.headers.get(b"x-request-id", b"").decode("latin-1")
     if out.status >= 500:
         if rid and rid in five_xx:
-            fig.relayed_5xx += 1
+            fig.relayed_5xx.append(_describe(req, out))
         else:
             fig.proxy_5xx.append(_describe(req, out))
     if (out.kind != "response" or not rid or req.method == "HEAD" or not req.target.startswith("/v1/")
@@ -231,17 +234,19 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
               f"({EXAMPLES} examples x {BATCH}, derandomized)")
         print("  by route: " + ", ".join(f"{k} {v}" for k, v in sorted(fig.sent.items())))
         print("  statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(fig.statuses.items())))
-        print(f"  proxy 5xx {len(fig.proxy_5xx)}, relayed engine 5xx {fig.relayed_5xx}, hangs {len(fig.hangs)}, "
+        print(f"  proxy 5xx {len(fig.proxy_5xx)}, relayed engine 5xx {len(fig.relayed_5xx)}, hangs {len(fig.hangs)}, "
+              f"unanswered {len(fig.unanswered)}, "
               f"non-OpenAI errors {len(fig.bad_errors)}, malformed streams {len(fig.bad_streams)} "
               f"(complete streams {fig.streams_ok}, client disconnects mid-stream {fig.dropped})")
         print(f"  after: proxy active {active}, sim running+waiting {busy}, upstream pool acquired {acquired} "
               f"idle {idle}, proxy process sockets to sims {to_sims}, client connections still open {from_clients}")
         for title, items in (("proxy 5xx", fig.proxy_5xx), ("hang", fig.hangs), ("bad error", fig.bad_errors),
-                             ("bad stream", fig.bad_streams)):
+                             ("bad stream", fig.bad_streams), ("unanswered", fig.unanswered),
+                             ("relayed engine 5xx", fig.relayed_5xx)):
             for line in items[:5]:
                 print(f"  {title}: {line}")
     assert sum(fig.sent.values()) == EXAMPLES * BATCH
-    assert not fig.proxy_5xx and not fig.hangs
+    assert not fig.proxy_5xx and not fig.hangs and not fig.unanswered
     assert not fig.bad_errors and not fig.bad_streams
     assert active == 0 and busy == 0 and acquired == 0
     # besides the pool, each proxy's health checker and engine scraper keep one keep-alive
