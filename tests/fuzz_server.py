@@ -8,8 +8,8 @@ the test's request generation, and so the proxy process's open sockets can be co
 /proc/<pid>/fd.
 
 `GET /report` on the report port answers what only the inside can see: the simulators' recorded
-5xx request ids, each proxy's active request count and upstream pool (acquired, idle connections),
-and each simulator's running and waiting requests.
+5xx request ids and each proxy's active request count and upstream pool (acquired, idle
+connections). The simulators' running and waiting requests come from their own `GET /sim/state`.
 """
 
 from __future__ import annotations
@@ -80,14 +80,13 @@ def _pool(app: Any) -> tuple[int, int]:
 
 
 class Report:
-    def __init__(self, five_xx: set[str], sims: list[SimApp], proxies: list[Any]) -> None:
-        self.five_xx, self.sims, self.proxies = five_xx, sims, proxies
+    def __init__(self, five_xx: set[str], proxies: list[Any]) -> None:
+        self.five_xx, self.proxies = five_xx, proxies
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "five_xx": sorted(self.five_xx),
             "proxies": [{"active": p.openai.active, "pool": _pool(p)} for p in self.proxies],
-            "sims": [{"running": len(s.engine.running), "waiting": len(s.engine.waiting)} for s in self.sims],
         }
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -121,7 +120,7 @@ def main() -> int:
         app = create_app(settings)
         proxies.append(app)
         servers.append(ServerThread(app, log_level="critical").start())
-    report = ServerThread(Report(five_xx, sims, proxies), log_level="critical").start()
+    report = ServerThread(Report(five_xx, proxies), log_level="critical").start()
     ports = {"proxies": [s.port for s in servers[3:]], "sims": [s.port for s in servers[:3]], "report": report.port}
     print(json.dumps(ports), flush=True)
     sys.stdin.read()  # until the test closes our stdin
