@@ -78,6 +78,8 @@ def fleet() -> Iterator[Fleet]:
         assert proc.stdout is not None
         ports = json.loads(proc.stdout.readline() or "{}")
         assert ports, f"tests/fuzz_server.py did not start (exit {proc.poll()})"
+        # anything it prints later must not fill the pipe and block it
+        threading.Thread(target=proc.stdout.read, daemon=True, name="fuzz-server-stdout").start()
         yield Fleet(proc, ports["proxies"], ports["sims"], ports["report"])
     finally:
         stop_process(proc)
