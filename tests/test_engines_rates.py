@@ -76,21 +76,39 @@ def test_counter_that_appears_mid_window_has_no_delta_yet() -> None:
     assert d is not None and d.get(SPEC_DRAFTS) is None and prompt_tokens_per_s(d) == 10
 
 
-@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 10_000), st.booleans()), min_size=2, max_size=40))
-def test_deltas_are_never_negative_and_ratio_stays_in_0_1(steps) -> None:
+RESTART = st.integers(0, 9).map(lambda n: n == 0)  # rare enough that windows fill up between restarts
+
+
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 10_000), RESTART), min_size=2, max_size=40))
+def test_ratio_is_exactly_the_window_delta_and_never_spans_a_restart(steps) -> None:
+    """The expected ratio comes from the counters the test itself fed in: the samples of the
+    current process (each restart has a new process_start), the base being the newest one at or
+    before now - 30 s (else the process's first). A delta across a restart, a lifetime ratio or a
+    wrong base gives a different number, not just one outside [0, 1]."""
     w = CounterWindow(window_s=30)
     q = h = 0.0
+    process: list[tuple[float, float, float]] = []  # (t, queries, hits) of the current process
+    start = 0
     for i, (dq, dh, restart) in enumerate(steps):
+        t = i * 5.0
         if restart:
             q = h = 0.0
+            start += 1
+            process = []
         q += dq
         h += min(dh, dq)
-        w.add(i * 5.0, counters(q, h))
+        assert w.add(t, counters(q, h), process_start=float(start)) is (restart and i > 0)
+        process.append((t, q, h))
         d = w.deltas()
-        if d is not None:
-            assert all(v >= 0 for v in d.deltas.values())
-            ratio = hit_ratio(d)
-            assert ratio is None or 0.0 <= ratio <= 1.0
+        if len(process) < 2:
+            assert d is None
+            continue
+        base = [s for s in process if s[0] <= t - 30] or process[:1]
+        t0, q0, h0 = base[-1]
+        assert d is not None and d.span_s == t - t0
+        assert d.get(CACHE_QUERIES) == q - q0 and d.get(CACHE_HITS) == h - h0
+        expected = (h - h0) / (q - q0) if q > q0 else None
+        assert hit_ratio(d) == expected
 
 
 def test_sum_window_forgets_old_buckets() -> None:

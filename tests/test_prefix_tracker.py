@@ -95,9 +95,26 @@ async def test_memory_is_bounded() -> None:
     assert len(tr._tenants) <= 5
     assert tr._text_bytes <= 5000
     assert tr.evictions > 0
-    # a tenant's own history is trimmed oldest-first and stays prefix-closed
     state = tr._tenants["t11"]
     assert len(state.hashes) <= 300
+
+
+async def test_trimmed_history_stays_prefix_closed() -> None:
+    """Requests share a 60-block head; trimming the oldest ones must keep the head the newer ones
+    still hold: every block the tracker knows has its parent known too, so a shared prefix is never
+    reported shorter than it is (a hole at block i hides every block after it)."""
+    tr = TenantTracker(MemoryStore(), tenant_max_hashes=300)
+    chains = [chain(60, 100, tag) for tag in range(1, 9)]  # 60 shared + 40 own blocks each
+    for c in chains:
+        await tr.observe("t", c, None, 16)
+    known = tr._tenants["t"].hashes
+    assert len(known) <= 300 and tr.evictions > 0  # trimmed: 8 x 40 own blocks alone exceed 300
+    for c in chains:
+        kept = [h in known for h in c]
+        assert kept == sorted(kept, reverse=True), "a known block whose parent was dropped"
+        assert all(kept[:60]), "the head the newer requests still hold was dropped"
+    assert longest_known_prefix(chains[-1], known) == 100
+    assert longest_known_prefix(chain(60, 100, 99), known) == 60
 
 
 async def test_two_pods_share_history_through_redis(redis_server, redis_namespace) -> None:

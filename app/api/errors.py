@@ -19,6 +19,7 @@ from app.routing.base import NoReplicaAvailable
 log = logging.getLogger("prefixgate.errors")
 
 JSON_CT = (b"content-type", b"application/json")
+_TOO_DEEP = "Recursion limit reached"  # orjson.dumps beyond 254 nested levels (its loads allows 1024)
 
 
 def to_proxy_error(exc: BaseException) -> ProxyError:
@@ -32,6 +33,8 @@ def to_proxy_error(exc: BaseException) -> ProxyError:
         return ProxyError(502, str(exc), type="server_error", code=f"upstream_{exc.kind}")
     if isinstance(exc, orjson.JSONDecodeError):
         return ProxyError(400, f"request body is not valid JSON: {exc.msg}", code="invalid_json")
+    if isinstance(exc, TypeError) and str(exc) == _TOO_DEEP:  # parsed (<= 1024 levels), not re-serialisable
+        return ProxyError(400, "request body is nested too deeply (more than 254 levels)", code="invalid_json")
     log.exception("unhandled error on the request path", exc_info=exc)
     return ProxyError(500, f"internal proxy error ({type(exc).__name__})", type="server_error",
                       code="internal_error")

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+DRAIN_BYTES = 64 * 1024 * 1024  # an over-limit body read and dropped before its 413, at most
+DRAIN_S = 2.0
 UNAUTHENTICATED = "unauthenticated"  # tenant label of requests rejected for a missing/invalid key
 
 
@@ -51,8 +53,7 @@ async def read_body(scope: dict[str, Any], receive: Any, headers: dict[str, str]
     """The whole request body; ProxyError(413) as soon as it exceeds `limit` bytes."""
     declared = headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise ProxyError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
-                         code="request_too_large")
+        raise await _too_large(receive, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     parts: list[bytes] = []
     size = 0
     while True:
@@ -63,12 +64,28 @@ async def read_body(scope: dict[str, Any], receive: Any, headers: dict[str, str]
         if chunk:
             size += len(chunk)
             if size > limit:
-                raise ProxyError(413, f"request body exceeds the limit of {limit} bytes",
-                                 code="request_too_large")
+                more = message.get("more_body", False)
+                raise await _too_large(receive if more else None, f"request body exceeds the limit of {limit} bytes")
             parts.append(chunk)
         if not message.get("more_body", False):
             break
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def _too_large(receive: Any, message: str) -> ProxyError:
+    """The 413, once the rest of the body is read and dropped (at most DRAIN_BYTES, DRAIN_S): a
+    connection closed while its body is still arriving is reset by the kernel, and the client
+    then loses the response (it sees ECONNRESET or a broken pipe instead of this error)."""
+    if receive is not None:
+        dropped = 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_S):
+                while dropped <= DRAIN_BYTES:
+                    event = await receive()
+                    dropped += len(event.get("body", b""))
+                    if event["type"] == "http.disconnect" or not event.get("more_body", False):
+                        break
+    return ProxyError(413, message, code="request_too_large")
 
 
 class ClientGone(Exception):

@@ -222,7 +222,7 @@ class SimApp:
             if raw_len > THREAD_THRESHOLD_BYTES:
                 return await asyncio.to_thread(self._tokenize_sync, parsed)
             return self._tokenize_sync(parsed)
-        except TemplateError as exc:
+        except (TemplateError, TypeError, ValueError) as exc:  # e.g. `tool_calls: true`: vLLM says 400 too
             raise ApiError(400, str(exc)) from exc
 
     async def _generate(self, kind: str, receive: Receive, send: Send) -> None:

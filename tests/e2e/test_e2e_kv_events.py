@@ -67,19 +67,19 @@ def _settle(sub: KVEventSubscriber, name: str, before: int, timeout: float = 20.
         time.sleep(0.05)
 
 
-def _resident_blocks(proxy: Any, body: dict[str, Any], name: str) -> tuple[int, int]:
-    """(leading blocks of this prompt's chain resident for `name`, blocks in the chain)."""
+def _resident_blocks(proxy: Any, body: dict[str, Any], name: str, salt: str | None = None) -> tuple[int, int]:
+    """(leading blocks of this prompt's chain (under `salt`) resident for `name`, blocks in the chain)."""
     hook = proxy.services.components["prefix"]
     b = proxy.services.replicas.all()[0].block_size
-    fp = hook.fingerprinter.complete_sync(hook.fingerprinter.prepare(prompt_input("chat", body), b))
+    fp = hook.fingerprinter.complete_sync(hook.fingerprinter.prepare(prompt_input("chat", body), b, salt))
     lookup = asyncio.run_coroutine_threadsafe(
         proxy.services.store.residency_lookup(fp.block_hashes, [name]), proxy.server.loop).result(10)
     return lookup.get(name, 0), len(fp.block_hashes)
 
 
-def _kv_proxy(e2e_proxy: Any, replica: Any) -> tuple[Any, KVEventSubscriber]:
+def _kv_proxy(e2e_proxy: Any, replica: Any, **sections: Any) -> tuple[Any, KVEventSubscriber]:
     proxy = e2e_proxy([replica], routing={"kv_events": True,
-                                          "kv_events_endpoints": {replica.name: replica.kv_endpoint}})
+                                          "kv_events_endpoints": {replica.name: replica.kv_endpoint}}, **sections)
     sub = _subscriber(proxy)
     _connect(replica, sub)
     return proxy, sub

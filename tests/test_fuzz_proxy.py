@@ -1,0 +1,272 @@
+"""Fuzzing the whole surface of a real proxy on loopback, in front of simulated replicas.
+
+Hypothesis generates whole HTTP requests (tests/fuzz_cases.py) to every route: chat and completions
+(stream and not, valid and bent bodies), passthrough /v1/* paths, /v1/models, /healthz, /health,
+/readyz, /metrics, /hygiene/*, /ui and unknown paths, with odd headers and framing (tests/fuzz_client.py
+sends the exact bytes). Two proxies share the load: one with the defaults, one with hygiene
+rewrites, per-tenant reject/warn policies, cache salting, the session router and a small body
+limit, so each request path is walked with and without its optional stages.
+
+What must hold over the whole run (the figures are printed, then asserted):
+- no response >= 500 that the proxy produced itself. An engine 5xx relayed (or wrapped as 502
+  upstream_status_5xx) is the engine's: the simulators record every 5xx they send by request id,
+  and a client 5xx counts as relayed only when its x-request-id is in that record;
+- no hang: each request gets a response (or, for a body the client cut short, a closed connection)
+  within REQUEST_TIMEOUT_S, and no connection is closed without a response otherwise;
+- every error the proxy answers on /v1/* is OpenAI-shaped JSON, every complete 200 stream ends
+  with `data: [DONE]` and every event in it is JSON;
+- nothing leaks: afterwards no request is active in the proxies, no request is running or waiting
+  in the simulators (GET /sim/state), the upstream pool holds no acquired connection, and every
+  open socket to a simulator is one of the pool's idle keep-alive connections (or the one each
+  health checker and engine scraper keeps per replica), and no client connection is left open.
+
+`PREFIXGATE_FUZZ_EXAMPLES` (default 400) hypothesis examples x BATCH (25) requests per run,
+derandomized so CI runs are reproducible; tests/fuzz_cases.py says how a batch is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from tests.fuzz_cases import POOL, Pool, batch
+from tests.fuzz_client import Outcome, RawRequest, send
+
+EXAMPLES = int(os.environ.get("PREFIXGATE_FUZZ_EXAMPLES", "400"))
+BATCH = 25
+REQUEST_TIMEOUT_S = 20.0
+IN_FLIGHT_BATCHES = 4  # batches sent while hypothesis generates the next ones
+pytestmark = pytest.mark.timeout(600)
+
+
+@dataclass
+class Fleet:
+    """The servers process (tests/fuzz_server.py) and where it listens."""
+
+    proc: subprocess.Popen[str]
+    proxies: list[int]
+    sims: list[int]
+    report: int
+
+    def snapshot(self) -> dict[str, Any]:
+        return httpx.get(f"http://127.0.0.1:{self.report}/report", timeout=10).json()
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz_server"], cwd=root, env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        ports = json.loads(proc.stdout.readline() or "{}")
+        assert ports, f"tests/fuzz_server.py did not start (exit {proc.poll()})"
+        # anything it prints later must not fill the pipe and block it
+        threading.Thread(target=proc.stdout.read, daemon=True, name="fuzz-server-stdout").start()
+        yield Fleet(proc, ports["proxies"], ports["sims"], ports["report"])
+    finally:
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    """Close its stdin (it then stops its servers), SIGKILL by PID if it does not exit."""
+    with contextlib.suppress(Exception):
+        assert proc.stdin is not None
+        proc.stdin.close()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@dataclass
+class Figures:
+    sent: collections.Counter[str] = field(default_factory=collections.Counter)
+    distinct: set[int] = field(default_factory=set)  # hash of (method, target, headers, body)
+    statuses: collections.Counter[str] = field(default_factory=collections.Counter)
+    proxy_5xx: list[str] = field(default_factory=list)
+    relayed_5xx: list[str] = field(default_factory=list)
+    unanswered: list[str] = field(default_factory=list)  # closed without a response, body not cut short
+    parser_refused: int = 0  # closed, the request carrying header bytes RFC 9110 forbids
+    hangs: list[str] = field(default_factory=list)
+    bad_errors: list[str] = field(default_factory=list)
+    bad_streams: list[str] = field(default_factory=list)
+    streams_ok: int = 0
+    dropped: int = 0
+    elapsed_s: float = 0.0
+
+
+def _describe(req: RawRequest, out: Outcome) -> str:
+    return (f"{req.method} {req.target[:80]} framing={req.framing} headers={req.headers!r:.200} "
+            f"body={req.body[:200]!r} -> {out.kind} {out.status} {out.body[:300]!r} {out.error}")
+
+
+_CTL = frozenset(set(range(0x20)) - {0x09}) | {0x7F}
+
+
+def _bad_field_bytes(req: RawRequest) -> bool:
+    """A header value with a control byte, which RFC 9110 forbids: uvicorn's parser answers 400
+    and closes, and with a large body still arriving the kernel may reset the connection before
+    the client reads that 400 (the HTTP server's behaviour, before the proxy sees the request)."""
+    return any(b in _CTL for _, v in req.headers for b in v)
+
+
+def _check(req: RawRequest, out: Outcome, five_xx: set[str], fig: Figures) -> None:
+    fig.sent[req.route] += 1
+    fig.distinct.add(hash((req.method, req.target, tuple(req.headers), req.body, req.framing)))
+    fig.statuses[str(out.status) if out.kind in ("response", "dropped") else out.kind] += 1
+    if out.kind == "hang" or out.kind == "refused":
+        fig.hangs.append(_describe(req, out))
+        return
+    if out.kind == "dropped":
+        fig.dropped += 1
+    if out.kind == "closed" and req.framing != "short":
+        if _bad_field_bytes(req):  # the HTTP server's parser refused it (uvicorn: 400, then close)
+            fig.parser_refused += 1
+        else:
+            fig.unanswered.append(_describe(req, out))
+    if out.status is None:
+        return
+    rid = out.headers.get(b"x-request-id", b"").decode("latin-1")
+    if out.status >= 500:
+        if rid and rid in five_xx:
+            fig.relayed_5xx.append(_describe(req, out))
+        else:
+            fig.proxy_5xx.append(_describe(req, out))
+    if (out.kind != "response" or not rid or req.method == "HEAD" or not req.target.startswith("/v1/")
+            or req.target.startswith("/v1/models")):
+        return
+    if out.status >= 400:  # the proxy's own errors and the engine's are both OpenAI-shaped
+        try:
+            err = json.loads(out.body)["error"]
+            assert isinstance(err, dict) and isinstance(err["message"], str)
+        except Exception:  # noqa: BLE001 - any shape problem is the finding
+            fig.bad_errors.append(_describe(req, out))
+    elif req.stream and out.status == 200 and out.headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+        events = [e for e in out.body.split(b"\n\n") if e.strip()]
+        try:
+            assert events and events[-1] == b"data: [DONE]" and out.body.endswith(b"\n\n")
+            for e in events[:-1]:
+                assert e.startswith(b"data: ")
+                json.loads(e[6:])
+            fig.streams_ok += 1
+        except Exception:  # noqa: BLE001
+            fig.bad_streams.append(_describe(req, out))
+
+
+def _sockets(pid: int) -> collections.Counter[tuple[int, int, str]]:
+    """(local port, remote port, TCP state) of every IPv4 TCP socket process `pid` holds open (its
+    /proc/<pid>/fd links matched by inode against /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    states = {"01": "ESTABLISHED", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+    out: collections.Counter[tuple[int, int, str]] = collections.Counter()
+    with open(f"/proc/{pid}/net/tcp") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            if parts[9] in inodes:
+                local, remote = (int(parts[i].split(":")[1], 16) for i in (1, 2))
+                out[(local, remote, states.get(parts[3], parts[3]))] += 1
+    return out
+
+
+def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
+    fig = Figures()
+    five_xx: set[str] = set()
+    loop = asyncio.new_event_loop()
+    client = threading.Thread(target=loop.run_forever, daemon=True, name="fuzz-client")
+    client.start()
+    pending: collections.deque[Any] = collections.deque()
+
+    async def send_all(cases: list[tuple[int, RawRequest]]) -> list[tuple[RawRequest, Outcome]]:
+        outs = await asyncio.gather(*(send(req, "127.0.0.1", fleet.proxies[i], REQUEST_TIMEOUT_S)
+                                      for i, req in cases))
+        return [(req, out) for (_, req), out in zip(cases, outs, strict=True)]
+
+    results: list[tuple[RawRequest, Outcome]] = []
+
+    numbers = itertools.count()
+
+    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(POOL)
+    def run(pool: Pool) -> None:
+        cases = batch(pool, BATCH, next(numbers), len(fleet.proxies))
+        pending.append(asyncio.run_coroutine_threadsafe(send_all(cases), loop))
+        while len(pending) > IN_FLIGHT_BATCHES:
+            results.extend(pending.popleft().result())
+
+    started = time.monotonic()
+    try:
+        run()
+        while pending:
+            results.extend(pending.popleft().result())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        client.join(10)
+    fig.elapsed_s = time.monotonic() - started
+
+    deadline = time.monotonic() + 15
+    while True:  # the proxies finish their after-response work, the simulators abort what dropped clients left
+        snap = fleet.snapshot()
+        active = sum(p["active"] for p in snap["proxies"])
+        states = [httpx.get(f"http://127.0.0.1:{port}/sim/state", timeout=10).json() for port in fleet.sims]
+        busy = sum(s["running"] + s["waiting"] for s in states)
+        acquired = sum(p["pool"][0] for p in snap["proxies"])
+        if not (active or busy or acquired) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    five_xx.update(snap["five_xx"])
+    for req, out in results:
+        _check(req, out, five_xx, fig)
+    idle = sum(p["pool"][1] for p in snap["proxies"])
+    sockets = _sockets(fleet.proc.pid)
+    to_sims = sum(n for (_, remote, _), n in sockets.items() if remote in fleet.sims)
+    from_clients = sum(n for (local, _, state), n in sockets.items() if local in fleet.proxies and state != "LISTEN")
+    with capsys.disabled():
+        print(f"\nfuzz: {sum(fig.sent.values())} requests ({len(fig.distinct)} distinct) in {fig.elapsed_s:.1f}s "
+              f"({EXAMPLES} examples x {BATCH}, derandomized)")
+        print("  by route: " + ", ".join(f"{k} {v}" for k, v in sorted(fig.sent.items())))
+        print("  statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(fig.statuses.items())))
+        print(f"  proxy 5xx {len(fig.proxy_5xx)}, relayed engine 5xx {len(fig.relayed_5xx)}, hangs {len(fig.hangs)}, "
+              f"unanswered {len(fig.unanswered)} (+{fig.parser_refused} refused by the HTTP parser), "
+              f"non-OpenAI errors {len(fig.bad_errors)}, malformed streams {len(fig.bad_streams)} "
+              f"(complete streams {fig.streams_ok}, client disconnects mid-stream {fig.dropped})")
+        print(f"  after: proxy active {active}, sim running+waiting {busy}, upstream pool acquired {acquired} "
+              f"idle {idle}, proxy process sockets to sims {to_sims}, client connections still open {from_clients}")
+        for title, items in (("proxy 5xx", fig.proxy_5xx), ("hang", fig.hangs), ("bad error", fig.bad_errors),
+                             ("bad stream", fig.bad_streams), ("unanswered", fig.unanswered),
+                             ("relayed engine 5xx", fig.relayed_5xx)):
+            for line in items[:5]:
+                print(f"  {title}: {line}")
+    assert sum(fig.sent.values()) == EXAMPLES * BATCH
+    assert not fig.proxy_5xx and not fig.hangs and not fig.unanswered
+    assert not fig.bad_errors and not fig.bad_streams
+    assert active == 0 and busy == 0 and acquired == 0
+    # besides the pool, each proxy's health checker and engine scraper keep one keep-alive
+    # connection per replica (2 proxies x 2 replicas each)
+    assert to_sims - idle <= 2 * 4, "an open socket to a simulator that no client of the proxy holds"
+    assert from_clients == 0

@@ -1,0 +1,88 @@
+"""Proxy bugs the fuzz suite (test_fuzz_proxy.py) found, each kept as a plain example."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fuzz_client import RawRequest, send
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b'"x"' + b"]" * depth
+
+
+@pytest.mark.parametrize("case", ["include_usage", "rewrite", "tools"])
+def test_body_nested_deeper_than_the_proxy_can_reserialise_is_a_400(proxy_factory: Any, sim: Any, case: str) -> None:
+    """orjson parses up to 1024 levels but serialises only up to 254: a body between the two got
+    through validation, then every re-serialisation (splicing include_usage into a body that has
+    stream_options, a hygiene rewrite, the tools signature) raised TypeError -> 500 internal_error."""
+    tenants = {"default": {"policy": "rewrite"}} if case != "include_usage" else {}
+    proxy = proxy_factory(sim, tenants=tenants)
+    deep = _nested(300)
+    extra = {
+        "include_usage": b'"stream": true, "stream_options": {"continuous_usage_stats": false}, "metadata": ' + deep,
+        "rewrite": (b'"tools": [{"type": "function", "function": {"name": "g"}}, {"type": "function", "function": '
+                    b'{"name": "f"}}], "metadata": ' + deep),  # sort_tools rewrites the body
+        "tools": b'"tools": [{"type": "function", "function": {"name": "f", "parameters": ' + deep + b"}}]",
+    }[case]
+    body = b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, ' + extra + b"}"
+    resp = httpx.post(proxy.url + "/v1/chat/completions", content=body,
+                      headers={"content-type": "application/json"}, timeout=30)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["code"] == "invalid_json" and "nested" in err["message"]
+
+
+async def _upload_slowly(port: int, body: bytes) -> str:
+    """POST `body` in 64 KiB pieces (a client on a slower link than loopback), then read the
+    status line; returns it, or the error that prevented reading it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+    try:
+        writer.write(head)
+        for i in range(0, len(body), 65536):
+            writer.write(body[i:i + 65536])
+            await writer.drain()
+            await asyncio.sleep(0.002)
+        line = await asyncio.wait_for(reader.readuntil(b"\r\n"), 20)
+        return line.decode().strip()
+    except OSError as exc:
+        return type(exc).__name__
+    finally:
+        writer.close()
+
+
+def test_body_over_the_limit_gets_its_413_not_a_connection_reset(proxy_factory: Any, sim: Any) -> None:
+    """The proxy answered 413 from the declared Content-Length without reading the body and closed
+    the connection while the body was still arriving: the kernel then resets it, and the client
+    (the openai SDK too) sees a broken pipe / ECONNRESET instead of the error. The rest of the body
+    is now read and dropped (bounded in bytes and time) before the 413 goes out."""
+    proxy = proxy_factory(sim, limits={"max_body_bytes": 262_144})
+    body = b'{"model": "sim", "prompt": "' + b"lorem ipsum " * 100_000 + b'", "max_tokens": 1}'
+
+    async def many() -> list[str]:
+        return await asyncio.gather(*(_upload_slowly(proxy.server.port, body) for _ in range(5)))
+
+    assert asyncio.run(many()) == ["HTTP/1.1 413 Request Entity Too Large"] * 5
+    req = RawRequest("POST", "/v1/completions", [(b"content-type", b"application/json")], body, framing="chunked")
+    out = asyncio.run(send(req, "127.0.0.1", proxy.server.port, 20))  # no declared length: found while reading
+    assert (out.kind, out.status) == ("response", 413), out.error
+    assert json.loads(out.body)["error"]["code"] == "request_too_large"
+
+
+def test_messages_the_chat_template_cannot_render_are_a_400_from_the_simulator(proxy_factory: Any, sim: Any) -> None:
+    """A message the template cannot iterate (`tool_calls: true`) raised TypeError inside the
+    simulator (a 500, relayed as 502, and the replica marked failed); vLLM answers such a request
+    with a 400, and so does the simulator now."""
+    proxy = proxy_factory(sim)
+    body = {"model": "sim", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [], "tool_calls": True}]}
+    resp = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["message"]
