@@ -13,8 +13,7 @@ import argparse
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -29,41 +28,18 @@ from app.engines.kv_events import KVEventSubscriber
 from app.engines.scrape import EngineScraper
 from app.hygiene.hook import build_hygiene_hook
 from app.prefix.hook import build_prefix_hook
-from app.proxy.context import ProxyError, RequestHook
+from app.proxy.context import ProxyError
 from app.proxy.upstream import Upstream
-from app.routing.base import Router
 from app.routing.components import build_routing_components
 from app.routing.factory import build_router
 from app.routing.health import HealthChecker
 from app.routing.replicas import ReplicaSet
-from app.state.base import Store
+from app.services import Background, Services
 from app.state.factory import build_store
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import build_tracing_hook
 
 log = logging.getLogger("prefixgate.server")
-
-
-class Background(Protocol):
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
-
-
-@dataclass
-class Services:
-    """Everything the request path and the control plane share, built once per app."""
-
-    settings: Settings
-    metrics: Metrics
-    replicas: ReplicaSet
-    store: Store
-    router: Router
-    upstream: Upstream
-    health: HealthChecker
-    hooks: list[RequestHook] = field(default_factory=list)
-    background: list[Background] = field(default_factory=list)
-    extra_routers: list[Any] = field(default_factory=list)  # FastAPI APIRouters mounted on the app
-    components: dict[str, Any] = field(default_factory=dict)  # named parts, e.g. "scraper"
 
 
 def build_services(settings: Settings) -> Services:
@@ -72,33 +48,28 @@ def build_services(settings: Settings) -> Services:
     store = build_store(settings, metrics)
     router = build_router(settings, replicas, store, metrics)
     health = HealthChecker(replicas, metrics, settings.routing.health_interval_s)
+    scraper = EngineScraper(replicas, metrics, settings)
     services = Services(settings=settings, metrics=metrics, replicas=replicas, store=store, router=router,
-                        upstream=Upstream(settings.limits), health=health)
+                        upstream=Upstream(settings.limits), health=health, scraper=scraper)
 
     # --- background components (started in order, stopped in reverse): one line each ---
     services.background.append(health)
-    scraper = EngineScraper(replicas, metrics, settings)
-    services.components["scraper"] = scraper
     services.background.append(scraper)
     for component in build_routing_components(settings, replicas, store, metrics):
         services.background.append(component)
         if isinstance(component, KVEventSubscriber):
-            services.components["kv_events"] = component  # the prefix hook asks it when blocks arrived
+            services.kv_events = component
 
     # --- hooks, in hot-path order (hygiene, then prefix/fingerprint, then tracing): one line each ---
-    _add_hook(services, build_hygiene_hook(settings, services))
-    _add_hook(services, build_prefix_hook(settings, services))
-    _add_hook(services, build_tracing_hook(settings))
+    services.hygiene = build_hygiene_hook(settings, services)
+    services.prefix = build_prefix_hook(settings, services)
+    services.tracing = build_tracing_hook(settings)
+    services.hooks = [h for h in (services.hygiene, services.prefix, services.tracing) if h is not None]
 
     # --- extra control-plane routers (/hygiene/*, /ui): one line each ---
     services.extra_routers.append(build_hygiene_router(services))
     services.extra_routers.append(build_engines_router(scraper))
     return services
-
-
-def _add_hook(services: Services, hook: RequestHook | None) -> None:
-    if hook is not None:
-        services.hooks.append(hook)
 
 
 class PrefixgateApp:
@@ -133,11 +104,10 @@ def _control_plane(services: Services) -> FastAPI:
             for component in reversed(started):
                 with contextlib.suppress(Exception):
                     await component.stop()
-            for hook in services.hooks:
-                shutdown = getattr(hook, "shutdown", None)
-                if callable(shutdown):
+            for closer in (services.prefix, services.tracing):
+                if closer is not None:
                     with contextlib.suppress(Exception):
-                        shutdown()
+                        closer.shutdown()
             await services.store.close()
             await services.upstream.stop()
 

@@ -15,7 +15,7 @@ from app.api.errors import error_body, to_proxy_error
 from app.routing.base import NoReplicaAvailable
 
 if TYPE_CHECKING:
-    from app.server import Services
+    from app.services import Services
 
 
 def build_admin_router(services: Services) -> APIRouter:

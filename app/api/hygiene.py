@@ -17,8 +17,7 @@ from app.prefix.tracker import tenant_report
 
 
 def _mode(services: Any) -> str | None:
-    hook = getattr(services, "components", {}).get("prefix")
-    return getattr(hook, "mode", None)
+    return services.prefix.mode if services.prefix is not None else None
 
 
 async def _all_reports(services: Any) -> list[dict[str, Any]]:

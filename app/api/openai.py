@@ -30,7 +30,7 @@ from app.proxy.record import record_request
 from app.routing.base import RouteRequest
 
 if TYPE_CHECKING:
-    from app.server import Services
+    from app.services import Services
 
 log = logging.getLogger("prefixgate.api")
 

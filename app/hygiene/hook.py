@@ -19,7 +19,7 @@ changed it. Headers and metrics never carry prompt text.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.hygiene.findings import (
     DYNAMIC_HEAD,
@@ -35,6 +35,11 @@ from app.hygiene.findings import (
 from app.hygiene.rewrite import CANONICAL_JSON, MOVE_DYNAMIC, SORT_TOOLS, RewriteOptions, apply_rewrites
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
 from app.proxy.context import ProxyError, RequestContext
+
+if TYPE_CHECKING:
+    from app.config import Settings
+    from app.services import Services
+    from app.telemetry.metrics import Metrics
 
 HYGIENE_HEADER = "x-prefixgate-hygiene"
 REWRITES_HEADER = "x-prefixgate-rewrites"
@@ -69,7 +74,7 @@ def _fixed(finding: Finding, kinds: tuple[str, ...], opts: RewriteOptions) -> bo
 
 
 class HygieneHook:
-    def __init__(self, settings: Any, metrics: Any, salts: TenantSalts | None) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, salts: TenantSalts | None) -> None:
         self.tenants = settings.tenants
         self.metrics = metrics
         self.salts = salts
@@ -168,16 +173,13 @@ def _add(headers: dict[str, str], name: str, item: str) -> None:
     headers[name] = f"{headers[name]}, {item}" if headers.get(name) else item
 
 
-def build_hygiene_hook(settings: Any, services: Any) -> HygieneHook:
+def build_hygiene_hook(settings: Settings, services: Services) -> HygieneHook:
     """The hygiene + isolation hook (first in the hook list). Raises ValueError when isolation
     is enabled without a usable secret."""
     salts = None
     if settings.tenants.cache_salt.enabled:
         salts = TenantSalts(load_secret(settings.tenants.cache_salt.secret_env))
-    hook = HygieneHook(settings, services.metrics, salts)
-    if hasattr(services, "components"):
-        services.components["hygiene"] = hook
-    return hook
+    return HygieneHook(settings, services.metrics, salts)
 
 
 __all__ = ["CANONICAL_JSON", "HYGIENE_HEADER", "MOVE_DYNAMIC", "REWRITES_HEADER", "SORT_TOOLS",

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.fingerprint import ChainNode, Fingerprint, Fingerprinter, PromptInput, prompt_input
@@ -28,6 +28,10 @@ from app.prefix.template import TemplateError
 from app.prefix.tracker import TenantTracker
 from app.proxy.context import RequestContext
 
+if TYPE_CHECKING:
+    from app.config import Settings
+    from app.services import Services
+
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
 INLINE_OUTPUT_CHARS = 4096  # generated text encoded inside after_response (< 1 ms)
@@ -35,7 +39,7 @@ RECENT_PREDICTIONS = 4096
 
 
 class PrefixHook:
-    def __init__(self, settings: Any, services: Any, fingerprinter: Fingerprinter,
+    def __init__(self, settings: Settings, services: Services, fingerprinter: Fingerprinter,
                  tracker: TenantTracker) -> None:
         self.settings = settings
         self.services = services
@@ -143,7 +147,7 @@ class PrefixHook:
         """In KV-event mode the engine may report this request's own blocks before the lookup
         runs (the chain of a cold prompt is finished in a worker while the engine prefills):
         count only blocks whose BlockStored arrived before the request was sent upstream."""
-        events = self.services.components.get("kv_events")
+        events = self.services.kv_events
         sent = ctx.timings.upstream_sent
         if self.writes_residency or events is None or sent is None or matched == 0:
             return matched
@@ -210,9 +214,7 @@ class PrefixHook:
         self.metrics.cached_tokens.labels(model, tenant, "predicted").inc(predicted)
         if isinstance(delivered, int) and delivered >= 0:
             self.metrics.reuse_tokens.labels(stage="delivered").inc(delivered)
-            scraper = self.services.components.get("scraper")
-            if scraper is not None:
-                scraper.record_prediction(replica, predicted, delivered)
+            self.services.scraper.record_prediction(replica, predicted, delivered)
         ctx.attrs["prefix_predicted_tokens"] = predicted
         self.predictions.append((ctx.request_id, ctx.tenant, predicted,
                                  delivered if isinstance(delivered, int) else None))
@@ -234,7 +236,7 @@ class PrefixHook:
         self.processed += 1
 
 
-def build_prefix_hook(settings: Any, services: Any) -> PrefixHook:
+def build_prefix_hook(settings: Settings, services: Services) -> PrefixHook:
     """The fingerprint + continuity hook, and its tracker (also mounted for /hygiene)."""
     opts = settings.prefix
     fingerprinter = Fingerprinter.from_settings(settings, services.replicas)
@@ -243,6 +245,4 @@ def build_prefix_hook(settings: Any, services: Any) -> PrefixHook:
         texts_bytes=opts.tracker_texts_mb * 1024 * 1024, texts_per_tenant=opts.tracker_texts_per_tenant,
         max_tenants=settings.tenants.max_tenants, show_text=settings.hygiene.show_text,
         extra_patterns=settings.hygiene.dynamic_patterns)
-    hook = PrefixHook(settings, services, fingerprinter, tracker)
-    services.components["prefix"] = hook
-    return hook
+    return PrefixHook(settings, services, fingerprinter, tracker)
