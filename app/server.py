@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from app.api.engines import build_engines_router
 from app.api.errors import error_body
 from app.api.hygiene import build_hygiene_router
 from app.api.openai import OpenAIProxy
-from app.config import Backend, Settings, load_settings
+from app.config import ConfigError, Settings, load_settings
 from app.engines.kv_events import KVEventSubscriber
 from app.engines.scrape import EngineScraper
 from app.hygiene.hook import build_hygiene_hook
@@ -145,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {"state": args.state, "tokenizer": args.tokenizer}
     if args.backend:
-        overrides["backends"] = [Backend(url=url).model_dump() for url in args.backend]
+        overrides["backends"] = [{"url": url} for url in args.backend]
     listen = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if listen:
         overrides["listen"] = listen
@@ -161,11 +162,14 @@ def run(args: argparse.Namespace) -> int:
     from app.serving import uvicorn_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = settings_from_args(args)
-    if not settings.backends and settings.discovery is None:
-        log.error("no backends: pass --backend URL or set backends in the config file")
+    try:
+        settings = settings_from_args(args)
+        if not settings.backends and settings.discovery is None:
+            raise ConfigError("backends: none: pass --backend URL, set backends or discovery in the config file")
+        app = create_app(settings)
+    except ValueError as exc:  # ConfigError, or a hook refusing its settings: one line naming the key
+        print(f"prefixgate: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings)
     log.info("prefixgate on http://%s:%d -> %s", settings.listen.host, settings.listen.port,
              ", ".join(r.url for r in app.services.replicas.all()))
     tune_for_serving()  # app/proxy/gctune.py: no full collections over start-up objects

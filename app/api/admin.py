@@ -22,8 +22,10 @@ def build_admin_router(services: Services) -> APIRouter:
     router = APIRouter()
 
     @router.get("/healthz")
+    @router.get("/health")
     async def healthz() -> dict[str, str]:
-        """The process is alive (it answers)."""
+        """The process is alive (it answers). `/health` is the name vLLM, SGLang and their routers
+        serve, so probes and benchmark harnesses written for them work unchanged."""
         return {"status": "ok"}
 
     @router.get("/readyz")
