@@ -144,8 +144,9 @@ class Metrics:
             ["backend"], registry=r)
         self.engine_caching_enabled = Gauge(
             "prefixgate_engine_prefix_caching_enabled",
-            "0 when the engine's prefix cache is off (config says so, or prompts flow with zero "
-            "cache queries), else 1.", ["backend"], registry=r)
+            "1 when the engine's prefix cache is on (its config says so, or it queried the cache), 0 when "
+            "off (config says so, or prompts flow with zero cache queries); absent while unknown.",
+            ["backend"], registry=r)
         self.engine_spec_acceptance = Gauge(
             "prefixgate_engine_spec_acceptance_length",
             "Speculative decoding mean acceptance length (tokens per verify step, bonus included).",
