@@ -229,6 +229,30 @@ class Tracing(Section):
     enabled: bool = False  # exporter configured by the standard OTEL_* env
 
 
+class AdminListen(Section):
+    host: str = "0.0.0.0"
+    port: int = Field(ge=1, le=65535)
+
+
+class Admin(Section):
+    """The operator surface (/metrics, /hygiene/*, /ui and the other control-plane JSON; not the
+    probes /healthz, /health, /readyz, nor /v1/models). With `listen` set it is served only on that
+    port and the data port answers 404 for it; otherwise it shares the data port and, when
+    tenants.api_keys is set (or a token is), needs `Authorization: Bearer <token>` from `token_env`."""
+
+    listen: AdminListen | None = None
+    token_env: str = "PREFIXGATE_ADMIN_TOKEN"  # the variable holding the admin token (never the file)
+
+
+class Shutdown(Section):
+    """SIGTERM drains (docs/operations.md): /readyz answers 503 at once, new connections are
+    accepted for `accept_s` (while the endpoints drop the pod), in-flight requests run to their end
+    until `grace_s` after the signal; what is still open then is ended with its route's error."""
+
+    accept_s: float = Field(default=5.0, ge=0)
+    grace_s: float = Field(default=600.0, gt=0)  # agent streams run for minutes
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
 
@@ -247,6 +271,8 @@ class Settings(BaseSettings):
     scrape: Scrape = Field(default_factory=Scrape)
     tracing: Tracing = Field(default_factory=Tracing)
     prefix: Prefix = Field(default_factory=Prefix)
+    admin: Admin = Field(default_factory=Admin)
+    shutdown: Shutdown = Field(default_factory=Shutdown)
 
     @classmethod
     def settings_customise_sources(

@@ -56,3 +56,4 @@ class Services:
     hooks: list[RequestHook] = field(default_factory=list)  # hot-path order
     background: list[Background] = field(default_factory=list)
     extra_routers: list[APIRouter] = field(default_factory=list)  # mounted on the control plane
+    draining: bool = False  # set once on SIGTERM: /readyz answers 503 from then on

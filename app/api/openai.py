@@ -85,7 +85,8 @@ class _TrackedSend:
     __slots__ = ("send", "raw", "complete")
 
     def __init__(self, send: Any) -> None:
-        self.send = self.raw = send
+        self.send = send
+        self.raw = getattr(send, "raw", send)  # an outer wrapper's own fast path (app/server.py)
         self.complete = False
 
     async def __call__(self, message: dict[str, Any]) -> None:

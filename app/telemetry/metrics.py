@@ -218,6 +218,17 @@ class Metrics:
             "Redis refused them (maxmemory); other pods miss them until the data is written again.",
             registry=r)
 
+        # --- lifecycle (SIGTERM drain, app/serving.py) ---
+        self.draining = Gauge(
+            "prefixgate_draining",
+            "1 from SIGTERM until exit: /readyz answers 503 and in-flight requests run to their end.",
+            registry=r)
+        self.shutdown_cut = Counter(
+            "prefixgate_shutdown_cut_requests_total",
+            "/v1 requests still open at the shutdown.grace_s deadline and ended by the gateway: a "
+            "stream gets its route's error event and [DONE]. Non-zero: raise shutdown.grace_s "
+            "(and the pod's terminationGracePeriodSeconds with it).", registry=r)
+
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
