@@ -60,7 +60,6 @@ class ServerThread:
         self.host = host
         self.port = port or free_port(host)
         self.server = uvicorn.Server(uvicorn_config(app, host, self.port, **kwargs))
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"uvicorn:{self.port}")
         self.loop: asyncio.AbstractEventLoop | None = None
 
