@@ -2,9 +2,11 @@
 
 `create_app(settings)` returns one ASGI app that dispatches on the path *before* any framework:
 `/v1/*` (except `/v1/models`) goes to the raw ASGI hot path (app/api/openai.py), everything else
-to FastAPI (control plane, /hygiene, /ui). The lifespan starts and stops the shared parts held in
-`Services`: the upstream session, the state store, background components (health checker, engine
-scraper) and hooks.
+to FastAPI (control plane, /hygiene, /ui), with the admin gate at that door (app/api/admin.py).
+The lifespan starts and stops the shared parts held in `Services` (app/services.py): the upstream
+session, the state store, background components (health checker, engine scraper) and hooks; on
+the way out it flushes their background work. `run` serves it with the SIGTERM drain of
+app/serving.py (docs/operations.md).
 """
 
 from __future__ import annotations
