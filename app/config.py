@@ -1,17 +1,22 @@
-"""Settings: a YAML file, then `PREFIXGATE_<SECTION>__<KEY>` env, then CLI flags (highest).
+"""Settings: a YAML file, then `PREFIXGATE_<SECTION>__<KEY>` env, then CLI flags (highest), always.
 
-The key names are a contract (ARCHITECTURE.md, the Helm chart's ConfigMap and the docs use them).
-Add keys freely; rename none.
+The key names are a contract (docs/operations.md, the Helm chart's ConfigMap and the README use
+them). Add keys freely; rename none. Every section forbids unknown keys and `load_settings` refuses
+unknown `PREFIXGATE_*` variables, so a typo or a section this version lacks stops the start with
+one line naming the key (`ConfigError`) instead of being silently ignored.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, Field
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.prefix.budget import DEFAULT_BUDGET_MB
 
@@ -21,32 +26,83 @@ EngineKind = Literal["auto", "vllm", "sglang"]
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM CacheConfig.DEFAULT_BLOCK_SIZE
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+ENV_PREFIX = "PREFIXGATE_"
+# PREFIXGATE_* names the project's own tooling reads that are not settings (tests/, bench/)
+TOOL_ENV = frozenset({"PREFIXGATE_REDIS_SERVER", "PREFIXGATE_VLLM_VENV", "PREFIXGATE_E2E_MODEL",
+                      "PREFIXGATE_E2E_LOGS"})
+_DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
-class Listen(BaseModel):
+class ConfigError(ValueError):
+    """A configuration the gateway must not start with; the message is one line naming the key."""
+
+
+class Section(BaseModel):
+    """Every config section: unknown keys are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def check_url(url: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
+    """`url` when it is scheme://host[:port][/path] with a valid port; ValueError otherwise."""
+    if any(c.isspace() for c in url):
+        raise ValueError(f"{url!r} contains whitespace")
+    parts = urlsplit(url)
+    if parts.scheme not in schemes:
+        raise ValueError(f"{url!r} is not a {'/'.join(schemes)} URL")
+    if not parts.hostname or "@" in parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f"{url!r} is not scheme://host[:port][/path]")
+    try:
+        parts.port  # noqa: B018 -- raises on a non-numeric or out-of-range port
+    except ValueError:
+        raise ValueError(f"{url!r} has an invalid port") from None
+    if ":" in parts.path or "//" in parts.path:
+        raise ValueError(f"{url!r} is not scheme://host[:port][/path]")
+    return url
+
+
+def check_dns_name(name: str) -> str:
+    """`name` when it is a valid DNS name (RFC 1123 labels); ValueError otherwise."""
+    labels = name.rstrip(".").split(".")
+    if not name or len(name) > 253 or not all(_DNS_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(f"{name!r} is not a valid DNS name")
+    return name
+
+
+class Listen(Section):
     host: str = "0.0.0.0"
-    port: int = 8080
+    port: int = Field(default=8080, ge=0, le=65535)
 
 
-class Backend(BaseModel):
+class Backend(Section):
     url: str
     name: str | None = None
     engine: EngineKind = "auto"
     block_size: int | None = None  # None: from vllm:cache_config_info, else routing.block_size
     kv_blocks: int | None = None  # None: num_gpu_blocks from cache_config_info, else routing.kv_blocks
 
+    @field_validator("url")
+    @classmethod
+    def _valid_url(cls, url: str) -> str:
+        return check_url(url)
+
     def display_name(self) -> str:
         return self.name or self.url.split("://", 1)[-1].rstrip("/")
 
 
-class Discovery(BaseModel):
+class Discovery(Section):
     dns: str
-    port: int = 8000
-    scheme: str = "http"
-    interval_s: float = 10.0
+    port: int = Field(default=8000, ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    interval_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("dns")
+    @classmethod
+    def _valid_dns(cls, name: str) -> str:
+        return check_dns_name(name)
 
 
-class RoutingWeights(BaseModel):
+class RoutingWeights(Section):
     """prefix_affinity / least_load cost terms (app/routing/scorers.py); units: prefill tokens."""
 
     uncached: float = 1.0  # multiplier on the prompt tokens a replica would have to prefill
@@ -60,7 +116,7 @@ class RoutingWeights(BaseModel):
     cold_slack_tokens: float = 2048.0  # cold placement: replicas within this of the least loaded
 
 
-class Routing(BaseModel):
+class Routing(Section):
     policy: RoutingPolicy = "prefix_affinity"
     block_size: int = DEFAULT_BLOCK_SIZE
     kv_blocks: int = 4096  # residency-index capacity per replica when the engine does not say
@@ -72,18 +128,25 @@ class Routing(BaseModel):
     max_retries: int = 2  # other replicas tried when one fails before the first byte
     weights: RoutingWeights = Field(default_factory=RoutingWeights)
 
+    @field_validator("kv_events_endpoints")
+    @classmethod
+    def _valid_endpoints(cls, endpoints: dict[str, str]) -> dict[str, str]:
+        for url in endpoints.values():
+            check_url(url, ("tcp",))
+        return endpoints
 
-class CacheSalt(BaseModel):
+
+class CacheSalt(Section):
     enabled: bool = False
     secret_env: str = "PREFIXGATE_SALT_SECRET"
     client_salt: Literal["replace", "reject"] = "replace"
 
 
-class TenantOverride(BaseModel):
+class TenantOverride(Section):
     policy: TenantPolicy = "observe"
 
 
-class Tenants(BaseModel):
+class Tenants(Section):
     header: str = "x-tenant-id"
     api_keys: dict[str, str] = Field(default_factory=dict)  # key -> tenant; non-empty = keys required
     default: TenantOverride = Field(default_factory=TenantOverride)
@@ -96,11 +159,11 @@ class Tenants(BaseModel):
         return override.policy if override else self.default.policy
 
 
-class Metrics(BaseModel):
+class Metrics(Section):
     tenant_label_cap: int = 100
 
 
-class Rewrites(BaseModel):
+class Rewrites(Section):
     move_dynamic: bool = True
     sort_tools: bool = True
     canonical_json: bool = False
@@ -108,25 +171,25 @@ class Rewrites(BaseModel):
     max_moved_lines: int = 8
 
 
-class Hygiene(BaseModel):
+class Hygiene(Section):
     show_text: bool = False
     rewrites: Rewrites = Field(default_factory=Rewrites)
     dynamic_patterns: list[str] = Field(default_factory=list)  # extra regexes for the detector
     flag_unsorted_tools: bool = False  # unsorted tools are a finding even when their order is stable
 
 
-class Limits(BaseModel):
+class Limits(Section):
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0  # between two upstream reads
     first_byte_timeout_s: float = 600.0
 
 
-class Upstream(BaseModel):
+class Upstream(Section):
     api_key: str | None = None  # when set, replaces the client's Authorization upstream
 
 
-class Scrape(BaseModel):
+class Scrape(Section):
     interval_s: float = 5.0
     timeout_s: float = 2.0
     window_s: float = 60.0  # engine hit ratio / acceptance length / prediction fidelity window
@@ -134,7 +197,7 @@ class Scrape(BaseModel):
     max_bytes: int = 8 * 1024 * 1024  # a larger /metrics body is refused (counts as a failed scrape)
 
 
-class StateOptions(BaseModel):
+class StateOptions(Section):
     redis_timeout_s: float = 0.05  # budget for the one pre-forward round trip
     redis_timeout_per_1k_blocks_s: float = 0.002  # the lookup's budget grows with the chain sent
     key_ttl_s: float = 3600.0
@@ -147,7 +210,7 @@ class StateOptions(BaseModel):
     reconnect_backoff_max_s: float = 5.0
 
 
-class Prefix(BaseModel):
+class Prefix(Section):
     """Fingerprints (app/prefix/fingerprint.py) and the per-tenant continuity tracker; what they
     may keep in memory is a share of `memory.budget_mb` (app/prefix/budget.py)."""
 
@@ -161,26 +224,48 @@ class Prefix(BaseModel):
     last_breaks: int = 5  # breaks listed per tenant in /hygiene
 
 
-class Memory(BaseModel):
+class Memory(Section):
     """One bound on what the gateway keeps between requests (docs/memory.md, app/prefix/budget.py)."""
 
     # 512Mi Helm request = this + a fixed base (~100 MB interpreter, libraries, tokenizer) + headroom
     budget_mb: int = Field(default=DEFAULT_BUDGET_MB, ge=8)
 
 
-class Tracing(BaseModel):
-    enabled: bool = False  # exporter configured by the standard OTEL_* env
-
-
-class Ui(BaseModel):
+class Ui(Section):
     """The hygiene explorer page at /ui (docs/ui.md)."""
 
     grafana_url: str | None = None  # http(s) link to the Grafana dashboards, shown in the page header
     refresh_s: float = 5.0  # the page re-reads its JSON this often (0: no auto-refresh)
+class Tracing(Section):
+    enabled: bool = False  # exporter configured by the standard OTEL_* env
+
+
+class AdminListen(Section):
+    host: str = "0.0.0.0"
+    port: int = Field(ge=1, le=65535)
+
+
+class Admin(Section):
+    """The operator surface (/metrics, /hygiene/*, /ui and the other control-plane JSON; not the
+    probes /healthz, /health, /readyz, nor /v1/models). With `listen` set it is served only on that
+    port and the data port answers 404 for it; otherwise it shares the data port and, when
+    tenants.api_keys is set (or a token is), needs `Authorization: Bearer <token>` from `token_env`."""
+
+    listen: AdminListen | None = None
+    token_env: str = "PREFIXGATE_ADMIN_TOKEN"  # the variable holding the admin token (never the file)
+
+
+class Shutdown(Section):
+    """SIGTERM drains (docs/operations.md): /readyz answers 503 at once, new connections are
+    accepted for `accept_s` (while the endpoints drop the pod), in-flight requests run to their end
+    until `grace_s` after the signal; what is still open then is ended with its route's error."""
+
+    accept_s: float = Field(default=5.0, ge=0)
+    grace_s: float = Field(default=600.0, gt=0)  # agent streams run for minutes
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="PREFIXGATE_", env_nested_delimiter="__", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
 
     listen: Listen = Field(default_factory=Listen)
     backends: list[Backend] = Field(default_factory=list)
@@ -199,6 +284,8 @@ class Settings(BaseSettings):
     prefix: Prefix = Field(default_factory=Prefix)
     memory: Memory = Field(default_factory=Memory)
     ui: Ui = Field(default_factory=Ui)
+    admin: Admin = Field(default_factory=Admin)
+    shutdown: Shutdown = Field(default_factory=Shutdown)
 
     @classmethod
     def settings_customise_sources(
@@ -225,16 +312,87 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _Explicit(Settings):
+    """Settings from explicit values only (no env source): `load_settings` reads each source itself
+    so that it can name the source of an error and apply the precedence without guessing."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+def _explicit(data: dict[str, Any], source: str, env: bool = False) -> Settings:
+    try:
+        return _Explicit(**data)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc, source, env)) from None
+
+
+def _one_line(exc: ValidationError, source: str, env: bool) -> str:
+    errors = exc.errors()
+    loc = [str(p) for p in errors[0]["loc"]]
+    if env:
+        key = ENV_PREFIX + "__".join(p.upper() for p in loc)
+    else:
+        key = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in loc).lstrip(".")
+    if errors[0]["type"] == "extra_forbidden":
+        message = "unknown key"
+    else:
+        message = " ".join(str(errors[0]["msg"]).removeprefix("Value error, ").split())
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{source}: {key}: {message}{more}"
+
+
+def _env_data() -> dict[str, Any]:
+    """The settings given as PREFIXGATE_* variables, exactly those (a value equal to the default
+    still counts). A variable naming no section is a ConfigError, except the names the project's
+    tooling reads and the names `*_env` settings point at (secrets)."""
+    referenced = set(_env_references(Settings.model_construct()))
+    for name in os.environ:
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in TOOL_ENV or upper in referenced:
+            continue
+        section = upper[len(ENV_PREFIX):].split("__", 1)[0].lower()
+        if section not in Settings.model_fields:
+            raise ConfigError(f"environment: {name}: unknown key")
+    return EnvSettingsSource(Settings)()
+
+
+def _env_references(model: BaseModel) -> list[str]:
+    """Values of every `*_env` field (names of variables holding secrets), nested sections included."""
+    out: list[str] = []
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if name.endswith("_env") and isinstance(value, str):
+            out.append(value.upper())
+        elif isinstance(value, BaseModel):
+            out.extend(_env_references(value))
+    return out
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
-    """File < env < explicit overrides (CLI flags). `None` overrides are ignored."""
+    """File < env < explicit overrides (CLI flags), always; `None` overrides are ignored. Each source
+    is checked on its own first, so an error names its key and where it came from."""
     data: dict[str, Any] = {}
     if config_file:
-        loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+        try:
+            loaded = yaml.safe_load(Path(config_file).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{config_file}: {' '.join(str(exc).split())}") from None
         if not isinstance(loaded, dict):
-            raise ValueError(f"{config_file}: top level must be a mapping")
+            raise ConfigError(f"{config_file}: top level must be a mapping")
         data = loaded
-    env_only = Settings()  # env applied onto defaults
-    env_data = env_only.model_dump(exclude_defaults=True)
-    merged = deep_merge(data, env_data)
-    merged = deep_merge(merged, {k: v for k, v in overrides.items() if v is not None})
-    return Settings(**merged)
+        _explicit(data, str(config_file))
+    env_data = _env_data()
+    _explicit(env_data, "environment", env=True)
+    flags = {k: v for k, v in overrides.items() if v is not None}
+    _explicit(flags, "command line")
+    merged = _explicit(deep_merge(deep_merge(data, env_data), flags), "configuration")
+    return Settings.model_validate(merged.model_dump())

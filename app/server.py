@@ -2,77 +2,48 @@
 
 `create_app(settings)` returns one ASGI app that dispatches on the path *before* any framework:
 `/v1/*` (except `/v1/models`) goes to the raw ASGI hot path (app/api/openai.py), everything else
-to FastAPI (control plane, /hygiene, /ui). The lifespan starts and stops the shared parts held in
-`Services`: the upstream session, the state store, background components (health checker, engine
-scraper) and hooks.
+to FastAPI (control plane, /hygiene, /ui), with the admin gate at that door (app/api/admin.py).
+The lifespan starts and stops the shared parts held in `Services` (app/services.py): the upstream
+session, the state store, background components (health checker, engine scraper) and hooks; on
+the way out it flushes their background work. `run` serves it with the SIGTERM drain of
+app/serving.py (docs/operations.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from app.api.admin import build_admin_router
+from app.api.admin import AdminGate, build_metrics_router, build_probe_router, is_admin_path, scope_headers
 from app.api.engines import build_engines_router
-from app.api.errors import error_body
+from app.api.errors import error_body, send_error, sse_error_event
 from app.api.hygiene import build_hygiene_router
 from app.api.openai import OpenAIProxy
-from app.config import Backend, Settings, load_settings
+from app.config import ConfigError, Settings, load_settings
 from app.engines.kv_events import KVEventSubscriber
 from app.engines.scrape import EngineScraper
-from app.pipeline.hygiene_stage import HygieneStage, build_hygiene_stage
+from app.pipeline.hygiene_stage import build_hygiene_stage
 from app.pipeline.prefix_stage import build_prefix_stage
-from app.pipeline.tracing_stage import TracingStage, build_tracing_stage
-from app.proxy.context import ProxyError, RequestHook
+from app.pipeline.tracing_stage import build_tracing_stage
+from app.proxy.context import ProxyError
 from app.proxy.upstream import Upstream
-from app.routing.base import Router
 from app.routing.components import build_routing_components
 from app.routing.factory import build_residency, build_router
 from app.routing.health import HealthChecker
 from app.routing.replicas import ReplicaSet
-from app.routing.residency import ReplicaIndex
-from app.state.base import Store
+from app.services import Background, Services
 from app.state.factory import build_store
 from app.telemetry.metrics import Metrics
 
-if TYPE_CHECKING:
-    from app.pipeline.prefix_stage import PrefixStage
-
 log = logging.getLogger("prefixgate.server")
-
-
-class Background(Protocol):
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
-
-
-@dataclass
-class Services:
-    """Everything the request path and the control plane share, built once per app."""
-
-    settings: Settings
-    metrics: Metrics
-    replicas: ReplicaSet
-    store: Store
-    residency: ReplicaIndex  # the residency index's one owner (app/routing/residency.py)
-    router: Router
-    upstream: Upstream
-    health: HealthChecker
-    # the pipeline's stages (app/pipeline/request.py runs them in its order); None: step skipped
-    hygiene: HygieneStage | None = None
-    prefix: PrefixStage | None = None
-    tracing: TracingStage | None = None
-    hooks: list[RequestHook] = field(default_factory=list)  # extra observers, after the stages
-    background: list[Background] = field(default_factory=list)
-    extra_routers: list[Any] = field(default_factory=list)  # FastAPI APIRouters mounted on the app
-    components: dict[str, Any] = field(default_factory=dict)  # named parts, e.g. "scraper"
 
 
 def build_services(settings: Settings) -> Services:
@@ -82,19 +53,18 @@ def build_services(settings: Settings) -> Services:
     residency = build_residency(settings, store)
     router = build_router(settings, replicas, store, metrics, residency)
     health = HealthChecker(replicas, metrics, settings.routing.health_interval_s)
+    scraper = EngineScraper(replicas, metrics, settings)
     services = Services(settings=settings, metrics=metrics, replicas=replicas, store=store,
                         residency=residency, router=router,
-                        upstream=Upstream(settings.limits), health=health)
+                        upstream=Upstream(settings.limits), health=health, scraper=scraper)
 
     # --- background components (started in order, stopped in reverse): one line each ---
     services.background.append(health)
-    scraper = EngineScraper(replicas, metrics, settings)
-    services.components["scraper"] = scraper
     services.background.append(scraper)
     for component in build_routing_components(settings, replicas, residency, metrics):
         services.background.append(component)
         if isinstance(component, KVEventSubscriber):
-            services.components["kv_events"] = component  # the prefix hook asks it when blocks arrived
+            services.kv_events = component
 
     # --- the pipeline's stages (their order is app/pipeline/request.py's): one line each ---
     services.hygiene = build_hygiene_stage(settings, metrics)
@@ -108,20 +78,121 @@ def build_services(settings: Settings) -> Services:
 
 
 class PrefixgateApp:
-    """The ASGI entry point: path dispatch to the raw hot path or the FastAPI control plane."""
+    """The ASGI entry point of the data port: path dispatch to the raw hot path or the FastAPI
+    control plane, with the admin gate at the door (app/api/admin.py). Also the target of the
+    SIGTERM drain (app/serving.py `Drainable`)."""
 
     def __init__(self, services: Services) -> None:
         self.services = services
         self.openai = OpenAIProxy(services)
         self.control = _control_plane(services)
+        self.gate = AdminGate(services.settings)
+        self.admin: AdminApp | None = AdminApp(self.control) if self.gate.separate else None
+        self._open: dict[asyncio.Task[Any], _WatchedSend] = {}  # /v1 requests in flight
+        self._cutting = False
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             path = scope["path"]
             if path.startswith("/v1/") and path != "/v1/models":
-                await self.openai(scope, receive, send)
+                await self._hot_path(scope, receive, send)
+                return
+            if is_admin_path(path) and (refusal := self.gate.refusal(scope_headers(scope))) is not None:
+                await send_error(send, refusal)
                 return
         await self.control(scope, receive, send)
+
+    async def _hot_path(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The /v1 request, known to the drain: at the shutdown deadline `cut` cancels it and the
+        gateway ends the response itself, so the client gets an error, never a bare cut."""
+        task = asyncio.current_task()
+        watched = _WatchedSend(send)
+        if task is not None:
+            self._open[task] = watched
+        try:
+            await self.openai(scope, receive, watched)
+        except asyncio.CancelledError:
+            if task is None or task.cancelling() != 1 or not self._cutting:
+                raise
+            task.uncancel()
+            await watched.end_with(SHUTDOWN_ERROR)
+        finally:
+            if task is not None:
+                self._open.pop(task, None)
+
+    # ------------------------------------------------------------------ drain (app/serving.py)
+    def begin_drain(self) -> None:
+        self.services.draining = True
+        self.services.metrics.draining.set(1)
+
+    def in_flight(self) -> int:
+        return len(self._open)
+
+    async def cut(self) -> int:
+        """End every /v1 request still open: each is cancelled and answered by the gateway with
+        its route's error (a stream: the error event and [DONE] after the events it already had;
+        not yet started: an error response). Returns how many were open."""
+        tasks = list(self._open)
+        if not tasks:
+            return 0
+        self.services.metrics.shutdown_cut.inc(len(tasks))
+        self._cutting = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=CUT_WAIT_S)
+        return len(tasks)
+
+
+SHUTDOWN_ERROR = ProxyError(503, "the gateway is shutting down: shutdown.grace_s reached before the "
+                            "response ended", type="server_error", code="gateway_shutdown")
+CUT_WAIT_S = 5.0  # cancelled requests finish their after-response accounting within this
+
+
+class _WatchedSend:
+    """The ASGI send of one /v1 request, remembering how far the response got (started, ended),
+    so that a cut can end it correctly. Body chunks sent through `raw` (the relay's per-chunk fast
+    path) bypass it: they neither start nor end a response."""
+
+    __slots__ = ("send", "raw", "started", "ended")
+
+    def __init__(self, send: Any) -> None:
+        self.send = self.raw = send
+        self.started = self.ended = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.started = True
+        elif kind == "http.response.body" and not message.get("more_body", False):
+            self.ended = True
+        await self.send(message)
+
+    async def end_with(self, err: ProxyError) -> None:
+        if self.ended:
+            return
+        with contextlib.suppress(Exception):  # the client may be gone too
+            if self.started:
+                await self.send({"type": "http.response.body", "body": sse_error_event(err), "more_body": False})
+            else:
+                await send_error(self.send, err)
+        self.ended = True
+
+
+class AdminApp:
+    """The admin port's ASGI app (`admin.listen`): the control plane only (admin paths, probes,
+    /v1/models); the hot path is not served here. The data port's server runs the lifespan."""
+
+    def __init__(self, control: FastAPI) -> None:
+        self.control = control
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and scope["path"] != "/v1/models":
+            await send_error(send, ProxyError(404, "Not Found", type="NotFoundError", code="not_found"))
+            return
+        await self.control(scope, receive, send)
+
+
+FLUSH_TIMEOUT_S = 10.0  # after-response tracking and spans still pending at exit get this long
 
 
 def _control_plane(services: Services) -> FastAPI:
@@ -136,14 +207,15 @@ def _control_plane(services: Services) -> FastAPI:
                 started.append(component)
             yield
         finally:
+            await _flush(services)
             for component in reversed(started):
                 with contextlib.suppress(Exception):
                     await component.stop()
-            for stage in (services.prefix, services.tracing):
-                if stage is not None:
+            for closer in (services.prefix, services.tracing):
+                if closer is not None:
                     with contextlib.suppress(Exception):
-                        stage.shutdown()
-            await services.store.close()
+                        closer.shutdown()
+            await services.store.close()  # sends the queued Redis writes first
             await services.upstream.stop()
 
     app = FastAPI(title="prefixgate", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -154,10 +226,22 @@ def _control_plane(services: Services) -> FastAPI:
         return Response(error_body(exc), status_code=exc.status, media_type="application/json",
                         headers=exc.headers)
 
-    app.include_router(build_admin_router(services))
+    app.include_router(build_probe_router(services))
+    app.include_router(build_metrics_router(services))
     for extra in services.extra_routers:
         app.include_router(extra)
     return app
+
+
+async def _flush(services: Services) -> None:
+    """Background work of finished requests (continuity tracking, residency writes, spans) ends
+    before the store closes, so a restart loses none of it."""
+    for pending in (services.prefix, services.tracing):
+        if pending is not None:
+            try:
+                await asyncio.wait_for(pending.drain(), FLUSH_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 -- a stuck flush must not keep the pod from exiting
+                log.warning("shutdown: %s did not flush within %.0fs", type(pending).__name__, FLUSH_TIMEOUT_S)
 
 
 def create_app(settings: Settings) -> PrefixgateApp:
@@ -180,7 +264,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {"state": args.state, "tokenizer": args.tokenizer}
     if args.backend:
-        overrides["backends"] = [Backend(url=url).model_dump() for url in args.backend]
+        overrides["backends"] = [{"url": url} for url in args.backend]
     listen = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if listen:
         overrides["listen"] = listen
@@ -190,20 +274,25 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.proxy.gctune import tune_for_serving
-    from app.serving import uvicorn_config
+    from app.serving import serve_draining, uvicorn_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = settings_from_args(args)
-    if not settings.backends and settings.discovery is None:
-        log.error("no backends: pass --backend URL or set backends in the config file")
+    try:
+        settings = settings_from_args(args)
+        if not settings.backends and settings.discovery is None:
+            raise ConfigError("backends: none: pass --backend URL, set backends or discovery in the config file")
+        app = create_app(settings)
+    except ValueError as exc:  # ConfigError, or a hook refusing its settings: one line naming the key
+        print(f"prefixgate: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings)
     log.info("prefixgate on http://%s:%d -> %s", settings.listen.host, settings.listen.port,
              ", ".join(r.url for r in app.services.replicas.all()))
     tune_for_serving()  # app/proxy/gctune.py: no full collections over start-up objects
-    uvicorn.Server(uvicorn_config(app, settings.listen.host, settings.listen.port,
-                                  log_level=args.log_level.lower())).run()
-    return 0
+    level = args.log_level.lower()
+    configs = [uvicorn_config(app, settings.listen.host, settings.listen.port, log_level=level)]
+    admin = settings.admin.listen
+    if app.admin is not None and admin is not None:
+        log.info("admin surface on http://%s:%d", admin.host, admin.port)
+        configs.append(uvicorn_config(app.admin, admin.host, admin.port, log_level=level, lifespan="off"))
+    return serve_draining(app, *configs, accept_s=settings.shutdown.accept_s, grace_s=settings.shutdown.grace_s)

@@ -1,19 +1,28 @@
-"""Running ASGI apps on loopback: free ports and uvicorn servers in background threads.
+"""Running ASGI apps: free ports, uvicorn servers in background threads, and the SIGTERM drain.
 
-Used by the demo, the simulator's test cluster, the benchmarks and the tests, so each of them
-starts real HTTP servers the same way.
+`ServerThread` is used by the demo, the simulator's test cluster, the benchmarks and the tests, so
+each of them starts real HTTP servers the same way. `serve_draining` runs `prefixgate serve`: the
+data port (and the admin port, if any) on the main thread's loop, with the shutdown policy of
+docs/operations.md ("Drain").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import signal
 import socket
 import subprocess
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import uvicorn
+
+log = logging.getLogger("prefixgate.serving")
+CUT_BACKSTOP_S = 10.0  # after the deadline's cut, uvicorn cancels whatever still has not ended
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -38,8 +47,9 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 def uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
     """The production settings: uvloop + httptools when installed, no access log."""
     kwargs.setdefault("log_level", "warning")
+    kwargs.setdefault("lifespan", "on")
     return uvicorn.Config(app, host=host, port=port, loop="auto", http="auto",
-                          access_log=False, lifespan="on", timeout_keep_alive=75, **kwargs)
+                          access_log=False, timeout_keep_alive=75, **kwargs)
 
 
 class ServerThread:
@@ -50,7 +60,6 @@ class ServerThread:
         self.host = host
         self.port = port or free_port(host)
         self.server = uvicorn.Server(uvicorn_config(app, host, self.port, **kwargs))
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"uvicorn:{self.port}")
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -85,3 +94,101 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Drainable(Protocol):
+    """What the drain needs from the app it serves (app/server.py `PrefixgateApp`)."""
+
+    def begin_drain(self) -> None:
+        """Readiness answers 503 from now on."""
+        ...
+
+    def in_flight(self) -> int:
+        """Requests not yet finished."""
+        ...
+
+    async def cut(self) -> int:
+        """End what is still open, each with its route's error; returns how many were open."""
+        ...
+
+
+class _QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves SIGTERM/SIGINT to `serve_draining` (uvicorn's own handler
+    closes the listener at once, which is exactly the lost-requests behaviour a drain avoids)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def serve_draining(target: Drainable, primary: uvicorn.Config, *others: uvicorn.Config,
+                   accept_s: float, grace_s: float) -> int:
+    """Serve until SIGTERM/SIGINT, then drain; the exit status (0 after a clean drain).
+
+    On the first signal: `target.begin_drain()` (/readyz 503 at once); the listener keeps accepting
+    for `accept_s` (endpoint propagation: peers still routing here are served, not refused); then
+    it closes and in-flight requests run to their end until `grace_s` after the signal, when
+    `target.cut()` ends the rest with their route's error event; the app's lifespan shutdown then
+    flushes background work. A second signal ends at once (status 1). `others` (the admin port)
+    keep serving until the primary has finished, so /metrics answers throughout the drain."""
+    with asyncio.Runner(loop_factory=primary.get_loop_factory()) as runner:
+        return runner.run(_Drain(target, primary, others, accept_s, grace_s).run())
+
+
+class _Drain:
+    def __init__(self, target: Drainable, primary: uvicorn.Config, others: tuple[uvicorn.Config, ...],
+                 accept_s: float, grace_s: float) -> None:
+        self.target = target
+        # uvicorn's own graceful timeout is only the backstop behind our deadline and cut
+        primary.timeout_graceful_shutdown = int(grace_s + CUT_BACKSTOP_S) + 1
+        self.primary = _QuietServer(primary)
+        self.others = [_QuietServer(c) for c in others]
+        self.accept_s = accept_s
+        self.grace_s = grace_s
+        self.stop = asyncio.Event()
+        self.forced = asyncio.Event()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if self.stop.is_set():
+            log.warning("second %s: exiting now", sig.name)
+            self.forced.set()
+            for server in (self.primary, *self.others):
+                server.force_exit = server.should_exit = True
+        else:
+            log.info("%s: draining (accepting %.0fs more, in-flight requests get up to %.0fs)",
+                     sig.name, self.accept_s, self.grace_s)
+            self.stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        primary = asyncio.create_task(self.primary.serve())
+        others = [asyncio.create_task(s.serve()) for s in self.others]
+        stopped = asyncio.create_task(self.stop.wait())
+        await asyncio.wait([primary, *others, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not self.stop.is_set():  # a server ended on its own (start-up failed: port in use, lifespan error)
+            for server in (self.primary, *self.others):
+                server.should_exit = True
+            await asyncio.gather(primary, *others, return_exceptions=True)
+            stopped.cancel()
+            return 1
+        signalled = loop.time()
+        self.target.begin_drain()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.forced.wait(), self.accept_s)
+        self.primary.should_exit = True  # listener closes; uvicorn waits for in-flight requests
+        deadline = asyncio.create_task(self._cut_at(signalled + self.grace_s))
+        await asyncio.gather(primary, return_exceptions=True)
+        deadline.cancel()
+        for server in self.others:
+            server.should_exit = True
+        await asyncio.gather(*others, return_exceptions=True)
+        return 1 if self.forced.is_set() else 0
+
+    async def _cut_at(self, when: float) -> None:
+        await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
+        if self.target.in_flight():
+            n = await self.target.cut()
+            log.warning("shutdown.grace_s (%.0fs) reached: ended %d open request(s) with an error event",
+                        self.grace_s, n)

@@ -418,7 +418,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         load = drv_conn.recv()
         driver.join(10)
         wall = time.perf_counter() - t0
-        hook = app.services.components.get("prefix")
+        hook = app.services.prefix
         if hook is not None:
             asyncio.run_coroutine_threadsafe(hook.drain(), server.loop).result(timeout=120)
         probe.stop()

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from app.config import Settings, deep_merge
-from app.server import PrefixgateApp, Services, create_app
+from app.server import PrefixgateApp, create_app
+from app.services import Services
 from app.serving import ServerThread
 
 # redis_server (session), redis_proc (per test, killable), redis_namespace: a real redis-server

@@ -127,3 +127,40 @@ def test_sidecar_mode_ships_the_container_spec() -> None:
     assert svc["spec"]["selector"] == {"app.kubernetes.io/name": "vllm"}
     (config,) = [d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d["data"]]
     assert yaml.safe_load(config["data"]["config.yaml"])["backends"][0]["url"] == "http://127.0.0.1:8000"
+
+
+def test_drain_grace_period_prestop_readiness_and_pdb() -> None:
+    """terminationGracePeriodSeconds covers the preStop wait, the gateway's own drain
+    (config.shutdown.grace_s) and a margin, so Kubernetes never SIGKILLs a stream the gateway would
+    still let finish; readiness is /readyz (503 from SIGTERM on); the PDB stays."""
+    docs = template("--set", "config.shutdown.grace_s=900", "--set", "shutdown.preStopSeconds=15",
+                    "--set", "shutdown.marginSeconds=20")
+    (deploy,) = by_kind(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 15 + 900 + 20
+    (c,) = pod["containers"]
+    assert c["lifecycle"]["preStop"]["exec"]["command"][-1].endswith("time.sleep(15)")
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert by_kind(docs, "PodDisruptionBudget")
+    config = yaml.safe_load(next(d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d["data"])["data"]["config.yaml"])
+    assert Settings(**config).shutdown.grace_s == 900
+    defaults = by_kind(template(), "Deployment")[0]["spec"]["template"]["spec"]
+    assert defaults["terminationGracePeriodSeconds"] == 10 + 600 + 30  # grace_s default: agent streams
+
+
+def test_admin_port_is_served_and_scraped(tmp_path: Path) -> None:
+    docs = template("--set", "serviceMonitor.enabled=true")
+    validate(docs, tmp_path)
+    (deploy,) = by_kind(docs, "Deployment")
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert {"name": "admin", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+    (svc,) = by_kind(docs, "Service")
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"http": 8080, "admin": 9090}
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "admin"
+    config = yaml.safe_load(next(d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d["data"])["data"]["config.yaml"])
+    assert Settings(**config).admin.listen.port == 9090
+    shared = template("--set", "serviceMonitor.enabled=true", "--set", "config.admin.listen=null")
+    (monitor,) = by_kind(shared, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "http"
+    assert [p["name"] for p in by_kind(shared, "Service")[0]["spec"]["ports"]] == ["http"]

@@ -105,3 +105,24 @@ def test_hadolint_fails_a_bad_dockerfile(tmp_path: Path) -> None:
 
     proc = subprocess.run([tool("hadolint"), str(bad)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
+
+
+@pytest.mark.parametrize(("overlay", "deployment"), [("gateway", "prefixgate"), ("sidecar", "vllm")])
+def test_drain_and_admin_port_in_the_manifests(overlay: str, deployment: str) -> None:
+    """terminationGracePeriodSeconds >= preStop + shutdown.grace_s; preStop waits; readiness is
+    /readyz; the Service carries the admin port the scrape annotation points at."""
+    docs = kustomize(overlay)
+    pod = one(docs, "Deployment", deployment)["spec"]["template"]
+    (c,) = [c for c in pod["spec"]["containers"] if c["name"] == "prefixgate"]
+    settings = Settings(**yaml.safe_load(one(docs, "ConfigMap")["data"]["config.yaml"]))
+    sleep = float(re.search(r"sleep\((\d+)\)", c["lifecycle"]["preStop"]["exec"]["command"][-1]).group(1))
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= sleep + settings.shutdown.grace_s + 10
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert settings.admin.listen is not None and ports["admin"] == settings.admin.listen.port
+    assert ports["http"] == settings.listen.port
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(settings.admin.listen.port)
+    svc = one(docs, "Service", "prefixgate")
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == {"http": "http", "admin": "admin"}
+    if overlay == "gateway":
+        assert one(docs, "PodDisruptionBudget")

@@ -83,7 +83,7 @@ def test_hung_metrics_does_not_slow_requests(proxy_factory) -> None:
             t0 = time.perf_counter()
             client.completions.create(model="sim", prompt=f"{PROMPT} {i}", max_tokens=4)
             latencies.append(time.perf_counter() - t0)
-        still_stuck = proxy.services.components["scraper"].status()["hung"]["error"] is None
+        still_stuck = proxy.services.scraper.status()["hung"]["error"] is None
     finally:
         hung.release.set()
         server.stop()

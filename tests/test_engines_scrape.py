@@ -375,6 +375,22 @@ async def test_unreachable_then_unknown_engine(server: ExpositionServer) -> None
     assert gauge(metrics, "engine_prefix_caching_enabled") is None
 
 
+async def test_counters_without_config_or_traffic_leave_caching_unknown(server: ExpositionServer) -> None:
+    """SGLang without /server_info, one scrape (no window): nothing says the cache is on, so the
+    gauge is absent and the verdict says unknown; it must never read as 1."""
+    scraper, _, metrics, _ = make(server.thread.url)
+    server.info = None
+    server.serve("sglang-0.5.23-a.txt")
+    try:
+        await scraper.scrape_once()
+        view = scraper.status()["b0"]
+    finally:
+        await scraper.stop()
+    assert view["engine"] == "sglang" and view["caching_enabled"] is None
+    assert gauge(metrics, "engine_prefix_caching_enabled") is None
+    assert "unknown" in view["verdict"]
+
+
 async def test_hygiene_engines_endpoint(server: ExpositionServer) -> None:
     scraper, _, _, clock = make(server.thread.url)
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from app.engines.rates import WindowDeltas
 from app.engines.sample import CACHE_QUERIES, PROMPT_TOKENS
 from app.engines.status import (
-    ASSUMED,
     BY_CONFIG,
     BY_NO_QUERIES,
     BY_QUERIES,
@@ -23,21 +22,25 @@ def window(queried: float, prompt: float, span: float = 5.0) -> WindowDeltas:
 
 
 def test_config_off_wins_over_traffic() -> None:
-    assert decide_caching(False, True, window(1000, 1000), True, BY_QUERIES) == (False, BY_CONFIG)
+    assert decide_caching(False, window(1000, 1000), True, BY_QUERIES) == (False, BY_CONFIG)
 
 
 def test_prompts_without_queries_mean_off() -> None:
-    assert decide_caching(True, True, window(0, 6000), None, None) == (False, BY_NO_QUERIES)
+    assert decide_caching(True, window(0, 6000), None, None) == (False, BY_NO_QUERIES)
 
 
 def test_queries_mean_on() -> None:
-    assert decide_caching(None, True, window(500, 500), False, BY_NO_QUERIES) == (True, BY_QUERIES)
+    assert decide_caching(None, window(500, 500), False, BY_NO_QUERIES) == (True, BY_QUERIES)
 
 
 def test_idle_window_keeps_the_previous_verdict() -> None:
-    assert decide_caching(True, True, window(0, 0), False, BY_NO_QUERIES) == (False, BY_NO_QUERIES)
-    assert decide_caching(None, True, None, None, None) == (True, ASSUMED)
-    assert decide_caching(None, False, None, None, None) == (None, None)
+    assert decide_caching(True, window(0, 0), False, BY_NO_QUERIES) == (False, BY_NO_QUERIES)
+
+
+def test_counters_alone_are_no_evidence() -> None:
+    """An engine that exports cache counters but has neither a config flag nor traffic yet: unknown."""
+    assert decide_caching(None, None, None, None) == (None, None)
+    assert decide_caching(None, window(0, 0), None, None) == (None, None)
 
 
 def test_verdict_on_with_hit_ratio_and_spec() -> None:

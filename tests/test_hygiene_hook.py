@@ -200,7 +200,7 @@ def test_salt_isolates_tenants_and_the_same_tenant_shares(sim_factory, proxy_fac
     state = httpx.get(sim.urls[0] + "/sim/state", timeout=10).json()
     assert [r["cached_tokens"] for r in state["recent_requests"]] == [0, 0, a2[1]]
     # the fingerprint chain starts from the salt: predictions match the engine exactly
-    hook = proxy.services.components["prefix"]
+    hook = proxy.services.prefix
     proxy.settle()
     deadline = time.monotonic() + 20
     while hook.processed < 3 and time.monotonic() < deadline:

@@ -126,7 +126,7 @@ def test_budget_and_usage_are_exported(proxy_factory: Callable[..., Any], sim: A
     for i in range(4):
         client.chat.completions.create(model="sim", max_tokens=4, messages=[
             {"role": "system", "content": "Be brief. " * 200}, {"role": "user", "content": f"question {i}"}])
-    stage = proxy.services.components["prefix"]
+    stage = proxy.services.prefix
     asyncio.run_coroutine_threadsafe(stage.drain(), proxy.server.loop).result(10)
     assert proxy.sample("prefixgate_memory_budget_bytes") == budget_mb * MB
     held = stage.memory_bytes()

@@ -65,7 +65,7 @@ def send(client: httpx.Client, tenant: str, messages: list[dict], stream: bool,
 def test_prediction_equals_sim_cached_tokens(sim_factory, proxy_factory, policy: str) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=200_000)
     proxy = proxy_factory(sim, routing={"policy": policy})
-    hook = proxy.services.components["prefix"]
+    hook = proxy.services.prefix
     convs = {t: [{"role": "system", "content": s}] for t, s in SYSTEMS.items()}
     sent = 0
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
@@ -92,7 +92,7 @@ def test_prediction_equals_sim_cached_tokens(sim_factory, proxy_factory, policy:
 def test_dynamic_head_tenant_vs_clean_tenant(sim_factory, proxy_factory) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
     proxy = proxy_factory(sim)
-    hook = proxy.services.components["prefix"]
+    hook = proxy.services.prefix
     static = SYSTEMS["acme"]
     n = 0
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
@@ -137,7 +137,7 @@ def test_dynamic_head_tenant_vs_clean_tenant(sim_factory, proxy_factory) -> None
 def test_engine_mode_uses_replica_tokenize(sim_factory, proxy_factory) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
     proxy = proxy_factory(sim, prefix={"mode": "engine"})
-    hook = proxy.services.components["prefix"]
+    hook = proxy.services.prefix
     assert hook.mode == "engine"
     convs = {t: [{"role": "system", "content": SYSTEMS[t]}] for t in ("acme", "globex")}
     sent = 0
@@ -191,7 +191,7 @@ def test_long_token_id_prompts_predict_exactly(sim_factory, proxy_factory) -> No
     before forwarding) and still predict exactly what the engine serves from cache."""
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
     proxy = proxy_factory(sim, prefix={"inline_hash_tokens": 1024})
-    hook = proxy.services.components["prefix"]
+    hook = proxy.services.prefix
     head = [(i * 7919) % 30_000 + 100 for i in range(20_000)]
     with httpx.Client(base_url=proxy.url, timeout=60) as client:
         for i in range(3):

@@ -23,7 +23,7 @@ def _ctx(messages: list[dict[str, Any]], tenant: str = "default") -> RequestCont
 
 def _stage(**prefix: Any) -> PrefixStage:
     services = build_services(Settings(backends=[{"url": "http://127.0.0.1:9"}], prefix=prefix))
-    stage = services.components["prefix"]
+    stage = services.prefix
     assert isinstance(stage, PrefixStage)
     return stage
 

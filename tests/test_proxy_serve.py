@@ -90,3 +90,9 @@ def test_dead_replica_comes_back_after_its_health_probe(proxy_factory) -> None:
             time.sleep(0.05)
         assert proxy.sample("prefixgate_backend_healthy", backend="late") == 1
         assert httpx.get(proxy.url + "/readyz").status_code == 200
+
+
+def test_health_answers_beside_healthz(proxy) -> None:
+    for path in ("/health", "/healthz"):
+        r = httpx.get(proxy.url + path, timeout=5)
+        assert r.status_code == 200 and r.json() == {"status": "ok"}, path

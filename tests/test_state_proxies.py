@@ -66,10 +66,8 @@ def settle(proxy) -> None:
     loop = proxy.server.loop
 
     async def drain() -> None:
-        for name in ("prefix",):
-            hook = proxy.services.components.get(name)
-            if hook is not None:
-                await hook.drain()
+        if proxy.services.prefix is not None:
+            await proxy.services.prefix.drain()
         writes = getattr(proxy.services.router, "writes", None)
         if writes is not None:
             await writes.drain()

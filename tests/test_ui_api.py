@@ -53,7 +53,7 @@ def test_overview_reports_pod_settings_and_the_funnel_unknown_until_counted(sim,
         for _ in range(2):
             assert client.post("/v1/chat/completions", json=body).status_code == 200
         proxy.settle()
-        hook, deadline = proxy.services.components["prefix"], time.monotonic() + 10
+        hook, deadline = proxy.services.prefix, time.monotonic() + 10
         while hook.processed < 2:
             assert time.monotonic() < deadline
             time.sleep(0.01)

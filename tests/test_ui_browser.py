@@ -55,7 +55,7 @@ def send_workload(entry: Any, observers: list[Any] | None = None, clock_tenant: 
                   clock_system: str = CLOCK_STATIC) -> None:
     """TURNS timestamp-on-top requests and TURNS turns of a clean conversation, through `entry`."""
     client = OpenAI(base_url=entry.base_url, api_key="x", max_retries=0, timeout=30)
-    hook = entry.services.components["prefix"]
+    hook = entry.services.prefix
     clean = [{"role": "system", "content": CLEAN_SYSTEM}]
     for i in range(TURNS):
         chat(client, clock_tenant, [{"role": "system", "content": f"Current time: {stamp(i)}\n{clock_system}"},
@@ -166,7 +166,7 @@ def test_any_pod_shows_the_break_from_the_store(sim_factory, proxy_factory, redi
     pods = [proxy_factory(sim, state=redis_server.url, state_options={"namespace": redis_namespace})
             for _ in range(2)]
     send_workload(pods[0])
-    b_tracker = pods[1].services.components["prefix"].tracker
+    b_tracker = pods[1].services.prefix.tracker
     assert b_tracker.hash_count == 0  # pod B holds no prompt of its own
     record = httpx.get(pods[0].url + "/hygiene/tenants/clock").json()["last_breaks"][0]
     deadline = time.monotonic() + 10

@@ -30,8 +30,7 @@ REUSE_METRIC = "prefixgate_prefix_reuse_tokens_total"
 
 
 def _mode(services: Any) -> str | None:
-    hook = getattr(services, "components", {}).get("prefix")
-    return getattr(hook, "mode", None)
+    return services.prefix.mode if services.prefix is not None else None
 
 
 async def _all_reports(services: Any) -> list[dict[str, Any]]:

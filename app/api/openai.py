@@ -31,7 +31,7 @@ from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
 
 if TYPE_CHECKING:
-    from app.server import Services
+    from app.services import Services
 
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
@@ -101,7 +101,8 @@ class _TrackedSend:
     __slots__ = ("send", "raw", "complete")
 
     def __init__(self, send: Any) -> None:
-        self.send = self.raw = send
+        self.send = send
+        self.raw = getattr(send, "raw", send)  # an outer wrapper's own fast path (app/server.py)
         self.complete = False
 
     async def __call__(self, message: dict[str, Any]) -> None:

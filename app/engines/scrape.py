@@ -315,8 +315,8 @@ class EngineScraper:
 
     @staticmethod
     def _update_caching(backend: str, view: EngineView, sample: EngineSample, window: Any) -> None:
-        enabled, reason = decide_caching(sample.prefix_caching_configured, CACHE_QUERIES in sample.counters,
-                                         window, view.caching_enabled, view.caching_reason)
+        enabled, reason = decide_caching(sample.prefix_caching_configured, window, view.caching_enabled,
+                                         view.caching_reason)
         if enabled is False and reason == BY_NO_QUERIES and window is not None:
             view.off_prompt_tokens_per_s = prompt_tokens_per_s(window)
         flipped_off = enabled is False and view.caching_enabled is not False

@@ -18,7 +18,6 @@ from app.engines.sample import CACHE_QUERIES, PROMPT_TOKENS
 BY_CONFIG = "config"  # the engine's own config (cache_config_info / server_info)
 BY_QUERIES = "queries"  # the engine looked prompts up in its cache during the window
 BY_NO_QUERIES = "no_queries"  # prompt tokens flowed, cache queries stayed at 0
-ASSUMED = "assumed"  # the engine exports cache counters but no traffic decided it yet
 
 FIDELITY_OK = 0.9  # delivered/predicted at or above this: the block model matches the engine
 EVICTION_KV_USAGE = 0.85  # KV usage at or above this makes eviction the likelier explanation
@@ -69,10 +68,12 @@ class EngineView:
         return out
 
 
-def decide_caching(configured: bool | None, has_query_counter: bool, window: WindowDeltas | None,
+def decide_caching(configured: bool | None, window: WindowDeltas | None,
                    previous: bool | None, previous_reason: str | None) -> tuple[bool | None, str | None]:
     """Is the prefix cache on? Config wins when it says off; otherwise traffic decides; with no
-    traffic the previous verdict stands; with no evidence at all the answer is unknown (None)."""
+    traffic the previous verdict stands, then the config's "on"; with no evidence the answer is
+    unknown (None), which the gauge exports as absent: an engine that merely exports cache
+    counters has not shown that they move."""
     if configured is False:
         return False, BY_CONFIG
     if window is not None:
@@ -85,9 +86,7 @@ def decide_caching(configured: bool | None, has_query_counter: bool, window: Win
         return previous, previous_reason
     if configured is True:
         return True, BY_CONFIG
-    if has_query_counter:
-        return True, ASSUMED
-    return None, None
+    return None, None  # cache counters alone are no evidence: unknown is absent, never "on"
 
 
 def _percent(ratio: float) -> str:
@@ -108,7 +107,7 @@ def _core_verdict(view: EngineView) -> str:
         flow = f"{_tokens(rate)} prompt tokens/s" if rate is not None else "flowing prompt tokens"
         return f"prefix cache OFF: 0 queries over {flow}"
     if view.caching_enabled is None:
-        text = "prefix cache state unknown: the engine exports no cache counters"
+        text = "prefix cache state unknown: no config flag says and no prompt traffic decided it yet"
     elif view.hit_ratio is None:
         text = "prefix cache on, no prompt traffic yet"
     else:

@@ -40,8 +40,8 @@ from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, Observation, T
 from app.proxy.context import RequestContext
 
 if TYPE_CHECKING:
-    from app.engines.kv_events import KVEventSubscriber
-    from app.engines.scrape import EngineScraper
+    from app.config import Settings
+    from app.services import Services
 
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
@@ -61,20 +61,12 @@ class PrefixStageState:
     observation: Observation | None = None  # the tracker's continuity/diagnosis (last)
 
 
-def _kv_events(services: Any) -> KVEventSubscriber | None:
-    return services.components.get("kv_events")  # becomes services.kv_events (typed Services)
-
-
-def _scraper(services: Any) -> EngineScraper | None:
-    return services.components.get("scraper")  # becomes services.scraper (typed Services)
-
-
 def _output_text(ctx: RequestContext) -> str:
     return ctx.output_text or ""  # the relay's copy of the generated text
 
 
 class PrefixStage:
-    def __init__(self, settings: Any, services: Any, fingerprinter: Fingerprinter,
+    def __init__(self, settings: Settings, services: Services, fingerprinter: Fingerprinter,
                  tracker: TenantTracker, recent: int = 4096) -> None:
         self.settings = settings
         self.services = services
@@ -195,7 +187,7 @@ class PrefixStage:
         """In KV-event mode the engine may report this request's own blocks before the lookup
         runs (the chain of a cold prompt is finished in a worker while the engine prefills):
         count only blocks whose BlockStored arrived before the request was sent upstream."""
-        events = _kv_events(self.services)
+        events = self.services.kv_events
         sent = ctx.timings.upstream_sent
         if self.writes_residency or events is None or sent is None or matched == 0:
             return matched
@@ -261,9 +253,7 @@ class PrefixStage:
         self.metrics.cached_tokens.labels(model, tenant, "predicted").inc(predicted)
         if isinstance(delivered, int) and delivered >= 0:
             self.metrics.reuse_tokens.labels(stage="delivered").inc(delivered)
-            scraper = _scraper(self.services)
-            if scraper is not None:
-                scraper.record_prediction(replica, predicted, delivered)
+            self.services.scraper.record_prediction(replica, predicted, delivered)
         if state is not None:
             state.predicted_tokens = predicted
         self.predictions.append((ctx.request_id, ctx.tenant, predicted,
@@ -289,7 +279,7 @@ class PrefixStage:
         self.processed += 1
 
 
-def build_prefix_stage(settings: Any, services: Any) -> PrefixStage:
+def build_prefix_stage(settings: Settings, services: Services) -> PrefixStage:
     """The fingerprint + continuity stage and its tracker (also mounted for /hygiene), each cap a
     share of `memory.budget_mb` (app/prefix/budget.py), exported as gauges."""
     caps = MemoryCaps.from_budget(settings.memory.budget_mb)
@@ -307,5 +297,4 @@ def build_prefix_stage(settings: Any, services: Any) -> PrefixStage:
     metrics.memory_budget.set(caps.budget_bytes)
     for part in stage.memory_bytes():
         metrics.memory_used.labels(part).set_function(lambda part=part: stage.memory_bytes()[part])
-    services.components["prefix"] = stage
     return stage

@@ -27,7 +27,7 @@ from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
 if TYPE_CHECKING:
-    from app.server import Services
+    from app.services import Services
 
 Mode = Literal["stream", "buffered", "raw"]
 _ERROR_SNIPPET = 200

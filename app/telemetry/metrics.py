@@ -155,8 +155,9 @@ class Metrics:
             ["backend"], registry=r)
         self.engine_caching_enabled = Gauge(
             "prefixgate_engine_prefix_caching_enabled",
-            "0 when the engine's prefix cache is off (config says so, or prompts flow with zero "
-            "cache queries), else 1.", ["backend"], registry=r)
+            "1 when the engine's prefix cache is on (its config says so, or it queried the cache), 0 when "
+            "off (config says so, or prompts flow with zero cache queries); absent while unknown.",
+            ["backend"], registry=r)
         self.engine_spec_acceptance = Gauge(
             "prefixgate_engine_spec_acceptance_length",
             "Speculative decoding mean acceptance length (tokens per verify step, bonus included).",
@@ -227,6 +228,17 @@ class Metrics:
             "Shared-state writes dropped: the queue hit its bound during a long Redis outage, or "
             "Redis refused them (maxmemory); other pods miss them until the data is written again.",
             registry=r)
+
+        # --- lifecycle (SIGTERM drain, app/serving.py) ---
+        self.draining = Gauge(
+            "prefixgate_draining",
+            "1 from SIGTERM until exit: /readyz answers 503 and in-flight requests run to their end.",
+            registry=r)
+        self.shutdown_cut = Counter(
+            "prefixgate_shutdown_cut_requests_total",
+            "/v1 requests still open at the shutdown.grace_s deadline and ended by the gateway: a "
+            "stream gets its route's error event and [DONE]. Non-zero: raise shutdown.grace_s "
+            "(and the pod's terminationGracePeriodSeconds with it).", registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""

@@ -69,7 +69,7 @@ def _settle(sub: KVEventSubscriber, name: str, before: int, timeout: float = 20.
 
 def _resident_blocks(proxy: Any, body: dict[str, Any], name: str, salt: str | None = None) -> tuple[int, int]:
     """(leading blocks of this prompt's chain (under `salt`) resident for `name`, blocks in the chain)."""
-    hook = proxy.services.components["prefix"]
+    hook = proxy.services.prefix
     b = proxy.services.replicas.all()[0].block_size
     fp = hook.fingerprinter.complete_sync(hook.fingerprinter.prepare(prompt_input("chat", body), b, salt))
     lookup = asyncio.run_coroutine_threadsafe(
@@ -102,7 +102,7 @@ def test_predictions_exact_with_vllm_events_even_for_echoed_replies(e2e_proxy: A
     name = vllm_b32.name
     proxy, sub = _kv_proxy(e2e_proxy, vllm_b32)
     records = _run_settled(proxy, sub, name, echo=True, tag="kv")
-    hook = proxy.services.components["prefix"]
+    hook = proxy.services.prefix
     wait_processed(hook, len(records))
     predicted = {rid: p for rid, _t, p, _d in hook.predictions}
     rows = [(r.request_id, r.step.label, r.prompt_tokens, r.cached_tokens, predicted.get(r.request_id))

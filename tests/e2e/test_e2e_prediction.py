@@ -27,7 +27,7 @@ MAX_TOKENS = 40
 
 
 def _predictions(proxy: Any, records: list[Record]) -> dict[str, int]:
-    hook = proxy.services.components["prefix"]
+    hook = proxy.services.prefix
     wait_processed(hook, len(records))
     return {rid: predicted for rid, _tenant, predicted, _delivered in hook.predictions}
 

@@ -97,7 +97,7 @@ def test_salted_request_events_match_the_proxy_chain(e2e_proxy: Any, vllm_b32: A
         assert salt and salt.startswith("pg1-"), "the gateway did not salt the request"
 
         hashes, tokens = _chain_from(events, salt)
-        hook = proxy.services.components["prefix"]
+        hook = proxy.services.prefix
         fp = hook.fingerprinter.complete_sync(hook.fingerprinter.prepare(prompt_input("chat", body), B, salt))
         prompt_blocks = first["usage"]["prompt_tokens"] // B
         assert prompt_blocks >= 4 and len(fp.block_hashes) == prompt_blocks

@@ -50,6 +50,11 @@ ports:
   - name: http
     containerPort: {{ .Values.config.listen.port }}
     protocol: TCP
+  {{- with (.Values.config.admin | default dict).listen }}
+  - name: admin
+    containerPort: {{ .port }}
+    protocol: TCP
+  {{- end }}
 env:
   - name: PYTHONUNBUFFERED
     value: "1"
@@ -80,6 +85,12 @@ readinessProbe:
     path: /readyz
     port: http
   {{- toYaml .Values.probes.readiness | nindent 2 }}
+{{- if .Values.shutdown.preStopSeconds }}
+lifecycle:
+  preStop:  # SIGTERM only once the endpoints have dropped the pod (python: always in the image)
+    exec:
+      command: ["python", "-c", "import time; time.sleep({{ .Values.shutdown.preStopSeconds }})"]
+{{- end }}
 resources:
   {{- toYaml .Values.resources | nindent 2 }}
 securityContext:
@@ -98,4 +109,16 @@ volumeMounts:
     name: {{ include "prefixgate.fullname" . }}
 - name: tmp
   emptyDir: {}
+{{- end }}
+
+{{/* Seconds from the pod's deletion to SIGKILL: the preStop wait, then the gateway's own drain
+  (config.shutdown.grace_s, counted from SIGTERM), then a margin for the flush and the exit. */}}
+{{- define "prefixgate.terminationGracePeriodSeconds" -}}
+{{- $grace := (.Values.config.shutdown | default dict).grace_s | default 600 -}}
+{{- add (int .Values.shutdown.preStopSeconds) (int (ceil $grace)) (int .Values.shutdown.marginSeconds) -}}
+{{- end }}
+
+{{/* The Service/ServiceMonitor port carrying /metrics: the admin port when config.admin.listen is set. */}}
+{{- define "prefixgate.metricsPort" -}}
+{{- if (.Values.config.admin | default dict).listen }}admin{{ else }}http{{ end -}}
 {{- end }}

@@ -1,0 +1,200 @@
+"""A rolling restart loses nothing: two `prefixgate serve` processes sharing a real Redis, behind a
+tiny round-robin client that routes only to gateways whose /readyz says 200 (what a Service's
+endpoints do), restarted one after the other while a closed-loop client keeps 64 streams open.
+Every stream must end with all its tokens and [DONE]: 0 failed, 0 truncated."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from app.serving import free_port, stop_process
+from tests.gateway_process import ROOT, GatewayProcess
+
+STREAMS = 64
+TOKENS = 16
+POLL_S = 0.1  # the client's readiness poll: the Service's endpoint propagation, compressed
+ACCEPT_S = 3.0  # shutdown.accept_s: longer than the client takes to see the 503 on a loaded CPU
+
+
+@dataclass
+class Counts:
+    requests: int = 0
+    ok: int = 0
+    failed: int = 0
+    truncated: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def bad(self, kind: str, detail: str) -> None:
+        setattr(self, kind, getattr(self, kind) + 1)
+        if len(self.examples) < 5:
+            self.examples.append(f"{kind}: {detail}")
+
+
+class RoundRobin:
+    """Sends each request to the next gateway that answered its last /readyz with 200. Readiness is
+    polled from a thread of its own (like kube-proxy, it does not wait on the client's event loop)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.ready = dict.fromkeys(urls, False)
+        self._next = itertools.cycle(urls)
+        self.slowest_poll_s = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True, name="readiness-poll")
+
+    def __enter__(self) -> RoundRobin:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=0.5) as client:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                for url in self.urls:
+                    try:
+                        self.ready[url] = client.get(url + "/readyz").status_code == 200
+                    except httpx.HTTPError:
+                        self.ready[url] = False
+                self.slowest_poll_s = max(self.slowest_poll_s, time.monotonic() - t0)
+                self._stop.wait(POLL_S)
+
+    async def pick(self) -> str:
+        while True:
+            for _ in self.urls:
+                url = next(self._next)
+                if self.ready[url]:
+                    return url
+            await asyncio.sleep(0.01)
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, counts: Counts, n: int) -> None:
+    body = {"model": "sim", "stream": True, "max_tokens": TOKENS, "ignore_eos": True,
+            "messages": [{"role": "system", "content": "You are a patient counter. " * 20},
+                         {"role": "user", "content": f"count {n}"}]}
+    counts.requests += 1
+    tokens, done = 0, False
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as r:
+            if r.status_code != 200:
+                counts.bad("failed", f"{url} status {r.status_code}")
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    counts.bad("failed", f"{url} error event {chunk['error']}")
+                    return
+                if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                    tokens += 1
+    except httpx.HTTPError as exc:
+        counts.bad("failed" if tokens == 0 else "truncated", f"{url} {type(exc).__name__}: {exc}")
+        return
+    if not done or tokens != TOKENS:
+        counts.bad("truncated", f"{url} done={done} tokens={tokens}")
+    else:
+        counts.ok += 1
+
+
+async def closed_loop(rr: RoundRobin, clients: dict[str, httpx.AsyncClient], counts: Counts,
+                      stop: asyncio.Event, worker: int) -> None:
+    for n in itertools.count():
+        if stop.is_set():
+            return
+        url = await rr.pick()
+        await one_stream(clients[url], url, counts, worker * 100_000 + n)
+
+
+def restart(gw: GatewayProcess) -> GatewayProcess:
+    gw.signal(signal.SIGTERM)
+    assert gw.wait(60) == 0, gw.log()
+    gw.stop()
+    return GatewayProcess(gw.config, port=gw.port).start()
+
+
+@pytest.fixture
+def sim_process() -> Iterator[list[str]]:
+    """Two simulated replicas in their own process, so the client's event loop here is not slowed
+    by the simulator's threads (a slow client would see readiness late, as a slow kube-proxy would)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app", "sim", "--replicas", "2", "--host", "127.0.0.1",
+                             "--port", str(port), "--decode-tps", "40"], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    urls = [f"http://127.0.0.1:{port + i}" for i in range(2)]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(_answers(u + "/health") for u in urls):
+            assert proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
+            time.sleep(0.1)
+        yield urls
+    finally:
+        stop_process(proc)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_rolling_restart_under_load_loses_nothing(sim_process, redis_server, redis_namespace) -> None:
+    config: dict[str, Any] = {
+        "backends": [{"url": u} for u in sim_process], "routing": {"health_interval_s": 0.5},
+        "state": redis_server.url, "state_options": {"namespace": redis_namespace},
+        "shutdown": {"accept_s": ACCEPT_S, "grace_s": 60}}
+    gateways = [GatewayProcess(config).start(), GatewayProcess(config).start()]
+    counts = Counts()
+
+    async def scenario(rr: RoundRobin) -> None:
+        # a pool per gateway, each large enough for every stream: a request never queues for a
+        # connection slot (it would then connect seconds after it picked a gateway that was ready)
+        limits = httpx.Limits(max_connections=STREAMS + 8, max_keepalive_connections=STREAMS + 8)
+        async with contextlib.AsyncExitStack() as stack:
+            clients = {g.url: await stack.enter_async_context(httpx.AsyncClient(limits=limits)) for g in gateways}
+            stop = asyncio.Event()
+            await asyncio.sleep(3 * POLL_S)
+            workers = [asyncio.create_task(closed_loop(rr, clients, counts, stop, w)) for w in range(STREAMS)]
+            await asyncio.sleep(2.0)
+            for i in range(len(gateways)):
+                before = counts.requests
+                gateways[i] = await asyncio.to_thread(restart, gateways[i])
+                assert counts.requests > before  # load kept flowing during the restart
+                await asyncio.sleep(1.0)
+            stop.set()
+            await asyncio.gather(*workers)
+
+    try:
+        t0 = time.monotonic()
+        with RoundRobin([g.url for g in gateways]) as rr:
+            asyncio.run(scenario(rr))
+        print(f"\nslowest readiness poll {rr.slowest_poll_s:.2f}s")
+        print(f"rolling restart of 2 gateways under {STREAMS} closed-loop streams in "
+              f"{time.monotonic() - t0:.1f}s: requests={counts.requests} ok={counts.ok} "
+              f"failed={counts.failed} truncated={counts.truncated}")
+    finally:
+        for g in gateways:
+            g.stop()
+    assert counts.failed == 0 and counts.truncated == 0, counts.examples
+    assert counts.ok == counts.requests > STREAMS
