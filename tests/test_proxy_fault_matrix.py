@@ -233,11 +233,13 @@ def test_fault_matrix(fake_upstream_factory, proxy_factory) -> None:
 
 def refuse_cell(client: httpx.Client, proxy, cell: Cell) -> str:
     """The refusing replica must be tried first: requests are repeated (the policy picks) until
-    one was, each of them answered by the live replica."""
+    one was, each of them answered by the live replica. The dead replica is made to look as the
+    gateway last knew it before it died: healthy and serving the live one's models."""
     dead = proxy.services.replicas.get("dead")
+    live = proxy.services.replicas.get("up-a")
     before = proxy.sample("prefixgate_upstream_errors_total", backend="dead", kind="connect") or 0
     for _ in range(4):
-        dead.healthy = True
+        dead.healthy, dead.models = True, live.models
         got = run_cell(client, proxy, cell, lambda c: None)
         if got != "200, the whole answer":
             return got
