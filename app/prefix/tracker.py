@@ -24,10 +24,13 @@ from itertools import compress, repeat
 from operator import eq
 from typing import Any
 
-from app.prefix.diagnose import Diagnosis, diagnose, fix_for, snippet
+from app.prefix.diagnose import NOT_A_PROBLEM, Diagnosis, TenantPast, diagnose, fix_for, snippet
+from app.prefix.diagnose import continues, last_turn_key, system_key, turn_keys
 from app.prefix.sketch import RequestSketch
 
 SAMPLE_POINTS = 24
+PAST_RECORDS = 16  # Store records read per request: the tenant's recent conversations, from every pod
+PAST_KEYS = 256  # per tenant, conversation keys kept locally
 INLINE_DIAGNOSE_CHARS = 64 * 1024  # larger prompt pairs are diagnosed in a worker thread
 
 
@@ -52,6 +55,9 @@ class _Tenant:
     requests: deque[tuple[int, tuple[int, ...]]] = field(default_factory=deque)
     sketches: OrderedDict[int, RequestSketch] = field(default_factory=OrderedDict)
     last_seq: int = 0
+    # stable keys of the last user turn and system prompt of recent requests (bounded, oldest first)
+    turns: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    systems: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
 
 def longest_known_prefix(chain: Sequence[int], known: dict[int, int] | set[int]) -> int:
@@ -126,17 +132,18 @@ class TenantTracker:
         total = len(chain)
         matched = longest_known_prefix(chain, state.hashes)
         best_seq = state.hashes.get(chain[matched - 1]) if matched else None
-        records: list[dict] | None = None
-        if not state.requests:
-            records = await self.store.history_recent(tenant, 8)
-            for rec in records:
-                matched = max(matched, sampled_prefix(chain, rec.get("sample") or []))
+        # every request reads the tenant's recent records (written by every pod): a pod that did not
+        # see the previous turns still knows the tenant's conversations and a lower bound of the match
+        records = await self.store.history_recent(tenant, PAST_RECORDS)
+        for rec in records:
+            matched = max(matched, sampled_prefix(chain, rec.get("sample") or []))
         continuity = (matched / total) if total else None
         diag: Diagnosis | None = None
-        prev = self._best_sketch(state, best_seq)
-        if sketch is not None and prev is not None and (total == 0 or matched < total):
+        past = self._past(state, records)
+        prev = self._compare_with(state, sketch, best_seq, past)
+        if sketch is not None and prev is not None:  # also when only the last partial block changed
             call = partial(diagnose, prev, sketch, material=max(64, 6 * block_size),
-                           extra_patterns=self.extra_patterns)
+                           extra_patterns=self.extra_patterns, past=past)
             if len(sketch.text) + len(prev.text) > INLINE_DIAGNOSE_CHARS:
                 diag = await asyncio.get_running_loop().run_in_executor(None, call)  # keep the loop free
             else:
@@ -145,6 +152,7 @@ class TenantTracker:
         state.last_seq = seq
         record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain, block_size)
         self._remember(tenant, state, seq, [*chain, *extra_chain] if extra_chain else list(chain), sketch)
+        self._remember_keys(state, record)
         await self.store.history_append(tenant, record)
         await self.store.counter_incr(tenant, "requests")
         await self.store.counter_incr(tenant, "blocks", float(total))
@@ -152,7 +160,49 @@ class TenantTracker:
         if diag is not None and diag.cause is not None:
             await self.store.counter_incr(tenant, "breaks")
             await self.store.counter_incr(tenant, f"breaks:{diag.cause}")
+            reason = "new_session" if diag.cause in NOT_A_PROBLEM else "break"
+            await self.store.counter_incr(tenant, f"unmatched:{reason}", float(total - matched))
         return Observation(tenant, seq, total, matched, continuity, diag, record)
+
+    def _compare_with(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,
+                      past: TenantPast) -> RequestSketch | None:
+        """The request a new one is diagnosed against: what changed since the last time.
+        - It continues a conversation: that conversation's newest request kept here (it holds that
+          request's last user turn), even when an older one shares a longer prefix (tools flipped
+          back, a date rolled over): a break is what the conversation lost against its own latest
+          state. Else the request sharing the longest prefix, else the newest.
+        - It starts one (a stateless client, a new chat): the tenant's newest request, so that a
+          flag flipping back to an earlier value is still seen as the change it is."""
+        if sketch is None or not state.sketches:
+            return None
+        newest = next(reversed(state.sketches.values()))
+        if not continues(sketch, past):
+            return newest
+        turns = set(turn_keys(sketch))
+        for prev in reversed(state.sketches.values()):
+            key = last_turn_key(prev)
+            if key is not None and key in turns:
+                return prev
+        return self._best_sketch(state, best_seq)
+
+    @staticmethod
+    def _past(state: _Tenant, records: list[dict]) -> TenantPast:
+        past = TenantPast(set(state.turns), set(state.systems))
+        for rec in records:
+            if rec.get("turn"):
+                past.last_turns.add(rec["turn"])
+            if rec.get("sys"):
+                past.systems.add(rec["sys"])
+        return past
+
+    @staticmethod
+    def _remember_keys(state: _Tenant, record: dict[str, Any]) -> None:
+        for keys, key in ((state.turns, record.get("turn")), (state.systems, record.get("sys"))):
+            if key:
+                keys[key] = None
+                keys.move_to_end(key)
+                while len(keys) > PAST_KEYS:
+                    keys.popitem(last=False)
 
     def _record(self, seq: int, tenant: str, total: int, matched: int, continuity: float | None,
                 diag: Diagnosis | None, sketch: RequestSketch | None, chain: Sequence[int],
@@ -161,6 +211,9 @@ class TenantTracker:
             "seq": seq, "ts": self.clock(), "blocks": total, "matched": matched,
             "continuity": continuity, "cause": None, "sample": sample_chain(chain),
         }
+        if sketch is not None:  # stable keys (no text): which conversation and agent this was
+            rec["turn"] = last_turn_key(sketch)
+            rec["sys"] = system_key(sketch)
         if diag is not None and diag.cause is not None and sketch is not None:
             text = sketch.text
             rec.update({
@@ -170,6 +223,10 @@ class TenantTracker:
                 "char_offset": diag.char_offset,
                 "span_kinds": [s.kind for s in diag.spans],
                 "span_offsets": [[s.start, s.end] for s in diag.spans],
+                "secondary": [{"cause": f.cause, "char_offset": f.char_offset,
+                               "span_kinds": [s.kind for s in f.spans],
+                               "spans": [s.text for s in f.spans] if self.show_text else []}
+                              for f in diag.secondary],
                 "spans": [s.text for s in diag.spans] if self.show_text else [],
                 "snippet": snippet(text, diag.char_offset, diag.spans, self.show_text),
                 "fix": fix_for(diag, text, self.show_text),
