@@ -53,7 +53,11 @@ MAX_SECONDARY = 4
 VALUE_CHARS = frozenset("-_.:/+")
 KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that include the key's words
 ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
-TOOL_LINE = re.compile(r"""^\s*(?:[-*•]|\d+[.)])?\s*(?:`|<tool\b|\{\s*"name"|#+\s*)?[\w.]+\s*(?:\(|`|:|\s-\s|\s—\s|"|>)""")
+# a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
+# `` `name`: ...``, `<tool name="...">`, `<function ...>`, `{"name": ...}`, `## name`
+TOOL_LINE = re.compile(
+    r"""^\s*(?:<(?:tool|function|command|mcp)\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
+    r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 KEY_SIZE = 16
 
 
@@ -266,6 +270,11 @@ def _tools_span(sketch: RequestSketch) -> tuple[int, int] | None:
 def _front_trimmed(prev: RequestSketch, cur: RequestSketch) -> bool:
     pm = [k for k in prev.message_keys if not k.startswith(("system:", "developer:"))]
     cm = [k for k in cur.message_keys if not k.startswith(("system:", "developer:"))]
+    return trimmed(pm, cm)
+
+
+def trimmed(pm: list[str], cm: list[str]) -> bool:
+    """Do the history keys `cm` continue `pm` with its first turns dropped or summarised?"""
     if not pm or not cm or cm[0] == pm[0]:
         return False
     for j in range(min(3, len(cm) - 1)):  # a summary (one turn, or a user/assistant pair) may replace the dropped ones
@@ -319,6 +328,25 @@ def _lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     return True, tool_like
 
 
+def sentence_end(text: str, start: int, end: int) -> int:
+    """`end` without a full stop that ends the sentence ("at 5:00 PM." but not "P.M.")."""
+    if end > start and text[end - 1] == "." and "." not in text[max(start, end - 4):end - 1]:
+        return end - 1
+    return end
+
+
+def dynamic_kind(text: str, line0: int, span: Span) -> str | None:
+    """The kind a detected span counts as per-request with, or None: volatile kinds always, a
+    date only after a "today / current / date:" cue on its line (a fixed policy date is static),
+    and a date with a clock time as a timestamp (it changes within the day)."""
+    kind = span.kind
+    if kind == "date" and re.search(r"\d[:h]\d\d", span.text):
+        kind = "timestamp"
+    if kind in ALWAYS_DYNAMIC or kind == "time" or NOW_CUE.search(text, line0, span.start):
+        return kind
+    return None
+
+
 def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int) -> tuple[Span, int] | None:
     """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
     key or line), and where it ends in `prev`; None when what differs is not such a value."""
@@ -333,14 +361,11 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     span = next((s for s in detector.find(cur, line0, line1) if s.start <= cd <= s.end), None)
     pspan = next((s for s in detector.find(prev, pline0, pline1) if s.start <= pd <= s.end), None)
     if span is not None and pspan is not None and span.start - line0 == pspan.start - pline0:
-        kind = span.kind
-        if kind == "date" and re.search(r"\d[:h]\d\d", span.text):
-            kind = "timestamp"  # a date with a clock time changes within the day
-        cue = NOW_CUE.search(cur, line0, span.start) is not None
-        if kind in ALWAYS_DYNAMIC or cue or kind == "time":
+        kind = dynamic_kind(cur, line0, span)
+        if kind is not None:
             start, end, pend = span.start, span.end, pspan.end
-            if cur[end - 1] == "." and "." not in cur[max(start, end - 4):end - 1]:
-                end, pend = end - 1, pend - 1  # "5:00 PM." ends a sentence (not "P.M.")
+            trim = end - sentence_end(cur, start, end)
+            end, pend = end - trim, pend - trim
             if kind in KEYED_KINDS:  # the value, not the words of its key
                 start = max(start, cs)
                 if kind == "counter":

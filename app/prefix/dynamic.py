@@ -71,7 +71,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-][A-Za-z0-9]{6,}\b"),
-    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:id|identifier|key|token|nr|no|number|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:-]{3,}"),
+    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:-]{3,}"),
     ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
     ("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
     ("user", r"(?i)\b(?:user(?:\s?name)?|customer|logged in as|signed in as|current user|nutzer(?:name)?|benutzer(?:name)?|utilisateur|usuario|utente)\s*[:=]\s*[\"']?\w[\w.\- ]{0,40}"),

@@ -15,6 +15,7 @@ counters (`counter_incr`); /hygiene reads only the Store.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from typing import Any
 
 from app.prefix.diagnose import NOT_A_PROBLEM, Diagnosis, TenantPast, diagnose, fix_for, snippet
 from app.prefix.diagnose import continues, last_turn_key, system_key, turn_keys
+from app.prefix.digest import RequestDigest, diagnose_digest
 from app.prefix.sketch import RequestSketch
 
 SAMPLE_POINTS = 24
@@ -118,6 +120,7 @@ class TenantTracker:
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._hash_count = 0
         self._text_bytes = 0
+        self.pod = secrets.token_hex(4)  # names this tracker's records, so it knows which it holds texts of
 
     @property
     def hash_count(self) -> int:
@@ -140,11 +143,10 @@ class TenantTracker:
         continuity = (matched / total) if total else None
         diag: Diagnosis | None = None
         past = self._past(state, records)
-        prev = self._compare_with(state, sketch, best_seq, past)
-        if sketch is not None and prev is not None:  # also when only the last partial block changed
-            call = partial(diagnose, prev, sketch, material=max(64, 6 * block_size),
-                           extra_patterns=self.extra_patterns, past=past)
-            if len(sketch.text) + len(prev.text) > INLINE_DIAGNOSE_CHARS:
+        call = self._diagnosis(state, sketch, best_seq, past, records, max(64, 6 * block_size))
+        if call is not None:  # also when only the last partial block changed
+            prev_chars = len(call.args[0].text) if isinstance(call.args[0], RequestSketch) else 0
+            if sketch is not None and len(sketch.text) + prev_chars > INLINE_DIAGNOSE_CHARS:
                 diag = await asyncio.get_running_loop().run_in_executor(None, call)  # keep the loop free
             else:
                 diag = call()
@@ -163,6 +165,36 @@ class TenantTracker:
             reason = "new_session" if diag.cause in NOT_A_PROBLEM else "break"
             await self.store.counter_incr(tenant, f"unmatched:{reason}", float(total - matched))
         return Observation(tenant, seq, total, matched, continuity, diag, record)
+
+    def _diagnosis(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,
+                   past: TenantPast, records: list[dict], material: int) -> partial | None:
+        """The diagnosis to run: against the request `_compare_with` picks when this pod holds its
+        text, else against the digest of the newest such request another pod recorded."""
+        if sketch is None:
+            return None
+        kw = {"material": material, "extra_patterns": self.extra_patterns, "past": past}
+        target = self._target_record(sketch, past, records)
+        if target is not None:
+            rid = str(target.get("rid") or "")
+            pod, _, seq = rid.partition(":")
+            local = state.sketches.get(int(seq)) if pod == self.pod and seq.isdigit() else None
+            digest = RequestDigest.from_record(target.get("digest"))
+            if local is not None:
+                return partial(diagnose, local, sketch, **kw)
+            if digest is not None:
+                return partial(diagnose_digest, digest, sketch, **kw)
+        prev = self._compare_with(state, sketch, best_seq, past)
+        return partial(diagnose, prev, sketch, **kw) if prev is not None else None
+
+    @staticmethod
+    def _target_record(sketch: RequestSketch, past: TenantPast, records: list[dict]) -> dict | None:
+        """The newest record of the conversation `sketch` continues, or the tenant's newest one."""
+        if not records:
+            return None
+        if continues(sketch, past):
+            turns = set(turn_keys(sketch))
+            return next((r for r in reversed(records) if r.get("turn") in turns), None)
+        return records[-1]
 
     def _compare_with(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,
                       past: TenantPast) -> RequestSketch | None:
@@ -210,10 +242,12 @@ class TenantTracker:
         rec: dict[str, Any] = {
             "seq": seq, "ts": self.clock(), "blocks": total, "matched": matched,
             "continuity": continuity, "cause": None, "sample": sample_chain(chain),
+            "rid": f"{self.pod}:{seq}",
         }
-        if sketch is not None:  # stable keys (no text): which conversation and agent this was
+        if sketch is not None:  # keys, no text: which conversation and agent, and the prompt's shape
             rec["turn"] = last_turn_key(sketch)
             rec["sys"] = system_key(sketch)
+            rec["digest"] = RequestDigest.of(sketch).to_record()
         if diag is not None and diag.cause is not None and sketch is not None:
             text = sketch.text
             rec.update({
