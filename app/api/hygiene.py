@@ -34,7 +34,7 @@ def build_hygiene_router(services: Any) -> APIRouter:
     @router.get("/hygiene/tenants")
     async def tenants() -> JSONResponse:
         reports = await _all_reports(services)
-        summary = [{k: r[k] for k in ("tenant", "requests", "continuity", "breaks", "breaks_by_cause")}
+        summary = [{k: r[k] for k in ("tenant", "requests", "continuity", "breaks", "new_sessions", "breaks_by_cause")}
                    for r in reports]
         return JSONResponse({"fingerprint_mode": _mode(services),
                              "show_text": services.settings.hygiene.show_text, "tenants": summary})

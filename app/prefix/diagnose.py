@@ -447,22 +447,25 @@ class _Pair:
         return Diagnosis("history_edit", cd, [], realign, "an earlier turn was re-sent with other text")
 
     def new_conversation(self, cd: int, realign: Realignment | None) -> Diagnosis | None:
-        """`new_session` when the current request starts a conversation (see the module docstring)."""
+        """`new_session` when the current request starts a conversation (see the module docstring):
+        another agent's system prompt, or a head shared with earlier requests followed by turns
+        that continue none of the tenant's conversations."""
         prev, cur = self.prev, self.cur
+        first_history = cur.first_history_start()
+        if cd < first_history - 64 and cd < tail_start(cur):
+            if realign is not None and realign.common >= self.material * 4:
+                return None
+            skey = system_key(cur)
+            known_agent = skey is not None and skey in self.past.systems and cur.system_text != prev.system_text
+            first_prev = prev.system_text if prev.system_text is not None else prev.text[:4096]
+            first_cur = cur.system_text if cur.system_text is not None else cur.text[:4096]
+            other = _similar(first_cur, first_prev) < 0.5 and lcp(first_cur or "", first_prev or "") < 64
+            if (known_agent or other) and not (cur.system_text == prev.system_text and continues(cur, self.past)):
+                return Diagnosis("new_session", cd, [], realign, "another agent's prompt: a new conversation")
+            return None
         if continues(cur, self.past):
             return None
-        first_history = cur.first_history_start()
-        if cd >= first_history - 64 or cd >= tail_start(cur):
-            return Diagnosis("new_session", cd, [], realign, "a new conversation over the shared head")
-        if realign is not None and realign.common >= self.material * 4:
-            return None
-        skey = system_key(cur)
-        known_agent = skey is not None and skey in self.past.systems and cur.system_text != prev.system_text
-        first_prev = prev.system_text if prev.system_text is not None else prev.text[:4096]
-        first_cur = cur.system_text if cur.system_text is not None else cur.text[:4096]
-        if known_agent or (_similar(first_cur, first_prev) < 0.5 and lcp(first_cur or "", first_prev or "") < 64):
-            return Diagnosis("new_session", cd, [], realign, "another agent's prompt: a new conversation")
-        return None
+        return Diagnosis("new_session", cd, [], realign, "a new conversation over the shared head")
 
 
 def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,

@@ -25,8 +25,18 @@ from itertools import compress, repeat
 from operator import eq
 from typing import Any
 
-from app.prefix.diagnose import NOT_A_PROBLEM, Diagnosis, TenantPast, diagnose, fix_for, snippet
-from app.prefix.diagnose import continues, last_turn_key, system_key, turn_keys
+from app.prefix.diagnose import (
+    NOT_A_PROBLEM,
+    Diagnosis,
+    TenantPast,
+    continues,
+    diagnose,
+    fix_for,
+    last_turn_key,
+    snippet,
+    system_key,
+    turn_keys,
+)
 from app.prefix.digest import RequestDigest, diagnose_digest
 from app.prefix.sketch import RequestSketch
 
@@ -335,22 +345,31 @@ class TenantTracker:
 # ---------------------------------------------------------------------- reports
 
 async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: int = 5) -> dict[str, Any]:
-    """Continuity over the last `window` requests, breaks by cause, the last few breaks."""
+    """Continuity over the last `window` requests, breaks by cause, the last few breaks.
+
+    A new conversation (`new_session`) is not a break: `breaks` and `last_breaks` count only the
+    causes someone can fix, `new_sessions` counts new conversations, and `unmatched_blocks` splits
+    the blocks that did not continue earlier requests into those lost to a break and those of new
+    conversations (so a hit ratio that is only the system prompt's share reads as what it is).
+    `breaks_by_cause` lists every diagnosed cause, `new_session` included."""
     records = await store.history_recent(tenant, window)
     counters = await store.counters(tenant)
     blocks = sum(int(r.get("blocks") or 0) for r in records)
     matched = sum(int(r.get("matched") or 0) for r in records)
-    breaks = [r for r in records if r.get("cause")]
+    breaks = [r for r in records if r.get("cause") and r.get("cause") not in NOT_A_PROBLEM]
     by_cause = {k.split(":", 1)[1]: int(v) for k, v in counters.items() if k.startswith("breaks:")}
+    new_sessions = sum(v for k, v in by_cause.items() if k in NOT_A_PROBLEM)
     keys = ("seq", "ts", "cause", "block_index", "token_offset", "char_offset", "blocks", "matched",
-            "span_kinds", "spans", "snippet", "fix")
+            "span_kinds", "spans", "snippet", "fix", "secondary")
     return {
         "tenant": tenant,
         "requests": int(counters.get("requests", 0)),
         "window": len(records),
         "continuity": (matched / blocks) if blocks else None,
         "continuity_total": (counters.get("matched_blocks", 0.0) / counters["blocks"]) if counters.get("blocks") else None,
-        "breaks": int(counters.get("breaks", 0)),
+        "breaks": int(counters.get("breaks", 0)) - new_sessions,
+        "new_sessions": new_sessions,
         "breaks_by_cause": by_cause,
+        "unmatched_blocks": {reason: int(counters.get(f"unmatched:{reason}", 0)) for reason in ("break", "new_session")},
         "last_breaks": [{k: r.get(k) for k in keys if k in r} for r in breaks[-last_breaks:]][::-1],
     }
