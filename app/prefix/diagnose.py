@@ -500,6 +500,7 @@ def _secondary(pair: _Pair, diag: Diagnosis) -> list[Finding]:
     seen = {diag.cause, *(f.cause for f in out)}
     a, b = pair.prev.text, pair.cur.text
     realign = diag.realigned
+    head = pair.cur.first_history_start()
     for _ in range(16):
         if realign is None or len(out) >= MAX_SECONDARY:
             break
@@ -512,6 +513,8 @@ def _secondary(pair: _Pair, diag: Diagnosis) -> list[Finding]:
             break
         found = pair.classify(pd, cd, nxt, primary=False)
         cause = found.cause or ""
+        if diag.cause == "tool_order" and cause == "template_change" and cd < head:
+            cause = ""  # the rest of the reordered entries, not an edit of its own
         if cause and (cause == "dynamic_head" or cause not in seen):
             out.append(Finding(cause, found.char_offset, found.spans, found.detail))
             seen.add(cause)

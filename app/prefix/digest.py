@@ -80,9 +80,11 @@ def _sentences(text: str, start: int, end: int, out: list[tuple[int, int]]) -> N
         out.append((start, end))
         return
     pos = start
-    for m in SENTENCE_END.finditer(text, start, end):
+    for m in SENTENCE_END.finditer(text, start, end):  # lazy: a 1 MB paragraph stops at HEAD_LINES
         out.append((pos, m.start()))
         pos = m.end()
+        if len(out) >= HEAD_LINES:
+            return
     out.append((pos, end))
 
 
@@ -241,10 +243,14 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         if same_shape and i < len(bounds):
             spans = dynamic_candidates(detector, cur.text, *bounds[i])
             if spans:
-                later = [Finding("template_change", bounds[j][0], [], "an edit further down (line level)")
-                         for j in range(i + 1, len(mine.lines)) if prev.lines[j] != mine.lines[j]][:1]
-                if tools_at is not None and reordered:
-                    later.append(Finding("tool_order", tools_at[0], [], "same tools, different order"))
+                later: list[Finding] = []
+                for j in range(i + 1, min(len(mine.lines), len(bounds))):
+                    if prev.lines[j] == mine.lines[j]:
+                        continue
+                    in_tools = tools_at is not None and tools_at[0] - 32 <= bounds[j][0] <= tools_at[1] + 1
+                    cause = "tool_order" if in_tools and reordered else "template_change"
+                    if all(f.cause != cause for f in later):
+                        later.append(Finding(cause, bounds[j][0], [], "further down (line level)"))
                 return Diagnosis("dynamic_head", spans[0].start, spans[:1], None,
                                  "a per-request value precedes static content (line level)", later)
         rest_p, rest_c = prev.lines[i:], mine.lines[i:]
