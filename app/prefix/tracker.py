@@ -7,9 +7,11 @@ contained it. Chained hashes identify whole prefixes, and requests are evicted o
 Memory: a global cap on hashes across tenants (LRU tenants), a per-tenant cap (oldest requests
 dropped), and a byte cap on the rendered prompts kept for diagnosis.
 
-Shared, through the Store (several pods): one compact record per request (`history_append`,
-with a sparse sample of the chain so another pod can still find a common prefix) and the report
-counters (`counter_incr`); /hygiene reads only the Store.
+Shared, through the Store (several pods): one compact, text-free record per request
+(`history_append`: a sparse sample of the chain so another pod can still find a common prefix,
+the conversation and system keys, and the request's digest, app/prefix/digest.py) and the report
+counters (`counter_incr`). Every request reads the tenant's recent records, so whichever pod gets
+it diagnoses it against the same request (docs/diagnosis.md); /hygiene reads only the Store.
 """
 
 from __future__ import annotations
