@@ -85,7 +85,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
 # dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
 VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex"})
 NOW_CUE = re.compile(r"(?i)(?:\b(?:current|today|now|heute|aktuell|jetzt|aujourd|nous sommes|hoy|oggi|vandaag|"
-                     r"date\s*:|datum\s*:|time\s*:|zeit\s*:)|今天|今日|现在|本日)")
+                     r"date\s*:|datum\s*:|time\s*:|zeit\s*:|stand\s*:)|今天|今日|现在|本日)")
 
 
 @dataclass(frozen=True)
