@@ -1,6 +1,6 @@
 """Diagnosis accuracy: cause and dynamic-span scores on the labelled corpora (issue 20).
 
-    .venv/bin/python bench/diagnosis.py [--split old,tune,heldout] [--errors]
+    .venv/bin/python bench/diagnosis.py [--split old,tune,heldout] [--errors] [--pods 2]
     (corpora: tests/fixtures/diagnosis/corpus.jsonl, tests/fixtures/diagnosis_v2/{tune,heldout}.jsonl)
 
 Every tenant's requests go through `prefixgate lint`'s analysis (the gateway's fingerprinting,
@@ -9,7 +9,9 @@ requests) has one label: a cause, or none. Printed per corpus: accuracy, macro-F
 that occur in the labels or the answers), per-cause precision/recall/F1, dynamic-span exact-match
 and overlap F1 (spans of every dynamic_head finding of a transition, primary or secondary, against
 the changing values), secondary-cause recall, and false alarms on static look-alikes (a
-dynamic_head answer where the value did not change).
+dynamic_head answer where the value did not change). With `--pods N`, also how many answers
+(cause, spans, secondary causes) change when N trackers sharing one Store take the tenant's
+requests in turn (the in-process form of tests/test_diagnosis_pods.py).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from app.prefix.fingerprint import Fingerprinter  # noqa: E402
+from app.prefix.fingerprint import Fingerprinter, prompt_input  # noqa: E402
 from app.prefix.lint import analyse  # noqa: E402
+from app.prefix.sketch import build_sketch  # noqa: E402
 from app.prefix.tokens import SegmentTokenizer  # noqa: E402
+from app.prefix.tracker import TenantTracker  # noqa: E402
+from app.state.memory import MemoryStore  # noqa: E402
 
 CORPORA = {
     "old": ROOT / "tests/fixtures/diagnosis/corpus.jsonl",
@@ -155,6 +160,32 @@ def score(path: Path, fpr: Fingerprinter) -> Scores:
     return s
 
 
+async def _answers(bodies: list[dict], fpr: Fingerprinter, pods: int) -> list[tuple]:
+    store = MemoryStore()
+    trackers = [TenantTracker(store, show_text=True) for _ in range(pods)]
+    out = []
+    for i, body in enumerate(bodies):
+        inp = prompt_input("chat" if "messages" in body else "completions", body)
+        fp = fpr.complete_sync(fpr.prepare(inp, 16))
+        obs = await trackers[i % pods].observe("t", fp.block_hashes, build_sketch(inp, fp.text or ""), 16)
+        d = obs.diagnosis
+        out.append((d.cause, [s.text for s in d.spans], [f.cause for f in d.secondary]) if d else (None, [], []))
+    return out
+
+
+def pod_agreement(path: Path, fpr: Fingerprinter, pods: int) -> tuple[int, int, list[str]]:
+    """(answers that differ from one pod's, transitions, which)."""
+    differ, total, which = 0, 0, []
+    for name, bodies, _ in load(path):
+        one, many = asyncio.run(_answers(bodies, fpr, 1)), asyncio.run(_answers(bodies, fpr, pods))
+        for i in range(1, len(bodies)):
+            total += 1
+            if one[i] != many[i]:
+                differ += 1
+                which.append(f"{name}[{i}] one pod {one[i]} vs {pods} pods {many[i]}")
+    return differ, total, which
+
+
 def table(name: str, s: Scores) -> str:
     lines = [f"\n{name}: {s.transitions} transitions, accuracy {s.accuracy:.3f}, macro-F1 {s.macro_f1:.3f}, "
              f"span exact-match F1 {s.span_exact_f1:.3f} (overlap {s.span_overlap_f1:.3f}), "
@@ -170,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--split", default="old,tune,heldout", help="comma-separated: old, tune, heldout")
     parser.add_argument("--errors", action="store_true", help="print each misdiagnosed transition")
+    parser.add_argument("--pods", type=int, default=0, help="also compare with N trackers sharing a Store")
     args = parser.parse_args(argv)
     fpr = Fingerprinter(SegmentTokenizer.load())
     try:
@@ -182,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
             print(table(f"{split} ({path.relative_to(ROOT)})", s))
             if args.errors:
                 print("\n".join(s.errors))
+            if args.pods > 1:
+                differ, total, which = pod_agreement(path, fpr, args.pods)
+                print(f"{args.pods} pods alternating: {differ} of {total} answers differ from one pod's")
+                if args.errors:
+                    print("\n".join(which))
     finally:
         fpr.close()
     return 0

@@ -109,6 +109,9 @@ def test_pinned_first_exchange_then_start_over(fpr) -> None:
     ("Variante: {}", ["A", "B", "A"], "flag"),
     ("Planning week: {}", ["2026-W15", "2026-W16", "2026-W17"], "week"),
     ("Aktuelle Kalenderwoche: KW {}", ["15", "16", "17"], "week"),
+    ("Request arrived {} (time.time()).", ["1776000000.123456", "1776000042.5", "1776000107.25"], "epoch"),
+    ("Generated on {} by the context builder.", ["Tue Apr 14 09:31:07 UTC 2026", "Tue Apr 14 09:32:55 UTC 2026",
+                                                 "Tue Apr 14 09:40:01 UTC 2026"], "timestamp"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if "Variante" in line or "KW" in line else SYSTEM

@@ -239,6 +239,16 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
                 extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
                 return Diagnosis("tool_order", cd, [], None, "same tools, different order (line level)", extra)
             return Diagnosis("template_change", cd, [], None, "tools added, removed or edited (line level)")
+        rest_p, rest_c = prev.lines[i:], mine.lines[i:]
+        tail_p = 0
+        while tail_p < min(len(rest_p), len(rest_c)) and rest_p[-1 - tail_p] == rest_c[-1 - tail_p]:
+            tail_p += 1
+        wp, wc = rest_p[:len(rest_p) - tail_p], rest_c[:len(rest_c) - tail_p]
+        if len(wc) >= 2 and sorted(wp) == sorted(wc) and wp != wc:
+            cur_lines = [cur.text[a:b] for a, b in bounds[i:i + len(wc)]]
+            if sum(1 for ln in cur_lines if TOOL_LINE.match(ln)) * 2 >= len(cur_lines):
+                return Diagnosis("tool_order", cd, [], None, "tools listed in the system text, other order")
+            return Diagnosis("template_change", cd, [], None, "system prompt lines reordered")
         same_shape = len(prev.lines) == len(mine.lines) and prev.lines[i + 1:i + 2] == mine.lines[i + 1:i + 2]
         if same_shape and i < len(bounds):
             spans = dynamic_candidates(detector, cur.text, *bounds[i])
@@ -253,16 +263,6 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
                         later.append(Finding(cause, bounds[j][0], [], "further down (line level)"))
                 return Diagnosis("dynamic_head", spans[0].start, spans[:1], None,
                                  "a per-request value precedes static content (line level)", later)
-        rest_p, rest_c = prev.lines[i:], mine.lines[i:]
-        tail_p = 0
-        while tail_p < min(len(rest_p), len(rest_c)) and rest_p[-1 - tail_p] == rest_c[-1 - tail_p]:
-            tail_p += 1
-        wp, wc = rest_p[:len(rest_p) - tail_p], rest_c[:len(rest_c) - tail_p]
-        if len(wc) >= 2 and sorted(wp) == sorted(wc) and wp != wc:
-            cur_lines = [cur.text[a:b] for a, b in bounds[i:i + len(wc)]]
-            if sum(1 for ln in cur_lines if TOOL_LINE.match(ln)) * 2 >= len(cur_lines):
-                return Diagnosis("tool_order", cd, [], None, "tools listed in the system text, other order")
-            return Diagnosis("template_change", cd, [], None, "system prompt lines reordered")
         pset, cset = set(prev.lines), set(mine.lines)  # shared in both directions: one short prompt is no match
         shared = min(len(pset & cset) / max(1, len(pset)), len(pset & cset) / max(1, len(cset)))
         if not continues(cur, past) and shared < 0.5:

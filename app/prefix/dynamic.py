@@ -55,6 +55,7 @@ _YEAR = r"(?:19|20)\d{2}"
 BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"\b{_YEAR}-{_MON}-{_DAY}[T ]{_TIME}{_TZ}"),
     ("timestamp", rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}"),  # RFC 2822
+    ("timestamp", rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b"),  # asctime, `date`
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
     ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
     ("date", rf"\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
@@ -67,7 +68,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
     ("time", rf"(?<![\w.:/-]){_TIME}{_TZ}(?![\w.:/-])"),
-    ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?\b"),
+    ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
     ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-][A-Za-z0-9]{6,}\b"),
@@ -183,7 +184,7 @@ def has_dynamic(text: str, extra_patterns: Sequence[str] = ()) -> bool:
 # value (an epoch, a nonce, a flipping A/B flag, a week number) has a recognisable shape or sits
 # after a key; an edited sentence ("within 60 days" -> "within 30 days") or a bumped version is
 # not per-request and gets no kind.
-_EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3})?)?")  # 2017..2033, in s, ms or µs
+_EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3})?)?(?:\.\d{1,9})?")  # 2017..2033, in s, ms or µs; time.time()
 _ISO_WEEK = re.compile(r"(?i)(?:\d{4}-?)?W\d{1,2}(?:-?\d)?")
 _VERSION = re.compile(r"(?i)v?\d+(?:\.\d+){1,3}(?:[-+.]?[a-z]+\d*)?")
 _FLAG_WORDS = frozenset({
@@ -193,7 +194,7 @@ _FLAG_WORDS = frozenset({
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
 _KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":)\s*[\"']?$")
 _DYNAMIC_KEY = re.compile(
-    r"(?i)(nonce|salt|seed|token|buster|bust|bucket|cohort|variant|variante|experiment|group|gruppe|flag|"
+    r"(?i)\b(nonce|salt|seed|token|buster|bust|bucket|cohort|variant|variante|experiment|group|gruppe|flag|"
     r"feature|ts|time|zeit|epoch|request|anfrage|trace|span|session|sitzung|schlüssel|key|id|run|build)\b|"
     r"(nonce|buster|zeit|stempel|schlüssel|wert|gruppe|variante)")
 
@@ -219,10 +220,10 @@ def value_kind(line_prefix: str, old: str, new: str) -> str | None:
     looks like an edit. `line_prefix`: the text of the line before the token (its key, if any)."""
     if not new or not old or len(new) > 64 or len(old) > 64:
         return None
-    if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
-        return None
     if _EPOCH.fullmatch(new) and _EPOCH.fullmatch(old):
         return "epoch"
+    if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
+        return None
     if _ISO_WEEK.fullmatch(new) and _ISO_WEEK.fullmatch(old):
         return "week"
     if new.isdigit() and old.isdigit() and _WEEK_KEY.search(line_prefix) and int(new) <= 53:
