@@ -15,6 +15,7 @@ import pytest
 from app.prefix.fingerprint import Fingerprinter
 from app.prefix.lint import analyse
 from app.prefix.tokens import SegmentTokenizer
+from tests.fixtures.diagnosis_v2.build import Gen
 
 SYSTEM = ("You are the support assistant of Northwind Outfitters. Be friendly and precise.\n"
           "- Returns are accepted within 60 days for unused items.\n"
@@ -49,14 +50,10 @@ def fpr() -> Fingerprinter:
 
 
 def body(system: str, turns: list[str], tools: list | None = None, trailing: str | None = None) -> dict:
-    msgs = [{"role": "system", "content": system}]
-    msgs += [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
-    if trailing:
-        msgs.append({"role": "system", "content": trailing})
-    out: dict[str, Any] = {"model": "m", "messages": msgs}
-    if tools:
-        out["tools"] = copy.deepcopy(tools)
-    return out
+    """A chat body: the system prompt, then user and assistant turns alternating (the corpus
+    generator's helper, so tests and corpus build requests the same way)."""
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    return Gen.body(system, msgs, tools, trailing)
 
 
 def conversation(n: int) -> list[list[str]]:
