@@ -156,6 +156,18 @@ def test_nested_key_and_swapped_adjacent_reorders(fpr) -> None:
         assert causes(fpr, stateless) == ["tool_order", "tool_order"]
 
 
+def test_date_inside_a_tool_description(fpr) -> None:
+    def tools_on(day: str) -> list[dict]:
+        out = copy.deepcopy(TOOLS)
+        out[0]["function"]["description"] = f"Look up an order. Orders placed before {day} are archived."
+        return out
+
+    convo = conversation(3)
+    days = ["Today is 2026-04-14", "Today is 2026-04-14", "Today is 2026-04-15"]
+    got = run(fpr, [body(SYSTEM, t, tools_on(d)) for t, d in zip(convo, days, strict=True)])
+    assert [r["cause"] for r in got] == [None, "dynamic_head"] and got[1]["spans"] == ["2026-04-15"]
+
+
 # ------------------------------------------------------------------ several causes
 def test_reorder_plus_new_tool(fpr) -> None:
     extra = tool("cancel_order", order_number={"type": "string"})

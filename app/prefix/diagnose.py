@@ -412,17 +412,17 @@ class _Pair:
             else (False, False, "")
         in_tools = (tools_at is not None and tools_at[0] - 32 <= cd <= tools_at[1]) or \
             (prev_tools_at is not None and prev_tools_at[0] - 32 <= pd <= prev_tools_at[1])
-        if in_tools and (reordered or set_changed):
-            if reordered:
-                extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
-                return Diagnosis("tool_order", cd, [], realign, tool_detail, extra)
-            return Diagnosis("template_change", cd, [], realign, tool_detail)
+        if in_tools and reordered:
+            extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
+            return Diagnosis("tool_order", cd, [], realign, tool_detail, extra)
         value = changed_value(self.detector, prev.text, cur.text, pd, cd)
         if value is not None:  # realigned right after the value: later findings are searched from there
-            span, pend = value
+            span, pend = value  # (also inside a tool's description: a date put there per request)
             after = Realignment(pend, span.end, lcp(prev.text, cur.text, pend, span.end))
             return Diagnosis("dynamic_head", span.start, [span], after,
                              "a per-request value precedes static content")
+        if in_tools and set_changed:
+            return Diagnosis("template_change", cd, [], realign, tool_detail)
         if reordered and tools_at is None:
             return Diagnosis("tool_order", cd, [], realign, tool_detail)
         region = cur.region_at(cd)

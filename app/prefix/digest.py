@@ -234,11 +234,10 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
             if cur.kind == "chat" and cur.regions and not continues(cur, past):  # little follows: no loss
                 return Diagnosis("new_session", cd, [], None, "a new conversation over the shared head")
             return Diagnosis(None, cd, detail="diverges in the part expected to vary")
-        if tools_at is not None and tools_at[0] - 32 <= cd <= tools_at[1] + 1 and (reordered or set_changed):
-            if reordered:
-                extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
-                return Diagnosis("tool_order", cd, [], None, "same tools, different order (line level)", extra)
-            return Diagnosis("template_change", cd, [], None, "tools added, removed or edited (line level)")
+        in_tools = tools_at is not None and tools_at[0] - 32 <= cd <= tools_at[1] + 1
+        if in_tools and reordered:
+            extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
+            return Diagnosis("tool_order", cd, [], None, "same tools, different order (line level)", extra)
         rest_p, rest_c = prev.lines[i:], mine.lines[i:]
         tail_p = 0
         while tail_p < min(len(rest_p), len(rest_c)) and rest_p[-1 - tail_p] == rest_c[-1 - tail_p]:
@@ -263,6 +262,8 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
                         later.append(Finding(cause, bounds[j][0], [], "further down (line level)"))
                 return Diagnosis("dynamic_head", spans[0].start, spans[:1], None,
                                  "a per-request value precedes static content (line level)", later)
+        if in_tools and set_changed:
+            return Diagnosis("template_change", cd, [], None, "tools added, removed or edited (line level)")
         pset, cset = set(prev.lines), set(mine.lines)  # shared in both directions: one short prompt is no match
         shared = min(len(pset & cset) / max(1, len(pset)), len(pset & cset) / max(1, len(cset)))
         if not continues(cur, past) and shared < 0.5:
