@@ -186,6 +186,14 @@ def test_dynamic_value_plus_edit_further_down(fpr) -> None:
     assert [f["cause"] for f in got[0]["secondary"]] == ["template_change"]
 
 
+def test_dynamic_value_plus_front_trim(fpr) -> None:
+    turns = [f"Turn {k}: " + "details about the order and the parcel. " * 4 for k in range(12)]
+    got = run(fpr, [body(f"Current time: 2026-04-14T09:31:07Z\n{SYSTEM}", turns[:9]),
+                    body(f"Current time: 2026-04-14T09:32:55Z\n{SYSTEM}", turns[4:11])])
+    assert got[0]["cause"] == "dynamic_head"
+    assert [f["cause"] for f in got[0]["secondary"]] == ["front_trim"]
+
+
 def test_two_dynamic_values(fpr) -> None:
     convo = conversation(2)
     got = run(fpr, [body(f"Current time: 2026-04-14T09:31:07Z\n{SYSTEM}trace_id=4f1c2a9be07d3c55\nMore rules.", convo[0]),

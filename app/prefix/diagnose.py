@@ -403,8 +403,8 @@ class _Pair:
         prev, cur = self.prev, self.cur
         first_history = cur.first_history_start()
         system_same = prev.system_text == cur.system_text
-        if primary and system_same and cd >= min(first_history, prev.first_history_start()) - 64 \
-                and _front_trimmed(prev, cur):
+        if (system_same or not primary) and cd >= min(first_history, prev.first_history_start()) - 64 \
+                and _front_trimmed(prev, cur):  # (a secondary one follows a changed value in the system part)
             return Diagnosis("front_trim", cd, [], realign, "history was cut or summarised at the front")
         tools_at = _tools_span(cur)
         prev_tools_at = _tools_span(prev)
