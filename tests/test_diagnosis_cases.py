@@ -106,12 +106,15 @@ def test_pinned_first_exchange_then_start_over(fpr) -> None:
     ("Variante: {}", ["A", "B", "A"], "flag"),
     ("Planning week: {}", ["2026-W15", "2026-W16", "2026-W17"], "week"),
     ("Aktuelle Kalenderwoche: KW {}", ["15", "16", "17"], "week"),
+    ("Today is {}.", ["Tuesday", "Wednesday", "Thursday"], "date"),
+    ("The customer's name is {}.", ["Anna Schmidt", "Markus Weber", "Lena Hoffmann"], "user"),
+    ("Der Kunde heißt {}.", ["Anna", "Markus", "Lena"], "user"),
     ("Request arrived {} (time.time()).", ["1776000000.123456", "1776000042.5", "1776000107.25"], "epoch"),
     ("Generated on {} by the context builder.", ["Tue Apr 14 09:31:07 UTC 2026", "Tue Apr 14 09:32:55 UTC 2026",
                                                  "Tue Apr 14 09:40:01 UTC 2026"], "timestamp"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
-    system = SYSTEM_DE if "Variante" in line or "KW" in line else SYSTEM
+    system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde")) else SYSTEM
     bodies = [body(f"{line.format(v)}\n{system}", turns) for v, turns in zip(values, conversation(3), strict=True)]
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
@@ -135,6 +138,14 @@ def test_tools_listed_in_system_text_in_another_order(fpr) -> None:
     bodies = [body(f"{CODER}\nYou can call these tools:\n" + "\n".join(o), t)
               for o, t in zip(orders, conversation(3), strict=True)]
     assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_tool_entries_swapped_whose_names_look_like_flags(fpr) -> None:
+    entries = [f'<function>{{"name": "{n}", "description": "tool {n}"}}</function>' for n in "abc"]
+    orders = [entries, [entries[1], entries[0], entries[2]]]
+    bodies = [body("<functions>\n" + "\n".join(o) + f"\n</functions>\n{SYSTEM}", t)
+              for o, t in zip(orders, conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order"]
 
 
 def test_rules_reordered_in_system_text_are_a_template_change(fpr) -> None:

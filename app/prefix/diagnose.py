@@ -415,6 +415,14 @@ class _Pair:
         if in_tools and reordered:
             extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
             return Diagnosis("tool_order", cd, [], realign, tool_detail, extra)
+        region = cur.region_at(cd)
+        in_system = region is not None and region.role in ("system", "developer")
+        if in_system and prev.system_text is not None and cur.system_text is not None:
+            permuted, tool_like = _lines_permuted(prev.system_text, cur.system_text)
+            if permuted:  # before values: swapped entries differ in a name that may look like one
+                if tool_like:
+                    return Diagnosis("tool_order", cd, [], realign, "tools listed in the system text, other order")
+                return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
         value = changed_value(self.detector, prev.text, cur.text, pd, cd)
         if value is not None:  # realigned right after the value: later findings are searched from there
             span, pend = value  # (also inside a tool's description: a date put there per request)
@@ -425,14 +433,6 @@ class _Pair:
             return Diagnosis("template_change", cd, [], realign, tool_detail)
         if reordered and tools_at is None:
             return Diagnosis("tool_order", cd, [], realign, tool_detail)
-        region = cur.region_at(cd)
-        in_system = region is not None and region.role in ("system", "developer")
-        if in_system and prev.system_text is not None and cur.system_text is not None:
-            permuted, tool_like = _lines_permuted(prev.system_text, cur.system_text)
-            if permuted:
-                if tool_like:
-                    return Diagnosis("tool_order", cd, [], realign, "tools listed in the system text, other order")
-                return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
         last_turn = region is not None and region.role == "user" and region.start <= tail_start(cur) <= cd
         if last_turn and realign is not None and realign.cur_offset < region.end:  # type: ignore[union-attr]
             return Diagnosis("question_first", cd, [], realign, "variable text precedes static text in the last turn")

@@ -76,6 +76,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
     ("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
     ("user", r"(?i)\b(?:user(?:\s?name)?|customer|logged in as|signed in as|current user|nutzer(?:name)?|benutzer(?:name)?|utilisateur|usuario|utente)\s*[:=]\s*[\"']?\w[\w.\- ]{0,40}"),
+    ("user", r"(?i)\b(?:(?:the )?(?:user|customer|client)(?:'s)? name is|(?:der )?(?:kunde|kundin|nutzer|nutzerin|benutzer) heißt|"
+             r"name (?:of the|des) (?:user|customer|kunden|nutzers) is|le client s'appelle)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
     ("user", r"(?i)\b(?:you are (?:talking|speaking|chatting) (?:to|with)|du sprichst mit|sie sprechen mit|tu parles (?:à|avec)|vous parlez (?:à|avec)|estás hablando con|hablas con)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
     ("counter", r"(?i)\b(?:turn|request|call|attempt|step|iteration|message|visit|session|round|run|try|versuch|anfrage|tentative|intento)\s*(?:#|no\.?|nr\.?|number)?\s*\d+\b(?:\s*(?:of|/|von|sur|de)\s*\d+)?"),
     ("counter", r"(?i)\b(?:count|counter|seq|sequence|index|request_count|n_calls|uptime)\s*[:=]\s*\d+\b"),
@@ -191,6 +193,8 @@ _FLAG_WORDS = frozenset({
     "a", "b", "c", "d", "on", "off", "true", "false", "yes", "no", "enabled", "disabled", "control",
     "treatment", "variant", "baseline", "test", "ja", "nein", "an", "aus", "aktiv", "inaktiv", "kontrolle",
     "oui", "non", "si", "sí"})
+_FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|test|ab\b|a/b)")
+_WEEKDAY_WORDS = frozenset(_WEEKDAYS.split("|"))
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
 _KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":)\s*[\"']?$")
 _DYNAMIC_KEY = re.compile(
@@ -230,11 +234,15 @@ def value_kind(line_prefix: str, old: str, new: str) -> str | None:
         return "week"
     if random_looking(new) and random_looking(old):
         return "nonce"
+    if new.lower() in _WEEKDAY_WORDS and old.lower() in _WEEKDAY_WORDS and (
+            NOW_CUE.search(line_prefix) or _KEY.search(line_prefix)):
+        return "date"  # "Today is Tuesday." -> "Wednesday."
     key = _KEY.search(line_prefix)
     if key is None:
         return None
-    if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS:
-        return "flag"
+    if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS and (
+            len(new) > 1 and len(old) > 1 or _FLAG_KEY.search(key.group(1))):
+        return "flag"  # a single letter only after a group/variant key ("name": "a" is no flag)
     if _DYNAMIC_KEY.search(key.group(1)) and not (new.isalpha() and old.isalpha() and len(new) > 3):
         return "value"
     return None
