@@ -6,6 +6,7 @@ import pytest
 
 from app.prefix.sketch import RequestSketch
 from app.prefix.tracker import (
+    PAST_RECORDS,
     TenantTracker,
     longest_known_prefix,
     sample_chain,
@@ -170,3 +171,21 @@ async def test_a_pod_without_the_previous_text_diagnoses_from_its_digest() -> No
     obs = await pod_b.observe("t", chain(0, 34, 2), _chat_sketch("Heute ist der 15.04.2026.\n" + POLICY, *turns), 16)
     assert obs.diagnosis is not None and obs.diagnosis.cause == "dynamic_head"
     assert [s.text for s in obs.diagnosis.spans] == ["15.04.2026"]
+
+
+async def test_many_conversations_on_one_tenant_are_no_false_breaks() -> None:
+    """Twenty users' chats interleaved: each one's previous request is gone from the four texts a
+    tenant keeps and from the records read back, yet a continuing chat is no break (only its head
+    can be compared)."""
+    users = PAST_RECORDS + 4
+    tr = TenantTracker(MemoryStore(), texts_per_tenant=4)
+    history: dict[int, list[str]] = {u: [] for u in range(users)}
+    causes = []
+    for turn in range(3):
+        for u in range(users):
+            history[u] += [f"user {u} asks question {turn} about order {1000 + u}"]
+            obs = await tr.observe("t", chain(40, 44 + 8 * turn, u * 10 + turn), _chat_sketch(POLICY, *history[u]), 16)
+            causes.append(obs.diagnosis.cause if obs.diagnosis else None)
+            history[u] += [f"answer {turn} for user {u}"]
+    assert set(causes[users:]) <= {None}  # turn 0 of each user: a new conversation; then continuing chats
+    assert set(causes[1:users]) == {"new_session"}

@@ -469,9 +469,12 @@ class _Pair:
 
 
 def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
-             extra_patterns: tuple[str, ...] = (), past: TenantPast | None = None) -> Diagnosis:
+             extra_patterns: tuple[str, ...] = (), past: TenantPast | None = None,
+             own_conversation: bool = True) -> Diagnosis:
     """Compare the current prompt with a previous one: is it a break, why, and what else differs.
-    `past`: the tenant's earlier conversations (default: only `prev`'s)."""
+    `past`: the tenant's earlier conversations (default: only `prev`'s). `own_conversation`
+    False: `prev` is another conversation of the tenant (the current one's last request is not
+    held), so only a divergence in the head is diagnosed: what follows it is another history."""
     if past is None:
         past = past_of([prev])
     pair = _Pair(prev, cur, material, get_detector(tuple(extra_patterns)), past)
@@ -479,6 +482,8 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
     d = lcp(a, b)
     if d >= len(b) or d >= len(a):
         return Diagnosis(None, d, detail="continues the previous prompt")
+    if not own_conversation and d >= min(cur.first_history_start(), prev.first_history_start()) - 64:
+        return Diagnosis(None, d, detail="the conversation's previous request is not held: head unchanged")
     lost, realign = pair.loses(d, d)
     if not lost and (prev.tools_raw or cur.tools_raw):
         at = _tools_span(cur)  # an unstable tool order costs more when it is earlier: always say so

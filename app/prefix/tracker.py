@@ -195,8 +195,8 @@ class TenantTracker:
                 return partial(diagnose, local, sketch, **kw)
             if digest is not None:
                 return partial(diagnose_digest, digest, sketch, **kw)
-        prev = self._compare_with(state, sketch, best_seq, past)
-        return partial(diagnose, prev, sketch, **kw) if prev is not None else None
+        prev, own = self._compare_with(state, sketch, best_seq, past)
+        return partial(diagnose, prev, sketch, **kw, own_conversation=own) if prev is not None else None
 
     @staticmethod
     def _target_record(sketch: RequestSketch, past: TenantPast, records: list[dict]) -> dict | None:
@@ -209,25 +209,28 @@ class TenantTracker:
         return records[-1]
 
     def _compare_with(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,
-                      past: TenantPast) -> RequestSketch | None:
+                      past: TenantPast) -> tuple[RequestSketch | None, bool]:
         """The request a new one is diagnosed against: what changed since the last time.
         - It continues a conversation: that conversation's newest request kept here (it holds that
           request's last user turn), even when an older one shares a longer prefix (tools flipped
           back, a date rolled over): a break is what the conversation lost against its own latest
           state. Else the request sharing the longest prefix, else the newest.
         - It starts one (a stateless client, a new chat): the tenant's newest request, so that a
-          flag flipping back to an earlier value is still seen as the change it is."""
+          flag flipping back to an earlier value is still seen as the change it is.
+        The flag says whether the request returned is of the same conversation (or the right one
+        for a new conversation); when not (many users on one tenant, the conversation's last
+        request no longer held), only its head can be compared."""
         if sketch is None or not state.sketches:
-            return None
+            return None, False
         newest = next(reversed(state.sketches.values()))
         if not continues(sketch, past):
-            return newest
+            return newest, True
         turns = set(turn_keys(sketch))
         for prev in reversed(state.sketches.values()):
             key = last_turn_key(prev)
             if key is not None and key in turns:
-                return prev
-        return self._best_sketch(state, best_seq)
+                return prev, True
+        return self._best_sketch(state, best_seq), False
 
     @staticmethod
     def _past(state: _Tenant, records: list[dict]) -> TenantPast:
