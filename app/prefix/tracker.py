@@ -156,8 +156,9 @@ class TenantTracker:
         diag: Diagnosis | None = None
         past = self._past(state, records)
         call = self._diagnosis(state, sketch, best_seq, past, records, max(64, 6 * block_size))
+        prev = call.args[0] if call is not None and isinstance(call.args[0], RequestSketch) else None  # None: a digest
         if call is not None:  # also when only the last partial block changed
-            prev_chars = len(call.args[0].text) if isinstance(call.args[0], RequestSketch) else 0
+            prev_chars = len(prev.text) if prev is not None else 0
             if sketch is not None and len(sketch.text) + prev_chars > INLINE_DIAGNOSE_CHARS:
                 diag = await asyncio.get_running_loop().run_in_executor(None, call)  # keep the loop free
             else:
