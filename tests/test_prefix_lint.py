@@ -27,7 +27,7 @@ def test_jsonl_dynamic_head_exit_1(tmp_path: Path, capsys) -> None:
     assert main(["lint", str(f), "--json"]) == 1
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["index"] for r in rows] == [0, 1, 2]
-    assert set(rows[0]) == {"index", "continuity", "cause", "spans", "fix"}
+    assert set(rows[0]) == {"index", "continuity", "cause", "spans", "span_kinds", "fix", "secondary"}
     assert rows[0]["cause"] is None
     assert rows[1]["cause"] == "dynamic_head" and rows[1]["spans"] == ["2026-04-14T09:31:07Z"]
     assert rows[1]["continuity"] < 0.05
@@ -35,10 +35,11 @@ def test_jsonl_dynamic_head_exit_1(tmp_path: Path, capsys) -> None:
 
 
 def test_jsonl_clean_exit_0(tmp_path: Path, capsys) -> None:
+    """Stateless single-turn requests over one system prompt: new conversations, not problems."""
     f = write_jsonl(tmp_path / "seq.jsonl", [body(STATIC, f"question {i}") for i in range(3)])
     assert main(["lint", str(f)]) == 0
     out = capsys.readouterr().out
-    assert "0 problem(s)" in out and "continuity 1.00: ok" in out
+    assert "0 problem(s)" in out and "continuity 1.00: new_session" in out
 
 
 def test_single_request_static_check(tmp_path: Path, capsys) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from app.prefix.sketch import RequestSketch
 from app.prefix.tracker import (
+    PAST_RECORDS,
     TenantTracker,
     longest_known_prefix,
     sample_chain,
@@ -139,3 +140,69 @@ async def test_two_pods_share_history_through_redis(redis_server, redis_namespac
     finally:
         for s in stores:
             await s.close()
+
+
+def _chat_sketch(system: str, *turns: str):
+    from app.prefix.fingerprint import prompt_input
+    from app.prefix.sketch import build_sketch
+
+    body = {"messages": [{"role": "system", "content": system}]
+            + [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]}
+    text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in body["messages"]) + "<|assistant|>"
+    return build_sketch(prompt_input("chat", body), text)
+
+
+POLICY = "".join(f"Rule {i}: answer from the handbook and cite the section.\n" for i in range(30))
+
+
+async def test_report_separates_new_conversations_from_breaks() -> None:
+    store = MemoryStore()
+    tr = TenantTracker(store)
+    head = "Current time: 09:31:07\n" + POLICY
+    for i, q in enumerate(["Where is my parcel?", "Can I return boots?", "Do you price match?"]):
+        await tr.observe("t", chain(40, 44, i), _chat_sketch(head, q), 16)  # stateless: 40 shared blocks
+    await tr.observe("t", chain(0, 44, 9), _chat_sketch(head.replace("09:31:07", "09:32:55"), "Where is it?"), 16)
+    report = await tenant_report(store, "t")
+    assert report["new_sessions"] == 2 and report["breaks"] == 1
+    assert report["breaks_by_cause"] == {"new_session": 2, "dynamic_head": 1}
+    assert report["unmatched_blocks"] == {"new_session": 8, "break": 44}
+    assert [b["cause"] for b in report["last_breaks"]] == ["dynamic_head"]  # operators see only what to fix
+
+
+async def test_records_hold_no_prompt_text() -> None:
+    store = MemoryStore()
+    tr = TenantTracker(store, show_text=False)
+    await tr.observe("t", chain(0, 20, 1), _chat_sketch("Secret zebra policy.\n" + POLICY, "my password is hunter2"), 16)
+    await tr.observe("t", chain(0, 20, 2), _chat_sketch("Secret zebra policy!\n" + POLICY, "my password is hunter2"), 16)
+    raw = str(await store.history_recent("t", 10))
+    assert "zebra" not in raw and "hunter2" not in raw and "handbook" not in raw
+
+
+async def test_a_pod_without_the_previous_text_diagnoses_from_its_digest() -> None:
+    """The date rolls over on request 1 (pod b): pod b never saw request 0's text, only its record."""
+    store = MemoryStore()
+    pod_a, pod_b = TenantTracker(store, show_text=True), TenantTracker(store, show_text=True)
+    turns = ["Where is my parcel?", "It left the depot.", "When will it arrive?"]
+    first = await pod_a.observe("t", chain(0, 30, 1), _chat_sketch("Heute ist der 14.04.2026.\n" + POLICY, turns[0]), 16)
+    assert first.diagnosis is None
+    obs = await pod_b.observe("t", chain(0, 34, 2), _chat_sketch("Heute ist der 15.04.2026.\n" + POLICY, *turns), 16)
+    assert obs.diagnosis is not None and obs.diagnosis.cause == "dynamic_head"
+    assert [s.text for s in obs.diagnosis.spans] == ["15.04.2026"]
+
+
+async def test_many_conversations_on_one_tenant_are_no_false_breaks() -> None:
+    """Twenty users' chats interleaved: each one's previous request is gone from the four texts a
+    tenant keeps and from the records read back, yet a continuing chat is no break (only its head
+    can be compared)."""
+    users = PAST_RECORDS + 4
+    tr = TenantTracker(MemoryStore(), texts_per_tenant=4)
+    history: dict[int, list[str]] = {u: [] for u in range(users)}
+    causes = []
+    for turn in range(3):
+        for u in range(users):
+            history[u] += [f"user {u} asks question {turn} about order {1000 + u}"]
+            obs = await tr.observe("t", chain(40, 44 + 8 * turn, u * 10 + turn), _chat_sketch(POLICY, *history[u]), 16)
+            causes.append(obs.diagnosis.cause if obs.diagnosis else None)
+            history[u] += [f"answer {turn} for user {u}"]
+    assert set(causes[users:]) <= {None}  # turn 0 of each user: a new conversation; then continuing chats
+    assert set(causes[1:users]) == {"new_session"}

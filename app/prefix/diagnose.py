@@ -1,40 +1,64 @@
-"""Why did the cache miss: the first divergence between two prompts of a tenant, and its cause.
+"""Why did the cache miss: the first divergence between two prompts of a tenant, its cause, and
+the other causes further down. Definitions and examples: docs/diagnosis.md.
 
-Pure functions over two `RequestSketch`es (the best previous request and the current one).
+Pure functions over two `RequestSketch`es (the previous request the current one is compared with,
+and the current one) plus what the tenant sent before (`TenantPast`: which conversations exist).
 
-A divergence is a *break* only when it costs reusable content:
-- it happens before the part of the prompt that is expected to vary (the last turn) and before
-  the end of the previous prompt by more than `material` characters, or
+A divergence costs reusable content (a *break*) when
+- it lies before the part of the current prompt expected to vary (its last user turn and what
+  follows) and before the end of the previous prompt's reusable part (a trailing system message
+  after the history is not reusable) by at least `material` characters, or
 - after it, the two prompts re-align for at least `material` characters (static content was
   pushed behind something variable, so the engine recomputes content it already had).
-A new question after the same system prompt, a continued conversation, or a timestamp at the very
-end are therefore not breaks.
 
-Causes, in the order they are tested (the first divergence decides):
+Causes (the first divergence in prompt order is the primary one; the next divergences after each
+re-alignment are secondary findings):
 - `front_trim`: the system part is unchanged and the history starts later (early turns dropped or
-  summarised): a message of the current history equals a later message of the previous one.
-- `tool_order`: the same tools (same canonical JSON) in another order or key order, when the
-  divergence lies in the rendered tools (else after the dynamic test, as a fallback).
-- `dynamic_head`: the divergence falls inside a dynamic-looking value (app/prefix/dynamic.py) in
-  both prompts. Values that look dynamic but are identical in both never reach this test.
-- `new_session`: nothing re-aligns and the first message shares little with the previous one.
-- `template_change`: the divergence is in the system message or the template's own text.
-- `other`: anything else (history edited, re-rendered assistant text differs, a variable question
-  placed before static documents...).
+  summarised).
+- `tool_order`: the same tools in another order, or the same tool with its (nested) keys in
+  another order, where the divergence lies in the rendered tools; or tool entries listed in the
+  system text in another order. Tools added or removed at the same time are a secondary
+  `template_change`.
+- `dynamic_head`: the divergence is a changed per-request value (app/prefix/dynamic.py: a known
+  pattern, or a changed token whose shape or key marks it as per-request); the span is that value.
+- `new_session`: a new conversation. The current request matches the previous ones only through
+  the static head and none of its messages continues a conversation the tenant sent before (it
+  does not contain the last user turn of any earlier request), or its system prompt is another
+  agent's. Not a problem: counted apart from breaks (docs/diagnosis.md).
+- `template_change`: the system prompt, the tools or the template's own text were edited.
+- `history_edit`: an earlier turn of a continuing conversation was re-sent with other text (or a
+  turn inserted or removed before the last one).
+- `question_first`: the last user turn starts with variable text and static text follows it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from app.prefix.dynamic import DynamicDetector, Span, get_detector
-from app.prefix.sketch import RequestSketch
+from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, DynamicDetector, Span, get_detector, value_kind
+from app.prefix.sketch import Region, RequestSketch
 
-CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "new_session", "other")
+CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
+          "question_first", "new_session")
+NOT_A_PROBLEM = frozenset({"new_session"})
 ANCHOR_CHARS = 24
 MAX_ANCHORS = 160
 NEAR_WINDOW = 512  # chars after the divergence where anchors are tried at every word start
 LINE_WINDOW = 65_536  # beyond that, only at line starts
+MAX_SECONDARY = 4
+VALUE_CHARS = frozenset("-_.:/+")
+KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that include the key's words
+ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
+# a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
+# `` `name`: ...``, `<tool name="...">`, `<function ...>`, `{"name": ...}`, `## name`
+TOOL_LINE = re.compile(
+    r"""^\s*(?:<(?:tool|function|command|mcp)\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
+    r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
+KEY_SIZE = 16
 
 
 @dataclass
@@ -45,17 +69,90 @@ class Realignment:
 
 
 @dataclass
+class Finding:
+    """A secondary cause: where it is and, for a dynamic value, which value."""
+
+    cause: str
+    char_offset: int
+    spans: list[Span] = field(default_factory=list)
+    detail: str = ""
+
+
+@dataclass
 class Diagnosis:
     cause: str | None  # None: no break
     char_offset: int  # first divergent character in the current prompt
-    spans: list[Span] = field(default_factory=list)  # dynamic values at the divergence (current)
+    spans: list[Span] = field(default_factory=list)  # the changed dynamic value(s) at the divergence
     realigned: Realignment | None = None
     detail: str = ""
+    secondary: list[Finding] = field(default_factory=list)  # further causes, in prompt order
 
     @property
     def is_break(self) -> bool:
-        return self.cause is not None
+        return self.cause is not None and self.cause not in NOT_A_PROBLEM
 
+
+@dataclass
+class TenantPast:
+    """What the tenant sent before, as stable keys (shareable between pods, no text): the last user
+    turn of each earlier request (a conversation's newest turn) and the system prompts seen."""
+
+    last_turns: set[str] = field(default_factory=set)
+    systems: set[str] = field(default_factory=set)
+
+
+# ---------------------------------------------------------------------- stable keys
+
+def text_key(role: str, text: str) -> str:
+    """A process-independent identity of a message: role, length and the first and last 512
+    characters (O(1) per message; a full digest of a 1 MB system prompt costs ~1 ms)."""
+    raw = f"{role}\x00{len(text)}\x00{text[:512]}\x00{text[-512:]}".encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(raw, digest_size=KEY_SIZE // 2).hexdigest()
+
+
+def turn_keys(sketch: RequestSketch) -> list[str]:
+    """One key per user turn: the turn with the message before it (two conversations that share a
+    question such as "thanks" still differ in what preceded it)."""
+    out: list[str] = []
+    before = ""
+    for region in sketch.regions:
+        if region.role in ("system", "developer"):
+            continue
+        text = sketch.text[region.start:region.end]
+        if region.role == "user":
+            out.append(text_key("user", f"{before[-512:]}\x01{text}"))
+        before = text
+    return out
+
+
+def last_turn_key(sketch: RequestSketch) -> str | None:
+    """Key of the newest user turn: what a later request of the same conversation still contains."""
+    keys = turn_keys(sketch)
+    return keys[-1] if keys else None
+
+
+def system_key(sketch: RequestSketch) -> str | None:
+    return text_key("system", sketch.system_text) if sketch.system_text is not None else None
+
+
+def past_of(sketches: Iterable[RequestSketch]) -> TenantPast:
+    past = TenantPast()
+    for sk in sketches:
+        key = last_turn_key(sk)
+        if key:
+            past.last_turns.add(key)
+        skey = system_key(sk)
+        if skey:
+            past.systems.add(skey)
+    return past
+
+
+def continues(cur: RequestSketch, past: TenantPast) -> bool:
+    """Does `cur` carry on a conversation the tenant sent before (holds one's last user turn)?"""
+    return bool(past.last_turns) and any(k in past.last_turns for k in turn_keys(cur))
+
+
+# ---------------------------------------------------------------------- text helpers
 
 def lcp(a: str, b: str, a0: int = 0, b0: int = 0) -> int:
     """Length of the common prefix of a[a0:] and b[b0:] (binary search over C-level compares)."""
@@ -91,14 +188,15 @@ def _anchors(cur: str, start: int) -> list[int]:
     return out
 
 
-def find_realignment(prev: str, cur: str, d: int, material: int) -> Realignment | None:
-    """The first place after `d` where `cur` continues with ≥ `material` chars also in `prev`
-    (after `d`): static content that was shifted by whatever differs at `d`."""
+def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None = None) -> Realignment | None:
+    """The first place after `d` (in `cur`; `pd` in `prev`, default `d`) where `cur` continues with
+    ≥ `material` chars also in `prev` after `pd`: static content shifted by what differs there."""
+    p0 = d if pd is None else pd
     for c in _anchors(cur, d + 1):
         anchor = cur[c:c + ANCHOR_CHARS]
         if len(anchor) < min(ANCHOR_CHARS, material) or not anchor.strip():
             continue
-        p = prev.find(anchor, d)
+        p = prev.find(anchor, p0)
         tries = 0
         while p >= 0 and tries < 3:
             common = lcp(prev, cur, p, c)
@@ -107,38 +205,6 @@ def find_realignment(prev: str, cur: str, d: int, material: int) -> Realignment 
             p = prev.find(anchor, p + 1)
             tries += 1
     return None
-
-
-def _covering(spans: list[Span], offset: int) -> Span | None:
-    for span in spans:
-        if span.start <= offset <= span.end:
-            return span
-    return None
-
-
-def _line_bounds(text: str, offset: int, until: int) -> tuple[int, int]:
-    start = text.rfind("\n", 0, offset) + 1
-    end = text.find("\n", max(offset, until))
-    return start, (len(text) if end < 0 else end)
-
-
-def _dynamic_at(detector: DynamicDetector, prev: RequestSketch, cur: RequestSketch, d: int,
-                realign: Realignment | None) -> list[Span]:
-    """Dynamic values in the current prompt's divergent region, if one covers the divergence in
-    both prompts (a changed value, not an edit next to a static date)."""
-    cur_until = realign.cur_offset if realign else d + 1
-    c0, c1 = _line_bounds(cur.text, d, cur_until)
-    cur_spans = detector.find(cur.text, c0, c1)
-    hit = _covering(cur_spans, d)
-    if hit is None:
-        return []
-    prev_until = realign.prev_offset if realign else d + 1
-    p0, p1 = _line_bounds(prev.text, d, prev_until)
-    if _covering(detector.find(prev.text, p0, p1), d) is None:
-        return []
-    lo = hit.start
-    hi = realign.cur_offset if realign else hit.end
-    return [s for s in cur_spans if s.end > lo and s.start <= hi]
 
 
 def _similar(a: str | None, b: str | None) -> float:
@@ -152,68 +218,313 @@ def _similar(a: str | None, b: str | None) -> float:
     return sum(1 for ln in la if ln in lb) / len(la)
 
 
+def _is_value_char(ch: str) -> bool:
+    return ch.isalnum() or ch in VALUE_CHARS
+
+
+def _token(text: str, at: int) -> tuple[int, int]:
+    """The value-like token around `at` (letters, digits, - _ . : / +), without end punctuation."""
+    start = at
+    while start > 0 and _is_value_char(text[start - 1]) and text[start - 1] != "\n":
+        start -= 1
+    end = at
+    while end < len(text) and _is_value_char(text[end]):
+        end += 1
+    while end > start and text[end - 1] in ".:,;/-":
+        end -= 1
+    return start, max(end, start)
+
+
+# ---------------------------------------------------------------------- sketch geometry
+
+def tail_start(sk: RequestSketch) -> int:
+    """Where the part expected to vary begins: the last user turn (trailing system messages after it
+    included); the sketch's own tail for prompts without one."""
+    for region in reversed(sk.regions):
+        if region.role == "user":
+            return region.start
+    return sk.tail_start
+
+
+def reusable_end(sk: RequestSketch) -> int:
+    """End of the reusable part of a previous prompt: system messages after its last turn are
+    re-sent elsewhere by the next request of the conversation, so they end it."""
+    if sk.kind != "chat" or not sk.regions:
+        return len(sk.text)
+    last = len(sk.regions) - 1
+    while last >= 0 and sk.regions[last].role in ("system", "developer"):
+        last -= 1
+    if last < 0 or last == len(sk.regions) - 1:
+        return len(sk.text)
+    return sk.regions[last].end
+
+
+def _tools_span(sketch: RequestSketch) -> tuple[int, int] | None:
+    """Where the rendered tool definitions lie (templates render them with tojson)."""
+    found = [(p, p + len(raw)) for p, raw in ((sketch.text.find(raw), raw) for raw in sketch.tools_raw) if p >= 0]
+    if not found:
+        return None
+    return min(p for p, _ in found), max(e for _, e in found)
+
+
 def _front_trimmed(prev: RequestSketch, cur: RequestSketch) -> bool:
     pm = [k for k in prev.message_keys if not k.startswith(("system:", "developer:"))]
     cm = [k for k in cur.message_keys if not k.startswith(("system:", "developer:"))]
+    return trimmed(pm, cm)
+
+
+def trimmed(pm: list[str], cm: list[str]) -> bool:
+    """Do the history keys `cm` continue `pm` with its first turns dropped or summarised?"""
     if not pm or not cm or cm[0] == pm[0]:
         return False
-    for j in range(min(3, len(cm) - 1)):  # a summary may replace the dropped turns
-        for k in range(j + 1, len(pm)):
+    for j in range(min(3, len(cm) - 1)):  # a summary (one turn, or a user/assistant pair) may replace the dropped ones
+        for k in range(j if j >= 2 else j + 1, len(pm)):
             if cm[j] == pm[k] and (j + 1 >= len(cm) or k + 1 >= len(pm) or cm[j + 1] == pm[k + 1]
                                    or j + 1 == len(cm) - 1):
                 return True
     return False
 
 
-def _tools_start(sketch: RequestSketch) -> int | None:
-    """Where the first rendered tool definition starts (templates render them with tojson)."""
-    found = [p for p in (sketch.text.find(raw) for raw in sketch.tools_raw) if p >= 0]
-    return min(found) if found else None
+# ---------------------------------------------------------------------- the tests
+
+def _tool_change(prev: RequestSketch, cur: RequestSketch) -> tuple[bool, bool, str]:
+    """(reordered, set changed, detail) for the tools of two requests. Reordered: the tools both
+    send come in another relative order, or one of them with its keys in another order."""
+    pc, cc = prev.tools_canon, cur.tools_canon
+    common = Counter(pc) & Counter(cc)
+    set_changed = Counter(pc) != Counter(cc)
+
+    def kept(canon: list[str], raw: list[str]) -> list[tuple[str, str]]:
+        left = Counter(common)
+        out = []
+        for c, r in zip(canon, raw, strict=True):
+            if left[c] > 0:
+                left[c] -= 1
+                out.append((c, r))
+        return out
+
+    kp, kc = kept(pc, prev.tools_raw), kept(cc, cur.tools_raw)
+    if [c for c, _ in kp] != [c for c, _ in kc]:
+        return True, set_changed, "same tools, different order"
+    if [r for _, r in kp] != [r for _, r in kc]:
+        return True, set_changed, "same tools, different key order"
+    return False, set_changed, "tools added, removed or edited"
+
+
+def _lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
+    """(permuted, tool-like): the lines that differ between two system prompts are the same lines
+    in another order; tool-like when they read as tool entries (`- name(args): ...`, <tool ...>)."""
+    p, c = prev_text.splitlines(), cur_text.splitlines()
+    i = 0
+    while i < min(len(p), len(c)) and p[i] == c[i]:
+        i += 1
+    s = 0
+    while s < min(len(p), len(c)) - i and p[-1 - s] == c[-1 - s]:
+        s += 1
+    pw, cw = p[i:len(p) - s], c[i:len(c) - s]
+    if len(pw) < 2 or sorted(pw) != sorted(cw) or pw == cw:
+        return False, False
+    tool_like = sum(1 for ln in cw if TOOL_LINE.match(ln)) * 2 >= len(cw)
+    return True, tool_like
+
+
+def sentence_end(text: str, start: int, end: int) -> int:
+    """`end` without a full stop that ends the sentence ("at 5:00 PM." but not "P.M.")."""
+    if end > start and text[end - 1] == "." and "." not in text[max(start, end - 4):end - 1]:
+        return end - 1
+    return end
+
+
+def dynamic_kind(text: str, line0: int, span: Span) -> str | None:
+    """The kind a detected span counts as per-request with, or None: volatile kinds always, a
+    date only after a "today / current / date:" cue on its line (a fixed policy date is static),
+    and a date with a clock time as a timestamp (it changes within the day)."""
+    kind = span.kind
+    if kind == "date" and re.search(r"\d[:h]\d\d", span.text):
+        kind = "timestamp"
+    if kind in ALWAYS_DYNAMIC or kind == "time" or NOW_CUE.search(text, line0, span.start):
+        return kind
+    return None
+
+
+def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int) -> tuple[Span, int] | None:
+    """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
+    key or line), and where it ends in `prev`; None when what differs is not such a value."""
+    cs, ce = _token(cur, cd)
+    ps, pe = _token(prev, pd)
+    line0 = cur.rfind("\n", 0, cs) + 1
+    line1 = cur.find("\n", cd)
+    line1 = len(cur) if line1 < 0 else line1
+    pline0 = prev.rfind("\n", 0, ps) + 1
+    pline1 = prev.find("\n", pd)
+    pline1 = len(prev) if pline1 < 0 else pline1
+    span = next((s for s in detector.find(cur, line0, line1) if s.start <= cd <= s.end), None)
+    pspan = next((s for s in detector.find(prev, pline0, pline1) if s.start <= pd <= s.end), None)
+    if span is not None and pspan is not None and span.start - line0 == pspan.start - pline0:
+        kind = dynamic_kind(cur, line0, span)
+        if kind is not None:
+            start, end, pend = span.start, span.end, pspan.end
+            trim = end - sentence_end(cur, start, end)
+            end, pend = end - trim, pend - trim
+            if kind in KEYED_KINDS:  # the value, not the words of its key
+                start = max(start, cs)
+                if kind == "counter":
+                    end, pend = max(ce, cd + 1), max(pe, pd + 1)
+            if lcp(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
+                return Span(start, end, kind, cur[start:end]), pend
+    if ce <= cs or pe <= ps:
+        return None
+    if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
+        return None  # more than one token changed: an edit, not a value
+    kind = value_kind(cur[line0:cs], prev[ps:pe], cur[cs:ce])
+    if kind is None:
+        return None
+    return Span(cs, ce, kind, cur[cs:ce]), pe
+
+
+@dataclass
+class _Pair:
+    prev: RequestSketch
+    cur: RequestSketch
+    material: int
+    detector: DynamicDetector
+    past: TenantPast
+
+    def loses(self, pd: int, cd: int) -> tuple[bool, Realignment | None]:
+        """Is the divergence at (pd, cd) a break: reusable content lost or pushed back?"""
+        end = reusable_end(self.prev)
+        realign = find_realignment(self.prev.text, self.cur.text, cd, self.material, pd)
+        if realign is not None and realign.prev_offset >= end:
+            realign = None  # what re-aligns was not reusable in the previous prompt (a trailing system message)
+        limit = min(tail_start(self.cur) - cd, end - pd)
+        return limit >= self.material or realign is not None, realign
+
+    def classify(self, pd: int, cd: int, realign: Realignment | None, primary: bool) -> Diagnosis:
+        prev, cur = self.prev, self.cur
+        first_history = cur.first_history_start()
+        system_same = prev.system_text == cur.system_text
+        if (system_same or not primary) and cd >= min(first_history, prev.first_history_start()) - 64 \
+                and _front_trimmed(prev, cur):  # (a secondary one follows a changed value in the system part)
+            return Diagnosis("front_trim", cd, [], realign, "history was cut or summarised at the front")
+        tools_at = _tools_span(cur)
+        prev_tools_at = _tools_span(prev)
+        reordered, set_changed, tool_detail = _tool_change(prev, cur) if (prev.tools_raw or cur.tools_raw) \
+            else (False, False, "")
+        in_tools = (tools_at is not None and tools_at[0] - 32 <= cd <= tools_at[1]) or \
+            (prev_tools_at is not None and prev_tools_at[0] - 32 <= pd <= prev_tools_at[1])
+        if in_tools and reordered:
+            extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
+            return Diagnosis("tool_order", cd, [], realign, tool_detail, extra)
+        region = cur.region_at(cd)
+        in_system = region is not None and region.role in ("system", "developer")
+        if in_system and prev.system_text is not None and cur.system_text is not None:
+            permuted, tool_like = _lines_permuted(prev.system_text, cur.system_text)
+            if permuted:  # before values: swapped entries differ in a name that may look like one
+                if tool_like:
+                    return Diagnosis("tool_order", cd, [], realign, "tools listed in the system text, other order")
+                return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
+        value = changed_value(self.detector, prev.text, cur.text, pd, cd)
+        if value is not None:  # realigned right after the value: later findings are searched from there
+            span, pend = value  # (also inside a tool's description: a date put there per request)
+            after = Realignment(pend, span.end, lcp(prev.text, cur.text, pend, span.end))
+            return Diagnosis("dynamic_head", span.start, [span], after,
+                             "a per-request value precedes static content")
+        if in_tools and set_changed:
+            return Diagnosis("template_change", cd, [], realign, tool_detail)
+        if reordered and tools_at is None:
+            return Diagnosis("tool_order", cd, [], realign, tool_detail)
+        last_turn = region is not None and region.role == "user" and region.start <= tail_start(cur) <= cd
+        if last_turn and realign is not None and realign.cur_offset < region.end:  # type: ignore[union-attr]
+            return Diagnosis("question_first", cd, [], realign, "variable text precedes static text in the last turn")
+        if primary and cur.kind == "chat":
+            new = self.new_conversation(cd, realign)
+            if new is not None:
+                return new
+        if cur.kind != "chat" or in_system or cd < first_history or set_changed:
+            return Diagnosis("template_change", cd, [], realign, "system prompt or template edited")
+        if last_turn:
+            return Diagnosis("question_first", cd, [], realign, "variable text precedes static text in the last turn")
+        return Diagnosis("history_edit", cd, [], realign, "an earlier turn was re-sent with other text")
+
+    def new_conversation(self, cd: int, realign: Realignment | None) -> Diagnosis | None:
+        """`new_session` when the current request starts a conversation (see the module docstring):
+        another agent's system prompt, or a head shared with earlier requests followed by turns
+        that continue none of the tenant's conversations."""
+        prev, cur = self.prev, self.cur
+        first_history = cur.first_history_start()
+        if cd < first_history - 64 and cd < tail_start(cur):
+            if realign is not None and realign.common >= self.material * 4:
+                return None
+            skey = system_key(cur)
+            known_agent = skey is not None and skey in self.past.systems and cur.system_text != prev.system_text
+            first_prev = prev.system_text if prev.system_text is not None else prev.text[:4096]
+            first_cur = cur.system_text if cur.system_text is not None else cur.text[:4096]
+            other = _similar(first_cur, first_prev) < 0.5 and lcp(first_cur or "", first_prev or "") < 64
+            if (known_agent or other) and not (cur.system_text == prev.system_text and continues(cur, self.past)):
+                return Diagnosis("new_session", cd, [], realign, "another agent's prompt: a new conversation")
+            return None
+        if continues(cur, self.past):
+            return None
+        return Diagnosis("new_session", cd, [], realign, "a new conversation over the shared head")
 
 
 def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
-             extra_patterns: tuple[str, ...] = ()) -> Diagnosis:
-    """Compare the current prompt with the best previous one: is it a break, and why."""
+             extra_patterns: tuple[str, ...] = (), past: TenantPast | None = None,
+             own_conversation: bool = True) -> Diagnosis:
+    """Compare the current prompt with a previous one: is it a break, why, and what else differs.
+    `past`: the tenant's earlier conversations (default: only `prev`'s). `own_conversation`
+    False: `prev` is another conversation of the tenant (the current one's last request is not
+    held), so only a divergence in the head is diagnosed: what follows it is another history."""
+    if past is None:
+        past = past_of([prev])
+    pair = _Pair(prev, cur, material, get_detector(tuple(extra_patterns)), past)
     a, b = prev.text, cur.text
     d = lcp(a, b)
     if d >= len(b) or d >= len(a):
         return Diagnosis(None, d, detail="continues the previous prompt")
-    limit = min(cur.tail_start, len(a))
-    realign = find_realignment(a, b, d, material)
-    head_loss = limit - d
-    if head_loss < material and realign is None:
+    if not own_conversation and d >= min(cur.first_history_start(), prev.first_history_start()) - 64:
+        return Diagnosis(None, d, detail="the conversation's previous request is not held: head unchanged")
+    lost, realign = pair.loses(d, d)
+    if not lost and (prev.tools_raw or cur.tools_raw):
+        at = _tools_span(cur)  # an unstable tool order costs more when it is earlier: always say so
+        if at is not None and at[0] - 32 <= d <= at[1] and _tool_change(prev, cur)[0]:
+            lost = True
+    if not lost:
+        if cur.kind == "chat" and cur.regions and not continues(cur, past):
+            return Diagnosis("new_session", d, [], None, "a new conversation over the shared head")
         return Diagnosis(None, d, detail="diverges in the part expected to vary")
-    first_history = cur.first_history_start()
-    # Structural evidence first, where the divergence is inside that structure: the history
-    # shifted, or the tools were permuted (a counter or id inside them is not the cause then).
-    system_same = prev.system_text == cur.system_text
-    if system_same and d >= min(first_history, prev.first_history_start()) - 64 and _front_trimmed(prev, cur):
-        return Diagnosis("front_trim", d, [], realign, "history was cut or summarised at the front")
-    permuted = (bool(prev.tools_canon) and sorted(prev.tools_canon) == sorted(cur.tools_canon)
-                and prev.tools_raw != cur.tools_raw)
-    tools_at = _tools_start(cur)
-    if permuted and tools_at is not None and d >= tools_at - 32:
-        return Diagnosis("tool_order", d, [], realign, "same tools, different order or key order")
-    detector = get_detector(tuple(extra_patterns))
-    spans = _dynamic_at(detector, prev, cur, d, realign)
-    if spans:
-        return Diagnosis("dynamic_head", d, spans, realign, "a dynamic value precedes static content")
-    if permuted:
-        return Diagnosis("tool_order", d, [], realign, "same tools, different order or key order")
-    region = cur.region_at(d)
-    in_system = region is not None and region.role in ("system", "developer")
-    in_template = region is None and d < first_history
-    if head_loss < material and region is not None and region.role != "system" and realign is not None:
-        return Diagnosis("other", d, [], realign, "variable content precedes static content")
-    early = d < first_history or cur.kind != "chat"
-    if early and (realign is None or realign.common < material * 4):
-        first_prev = prev.system_text if prev.system_text is not None else a[:4096]
-        first_cur = cur.system_text if cur.system_text is not None else b[:4096]
-        if _similar(first_cur, first_prev) < 0.5 and lcp(first_cur or "", first_prev or "") < 64:
-            return Diagnosis("new_session", d, [], realign, "no shared prefix with earlier requests")
-    if in_system or in_template or (prev.tools_canon != cur.tools_canon and d < first_history):
-        return Diagnosis("template_change", d, [], realign, "system prompt or template edited")
-    return Diagnosis("other", d, [], realign, "history differs before the last turn")
+    diag = pair.classify(d, d, realign, primary=True)
+    if diag.cause != "new_session":
+        diag.secondary = _secondary(pair, diag)
+    return diag
+
+
+def _secondary(pair: _Pair, diag: Diagnosis) -> list[Finding]:
+    """The next divergences after each re-alignment, diagnosed the same way (prompt order)."""
+    out: list[Finding] = list(diag.secondary)
+    seen = {diag.cause, *(f.cause for f in out)}
+    a, b = pair.prev.text, pair.cur.text
+    realign = diag.realigned
+    head = pair.cur.first_history_start()
+    for _ in range(16):
+        if realign is None or len(out) >= MAX_SECONDARY:
+            break
+        pd = realign.prev_offset + lcp(a, b, realign.prev_offset, realign.cur_offset)
+        cd = realign.cur_offset + (pd - realign.prev_offset)
+        if cd >= len(b) or pd >= len(a):
+            break
+        lost, nxt = pair.loses(pd, cd)
+        if not lost:
+            break
+        found = pair.classify(pd, cd, nxt, primary=False)
+        cause = found.cause or ""
+        if diag.cause == "tool_order" and cause == "template_change" and cd < head:
+            cause = ""  # the rest of the reordered entries, not an edit of its own
+        if cause and (cause == "dynamic_head" or cause not in seen):
+            out.append(Finding(cause, found.char_offset, found.spans, found.detail))
+            seen.add(cause)
+        realign = found.realigned
+    return out
 
 
 # ---------------------------------------------------------------------- presentation
@@ -233,11 +544,11 @@ def fix_for(diag: Diagnosis, text: str | None = None, show_text: bool = True) ->
     return {
         "tool_order": "send tools in a stable order (sort by name) with a fixed JSON key order",
         "front_trim": "keep the head of the history stable: trim or summarise in large, rare steps",
-        "template_change": "the system prompt or chat template changed; if this repeats, pin it",
-        "new_session": "no shared prefix with earlier requests: expected for a new conversation",
-        "other": "keep everything before the last turn byte-identical between requests "
-                 "(move variable text below static content)",
-    }[diag.cause]
+        "template_change": "the system prompt, tools or chat template changed; if this repeats, pin it",
+        "history_edit": "re-send earlier turns byte-identical (the assistant text and tool results as received)",
+        "question_first": "put the variable question after the static documents in the last turn",
+        "new_session": "a new conversation: only the shared head can be reused (expected, nothing to fix)",
+    }.get(diag.cause, "keep everything before the last turn byte-identical between requests")
 
 
 def redact(text: str, spans: list[Span] | None = None) -> str:
@@ -268,3 +579,7 @@ def snippet(text: str, offset: int, spans: list[Span] | None = None, show_text: 
         return part
     local = [Span(s.start - lo, s.end - lo, s.kind, s.text) for s in spans or [] if lo <= s.start and s.end <= hi]
     return redact(part, local)
+
+
+__all__ = ["CAUSES", "Diagnosis", "Finding", "Realignment", "Region", "TenantPast", "diagnose", "fix_for",
+           "lcp", "past_of", "redact", "snippet", "text_key", "turn_keys"]

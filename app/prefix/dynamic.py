@@ -55,6 +55,7 @@ _YEAR = r"(?:19|20)\d{2}"
 BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"\b{_YEAR}-{_MON}-{_DAY}[T ]{_TIME}{_TZ}"),
     ("timestamp", rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}"),  # RFC 2822
+    ("timestamp", rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b"),  # asctime, `date`
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
     ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
     ("date", rf"\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
@@ -67,15 +68,17 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
     ("time", rf"(?<![\w.:/-]){_TIME}{_TZ}(?![\w.:/-])"),
-    ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?\b"),
+    ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
     ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-][A-Za-z0-9]{6,}\b"),
-    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:id|identifier|key|token|nr|no|number|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:-]{3,}"),
+    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:-]{3,}"),
     ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
     ("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
     ("user", r"(?i)\b(?:user(?:\s?name)?|customer|logged in as|signed in as|current user|nutzer(?:name)?|benutzer(?:name)?|utilisateur|usuario|utente)\s*[:=]\s*[\"']?\w[\w.\- ]{0,40}"),
-    ("user", r"(?i)\b(?:you are (?:talking|speaking|chatting) (?:to|with)|du sprichst mit|sie sprechen mit|tu parles (?:à|avec)|vous parlez (?:à|avec)|estás hablando con|hablas con)\s+\w[\w.\-]*(?:\s+[A-Z][\w.\-]*)?"),
+    ("user", r"(?i)\b(?:(?:the )?(?:user|customer|client)(?:'s)? name is|(?:der )?(?:kunde|kundin|nutzer|nutzerin|benutzer) heißt|"
+             r"name (?:of the|des) (?:user|customer|kunden|nutzers) is|le client s'appelle)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
+    ("user", r"(?i)\b(?:you are (?:talking|speaking|chatting) (?:to|with)|du sprichst mit|sie sprechen mit|tu parles (?:à|avec)|vous parlez (?:à|avec)|estás hablando con|hablas con)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
     ("counter", r"(?i)\b(?:turn|request|call|attempt|step|iteration|message|visit|session|round|run|try|versuch|anfrage|tentative|intento)\s*(?:#|no\.?|nr\.?|number)?\s*\d+\b(?:\s*(?:of|/|von|sur|de)\s*\d+)?"),
     ("counter", r"(?i)\b(?:count|counter|seq|sequence|index|request_count|n_calls|uptime)\s*[:=]\s*\d+\b"),
 )
@@ -84,7 +87,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
 # Kinds that change per request in practice (a single request can be judged on them alone);
 # dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
 VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex"})
-NOW_CUE = re.compile(r"(?i)\b(current|today|now|heute|aujourd|hoy|oggi|vandaag|date\s*:|datum\s*:|time\s*:)")
+NOW_CUE = re.compile(r"(?i)(?:\b(?:current|today|now|heute|aktuell|jetzt|aujourd|nous sommes|hoy|oggi|vandaag|"
+                     r"date\s*:|datum\s*:|time\s*:|zeit\s*:|stand\s*:)|今天|今日|现在|本日)")
 
 
 @dataclass(frozen=True)
@@ -174,3 +178,71 @@ def dynamic_lines(text: str, extra_patterns: Sequence[str] = ()) -> list[Dynamic
 
 def has_dynamic(text: str, extra_patterns: Sequence[str] = ()) -> bool:
     return bool(find_dynamic_spans(text, extra_patterns))
+
+
+# ------------------------------------------------------------------ values no pattern knows
+# Diagnosis compares two prompts, so it sees the value that changed even when no pattern above
+# matches it. `value_kind` judges such a changed token by its shape and its key: a per-request
+# value (an epoch, a nonce, a flipping A/B flag, a week number) has a recognisable shape or sits
+# after a key; an edited sentence ("within 60 days" -> "within 30 days") or a bumped version is
+# not per-request and gets no kind.
+_EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3})?)?(?:\.\d{1,9})?")  # 2017..2033, in s, ms or µs; time.time()
+_ISO_WEEK = re.compile(r"(?i)(?:\d{4}-?)?W\d{1,2}(?:-?\d)?")
+_VERSION = re.compile(r"(?i)v?\d+(?:\.\d+){1,3}(?:[-+.]?[a-z]+\d*)?")
+_FLAG_WORDS = frozenset({
+    "a", "b", "c", "d", "on", "off", "true", "false", "yes", "no", "enabled", "disabled", "control",
+    "treatment", "variant", "baseline", "test", "ja", "nein", "an", "aus", "aktiv", "inaktiv", "kontrolle",
+    "oui", "non", "si", "sí"})
+_FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|test|ab\b|a/b)")
+_WEEKDAY_WORDS = frozenset(_WEEKDAYS.split("|"))
+_WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
+_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":)\s*[\"']?$")
+_DYNAMIC_KEY = re.compile(
+    r"(?i)\b(nonce|salt|seed|token|buster|bust|bucket|cohort|variant|variante|experiment|group|gruppe|flag|"
+    r"feature|ts|time|zeit|epoch|request|anfrage|trace|span|session|sitzung|schlüssel|key|id|run|build)\b|"
+    r"(nonce|buster|zeit|stempel|schlüssel|wert|gruppe|variante)")
+
+
+def _mixing(token: str) -> int:
+    """How often the character class (lower, upper, digit) changes along the token: random ids
+    change class every few characters, words and version numbers rarely."""
+    classes = ["d" if c.isdigit() else "u" if c.isupper() else "l" for c in token if c.isalnum()]
+    return sum(1 for x, y in zip(classes, classes[1:], strict=False) if x != y)
+
+
+def random_looking(token: str) -> bool:
+    alnum = [c for c in token if c.isalnum()]
+    if len(alnum) < 8 or _VERSION.fullmatch(token):
+        return False
+    if re.fullmatch(r"[0-9a-fA-F]{8,}", token) and any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
+        return True
+    return _mixing(token) >= max(3, len(alnum) // 4)
+
+
+def value_kind(line_prefix: str, old: str, new: str) -> str | None:
+    """The kind of a changed token `old` -> `new` that no pattern matched, or None when the change
+    looks like an edit. `line_prefix`: the text of the line before the token (its key, if any)."""
+    if not new or not old or len(new) > 64 or len(old) > 64:
+        return None
+    if _EPOCH.fullmatch(new) and _EPOCH.fullmatch(old):
+        return "epoch"
+    if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
+        return None
+    if _ISO_WEEK.fullmatch(new) and _ISO_WEEK.fullmatch(old):
+        return "week"
+    if new.isdigit() and old.isdigit() and _WEEK_KEY.search(line_prefix) and int(new) <= 53:
+        return "week"
+    if random_looking(new) and random_looking(old):
+        return "nonce"
+    if new.lower() in _WEEKDAY_WORDS and old.lower() in _WEEKDAY_WORDS and (
+            NOW_CUE.search(line_prefix) or _KEY.search(line_prefix)):
+        return "date"  # "Today is Tuesday." -> "Wednesday."
+    key = _KEY.search(line_prefix)
+    if key is None:
+        return None
+    if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS and (
+            len(new) > 1 and len(old) > 1 or _FLAG_KEY.search(key.group(1))):
+        return "flag"  # a single letter only after a group/variant key ("name": "a" is no flag)
+    if _DYNAMIC_KEY.search(key.group(1)) and not (new.isalpha() and old.isalpha() and len(new) > 3):
+        return "value"
+    return None

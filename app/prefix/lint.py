@@ -7,7 +7,9 @@ request has nothing to compare with, so it is checked statically: a value that i
 per-request (a clock time, a uuid, a request id...) placed before static content is reported.
 
 Exit status: 1 when a problem was found (any break but `new_session`), 0 otherwise, 2 on bad input.
-`--json` prints one object per request: {"index", "continuity", "cause", "spans", "fix"}.
+`--json` prints one object per request: {"index", "continuity", "cause", "spans", "span_kinds",
+"fix", "secondary"}: `spans` are the changed values themselves; `secondary` lists the further
+causes after the first one, in prompt order, as {"cause", "spans", "span_kinds"}.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.prefix.diagnose import Diagnosis, fix_for
+from app.prefix.diagnose import NOT_A_PROBLEM, Diagnosis, fix_for
 from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, Span, get_detector
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import RequestSketch, build_sketch
@@ -27,7 +29,6 @@ from app.prefix.tokens import SegmentTokenizer
 from app.prefix.tracker import TenantTracker
 from app.state.memory import MemoryStore
 
-NOT_A_PROBLEM = {"new_session"}
 VOLATILE = set(VOLATILE_KINDS)  # kept for importers of the old names (app/hygiene/findings.py)
 
 
@@ -89,8 +90,12 @@ async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, bl
         cause = obs.diagnosis.cause if obs.diagnosis else None
         spans = obs.diagnosis.spans if obs.diagnosis else []
         fix = fix_for(obs.diagnosis, sketch.text) if obs.diagnosis else None
+        secondary = obs.diagnosis.secondary if obs.diagnosis else []
         result: dict[str, Any] = {"index": index, "continuity": obs.continuity if index else None,
-                                  "cause": cause, "spans": [s.text for s in spans], "fix": fix}
+                                  "cause": cause, "spans": [s.text for s in spans],
+                                  "span_kinds": [s.kind for s in spans], "fix": fix,
+                                  "secondary": [{"cause": f.cause, "spans": [s.text for s in f.spans],
+                                                 "span_kinds": [s.kind for s in f.spans]} for f in secondary]}
         if cause is not None:
             result.update(block_index=obs.matched_blocks, token_offset=obs.matched_blocks * block_size)
         if len(bodies) == 1:
@@ -98,7 +103,7 @@ async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, bl
             if found:
                 diag = Diagnosis("dynamic_head", found[0].start, found)
                 result.update(cause="dynamic_head", spans=[s.text for s in found],
-                              fix=fix_for(diag, sketch.text), static=True)
+                              span_kinds=[s.kind for s in found], fix=fix_for(diag, sketch.text), static=True)
         result["tokens"] = fp.num_tokens
         results.append(result)
     return results
@@ -114,7 +119,9 @@ def _human(r: dict[str, Any]) -> str:
     where = " (suspected, single request)" if r.get("static") else \
         f" at block {r.get('block_index')} (token {r.get('token_offset')})"
     spans = f" values: {', '.join(repr(s) for s in r['spans'])}" if r["spans"] else ""
-    return f"{head}: {r['cause']}{where}{spans}\n    fix: {r['fix']}"
+    more = "".join(f"\n    also: {f['cause']}" + (f" values: {', '.join(repr(s) for s in f['spans'])}" if f["spans"] else "")
+                   for f in r.get("secondary") or [])
+    return f"{head}: {r['cause']}{where}{spans}\n    fix: {r['fix']}{more}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     problems = [r for r in results if r["cause"] and r["cause"] not in NOT_A_PROBLEM]
     for r in results:
         if args.json:
-            print(json.dumps({k: r[k] for k in ("index", "continuity", "cause", "spans", "fix")},
+            print(json.dumps({k: r.get(k) for k in ("index", "continuity", "cause", "spans", "span_kinds", "fix",
+                                                    "secondary")},
                              ensure_ascii=False))
         else:
             print(_human(r))

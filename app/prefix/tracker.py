@@ -9,14 +9,17 @@ tenants (the index entries, the per-request tuples and each tenant's containers;
 first, then the tenant's own oldest requests), a per-tenant cap (oldest requests dropped), and a
 byte cap on the request sketches (rendered prompts) kept for diagnosis.
 
-Shared, through the Store (several pods): one compact record per request (`history_append`,
-with a sparse sample of the chain so another pod can still find a common prefix) and the report
-counters (`counter_incr`); /hygiene reads only the Store.
+Shared, through the Store (several pods): one compact, text-free record per request
+(`history_append`: a sparse sample of the chain so another pod can still find a common prefix,
+the conversation and system keys, and the request's digest, app/prefix/digest.py) and the report
+counters (`counter_incr`). Every request reads the tenant's recent records, so whichever pod gets
+it diagnoses it against the same request (docs/diagnosis.md); /hygiene reads only the Store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
@@ -27,10 +30,24 @@ from operator import eq
 from typing import Any
 
 from app.prefix.breakview import break_view
-from app.prefix.diagnose import Diagnosis, diagnose, fix_for, snippet
+from app.prefix.diagnose import (
+    NOT_A_PROBLEM,
+    Diagnosis,
+    TenantPast,
+    continues,
+    diagnose,
+    fix_for,
+    last_turn_key,
+    snippet,
+    system_key,
+    turn_keys,
+)
+from app.prefix.digest import RequestDigest, diagnose_digest
 from app.prefix.sketch import RequestSketch, sketch_bytes
 
 SAMPLE_POINTS = 24
+PAST_RECORDS = 16  # Store records read per request: the tenant's recent conversations, from every pod
+PAST_KEYS = 256  # per tenant, conversation keys kept locally
 INLINE_DIAGNOSE_CHARS = 64 * 1024  # larger prompt pairs are diagnosed in a worker thread
 # Bytes held per unit, CPython 3.11 (sys.getsizeof): an index entry (dict slot ~52 B at its load
 # factor + the 64-bit int key, 36 B), a slot of a request's hash tuple, a tenant's empty containers.
@@ -60,6 +77,9 @@ class _Tenant:
     requests: deque[tuple[int, tuple[int, ...]]] = field(default_factory=deque)
     sketches: OrderedDict[int, RequestSketch] = field(default_factory=OrderedDict)
     last_seq: int = 0
+    # stable keys of the last user turn and system prompt of recent requests (bounded, oldest first)
+    turns: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    systems: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
 
 def longest_known_prefix(chain: Sequence[int], known: dict[int, int] | set[int]) -> int:
@@ -122,6 +142,7 @@ class TenantTracker:
         self._hash_count = 0
         self._slots = 0  # hash slots of every kept request's tuple (a shared head counts per request)
         self._text_bytes = 0
+        self.pod = secrets.token_hex(4)  # names this tracker's records, so it knows which it holds texts of
 
     @property
     def hash_count(self) -> int:
@@ -149,18 +170,19 @@ class TenantTracker:
         total = len(chain)
         matched = longest_known_prefix(chain, state.hashes)
         best_seq = state.hashes.get(chain[matched - 1]) if matched else None
-        records: list[dict] | None = None
-        if not state.requests:
-            records = await self.store.history_recent(tenant, 8)
-            for rec in records:
-                matched = max(matched, sampled_prefix(chain, rec.get("sample") or []))
+        # every request reads the tenant's recent records (written by every pod): a pod that did not
+        # see the previous turns still knows the tenant's conversations and a lower bound of the match
+        records = await self.store.history_recent(tenant, PAST_RECORDS)
+        for rec in records:
+            matched = max(matched, sampled_prefix(chain, rec.get("sample") or []))
         continuity = (matched / total) if total else None
         diag: Diagnosis | None = None
-        prev = self._best_sketch(state, best_seq)
-        if sketch is not None and prev is not None and (total == 0 or matched < total):
-            call = partial(diagnose, prev, sketch, material=max(64, 6 * block_size),
-                           extra_patterns=self.extra_patterns)
-            if len(sketch.text) + len(prev.text) > INLINE_DIAGNOSE_CHARS:
+        past = self._past(state, records)
+        call = self._diagnosis(state, sketch, best_seq, past, records, max(64, 6 * block_size))
+        prev = call.args[0] if call is not None and isinstance(call.args[0], RequestSketch) else None  # None: a digest
+        if call is not None:  # also when only the last partial block changed
+            prev_chars = len(prev.text) if prev is not None else 0
+            if sketch is not None and len(sketch.text) + prev_chars > INLINE_DIAGNOSE_CHARS:
                 diag = await asyncio.get_running_loop().run_in_executor(None, call)  # keep the loop free
             else:
                 diag = call()
@@ -169,6 +191,7 @@ class TenantTracker:
         record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain, block_size, prev)
         record.update(facts or {})
         self._remember(tenant, state, seq, [*chain, *extra_chain] if extra_chain else list(chain), sketch)
+        self._remember_keys(state, record)
         await self.store.history_append(tenant, record)
         await self.store.counter_incr(tenant, "requests")
         await self.store.counter_incr(tenant, "blocks", float(total))
@@ -176,7 +199,82 @@ class TenantTracker:
         if diag is not None and diag.cause is not None:
             await self.store.counter_incr(tenant, "breaks")
             await self.store.counter_incr(tenant, f"breaks:{diag.cause}")
+            reason = "new_session" if diag.cause in NOT_A_PROBLEM else "break"
+            await self.store.counter_incr(tenant, f"unmatched:{reason}", float(total - matched))
         return Observation(tenant, seq, total, matched, continuity, diag, record)
+
+    def _diagnosis(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,
+                   past: TenantPast, records: list[dict], material: int) -> partial | None:
+        """The diagnosis to run: against the request `_compare_with` picks when this pod holds its
+        text, else against the digest of the newest such request another pod recorded."""
+        if sketch is None:
+            return None
+        kw = {"material": material, "extra_patterns": self.extra_patterns, "past": past}
+        target = self._target_record(sketch, past, records)
+        if target is not None:
+            rid = str(target.get("rid") or "")
+            pod, _, seq = rid.partition(":")
+            local = state.sketches.get(int(seq)) if pod == self.pod and seq.isdigit() else None
+            digest = RequestDigest.from_record(target.get("digest"))
+            if local is not None:
+                return partial(diagnose, local, sketch, **kw)
+            if digest is not None:
+                return partial(diagnose_digest, digest, sketch, **kw)
+        prev, own = self._compare_with(state, sketch, best_seq, past)
+        return partial(diagnose, prev, sketch, **kw, own_conversation=own) if prev is not None else None
+
+    @staticmethod
+    def _target_record(sketch: RequestSketch, past: TenantPast, records: list[dict]) -> dict | None:
+        """The newest record of the conversation `sketch` continues, or the tenant's newest one."""
+        if not records:
+            return None
+        if continues(sketch, past):
+            turns = set(turn_keys(sketch))
+            return next((r for r in reversed(records) if r.get("turn") in turns), None)
+        return records[-1]
+
+    def _compare_with(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,
+                      past: TenantPast) -> tuple[RequestSketch | None, bool]:
+        """The request a new one is diagnosed against: what changed since the last time.
+        - It continues a conversation: that conversation's newest request kept here (it holds that
+          request's last user turn), even when an older one shares a longer prefix (tools flipped
+          back, a date rolled over): a break is what the conversation lost against its own latest
+          state. Else the request sharing the longest prefix, else the newest.
+        - It starts one (a stateless client, a new chat): the tenant's newest request, so that a
+          flag flipping back to an earlier value is still seen as the change it is.
+        The flag says whether the request returned is of the same conversation (or the right one
+        for a new conversation); when not (many users on one tenant, the conversation's last
+        request no longer held), only its head can be compared."""
+        if sketch is None or not state.sketches:
+            return None, False
+        newest = next(reversed(state.sketches.values()))
+        if not continues(sketch, past):
+            return newest, True
+        turns = set(turn_keys(sketch))
+        for prev in reversed(state.sketches.values()):
+            key = last_turn_key(prev)
+            if key is not None and key in turns:
+                return prev, True
+        return self._best_sketch(state, best_seq), False
+
+    @staticmethod
+    def _past(state: _Tenant, records: list[dict]) -> TenantPast:
+        past = TenantPast(set(state.turns), set(state.systems))
+        for rec in records:
+            if rec.get("turn"):
+                past.last_turns.add(rec["turn"])
+            if rec.get("sys"):
+                past.systems.add(rec["sys"])
+        return past
+
+    @staticmethod
+    def _remember_keys(state: _Tenant, record: dict[str, Any]) -> None:
+        for keys, key in ((state.turns, record.get("turn")), (state.systems, record.get("sys"))):
+            if key:
+                keys[key] = None
+                keys.move_to_end(key)
+                while len(keys) > PAST_KEYS:
+                    keys.popitem(last=False)
 
     def _record(self, seq: int, tenant: str, total: int, matched: int, continuity: float | None,
                 diag: Diagnosis | None, sketch: RequestSketch | None, chain: Sequence[int],
@@ -184,7 +282,12 @@ class TenantTracker:
         rec: dict[str, Any] = {
             "seq": seq, "ts": self.clock(), "blocks": total, "matched": matched,
             "continuity": continuity, "cause": None, "sample": sample_chain(chain),
+            "rid": f"{self.pod}:{seq}",
         }
+        if sketch is not None:  # keys, no text: which conversation and agent, and the prompt's shape
+            rec["turn"] = last_turn_key(sketch)
+            rec["sys"] = system_key(sketch)
+            rec["digest"] = RequestDigest.of(sketch).to_record()
         if diag is not None and diag.cause is not None and sketch is not None:
             text = sketch.text
             rec.update({
@@ -194,6 +297,10 @@ class TenantTracker:
                 "char_offset": diag.char_offset,
                 "span_kinds": [s.kind for s in diag.spans],
                 "span_offsets": [[s.start, s.end] for s in diag.spans],
+                "secondary": [{"cause": f.cause, "char_offset": f.char_offset,
+                               "span_kinds": [s.kind for s in f.spans],
+                               "spans": [s.text for s in f.spans] if self.show_text else []}
+                              for f in diag.secondary],
                 "spans": [s.text for s in diag.spans] if self.show_text else [],
                 "snippet": snippet(text, diag.char_offset, diag.spans, self.show_text),
                 "fix": fix_for(diag, text, self.show_text),
@@ -280,23 +387,32 @@ class TenantTracker:
 # ---------------------------------------------------------------------- reports
 
 async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: int = 5) -> dict[str, Any]:
-    """Continuity over the last `window` requests, breaks by cause, the last few breaks."""
+    """Continuity over the last `window` requests, breaks by cause, the last few breaks.
+
+    A new conversation (`new_session`) is not a break: `breaks` and `last_breaks` count only the
+    causes someone can fix, `new_sessions` counts new conversations, and `unmatched_blocks` splits
+    the blocks that did not continue earlier requests into those lost to a break and those of new
+    conversations (so a hit ratio that is only the system prompt's share reads as what it is).
+    `breaks_by_cause` lists every diagnosed cause, `new_session` included."""
     records = await store.history_recent(tenant, window)
     counters = await store.counters(tenant)
     blocks = sum(int(r.get("blocks") or 0) for r in records)
     matched = sum(int(r.get("matched") or 0) for r in records)
-    breaks = [r for r in records if r.get("cause")]
+    breaks = [r for r in records if r.get("cause") and r.get("cause") not in NOT_A_PROBLEM]
     by_cause = {k.split(":", 1)[1]: int(v) for k, v in counters.items() if k.startswith("breaks:")}
+    new_sessions = sum(v for k, v in by_cause.items() if k in NOT_A_PROBLEM)
     keys = ("seq", "ts", "cause", "block_index", "token_offset", "char_offset", "blocks", "matched",
-            "span_kinds", "spans", "snippet", "fix", "detail", "pod", "line", "message", "structure", "view")
+            "span_kinds", "spans", "snippet", "fix", "detail", "pod", "line", "message", "structure", "view", "secondary")
     return {
         "tenant": tenant,
         "requests": int(counters.get("requests", 0)),
         "window": len(records),
         "continuity": (matched / blocks) if blocks else None,
         "continuity_total": (counters.get("matched_blocks", 0.0) / counters["blocks"]) if counters.get("blocks") else None,
-        "breaks": int(counters.get("breaks", 0)),
+        "breaks": int(counters.get("breaks", 0)) - new_sessions,
+        "new_sessions": new_sessions,
         "breaks_by_cause": by_cause,
+        "unmatched_blocks": {reason: int(counters.get(f"unmatched:{reason}", 0)) for reason in ("break", "new_session")},
         "last_breaks": [{k: r.get(k) for k in keys if k in r} for r in breaks[-last_breaks:]][::-1],
         "recent": [{k: r.get(k) for k in ("seq", "continuity", "cause", "ttft_s", "prompt_tokens")} for r in records],
     }

@@ -129,7 +129,8 @@ class Metrics:
         self.breaks = Counter(
             "prefixgate_prefix_breaks_total",
             "Prefix chain breaks by diagnosed cause "
-            "(dynamic_head, tool_order, front_trim, template_change, new_session, other).",
+            "(dynamic_head, tool_order, front_trim, template_change, history_edit, question_first; "
+            "new_session counts new conversations, not breaks).",
             ["tenant", "cause"], registry=r)
         self.tenant_evictions = Counter(
             "prefixgate_tenant_history_evictions_total",

@@ -1,0 +1,310 @@
+"""A request's shape as keys, so that another gateway pod can diagnose against it (no text).
+
+With several pods (or workers) one tenant's requests land on different pods, and the request a new
+one must be compared with (its conversation's latest, or the tenant's latest) is often one this
+pod never saw. Each tracker record therefore carries a `RequestDigest`: short keys of the lines of
+the prompt's head (system prompt, tools, template text before the first turn), of each turn, and
+of each tool, never text. `diagnose_digest` answers the same questions as the text diagnosis
+(app/prefix/diagnose.py) at line precision: the changed line is found by its key, and the value
+in it is read from the *current* prompt, which this pod has. Details: docs/diagnosis.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.prefix.diagnose import (
+    KEYED_KINDS,
+    TOOL_LINE,
+    Diagnosis,
+    Finding,
+    TenantPast,
+    _token,
+    _tools_span,
+    continues,
+    dynamic_kind,
+    sentence_end,
+    tail_start,
+    text_key,
+    trimmed,
+)
+from app.prefix.dynamic import DynamicDetector, Span, get_detector, value_kind
+from app.prefix.sketch import RequestSketch
+
+HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
+MAX_TURNS = 64  # turn keys per request (the first ones: where trims and edits show)
+TAIL_LINES = 64  # lines of the last user turn keyed (a question placed before pasted documents)
+LINE_KEY_BYTES = 6
+SHORT_LINE = 120  # only a unit this short is read as `key: value` when no pattern matches
+
+
+def _key(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=LINE_KEY_BYTES).hexdigest()
+
+
+def head_end(sk: RequestSketch) -> int:
+    return min(sk.first_history_start(), tail_start(sk), len(sk.text))
+
+
+def head_lines(sk: RequestSketch) -> list[tuple[int, int]]:
+    """(start, end) of the first HEAD_LINES lines of the head; a message's content ends a line
+    (its last line is keyed without the template text that follows it)."""
+    out: list[tuple[int, int]] = []
+    end = head_end(sk)
+    cuts = sorted(r.end for r in sk.regions if r.end < end)
+    pos = 0
+    text = sk.text
+    while pos < end and len(out) < HEAD_LINES:
+        nl = text.find("\n", pos, end)
+        stop = end if nl < 0 else nl
+        cut = next((c for c in cuts if pos < c < stop), None)
+        if cut is not None:
+            _sentences(text, pos, cut, out)
+            pos = cut
+            continue
+        _sentences(text, pos, stop, out)
+        pos = stop + 1
+    return out[:HEAD_LINES]
+
+
+SENTENCE_END = re.compile(r"(?<=[^\d\s][.!?])\s+(?=\S)")  # not after "9." (a German date)
+
+
+def _sentences(text: str, start: int, end: int, out: list[tuple[int, int]]) -> None:
+    """A long prose line is keyed sentence by sentence: the changed unit is then a sentence, short
+    enough to be read as `key: value`."""
+    if end - start <= SHORT_LINE:
+        out.append((start, end))
+        return
+    pos = start
+    for m in SENTENCE_END.finditer(text, start, end):  # lazy: a 1 MB paragraph stops at HEAD_LINES
+        out.append((pos, m.start()))
+        pos = m.end()
+        if len(out) >= HEAD_LINES:
+            return
+    out.append((pos, end))
+
+
+def _sep(text: str, end: int) -> str:
+    ch = text[end:end + 1]
+    return "n" if ch == "\n" else "s" if ch.isspace() and ch else "e"
+
+
+def last_turn_lines(sk: RequestSketch) -> list[tuple[int, int]]:
+    """(start, end) of the first TAIL_LINES lines of the last user turn (documents pasted there)."""
+    region = next((r for r in reversed(sk.regions) if r.role == "user"), None)
+    if region is None:
+        return []
+    out: list[tuple[int, int]] = []
+    pos = region.start
+    while pos < region.end and len(out) < TAIL_LINES:
+        nl = sk.text.find("\n", pos, region.end)
+        stop = region.end if nl < 0 else nl
+        out.append((pos, stop))
+        pos = stop + 1
+    return out
+
+
+@dataclass
+class RequestDigest:
+    lines: list[str] = field(default_factory=list)
+    turns: list[str] = field(default_factory=list)  # every non-system message, in order
+    tools: list[list[str]] = field(default_factory=list)  # [canonical key, as-sent key] per tool
+    last: list[str] = field(default_factory=list)  # lines of the last user turn
+    seps: str = ""  # what ends each head unit: n(ewline), s(pace), e(nd of a message or the head)
+
+    @classmethod
+    def of(cls, sk: RequestSketch) -> RequestDigest:
+        text = sk.text
+        units = head_lines(sk)
+        return cls(
+            lines=[_key(text[a:b]) for a, b in units],
+            seps="".join(_sep(text, b) for _, b in units),
+            turns=[text_key(r.role, text[r.start:r.end]) for r in sk.regions
+                   if r.role not in ("system", "developer")][:MAX_TURNS],
+            tools=[[_key(c), _key(r)] for c, r in zip(sk.tools_canon, sk.tools_raw, strict=True)],
+            last=[_key(text[a:b]) for a, b in last_turn_lines(sk)],
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        return {"lines": self.lines, "turns": self.turns, "tools": self.tools, "last": self.last, "seps": self.seps}
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any] | None) -> RequestDigest | None:
+        if not isinstance(rec, dict):
+            return None
+        try:
+            return cls([str(x) for x in rec.get("lines") or []], [str(x) for x in rec.get("turns") or []],
+                       [[str(a), str(b)] for a, b in rec.get("tools") or []],
+                       [str(x) for x in rec.get("last") or []], str(rec.get("seps") or ""))
+        except (TypeError, ValueError):
+            return None
+
+
+def _value_start(text: str, span: Span) -> int:
+    """Where the value of a span whose pattern includes its key begins ("Request ID: <v>",
+    "ts=<v>", "turn <v>", "talking to <Name>")."""
+    part = text[span.start:span.end]
+    sep = max(part.rfind(":"), part.rfind("="), part.rfind("#"))
+    if sep >= 0:
+        k = sep + 1
+        while k < len(part) and part[k] in " \t\"'":
+            k += 1
+        if k < len(part):
+            return span.start + k
+    if span.kind in ("counter", "epoch"):
+        k = next((i for i, ch in enumerate(part) if ch.isdigit()), 0)
+        return span.start + k
+    if span.kind == "user":
+        k = next((i for i, ch in enumerate(part) if i > 0 and ch.isupper() and part[i - 1] == " "), 0)
+        return span.start + k
+    return span.start
+
+
+def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: int) -> list[Span]:
+    """The per-request values one line holds, judged from that line alone: detected values of the
+    kinds the text diagnosis counts (volatile patterns, dates after a "today" cue), else, on a
+    short `key: value` line, an epoch, nonce, week or flag token. Without the previous text the
+    changed token is unknown, so prose lines never yield a guessed token."""
+    out: list[Span] = []
+    for span in detector.find(text, start, end):
+        kind = dynamic_kind(text, start, span)
+        if kind is not None:
+            s0 = _value_start(text, span) if kind in KEYED_KINDS else span.start
+            e = sentence_end(text, s0, span.end)
+            out.append(Span(s0, e, kind, text[s0:e]))
+    if out or end - start > SHORT_LINE:
+        return out
+    pos = start
+    while pos < end:
+        if text[pos].isalnum():
+            a, b = _token(text, pos)
+            b = min(b, end)
+            tok = text[a:b]
+            kind = value_kind(text[start:a], tok, tok) if tok else None
+            keyed = text[start:a].rstrip().endswith((":", "="))
+            if kind is not None and (keyed or kind in ("epoch", "week")
+                                     or (kind == "nonce" and any(c.isdigit() for c in tok))):
+                out.append(Span(a, b, kind, tok))
+            pos = max(b, pos + 1)
+        else:
+            pos += 1
+    return out
+
+
+def _tool_keys_change(prev: list[list[str]], cur: list[list[str]]) -> tuple[bool, bool]:
+    from collections import Counter
+
+    pc, cc = [c for c, _ in prev], [c for c, _ in cur]
+    common = Counter(pc) & Counter(cc)
+
+    def kept(items: list[list[str]]) -> list[tuple[str, str]]:
+        left = Counter(common)
+        out = []
+        for c, r in items:
+            if left[c] > 0:
+                left[c] -= 1
+                out.append((c, r))
+        return out
+
+    kp, kc = kept(prev), kept(cur)
+    return kp != kc, Counter(pc) != Counter(cc)
+
+
+def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
+                    extra_patterns: tuple[str, ...] = (), past: TenantPast | None = None) -> Diagnosis:
+    """Diagnose `cur` against a request known only by its digest (seen by another pod)."""
+    past = past or TenantPast()
+    detector = get_detector(tuple(extra_patterns))
+    mine = RequestDigest.of(cur)
+    bounds = head_lines(cur)
+    reordered, set_changed = _tool_keys_change(prev.tools, mine.tools)
+    tools_at = _tools_span(cur)
+    i = next((k for k, (a, b) in enumerate(zip(prev.lines, mine.lines, strict=False))
+              if a != b or prev.seps[k:k + 1] != mine.seps[k:k + 1]), min(len(prev.lines), len(mine.lines)))
+    head_changed = i < max(len(prev.lines), len(mine.lines))
+    if head_changed:
+        cd = bounds[i][0] if i < len(bounds) else head_end(cur)
+        line_end = bounds[i][1] if i < len(bounds) else head_end(cur)
+        rest_same = len(prev.lines) == len(mine.lines) and prev.lines[i + 1:] == mine.lines[i + 1:]
+        if rest_same and tail_start(cur) - line_end < material and not (reordered or set_changed):
+            if cur.kind == "chat" and cur.regions and not continues(cur, past):  # little follows: no loss
+                return Diagnosis("new_session", cd, [], None, "a new conversation over the shared head")
+            return Diagnosis(None, cd, detail="diverges in the part expected to vary")
+        in_tools = tools_at is not None and tools_at[0] - 32 <= cd <= tools_at[1] + 1
+        if in_tools and reordered:
+            extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
+            return Diagnosis("tool_order", cd, [], None, "same tools, different order (line level)", extra)
+        rest_p, rest_c = prev.lines[i:], mine.lines[i:]
+        tail_p = 0
+        while tail_p < min(len(rest_p), len(rest_c)) and rest_p[-1 - tail_p] == rest_c[-1 - tail_p]:
+            tail_p += 1
+        wp, wc = rest_p[:len(rest_p) - tail_p], rest_c[:len(rest_c) - tail_p]
+        if len(wc) >= 2 and sorted(wp) == sorted(wc) and wp != wc:
+            cur_lines = [cur.text[a:b] for a, b in bounds[i:i + len(wc)]]
+            if sum(1 for ln in cur_lines if TOOL_LINE.match(ln)) * 2 >= len(cur_lines):
+                return Diagnosis("tool_order", cd, [], None, "tools listed in the system text, other order")
+            return Diagnosis("template_change", cd, [], None, "system prompt lines reordered")
+        same_shape = len(prev.lines) == len(mine.lines) and prev.lines[i + 1:i + 2] == mine.lines[i + 1:i + 2]
+        if same_shape and i < len(bounds):
+            spans = dynamic_candidates(detector, cur.text, *bounds[i])
+            if spans:
+                later: list[Finding] = []
+                for j in range(i + 1, min(len(mine.lines), len(bounds))):
+                    if prev.lines[j] == mine.lines[j]:
+                        continue
+                    in_tools = tools_at is not None and tools_at[0] - 32 <= bounds[j][0] <= tools_at[1] + 1
+                    cause = "tool_order" if in_tools and reordered else "template_change"
+                    if all(f.cause != cause for f in later):
+                        later.append(Finding(cause, bounds[j][0], [], "further down (line level)"))
+                return Diagnosis("dynamic_head", spans[0].start, spans[:1], None,
+                                 "a per-request value precedes static content (line level)", later)
+        if in_tools and set_changed:
+            return Diagnosis("template_change", cd, [], None, "tools added, removed or edited (line level)")
+        pset, cset = set(prev.lines), set(mine.lines)  # shared in both directions: one short prompt is no match
+        shared = min(len(pset & cset) / max(1, len(pset)), len(pset & cset) / max(1, len(cset)))
+        if not continues(cur, past) and shared < 0.5:
+            return Diagnosis("new_session", cd, [], None, "another agent's prompt: a new conversation")
+        return Diagnosis("template_change", cd, [], None, "system prompt or template edited (line level)")
+    if reordered and tools_at is None:
+        return Diagnosis("tool_order", head_end(cur), [], None, "same tools, different order")
+    pm, cm = prev.turns, mine.turns
+    if len(cm) >= len(pm) and cm[:len(pm)] == pm:
+        return Diagnosis(None, head_end(cur), detail="continues the previous prompt")
+    if trimmed(pm, cm):
+        return Diagnosis("front_trim", head_end(cur), [], None, "history was cut or summarised at the front")
+    if not continues(cur, past):
+        pushed = _last_turn_pushed(prev, mine, cur, detector, material)
+        if pushed is not None:
+            return pushed
+        return Diagnosis("new_session", head_end(cur), [], None, "a new conversation over the shared head")
+    m = next((k for k, (a, b) in enumerate(zip(pm, cm, strict=False)) if a != b), min(len(pm), len(cm)))
+    turns = [r for r in cur.regions if r.role not in ("system", "developer")]
+    cd = turns[m].start if m < len(turns) else len(cur.text)
+    if tail_start(cur) - cd < material:
+        return Diagnosis(None, cd, detail="diverges in the part expected to vary")
+    return Diagnosis("history_edit", cd, [], None, "an earlier turn was re-sent with other text")
+
+
+def _last_turn_pushed(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch, detector: DynamicDetector,
+                      material: int) -> Diagnosis | None:
+    """A single-turn request whose last turn starts with a changed line and then repeats lines of
+    the previous one (pasted documents): static text pushed behind a value or a question."""
+    if len(mine.last) < 2 or len(prev.last) < 2 or mine.last[0] == prev.last[0]:
+        return None
+    bounds = last_turn_lines(cur)
+    pset = set(prev.last[1:])
+    j = next((k for k in range(1, len(mine.last)) if mine.last[k] in pset), None)
+    if j is None:
+        return None
+    static = sum(b - a + 1 for (a, b), k in zip(bounds[j:], mine.last[j:], strict=False) if k in pset)
+    if static < material:
+        return None
+    spans = dynamic_candidates(detector, cur.text, *bounds[0]) if j == 1 else []
+    if spans:
+        return Diagnosis("dynamic_head", spans[0].start, spans[:1], None,
+                         "a per-request value precedes static content (line level)")
+    return Diagnosis("question_first", bounds[0][0], [], None, "variable text precedes static text in the last turn")

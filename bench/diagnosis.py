@@ -1,0 +1,228 @@
+"""Diagnosis accuracy: cause and dynamic-span scores on the labelled corpora (issue 20).
+
+    .venv/bin/python bench/diagnosis.py [--split old,tune,heldout] [--errors] [--pods 2]
+    (corpora: tests/fixtures/diagnosis/corpus.jsonl, tests/fixtures/diagnosis_v2/{tune,heldout}.jsonl)
+
+Every tenant's requests go through `prefixgate lint`'s analysis (the gateway's fingerprinting,
+tracker and diagnosis, in-process). Each transition (request i against the tenant's earlier
+requests) has one label: a cause, or none. Printed per corpus: accuracy, macro-F1 (over the causes
+that occur in the labels or the answers), per-cause precision/recall/F1, dynamic-span exact-match
+and overlap F1 (spans of every dynamic_head finding of a transition, primary or secondary, against
+the changing values), secondary-cause recall, and false alarms on static look-alikes (a
+dynamic_head answer where the value did not change). With `--pods N`, also how many answers
+(cause, spans, secondary causes) change when N trackers sharing one Store take the tenant's
+requests in turn (the in-process form of tests/test_diagnosis_pods.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.prefix.fingerprint import Fingerprinter, prompt_input  # noqa: E402
+from app.prefix.lint import analyse  # noqa: E402
+from app.prefix.sketch import build_sketch  # noqa: E402
+from app.prefix.tokens import SegmentTokenizer  # noqa: E402
+from app.prefix.tracker import TenantTracker  # noqa: E402
+from app.state.memory import MemoryStore  # noqa: E402
+
+CORPORA = {
+    "old": ROOT / "tests/fixtures/diagnosis/corpus.jsonl",
+    "tune": ROOT / "tests/fixtures/diagnosis_v2/tune.jsonl",
+    "heldout": ROOT / "tests/fixtures/diagnosis_v2/heldout.jsonl",
+}
+NONE = "none"
+
+
+@dataclass
+class Transition:
+    tenant: str
+    index: int
+    label: str
+    spans: list[str]
+    secondary: list[str]
+    lookalike: bool
+
+
+@dataclass
+class Scores:
+    transitions: int = 0
+    accuracy: float = 0.0
+    macro_f1: float = 0.0
+    per_cause: dict[str, tuple[float, float, float, int]] = field(default_factory=dict)
+    span_exact_f1: float = 0.0
+    span_overlap_f1: float = 0.0
+    secondary_recall: float | None = None
+    lookalike_false_alarms: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def load(path: Path) -> list[tuple[str, list[dict], list[Transition]]]:
+    """(tenant name, request bodies, labelled transitions) for either corpus format."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if "requests" in row:
+            ts = [Transition(row["name"], i, row["labels"][i] or NONE, row["spans"][i], row["secondary"][i],
+                             row["lookalike"]) for i in range(1, len(row["requests"]))]
+            out.append((row["name"], row["requests"], ts))
+        else:  # the first corpus: one pair per line
+            spans = [row["span"]] if row.get("span") else []
+            look = row["name"].startswith("decoy_static")
+            out.append((row["name"], [row["prev"], row["cur"]],
+                        [Transition(row["name"], 1, row["label"] or NONE, spans, [], look)]))
+    return out
+
+
+def _f1(p: float, r: float) -> float:
+    return 2 * p * r / (p + r) if p + r else 0.0
+
+
+def _overlaps(a: str, b: str) -> bool:
+    if a in b or b in a:
+        return True
+    m = SequenceMatcher(None, a, b).find_longest_match(0, len(a), 0, len(b))
+    return m.size >= max(3, min(len(a), len(b)) // 2)
+
+
+def score(path: Path, fpr: Fingerprinter) -> Scores:
+    tp: Counter[str] = Counter()
+    fp: Counter[str] = Counter()
+    fn: Counter[str] = Counter()
+    s = Scores()
+    exact = [0, 0, 0]  # matched, predicted, gold
+    overlap = [0, 0, 0]
+    sec = [0, 0]
+    correct = 0
+    for name, bodies, transitions in load(path):
+        results = asyncio.run(analyse(bodies, fpr, 16))
+        for t in transitions:
+            got = results[t.index]
+            predicted = got["cause"] or NONE
+            s.transitions += 1
+            if predicted == t.label:
+                correct += 1
+                tp[t.label] += 1
+            else:
+                fp[predicted] += 1
+                fn[t.label] += 1
+                s.errors.append(f"{name}[{t.index}] label={t.label} got={predicted} spans={got['spans']} "
+                                f"secondary={[f['cause'] for f in got.get('secondary', [])]}")
+            found = list(got["spans"]) if predicted == "dynamic_head" else []
+            found += [x for f in got.get("secondary", []) if f["cause"] == "dynamic_head" for x in f["spans"]]
+            gold = list(t.spans)
+            exact[1] += len(found)
+            exact[2] += len(gold)
+            overlap[1] += len(found)
+            overlap[2] += len(gold)
+            left = gold[:]
+            for x in found:
+                if x in left:
+                    left.remove(x)
+                    exact[0] += 1
+            left = gold[:]
+            for x in found:
+                hit = next((g for g in left if _overlaps(x, g)), None)
+                if hit is not None:
+                    left.remove(hit)
+                    overlap[0] += 1
+            if gold and found != gold:
+                s.errors.append(f"{name}[{t.index}] span gold={gold} got={found}")
+            if t.secondary:
+                got_sec = [f["cause"] for f in got.get("secondary", [])]
+                sec[1] += len(t.secondary)
+                sec[0] += sum(1 for c in t.secondary if c in got_sec)
+            if t.lookalike and predicted == "dynamic_head" and t.label != "dynamic_head":
+                s.lookalike_false_alarms += 1
+    s.accuracy = correct / max(1, s.transitions)
+    causes = sorted(set(tp) | set(fp) | set(fn))
+    f1s = []
+    for c in causes:
+        p = tp[c] / (tp[c] + fp[c]) if tp[c] + fp[c] else 0.0
+        r = tp[c] / (tp[c] + fn[c]) if tp[c] + fn[c] else 0.0
+        s.per_cause[c] = (p, r, _f1(p, r), tp[c] + fn[c])
+        f1s.append(_f1(p, r))
+    s.macro_f1 = sum(f1s) / max(1, len(f1s))
+    for acc, attr in ((exact, "span_exact_f1"), (overlap, "span_overlap_f1")):
+        p = acc[0] / acc[1] if acc[1] else 1.0
+        r = acc[0] / acc[2] if acc[2] else 1.0
+        setattr(s, attr, _f1(p, r))
+    s.secondary_recall = sec[0] / sec[1] if sec[1] else None
+    return s
+
+
+async def _answers(bodies: list[dict], fpr: Fingerprinter, pods: int) -> list[tuple]:
+    store = MemoryStore()
+    trackers = [TenantTracker(store, show_text=True) for _ in range(pods)]
+    out = []
+    for i, body in enumerate(bodies):
+        inp = prompt_input("chat" if "messages" in body else "completions", body)
+        fp = fpr.complete_sync(fpr.prepare(inp, 16))
+        obs = await trackers[i % pods].observe("t", fp.block_hashes, build_sketch(inp, fp.text or ""), 16)
+        d = obs.diagnosis
+        out.append((d.cause, [s.text for s in d.spans], [f.cause for f in d.secondary]) if d else (None, [], []))
+    return out
+
+
+def pod_agreement(path: Path, fpr: Fingerprinter, pods: int) -> tuple[int, int, list[str]]:
+    """(answers that differ from one pod's, transitions, which)."""
+    differ, total, which = 0, 0, []
+    for name, bodies, _ in load(path):
+        one, many = asyncio.run(_answers(bodies, fpr, 1)), asyncio.run(_answers(bodies, fpr, pods))
+        for i in range(1, len(bodies)):
+            total += 1
+            if one[i] != many[i]:
+                differ += 1
+                which.append(f"{name}[{i}] one pod {one[i]} vs {pods} pods {many[i]}")
+    return differ, total, which
+
+
+def table(name: str, s: Scores) -> str:
+    lines = [f"\n{name}: {s.transitions} transitions, accuracy {s.accuracy:.3f}, macro-F1 {s.macro_f1:.3f}, "
+             f"span exact-match F1 {s.span_exact_f1:.3f} (overlap {s.span_overlap_f1:.3f}), "
+             f"secondary recall {'-' if s.secondary_recall is None else f'{s.secondary_recall:.3f}'}, "
+             f"look-alike false alarms {s.lookalike_false_alarms}",
+             "| cause | precision | recall | F1 | support |", "|---|---:|---:|---:|---:|"]
+    for c, (p, r, f, n) in s.per_cause.items():
+        lines.append(f"| {c} | {p:.2f} | {r:.2f} | {f:.2f} | {n} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--split", default="old,tune,heldout", help="comma-separated: old, tune, heldout")
+    parser.add_argument("--errors", action="store_true", help="print each misdiagnosed transition")
+    parser.add_argument("--pods", type=int, default=0, help="also compare with N trackers sharing a Store")
+    args = parser.parse_args(argv)
+    fpr = Fingerprinter(SegmentTokenizer.load())
+    try:
+        for split in args.split.split(","):
+            path = CORPORA[split]
+            if not path.exists():
+                print(f"\n{split}: {path} missing (build it with its build.py)")
+                continue
+            s = score(path, fpr)
+            print(table(f"{split} ({path.relative_to(ROOT)})", s))
+            if args.errors:
+                print("\n".join(s.errors))
+            if args.pods > 1:
+                differ, total, which = pod_agreement(path, fpr, args.pods)
+                print(f"{args.pods} pods alternating: {differ} of {total} answers differ from one pod's")
+                if args.errors:
+                    print("\n".join(which))
+    finally:
+        fpr.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

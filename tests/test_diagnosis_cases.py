@@ -1,0 +1,242 @@
+"""Diagnosis on request sequences of one tenant, one test per failure kind of issue 20: new
+conversations, values no pattern knows, tools listed in system text, nested and adjacent tool
+reorders, several causes at once, a trailing system message, edits that only look dynamic and
+static look-alikes. Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+diagnosis) over the bodies a client would send."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from app.prefix.fingerprint import Fingerprinter
+from app.prefix.lint import analyse
+from app.prefix.tokens import SegmentTokenizer
+from tests.fixtures.diagnosis_v2.build import Gen
+
+SYSTEM = ("You are the support assistant of Northwind Outfitters. Be friendly and precise.\n"
+          "- Returns are accepted within 60 days for unused items.\n"
+          "- Standard shipping takes 4 to 7 business days.\n"
+          "- Hand over to a human agent for warranty disputes or legal threats.\n"
+          "- Never promise a delivery date the tracking system does not show.\n")
+SYSTEM_DE = ("Du bist der digitale Kundenservice der Stadtwerke Musterstadt.\n"
+             "- Antworte freundlich, sachlich und in ganzen Sätzen.\n"
+             "- Zählerstände nimmst du nur mit Zählernummer und Ablesedatum entgegen.\n"
+             "- Bei Störungen verweist du auf die Störungshotline.\n")
+CODER = ("You are Codewright, an autonomous coding agent in a sandboxed repository.\n"
+         "1. Read the relevant files first.\n2. Make the smallest change.\n3. Run the tests after every change.\n")
+QUESTIONS = ["Where is my order 48213?", "Can I return boots I wore once?", "How long does express take?",
+             "Do you price match?", "Can I change the address?", "Is the jacket waterproof?"]
+
+
+def tool(name: str, **props: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": f"{name} for an order",
+                                             "parameters": {"type": "object", "properties": props,
+                                                            "required": list(props)[:1]}}}
+
+
+TOOLS = [tool("lookup_order", order_number={"type": "string"}, email={"type": "string"}),
+         tool("create_return", order_number={"type": "string"}, reason={"type": "string"}),
+         tool("track_shipment", tracking_id={"type": "string"}, carrier={"type": "string"}),
+         tool("update_address", order_number={"type": "string"}, address={"type": "string"})]
+
+
+@pytest.fixture(scope="module")
+def fpr() -> Fingerprinter:
+    return Fingerprinter(SegmentTokenizer.load())
+
+
+def body(system: str, turns: list[str], tools: list | None = None, trailing: str | None = None) -> dict:
+    """A chat body: the system prompt, then user and assistant turns alternating (the corpus
+    generator's helper, so tests and corpus build requests the same way)."""
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    return Gen.body(system, msgs, tools, trailing)
+
+
+def conversation(n: int) -> list[list[str]]:
+    """What request k of one growing conversation sends: its turns so far."""
+    turns: list[str] = []
+    out = []
+    for k in range(n):
+        turns = [*turns, QUESTIONS[k]]
+        out.append(turns)
+        turns = [*turns, f"Answer {k}: the parcel left the depot and arrives in two days."]
+    return out
+
+
+def run(fpr: Fingerprinter, bodies: list[dict]) -> list[dict[str, Any]]:
+    return asyncio.run(analyse(bodies, fpr, 16))[1:]
+
+
+def causes(fpr: Fingerprinter, bodies: list[dict]) -> list[str | None]:
+    return [r["cause"] for r in run(fpr, bodies)]
+
+
+# ------------------------------------------------------------------ new conversations
+def test_stateless_single_turn_clients_are_new_sessions(fpr) -> None:
+    bodies = [body(SYSTEM, [q]) for q in QUESTIONS[:4]]
+    assert causes(fpr, bodies) == ["new_session"] * 3
+
+
+def test_switching_between_two_agents_and_back(fpr) -> None:
+    a, b = conversation(3), [[f"{q} (urgent)"] for q in QUESTIONS[3:5]]
+    bodies = [body(SYSTEM, a[0]), body(SYSTEM, a[1]), body(CODER, b[0]), body(SYSTEM, a[2]),
+              body(CODER, [*b[0], "Reading the files now.", "Run the tests too."]), body(SYSTEM, ["A new question?"])]
+    assert causes(fpr, bodies) == [None, "new_session", None, None, "new_session"]
+
+
+def test_pinned_first_exchange_then_start_over(fpr) -> None:
+    pin = ["Hello", "Hi! I am the Northwind assistant. How can I help?"]
+    bodies = [body(SYSTEM, [*pin, QUESTIONS[0]]),
+              body(SYSTEM, [*pin, QUESTIONS[0], "It ships today.", QUESTIONS[1]]),
+              body(SYSTEM, [*pin, QUESTIONS[2]]),
+              body(SYSTEM, [*pin, QUESTIONS[2], "Two days.", QUESTIONS[3]])]
+    assert causes(fpr, bodies) == [None, "new_session", None]
+
+
+# ------------------------------------------------------------------ values no pattern knows
+@pytest.mark.parametrize(("line", "values", "kind"), [
+    ("Request received at {} (unix).", ["1776000000", "1776000042", "1776000107"], "epoch"),
+    ("server_ts={}", ["1776000000123", "1776000042456", "1776000107789"], "epoch"),
+    ("Nonce: {}", ["q8ZtR2mXw0Lp", "Hc41vNk9sTbE", "x7Yq0PaL2mWd"], "nonce"),
+    ("Experiment group: {}", ["control", "treatment", "control"], "flag"),
+    ("Variante: {}", ["A", "B", "A"], "flag"),
+    ("Planning week: {}", ["2026-W15", "2026-W16", "2026-W17"], "week"),
+    ("Aktuelle Kalenderwoche: KW {}", ["15", "16", "17"], "week"),
+    ("Today is {}.", ["Tuesday", "Wednesday", "Thursday"], "date"),
+    ("The customer's name is {}.", ["Anna Schmidt", "Markus Weber", "Lena Hoffmann"], "user"),
+    ("Der Kunde heißt {}.", ["Anna", "Markus", "Lena"], "user"),
+    ("Request arrived {} (time.time()).", ["1776000000.123456", "1776000042.5", "1776000107.25"], "epoch"),
+    ("Generated on {} by the context builder.", ["Tue Apr 14 09:31:07 UTC 2026", "Tue Apr 14 09:32:55 UTC 2026",
+                                                 "Tue Apr 14 09:40:01 UTC 2026"], "timestamp"),
+])
+def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
+    system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde")) else SYSTEM
+    bodies = [body(f"{line.format(v)}\n{system}", turns) for v, turns in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]  # the value itself, not its line
+    assert all(r["span_kinds"] == [kind] for r in got)
+
+
+def test_date_rolling_over_at_midnight(fpr) -> None:
+    dates = ["Heute ist der 14.04.2026.", "Heute ist der 14.04.2026.", "Heute ist der 15.04.2026."]
+    bodies = [body(f"{d}\n{SYSTEM_DE}", t) for d, t in zip(dates, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == [None, "dynamic_head"]
+    assert got[1]["spans"] == ["15.04.2026"] and got[1]["span_kinds"] == ["date"]
+
+
+# ------------------------------------------------------------------ tools
+def test_tools_listed_in_system_text_in_another_order(fpr) -> None:
+    entries = ["- filesystem.read_file(path: str): read a text file.", "- git.status(): show the working tree.",
+               "- browser.open(url: str): open a page.", "- browser.search(query: str): search the web."]
+    orders = [entries, entries[1:2] + entries[:1] + entries[2:], entries[1:2] + entries[:1] + entries[2:]]
+    bodies = [body(f"{CODER}\nYou can call these tools:\n" + "\n".join(o), t)
+              for o, t in zip(orders, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_tool_entries_swapped_whose_names_look_like_flags(fpr) -> None:
+    entries = [f'<function>{{"name": "{n}", "description": "tool {n}"}}</function>' for n in "abc"]
+    orders = [entries, [entries[1], entries[0], entries[2]]]
+    bodies = [body("<functions>\n" + "\n".join(o) + f"\n</functions>\n{SYSTEM}", t)
+              for o, t in zip(orders, conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order"]
+
+
+def test_rules_reordered_in_system_text_are_a_template_change(fpr) -> None:
+    lines = SYSTEM.strip().split("\n")
+    other = "\n".join([lines[0], lines[2], lines[1], *lines[3:]])
+    assert causes(fpr, [body(SYSTEM, conversation(2)[0]), body(other, conversation(2)[1])]) == ["template_change"]
+
+
+def test_nested_key_and_swapped_adjacent_reorders(fpr) -> None:
+    nested = copy.deepcopy(TOOLS)
+    params = nested[2]["function"]["parameters"]
+    params["properties"] = dict(reversed(list(params["properties"].items())))
+    swapped = [TOOLS[0], TOOLS[2], TOOLS[1], TOOLS[3]]
+    for alt in (nested, swapped):
+        convo = conversation(3)
+        bodies = [body(SYSTEM, convo[0], TOOLS), body(SYSTEM, convo[1], alt), body(SYSTEM, convo[2], TOOLS)]
+        assert causes(fpr, bodies) == ["tool_order", "tool_order"]  # flipping back breaks again
+        stateless = [body(SYSTEM, [q], t) for q, t in zip(QUESTIONS, (TOOLS, alt, TOOLS), strict=False)]
+        assert causes(fpr, stateless) == ["tool_order", "tool_order"]
+
+
+def test_date_inside_a_tool_description(fpr) -> None:
+    def tools_on(day: str) -> list[dict]:
+        out = copy.deepcopy(TOOLS)
+        out[0]["function"]["description"] = f"Look up an order. Orders placed before {day} are archived."
+        return out
+
+    convo = conversation(3)
+    days = ["Today is 2026-04-14", "Today is 2026-04-14", "Today is 2026-04-15"]
+    got = run(fpr, [body(SYSTEM, t, tools_on(d)) for t, d in zip(convo, days, strict=True)])
+    assert [r["cause"] for r in got] == [None, "dynamic_head"] and got[1]["spans"] == ["2026-04-15"]
+
+
+# ------------------------------------------------------------------ several causes
+def test_reorder_plus_new_tool(fpr) -> None:
+    extra = tool("cancel_order", order_number={"type": "string"})
+    convo = conversation(2)
+    got = run(fpr, [body(SYSTEM, convo[0], TOOLS), body(SYSTEM, convo[1], TOOLS[1:] + TOOLS[:1] + [extra])])
+    assert got[0]["cause"] == "tool_order"
+    assert [f["cause"] for f in got[0]["secondary"]] == ["template_change"]
+
+
+def test_dynamic_value_plus_edit_further_down(fpr) -> None:
+    convo = conversation(2)
+    edited = SYSTEM.replace("within 60 days", "within 30 days")
+    got = run(fpr, [body(f"Current time: 2026-04-14T09:31:07Z\n{SYSTEM}", convo[0]),
+                    body(f"Current time: 2026-04-14T09:32:55Z\n{edited}", convo[1])])
+    assert got[0]["cause"] == "dynamic_head" and got[0]["spans"] == ["2026-04-14T09:32:55Z"]
+    assert [f["cause"] for f in got[0]["secondary"]] == ["template_change"]
+
+
+def test_dynamic_value_plus_front_trim(fpr) -> None:
+    turns = [f"Turn {k}: " + "details about the order and the parcel. " * 4 for k in range(12)]
+    got = run(fpr, [body(f"Current time: 2026-04-14T09:31:07Z\n{SYSTEM}", turns[:9]),
+                    body(f"Current time: 2026-04-14T09:32:55Z\n{SYSTEM}", turns[4:11])])
+    assert got[0]["cause"] == "dynamic_head"
+    assert [f["cause"] for f in got[0]["secondary"]] == ["front_trim"]
+
+
+def test_two_dynamic_values(fpr) -> None:
+    convo = conversation(2)
+    got = run(fpr, [body(f"Current time: 2026-04-14T09:31:07Z\n{SYSTEM}trace_id=4f1c2a9be07d3c55\nMore rules.", convo[0]),
+                    body(f"Current time: 2026-04-14T09:32:55Z\n{SYSTEM}trace_id=9ab03e7c11d2f0a4\nMore rules.", convo[1])])
+    assert got[0]["spans"] == ["2026-04-14T09:32:55Z"]
+    assert got[0]["secondary"] == [{"cause": "dynamic_head", "spans": ["9ab03e7c11d2f0a4"], "span_kinds": ["id"]}]
+
+
+# ------------------------------------------------------------------ trailing system message, edits, look-alikes
+def test_trailing_system_message_after_the_history(fpr) -> None:
+    for trailing in ("Reminder: answer in at most three sentences.",
+                     "Reminder: answer in at most three sentences.\nCurrent time: {}"):
+        bodies = [body(SYSTEM, t, trailing=trailing.format(f"2026-04-14T09:3{i}:07Z"))
+                  for i, t in enumerate(conversation(4))]
+        assert causes(fpr, bodies) == [None, None, None]
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("within 60 days", "within 30 days"),  # a number in prose
+    ("API version: v2.14.3", "API version: v2.15.0"),  # a version bump
+    ("These policies were last revised on 2024-03-01.", "These policies were last revised on 2025-04-02."),
+])
+def test_edits_that_only_look_dynamic(fpr, old: str, new: str) -> None:
+    system = f"API version: v2.14.3\nThese policies were last revised on 2024-03-01.\n{SYSTEM}"
+    convo = conversation(3)
+    bodies = [body(system, convo[0]), body(system.replace(old, new), convo[1]), body(system.replace(old, new), convo[2])]
+    assert causes(fpr, bodies) == ["template_change", None]
+
+
+def test_static_look_alikes_raise_no_alarm(fpr) -> None:
+    heads = ["Support reference: 7f3a9c1e-2b4d-4e6f-8a0b-1c2d3e4f5a6b\nStore id: 48213\n",
+             "Gültig ab 01.01.2025.\nTarifversion: 3.2.1\n", "Knowledge cutoff: October 2023.\nBuild 1700000000\n"]
+    for head in heads:
+        assert causes(fpr, [body(head + SYSTEM, t) for t in conversation(4)]) == [None] * 3
+        assert causes(fpr, [body(head + SYSTEM, [q]) for q in QUESTIONS[:4]]) == ["new_session"] * 3

@@ -1,0 +1,69 @@
+"""The same diagnosis with two gateway pods: two real proxies sharing one real redis-server take
+one tenant's requests in turn (pod 0, pod 1, pod 0, ...), sent with the openai client to the
+simulator, and every request gets the cause, spans and secondary causes one proxy alone gives.
+A pod often never saw the request the new one is compared with: it reads the tenant's history
+from the Store on every request and diagnoses against the other pod's text-free digest."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import OpenAI
+
+from tests.redis_server import RedisServer
+from tests.test_state_proxies import settle
+
+TUNE = Path(__file__).parent / "fixtures" / "diagnosis_v2" / "tune.jsonl"
+
+
+def scenarios() -> list[dict[str, Any]]:
+    """The first tenant of every family of the tuning corpus (~25 tenants, ~80 requests)."""
+    seen: set[str] = set()
+    out = []
+    for line in TUNE.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        if row["family"] not in seen:
+            seen.add(row["family"])
+            out.append(row)
+    return out
+
+
+def send(pods: list, tenant: str, bodies: list[dict]) -> None:
+    for i, b in enumerate(bodies):
+        pod = pods[i % len(pods)]
+        client = OpenAI(base_url=pod.base_url, api_key="x", max_retries=0)
+        client.chat.completions.create(**{**b, "model": "sim", "max_tokens": 4},
+                                       extra_headers={"x-tenant-id": tenant})
+        settle(pod)  # the next turn comes after this one's after-response work, as with a user typing
+
+
+def verdicts(pod, tenant: str) -> list[tuple]:
+    records = asyncio.run_coroutine_threadsafe(pod.services.store.history_recent(tenant, 64), pod.server.loop).result()
+    return [(r.get("cause"), tuple(r.get("spans") or ()), tuple(f["cause"] for f in r.get("secondary") or ()))
+            for r in records]
+
+
+def test_two_pods_alternating_give_the_answers_of_one(sim_factory, proxy_factory, redis_proc: RedisServer) -> None:
+    sim = sim_factory(replicas=2, time_scale=0.0)
+    alone = proxy_factory(sim, hygiene={"show_text": True})
+    pods = [proxy_factory(sim, state=redis_proc.url, hygiene={"show_text": True}) for _ in range(2)]
+    rows = scenarios()
+    assert len(rows) >= 18
+    differ = []
+    for row in rows:
+        tenant = row["name"]
+        send([alone], tenant, row["requests"])
+        send(pods, tenant, row["requests"])
+        one, two = verdicts(alone, tenant), verdicts(pods[0], tenant)
+        assert len(one) == len(two) == len(row["requests"])
+        differ += [(tenant, i, a, b) for i, (a, b) in enumerate(zip(one, two, strict=True)) if a != b]
+    assert differ == []
+    stateless = next(r for r in rows if r["family"] == "stateless")
+    for pod in (*pods, alone):  # every pod reports the same; new conversations are not breaks
+        report = httpx.get(f"{pod.url}/hygiene/tenants/{stateless['name']}", timeout=10).json()
+        assert report["new_sessions"] == len(stateless["requests"]) - 1 and report["breaks"] == 0
+        assert report["last_breaks"] == []
