@@ -43,7 +43,7 @@ def test_redacted_view_marks_the_value_as_its_kind_and_hides_every_letter(fpr) -
         win = view["view"][side]
         assert marked(win) == ["<timestamp>"] and win["marks"][0][2] == "timestamp"
         assert "Quokka" not in win["text"] and "2026" not in win["text"] and "Current" not in win["text"]
-        assert win["text"].startswith("xxxxxxx xxxx: <timestamp>\nxxx xxx xxx xxxxxx")  # shape kept
+        assert "xxxxxxx xxxx: <timestamp>\nxxx xxx xxx xxxxxx" in win["text"]  # shape kept
     assert view["view"]["text_shown"] is False
     assert view["message"] == {"index": 0, "role": "system", "where": "content", "line": 1}
     assert view["line"] == cur.text.count("\n", 0, diag.char_offset) + 1
