@@ -87,13 +87,14 @@ def format_report(ttft: dict[str, dict[str, float | None]], hygiene: dict[str, A
         lines.append("Per-tenant continuity: not available (GET /hygiene/tenants did not answer)")
         return "\n".join(lines)
     lines += ["Per-tenant prefix continuity (share of each prompt's blocks continuing an earlier one)",
-              f"  {'tenant':<12} {'requests':>8} {'continuity':>11} {'breaks':>7}  causes"]
+              f"  {'tenant':<12} {'requests':>8} {'continuity':>11} {'new conv':>8} {'breaks':>7}  break causes"]
     for t in hygiene.get("tenants", []):
         cont = t.get("continuity")
-        causes = ", ".join(f"{k}={v}" for k, v in sorted((t.get("breaks_by_cause") or {}).items())) or "-"
+        causes = ", ".join(f"{k}={v}" for k, v in sorted((t.get("breaks_by_cause") or {}).items())
+                           if k != "new_session") or "-"  # a new conversation is not a break to fix
         cont_s = "–" if cont is None else f"{100 * cont:.0f}%"
         lines.append(f"  {t.get('tenant', '?'):<12} {t.get('requests', 0):>8} {cont_s:>11} "
-                     f"{t.get('breaks', 0):>7}  {causes}")
+                     f"{t.get('new_sessions', 0):>8} {t.get('breaks', 0):>7}  {causes}")
     return "\n".join(lines)
 
 
