@@ -176,10 +176,6 @@ def dynamic_lines(text: str, extra_patterns: Sequence[str] = ()) -> list[Dynamic
     return get_detector(tuple(extra_patterns)).lines(text)
 
 
-def has_dynamic(text: str, extra_patterns: Sequence[str] = ()) -> bool:
-    return bool(find_dynamic_spans(text, extra_patterns))
-
-
 # ------------------------------------------------------------------ values no pattern knows
 # Diagnosis compares two prompts, so it sees the value that changed even when no pattern above
 # matches it. `value_kind` judges such a changed token by its shape and its key: a per-request

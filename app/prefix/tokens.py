@@ -47,10 +47,6 @@ class SegmentSplitter:
         for s in self.specials:
             by_prefix.setdefault(s[:2], []).append(s)
         self._by_prefix = by_prefix
-        self._special_set = frozenset(self.specials)
-
-    def is_special(self, segment: str) -> bool:
-        return segment in self._special_set
 
     def split(self, text: str) -> list[str]:
         if not self._by_prefix or not text:
