@@ -36,6 +36,7 @@ from app.hygiene.findings import (
     tools_signature,
 )
 from app.hygiene.rewrite import CANONICAL_JSON, MOVE_DYNAMIC, SORT_TOOLS, RewriteOptions, apply_rewrites
+from app.hygiene.rewrite_responses import apply_responses_rewrites
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
 from app.prefix.convert_responses import convert
 from app.proxy.context import ProxyError, RequestContext
@@ -112,10 +113,6 @@ class HygieneStage:
             ctx.response_headers[HYGIENE_HEADER] = _header(findings)
         elif policy == "reject":
             self._reject(findings, tenant)
-        elif policy == "rewrite" and responses:
-            # the rewrites edit chat messages; a Responses body's items are not rewritten (yet)
-            if findings:
-                ctx.response_headers[HYGIENE_HEADER] = _header(findings)
         elif policy == "rewrite":
             self._rewrite(ctx, tenant, findings, lines)
 
@@ -156,7 +153,8 @@ class HygieneStage:
                          headers={HYGIENE_HEADER: _header(findings)})
 
     def _rewrite(self, ctx: RequestContext, tenant: str, findings: list[Finding], lines: list[Any]) -> None:
-        result = apply_rewrites(ctx.body, lines, self.options)
+        rewrite = apply_responses_rewrites if ctx.route == "responses" else apply_rewrites
+        result = rewrite(ctx.body, lines, self.options)
         if result.changed:
             ctx.body = result.body
             ctx.body_changed = True

@@ -46,7 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
-RESPONSE_HISTORY_BYTES = 16 * 1024 * 1024  # histories kept for previous_response_id (LRU by bytes)
+# histories kept for previous_response_id, LRU by their JSON size; a fixed cap outside
+# memory.budget_mb (docs/agents-responses.md)
+RESPONSE_HISTORY_BYTES = 16 * 1024 * 1024
 INLINE_OUTPUT_CHARS = 4096  # generated text encoded inside after_response (< 1 ms)
 
 
@@ -107,7 +109,6 @@ class PrefixStage:
     def memory_bytes(self) -> dict[str, int]:
         """Bytes each budgeted part holds now (prefixgate_memory_used_bytes{part})."""
         return {**self.fingerprinter.memory_bytes(), "tracker_hashes": self.tracker.hash_bytes,
-                "response_history": self.response_history.bytes,
                 "tracker_texts": self.tracker.text_bytes,
                 "recent": len(self.predictions) * RECENT_ENTRY_BYTES}
 
