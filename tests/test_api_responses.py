@@ -204,3 +204,25 @@ def test_previous_response_id_across_two_gateways_sharing_redis(sim_factory, pro
         resp = client_for(two).responses.with_raw_response.create(model="sim", previous_response_id=rid,
                                                                   input="again", max_output_tokens=4)
         assert resp.headers["x-prefixgate-backend"] == home
+
+
+@pytest.mark.parametrize("policy", ["observe", "rewrite"])
+def test_rewrite_moves_the_instructions_timestamp_and_the_cache_hits(sim_factory, proxy_factory, policy) -> None:
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
+    proxy = proxy_factory(sim, tenants={"default": {"policy": policy}})
+    client = client_for(proxy)
+    usages = []
+    for second in range(3):
+        resp = client.responses.with_raw_response.create(
+            model="sim", instructions=f"Current time: 2026-12-01 18:00:0{second} UTC\n" + INSTRUCTIONS,
+            input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]}],
+            max_output_tokens=4, store=False)
+        usages.append(resp.parse().usage)
+    warm = usages[1:]
+    ratio = sum(u.input_tokens_details.cached_tokens for u in warm) / sum(u.input_tokens for u in warm)
+    if policy == "observe":
+        assert ratio < 0.1
+        assert proxy.sample("prefixgate_hygiene_findings_total", tenant="acme", kind="dynamic_head") == 3
+    else:
+        assert ratio > 0.9
+        assert resp.headers["x-prefixgate-rewrites"].startswith("move_dynamic(1)")
