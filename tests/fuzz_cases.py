@@ -254,7 +254,7 @@ def headers(pool: Pool, r: random.Random) -> list[tuple[bytes, bytes]]:
 # --- routes --------------------------------------------------------------------------------
 CONTROL = ["/v1/models", "/healthz", "/health", "/readyz", "/metrics", "/hygiene/engines", "/hygiene/tenants",
            "/ui"]
-PASSTHROUGH = ["/v1/embeddings", "/v1/responses", "/v1/audio/transcriptions", "/v1/chat/completions/x",
+PASSTHROUGH = ["/v1/embeddings", "/v1/responses/resp_x", "/v1/audio/transcriptions", "/v1/chat/completions/x",
                "/v1/models/sim", "/v1/", "/v1//completions", "/v1/%2e%2e/metrics", "/v1/tokenize", "/v1/a%00b",
                "/v1/\u00e9"]
 QUERIES = ["?a=1", "?x=%ff", "?" + "q" * 3000, "?a=1&a=2", "?%", "?stream=true"]

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ROUTES["/v1/responses"] = "responses"  # OpenAI Responses API (docs/agents-responses.md)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 DRAIN_BYTES = 64 * 1024 * 1024  # an over-limit body read and dropped before its 413, at most
 DRAIN_S = 2.0

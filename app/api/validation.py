@@ -64,6 +64,15 @@ def validate_body(body: dict[str, Any], route: str) -> None:
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise _bad(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
+    elif route == "responses":
+        items = body.get("input")
+        if items is None:
+            raise _bad("'input' is a required property", "input", "missing_required_parameter")
+        if not isinstance(items, (str, list)):
+            raise _bad("'input' must be a string or a list of input items", "input")
+        for key in ("instructions", "previous_response_id"):
+            if body.get(key) is not None and not isinstance(body[key], str):
+                raise _bad(f"'{key}' must be a string", key)
     else:
         prompt = body.get("prompt")
         if prompt is None:

@@ -36,7 +36,9 @@ from app.hygiene.findings import (
     tools_signature,
 )
 from app.hygiene.rewrite import CANONICAL_JSON, MOVE_DYNAMIC, SORT_TOOLS, RewriteOptions, apply_rewrites
+from app.hygiene.rewrite_responses import apply_responses_rewrites
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
+from app.prefix.convert_responses import convert
 from app.proxy.context import ProxyError, RequestContext
 
 if TYPE_CHECKING:
@@ -93,13 +95,14 @@ class HygieneStage:
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
-        if ctx.route not in ("chat", "completions"):
+        if ctx.route not in ("chat", "completions", "responses"):
             return
         tenant = self.metrics.tenant_label(ctx.tenant)
-        self._isolate(ctx, tenant)
-        if ctx.route != "chat":
+        self._isolate(ctx, tenant)  # Responses: vLLM reads the same top-level `cache_salt`
+        if ctx.route == "completions":
             return  # completions: salt only (a raw prompt has no system/developer messages)
-        findings, lines = self._scan(ctx)
+        responses = ctx.route == "responses"
+        findings, lines = self._scan(ctx, responses_view(ctx.body) if responses else ctx.body)
         ctx.hygiene_findings = findings
         for kind in sorted({f.kind for f in findings}):
             self.metrics.hygiene_findings.labels(tenant, kind).inc()
@@ -130,10 +133,10 @@ class HygieneStage:
             self.metrics.rewrites.labels(tenant, CLIENT_SALT).inc()
             _add(ctx.response_headers, REWRITES_HEADER, CLIENT_SALT)
 
-    def _scan(self, ctx: RequestContext) -> tuple[list[Finding], list[Any]]:
-        tools = ctx.body.get("tools")
+    def _scan(self, ctx: RequestContext, body: dict[str, Any]) -> tuple[list[Finding], list[Any]]:
+        tools = body.get("tools")
         sig = tools_signature(tools) if isinstance(tools, list) and tools else None
-        lines = dynamic_lines(ctx.body, self.classifier, sig.chars if sig else 0)
+        lines = dynamic_lines(body, self.classifier, sig.chars if sig else 0)
         findings = dynamic_findings(lines)
         if sig is not None:
             findings += tool_findings(ctx.tenant, sig, self.tool_memo, self.flag_unsorted)
@@ -150,7 +153,8 @@ class HygieneStage:
                          headers={HYGIENE_HEADER: _header(findings)})
 
     def _rewrite(self, ctx: RequestContext, tenant: str, findings: list[Finding], lines: list[Any]) -> None:
-        result = apply_rewrites(ctx.body, lines, self.options)
+        rewrite = apply_responses_rewrites if ctx.route == "responses" else apply_rewrites
+        result = rewrite(ctx.body, lines, self.options)
         if result.changed:
             ctx.body = result.body
             ctx.body_changed = True
@@ -161,6 +165,15 @@ class HygieneStage:
         left = [f for f in findings if not _fixed(f, result.kinds, self.options)]
         if left:
             ctx.response_headers[HYGIENE_HEADER] = _header(left)
+
+
+def responses_view(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses body as the chat body the engine renders (messages + tools), for the scan."""
+    converted = convert(body)
+    view: dict[str, Any] = {"messages": converted.messages}
+    if converted.tools:
+        view["tools"] = converted.tools
+    return view
 
 
 def _header(findings: list[Finding]) -> str:

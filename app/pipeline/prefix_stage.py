@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
+from app.prefix.convert_responses import ResponseHistory, continued_history, responses_prompt_input
 from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, PromptInput, prompt_input
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
+# histories kept for previous_response_id, LRU by their JSON size; a fixed cap outside
+# memory.budget_mb (docs/agents-responses.md)
+RESPONSE_HISTORY_BYTES = 16 * 1024 * 1024
 INLINE_OUTPUT_CHARS = 4096  # generated text encoded inside after_response (< 1 ms)
 
 
@@ -86,6 +90,7 @@ class PrefixStage:
         self._evictions_seen = 0
         self.processed = 0  # requests fully processed after their response (tests poll it)
         # (request id, tenant, predicted, engine-reported) of recent requests: for audits and tests
+        self.response_history = ResponseHistory(RESPONSE_HISTORY_BYTES)  # Responses previous_response_id
         self.predictions: deque[tuple[str, str, int, int | None]] = deque(maxlen=recent)
         for mode in MODES:
             self.metrics.fingerprint_mode.labels(mode).set(1 if mode == fingerprinter.mode else 0)
@@ -109,7 +114,10 @@ class PrefixStage:
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
-        inp = prompt_input(ctx.route, ctx.body)
+        if ctx.route == "responses":  # converted as the engine converts it (app/prefix/convert_responses.py)
+            inp = responses_prompt_input(ctx.body, self.response_history)
+        else:
+            inp = prompt_input(ctx.route, ctx.body)
         if inp is None:
             return
         try:
@@ -198,6 +206,10 @@ class PrefixStage:
         fp = ctx.fingerprint
         if fp is None or ctx.decision is None or ctx.outcome != "ok" or (ctx.status or 200) >= 400:
             return
+        if ctx.route == "responses" and ctx.response_id is not None and ctx.prefix is not None:
+            # what a request continuing this response gets prepended by the engine
+            self.response_history.put(ctx.response_id, continued_history(
+                list(ctx.prefix.input.messages), ctx.output_text))  # type: ignore[arg-type]
         output_ids = None
         text = _output_text(ctx)
         if fp.complete and len(text) <= INLINE_OUTPUT_CHARS and self.fingerprinter.engine is None:

@@ -9,6 +9,8 @@ step writes only the typed fields listed for it (app/proxy/context.py); later st
 | 0  | arrive      | app/api/openai.py                       | request_id, route, path, tenant, headers, body,   |
 |    |             |                                         | model, stream, session_id, timings.arrival        |
 | 1  | admit       | `RequestPipeline._admit`                | (404 `model_not_found` when no replica lists it)  |
+| 1b | pin         | app/pipeline/responses_stage.py         | pinned_replica (Responses `previous_response_id`: |
+|    |             |                                         | the replica holding it; or vLLM's 404 when gone)  |
 | 2  | hygiene     | app/pipeline/hygiene_stage.py           | salt, hygiene_findings, response_headers; body +  |
 |    |             |                                         | body_changed on a rewrite; or a 400 (`reject`)    |
 | 3  | fingerprint | prefix stage `before_route`             | fingerprint (the router reads it), prefix         |
@@ -25,6 +27,7 @@ step writes only the typed fields listed for it (app/proxy/context.py); later st
 | 8  | track       | prefix stage `after_response`           | prefix.matched, .predicted_tokens, .observation   |
 |    |             |                                         | (in a task: continuity, diagnosis, residency)     |
 | 8b | trace end   | tracing stage `after_response`          | span -> None (waits for prefix.observation)       |
+| 8c | remember    | responses_stage.py `remember`           | (Store: response id -> replica, in a task)        |
 | 9  | record      | app/proxy/record.py                     | content_chunks; the request's metrics             |
 
 Steps 5-7 are one attempt: forward() routes again to a replica not yet tried while nothing has
@@ -43,11 +46,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from app.pipeline.body import client_wants_usage, forwarded_body
+from app.pipeline.responses_stage import ResponseOwners, response_id_of_path
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.forward import Mode, forward
 from app.proxy.record import record_request
-from app.routing.base import RouteRequest
+from app.proxy.upstream import UpstreamError
+from app.routing.base import NoReplicaAvailable, RouteRequest
 
 if TYPE_CHECKING:
     from app.server import Services
@@ -62,12 +67,17 @@ class RequestPipeline:
 
     def __init__(self, services: Services) -> None:
         self.services = services
+        self.responses = ResponseOwners(services)
 
     async def run(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
         """Steps 1-7 for chat/completions. Raises ProxyError (or the last upstream error) when
         nothing was sent to the client yet; the adapter turns it into an OpenAI-shaped error."""
         services = self.services
         self._admit(ctx)  # 1
+        responses = ctx.route == "responses"
+        previous = ctx.body.get("previous_response_id") if responses else None
+        if isinstance(previous, str):  # 1b: the replica that holds it, or its 404
+            ctx.pinned_replica = await self.responses.pin(previous)
         if services.hygiene is not None:
             await services.hygiene.before_route(ctx)  # 2
         if services.prefix is not None:
@@ -76,26 +86,41 @@ class RequestPipeline:
             await services.tracing.before_route(ctx)  # 3b
         for hook in services.hooks:
             await hook.before_route(ctx)
-        drop_usage = ctx.stream and not client_wants_usage(ctx.body)
+        drop_usage = ctx.stream and not responses and not client_wants_usage(ctx.body)
         body = forwarded_body(raw, ctx.body, changed=ctx.body_changed, salt=ctx.salt,  # 4
                               include_usage=drop_usage)
         fp = ctx.fingerprint
         estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else len(body) // BYTES_PER_TOKEN_ESTIMATE
-        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate)
+        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate, pinned=ctx.pinned_replica)
         mode: Mode = "stream" if ctx.stream else "buffered"
-        await forward(services, ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
-                      mode=mode, drop_usage=drop_usage)
+        try:
+            await forward(services, ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
+                          mode=mode, drop_usage=drop_usage)
+        except (UpstreamError, NoReplicaAvailable) as exc:
+            if ctx.pinned_replica is None or not isinstance(previous, str):
+                raise
+            raise self.responses.unreachable(previous, exc) from exc
 
     async def passthrough(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock, *,
                           method: str, path: str) -> None:
         """Steps 5-7 for any other /v1/* path: the client's bytes, routed and relayed as they are."""
-        request = RouteRequest(ctx.tenant, None, ctx.session_id, None, len(raw) // BYTES_PER_TOKEN_ESTIMATE)
-        await forward(self.services, ctx, send, raw, request, clock, method=method, path=path, mode="raw")
+        response_id = response_id_of_path(ctx.path)
+        pinned = await self.responses.pin(response_id) if response_id is not None else None
+        request = RouteRequest(ctx.tenant, None, ctx.session_id, None, len(raw) // BYTES_PER_TOKEN_ESTIMATE,
+                               pinned=pinned)
+        try:
+            await forward(self.services, ctx, send, raw, request, clock, method=method, path=path, mode="raw")
+        except (UpstreamError, NoReplicaAvailable) as exc:
+            if pinned is None or response_id is None:
+                raise
+            raise self.responses.unreachable(response_id, exc) from exc
 
     def finish(self, ctx: RequestContext, clock: StreamClock) -> None:
         """Steps 8-9, once the response ended (any outcome). A failing observer is logged, never
         allowed to break the proxy or the steps after it."""
         services = self.services
+        if ctx.route == "responses":
+            self.responses.remember(ctx)  # 8c: id -> replica, for previous_response_id / GET / cancel
         for stage in (services.prefix, services.tracing, *services.hooks):  # 8, 8b, observers
             if stage is None:
                 continue

@@ -89,6 +89,8 @@ class RequestContext:
     upstream_failure: UpstreamError | None = None  # the stream broke after its first byte
     delivered_before_disconnect: bool = False  # the client left after it had the whole response
     output_text: str | None = None  # choice 0's generated text (n == 1), bounded
+    response_id: str | None = None  # Responses API: the id the engine gave this response
+    pinned_replica: str | None = None  # Responses API: the replica holding previous_response_id
 
     @property
     def prompt_tokens(self) -> int | None:

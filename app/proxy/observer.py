@@ -111,6 +111,10 @@ class StreamObserver:
         return self.summary.usage
 
     @property
+    def response_id(self) -> str | None:
+        return self.summary.response_id
+
+    @property
     def collect_text(self) -> bool:
         return self.summary.collect_text
 
@@ -125,7 +129,7 @@ class StreamSummary:
     fast path in bytes (`add_events`), folded a batch at a time. Stream order throughout."""
 
     __slots__ = ("shape", "collect_text", "max_chars", "text_parts", "text_len", "usage", "done", "error",
-                 "_buf", "_buf_len", "_parser")
+                 "_buf", "_buf_len", "_parser", "response_id")
 
     def __init__(self, shape: StreamShape, collect_text: bool, max_chars: int) -> None:
         self.shape = shape
@@ -139,6 +143,7 @@ class StreamSummary:
         self._buf: list[bytes] = []
         self._buf_len = 0
         self._parser: SSEParser | None = None  # set once a batch needed the full parser
+        self.response_id: str | None = None
 
     def take(self, chunk: Chunk) -> None:
         if chunk.done:
@@ -147,6 +152,8 @@ class StreamSummary:
             self.error = chunk.error
         if chunk.usage is not None:
             self.usage = chunk.usage
+        if chunk.response_id is not None:
+            self.response_id = chunk.response_id
         if chunk.text and self.collect_text and self.text_len < self.max_chars:
             self.text_parts.append(chunk.text)
             self.text_len += len(chunk.text)

@@ -18,6 +18,8 @@ import orjson
 
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver
+from app.proxy.responses_shape import chat_usage
+from app.proxy.responses_shape import output_text as responses_output_text
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
 
 Send = Any  # ASGI send callable
@@ -87,6 +89,7 @@ async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first:
 
 def _take_results(ctx: RequestContext, observer: StreamObserver) -> None:
     ctx.usage = observer.usage
+    ctx.response_id = observer.response_id
     if observer.collect_text:
         ctx.output_text = observer.output_text
 
@@ -140,7 +143,9 @@ async def relay_buffered(ctx: RequestContext, resp: aiohttp.ClientResponse, firs
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
             payload = None
-        if isinstance(payload, dict):
+        if isinstance(payload, dict) and ctx.route == "responses":
+            _take_response(ctx, payload)
+        elif isinstance(payload, dict):
             usage = payload.get("usage")
             ctx.usage = usage if isinstance(usage, dict) else None
             text = output_text_of(payload, ctx.route)
@@ -150,6 +155,16 @@ async def relay_buffered(ctx: RequestContext, resp: aiohttp.ClientResponse, firs
     headers = response_headers(resp, ctx) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _take_response(ctx: RequestContext, payload: dict[str, Any]) -> None:
+    """A whole Responses API object: usage under the chat names, output text, id."""
+    ctx.usage = chat_usage(payload.get("usage"))
+    text = responses_output_text(payload)
+    if text is not None:
+        ctx.output_text = text[:MAX_OUTPUT_CHARS]
+    if isinstance(payload.get("id"), str):
+        ctx.response_id = payload["id"]
 
 
 async def relay_raw(ctx: RequestContext, resp: aiohttp.ClientResponse, first: bytes, send: Send) -> None:

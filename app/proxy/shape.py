@@ -25,6 +25,7 @@ class Chunk:
     usage: dict[str, Any] | None = None
     usage_only: bool = False  # the usage-only event the proxy may have asked for (and then drops)
     parsed: bool = True
+    response_id: str | None = None  # the id a stateful API (Responses) gave the response
 
 
 class StreamShape(Protocol):

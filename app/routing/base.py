@@ -44,6 +44,7 @@ class RouteRequest:
     session_id: str | None
     fingerprint: Fingerprint | None
     prompt_tokens_estimate: int
+    pinned: str | None = None  # the only replica that can answer (Responses API: it holds the id)
 
 
 @dataclass

@@ -29,7 +29,14 @@ def serves_model(replicas: list[Replica], request: RouteRequest) -> list[Replica
     return [r for r in replicas if r.models is not None and request.model in r.models]
 
 
-DEFAULT_FILTERS: tuple[Filter, ...] = (healthy, serves_model)
+def pinned(replicas: list[Replica], request: RouteRequest) -> list[Replica]:
+    """Only the replica the request is pinned to (a stored Responses API id lives there alone)."""
+    if request.pinned is None:
+        return replicas
+    return [r for r in replicas if r.name == request.pinned]
+
+
+DEFAULT_FILTERS: tuple[Filter, ...] = (healthy, serves_model, pinned)
 
 
 def candidates(replicas: ReplicaSet, request: RouteRequest, exclude: frozenset[str] = frozenset(),

@@ -49,6 +49,7 @@ class SimOptions:
     reasoning_tokens: int = 0  # first N generated tokens are streamed as reasoning
     crash_above_tokens: int | None = None
     seed: int = 0
+    responses_store: bool = True  # keep /v1/responses answers (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)
 
     def __post_init__(self) -> None:
         if self.flavor not in ("vllm", "sglang"):

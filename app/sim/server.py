@@ -14,6 +14,7 @@ from typing import Any
 
 from app.prefix.template import TemplateError
 from app.sim import responder
+from app.sim import responses as responses_api
 from app.sim.asgi import ClientGone, Receive, Scope, Send, cut_connection, read_body, send_bytes, send_json
 from app.sim.engine import SimEngine
 from app.sim.faults import FaultPlan, parse_fault
@@ -28,6 +29,7 @@ from app.sim.protocol import (
     parse_completion,
 )
 from app.sim.request import SimRequest
+from app.sim.responses import ResponsesStore, ResponsesWriter
 from app.sim.shapes import Shaper
 from app.sim.tokens import SimTokenizer, load_tokenizer
 
@@ -63,6 +65,8 @@ class SimApp:
             ("POST", "/sim/faults"): self.set_faults, ("GET", "/sim/faults"): self.get_faults,
             ("GET", "/sim/state"): self.state, ("GET", "/kv_event_sources"): self.kv_event_sources,
         }
+        self.responses_store = ResponsesStore(options.responses_store)  # app/sim/responses.py
+        self.routes[("POST", "/v1/responses")] = self.responses
 
     @property
     def kv_events_endpoint(self) -> str | None:
@@ -80,6 +84,9 @@ class SimApp:
             return
         self.engine.start()
         handler = self.routes.get((scope["method"], scope["path"]))
+        if handler is None and scope["path"].startswith("/v1/responses/"):
+            await self.responses_store.by_id(scope["method"], scope["path"], send)
+            return
         if handler is None:
             known = any(path == scope["path"] for _, path in self.routes)
             status = 405 if known else 404
@@ -207,6 +214,9 @@ class SimApp:
     async def completion(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._generate("completion", receive, send)
 
+    async def responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate("responses", receive, send)
+
     def _tokenize_sync(self, parsed: ParsedRequest) -> list[int]:
         if parsed.prompt_ids is not None:
             return parsed.prompt_ids
@@ -244,7 +254,12 @@ class SimApp:
         o = self.options
         try:
             body = load_json(raw)
-            parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
+            messages: list[dict[str, Any]] = []
+            if kind == "responses":
+                chat_body, messages = self.responses_store.chat_body(body)
+                parsed = parse_chat(chat_body, o.model)
+            else:
+                parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
             ids = await self._tokenize(parsed, len(raw))
             max_tokens = check_length(len(ids), parsed.max_tokens, o.max_model_len)
             capacity = (o.pool_blocks - 1) * o.page_size
@@ -273,6 +288,17 @@ class SimApp:
         die_after = fault.after_chunks if fault is not None and fault.mode == "die_midstream" else None
         watcher = asyncio.get_running_loop().create_task(self._watch(receive, req))
         try:
+            if kind == "responses":
+                writer = ResponsesWriter(o.model, body)
+                cached_on = o.enable_prompt_tokens_details
+                if parsed.stream:
+                    final = await responses_api.stream(writer, req, send, receive, die_after, cached_on,
+                                                       o.deltas_per_chunk, self.engine.abort)
+                else:
+                    final = await responses_api.respond(writer, req, send, receive, die_after, cached_on)
+                if final is not None:
+                    self.responses_store.keep(body, final, messages)
+                return
             shaper = Shaper(kind, o.model, o.flavor)
             if parsed.stream:
                 await responder.stream(self.engine, parsed, req, shaper, send, receive, die_after)

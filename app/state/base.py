@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+RESPONSE_OWNER_KEY = "response:"  # binding-key prefix of response owners (never a session/tenant key)
+
+
+def response_owner_key(response_id: str) -> str:
+    return RESPONSE_OWNER_KEY + response_id
+
 
 class Store(Protocol):
     async def start(self) -> None: ...
@@ -37,6 +43,11 @@ class Store(Protocol):
     # bindings: key (session or tenant) -> replica name
     async def binding_get(self, key: str) -> str | None: ...
     async def binding_set(self, key: str, replica: str) -> None: ...
+
+    # response owners (Responses API `store`): response id -> the replica that holds it, a
+    # binding in its own key space (same TTL and bounds, shared over Redis like the others)
+    async def response_owner_get(self, response_id: str) -> str | None: ...
+    async def response_owner_set(self, response_id: str, replica: str) -> None: ...
 
     # tenant history: recent chains per tenant (bounded), and report counters
     async def history_append(self, tenant: str, record: dict) -> None: ...

@@ -17,6 +17,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from app.state.base import response_owner_key
+
 DEFAULT_CAPACITY_BLOCKS = 4096
 DEFAULT_TTL_S = 3600.0
 DEFAULT_HISTORY = 64
@@ -225,6 +227,12 @@ class MemoryStore:
         self._bindings.move_to_end(key)
         while len(self._bindings) > self.max_bindings:
             self._bindings.popitem(last=False)
+
+    async def response_owner_get(self, response_id: str) -> str | None:
+        return await self.binding_get(response_owner_key(response_id))
+
+    async def response_owner_set(self, response_id: str, replica: str) -> None:
+        await self.binding_set(response_owner_key(response_id), replica)
 
     # ------------------------------------------------------------- tenant history and counters
     async def history_append(self, tenant: str, record: dict) -> None:

@@ -1,0 +1,79 @@
+"""The `rewrite` policy on a Responses API body (`POST /v1/responses`).
+
+The findings come from the scan of the chat messages the engine renders (app/prefix/convert_responses.py),
+where `instructions` is message 0. The rewrites are applied to the Responses body itself:
+- move_dynamic: per-request lines of `instructions` move to the end of the last user input (a
+  string input, or the last user message item's text), as on chat; lines found anywhere else are
+  left where they are (nothing moves then);
+- sort_tools / canonical_json: the flat `tools` list, exactly as on chat (app/hygiene/rewrite.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from app.hygiene.findings import DynamicLine
+from app.hygiene.rewrite import (
+    CANONICAL_JSON,
+    MOVE_DYNAMIC,
+    SORT_TOOLS,
+    RewriteOptions,
+    RewriteResult,
+    _cut_lines,
+    canonical_json,
+    sort_tools,
+)
+
+
+def _append_to_last_user(items: Any, moved: str) -> Any:
+    """`input` with `moved` appended to its last user text; None when there is no user text."""
+    if isinstance(items, str):
+        return items + ("\n" if items.endswith("\n") else "\n\n") + moved if items else moved
+    if not isinstance(items, list):
+        return None
+    for i in range(len(items) - 1, -1, -1):
+        item = items[i]
+        if not isinstance(item, dict) or item.get("role") != "user" or item.get("type", "message") != "message":
+            continue
+        content = item.get("content")
+        if isinstance(content, str):
+            new = {**item, "content": content + ("\n" if content.endswith("\n") else "\n\n") + moved}
+        elif isinstance(content, list):
+            new = {**item, "content": [*content, {"type": "input_text", "text": moved}]}
+        else:
+            return None
+        return [*items[:i], new, *items[i + 1:]]
+    return None
+
+
+def _move_instructions(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> dict[str, Any] | None:
+    instructions = body.get("instructions")
+    if (not isinstance(instructions, str) or not instructions or not lines or opts.move_target != "last_user"
+            or len(lines) > opts.max_moved_lines
+            or not all(ln.message == 0 and ln.part is None and ln.movable for ln in lines)):
+        return None
+    ordered = sorted(lines, key=lambda ln: ln.start)
+    items = _append_to_last_user(body.get("input"), "\n".join(instructions[ln.start:ln.end] for ln in ordered))
+    if items is None:
+        return None
+    return {**body, "instructions": _cut_lines(instructions, ordered), "input": items}
+
+
+def apply_responses_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> RewriteResult:
+    """Every enabled rewrite that changes the Responses body, in the chat order."""
+    kinds: list[str] = []
+    moved = 0
+    if opts.move_dynamic and lines:
+        changed = _move_instructions(body, lines, opts)
+        if changed is not None:
+            body, moved = changed, len(lines)
+            kinds.append(MOVE_DYNAMIC)
+    for enabled, rewrite, kind in ((opts.canonical_json, canonical_json, CANONICAL_JSON),
+                                   (opts.sort_tools, sort_tools, SORT_TOOLS)):
+        if enabled:
+            result = rewrite(body)
+            if result is not None:
+                body = result
+                kinds.append(kind)
+    return RewriteResult(body, tuple(kinds), moved)
