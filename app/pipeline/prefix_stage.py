@@ -101,6 +101,16 @@ class PrefixStage:
                 return int(replica.block_size)
         return int(self.settings.routing.block_size)
 
+    def engine_strips_billing(self) -> bool:
+        """Whether the engine drops Claude Code's billing-header block from a /v1/messages system
+        prompt before tokenising: vLLM does, SGLang does not (docs/agents-apis.md). `auto` reads
+        the replicas' engine kinds (a fleet of SGLang only: no)."""
+        choice = self.settings.prefix.billing_header
+        if choice != "auto":
+            return choice == "strip"
+        kinds = {r.engine for r in self.services.replicas.all() if r.engine in ("vllm", "sglang")}
+        return kinds != {"sglang"}
+
     def memory_bytes(self) -> dict[str, int]:
         """Bytes each budgeted part holds now (prefixgate_memory_used_bytes{part})."""
         return {**self.fingerprinter.memory_bytes(), "tracker_hashes": self.tracker.hash_bytes,
@@ -109,7 +119,7 @@ class PrefixStage:
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
-        inp = prompt_input(ctx.route, ctx.body)
+        inp = prompt_input(ctx.route, ctx.body, strip_billing=self.engine_strips_billing())
         if inp is None:
             return
         try:

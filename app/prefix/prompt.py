@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.prefix.convert_messages import chat_view
 from app.prefix.template import ChatTemplate
 
 PromptKind = Literal["chat", "completions", "ids"]
@@ -34,8 +35,14 @@ class PromptInput:
     body: Mapping[str, Any] | None = None  # the request body (engine mode sends it to /tokenize)
 
 
-def prompt_input(route: str, body: Mapping[str, Any]) -> PromptInput | None:
-    """Extract the prompt from an OpenAI request body (None when there is nothing to fingerprint)."""
+def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True) -> PromptInput | None:
+    """Extract the prompt from a request body (None when there is nothing to fingerprint).
+
+    `route="messages"` (Anthropic) is read as the chat body the engine converts it to
+    (app/prefix/convert_messages.py); `strip_billing`: the engine drops Claude Code's billing
+    header block there (vLLM does, SGLang does not)."""
+    if route == "messages":
+        return prompt_input("chat", chat_view(body, strip_billing))
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:

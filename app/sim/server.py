@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.prefix.template import TemplateError
-from app.sim import responder
+from app.sim import anthropic, responder
 from app.sim.asgi import ClientGone, Receive, Scope, Send, cut_connection, read_body, send_bytes, send_json
 from app.sim.engine import SimEngine
 from app.sim.faults import FaultPlan, parse_fault
@@ -60,6 +60,7 @@ class SimApp:
             ("POST", "/reset_prefix_cache"): self.reset_prefix_cache,
             ("POST", "/flush_cache"): self.reset_prefix_cache, ("GET", "/flush_cache"): self.reset_prefix_cache,
             ("POST", "/v1/chat/completions"): self.chat, ("POST", "/v1/completions"): self.completion,
+            ("POST", "/v1/messages"): self.messages, ("POST", "/v1/messages/count_tokens"): self.count_tokens,
             ("POST", "/sim/faults"): self.set_faults, ("GET", "/sim/faults"): self.get_faults,
             ("GET", "/sim/state"): self.state, ("GET", "/kv_event_sources"): self.kv_event_sources,
         }
@@ -207,6 +208,21 @@ class SimApp:
     async def completion(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._generate("completion", receive, send)
 
+    async def messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate("messages", receive, send)
+
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Anthropic's count_tokens: the prompt's tokens as the Messages route renders it."""
+        raw = await read_body(receive)
+        try:
+            parsed = anthropic.parse_messages(load_json(raw), self.options.model,
+                                              self.options.strip_billing_header, count_only=True)
+            ids = await self._tokenize(parsed, len(raw))
+        except ApiError as exc:
+            await send_json(send, exc.status, anthropic.error_body(exc))
+            return
+        await send_json(send, 200, {"input_tokens": len(ids)})
+
     def _tokenize_sync(self, parsed: ParsedRequest) -> list[int]:
         if parsed.prompt_ids is not None:
             return parsed.prompt_ids
@@ -229,12 +245,16 @@ class SimApp:
         arrival = time.monotonic()
         raw = await read_body(receive)
         fault = self.faults.take()
+
+        def shaped(exc: ApiError) -> Any:  # the route's own error shape
+            return anthropic.error_body(exc) if kind == "messages" else exc.body()
+
         if self.engine.dead:
-            await send_json(send, 500, ApiError(500, "EngineCore encountered an issue.").body())
+            await send_json(send, 500, shaped(ApiError(500, "EngineCore encountered an issue.")))
             return
         if fault is not None:
             if fault.mode == "error":
-                await send_json(send, fault.status, ApiError(fault.status, "Simulated engine failure.").body())
+                await send_json(send, fault.status, shaped(ApiError(fault.status, "Simulated engine failure.")))
                 return
             if fault.mode == "drop":
                 await cut_connection(send, receive)
@@ -244,7 +264,10 @@ class SimApp:
         o = self.options
         try:
             body = load_json(raw)
-            parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
+            if kind == "messages":
+                parsed = anthropic.parse_messages(body, o.model, o.strip_billing_header)
+            else:
+                parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
             ids = await self._tokenize(parsed, len(raw))
             max_tokens = check_length(len(ids), parsed.max_tokens, o.max_model_len)
             capacity = (o.pool_blocks - 1) * o.page_size
@@ -255,12 +278,12 @@ class SimApp:
                                     f"({capacity} tokens = {o.pool_blocks - 1} blocks of {o.page_size}).",
                                "messages")
         except ApiError as exc:
-            await send_json(send, exc.status, exc.body())
+            await send_json(send, exc.status, shaped(exc))
             return
         if o.crash_above_tokens is not None and len(ids) > o.crash_above_tokens:
             self.engine.dead = True
-            await send_json(send, 500, ApiError(500, "EngineCore encountered an issue. See stack trace "
-                                                      "(above) for the root cause.").body())
+            await send_json(send, 500, shaped(ApiError(500, "EngineCore encountered an issue. See stack trace "
+                                                             "(above) for the root cause.")))
             return
         req = SimRequest(ids, max_tokens, min_tokens=parsed.min_tokens, ignore_eos=parsed.ignore_eos,
                          cache_salt=parsed.cache_salt, streaming=parsed.stream, arrival=arrival,
@@ -273,6 +296,10 @@ class SimApp:
         die_after = fault.after_chunks if fault is not None and fault.mode == "die_midstream" else None
         watcher = asyncio.get_running_loop().create_task(self._watch(receive, req))
         try:
+            if kind == "messages":
+                writer = anthropic.stream if parsed.stream else anthropic.respond
+                await writer(self.engine, req, parsed.model, send, receive, die_after)
+                return
             shaper = Shaper(kind, o.model, o.flavor)
             if parsed.stream:
                 await responder.stream(self.engine, parsed, req, shaper, send, receive, die_after)

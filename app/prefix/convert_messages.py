@@ -1,0 +1,172 @@
+"""Anthropic Messages bodies as the chat messages the engine renders (docs/agents-apis.md).
+
+vLLM serves `/v1/messages` by converting the body to a chat-completions request and applying the
+chat template to that; the proxy must render the same messages or its block hashes (and so its
+predictions and diagnosis) are wrong. The rules, as docs/agents-apis.md records them:
+
+- `system` (a string, or text blocks) and the text of any `role: "system"` entries inside
+  `messages` become ONE leading system message, the parts concatenated with no separator;
+  empty text blocks are skipped.
+- vLLM drops a system text block that starts with `x-anthropic-billing-header` (Claude Code's
+  per-request attribution, whose `cch=` hash changes every turn); SGLang keeps it. `strip_billing`
+  says which engine the prompt is rendered for.
+- Other messages keep their role (`ctx` / `msg`, which newer Claude Code sends, read as `user`);
+  a string content stays a string; block content becomes text / image_url parts (one text part
+  collapses to a string), `thinking` to `reasoning`, `tool_use` to `tool_calls` (arguments as
+  Python `json.dumps` of the input), a user `tool_result` to its own `role: "tool"` message placed
+  before the user message it came in, an assistant one to a `Tool result: ...` text part. A user
+  message left without content is dropped.
+- `tools` become `{"type": "function", "function": {name, description, parameters}}` with
+  `input_schema` as parameters (`type: object` added when absent).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+BILLING_PREFIX = "x-anthropic-billing-header"
+_ROLE_ALIASES = {"ctx": "user", "msg": "user"}
+
+
+def is_billing_block(block: Any) -> bool:
+    """A system text block holding Claude Code's billing header (vLLM's test: the text starts so)."""
+    return (isinstance(block, Mapping) and block.get("type") == "text"
+            and isinstance(block.get("text"), str) and block["text"].startswith(BILLING_PREFIX))
+
+
+def _system_texts(content: Any, strip_billing: bool) -> list[str]:
+    if isinstance(content, str):
+        return [content] if content else []
+    out: list[str] = []
+    if isinstance(content, list):
+        for block in content:
+            if not (isinstance(block, Mapping) and block.get("type") == "text"):
+                continue
+            text = block.get("text")
+            if not isinstance(text, str) or not text or (strip_billing and is_billing_block(block)):
+                continue
+            out.append(text)
+    return out
+
+
+def _image_url(source: Any) -> str:
+    if not isinstance(source, Mapping):
+        return ""
+    if source.get("type") == "url":
+        return str(source.get("url", ""))
+    return f"data:{source.get('media_type', 'image/jpeg')};base64,{source.get('data', '')}"
+
+
+def _tool_result_message(block: Mapping[str, Any], out: list[dict[str, Any]]) -> None:
+    content = block.get("content")
+    images: list[str] = []
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts: list[str] = []
+        for item in content:
+            if not isinstance(item, Mapping):
+                continue
+            if item.get("type") == "text":
+                parts.append(str(item.get("text", "")))
+            elif item.get("type") == "image":
+                url = _image_url(item.get("source", {}))
+                if url:
+                    images.append(url)
+        text = "\n".join(parts)
+    else:
+        text = ""
+    out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "", "content": text or ""})
+    if images:
+        out.append({"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in images]})
+
+
+def _convert_blocks(role: str, blocks: list[Any], message: dict[str, Any], out: list[dict[str, Any]]) -> None:
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    for block in blocks:
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        if kind == "text" and block.get("text"):
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and block.get("source"):
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block["source"])}})
+        elif kind == "thinking" and block.get("thinking") is not None:
+            reasoning.append(str(block["thinking"]))
+        elif kind == "tool_use":
+            calls.append({"id": block.get("id") or "", "type": "function",
+                          "function": {"name": block.get("name") or "",
+                                       "arguments": json.dumps(block.get("input") or {})}})
+        elif kind == "tool_result":
+            if role == "user":
+                _tool_result_message(block, out)
+            else:
+                content = block.get("content")
+                parts.append({"type": "text", "text": f"Tool result: {str(content) if content else ''}"})
+    if reasoning:
+        message["reasoning"] = "".join(reasoning)
+    if calls:
+        message["tool_calls"] = calls
+    if parts:
+        message["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
+
+
+def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Anthropic tools as chat-completions function tools (None when there are none)."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        schema = tool.get("input_schema")
+        schema = dict(schema) if isinstance(schema, Mapping) else {}
+        schema.setdefault("type", "object")
+        function: dict[str, Any] = {"name": tool.get("name", "")}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        function["parameters"] = schema
+        out.append({"type": "function", "function": function})
+    return out or None
+
+
+def convert_messages(body: Mapping[str, Any], strip_billing: bool = True) -> list[dict[str, Any]]:
+    """The chat messages the engine renders for a Messages body (see the module docstring)."""
+    messages = body.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    system = _system_texts(body.get("system"), strip_billing)
+    for msg in messages:
+        if isinstance(msg, Mapping) and msg.get("role") == "system":
+            system += _system_texts(msg.get("content"), strip_billing)
+    out: list[dict[str, Any]] = [{"role": "system", "content": "".join(system)}] if system else []
+    for msg in messages:
+        if not isinstance(msg, Mapping) or msg.get("role") == "system":
+            continue
+        role = str(msg.get("role"))
+        role = _ROLE_ALIASES.get(role, role)
+        converted: dict[str, Any] = {"role": role}
+        content = msg.get("content")
+        if isinstance(content, str):
+            converted["content"] = content
+        elif isinstance(content, list):
+            _convert_blocks(role, content, converted, out)
+        if not (role == "user" and "content" not in converted):
+            out.append(converted)
+    return out
+
+
+def chat_view(body: Mapping[str, Any], strip_billing: bool = True) -> dict[str, Any]:
+    """The chat-completions body the engine builds from a Messages body: the keys that shape the
+    prompt (messages, tools, chat_template_kwargs, model)."""
+    view: dict[str, Any] = {"model": body.get("model"), "messages": convert_messages(body, strip_billing)}
+    tools = convert_tools(body.get("tools"))
+    if tools:
+        view["tools"] = tools
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, Mapping):
+        view["chat_template_kwargs"] = dict(kwargs)
+    return view
