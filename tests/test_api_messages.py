@@ -230,3 +230,46 @@ def test_billing_header_through_chat_completions(sim_factory, proxy_factory, pol
         assert headers[1]["x-prefixgate-rewrites"] == "strip_billing_header"
         assert "x-prefixgate-hygiene" not in headers[1]
         assert usages[1].prompt_tokens_details.cached_tokens >= usages[1].prompt_tokens - 16
+
+
+def test_affinity_keeps_the_session_on_one_replica_and_retries_before_the_first_byte(sim_factory,
+                                                                                     proxy_factory) -> None:
+    sim = sim_factory(replicas=2, time_scale=0.0, kv_blocks=100_000)
+    proxy = proxy_factory(sim)
+    hook = proxy.services.prefix
+    client = client_for(proxy)
+    backends = []
+    history: list[dict[str, Any]] = []
+    for turn in range(3):
+        history.append({"role": "user", "content": f"Turn {turn}?"})
+        raw = client.messages.with_raw_response.create(
+            model="sim", max_tokens=6, system=[billing(turn), {"type": "text", "text": STATIC}], tools=TOOLS,
+            messages=history, extra_headers={"x-tenant-id": "cc"})
+        backends.append(raw.headers["x-prefixgate-backend"])
+        history.append({"role": "assistant", "content": raw.parse().content[0].text})
+        wait_processed(hook, turn + 1)
+    assert len(set(backends)) == 1  # prefix affinity: the session's blocks live there
+    assert [p for _, _, p, _ in hook.predictions] == [d for _, _, _, d in hook.predictions]
+    # the home replica refuses once (503 before any byte): the request is retried on the other one
+    home = [r.name for r in proxy.services.replicas.all()].index(backends[0])
+    httpx.post(sim.urls[home] + "/sim/faults", json={"mode": "error", "status": 503, "count": 1}, timeout=10)
+    history.append({"role": "user", "content": "One more?"})
+    with client.messages.stream(model="sim", max_tokens=6, messages=history, tools=TOOLS,
+                                system=[billing(3), {"type": "text", "text": STATIC}],
+                                extra_headers={"x-tenant-id": "cc"}) as s:
+        assert "".join(s.text_stream)
+    proxy.settle()
+    assert proxy.sample("prefixgate_upstream_errors_total", backend=backends[0], kind="status_5xx") == 1
+    assert proxy.sample("prefixgate_requests_total", route="messages", status="200") == 4
+
+
+def test_api_keys_name_the_tenant_and_refuse_in_anthropic_shape(sim_factory, proxy_factory) -> None:
+    sim = sim_factory(replicas=1, time_scale=0.0)
+    proxy = proxy_factory(sim, tenants={"api_keys": {"sk-team-a": "team-a"}})
+    ok = anthropic.Anthropic(base_url=proxy.url, api_key="sk-team-a", max_retries=0)  # sent as x-api-key
+    ok.messages.create(model="sim", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="team-a") > 0
+    bad = anthropic.Anthropic(base_url=proxy.url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        bad.messages.create(model="sim", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body["error"]["type"] == "authentication_error"
