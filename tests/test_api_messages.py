@@ -40,13 +40,17 @@ def wait_processed(hook: Any, n: int, timeout: float = 20.0) -> None:
 
 def session(client: anthropic.Anthropic, tenant: str, turns: int, hook: Any, start: int = 0) -> list[Any]:
     """A Claude-Code-shaped session: billing header + static system blocks, 22 tools, a growing
-    history with a tool_use / tool_result round trip. Returns each turn's final usage."""
+    history with a tool_use / tool_result round trip and an inline system reminder. Returns each
+    turn's final usage."""
     history: list[dict[str, Any]] = []
     usages = []
     for turn in range(turns):
         if turn == 1:
             history.append({"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": "toolu_0", "content": "file contents: def f(): pass"}]})
+        if turn == 2:  # an inline system reminder: rendered in place (the template accepts it)
+            history.append({"role": "system", "content": [{"type": "text", "text": "<system-reminder>tests "
+                                                                                   "changed</system-reminder>"}]})
         history.append({"role": "user", "content": [{"type": "text", "text": f"Turn {turn}: fix the failing test."}]})
         with client.messages.stream(model="sim", max_tokens=12, system=[billing(turn), {"type": "text", "text": STATIC}],
                                     tools=TOOLS, messages=history, extra_headers={"x-tenant-id": tenant}) as s:
@@ -59,6 +63,11 @@ def session(client: anthropic.Anthropic, tenant: str, turns: int, hook: Any, sta
         history.append({"role": "assistant", "content": content})
         wait_processed(hook, start + turn + 1)
     return usages
+
+
+def prompt_of(u: Any) -> int:
+    """Anthropic usage: input_tokens excludes cache reads and writes, the prompt is the sum."""
+    return u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0)
 
 
 def client_for(proxy: Any) -> anthropic.Anthropic:
@@ -84,12 +93,13 @@ def test_vllm_mode_predicts_exactly_and_reports_no_break(sim_factory, proxy_fact
     rows = list(hook.predictions)
     assert [p for _, _, p, _ in rows] == [d for _, _, _, d in rows]
     assert [u.cache_read_input_tokens for u in usages] == [d for _, _, _, d in rows]
-    assert all(u.cache_read_input_tokens > 0.9 * (u.input_tokens + u.cache_read_input_tokens) for u in usages[1:])
+    assert all(u.cache_read_input_tokens > 0.9 * prompt_of(u) for u in usages[1:])
     assert breaks(proxy, "cc") == {}  # the engine drops the billing header: nothing breaks
     # the client still sends it: a finding per request
     assert proxy.sample("prefixgate_hygiene_findings_total", tenant="cc", kind="dynamic_head") == 4
     # Anthropic usage in the metrics: prompt = input + cache_read + cache_creation, cached = cache_read
-    prompt = sum(u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens for u in usages)
+    prompt = sum(prompt_of(u) for u in usages)
+    assert all(u.cache_creation_input_tokens > 0 for u in usages)  # the engine reports cache writes
     assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="cc") == prompt
     assert proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="cc", source="engine") == \
         sum(u.cache_read_input_tokens for u in usages)
@@ -105,7 +115,7 @@ def test_keeping_engine_breaks_at_the_billing_header_unless_rewritten(sim_factor
     usages = session(client_for(proxy), "cc", 4, hook)
     rows = list(hook.predictions)
     assert [p for _, _, p, _ in rows] == [d for _, _, _, d in rows]  # predictions exact in both policies
-    ratios = [u.cache_read_input_tokens / (u.input_tokens + u.cache_read_input_tokens) for u in usages[1:]]
+    ratios = [u.cache_read_input_tokens / prompt_of(u) for u in usages[1:]]
     if policy == "observe":
         assert max(ratios) < 0.05  # the cch= value changes at the head of every prompt
         assert breaks(proxy, "cc") == {"dynamic_head": 3}
@@ -138,8 +148,8 @@ def test_non_streamed_usage_and_count_tokens(sim_factory, proxy_factory) -> None
     counted = client.messages.count_tokens(**kwargs).input_tokens
     first = client.messages.create(max_tokens=6, **kwargs, extra_headers={"x-tenant-id": "t"})
     second = client.messages.create(max_tokens=6, **kwargs, extra_headers={"x-tenant-id": "t"})
-    assert first.usage.input_tokens == counted and first.usage.cache_read_input_tokens == 0
-    assert second.usage.input_tokens + second.usage.cache_read_input_tokens == counted
+    assert prompt_of(first.usage) == counted and first.usage.cache_read_input_tokens == 0
+    assert prompt_of(second.usage) == counted
     assert second.usage.cache_read_input_tokens >= counted - 16
     assert first.content[0].type == "text" and first.content[0].text
     assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="t") == 2 * counted
@@ -163,7 +173,7 @@ def test_cache_isolation_on_the_messages_route(sim_factory, proxy_factory, monke
 
     alice, bob, alice2 = ask("alice"), ask("bob"), ask("alice")
     assert alice.cache_read_input_tokens == 0 and bob.cache_read_input_tokens == 0  # zero shared blocks
-    assert alice2.cache_read_input_tokens >= alice2.input_tokens + alice2.cache_read_input_tokens - 16
+    assert alice2.cache_read_input_tokens >= prompt_of(alice2) - 16
     wait_processed(proxy.services.prefix, 3)
     assert sorted(p for _, _, p, _ in proxy.services.prefix.predictions) == [0, 0, alice2.cache_read_input_tokens]
 

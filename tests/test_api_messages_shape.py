@@ -10,7 +10,7 @@ import pytest
 
 from app.hygiene.findings import BILLING_HEADER, DYNAMIC_HEAD, billing_header_finding
 from app.hygiene.rewrite import strip_billing_header
-from app.prefix.convert_messages import chat_view, convert_messages
+from app.prefix.convert_messages import chat_view, convert_messages, convert_tools
 from app.proxy.anthropic_shape import AnthropicShape, openai_usage
 from app.proxy.clock import StreamClock
 from app.proxy.context import Timings
@@ -108,6 +108,8 @@ def test_conversion_follows_the_engine() -> None:
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
                 {"type": "text", "text": "l1"}, {"type": "text", "text": "l2"}]},
                 {"type": "text", "text": "go on"}]},
+            {"role": "system", "content": [{"type": "text", "text": BILLING}, {"type": "text", "text": "Reminder."}]},
+            {"role": "system", "content": BILLING},
             {"role": "ctx", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "ok"}]},
         ],
@@ -121,12 +123,21 @@ def test_conversion_follows_the_engine() -> None:
                          "function": {"name": "read", "arguments": json.dumps({"p": "a"})}}]},
         {"role": "tool", "tool_call_id": "t1", "content": "l1\nl2"},
         {"role": "user", "content": "go on"},
+        {"role": "system", "content": "Reminder."},  # in place, its billing block dropped; the other one dropped
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "tool", "tool_call_id": "t2", "content": "ok"},  # the user message itself had no content
     ]
-    assert convert_messages(body, strip_billing=False)[0]["content"] == BILLING + "You are helpful. Be brief."
-    assert chat_view(body)["tools"] == [{"type": "function", "function": {
+    kept = convert_messages(body, strip_billing=False)
+    assert kept[0]["content"] == BILLING + "You are helpful. Be brief."
+    assert [m["content"] for m in kept if m["role"] == "system"][1:] == [BILLING + "Reminder.", BILLING]
+    merged = convert_messages(body, merge_inline_system=True)  # a system-first template
+    assert merged[0]["content"] == "You are helpful. Be brief.Reminder."
+    assert [m["role"] for m in merged].count("system") == 1
+    assert chat_view(body)["tools"] == [{"type": "function", "defer_loading": None, "function": {
         "name": "read", "description": "Read a file", "parameters": {"properties": {}, "type": "object"}}}]
+    assert convert_tools([{"name": "x", "input_schema": {"type": "object"}, "strict": True}]) == [
+        {"type": "function", "function": {"name": "x", "description": None, "parameters": {"type": "object"},
+                                          "strict": True}, "defer_loading": None}]
 
 
 def test_billing_header_finding_and_rewrite_on_both_routes() -> None:

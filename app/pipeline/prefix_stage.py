@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
+from app.prefix.convert_messages import requires_system_first
 from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, PromptInput, prompt_input
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
@@ -84,6 +85,7 @@ class PrefixStage:
         self._pending: dict[Hashable, asyncio.Task[ChainTip | None]] = {}
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         self._evictions_seen = 0
+        self._system_first: bool | None = None  # system_first(), once probed
         self.processed = 0  # requests fully processed after their response (tests poll it)
         # (request id, tenant, predicted, engine-reported) of recent requests: for audits and tests
         self.predictions: deque[tuple[str, str, int, int | None]] = deque(maxlen=recent)
@@ -100,6 +102,14 @@ class PrefixStage:
             if replica.block_size:
                 return int(replica.block_size)
         return int(self.settings.routing.block_size)
+
+    def system_first(self) -> bool:
+        """Whether the chat template needs system-first ordering (vLLM then merges a Messages
+        body's inline system messages into the leading one); probed once, as vLLM does."""
+        if self._system_first is None:
+            tokenizer = getattr(self.fingerprinter, "tokenizer", None)
+            self._system_first = requires_system_first(getattr(tokenizer, "template", None))
+        return self._system_first
 
     def engine_strips_billing(self) -> bool:
         """Whether the engine drops Claude Code's billing-header block from a /v1/messages system
@@ -119,7 +129,9 @@ class PrefixStage:
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
-        inp = prompt_input(ctx.route, ctx.body, strip_billing=self.engine_strips_billing())
+        inp = prompt_input(ctx.route, ctx.body, strip_billing=self.engine_strips_billing(),
+                           merge_inline_system=self.system_first()) if ctx.route == "messages" else \
+            prompt_input(ctx.route, ctx.body)
         if inp is None:
             return
         try:

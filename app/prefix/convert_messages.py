@@ -2,22 +2,26 @@
 
 vLLM serves `/v1/messages` by converting the body to a chat-completions request and applying the
 chat template to that; the proxy must render the same messages or its block hashes (and so its
-predictions and diagnosis) are wrong. The rules, as docs/agents-apis.md records them:
+predictions and diagnosis) are wrong. The rules of vLLM 0.32, as docs/agents-apis.md records them:
 
-- `system` (a string, or text blocks) and the text of any `role: "system"` entries inside
-  `messages` become ONE leading system message, the parts concatenated with no separator;
-  empty text blocks are skipped.
+- The top-level `system` (a string, or the text of its non-empty text blocks, concatenated with
+  no separator) is the leading system message.
 - vLLM drops a system text block that starts with `x-anthropic-billing-header` (Claude Code's
-  per-request attribution, whose `cch=` hash changes every turn); SGLang keeps it. `strip_billing`
-  says which engine the prompt is rendered for.
-- Other messages keep their role (`ctx` / `msg`, which newer Claude Code sends, read as `user`);
-  a string content stays a string; block content becomes text / image_url parts (one text part
-  collapses to a string), `thinking` to `reasoning`, `tool_use` to `tool_calls` (arguments as
-  Python `json.dumps` of the input), a user `tool_result` to its own `role: "tool"` message placed
-  before the user message it came in, an assistant one to a `Tool result: ...` text part. A user
-  message left without content is dropped.
-- `tools` become `{"type": "function", "function": {name, description, parameters}}` with
-  `input_schema` as parameters (`type: object` added when absent).
+  per-request attribution, whose `cch=` hash changes every turn), and an inline system message
+  whose string content starts so; SGLang keeps both. `strip_billing` says which engine the
+  prompt is rendered for.
+- `role: "system"` entries inside `messages` stay in place as system messages (their text, billing
+  blocks dropped; nothing when no text is left), or, for a template that requires system-first
+  ordering (`merge_inline_system`), are appended to the leading system text instead.
+- Other messages keep their role (`ctx` / `msg`, which newer Claude Code sends, read as `user` as
+  later vLLM does; 0.32 refuses them); a string content stays a string; block content becomes
+  text / image_url parts (one text part collapses to a string), `thinking` to `reasoning`,
+  `tool_use` to `tool_calls` (arguments as Python `json.dumps` of the input), a user
+  `tool_result` to its own `role: "tool"` message placed before the user message it came in, an
+  assistant one to a `Tool result: ...` text part. A user message left without content is dropped.
+- `tools` become what vLLM's tool model dumps for the template: `{"type": "function", "function":
+  {name, description (null when absent), parameters, [strict], [defer_loading]},
+  "defer_loading": null}`, `input_schema` as parameters (`"type": "object"` added when absent).
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ def _convert_blocks(role: str, blocks: list[Any], message: dict[str, Any], out: 
 
 
 def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Anthropic tools as chat-completions function tools (None when there are none)."""
+    """Anthropic tools as the chat tools vLLM hands the template (None when there are none)."""
     if not isinstance(tools, list) or not tools:
         return None
     out: list[dict[str, Any]] = []
@@ -126,25 +130,41 @@ def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
         schema = tool.get("input_schema")
         schema = dict(schema) if isinstance(schema, Mapping) else {}
         schema.setdefault("type", "object")
-        function: dict[str, Any] = {"name": tool.get("name", "")}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        function["parameters"] = schema
-        out.append({"type": "function", "function": function})
+        function: dict[str, Any] = {"name": tool.get("name", ""), "description": tool.get("description"),
+                                    "parameters": schema}
+        for optional in ("strict", "defer_loading"):
+            if tool.get(optional) is not None:
+                function[optional] = tool[optional]
+        out.append({"type": "function", "function": function, "defer_loading": None})
     return out or None
 
 
-def convert_messages(body: Mapping[str, Any], strip_billing: bool = True) -> list[dict[str, Any]]:
+def _inline_system_text(content: Any, strip_billing: bool) -> str:
+    if isinstance(content, str):
+        return "" if strip_billing and content.startswith(BILLING_PREFIX) else content
+    return "".join(_system_texts(content, strip_billing))
+
+
+def convert_messages(body: Mapping[str, Any], strip_billing: bool = True,
+                     merge_inline_system: bool = False) -> list[dict[str, Any]]:
     """The chat messages the engine renders for a Messages body (see the module docstring)."""
     messages = body.get("messages")
     messages = messages if isinstance(messages, list) else []
-    system = _system_texts(body.get("system"), strip_billing)
-    for msg in messages:
-        if isinstance(msg, Mapping) and msg.get("role") == "system":
-            system += _system_texts(msg.get("content"), strip_billing)
+    system = _system_texts(body.get("system"), strip_billing)  # (a string is never stripped)
+    if merge_inline_system:
+        for msg in messages:
+            if isinstance(msg, Mapping) and msg.get("role") == "system":
+                text = _inline_system_text(msg.get("content"), strip_billing)
+                if text:
+                    system.append(text)
     out: list[dict[str, Any]] = [{"role": "system", "content": "".join(system)}] if system else []
     for msg in messages:
-        if not isinstance(msg, Mapping) or msg.get("role") == "system":
+        if not isinstance(msg, Mapping):
+            continue
+        if msg.get("role") == "system":
+            text = "" if merge_inline_system else _inline_system_text(msg.get("content"), strip_billing)
+            if text:
+                out.append({"role": "system", "content": text})
             continue
         role = str(msg.get("role"))
         role = _ROLE_ALIASES.get(role, role)
@@ -159,10 +179,27 @@ def convert_messages(body: Mapping[str, Any], strip_billing: bool = True) -> lis
     return out
 
 
-def chat_view(body: Mapping[str, Any], strip_billing: bool = True) -> dict[str, Any]:
+_PROBE = [{"role": "system", "content": "t"}, {"role": "user", "content": "t"},
+          {"role": "system", "content": "t"}, {"role": "user", "content": "t"}]
+
+
+def requires_system_first(template: Any) -> bool:
+    """vLLM's test for `merge_inline_system`: the chat template refuses a system message after
+    the first turn (e.g. Qwen's `loop.first` guard), or there is no template."""
+    if template is None:
+        return True
+    try:
+        template.render(_PROBE, tools=None, add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - any template error means "refused", as vLLM reads it
+        return True
+    return False
+
+
+def chat_view(body: Mapping[str, Any], strip_billing: bool = True, merge_inline_system: bool = False) -> dict[str, Any]:
     """The chat-completions body the engine builds from a Messages body: the keys that shape the
     prompt (messages, tools, chat_template_kwargs, model)."""
-    view: dict[str, Any] = {"model": body.get("model"), "messages": convert_messages(body, strip_billing)}
+    view: dict[str, Any] = {"model": body.get("model"),
+                            "messages": convert_messages(body, strip_billing, merge_inline_system)}
     tools = convert_tools(body.get("tools"))
     if tools:
         view["tools"] = tools

@@ -35,14 +35,16 @@ class PromptInput:
     body: Mapping[str, Any] | None = None  # the request body (engine mode sends it to /tokenize)
 
 
-def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True) -> PromptInput | None:
+def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True,
+                 merge_inline_system: bool = False) -> PromptInput | None:
     """Extract the prompt from a request body (None when there is nothing to fingerprint).
 
     `route="messages"` (Anthropic) is read as the chat body the engine converts it to
     (app/prefix/convert_messages.py); `strip_billing`: the engine drops Claude Code's billing
-    header block there (vLLM does, SGLang does not)."""
+    header block there (vLLM does, SGLang does not); `merge_inline_system`: the template needs
+    system-first ordering, so inline system messages join the leading one."""
     if route == "messages":
-        return prompt_input("chat", chat_view(body, strip_billing))
+        return prompt_input("chat", chat_view(body, strip_billing, merge_inline_system))
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:

@@ -8,9 +8,11 @@ with the chat template; the billing-header system block is dropped unless the re
 Stream, in vLLM's order: `message_start` (with the first generated token; usage carries the
 prompt), then per block `content_block_start` / `content_block_delta`s (`thinking_delta` for the
 reasoning tokens, `text_delta` after) / `content_block_stop`, `message_delta` (stop reason, final
-usage), `message_stop`. Usage in Anthropic's meaning: `input_tokens` = prompt - cached,
-`cache_read_input_tokens` = cached (absent, with `input_tokens` = prompt, when prompt token
-details are disabled), `cache_creation_input_tokens` 0. An engine error mid-stream is
+usage), `message_stop`. Usage in Anthropic's meaning, as vLLM 0.32 maps it (`_usage`):
+`message_start` carries `input_tokens` = the whole prompt and no cache fields (the first chunk
+has no details); the final usage `input_tokens = prompt - cached - created`,
+`cache_read_input_tokens` = cached, `cache_creation_input_tokens` = the prompt tokens this
+request newly cached. An engine error mid-stream is
 `event: error`; a `die_midstream` fault cuts the connection after K events.
 """
 
@@ -40,7 +42,8 @@ def error_body(exc: ApiError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"), "message": exc.message}}
 
 
-def parse_messages(body: dict[str, Any], served_model: str, strip_billing: bool, count_only: bool = False) -> ParsedRequest:
+def parse_messages(body: dict[str, Any], served_model: str, strip_billing: bool, count_only: bool = False,
+                   merge_inline_system: bool = False) -> ParsedRequest:
     """A Messages body as the chat request the engine builds from it."""
     if "messages" not in body:
         raise ApiError(400, "messages: Field required", "messages")
@@ -49,7 +52,7 @@ def parse_messages(body: dict[str, Any], served_model: str, strip_billing: bool,
     max_tokens = body.get("max_tokens")
     if not count_only and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0):
         raise ApiError(400, "max_tokens: Field required (a positive integer)", "max_tokens")
-    chat = chat_view(body, strip_billing)
+    chat = chat_view(body, strip_billing, merge_inline_system)
     chat["model"] = body.get("model", served_model)
     if not count_only:
         chat["max_tokens"] = max_tokens
@@ -59,13 +62,17 @@ def parse_messages(body: dict[str, Any], served_model: str, strip_billing: bool,
     return parsed
 
 
-def _usage(req: SimRequest, options: SimOptions, output: int) -> dict[str, Any]:
+def _usage(req: SimRequest, options: SimOptions, output: int, details: bool = True) -> dict[str, Any]:
+    """vLLM 0.32's mapping of the chat usage: without prompt token details (disabled, or the first
+    stream chunk, which carries none) `input_tokens` is the whole prompt and the cache fields are
+    absent; with them, `input_tokens = prompt - cached - created`."""
     prompt = req.num_prompt_tokens
-    if not options.enable_prompt_tokens_details:
+    if not (details and options.enable_prompt_tokens_details):
         return {"input_tokens": prompt, "output_tokens": output}
     cached = max(req.num_cached_tokens, 0)
-    return {"input_tokens": prompt - cached, "output_tokens": output,
-            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+    created = req.created_cache_tokens
+    return {"input_tokens": max(0, prompt - cached - created), "output_tokens": output,
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": created}
 
 
 def _event(name: str, obj: dict[str, Any]) -> bytes:
@@ -134,7 +141,7 @@ async def stream(engine: SimEngine, req: SimRequest, model: str, send: Send, rec
                 await emit(_event("message_start", {"type": "message_start", "message": {
                     "id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "content": [],
                     "model": model, "stop_reason": None, "stop_sequence": None,
-                    "usage": _usage(req, o, 0)}}))
+                    "usage": _usage(req, o, 0, details=False)}}))
                 started = True
             while available - sent >= k or (req.finished and sent < available):
                 end = min(sent + k, available)

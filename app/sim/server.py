@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from app.prefix.convert_messages import requires_system_first
 from app.prefix.template import TemplateError
 from app.sim import anthropic, responder
 from app.sim.asgi import ClientGone, Receive, Scope, Send, cut_connection, read_body, send_bytes, send_json
@@ -50,6 +51,7 @@ class SimApp:
         self.engine = SimEngine(options, self.tokenizer,
                                 event_sink=self.publisher.publish if self.publisher else None)
         self.faults = FaultPlan()
+        self.system_first = requires_system_first(self.tokenizer.template)  # /v1/messages, as vLLM probes
         self.routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/health"): self.health, ("GET", "/ping"): self.health, ("POST", "/ping"): self.health,
             ("GET", "/health_generate"): self.health,
@@ -215,8 +217,8 @@ class SimApp:
         """Anthropic's count_tokens: the prompt's tokens as the Messages route renders it."""
         raw = await read_body(receive)
         try:
-            parsed = anthropic.parse_messages(load_json(raw), self.options.model,
-                                              self.options.strip_billing_header, count_only=True)
+            parsed = anthropic.parse_messages(load_json(raw), self.options.model, self.options.strip_billing_header,
+                                              count_only=True, merge_inline_system=self.system_first)
             ids = await self._tokenize(parsed, len(raw))
         except ApiError as exc:
             await send_json(send, exc.status, anthropic.error_body(exc))
@@ -265,7 +267,8 @@ class SimApp:
         try:
             body = load_json(raw)
             if kind == "messages":
-                parsed = anthropic.parse_messages(body, o.model, o.strip_billing_header)
+                parsed = anthropic.parse_messages(body, o.model, o.strip_billing_header,
+                                                  merge_inline_system=self.system_first)
             else:
                 parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
             ids = await self._tokenize(parsed, len(raw))
