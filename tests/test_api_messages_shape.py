@@ -10,7 +10,7 @@ import pytest
 
 from app.hygiene.findings import BILLING_HEADER, DYNAMIC_HEAD, billing_header_finding
 from app.hygiene.rewrite import strip_billing_header
-from app.prefix.convert_messages import chat_view, convert_messages, convert_tools
+from app.prefix.convert_messages import chat_view, convert_messages, convert_tools, strip_billing_lines
 from app.proxy.anthropic_shape import AnthropicShape, openai_usage
 from app.proxy.clock import StreamClock
 from app.proxy.context import Timings
@@ -150,6 +150,10 @@ def test_billing_header_finding_and_rewrite_on_both_routes() -> None:
                               {"role": "user", "content": "q"}]}
     assert billing_header_finding(chat_body, "chat").detail == BILLING_HEADER
     assert strip_billing_header(chat_body, "chat")["messages"][0]["content"] == "You are a coding agent."
+    assert strip_billing_lines(chat_body["messages"])[0]["content"] == "You are a coding agent."
+    parts = [{"role": "system", "content": [{"type": "text", "text": BILLING}, {"type": "text", "text": "x"}]}]
+    assert strip_billing_lines(parts) == [{"role": "system", "content": [{"type": "text", "text": "x"}]}]
     clean = {"messages": [{"role": "system", "content": "You are a coding agent."}]}
+    assert strip_billing_lines(clean["messages"]) is clean["messages"]  # no copy when nothing to strip
     assert billing_header_finding(clean, "chat") is None and strip_billing_header(clean, "chat") is None
     assert billing_header_finding({"system": "static " + BILLING, "messages": []}, "messages") is None

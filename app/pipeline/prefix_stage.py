@@ -112,8 +112,9 @@ class PrefixStage:
         return self._system_first
 
     def engine_strips_billing(self) -> bool:
-        """Whether the engine drops Claude Code's billing-header block from a /v1/messages system
-        prompt before tokenising: vLLM does, SGLang does not (docs/agents-apis.md). `auto` reads
+        """Whether the engine drops Claude Code's billing header before tokenising (the block on
+        /v1/messages, a system text's first line on every route): vLLM 0.32 does, SGLang does
+        not (docs/agents-apis.md). `auto` reads
         the replicas' engine kinds (a fleet of SGLang only: no)."""
         choice = self.settings.prefix.billing_header
         if choice != "auto":
@@ -130,8 +131,7 @@ class PrefixStage:
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
         inp = prompt_input(ctx.route, ctx.body, strip_billing=self.engine_strips_billing(),
-                           merge_inline_system=self.system_first()) if ctx.route == "messages" else \
-            prompt_input(ctx.route, ctx.body)
+                           merge_inline_system=ctx.route == "messages" and self.system_first())
         if inp is None:
             return
         try:

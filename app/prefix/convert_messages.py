@@ -19,6 +19,9 @@ predictions and diagnosis) are wrong. The rules of vLLM 0.32, as docs/agents-api
   `tool_use` to `tool_calls` (arguments as Python `json.dumps` of the input), a user
   `tool_result` to its own `role: "tool"` message placed before the user message it came in, an
   assistant one to a `Tool result: ...` text part. A user message left without content is dropped.
+- Then, as for every chat request, the chat renderer drops a leading billing-header line from
+  each system message's text (`strip_billing_lines`): a top-level `system` string that opens with
+  the header loses that line there.
 - `tools` become what vLLM's tool model dumps for the template: `{"type": "function", "function":
   {name, description (null when absent), parameters, [strict], [defer_loading]},
   "defer_loading": null}`, `input_schema` as parameters (`"type": "object"` added when absent).
@@ -195,11 +198,51 @@ def requires_system_first(template: Any) -> bool:
     return False
 
 
+def _strip_part(part: Any) -> Any:
+    """A system content part without a leading billing-header line; None when nothing is left."""
+    text = part if isinstance(part, str) else part.get("text") if isinstance(part, Mapping) and \
+        part.get("type") == "text" else None
+    if not (isinstance(text, str) and text.startswith(BILLING_PREFIX)):
+        return part
+    rest = text.partition("\n")[2]
+    if not rest:
+        return None
+    return rest if isinstance(part, str) else {**part, "text": rest}
+
+
+def strip_billing_lines(messages: list[Any]) -> list[Any]:
+    """vLLM 0.32's chat renderer step (`renderers/chat_utils.py`), on every path: the first line
+    of each system message's text part that starts with the billing header is dropped. Returns
+    `messages` itself when no system message starts so (the usual case: no copy)."""
+    def starts(m: Any) -> bool:
+        if not (isinstance(m, Mapping) and m.get("role") == "system"):
+            return False
+        c = m.get("content")
+        if isinstance(c, str):
+            return c.startswith(BILLING_PREFIX)
+        return isinstance(c, list) and any(_strip_part(p) is not p for p in c)
+
+    if not any(starts(m) for m in messages):
+        return messages
+    out: list[Any] = []
+    for m in messages:
+        if not starts(m):
+            out.append(m)
+            continue
+        c = m["content"]
+        if isinstance(c, str):
+            out.append({**m, "content": c.partition("\n")[2]})
+        else:
+            out.append({**m, "content": [q for q in (_strip_part(p) for p in c) if q is not None]})
+    return out
+
+
 def chat_view(body: Mapping[str, Any], strip_billing: bool = True, merge_inline_system: bool = False) -> dict[str, Any]:
     """The chat-completions body the engine builds from a Messages body: the keys that shape the
     prompt (messages, tools, chat_template_kwargs, model)."""
+    messages = convert_messages(body, strip_billing, merge_inline_system)
     view: dict[str, Any] = {"model": body.get("model"),
-                            "messages": convert_messages(body, strip_billing, merge_inline_system)}
+                            "messages": strip_billing_lines(messages) if strip_billing else messages}
     tools = convert_tools(body.get("tools"))
     if tools:
         view["tools"] = tools

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.prefix.convert_messages import chat_view
+from app.prefix.convert_messages import chat_view, strip_billing_lines
 from app.prefix.template import ChatTemplate
 
 PromptKind = Literal["chat", "completions", "ids"]
@@ -44,11 +44,15 @@ def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True
     header block there (vLLM does, SGLang does not); `merge_inline_system`: the template needs
     system-first ordering, so inline system messages join the leading one."""
     if route == "messages":
-        return prompt_input("chat", chat_view(body, strip_billing, merge_inline_system))
+        return prompt_input("chat", chat_view(body, strip_billing, merge_inline_system), strip_billing=False)
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return None
+        if strip_billing:  # vLLM's chat renderer drops a system text's billing-header first line
+            stripped = strip_billing_lines(messages)
+            if stripped is not messages:
+                messages, body = stripped, {**body, "messages": stripped}
         kwargs: dict[str, Any] = {}
         extra = body.get("chat_template_kwargs")
         if isinstance(extra, Mapping):

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crash-above-tokens", type=int, default=None,
                    help="a longer prompt crashes the engine (500, then /health 500)")
     p.add_argument("--no-strip-billing-header", dest="strip_billing_header", action="store_false",
-                   help="keep Claude Code's billing-header block on /v1/messages (as SGLang), not drop it (vLLM)")
+                   help="keep Claude Code's billing header (as SGLang) instead of dropping it (as vLLM 0.32)")
 
 
 def _endpoint_for(endpoint: str, i: int) -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.prefix.convert_messages import requires_system_first
+from app.prefix.convert_messages import requires_system_first, strip_billing_lines
 from app.prefix.template import TemplateError
 from app.sim import anthropic, responder
 from app.sim.asgi import ClientGone, Receive, Scope, Send, cut_connection, read_body, send_bytes, send_json
@@ -229,7 +229,10 @@ class SimApp:
         if parsed.prompt_ids is not None:
             return parsed.prompt_ids
         if parsed.kind == "chat":
-            text = self.tokenizer.render_chat(parsed.messages, parsed.tools, parsed.add_generation_prompt,
+            # vLLM 0.32's chat renderer drops a system text's billing-header first line (every
+            # route, /tokenize included); an SGLang-like replica keeps it (docs/agents-apis.md)
+            messages = strip_billing_lines(parsed.messages) if self.options.strip_billing_header else parsed.messages
+            text = self.tokenizer.render_chat(messages, parsed.tools, parsed.add_generation_prompt,
                                               **parsed.template_kwargs)
         else:
             text = parsed.prompt_text or ""
