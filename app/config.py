@@ -169,6 +169,7 @@ class Rewrites(Section):
     canonical_json: bool = False
     move_target: Literal["last_user", "system_end"] = "last_user"
     max_moved_lines: int = 8
+    strip_billing_header: bool = True  # drop Claude Code's billing-header block (docs/agents-apis.md)
 
 
 class Hygiene(Section):
@@ -222,6 +223,9 @@ class Prefix(Section):
     tracker_texts_per_tenant: int = 4  # (the bytes all tenants' texts may hold: memory.budget_mb)
     window: int = 64  # requests per tenant the /hygiene continuity is computed over
     last_breaks: int = 5  # breaks listed per tenant in /hygiene
+    # Claude Code's billing-header system block on /v1/messages: does the engine drop it before
+    # tokenising (docs/agents-apis.md)? auto: yes, unless every replica of a known engine is SGLang
+    billing_header: Literal["auto", "strip", "keep"] = "auto"
 
 
 class Memory(Section):

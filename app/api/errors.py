@@ -50,10 +50,24 @@ def sse_error_event(err: ProxyError | dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
 
 
-async def send_error(send: Any, exc: BaseException, headers: list[tuple[bytes, bytes]] | None = None) -> ProxyError:
-    """Send a complete OpenAI-shaped error response on a raw ASGI `send`; returns the error."""
+# Anthropic's error `type` for a status (docs/agents-apis.md); other statuses: api_error
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                         429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(err: ProxyError) -> bytes:
+    """`{"type": "error", "error": {"type", "message"}}`, what Anthropic clients parse."""
+    kind = ANTHROPIC_ERROR_TYPES.get(err.status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}})
+
+
+async def send_error(send: Any, exc: BaseException, headers: list[tuple[bytes, bytes]] | None = None,
+                     anthropic: bool = False) -> ProxyError:
+    """Send a complete error response on a raw ASGI `send` (OpenAI-shaped, or Anthropic-shaped
+    for the Messages paths); returns the error."""
     err = to_proxy_error(exc)
-    body = error_body(err)
+    body = anthropic_error_body(err) if anthropic else error_body(err)
     out = [JSON_CT, (b"content-length", str(len(body)).encode())]
     out += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
     if headers:

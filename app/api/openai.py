@@ -23,6 +23,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from app.api.errors import send_error, to_proxy_error
 from app.api.tenant import resolve_tenant
 from app.api.validation import parse_body
@@ -34,7 +36,12 @@ if TYPE_CHECKING:
     from app.services import Services
 
 
-ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
+          "/v1/messages": "messages"}
+# passthrough paths routed to a replica serving the body's `model` (the body is parsed for it only)
+MODEL_PASSTHROUGH = {"/v1/messages/count_tokens"}
+# passthrough paths whose errors the proxy answers in Anthropic's shape, like the route itself
+ANTHROPIC_PATHS = {"/v1/messages", "/v1/messages/count_tokens"}
 ROUTES["/v1/responses"] = "responses"  # OpenAI Responses API (docs/agents-responses.md)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 DRAIN_BYTES = 64 * 1024 * 1024  # an over-limit body read and dropped before its 413, at most
@@ -87,6 +94,17 @@ async def _too_large(receive: Any, message: str) -> ProxyError:
                     if event["type"] == "http.disconnect" or not event.get("more_body", False):
                         break
     return ProxyError(413, message, code="request_too_large")
+
+
+def model_of(raw: bytes) -> str | None:
+    """The `model` of a small JSON body (count_tokens: routed to a replica serving it); None when
+    the body is not a JSON object naming one (the replica then answers for itself)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model else None
 
 
 class ClientGone(Exception):
@@ -144,10 +162,11 @@ class OpenAIProxy:
             if route is not None and scope["method"] != "POST":
                 raise ProxyError(405, f"{path} only accepts POST", code="method_not_allowed")
             body = parse_body(raw, route) if route is not None else {}  # passthrough: bytes only
+            model = body.get("model") if route else model_of(raw) if path in MODEL_PASSTHROUGH else None
             ctx = RequestContext(
                 request_id=request_id, route=route or "passthrough", path=path,
                 tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
-                model=body.get("model") if route else None, stream=bool(body.get("stream")),
+                model=model, stream=bool(body.get("stream")),
                 timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
             )
             watcher = asyncio.create_task(
@@ -180,7 +199,7 @@ class OpenAIProxy:
                 ctx.outcome = "client_error" if err.status < 500 else "upstream_error"
             id_header = [(b"x-request-id", request_id.encode("latin-1"))]
             with contextlib.suppress(Exception):
-                await send_error(send, err, id_header)
+                await send_error(send, err, id_header, anthropic=path in ANTHROPIC_PATHS)
             if ctx is None:
                 self.services.metrics.requests.labels(route or "passthrough", str(err.status)).inc()
         finally:

@@ -55,7 +55,7 @@ def validate_body(body: dict[str, Any], route: str) -> None:
         raise _bad("you must provide a model parameter", "model", "missing_required_parameter")
     if not isinstance(model, str) or not model:
         raise _bad("'model' must be a non-empty string", "model")
-    if route == "chat":
+    if route in ("chat", "messages"):
         messages = body.get("messages")
         if messages is None:
             raise _bad("'messages' is a required property", "messages", "missing_required_parameter")
@@ -79,6 +79,10 @@ def validate_body(body: dict[str, Any], route: str) -> None:
             raise _bad("'prompt' is a required property", "prompt", "missing_required_parameter")
         if not isinstance(prompt, (str, list)) or (isinstance(prompt, list) and not prompt):
             raise _bad("'prompt' must be a string or a non-empty list", "prompt")
+    if route == "messages":
+        system = body.get("system")
+        if system is not None and not isinstance(system, (str, list)):
+            raise _bad("'system' must be a string or a list of content blocks", "system")
     for name, (types, described) in _OPTIONAL_TYPES.items():
         value = body.get(name)
         if value is None:

@@ -23,6 +23,13 @@ Kinds (the values of the `kind` label of `prefixgate_hygiene_findings_total`):
   unsorted order costs nothing (the engine sees the same bytes every time), so by default only an
   order that actually varies is a finding; the rewrite (`sort_tools`) still normalises any order.
 
+- `dynamic_head` with value kind `billing_header` (detail): Claude Code's
+  `x-anthropic-billing-header: cc_version=…; cc_entrypoint=cli; cch=<5 hex>;` opening the system
+  prompt (the first `system` block on /v1/messages, the first line of the first system message
+  on /v1/chat/completions). Its `cch` changes on every request, so on an engine that keeps it
+  (SGLang, older vLLM) nothing after it is ever reused; vLLM 0.32 drops it itself, but the
+  finding stands: the client sends it either way (docs/agents-apis.md).
+
 Findings never carry prompt text: where (message index, line number) and which kinds.
 """
 
@@ -36,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from app.prefix.convert_messages import BILLING_PREFIX, is_billing_block
 from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, get_detector
 
 HEAD_SCAN_CHARS = 2048  # characters of each system/developer message read line by line
@@ -48,6 +56,7 @@ ALWAYS_VOLATILE = VOLATILE_KINDS | {"email", "user", "custom"}
 SCANNED_ROLES = ("system", "developer")
 
 DYNAMIC_HEAD = "dynamic_head"
+BILLING_HEADER = "billing_header"  # the value kind (Finding.detail) of Claude Code's billing header
 TOOL_ORDER = "tool_order"
 
 
@@ -225,6 +234,22 @@ def dynamic_lines(body: dict[str, Any], classifier: LineClassifier, tools_chars:
             if static_after >= MIN_STATIC_AFTER:
                 out.append(DynamicLine(i, part, line_no, start, end, kinds, movable, static_after))
     return out
+
+
+def billing_header_finding(body: dict[str, Any], route: str) -> Finding | None:
+    """The billing-header finding of a Messages (`route="messages"`) or chat body, if any."""
+    if route == "messages":
+        system = body.get("system")
+        if isinstance(system, list) and system and is_billing_block(system[0]):
+            return Finding(DYNAMIC_HEAD, "system[0]", BILLING_HEADER)
+        return None
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and isinstance(messages[0], dict) \
+            and messages[0].get("role") in SCANNED_ROLES:
+        found = message_text(messages[0])
+        if found is not None and found[0].startswith(BILLING_PREFIX):
+            return Finding(DYNAMIC_HEAD, "messages[0] line 1", BILLING_HEADER)
+    return None
 
 
 def dynamic_findings(lines: Sequence[DynamicLine]) -> list[Finding]:

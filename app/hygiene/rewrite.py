@@ -12,6 +12,10 @@ same output, hence the same bytes upstream: a rewrite must never introduce varia
   line is still in the prompt. When more lines qualify than `max_lines`, or one of them is a
   paragraph (not movable), nothing moves: a partial move would change the prompt without making
   its head stable.
+- `strip_billing_header`: Claude Code's billing header leaves the prompt: the whole first `system`
+  block on /v1/messages (what vLLM 0.32 drops itself), the first line of the first system
+  message on chat. It carries no meaning for the model, and its per-request `cch=` hash would
+  otherwise break the prefix at position 0 on every engine that keeps it.
 - `sort_tools`: tools by function name; Python's sort is stable, so tools with equal names keep
   their relative order.
 - `canonical_json`: every key of every tool (wrapper and JSON schema) sorted, recursively. A
@@ -26,12 +30,14 @@ from typing import Any, Literal
 
 import orjson
 
-from app.hygiene.findings import DynamicLine, last_user_index, tool_name
+from app.hygiene.findings import DynamicLine, last_user_index, message_text, tool_name
+from app.prefix.convert_messages import BILLING_PREFIX, is_billing_block
 
 MoveTarget = Literal["last_user", "system_end"]
 MOVE_DYNAMIC = "move_dynamic"
 SORT_TOOLS = "sort_tools"
 CANONICAL_JSON = "canonical_json"
+STRIP_BILLING = "strip_billing_header"
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,27 @@ def canonical_json(body: dict[str, Any]) -> dict[str, Any] | None:
     if sorted_bytes == orjson.dumps(tools):
         return None
     return {**body, "tools": orjson.loads(sorted_bytes)}
+
+
+def strip_billing_header(body: dict[str, Any], route: str) -> dict[str, Any] | None:
+    """`body` without Claude Code's billing header (see the module docstring); None when the
+    body does not open with one."""
+    if route == "messages":
+        system = body.get("system")
+        if not (isinstance(system, list) and system and is_billing_block(system[0])):
+            return None
+        return {**body, "system": system[1:]}
+    messages = body.get("messages")
+    if not (isinstance(messages, list) and messages and isinstance(messages[0], dict)):
+        return None
+    first = messages[0]
+    found = message_text(first)
+    if found is None or not found[0].startswith(BILLING_PREFIX):
+        return None
+    text, part = found
+    nl = text.find("\n")
+    rest = "" if nl < 0 else text[nl + 1:]
+    return {**body, "messages": [_with_text(first, part, rest), *messages[1:]]}
 
 
 def apply_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> RewriteResult:

@@ -1,12 +1,13 @@
 """The hygiene stage: step 1 of the pipeline (app/pipeline/request.py), before the fingerprint.
 
 The adapter between the request and the pure hygiene cores (app/hygiene/findings.py, rewrite.py,
-salt.py). Per chat/completions request:
+salt.py). Per chat/completions/messages request:
 1. cache isolation (`tenants.cache_salt`): the tenant's salt becomes `ctx.salt`, which the
    fingerprint chain starts from and which app/pipeline/body.py splices into the forwarded bytes
    (the parsed body is not touched for it); a client's own `cache_salt` is replaced or refused.
    With isolation off a client salt passes through and still seeds the fingerprint.
-2. findings (app/hygiene/findings.py): bounded scan of the system/developer heads, tool order,
+2. findings (app/hygiene/findings.py): Claude Code's billing header (chat and messages), bounded
+   scan of the system/developer heads and tool order (chat),
    kept in `ctx.hygiene_findings` (the tracing stage lists their kinds on the span).
 3. the tenant's policy (`tenants.default` / `tenants.overrides`):
    - observe: `prefixgate_hygiene_findings_total` only;
@@ -25,17 +26,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from app.hygiene.findings import (
+    BILLING_HEADER,
     DYNAMIC_HEAD,
     TOOL_ORDER,
     Finding,
     LineClassifier,
     ToolOrderMemo,
+    billing_header_finding,
     dynamic_findings,
     dynamic_lines,
     tool_findings,
     tools_signature,
 )
-from app.hygiene.rewrite import CANONICAL_JSON, MOVE_DYNAMIC, SORT_TOOLS, RewriteOptions, apply_rewrites
+from app.hygiene.rewrite import (
+    CANONICAL_JSON,
+    MOVE_DYNAMIC,
+    SORT_TOOLS,
+    STRIP_BILLING,
+    RewriteOptions,
+    RewriteResult,
+    apply_rewrites,
+    strip_billing_header,
+)
 from app.hygiene.rewrite_responses import apply_responses_rewrites
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
 from app.prefix.convert_responses import convert
@@ -53,6 +65,11 @@ INVALID_SALT = "invalid_salt"
 
 def fix_message(finding: Finding) -> str:
     """What is wrong and how to fix it, for a 400 (no prompt text)."""
+    if finding.detail == BILLING_HEADER:
+        return (f"{finding.where} is Claude Code's x-anthropic-billing-header, whose cch= value changes on "
+                "every request, so an engine that keeps it (SGLang, older vLLM) reuses none of the prompt "
+                "after it. Fix: drop that block before sending, or ask for "
+                "the `rewrite` policy.")
     if finding.kind == DYNAMIC_HEAD and finding.line is not None:
         ln = finding.line
         return (f"{finding.where} holds a per-request value ({finding.detail}) before "
@@ -68,6 +85,8 @@ def fix_message(finding: Finding) -> str:
 
 
 def _fixed(finding: Finding, kinds: tuple[str, ...], opts: RewriteOptions) -> bool:
+    if finding.detail == BILLING_HEADER:
+        return STRIP_BILLING in kinds
     if finding.kind == DYNAMIC_HEAD:
         return MOVE_DYNAMIC in kinds
     if finding.kind == TOOL_ORDER:
@@ -88,6 +107,7 @@ class HygieneStage:
         hygiene = settings.hygiene
         self.flag_unsorted = hygiene.flag_unsorted_tools
         r = hygiene.rewrites
+        self.strip_billing = r.strip_billing_header
         self.options = RewriteOptions(r.move_dynamic, r.sort_tools, r.canonical_json, r.move_target,
                                       r.max_moved_lines)
         self.classifier = LineClassifier(hygiene.dynamic_patterns)
@@ -95,7 +115,7 @@ class HygieneStage:
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
-        if ctx.route not in ("chat", "completions", "responses"):
+        if ctx.route not in ("chat", "completions", "responses", "messages"):
             return
         tenant = self.metrics.tenant_label(ctx.tenant)
         self._isolate(ctx, tenant)  # Responses: vLLM reads the same top-level `cache_salt`
@@ -134,10 +154,15 @@ class HygieneStage:
             _add(ctx.response_headers, REWRITES_HEADER, CLIENT_SALT)
 
     def _scan(self, ctx: RequestContext, body: dict[str, Any]) -> tuple[list[Finding], list[Any]]:
+        billing = billing_header_finding(body, ctx.route)
+        if ctx.route == "messages":  # the billing header only (Messages bodies are not rewritten otherwise)
+            return ([billing] if billing else []), []
         tools = body.get("tools")
         sig = tools_signature(tools) if isinstance(tools, list) and tools else None
         lines = dynamic_lines(body, self.classifier, sig.chars if sig else 0)
-        findings = dynamic_findings(lines)
+        if billing is not None:  # its line is the billing header's, never a line to move
+            lines = [ln for ln in lines if not (ln.message == 0 and ln.line_no == 1)]
+        findings = ([billing] if billing else []) + dynamic_findings(lines)
         if sig is not None:
             findings += tool_findings(ctx.tenant, sig, self.tool_memo, self.flag_unsorted)
         return findings, lines
@@ -153,8 +178,19 @@ class HygieneStage:
                          headers={HYGIENE_HEADER: _header(findings)})
 
     def _rewrite(self, ctx: RequestContext, tenant: str, findings: list[Finding], lines: list[Any]) -> None:
-        rewrite = apply_responses_rewrites if ctx.route == "responses" else apply_rewrites
-        result = rewrite(ctx.body, lines, self.options)
+        body, stripped = ctx.body, False
+        if self.strip_billing and any(f.detail == BILLING_HEADER for f in findings):
+            changed = strip_billing_header(body, ctx.route)
+            if changed is not None:
+                body, stripped = changed, True
+        if ctx.route == "messages":
+            result = RewriteResult(body, ())
+        elif ctx.route == "responses":
+            result = apply_responses_rewrites(body, lines, self.options)
+        else:
+            result = apply_rewrites(body, lines, self.options)
+        if stripped:
+            result = RewriteResult(result.body, (STRIP_BILLING, *result.kinds), result.moved_lines)
         if result.changed:
             ctx.body = result.body
             ctx.body_changed = True

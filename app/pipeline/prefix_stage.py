@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
+from app.prefix.convert_messages import requires_system_first
 from app.prefix.convert_responses import ResponseHistory, continued_history, responses_prompt_input
 from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, PromptInput, prompt_input
 from app.prefix.sketch import build_sketch
@@ -88,6 +89,7 @@ class PrefixStage:
         self._pending: dict[Hashable, asyncio.Task[ChainTip | None]] = {}
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         self._evictions_seen = 0
+        self._system_first: bool | None = None  # system_first(), once probed
         self.processed = 0  # requests fully processed after their response (tests poll it)
         # (request id, tenant, predicted, engine-reported) of recent requests: for audits and tests
         self.response_history = ResponseHistory(RESPONSE_HISTORY_BYTES)  # Responses previous_response_id
@@ -106,6 +108,25 @@ class PrefixStage:
                 return int(replica.block_size)
         return int(self.settings.routing.block_size)
 
+    def system_first(self) -> bool:
+        """Whether the chat template needs system-first ordering (vLLM then merges a Messages
+        body's inline system messages into the leading one); probed once, as vLLM does."""
+        if self._system_first is None:
+            tokenizer = getattr(self.fingerprinter, "tokenizer", None)
+            self._system_first = requires_system_first(getattr(tokenizer, "template", None))
+        return self._system_first
+
+    def engine_strips_billing(self) -> bool:
+        """Whether the engine drops Claude Code's billing header before tokenising (the block on
+        /v1/messages, a system text's first line on every route): vLLM 0.32 does, SGLang does
+        not (docs/agents-apis.md). `auto` reads
+        the replicas' engine kinds (a fleet of SGLang only: no)."""
+        choice = self.settings.prefix.billing_header
+        if choice != "auto":
+            return choice == "strip"
+        kinds = {r.engine for r in self.services.replicas.all() if r.engine in ("vllm", "sglang")}
+        return kinds != {"sglang"}
+
     def memory_bytes(self) -> dict[str, int]:
         """Bytes each budgeted part holds now (prefixgate_memory_used_bytes{part})."""
         return {**self.fingerprinter.memory_bytes(), "tracker_hashes": self.tracker.hash_bytes,
@@ -117,7 +138,8 @@ class PrefixStage:
         if ctx.route == "responses":  # converted as the engine converts it (app/prefix/convert_responses.py)
             inp = responses_prompt_input(ctx.body, self.response_history)
         else:
-            inp = prompt_input(ctx.route, ctx.body)
+            inp = prompt_input(ctx.route, ctx.body, strip_billing=self.engine_strips_billing(),
+                               merge_inline_system=ctx.route == "messages" and self.system_first())
         if inp is None:
             return
         try:

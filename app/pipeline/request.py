@@ -30,6 +30,10 @@ step writes only the typed fields listed for it (app/proxy/context.py); later st
 | 8c | remember    | responses_stage.py `remember`           | (Store: response id -> replica, in a task)        |
 | 9  | record      | app/proxy/record.py                     | content_chunks; the request's metrics             |
 
+`/v1/messages` (Anthropic, route "messages") takes every step too: its body is read as the chat
+body the engine converts it to (app/prefix/convert_messages.py), its stream through
+app/proxy/anthropic_shape.py, its errors in Anthropic's shape (docs/agents-apis.md).
+
 Steps 5-7 are one attempt: forward() routes again to a replica not yet tried while nothing has
 reached the client (routing.max_retries). Steps 8-9 run once the response ended, whatever the
 outcome (`finish`, from the adapter's `finally`), and never block the loop. Passthrough paths
@@ -86,7 +90,9 @@ class RequestPipeline:
             await services.tracing.before_route(ctx)  # 3b
         for hook in services.hooks:
             await hook.before_route(ctx)
-        drop_usage = ctx.stream and not responses and not client_wants_usage(ctx.body)
+        # OpenAI streams report usage only when asked; a Messages stream always does (message_start,
+        # message_delta), so nothing is added to, or dropped from, it
+        drop_usage = ctx.stream and ctx.route in ("chat", "completions") and not client_wants_usage(ctx.body)
         body = forwarded_body(raw, ctx.body, changed=ctx.body_changed, salt=ctx.salt,  # 4
                               include_usage=drop_usage)
         fp = ctx.fingerprint
@@ -106,7 +112,8 @@ class RequestPipeline:
         """Steps 5-7 for any other /v1/* path: the client's bytes, routed and relayed as they are."""
         response_id = response_id_of_path(ctx.path)
         pinned = await self.responses.pin(response_id) if response_id is not None else None
-        request = RouteRequest(ctx.tenant, None, ctx.session_id, None, len(raw) // BYTES_PER_TOKEN_ESTIMATE,
+        # ctx.model: set for paths routed by model (/v1/messages/count_tokens), else None (any replica)
+        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, None, len(raw) // BYTES_PER_TOKEN_ESTIMATE,
                                pinned=pinned)
         try:
             await forward(self.services, ctx, send, raw, request, clock, method=method, path=path, mode="raw")

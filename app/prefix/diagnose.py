@@ -535,6 +535,8 @@ def fix_for(diag: Diagnosis, text: str | None = None, show_text: bool = True) ->
         return None
     if diag.cause == "dynamic_head":
         span = diag.spans[0] if diag.spans else None
+        if span is not None and span.kind == "billing_header":
+            return "drop Claude Code's x-anthropic-billing-header block (the `rewrite` policy does)"
         label = f"the {span.kind} value" if span else "the dynamic value"
         if show_text and span is not None and text is not None:
             line_start = text.rfind("\n", 0, span.start) + 1

@@ -11,7 +11,7 @@ the static content.
 Patterns are plain regexes, compiled once; extra ones come from `hygiene.dynamic_patterns`.
 Covered: ISO/RFC timestamps, numeric dates (Y-M-D, D.M.Y, M/D/Y), written dates in English,
 German, French, Spanish, Italian, Portuguese and Dutch, CJK dates, clock times, Unix epochs,
-UUIDs, ULIDs, long hex ids, request/session/trace ids, prefixed ids (req_…, sess_…), emails,
+UUIDs, ULIDs, long hex ids, Claude Code's billing-header hash (`cch=`), request/session/trace ids, prefixed ids (req_…, sess_…), emails,
 user-name lines and counters (turn 7, request #123).
 """
 
@@ -74,6 +74,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-][A-Za-z0-9]{6,}\b"),
     ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:-]{3,}"),
     ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
+    # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
+    ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),
     ("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
     ("user", r"(?i)\b(?:user(?:\s?name)?|customer|logged in as|signed in as|current user|nutzer(?:name)?|benutzer(?:name)?|utilisateur|usuario|utente)\s*[:=]\s*[\"']?\w[\w.\- ]{0,40}"),
     ("user", r"(?i)\b(?:(?:the )?(?:user|customer|client)(?:'s)? name is|(?:der )?(?:kunde|kundin|nutzer|nutzerin|benutzer) heißt|"
@@ -86,7 +88,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
 
 # Kinds that change per request in practice (a single request can be judged on them alone);
 # dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
-VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex"})
+VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex",
+                            "billing_header"})
 NOW_CUE = re.compile(r"(?i)(?:\b(?:current|today|now|heute|aktuell|jetzt|aujourd|nous sommes|hoy|oggi|vandaag|"
                      r"date\s*:|datum\s*:|time\s*:|zeit\s*:|stand\s*:)|今天|今日|现在|本日)")
 

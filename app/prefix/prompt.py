@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.prefix.convert_messages import chat_view, strip_billing_lines
 from app.prefix.template import ChatTemplate
 
 PromptKind = Literal["chat", "completions", "ids"]
@@ -34,12 +35,24 @@ class PromptInput:
     body: Mapping[str, Any] | None = None  # the request body (engine mode sends it to /tokenize)
 
 
-def prompt_input(route: str, body: Mapping[str, Any]) -> PromptInput | None:
-    """Extract the prompt from an OpenAI request body (None when there is nothing to fingerprint)."""
+def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True,
+                 merge_inline_system: bool = False) -> PromptInput | None:
+    """Extract the prompt from a request body (None when there is nothing to fingerprint).
+
+    `route="messages"` (Anthropic) is read as the chat body the engine converts it to
+    (app/prefix/convert_messages.py); `strip_billing`: the engine drops Claude Code's billing
+    header block there (vLLM does, SGLang does not); `merge_inline_system`: the template needs
+    system-first ordering, so inline system messages join the leading one."""
+    if route == "messages":
+        return prompt_input("chat", chat_view(body, strip_billing, merge_inline_system), strip_billing=False)
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return None
+        if strip_billing:  # vLLM's chat renderer drops a system text's billing-header first line
+            stripped = strip_billing_lines(messages)
+            if stripped is not messages:
+                messages, body = stripped, {**body, "messages": stripped}
         kwargs: dict[str, Any] = {}
         extra = body.get("chat_template_kwargs")
         if isinstance(extra, Mapping):

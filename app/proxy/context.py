@@ -61,7 +61,7 @@ class Timings:
 @dataclass
 class RequestContext:
     request_id: str
-    route: str  # "chat" | "completions"
+    route: str  # "chat" | "completions" | "messages" (Anthropic) | "passthrough"
     path: str
     tenant: str
     headers: dict[str, str]  # incoming, lower-case names
@@ -82,7 +82,7 @@ class RequestContext:
     usage: dict[str, Any] | None = None
     content_chunks: int = 0
     # --- per-stage notes (app/pipeline/request.py lists who writes and who reads each) ---
-    hygiene_findings: list[Finding] | None = None  # hygiene stage: the scan's findings (chat only)
+    hygiene_findings: list[Finding] | None = None  # hygiene stage: the scan's findings (chat, messages)
     prefix: PrefixStageState | None = None  # prefix stage: its notes, once the request was fingerprinted
     span: Span | None = None  # tracing stage: the request's open span, until it is ended
     # set by the relay (app/proxy/relay.py)

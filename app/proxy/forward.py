@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiohttp
 import orjson
 
+from app.proxy.anthropic_shape import AnthropicShape
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
 from app.proxy.observer import StreamObserver
@@ -95,7 +96,8 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status < 400:
                 services.router.on_routed(request, decision)
             if mode == "stream" and resp.status == 200:
-                shape = RESPONSES_SHAPE if ctx.route == "responses" else shape_for(ctx.route)
+                shape = (RESPONSES_SHAPE if ctx.route == "responses" else AnthropicShape() if ctx.route == "messages"
+                         else shape_for(ctx.route))
                 observer = StreamObserver(shape, clock, drop_usage,
                                           collect_text=int(ctx.body.get("n") or 1) == 1)
                 await relay_stream(ctx, resp, first, send, observer)

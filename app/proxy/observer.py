@@ -148,7 +148,7 @@ class StreamSummary:
     def take(self, chunk: Chunk) -> None:
         if chunk.done:
             self.done = True
-        elif chunk.error is not None:
+        if chunk.error is not None:  # (an Anthropic error event is also the stream's end)
             self.error = chunk.error
         if chunk.usage is not None:
             self.usage = chunk.usage

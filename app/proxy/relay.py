@@ -16,6 +16,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from app.proxy.anthropic_shape import openai_usage
+from app.proxy.anthropic_shape import output_text as anthropic_output_text
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver
 from app.proxy.responses_shape import chat_usage
@@ -145,6 +147,11 @@ async def relay_buffered(ctx: RequestContext, resp: aiohttp.ClientResponse, firs
             payload = None
         if isinstance(payload, dict) and ctx.route == "responses":
             _take_response(ctx, payload)
+        elif isinstance(payload, dict) and ctx.route == "messages":
+            ctx.usage = openai_usage(payload.get("usage"))  # Anthropic's meaning, mapped
+            text = anthropic_output_text(payload)
+            if text is not None:
+                ctx.output_text = text[:MAX_OUTPUT_CHARS]
         elif isinstance(payload, dict):
             usage = payload.get("usage")
             ctx.usage = usage if isinstance(usage, dict) else None

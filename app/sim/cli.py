@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-tokens", type=int, default=0, help="first N output tokens are reasoning")
     p.add_argument("--crash-above-tokens", type=int, default=None,
                    help="a longer prompt crashes the engine (500, then /health 500)")
+    p.add_argument("--no-strip-billing-header", dest="strip_billing_header", action="store_false",
+                   help="keep Claude Code's billing header (as SGLang) instead of dropping it (as vLLM 0.32)")
 
 
 def _endpoint_for(endpoint: str, i: int) -> str:

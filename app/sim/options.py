@@ -48,6 +48,9 @@ class SimOptions:
     output_tokens: int = 32  # natural completion length (EOS) when the request does not ignore it
     reasoning_tokens: int = 0  # first N generated tokens are streamed as reasoning
     crash_above_tokens: int | None = None
+    # drop Claude Code's billing header as vLLM 0.32 does (the system block on /v1/messages, a
+    # system text's first line on every route); False: keep it, as SGLang does (docs/agents-apis.md)
+    strip_billing_header: bool = True
     seed: int = 0
     responses_store: bool = True  # keep /v1/responses answers (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)
 

@@ -12,8 +12,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from app.prefix.convert_messages import requires_system_first, strip_billing_lines
 from app.prefix.template import TemplateError
-from app.sim import responder
+from app.sim import anthropic, responder
 from app.sim import responses as responses_api
 from app.sim.asgi import ClientGone, Receive, Scope, Send, cut_connection, read_body, send_bytes, send_json
 from app.sim.engine import SimEngine
@@ -52,6 +53,7 @@ class SimApp:
         self.engine = SimEngine(options, self.tokenizer,
                                 event_sink=self.publisher.publish if self.publisher else None)
         self.faults = FaultPlan()
+        self.system_first = requires_system_first(self.tokenizer.template)  # /v1/messages, as vLLM probes
         self.routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/health"): self.health, ("GET", "/ping"): self.health, ("POST", "/ping"): self.health,
             ("GET", "/health_generate"): self.health,
@@ -62,6 +64,7 @@ class SimApp:
             ("POST", "/reset_prefix_cache"): self.reset_prefix_cache,
             ("POST", "/flush_cache"): self.reset_prefix_cache, ("GET", "/flush_cache"): self.reset_prefix_cache,
             ("POST", "/v1/chat/completions"): self.chat, ("POST", "/v1/completions"): self.completion,
+            ("POST", "/v1/messages"): self.messages, ("POST", "/v1/messages/count_tokens"): self.count_tokens,
             ("POST", "/sim/faults"): self.set_faults, ("GET", "/sim/faults"): self.get_faults,
             ("GET", "/sim/state"): self.state, ("GET", "/kv_event_sources"): self.kv_event_sources,
         }
@@ -217,11 +220,29 @@ class SimApp:
     async def responses(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._generate("responses", receive, send)
 
+    async def messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate("messages", receive, send)
+
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Anthropic's count_tokens: the prompt's tokens as the Messages route renders it."""
+        raw = await read_body(receive)
+        try:
+            parsed = anthropic.parse_messages(load_json(raw), self.options.model, self.options.strip_billing_header,
+                                              count_only=True, merge_inline_system=self.system_first)
+            ids = await self._tokenize(parsed, len(raw))
+        except ApiError as exc:
+            await send_json(send, exc.status, anthropic.error_body(exc))
+            return
+        await send_json(send, 200, {"input_tokens": len(ids)})
+
     def _tokenize_sync(self, parsed: ParsedRequest) -> list[int]:
         if parsed.prompt_ids is not None:
             return parsed.prompt_ids
         if parsed.kind == "chat":
-            text = self.tokenizer.render_chat(parsed.messages, parsed.tools, parsed.add_generation_prompt,
+            # vLLM 0.32's chat renderer drops a system text's billing-header first line (every
+            # route, /tokenize included); an SGLang-like replica keeps it (docs/agents-apis.md)
+            messages = strip_billing_lines(parsed.messages) if self.options.strip_billing_header else parsed.messages
+            text = self.tokenizer.render_chat(messages, parsed.tools, parsed.add_generation_prompt,
                                               **parsed.template_kwargs)
         else:
             text = parsed.prompt_text or ""
@@ -239,12 +260,16 @@ class SimApp:
         arrival = time.monotonic()
         raw = await read_body(receive)
         fault = self.faults.take()
+
+        def shaped(exc: ApiError) -> Any:  # the route's own error shape
+            return anthropic.error_body(exc) if kind == "messages" else exc.body()
+
         if self.engine.dead:
-            await send_json(send, 500, ApiError(500, "EngineCore encountered an issue.").body())
+            await send_json(send, 500, shaped(ApiError(500, "EngineCore encountered an issue.")))
             return
         if fault is not None:
             if fault.mode == "error":
-                await send_json(send, fault.status, ApiError(fault.status, "Simulated engine failure.").body())
+                await send_json(send, fault.status, shaped(ApiError(fault.status, "Simulated engine failure.")))
                 return
             if fault.mode == "drop":
                 await cut_connection(send, receive)
@@ -258,6 +283,9 @@ class SimApp:
             if kind == "responses":
                 chat_body, messages = self.responses_store.chat_body(body)
                 parsed = parse_chat(chat_body, o.model)
+            elif kind == "messages":
+                parsed = anthropic.parse_messages(body, o.model, o.strip_billing_header,
+                                                  merge_inline_system=self.system_first)
             else:
                 parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
             ids = await self._tokenize(parsed, len(raw))
@@ -270,12 +298,12 @@ class SimApp:
                                     f"({capacity} tokens = {o.pool_blocks - 1} blocks of {o.page_size}).",
                                "messages")
         except ApiError as exc:
-            await send_json(send, exc.status, exc.body())
+            await send_json(send, exc.status, shaped(exc))
             return
         if o.crash_above_tokens is not None and len(ids) > o.crash_above_tokens:
             self.engine.dead = True
-            await send_json(send, 500, ApiError(500, "EngineCore encountered an issue. See stack trace "
-                                                      "(above) for the root cause.").body())
+            await send_json(send, 500, shaped(ApiError(500, "EngineCore encountered an issue. See stack trace "
+                                                             "(above) for the root cause.")))
             return
         req = SimRequest(ids, max_tokens, min_tokens=parsed.min_tokens, ignore_eos=parsed.ignore_eos,
                          cache_salt=parsed.cache_salt, streaming=parsed.stream, arrival=arrival,
@@ -298,6 +326,10 @@ class SimApp:
                     final = await responses_api.respond(writer, req, send, receive, die_after, cached_on)
                 if final is not None:
                     self.responses_store.keep(body, final, messages)
+                return
+            if kind == "messages":
+                writer = anthropic.stream if parsed.stream else anthropic.respond
+                await writer(self.engine, req, parsed.model, send, receive, die_after)
                 return
             shaper = Shaper(kind, o.model, o.flavor)
             if parsed.stream:

@@ -1,0 +1,175 @@
+"""The simulator's Anthropic Messages surface (`POST /v1/messages`, `/v1/messages/count_tokens`).
+
+Like vLLM (docs/agents-apis.md), the body is converted to chat messages
+(app/prefix/convert_messages.py, the same conversion the proxy fingerprints with) and rendered
+with the chat template; the billing-header system block is dropped unless the replica runs with
+`strip_billing_header=False` (`--no-strip-billing-header`: an engine that keeps it, as SGLang).
+
+Stream, in vLLM's order: `message_start` (with the first generated token; usage carries the
+prompt), then per block `content_block_start` / `content_block_delta`s (`thinking_delta` for the
+reasoning tokens, `text_delta` after) / `content_block_stop`, `message_delta` (stop reason, final
+usage), `message_stop`. Usage in Anthropic's meaning, as vLLM 0.32 maps it (`_usage`):
+`message_start` carries `input_tokens` = the whole prompt and no cache fields (the first chunk
+has no details); the final usage `input_tokens = prompt - cached - created`,
+`cache_read_input_tokens` = cached, `cache_creation_input_tokens` = the prompt tokens this
+request newly cached. An engine error mid-stream is
+`event: error`; a `die_midstream` fault cuts the connection after K events.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+
+from app.prefix.convert_messages import chat_view
+from app.sim.asgi import SSE_HEADERS, Receive, Send, cut_connection, send_json
+from app.sim.engine import SimEngine
+from app.sim.options import SimOptions
+from app.sim.protocol import ApiError, ParsedRequest, _type_error, parse_chat, validate_cache_salt
+from app.sim.request import SimRequest
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
+
+
+class _Die(Exception):
+    pass
+
+
+def error_body(exc: ApiError) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"), "message": exc.message}}
+
+
+def parse_messages(body: dict[str, Any], served_model: str, strip_billing: bool, count_only: bool = False,
+                   merge_inline_system: bool = False) -> ParsedRequest:
+    """A Messages body as the chat request the engine builds from it."""
+    if "messages" not in body:
+        raise ApiError(400, "messages: Field required", "messages")
+    if not isinstance(body["messages"], list) or not body["messages"]:
+        raise _type_error("messages", "list")
+    max_tokens = body.get("max_tokens")
+    if not count_only and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0):
+        raise ApiError(400, "max_tokens: Field required (a positive integer)", "max_tokens")
+    chat = chat_view(body, strip_billing, merge_inline_system)
+    chat["model"] = body.get("model", served_model)
+    if not count_only:
+        chat["max_tokens"] = max_tokens
+        chat["stream"] = bool(body.get("stream"))
+    parsed = parse_chat(chat, served_model)
+    parsed.cache_salt = validate_cache_salt(body.get("cache_salt"))
+    return parsed
+
+
+def _usage(req: SimRequest, options: SimOptions, output: int, details: bool = True) -> dict[str, Any]:
+    """vLLM 0.32's mapping of the chat usage: without prompt token details (disabled, or the first
+    stream chunk, which carries none) `input_tokens` is the whole prompt and the cache fields are
+    absent; with them, `input_tokens = prompt - cached - created`."""
+    prompt = req.num_prompt_tokens
+    if not (details and options.enable_prompt_tokens_details):
+        return {"input_tokens": prompt, "output_tokens": output}
+    cached = max(req.num_cached_tokens, 0)
+    created = req.created_cache_tokens
+    return {"input_tokens": max(0, prompt - cached - created), "output_tokens": output,
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": created}
+
+
+def _event(name: str, obj: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def respond(engine: SimEngine, req: SimRequest, model: str, send: Send, receive: Receive,
+                  die_after: int | None) -> None:
+    """Non-streamed: one Messages response body."""
+    while not req.finished:
+        await req.event.wait()
+        req.event.clear()
+    if req.finish_reason == "abort":
+        return
+    if req.finish_reason == "error":
+        await send_json(send, 500, error_body(ApiError(500, req.error or "engine error")))
+        return
+    if die_after is not None:
+        await cut_connection(send, receive)
+        return
+    r = engine.options.reasoning_tokens
+    content: list[dict[str, Any]] = []
+    if r and req.output_text[:r]:
+        content.append({"type": "thinking", "thinking": "".join(req.output_text[:r]), "signature": uuid.uuid4().hex})
+    text = "".join(req.output_text[r:])
+    if text:
+        content.append({"type": "text", "text": text})
+    await send_json(send, 200, {
+        "id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "content": content,
+        "model": model, "stop_reason": STOP_REASONS.get(req.finish_reason or "stop", "end_turn"),
+        "stop_sequence": None, "usage": _usage(req, engine.options, len(req.output_ids))})
+
+
+async def stream(engine: SimEngine, req: SimRequest, model: str, send: Send, receive: Receive,
+                 die_after: int | None) -> None:
+    o = engine.options
+    r = o.reasoning_tokens
+    k = o.deltas_per_chunk
+    sent_events = 0
+
+    async def emit(data: bytes) -> None:
+        nonlocal sent_events
+        if die_after is not None and sent_events >= die_after:
+            raise _Die
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+        sent_events += 1
+
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    try:
+        started = False
+        block: str | None = None
+        index = 0
+        sent = 0
+        while True:
+            await req.event.wait()
+            req.event.clear()
+            if req.finish_reason == "abort":
+                return
+            if req.finish_reason == "error":
+                await emit(_event("error", {"type": "error", "error": {"type": "internal_error",
+                                                                        "message": req.error or "engine error"}}))
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            available = len(req.output_ids)
+            if not started and (available or req.finished):
+                await emit(_event("message_start", {"type": "message_start", "message": {
+                    "id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "content": [],
+                    "model": model, "stop_reason": None, "stop_sequence": None,
+                    "usage": _usage(req, o, 0, details=False)}}))
+                started = True
+            while available - sent >= k or (req.finished and sent < available):
+                end = min(sent + k, available)
+                if sent < r < end:
+                    end = r  # reasoning and text never share an event
+                kind = "thinking" if sent < r else "text"
+                if block != kind:
+                    if block is not None:
+                        await emit(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+                        index += 1
+                    await emit(_event("content_block_start", {"type": "content_block_start", "index": index,
+                                                              "content_block": {"type": kind, kind: ""}}))
+                    block = kind
+                piece = "".join(req.output_text[sent:end])
+                delta = {"type": "thinking_delta", "thinking": piece} if kind == "thinking" else \
+                    {"type": "text_delta", "text": piece}
+                await emit(_event("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                          "delta": delta}))
+                sent = end
+            if req.finished:
+                break
+        if block is not None:
+            await emit(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
+        await emit(_event("message_delta", {"type": "message_delta", "delta": {
+            "stop_reason": STOP_REASONS.get(req.finish_reason or "stop", "end_turn")},
+            "usage": _usage(req, o, len(req.output_ids))}))
+        await emit(_event("message_stop", {"type": "message_stop"}))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except _Die:
+        engine.abort(req)
+        await cut_connection(send, receive)
