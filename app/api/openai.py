@@ -31,6 +31,7 @@ from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
 
 if TYPE_CHECKING:
+    from app.config import Settings
     from app.services import Services
 
 
@@ -88,6 +89,18 @@ async def _too_large(receive: Any, message: str) -> ProxyError:
     return ProxyError(413, message, code="request_too_large")
 
 
+def new_context(settings: Settings, request_id: str, route: str | None, path: str, headers: dict[str, str],
+                body: dict[str, Any], clock: StreamClock) -> RequestContext:
+    """Step 0's context for a parsed request (also the Endpoint Picker's, app/epp/exchange.py);
+    raises ProxyError(401) when keys are configured and none is valid."""
+    return RequestContext(
+        request_id=request_id, route=route or "passthrough", path=path,
+        tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
+        model=body.get("model") if route else None, stream=bool(body.get("stream")),
+        timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
+    )
+
+
 class ClientGone(Exception):
     """The client disconnected before its request body was complete."""
 
@@ -143,12 +156,7 @@ class OpenAIProxy:
             if route is not None and scope["method"] != "POST":
                 raise ProxyError(405, f"{path} only accepts POST", code="method_not_allowed")
             body = parse_body(raw, route) if route is not None else {}  # passthrough: bytes only
-            ctx = RequestContext(
-                request_id=request_id, route=route or "passthrough", path=path,
-                tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
-                model=body.get("model") if route else None, stream=bool(body.get("stream")),
-                timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
-            )
+            ctx = new_context(settings, request_id, route, path, headers, body, clock)
             watcher = asyncio.create_task(
                 _watch_disconnect(receive, asyncio.current_task(), disconnected, send))
             if route is not None:

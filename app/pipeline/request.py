@@ -66,6 +66,15 @@ class RequestPipeline:
     async def run(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
         """Steps 1-7 for chat/completions. Raises ProxyError (or the last upstream error) when
         nothing was sent to the client yet; the adapter turns it into an OpenAI-shaped error."""
+        body, request, drop_usage = await self.prepare(ctx, raw)
+        mode: Mode = "stream" if ctx.stream else "buffered"
+        await forward(self.services, ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
+                      mode=mode, drop_usage=drop_usage)
+
+    async def prepare(self, ctx: RequestContext, raw: bytes) -> tuple[bytes, RouteRequest, bool]:
+        """Steps 1-4: the bytes to send upstream, what the router reads, and whether the usage
+        chunk the gateway asked for must be dropped from the stream. Shared by `run` and the
+        Endpoint Picker (app/epp/exchange.py), whose data plane does steps 5-7's transport."""
         services = self.services
         self._admit(ctx)  # 1
         if services.hygiene is not None:
@@ -81,10 +90,7 @@ class RequestPipeline:
                               include_usage=drop_usage)
         fp = ctx.fingerprint
         estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else len(body) // BYTES_PER_TOKEN_ESTIMATE
-        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate)
-        mode: Mode = "stream" if ctx.stream else "buffered"
-        await forward(services, ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
-                      mode=mode, drop_usage=drop_usage)
+        return body, RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate), drop_usage
 
     async def passthrough(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock, *,
                           method: str, path: str) -> None:
