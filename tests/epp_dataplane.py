@@ -40,7 +40,7 @@ class Result:
     served: str | None = None
     log: list[str] = field(default_factory=list)  # the message sequence, one line each
     chunk_answer_s: list[float] = field(default_factory=list)  # per response chunk: write -> answer
-    pick_s: float | None = None  # request body's end written -> the pick read
+    pick_s: float | None = None  # request body's end written -> the pick and the body read back
     forwarded: bytes = b""  # the request body the replica got (after the EPP's body mutation)
 
     def json(self) -> Any:
@@ -112,7 +112,7 @@ class DataPlane:
         sent_at = time.perf_counter()
         # the pick, or an immediate response
         answer = await call.read()
-        pick_s = time.perf_counter() - sent_at
+        pick_s = time.perf_counter() - sent_at  # an immediate response's; a pick's once its body is back
         if answer.HasField("immediate_response"):
             imm = answer.immediate_response
             log.append(f"<- immediate_response ({imm.status.code})")
@@ -137,6 +137,7 @@ class DataPlane:
                        f"{', end_of_stream' if streamed.end_of_stream else ''})")
             if streamed.end_of_stream:
                 break
+        pick_s = time.perf_counter() - sent_at  # the request side's whole added wait: pick + body back
         assert int(req_headers["content-length"]) == len(forwarded)
         # the data plane's retry: down the list until one endpoint answers
         upstream_headers = {k: v for k, v in req_headers.items() if not k.startswith(":")}
