@@ -255,3 +255,25 @@ def test_grpc_health_says_serving_only_while_usable(sim_factory, epp_factory):
     wait_for("readiness", not_serving)
     wait_for(protocol.EXT_PROC_SERVICE, not_serving)
     assert check("liveness") == serving
+
+
+def test_usage_is_observed_but_not_shown_to_a_client_that_did_not_ask(sim_factory, epp_factory):
+    sim = sim_factory(replicas=1, time_scale=0.0)
+    epp = epp_factory(sim)
+    body = {"model": "sim", "messages": conversation(2, 1)[0], "max_tokens": 4, "stream": True}
+    r = epp.run(lambda plane: plane.request("/v1/chat/completions", body, {"x-tenant-id": "quiet"}))
+    assert r.status == 200
+    assert orjson.loads(r.forwarded)["stream_options"] == {"include_usage": True}  # asked upstream
+    assert b'"usage":{' not in r.body and r.body.rstrip().endswith(b"data: [DONE]")  # dropped for the client
+    assert (epp.sample("prefixgate_prompt_tokens_total", model="sim", tenant="quiet") or 0) > 1000
+
+
+def test_completions_and_buffered_answers_are_observed(sim_factory, epp_factory):
+    sim = sim_factory(replicas=1, time_scale=0.0)
+    epp = epp_factory(sim)
+    body = {"model": "sim", "prompt": "tenant c documents: " + words(5, 800), "max_tokens": 4}
+    r = epp.run(lambda plane: plane.request("/v1/completions", body, {"x-tenant-id": "c"}))
+    assert r.status == 200 and r.json()["object"] == "text_completion"
+    prompt = r.json()["usage"]["prompt_tokens"]
+    assert epp.sample("prefixgate_prompt_tokens_total", model="sim", tenant="c") == prompt
+    assert epp.sample("prefixgate_requests_total", route="completions", status="200") == 1
