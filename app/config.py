@@ -274,6 +274,9 @@ class Epp(Section):
     tls: bool = True
     cert_file: str | None = None
     key_file: str | None = None
+    pool: str | None = None  # an InferencePool's name: its pods become the backends (app/epp/pool.py)
+    pool_namespace: str | None = None  # default: the pod's own namespace (service account)
+    kube_api: str | None = None  # default: the in-cluster API server (service account token and CA)
 
 
 class Settings(BaseSettings):

@@ -63,14 +63,18 @@ class EppHandle:
         return self.app.services.metrics.registry.get_sample_value(name, labels)
 
 
+def make_epp(backends: Any, names: list[str] | None = None, **sections: Any) -> EppHandle:
+    """`prefixgate epp`'s app (control plane + ext_proc + health on free loopback ports), started."""
+    sections["epp"] = {"host": "127.0.0.1", "grpc_port": 0, "health_port": 0, **sections.get("epp", {})}
+    app, epp = create_epp_app(build_settings(backends, names, **sections))
+    return EppHandle(app, epp, ServerThread(app).start())
+
+
 @pytest.fixture
 def epp_factory() -> Iterator[Callable[..., EppHandle]]:
     with contextlib.ExitStack() as started:
         def make(backends: Any, names: list[str] | None = None, **sections: Any) -> EppHandle:
-            sections.setdefault("epp", {})
-            sections["epp"] = {"host": "127.0.0.1", "grpc_port": 0, "health_port": 0, **sections["epp"]}
-            app, epp = create_epp_app(build_settings(backends, names, **sections))
-            handle = EppHandle(app, epp, ServerThread(app).start())
+            handle = make_epp(backends, names, **sections)
             started.callback(handle.server.stop)
             return handle
         yield make

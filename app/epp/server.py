@@ -133,8 +133,14 @@ def create_epp_app(settings: Any) -> tuple[PrefixgateApp, EppServer]:
     from app.server import create_app
 
     app = create_app(settings)
-    epp = EppServer(app.services)
-    app.services.background.append(epp)
+    services = app.services
+    if settings.epp.pool is not None:  # endpoints from an InferencePool (before health checks run)
+        from app.epp.pool import PoolWatch
+        from app.routing.components import forget_removed
+
+        services.background.insert(0, PoolWatch(settings.epp, services.replicas, forget_removed(services.residency)))
+    epp = EppServer(services)
+    services.background.append(epp)
     return app, epp
 
 
@@ -164,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
         if args.plaintext:
             epp["tls"] = False
         settings = base.model_copy(update={"epp": base.epp.model_copy(update=epp)})  # flags over file/env
-        if not settings.backends and settings.discovery is None:
-            raise ConfigError("backends: none: pass --backend URL, set backends or discovery in the config file")
+        if not settings.backends and settings.discovery is None and settings.epp.pool is None:
+            raise ConfigError("backends: none: pass --backend URL, set backends, discovery or epp.pool in the config")
         app, _ = create_epp_app(settings)
     except ValueError as exc:
         print(f"prefixgate: {exc}", file=sys.stderr)
