@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from app.config import Settings
 from tests.deploy_tools import CHART
 from tests.test_deploy_helm import by_kind, render_set
 
@@ -78,3 +79,10 @@ def test_the_example_route_sends_to_the_pool(docs) -> None:
 def test_gateway_mode_renders_none_of_the_epp_objects() -> None:
     kinds = {d["kind"] for d in render_set(None)}
     assert kinds.isdisjoint({"InferencePool", "HTTPRoute", "Role", "RoleBinding"})
+
+
+def test_the_epp_config_watches_the_charts_pool(docs) -> None:
+    (pool,) = by_kind(docs, "InferencePool")
+    config = next(d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d["data"])
+    settings = Settings(**yaml.safe_load(config["data"]["config.yaml"]))
+    assert settings.epp.pool == pool["metadata"]["name"] and not settings.backends and settings.discovery is None
