@@ -10,6 +10,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[test]'
+	# xds-protos (prefixgate epp) bundles an older copy of opentelemetry/proto/*: reinstall the
+	# real opentelemetry-proto over it, so tracing's OTLP exporter finds the names it imports
+	$(BIN)/pip install -q --force-reinstall --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("app.doctor.cli", "is this endpoint's prefix cache really working?"),
     "lint": ("app.prefix.lint", "hygiene findings for a request body (JSON) or a sequence (JSONL)"),
     "bench": ("app.benchcmd", "run a benchmark from bench/ and print its table"),
+    "epp": ("app.epp.server", "serve as a Gateway API Inference Extension Endpoint Picker (ext_proc gRPC)"),
 }
 
 

@@ -268,6 +268,21 @@ class Shutdown(Section):
     grace_s: float = Field(default=600.0, gt=0)  # agent streams run for minutes
 
 
+class Epp(Section):
+    """`prefixgate epp` (docs/epp.md): the ext_proc gRPC port (TLS: the given certificate, else a
+    self-signed one made at start; `tls: false` for plaintext), and the gRPC health port."""
+
+    grpc_port: int = Field(default=9002, ge=0, le=65535)
+    health_port: int = Field(default=9003, ge=0, le=65535)
+    host: str = "0.0.0.0"
+    tls: bool = True
+    cert_file: str | None = None
+    key_file: str | None = None
+    pool: str | None = None  # an InferencePool's name: its pods become the backends (app/epp/pool.py)
+    pool_namespace: str | None = None  # default: the pod's own namespace (service account)
+    kube_api: str | None = None  # default: the in-cluster API server (service account token and CA)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid")
 
@@ -290,6 +305,7 @@ class Settings(BaseSettings):
     ui: Ui = Field(default_factory=Ui)
     admin: Admin = Field(default_factory=Admin)
     shutdown: Shutdown = Field(default_factory=Shutdown)
+    epp: Epp = Field(default_factory=Epp)
 
     @classmethod
     def settings_customise_sources(

@@ -33,6 +33,7 @@ from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
 
 if TYPE_CHECKING:
+    from app.config import Settings
     from app.services import Services
 
 
@@ -107,6 +108,19 @@ def model_of(raw: bytes) -> str | None:
     return model if isinstance(model, str) and model else None
 
 
+def new_context(settings: Settings, request_id: str, route: str | None, path: str, headers: dict[str, str],
+                body: dict[str, Any], clock: StreamClock, model: str | None = None) -> RequestContext:
+    """Step 0's context for a parsed request (also the Endpoint Picker's, app/epp/exchange.py);
+    raises ProxyError(401) when keys are configured and none is valid. `model`: a passthrough
+    path's model, for the paths routed by it (MODEL_PASSTHROUGH)."""
+    return RequestContext(
+        request_id=request_id, route=route or "passthrough", path=path,
+        tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
+        model=body.get("model") if route else model, stream=bool(body.get("stream")),
+        timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
+    )
+
+
 class ClientGone(Exception):
     """The client disconnected before its request body was complete."""
 
@@ -162,13 +176,8 @@ class OpenAIProxy:
             if route is not None and scope["method"] != "POST":
                 raise ProxyError(405, f"{path} only accepts POST", code="method_not_allowed")
             body = parse_body(raw, route) if route is not None else {}  # passthrough: bytes only
-            model = body.get("model") if route else model_of(raw) if path in MODEL_PASSTHROUGH else None
-            ctx = RequestContext(
-                request_id=request_id, route=route or "passthrough", path=path,
-                tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
-                model=model, stream=bool(body.get("stream")),
-                timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
-            )
+            model = None if route else model_of(raw) if path in MODEL_PASSTHROUGH else None
+            ctx = new_context(settings, request_id, route, path, headers, body, clock, model)
             watcher = asyncio.create_task(
                 _watch_disconnect(receive, asyncio.current_task(), disconnected, send))
             if route is not None:

@@ -76,6 +76,21 @@ class RequestPipeline:
     async def run(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
         """Steps 1-7 for chat/completions. Raises ProxyError (or the last upstream error) when
         nothing was sent to the client yet; the adapter turns it into an OpenAI-shaped error."""
+        body, request, drop_usage = await self.prepare(ctx, raw)
+        mode: Mode = "stream" if ctx.stream else "buffered"
+        try:
+            await forward(self.services, ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
+                          mode=mode, drop_usage=drop_usage)
+        except (UpstreamError, NoReplicaAvailable) as exc:
+            previous = ctx.body.get("previous_response_id") if ctx.route == "responses" else None
+            if ctx.pinned_replica is None or not isinstance(previous, str):
+                raise
+            raise self.responses.unreachable(previous, exc) from exc
+
+    async def prepare(self, ctx: RequestContext, raw: bytes) -> tuple[bytes, RouteRequest, bool]:
+        """Steps 1-4: the bytes to send upstream, what the router reads, and whether the usage
+        chunk the gateway asked for must be dropped from the stream. Shared by `run` and the
+        Endpoint Picker (app/epp/exchange.py), whose data plane does steps 5-7's transport."""
         services = self.services
         self._admit(ctx)  # 1
         responses = ctx.route == "responses"
@@ -97,15 +112,8 @@ class RequestPipeline:
                               include_usage=drop_usage)
         fp = ctx.fingerprint
         estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else len(body) // BYTES_PER_TOKEN_ESTIMATE
-        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate, pinned=ctx.pinned_replica)
-        mode: Mode = "stream" if ctx.stream else "buffered"
-        try:
-            await forward(services, ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
-                          mode=mode, drop_usage=drop_usage)
-        except (UpstreamError, NoReplicaAvailable) as exc:
-            if ctx.pinned_replica is None or not isinstance(previous, str):
-                raise
-            raise self.responses.unreachable(previous, exc) from exc
+        return body, RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate,
+                                  pinned=ctx.pinned_replica), drop_usage
 
     async def passthrough(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock, *,
                           method: str, path: str) -> None:

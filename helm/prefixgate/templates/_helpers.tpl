@@ -45,11 +45,19 @@ app.kubernetes.io/part-of: prefixgate
 name: prefixgate
 image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
 imagePullPolicy: {{ .Values.image.pullPolicy }}
-args: ["serve", "--config", "/etc/prefixgate/config.yaml"]
+args: [{{ if eq .Values.mode "epp" }}"epp"{{ else }}"serve"{{ end }}, "--config", "/etc/prefixgate/config.yaml"]
 ports:
   - name: http
     containerPort: {{ .Values.config.listen.port }}
     protocol: TCP
+  {{- if eq .Values.mode "epp" }}
+  - name: grpc
+    containerPort: {{ .Values.epp.grpcPort }}
+    protocol: TCP
+  - name: grpc-health
+    containerPort: {{ .Values.epp.healthPort }}
+    protocol: TCP
+  {{- end }}
   {{- with (.Values.config.admin | default dict).listen }}
   - name: admin
     containerPort: {{ .port }}
@@ -75,6 +83,18 @@ env:
 envFrom:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- if eq .Values.mode "epp" }}
+livenessProbe:
+  grpc:
+    port: {{ .Values.epp.healthPort }}
+    service: liveness
+  {{- toYaml .Values.probes.liveness | nindent 2 }}
+readinessProbe:
+  grpc:
+    port: {{ .Values.epp.healthPort }}
+    service: readiness
+  {{- toYaml .Values.probes.readiness | nindent 2 }}
+{{- else }}
 livenessProbe:
   httpGet:
     path: /healthz
@@ -85,6 +105,7 @@ readinessProbe:
     path: /readyz
     port: http
   {{- toYaml .Values.probes.readiness | nindent 2 }}
+{{- end }}
 {{- if .Values.shutdown.preStopSeconds }}
 lifecycle:
   preStop:  # SIGTERM only once the endpoints have dropped the pod (python: always in the image)

@@ -1,0 +1,1 @@
+"""prefixgate as a Gateway API Inference Extension Endpoint Picker (docs/epp.md)."""

@@ -1,0 +1,345 @@
+"""One HTTP request as the Endpoint Picker sees it: one ext_proc stream, message by message.
+
+The data plane carries the bytes; this class runs the same pipeline steps `serve` runs
+(app/pipeline/request.py) at the points of the stream where their inputs are known:
+
+| ext_proc message (data plane -> EPP)   | what runs                                  | answer                       |
+|----------------------------------------|--------------------------------------------|------------------------------|
+| request_headers                        | arrival stamp, headers kept                | (held until the body's end)  |
+| request_body (until end_of_stream)     | buffered (limits.max_body_bytes)           | (held)                       |
+| request_body end_of_stream             | steps 0-4 (`RequestPipeline.prepare`), the | request_headers (pick:       |
+|                                        | pick (`router.choose`, subset honoured)    | header + envoy.lb metadata), |
+|                                        |                                            | request_body (the bytes)     |
+|                                        | reject / no endpoint                       | immediate_response 400 / 503 |
+| response_headers (+ served metadata)   | the serving replica and status are known   | response_headers             |
+| response_body chunk                    | step 7's observer (TTFT, usage, whole      | response_body (the observer's|
+|                                        | events), first byte -> router.on_routed    | bytes), as it arrives        |
+| response_body end_of_stream / stream   | steps 8-9 (`RequestPipeline.finish`),      |                              |
+| closed                                 | router.on_finished                         |                              |
+
+Every endpoint the EPP lists is a replica the router chose (primary first, then fallbacks
+excluding the ones before), so when the data plane's retry lands on the second one the
+served-endpoint metadata names a decision the router made and the accounting follows it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+
+from app.api.errors import error_body, to_proxy_error
+from app.api.openai import ROUTES, new_context, request_id_from
+from app.api.validation import parse_body
+from app.epp import protocol
+from app.proxy.clock import StreamClock
+from app.proxy.context import ProxyError, RequestContext, Timings
+from app.proxy.observer import StreamObserver
+from app.proxy.openai_shape import shape_for
+from app.proxy.record import child
+from app.proxy.relay import output_text_of, proxy_headers
+from app.proxy.upstream import UpstreamError
+from app.routing.base import NoReplicaAvailable, RouteDecision, RouteRequest
+
+if TYPE_CHECKING:
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    from app.pipeline.request import RequestPipeline
+    from app.services import Services
+
+BYTES_PER_TOKEN_ESTIMATE = 4
+MAX_BUFFERED_RESPONSE = 8 * 1024 * 1024  # a non-streamed answer parsed for usage, at most
+
+
+class Exchange:
+    """The state of one ext_proc stream. `handle` answers each message; `close` ends the request
+    (idempotent), whatever the point the stream stopped at."""
+
+    def __init__(self, services: Services, pipeline: RequestPipeline) -> None:
+        self.services = services
+        self.pipeline = pipeline
+        self.clock = StreamClock(Timings(arrival=time.perf_counter()))
+        self.headers: dict[str, str] = {}
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.subset: list[str] | None = None
+        self.ctx: RequestContext | None = None
+        self.request: RouteRequest | None = None
+        self.decisions: list[RouteDecision] = []
+        self.active: RouteDecision | None = None  # the decision whose replica holds the request
+        self.queued = 0
+        self.observer: StreamObserver | None = None
+        self.buffered: list[bytes] | None = None
+        self.passthrough = False
+        self.got_first = False
+        self.ended = False
+        self.closed = False
+
+    # ------------------------------------------------------------------ request side
+    async def handle(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        kind = msg.WhichOneof("request")
+        if kind == "request_headers":
+            return await self._request_headers(msg)
+        if kind == "request_body":
+            return await self._request_body(msg)
+        if kind == "response_headers":
+            return self._response_headers(msg)
+        if kind == "response_body":
+            return self._response_body(msg)
+        if kind in ("request_trailers", "response_trailers"):
+            return [protocol.trailers(kind)]
+        return []
+
+    async def _request_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        self.clock.timings.arrival = time.perf_counter()
+        self.headers = protocol.header_dict(msg.request_headers)
+        self.subset = protocol.subset_hint(msg.metadata_context)
+        path = self.headers.get(":path", "").split("?", 1)[0]
+        if ROUTES.get(path) is None or self.headers.get(":method", "POST") != "POST":
+            # other paths: picked without a prompt, their bytes passed on untouched
+            self.passthrough = True
+            return await self._pick_passthrough()
+        if msg.request_headers.end_of_stream:
+            return await self._decide()
+        return []
+
+    async def _request_body(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        body = msg.request_body
+        if self.passthrough:
+            return [protocol.streamed_body("request_body", body.body, body.end_of_stream)]
+        if body.body:
+            self.size += len(body.body)
+            limit = self.services.settings.limits.max_body_bytes
+            if self.size > limit:
+                return self._reject(ProxyError(413, f"request body exceeds the limit of {limit} bytes",
+                                               code="request_too_large"))
+            self.parts.append(body.body)
+        if body.end_of_stream:
+            return await self._decide()
+        return []
+
+    async def _decide(self) -> list[pb.ProcessingResponse]:
+        raw = b"".join(self.parts)
+        self.parts.clear()
+        path = self.headers.get(":path", "").split("?", 1)[0]
+        route = ROUTES[path]
+        settings = self.services.settings
+        try:
+            body = parse_body(raw, route)
+            self.ctx = new_context(settings, request_id_from(self.headers), route, path, self.headers, body,
+                                   self.clock)
+            forwarded, request, drop_usage = await self.pipeline.prepare(self.ctx, raw)
+            self.request = request
+            await self._pick(request)
+        except Exception as exc:  # every refusal is the OpenAI-shaped error serve gives
+            return self._reject(to_proxy_error(exc))
+        ctx = self.ctx
+        if ctx.stream:
+            self.observer = StreamObserver(shape_for(ctx.route), self.clock, drop_usage,
+                                           collect_text=int(ctx.body.get("n") or 1) == 1)
+        else:
+            self.buffered = []
+        self.clock.upstream_sent(time.perf_counter())
+        endpoints = [protocol.endpoint_of(d.replica.url) for d in self.decisions]
+        return [protocol.picked(endpoints, len(forwarded)),
+                protocol.streamed_body("request_body", forwarded, True)]
+
+    def _allowed(self) -> frozenset[str]:
+        """Replica names outside the data plane's subset (the router's `exclude`)."""
+        if self.subset is None:
+            return frozenset()
+        allowed = set(self.subset)
+        return frozenset(r.name for r in self.services.replicas.all()
+                         if protocol.endpoint_of(r.url) not in allowed)
+
+    async def _pick(self, request: RouteRequest) -> None:
+        """The primary and up to `routing.max_retries` fallbacks, each the router's own choice."""
+        router = self.services.router
+        excluded = set(self._allowed())
+        for i in range(1 + max(0, self.services.settings.routing.max_retries)):
+            try:
+                decision = await router.choose(request, frozenset(excluded))
+            except NoReplicaAvailable:
+                if i == 0:
+                    raise
+                break
+            self.decisions.append(decision)
+            excluded.add(decision.replica.name)
+        self._hold(self.decisions[0])
+
+    def _hold(self, decision: RouteDecision) -> None:
+        """`decision`'s replica now holds the request (inflight, prefill backlog, decision metric)."""
+        metrics = self.services.metrics
+        replica = decision.replica
+        self.active = decision
+        if self.ctx is not None:
+            self.ctx.decision = decision
+            self.ctx.attempts += 1
+        child(metrics.route_decisions, replica.name, decision.reason).inc()
+        replica.inflight += 1
+        child(metrics.backend_inflight, replica.name).set(replica.inflight)
+        self.queued = decision.prefill_tokens
+        replica.queued_prompt_tokens += self.queued
+
+    def _release(self) -> None:
+        decision = self.active
+        if decision is None:
+            return
+        replica = decision.replica
+        replica.inflight -= 1
+        replica.queued_prompt_tokens -= self.queued
+        self.queued = 0
+        child(self.services.metrics.backend_inflight, replica.name).set(replica.inflight)
+        self.active = None
+
+    async def _pick_passthrough(self) -> list[pb.ProcessingResponse]:
+        request = RouteRequest("passthrough", None, None, None, 0)
+        try:
+            decision = await self.services.router.choose(request, self._allowed())
+        except NoReplicaAvailable as exc:
+            return self._reject(to_proxy_error(exc))
+        return [protocol.picked([protocol.endpoint_of(decision.replica.url)], None)]
+
+    def _reject(self, err: ProxyError) -> list[pb.ProcessingResponse]:
+        if self.ctx is not None:
+            self.ctx.status = err.status
+            self.ctx.outcome = "client_error" if err.status < 500 else "upstream_error"
+        else:
+            route = ROUTES.get(self.headers.get(":path", "").split("?", 1)[0], "passthrough")
+            self.services.metrics.requests.labels(route, str(err.status)).inc()
+        request_id = self.ctx.request_id if self.ctx else request_id_from(self.headers)
+        headers = [("x-request-id", request_id), *err.headers.items()]
+        out = [protocol.immediate(err.status, error_body(err), headers)]
+        self.close()
+        return out
+
+    # ------------------------------------------------------------------ response side
+    def _response_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        ctx = self.ctx
+        if ctx is None:
+            return [protocol.continue_headers("response_headers")]
+        headers = protocol.header_dict(msg.response_headers)
+        status = int(headers.get(":status", "200") or 200)
+        ctx.status = status
+        self._follow_served(protocol.served_endpoint(msg.metadata_context))
+        replica = self.active.replica if self.active else None
+        if status >= 500 and replica is not None:
+            self.services.health.mark_failure(replica, "status_5xx")
+            self.services.metrics.upstream_errors.labels(replica.name, "status_5xx").inc()
+        if status != 200:
+            self.observer = None
+            self.buffered = None
+        out = [protocol.continue_headers(
+            "response_headers",
+            [(k.decode("latin-1"), v.decode("latin-1")) for k, v in proxy_headers(ctx)])]
+        if msg.response_headers.end_of_stream:
+            self.ended = True
+            self.close()
+        return out
+
+    def _follow_served(self, served: str | None) -> None:
+        """The data plane's retry may have walked the list: move the hold to the replica that served."""
+        if served is None or self.active is None:
+            return
+        if protocol.endpoint_of(self.active.replica.url) == served:
+            return
+        for decision in self.decisions:
+            if protocol.endpoint_of(decision.replica.url) == served:
+                failed = self.active.replica
+                self.services.health.mark_failure(failed, "connect")
+                self.services.metrics.upstream_errors.labels(failed.name, "connect").inc()
+                self._release()
+                self.clock.attempt_failed(time.perf_counter())
+                self.clock.upstream_sent(time.perf_counter())
+                self._hold(decision)
+                return
+
+    def _response_body(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
+        body = msg.response_body
+        data, eos = body.body, body.end_of_stream
+        now = time.perf_counter()
+        ctx = self.ctx
+        if ctx is not None and not self.got_first and (data or eos):
+            self._first_byte(now)
+        out = data
+        if self.observer is not None:
+            out = self.observer.feed(data, now) if data else b""
+        elif self.buffered is not None and data:
+            if sum(map(len, self.buffered)) + len(data) <= MAX_BUFFERED_RESPONSE:
+                self.buffered.append(data)
+        if eos:
+            self.ended = True
+            if self.observer is not None:
+                self.observer.finish()
+                if not self.observer.done and ctx is not None:
+                    ctx.outcome = "midstream_error"
+                    ctx.upstream_failure = UpstreamError("midstream", self._backend(),
+                                                         "upstream closed the stream before its end marker")
+            self.close()
+        return [protocol.streamed_body("response_body", out, eos)]
+
+    def _first_byte(self, now: float) -> None:
+        self.got_first = True
+        decision, request = self.active, self.request
+        if decision is None or request is None or self.ctx is None:
+            return
+        status = self.ctx.status or 200
+        if status < 400:
+            self.clock.first_byte(now)
+            self.services.health.mark_success(decision.replica)
+            self.services.router.on_routed(request, decision)
+        decision.replica.queued_prompt_tokens -= self.queued
+        self.queued = 0
+
+    def _backend(self) -> str:
+        return self.active.replica.name if self.active else "?"
+
+    # ------------------------------------------------------------------ end
+    def close(self) -> None:
+        """Steps 8-9 once, at the response's end or wherever the stream stopped."""
+        if self.closed:
+            return
+        self.closed = True
+        ctx = self.ctx
+        if ctx is None:
+            return
+        if not self.ended and ctx.outcome == "ok" and ctx.status is None:
+            ctx.outcome = "client_disconnect"  # the data plane ended the exchange before any answer
+            ctx.status = 499
+        elif not self.ended and ctx.outcome == "ok":
+            ctx.outcome = "midstream_error"  # the stream stopped before its end (a replica or client gone)
+            ctx.upstream_failure = UpstreamError("midstream", self._backend(), "the response stopped before its end")
+        if self.observer is not None:
+            if not self.ended:
+                self.observer.finish()
+            ctx.usage = self.observer.usage
+            if self.observer.collect_text:
+                ctx.output_text = self.observer.output_text
+            if self.observer.error is not None and ctx.outcome == "ok":
+                ctx.outcome = "midstream_error"
+        elif self.buffered and ctx.status == 200:
+            self._parse_buffered(ctx, b"".join(self.buffered))
+        if ctx.status is not None and 400 <= ctx.status < 500 and ctx.outcome == "ok":
+            ctx.outcome = "client_error"
+        if ctx.upstream_failure is not None and self.active is not None:
+            self.services.metrics.upstream_errors.labels(self.active.replica.name, ctx.upstream_failure.kind).inc()
+        decision, request = self.active, self.request
+        self._release()
+        if decision is not None and request is not None and self.got_first:
+            self.services.router.on_finished(request, decision, ctx.outcome == "ok")
+        self.clock.end(time.perf_counter())
+        self.pipeline.finish(ctx, self.clock)
+
+    @staticmethod
+    def _parse_buffered(ctx: RequestContext, body: bytes) -> None:
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(payload, dict):
+            usage = payload.get("usage")
+            ctx.usage = usage if isinstance(usage, dict) else None
+            text = output_text_of(payload, ctx.route)
+            if text is not None:
+                ctx.output_text = text
