@@ -15,6 +15,8 @@ step writes only the typed fields listed for it (app/proxy/context.py); later st
 |    |             | (prefix_stage.py)                       | (.input, .routed_blocks, .routed_complete,        |
 |    |             |                                         | .pending: the rest of a big prompt, in a worker)  |
 | 3b | trace start | app/pipeline/tracing_stage.py           | span; headers["traceparent"] (sent upstream)      |
+| 3c | admission   | app/admission/gate.py                   | admission (the tenant's limit hold); or a 429     |
+|    |             |                                         | (over a limit) / 503 (queue full or past its TTL) |
 | 4  | encode      | app/pipeline/body.py `forwarded_body`   | (the bytes sent: the client's, salt and           |
 |    |             |                                         | include_usage spliced in)                         |
 | 5  | route       | app/proxy/forward.py -> services.router | decision, attempts                                |
@@ -39,9 +41,11 @@ step 3b and their `after_response` after 8b. docs/pipeline.md tells the same pat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from app.admission.gate import rate_headers
 from app.pipeline.body import client_wants_usage, forwarded_body
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext
@@ -53,6 +57,14 @@ if TYPE_CHECKING:
     from app.server import Services
 
 log = logging.getLogger("prefixgate.pipeline")
+_RELEASES: set[asyncio.Task[None]] = set()  # admission releases in flight (referenced until done)
+
+
+def _int_or(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
 
 BYTES_PER_TOKEN_ESTIMATE = 4  # routing's load estimate for a prompt without a fingerprint
 
@@ -76,6 +88,8 @@ class RequestPipeline:
             await services.tracing.before_route(ctx)  # 3b
         for hook in services.hooks:
             await hook.before_route(ctx)
+        if services.admission is not None:
+            await self._admission(ctx, len(raw))  # 3c
         drop_usage = ctx.stream and not client_wants_usage(ctx.body)
         body = forwarded_body(raw, ctx.body, changed=ctx.body_changed, salt=ctx.salt,  # 4
                               include_usage=drop_usage)
@@ -105,8 +119,30 @@ class RequestPipeline:
                 log.exception("after_response of %s failed", type(stage).__name__)
         try:
             record_request(services.metrics, ctx, clock)  # 9
+            if ctx.decision is not None and ctx.route != "passthrough":
+                services.metrics.prefill_tokens.labels(services.metrics.tenant_label(ctx.tenant)).observe(
+                    ctx.decision.prefill_tokens)
         except Exception:
             log.exception("recording metrics failed")
+        if ctx.admission is not None and services.admission is not None:
+            task = asyncio.get_running_loop().create_task(services.admission.done(ctx.admission, ctx.prompt_tokens))
+            _RELEASES.add(task)
+            task.add_done_callback(_RELEASES.discard)
+
+    async def _admission(self, ctx: RequestContext, raw_bytes: int) -> None:
+        """Limits first (a refusal never waits), then the queue while every replica is saturated.
+        The estimate is the fingerprint's token count, else the body size over 4."""
+        admission = self.services.admission
+        assert admission is not None
+        fp = ctx.fingerprint
+        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else raw_bytes // BYTES_PER_TOKEN_ESTIMATE
+        ctx.admission = await admission.admit(ctx.tenant, estimate)
+        if ctx.admission is not None:
+            ctx.response_headers.update(rate_headers(ctx.admission.limits, ctx.admission.verdict))
+        tenant_cfg = self.services.settings.tenants.config_for(ctx.tenant)
+        priority = _int_or(ctx.headers.get(self.services.settings.admission.priority_header.lower()),
+                           tenant_cfg.priority)
+        await admission.wait_turn(ctx.tenant, priority, self.services.replicas.all, ctx.model)
 
     def _admit(self, ctx: RequestContext) -> None:
         known = self.services.health.known_models()
