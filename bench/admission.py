@@ -40,25 +40,41 @@ from bench.routing import start_sims  # noqa: E402
 from bench.routing_trace import Tenant, _text  # noqa: E402
 
 MODEL = "sim"
-SHORT, LONG, HUGE = 2000, 16000, 32000
+SHORT, LONG, HUGE, SHARED = 2000, 16000, 32000, 1000
 REQUEST = {"model": MODEL, "max_tokens": 8, "ignore_eos": True}
 LANE = {"long_prefill_tokens": 8192, "max_share": 0.5}
 QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_inflight": 2}
 
-ROWS: dict[str, dict[str, Any]] = {
-    "round_robin": {"routing": {"policy": "round_robin"}},
-    "prefix_affinity": {"routing": {"policy": "prefix_affinity"}},
-    "+ long lane (max_share 0.5)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}},
-    "+ admission (lane + queue)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}, "admission": QUEUE},
-    "dedicated lane r3 (extra)": {"routing": {"policy": "prefix_affinity",
-                                              "lanes": {**LANE, "replicas": ["r3"]}}},
-}
+def rows_config() -> dict[str, dict[str, Any]]:
+    return {
+        "round_robin": {"routing": {"policy": "round_robin"}},
+        "prefix_affinity": {"routing": {"policy": "prefix_affinity"}},
+        "+ long lane (max_share 0.5)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}},
+        "+ admission (lane + queue)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}, "admission": QUEUE},
+        "dedicated lane r3 (extra)": {"routing": {"policy": "prefix_affinity",
+                                                  "lanes": {**LANE, "replicas": ["r3"]}}},
+    }
+
+
+def apply_token_scale(args: argparse.Namespace) -> None:
+    """Every token count (prompts, lane threshold, step budget, prefill rate) times the same factor:
+    step counts and seconds per request stay the same, the CPU spent on text shrinks."""
+    global SHORT, LONG, HUGE, SHARED
+    s = args.token_scale
+    SHORT, LONG, HUGE, SHARED = int(SHORT * s), int(LONG * s), int(HUGE * s), int(SHARED * s)
+    LANE["long_prefill_tokens"] = int(LANE["long_prefill_tokens"] * s)
+    args.prefill_tps *= s
+    args.max_batch_tokens = int(args.max_batch_tokens * s)
+
+
+ROWS: dict[str, dict[str, Any]] = {}
 
 
 def build_trace(rng: random.Random, n: int, rate: float, tenants: list[str], long_share: float = 0.2,
-                long_tokens: int = LONG, start: float = 0.0) -> list[Tenant]:
+                long_tokens: int | None = None, start: float = 0.0) -> list[Tenant]:
     """`n` one-turn requests with Poisson arrivals at `rate`/s (simulated seconds)."""
-    shared = [_text(random.Random(1000 + i), 1000) for i in range(4)]
+    long_tokens = long_tokens or LONG
+    shared = [_text(random.Random(1000 + i), SHARED) for i in range(4)]
     out, t = [], start
     for i in range(n):
         t += rng.expovariate(rate)
@@ -66,7 +82,7 @@ def build_trace(rng: random.Random, n: int, rate: float, tenants: list[str], lon
         if long:
             system = _text(rng, long_tokens)
         elif rng.random() < 0.25:
-            system = rng.choice(shared) + " " + _text(rng, SHORT - 1000)
+            system = rng.choice(shared) + " " + _text(rng, SHORT - SHARED)
         else:
             system = _text(rng, SHORT)
         name = rng.choice(tenants)
@@ -128,6 +144,9 @@ def fmt(v: list[float]) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.token_scale != 1.0:
+        apply_token_scale(args)
+    ROWS.update(rows_config())
     capacity_rps = args.replicas * args.prefill_tps / (0.8 * SHORT + 0.2 * LONG)
     rows = [r for r in ROWS if not args.rows or r in args.rows.split(",")]
     results: dict[tuple[str, float], dict] = {}
@@ -178,6 +197,7 @@ async def noisy_neighbour(args: argparse.Namespace, tmp: Path, capacity_rps: flo
 def print_table(results: dict, rows: list[str], args: argparse.Namespace) -> None:
     print(f"\n$ python bench/admission.py {' '.join(sys.argv[1:])}")
     print(f"4 replicas x {args.prefill_tps:g} prefill tokens/s, max_batch_tokens {args.max_batch_tokens}, "
+          f"prompts {SHORT}/{LONG} tokens (noisy {HUGE}), token_scale {args.token_scale}, "
           f"time_scale {args.time_scale}; {args.n} requests per cell; TTFT in simulated seconds\n")
     print("| load | row | short TTFT p50/p95/p99 s | long TTFT p50/p95/p99 s | throughput req/s | rejects |")
     print("|---|---|---|---|---|---|")
@@ -225,6 +245,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch-tokens", type=int, default=2048)
     p.add_argument("--time-scale", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=17)
+    p.add_argument("--token-scale", type=float, default=1.0,
+                   help="scale every token count and the prefill rate alike (less CPU on a busy box)")
     p.add_argument("--no-noisy", dest="noisy", action="store_false")
     p.add_argument("--routers-venv", default=str(ROOT / ".venv-routers"))
     return p.parse_args(argv)
