@@ -278,6 +278,9 @@ class Admission(Section):
     # (no scrape yet) the gateway has more than `saturated_inflight` requests in flight on it
     saturated_waiting: int = Field(default=8, ge=0)
     saturated_inflight: int = Field(default=64, ge=1)
+    # or its prefill backlog routed from this pod (prompt tokens before their first token) exceeds
+    # this; None: not a criterion. Queued requests then leave cheapest predicted prefill first
+    saturated_prefill_tokens: int | None = Field(default=None, ge=1)
     priority_header: str = "x-priority"
     pods: int = Field(default=1, ge=1)  # gateway pods sharing the limits: a pod's share when Redis is down
     lease_ttl_s: float = Field(default=30.0, gt=0)  # concurrency lease, renewed while the stream runs

@@ -43,7 +43,8 @@ MODEL = "sim"
 SHORT, LONG, HUGE, SHARED = 2000, 16000, 32000, 1000
 REQUEST = {"model": MODEL, "max_tokens": 8, "ignore_eos": True}
 LANE = {"long_prefill_tokens": 8192, "max_share": 0.5}
-QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_inflight": 2}
+# saturated: more than two prefill chunks queued; queued requests leave cheapest prefill first
+QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_prefill_tokens": 4096}
 
 def rows_config() -> dict[str, dict[str, Any]]:
     return {
@@ -63,6 +64,7 @@ def apply_token_scale(args: argparse.Namespace) -> None:
     s = args.token_scale
     SHORT, LONG, HUGE, SHARED = int(SHORT * s), int(LONG * s), int(HUGE * s), int(SHARED * s)
     LANE["long_prefill_tokens"] = int(LANE["long_prefill_tokens"] * s)
+    QUEUE["saturated_prefill_tokens"] = int(QUEUE["saturated_prefill_tokens"] * s)
     args.prefill_tps *= s
     args.max_batch_tokens = int(args.max_batch_tokens * s)
 

@@ -110,3 +110,27 @@ def test_saturated_fleet_queues_then_sheds_through_the_gateway(proxy_factory, si
     assert proxy.sample("prefixgate_admission_rejections_total", tenant="default", reason="queue_ttl") == 1
     assert proxy.sample("prefixgate_admission_wait_seconds_count") == 1
     assert proxy.sample("prefixgate_admission_queue_depth") == 0
+
+
+def test_cheaper_prefill_leaves_first_within_a_tenant_and_priority():
+    async def run() -> list[str]:
+        q = FairQueue(10)
+        long_cold = q.push("t", 0, cost=16_000)
+        short = q.push("t", 0, cost=2_000)
+        urgent_long = q.push("t", 1, cost=16_000)  # priority still comes first
+        order = []
+        for _ in range(3):
+            q.pop()
+            for name, fut in (("long", long_cold), ("short", short), ("urgent", urgent_long)):
+                if fut.done() and name not in order:
+                    order.append(name)
+        return order
+
+    assert asyncio.run(run()) == ["urgent", "short", "long"]
+
+
+def test_prefill_backlog_marks_a_replica_saturated():
+    settings = Settings(admission={"saturated_prefill_tokens": 4096})
+    adm = Admission(settings, LocalLimiter(), Metrics())
+    assert not adm.saturated(Replica("r0", "http://x", queued_prompt_tokens=4096))
+    assert adm.saturated(Replica("r0", "http://x", queued_prompt_tokens=4097))

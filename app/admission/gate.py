@@ -9,6 +9,8 @@ per-tenant limits, then the gateway queue while every eligible replica is satura
   reports more than `saturated_waiting` waiting requests, or this gateway has
   `saturated_inflight` requests in flight on it), the request waits in a bounded fair queue
   (app/admission/queue.py); a full queue or a wait past `ttl_s` is a 503 with `Retry-After`.
+  With `saturated_prefill_tokens` the queue also ranks by predicted prefill (prompt minus the
+  longest prefix resident on any replica, one residency lookup, only for a request that queues).
 - A concurrency slot is a lease renewed while the request runs and released at its end.
 
 Nothing here fails a request because Redis is gone (app/admission/redis_limits.py).
@@ -21,7 +23,7 @@ import contextlib
 import math
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from app.admission.limits import Limiter, Verdict
@@ -148,13 +150,17 @@ class Admission:
         waiting = replica.engine_waiting
         if waiting is not None and waiting > self.options.saturated_waiting:
             return True
+        backlog = self.options.saturated_prefill_tokens
+        if backlog is not None and replica.queued_prompt_tokens > backlog:
+            return True
         return replica.inflight >= self.options.saturated_inflight
 
     def all_saturated(self, replicas: Iterable[Replica], model: str | None) -> bool:
         eligible = [r for r in replicas if r.healthy and (model is None or r.models is None or model in r.models)]
         return bool(eligible) and all(self.saturated(r) for r in eligible)
 
-    async def wait_turn(self, tenant: str, priority: int, replicas_fn, model: str | None) -> None:
+    async def wait_turn(self, tenant: str, priority: int, replicas_fn, model: str | None,
+                        cost_fn: Callable[[], Awaitable[int]] | None = None) -> None:
         """Return when a replica has room (at once when one has); 503 when the queue is full or
         the wait passed `ttl_s`. `replicas_fn()` lists the replicas (they change with discovery)."""
         if not self.all_saturated(replicas_fn(), model) and self.queue.depth == 0:
@@ -166,7 +172,8 @@ class Admission:
                              type="server_error", code="queue_full",
                              headers={"retry-after": str(max(1, math.ceil(self.options.queue.ttl_s / 2)))})
         start = time.perf_counter()
-        fut = self.queue.push(tenant, priority)
+        cost = await cost_fn() if cost_fn is not None and self.options.saturated_prefill_tokens else 0
+        fut = self.queue.push(tenant, priority, cost)
         self.metrics.admission_queue_depth.set(self.queue.depth)
         deadline = start + self.options.queue.ttl_s
         weights = {t: o.weight for t, o in self.settings.tenants.overrides.items()}

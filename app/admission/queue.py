@@ -5,7 +5,9 @@ Fairness is start-time fair queuing over tenants: each tenant has a virtual time
 1/weight per request served; the waiting tenant with the lowest virtual time goes next, and a
 tenant that starts waiting joins at the current minimum (no credit for having been idle). So a
 tenant that floods the queue gets its weight's share of the departures, not the whole queue.
-Within a tenant the higher priority leaves first, then the earlier arrival.
+Within a tenant the higher priority leaves first, then the cheaper predicted prefill (`cost`: a
+short prompt is not held behind a long cold one; callers that do not rank by cost pass 0), then
+the earlier arrival. A request that keeps losing on cost is bounded by the queue's TTL.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ MAX_IDLE_TENANTS = 10_000
 
 @dataclass(order=True)
 class _Waiter:
-    sort: tuple[int, int]  # (-priority, arrival order)
+    sort: tuple[int, int, int]  # (-priority, predicted prefill tokens, arrival order)
     future: asyncio.Future[None] = field(compare=False)
 
 
@@ -35,14 +37,14 @@ class FairQueue:
     def full(self) -> bool:
         return self.depth >= self.max_depth
 
-    def push(self, tenant: str, priority: int) -> asyncio.Future[None]:
+    def push(self, tenant: str, priority: int, cost: int = 0) -> asyncio.Future[None]:
         """A future resolved when this request's turn comes (the caller awaits it with its TTL)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heap = self._tenants.setdefault(tenant, [])
         if not heap:
             floor = min((self._vtime[t] for t in self._tenants if self._tenants[t] and t != tenant), default=0.0)
             self._vtime[tenant] = max(self._vtime.get(tenant, 0.0), floor)
-        heapq.heappush(heap, _Waiter((-priority, next(self._seq)), fut))
+        heapq.heappush(heap, _Waiter((-priority, cost, next(self._seq)), fut))
         self.depth += 1
         return fut
 

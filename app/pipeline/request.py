@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.admission.gate import rate_headers
 from app.pipeline.body import client_wants_usage, forwarded_body
+from app.prefix.blocks import predicted_hit_tokens
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.forward import Mode, forward
@@ -142,7 +143,17 @@ class RequestPipeline:
         tenant_cfg = self.services.settings.tenants.config_for(ctx.tenant)
         priority = _int_or(ctx.headers.get(self.services.settings.admission.priority_header.lower()),
                            tenant_cfg.priority)
-        await admission.wait_turn(ctx.tenant, priority, self.services.replicas.all, ctx.model)
+        await admission.wait_turn(ctx.tenant, priority, self.services.replicas.all, ctx.model,
+                                  lambda: self._predicted_prefill(ctx, estimate))
+
+    async def _predicted_prefill(self, ctx: RequestContext, estimate: int) -> int:
+        """The prompt minus the longest prefix predicted resident on any replica (for the queue's order)."""
+        fp = ctx.fingerprint
+        prompt = fp.num_tokens if fp is not None and fp.complete and fp.num_tokens else estimate
+        if fp is None or not fp.block_hashes:
+            return prompt
+        matched = await self.services.residency.lookup(list(fp.block_hashes), self.services.replicas.names())
+        return max(0, prompt - predicted_hit_tokens(max(matched.values(), default=0), prompt, fp.block_size))
 
     def _admit(self, ctx: RequestContext) -> None:
         known = self.services.health.known_models()
