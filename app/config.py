@@ -116,7 +116,18 @@ class RoutingWeights(Section):
     cold_slack_tokens: float = 2048.0  # cold placement: replicas within this of the least loaded
 
 
+class Lanes(Section):
+    """The long-prefill lane (app/routing/lanes.py, docs/admission.md): requests predicted to
+    prefill more than `long_prefill_tokens` go to `replicas` (names) when set; otherwise the
+    fleet is shared and long prefills may hold at most `max_share` of the replicas at once."""
+
+    long_prefill_tokens: int = Field(default=8192, ge=1)
+    replicas: list[str] = Field(default_factory=list)
+    max_share: float = Field(default=0.5, gt=0, le=1)
+
+
 class Routing(Section):
+    lanes: Lanes | None = None  # None: no long-prefill lane
     policy: RoutingPolicy = "prefix_affinity"
     block_size: int = DEFAULT_BLOCK_SIZE
     kv_blocks: int = 4096  # residency-index capacity per replica when the engine does not say
@@ -142,8 +153,20 @@ class CacheSalt(Section):
     client_salt: Literal["replace", "reject"] = "replace"
 
 
+class TenantLimits(Section):
+    """Admission limits (app/admission/): None = no limit of that kind. Global across gateway
+    pods when `state` is Redis; each pod's share of it when Redis is unreachable."""
+
+    requests_per_s: float | None = Field(default=None, gt=0)
+    prompt_tokens_per_min: int | None = Field(default=None, gt=0)
+    concurrent: int | None = Field(default=None, gt=0)
+
+
 class TenantOverride(Section):
     policy: TenantPolicy = "observe"
+    limits: TenantLimits = Field(default_factory=TenantLimits)
+    priority: int = 0  # higher is served first within a tenant's queue share (header overrides)
+    weight: float = Field(default=1.0, gt=0)  # weighted fair share of the gateway queue
 
 
 class Tenants(Section):
@@ -157,6 +180,9 @@ class Tenants(Section):
     def policy_for(self, tenant: str) -> TenantPolicy:
         override = self.overrides.get(tenant)
         return override.policy if override else self.default.policy
+
+    def config_for(self, tenant: str) -> TenantOverride:
+        return self.overrides.get(tenant) or self.default
 
 
 class Metrics(Section):
@@ -240,6 +266,30 @@ class Ui(Section):
 
     grafana_url: str | None = None  # http(s) link to the Grafana dashboards, shown in the page header
     refresh_s: float = 5.0  # the page re-reads its JSON this often (0: no auto-refresh)
+
+
+class AdmissionQueue(Section):
+    max_depth: int = Field(default=256, ge=0)  # 0: no queue, a saturated fleet answers 503 at once
+    ttl_s: float = Field(default=10.0, gt=0)
+
+
+class Admission(Section):
+    """Per-tenant limits and the gateway queue (app/admission/, docs/admission.md)."""
+
+    enabled: bool = True  # limits apply only where tenants.*.limits set them
+    queue: AdmissionQueue = Field(default_factory=AdmissionQueue)
+    # a replica is saturated when its engine reports more than this many waiting requests, or
+    # (no scrape yet) the gateway has more than `saturated_inflight` requests in flight on it
+    saturated_waiting: int = Field(default=8, ge=0)
+    saturated_inflight: int = Field(default=64, ge=1)
+    # or its prefill backlog routed from this pod (prompt tokens before their first token) exceeds
+    # this; None: not a criterion. Queued requests then leave cheapest predicted prefill first
+    saturated_prefill_tokens: int | None = Field(default=None, ge=1)
+    priority_header: str = "x-priority"
+    pods: int = Field(default=1, ge=1)  # gateway pods sharing the limits: a pod's share when Redis is down
+    lease_ttl_s: float = Field(default=30.0, gt=0)  # concurrency lease, renewed while the stream runs
+
+
 class Tracing(Section):
     enabled: bool = False  # exporter configured by the standard OTEL_* env
 
@@ -306,6 +356,7 @@ class Settings(BaseSettings):
     admin: Admin = Field(default_factory=Admin)
     shutdown: Shutdown = Field(default_factory=Shutdown)
     epp: Epp = Field(default_factory=Epp)
+    admission: Admission = Field(default_factory=Admission)
 
     @classmethod
     def settings_customise_sources(

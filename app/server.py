@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from app.admission.factory import build_admission
 from app.api.admin import AdminGate, build_metrics_router, build_probe_router, is_admin_path, scope_headers
 from app.api.engines import build_engines_router
 from app.api.errors import error_body, send_error, sse_error_event
@@ -70,6 +71,7 @@ def build_services(settings: Settings) -> Services:
     services.hygiene = build_hygiene_stage(settings, metrics)
     services.prefix = build_prefix_stage(settings, services)
     services.tracing = build_tracing_stage(settings)
+    services.admission = build_admission(settings, metrics)
 
     # --- extra control-plane routers (/hygiene/*, /ui): one line each ---
     services.extra_routers.append(build_hygiene_router(services))
@@ -215,6 +217,9 @@ def _control_plane(services: Services) -> FastAPI:
                 if closer is not None:
                     with contextlib.suppress(Exception):
                         closer.shutdown()
+            if services.admission is not None:
+                with contextlib.suppress(Exception):
+                    await services.admission.close()
             await services.store.close()  # sends the queued Redis writes first
             await services.upstream.stop()
 

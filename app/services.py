@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
+    from app.admission.gate import Admission
     from app.config import Settings
     from app.engines.kv_events import KVEventSubscriber
     from app.engines.scrape import EngineScraper
@@ -56,6 +57,7 @@ class Services:
     hygiene: HygieneStage | None = None
     prefix: PrefixStage | None = None
     tracing: TracingStage | None = None  # only with tracing.enabled
+    admission: Admission | None = None  # per-tenant limits and the gateway queue (app/admission/)
     hooks: list[RequestHook] = field(default_factory=list)  # extra observers, after the stages
     background: list[Background] = field(default_factory=list)
     extra_routers: list[APIRouter] = field(default_factory=list)  # mounted on the control plane

@@ -232,6 +232,23 @@ def gateway() -> Dashboard:
                   [Target(quantile(0.95, "prefixgate_inter_token_seconds", SEL_MB, "backend"),
                           "{{backend}}")], unit="s"),
         ]),
+        Row("Admission", [
+            Panel("Admission rejections by tenant and reason",
+                  "429s (requests_per_s, prompt_tokens_per_min, concurrent: over a tenant's limit) and "
+                  "503 sheds (queue_full, queue_ttl: every replica saturated).",
+                  [Target(f"sum by (tenant, reason) (rate(prefixgate_admission_rejections_total{{{SEL_T}}}[{RATE}]))",
+                          "{{tenant}} {{reason}}")], unit="reqps", width=8),
+            Panel("Gateway queue depth", "Requests waiting in the gateway queue, summed over proxy pods.",
+                  [Target("sum(prefixgate_admission_queue_depth)", "waiting")], unit="short", width=8),
+            Panel("Gateway queue wait", "Time queued requests waited before being forwarded or shed.",
+                  [Target(quantile(0.5, "prefixgate_admission_wait_seconds"), "p50"),
+                   Target(quantile(0.95, "prefixgate_admission_wait_seconds"), "p95")], unit="s", width=8),
+            Panel("Predicted prefill tokens p95 by tenant",
+                  "Uncached prompt tokens per routed request (prompt minus the prefix predicted resident): "
+                  "the prefill cost each tenant puts on the engines.",
+                  [Target(quantile(0.95, "prefixgate_prefill_tokens", SEL_T, "tenant"), "{{tenant}}")],
+                  unit="short", width=24),
+        ]),
     ])
 
 

@@ -17,6 +17,8 @@ step writes only the typed fields listed for it (app/proxy/context.py); later st
 |    |             | (prefix_stage.py)                       | (.input, .routed_blocks, .routed_complete,        |
 |    |             |                                         | .pending: the rest of a big prompt, in a worker)  |
 | 3b | trace start | app/pipeline/tracing_stage.py           | span; headers["traceparent"] (sent upstream)      |
+| 3c | admission   | app/admission/gate.py                   | admission (the tenant's limit hold); or a 429     |
+|    |             |                                         | (over a limit) / 503 (queue full or past its TTL) |
 | 4  | encode      | app/pipeline/body.py `forwarded_body`   | (the bytes sent: the client's, salt and           |
 |    |             |                                         | include_usage spliced in)                         |
 | 5  | route       | app/proxy/forward.py -> services.router | decision, attempts                                |
@@ -46,11 +48,14 @@ step 3b and their `after_response` after 8b. docs/pipeline.md tells the same pat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from app.admission.gate import rate_headers
 from app.pipeline.body import client_wants_usage, forwarded_body
 from app.pipeline.responses_stage import ResponseOwners, response_id_of_path
+from app.prefix.blocks import predicted_hit_tokens
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.forward import Mode, forward
@@ -62,6 +67,14 @@ if TYPE_CHECKING:
     from app.server import Services
 
 log = logging.getLogger("prefixgate.pipeline")
+_RELEASES: set[asyncio.Task[None]] = set()  # admission releases in flight (referenced until done)
+
+
+def _int_or(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
 
 BYTES_PER_TOKEN_ESTIMATE = 4  # routing's load estimate for a prompt without a fingerprint
 
@@ -105,6 +118,8 @@ class RequestPipeline:
             await services.tracing.before_route(ctx)  # 3b
         for hook in services.hooks:
             await hook.before_route(ctx)
+        if services.admission is not None:
+            await self._admission(ctx, len(raw))  # 3c
         # OpenAI streams report usage only when asked; a Messages stream always does (message_start,
         # message_delta), so nothing is added to, or dropped from, it
         drop_usage = ctx.stream and ctx.route in ("chat", "completions") and not client_wants_usage(ctx.body)
@@ -145,8 +160,40 @@ class RequestPipeline:
                 log.exception("after_response of %s failed", type(stage).__name__)
         try:
             record_request(services.metrics, ctx, clock)  # 9
+            if ctx.decision is not None and ctx.route != "passthrough":
+                services.metrics.prefill_tokens.labels(services.metrics.tenant_label(ctx.tenant)).observe(
+                    ctx.decision.prefill_tokens)
         except Exception:
             log.exception("recording metrics failed")
+        if ctx.admission is not None and services.admission is not None:
+            task = asyncio.get_running_loop().create_task(services.admission.done(ctx.admission, ctx.prompt_tokens))
+            _RELEASES.add(task)
+            task.add_done_callback(_RELEASES.discard)
+
+    async def _admission(self, ctx: RequestContext, raw_bytes: int) -> None:
+        """Limits first (a refusal never waits), then the queue while every replica is saturated.
+        The estimate is the fingerprint's token count, else the body size over 4."""
+        admission = self.services.admission
+        assert admission is not None
+        fp = ctx.fingerprint
+        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else raw_bytes // BYTES_PER_TOKEN_ESTIMATE
+        ctx.admission = await admission.admit(ctx.tenant, estimate)
+        if ctx.admission is not None:
+            ctx.response_headers.update(rate_headers(ctx.admission.limits, ctx.admission.verdict))
+        tenant_cfg = self.services.settings.tenants.config_for(ctx.tenant)
+        priority = _int_or(ctx.headers.get(self.services.settings.admission.priority_header.lower()),
+                           tenant_cfg.priority)
+        await admission.wait_turn(ctx.tenant, priority, self.services.replicas.all, ctx.model,
+                                  lambda: self._predicted_prefill(ctx, estimate))
+
+    async def _predicted_prefill(self, ctx: RequestContext, estimate: int) -> int:
+        """The prompt minus the longest prefix predicted resident on any replica (for the queue's order)."""
+        fp = ctx.fingerprint
+        prompt = fp.num_tokens if fp is not None and fp.complete and fp.num_tokens else estimate
+        if fp is None or not fp.block_hashes:
+            return prompt
+        matched = await self.services.residency.lookup(list(fp.block_hashes), self.services.replicas.names())
+        return max(0, prompt - predicted_hit_tokens(max(matched.values(), default=0), prompt, fp.block_size))
 
     def _admit(self, ctx: RequestContext) -> None:
         known = self.services.health.known_models()

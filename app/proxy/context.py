@@ -21,6 +21,7 @@ from app.routing.base import RouteDecision
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+    from app.admission.gate import Ticket
     from app.hygiene.findings import Finding
     from app.pipeline.prefix_stage import PrefixStageState  # the stage imports this module
     from app.proxy.upstream import UpstreamError
@@ -75,6 +76,7 @@ class RequestContext:
     fingerprint: Fingerprint | None = None
     prefix: PrefixStageState | None = None  # the prefix stage's notes (app/pipeline/prefix_stage.py)
     decision: RouteDecision | None = None
+    admission: Ticket | None = None  # admission's hold (app/admission/gate.py), released at the end
     attempts: int = 0
     response_headers: dict[str, str] = field(default_factory=dict)  # x-prefixgate-* additions
     status: int | None = None

@@ -78,6 +78,8 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
         child(metrics.backend_inflight, replica.name).set(replica.inflight)
         queued = decision.prefill_tokens  # prefill backlog the cost-based routers read (until first byte)
         replica.queued_prompt_tokens += queued
+        long_queued = queued if decision.lane == "long" else 0
+        replica.queued_long_tokens += long_queued
         resp: aiohttp.ClientResponse | None = None
         committed = ok = False
         try:
@@ -90,7 +92,8 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
                 first = await services.upstream.first_chunk(replica, resp)
                 clock.first_byte(time.perf_counter())  # before routing callbacks run
             replica.queued_prompt_tokens -= queued
-            queued = 0
+            replica.queued_long_tokens -= long_queued
+            queued = long_queued = 0
             committed = True
             services.health.mark_success(replica)
             if resp.status < 400:
@@ -128,6 +131,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
                     resp.close()
             replica.inflight -= 1
             replica.queued_prompt_tokens -= queued
+            replica.queued_long_tokens -= long_queued
             child(metrics.backend_inflight, replica.name).set(replica.inflight)
             if committed:
                 services.router.on_finished(request, decision, ok)

@@ -29,6 +29,7 @@ class Replica:
     healthy: bool = True
     inflight: int = 0
     queued_prompt_tokens: int = 0  # prompt tokens routed here whose first token has not come yet
+    queued_long_tokens: int = 0  # the part of queued_prompt_tokens in the long lane (app/routing/lanes.py)
     engine_waiting: float | None = None
     engine_running: float | None = None
     engine_kv_usage: float | None = None
@@ -58,6 +59,7 @@ class RouteDecision:
     # proxy adds it to replica.queued_prompt_tokens when it forwards and takes it off at the first
     # byte, which is the prefill backlog the cost-based policies read.
     prefill_tokens: int = 0
+    lane: str | None = None  # "long" | "short" with routing.lanes (app/routing/lanes.py); None: no lanes
     explanation: str = ""  # one line a person can read: why this replica (no prompt text)
 
 

@@ -32,6 +32,7 @@ from app.prefix.blocks import predicted_hit_tokens
 from app.routing.background import BackgroundWrites
 from app.routing.base import BaseRouter, Replica, RouteDecision, RouteRequest
 from app.routing.filters import candidates
+from app.routing.lanes import LongPrefillLane
 from app.routing.pickers import lowest_cost
 from app.routing.recent import RecentRequests
 from app.routing.replicas import ReplicaSet
@@ -75,8 +76,9 @@ def prompt_tokens_of(request: RouteRequest) -> int:
 
 class PrefixAffinityRouter(BaseRouter):
     def __init__(self, replicas: ReplicaSet, residency: ReplicaIndex, options: AffinityOptions | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, lane: LongPrefillLane | None = None) -> None:
         self._replicas = replicas
+        self.lane = lane
         self.residency = residency
         self.options = options or AffinityOptions()
         self._metrics = metrics
@@ -104,6 +106,12 @@ class PrefixAffinityRouter(BaseRouter):
             matched = await self.residency.lookup(hashes, [r.name for r in candidates(self._replicas, request)])
         available = max(matched.values(), default=0)
         costs = replica_costs(pool, matched, prompt, block_size, self.options.weights)
+        lane = None
+        if self.lane is not None:  # the lane is set by the cheapest prefill the fleet offers
+            best = max((c.matched_blocks for c in costs), default=0)
+            lane = self.lane.lane_of(prompt - predicted_hit_tokens(best, prompt, block_size))
+            keep = {r.name for r in self.lane.keep([c.replica for c in costs], lane)}
+            costs = [c for c in costs if c.replica.name in keep]
         best_match = max(c.matched_blocks for c in costs)
 
         if predicted_hit_tokens(best_match, prompt, block_size) < self.options.cold_match_ratio * prompt:
@@ -119,7 +127,8 @@ class PrefixAffinityRouter(BaseRouter):
         return RouteDecision(
             replica=chosen.replica, reason=reason, matched_blocks=chosen.matched_blocks,
             available_blocks=available, scores={c.replica.name: c.total for c in costs},
-            prefill_tokens=max(0, prompt - hit), explanation=f"{reason}; " + chosen.explain())
+            prefill_tokens=max(0, prompt - hit), lane=lane,
+            explanation=f"{reason}{f' ({lane} lane)' if lane else ''}; " + chosen.explain())
 
     def _cold_pick(self, key: str | int, costs: list[ReplicaCost], prompt: int) -> ReplicaCost:
         """Bounded-load hashing over two loads: the work queued now (prefill-token equivalents)

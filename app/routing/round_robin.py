@@ -16,4 +16,6 @@ class RoundRobinRouter(BaseRouter):
     async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         pool = candidates(self._replicas, request, exclude)
         replica = self._turns.next(pool)
-        return RouteDecision(replica=replica, reason="failover" if exclude else "round_robin")
+        # it looks at no residency: the predicted prefill is the whole prompt
+        return RouteDecision(replica=replica, reason="failover" if exclude else "round_robin",
+                             prefill_tokens=request.prompt_tokens_estimate)

@@ -31,6 +31,8 @@ TTFT_BUCKETS = (
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5, 10)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+PREFILL_TOKEN_BUCKETS = (0, 16, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 DECODE_RATE_BUCKETS = (1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 
 OTHER_TENANT = "other"
@@ -240,6 +242,26 @@ class Metrics:
             "/v1 requests still open at the shutdown.grace_s deadline and ended by the gateway: a "
             "stream gets its route's error event and [DONE]. Non-zero: raise shutdown.grace_s "
             "(and the pod's terminationGracePeriodSeconds with it).", registry=r)
+
+        # --- prefill cost and admission (app/admission/, docs/admission.md) ---
+        self.prefill_tokens = Histogram(
+            "prefixgate_prefill_tokens",
+            "Predicted uncached prompt tokens of each routed request (prompt minus the prefix "
+            "predicted resident on the chosen replica; the size estimate while the fingerprint is "
+            "pending): the prefill the engine has to do.",
+            ["tenant"], buckets=PREFILL_TOKEN_BUCKETS, registry=r)
+        self.admission_rejections = Counter(
+            "prefixgate_admission_rejections_total",
+            "Requests refused by admission: reason=requests_per_s | prompt_tokens_per_min | "
+            "concurrent (429), queue_full | queue_ttl (503).", ["tenant", "reason"], registry=r)
+        self.admission_queue_depth = Gauge(
+            "prefixgate_admission_queue_depth",
+            "Requests waiting in this pod's gateway queue because every eligible replica is saturated.",
+            registry=r)
+        self.admission_wait = Histogram(
+            "prefixgate_admission_wait_seconds",
+            "Time a request spent in the gateway queue before it was forwarded or shed (queued requests only).",
+            buckets=WAIT_BUCKETS, registry=r)
 
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""

@@ -115,6 +115,14 @@ tests.append({'interval': '1m', 'input_series': [
   ], 'alert_rule_test': [
     {'eval_time': '12m', 'alertname': 'PrefixgateEngineMetricsStale', 'exp_alerts': [
         alert('PrefixgateEngineMetricsStale', {'backend': 'a'})]}]})
+# --- admission shedding: p1 sheds 0.5/s, p2 sheds nothing and only rate-limits (429s do not count)
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}admission_rejections_total{{tenant="a",reason="queue_ttl",instance="p1"}}', 'values': '0+30x15'},
+    {'series': f'{S}admission_rejections_total{{tenant="a",reason="requests_per_s",instance="p2"}}', 'values': '0+60x15'},
+  ], 'alert_rule_test': [
+    {'eval_time': '3m', 'alertname': 'PrefixgateAdmissionShedding', 'exp_alerts': []},
+    {'eval_time': '12m', 'alertname': 'PrefixgateAdmissionShedding', 'exp_alerts': [
+        alert('PrefixgateAdmissionShedding', {'instance': 'p1'})]}]})
 
 head = """# promtool unit tests for ../prefixgate-rules.yaml: every alert has a case that fires and
 # cases that must not (other buckets, backends, tenants or pods in the same input).

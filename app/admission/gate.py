@@ -1,0 +1,199 @@
+"""Admission, the pipeline step between fingerprint and forward (app/pipeline/request.py step 3c):
+per-tenant limits, then the gateway queue while every eligible replica is saturated.
+
+- Limits (`tenants.default.limits`, `tenants.overrides.<t>.limits`): a request over any of them is
+  refused with an OpenAI-shaped 429 carrying `Retry-After` and the `x-ratelimit-*` headers; it
+  never waits. The prompt-token bucket is charged the request's estimate (the fingerprint's token
+  count, or the body-size estimate while it is pending) and settled on the engine's `usage`.
+- Queue (`admission.queue`): when every healthy replica serving the model is saturated (its engine
+  reports more than `saturated_waiting` waiting requests, or this gateway has
+  `saturated_inflight` requests in flight on it), the request waits in a bounded fair queue
+  (app/admission/queue.py); a full queue or a wait past `ttl_s` is a 503 with `Retry-After`.
+  With `saturated_prefill_tokens` the queue also ranks by predicted prefill (prompt minus the
+  longest prefix resident on any replica, one residency lookup, only for a request that queues).
+- A concurrency slot is a lease renewed while the request runs and released at its end.
+
+Nothing here fails a request because Redis is gone (app/admission/redis_limits.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+from app.admission.limits import Limiter, Verdict
+from app.admission.queue import FairQueue
+from app.config import Settings, TenantLimits
+from app.proxy.context import ProxyError
+from app.routing.base import Replica
+from app.telemetry.metrics import Metrics
+
+POLL_S = 0.02  # a queued request re-checks saturation this often (engine scrapes change it too)
+RENEW_FRACTION = 3  # leases are renewed every lease_ttl_s / 3
+
+
+@dataclass
+class Ticket:
+    """What a request holds from admission until it ends."""
+
+    tenant: str
+    limits: TenantLimits
+    lease: str
+    reserved_tokens: int
+    verdict: Verdict
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's reset format: `1s`, `6m0s`, `250ms`."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    s = math.ceil(seconds)
+    return f"{s // 60}m{s % 60}s" if s >= 60 else f"{s}s"
+
+
+def rate_headers(limits: TenantLimits, verdict: Verdict) -> dict[str, str]:
+    """x-ratelimit-* as the OpenAI API names them. limit-requests is the request bucket's size
+    (one second of `requests_per_s`), limit-tokens `prompt_tokens_per_min`; absent when unset."""
+    out: dict[str, str] = {}
+    if limits.requests_per_s:
+        out["x-ratelimit-limit-requests"] = str(max(1, int(limits.requests_per_s)))
+        if verdict.remaining_requests is not None:
+            out["x-ratelimit-remaining-requests"] = str(max(0, verdict.remaining_requests))
+        if verdict.reset_requests_s is not None:
+            out["x-ratelimit-reset-requests"] = _duration(verdict.reset_requests_s)
+    if limits.prompt_tokens_per_min:
+        out["x-ratelimit-limit-tokens"] = str(limits.prompt_tokens_per_min)
+        if verdict.remaining_tokens is not None:
+            out["x-ratelimit-remaining-tokens"] = str(max(0, verdict.remaining_tokens))
+        if verdict.reset_tokens_s is not None:
+            out["x-ratelimit-reset-tokens"] = _duration(verdict.reset_tokens_s)
+    return out
+
+
+_REFUSALS = {
+    "requests_per_s": ("requests", "requests per second"),
+    "prompt_tokens_per_min": ("tokens", "prompt tokens per minute"),
+    "concurrent": ("requests", "concurrent requests"),
+}
+
+
+def rate_limited(tenant: str, limits: TenantLimits, verdict: Verdict) -> ProxyError:
+    kind, what = _REFUSALS[verdict.reason or "requests_per_s"]
+    retry = max(1, math.ceil(verdict.retry_after_s))
+    headers = {"retry-after": str(retry), **rate_headers(limits, verdict)}
+    return ProxyError(429, f"Rate limit reached for tenant {tenant} on {what}. Please try again in {retry}s.",
+                      type=kind, code="rate_limit_exceeded", headers=headers)
+
+
+class Admission:
+    def __init__(self, settings: Settings, limiter: Limiter, metrics: Metrics) -> None:
+        self.settings = settings
+        self.options = settings.admission
+        self.limiter = limiter
+        self.metrics = metrics
+        self.queue = FairQueue(self.options.queue.max_depth)
+        self._active: dict[str, Ticket] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    # --- limits ---
+    async def admit(self, tenant: str, estimate_tokens: int) -> Ticket | None:
+        """A ticket when a limit applies to the tenant; raises the 429 when one is exceeded."""
+        limits = self.settings.tenants.config_for(tenant).limits
+        if not (limits.requests_per_s or limits.prompt_tokens_per_min or limits.concurrent):
+            return None
+        lease = uuid.uuid4().hex
+        verdict = await self.limiter.acquire(tenant, limits, estimate_tokens, lease)
+        if verdict.reason is not None:
+            self.metrics.admission_rejections.labels(self.metrics.tenant_label(tenant), verdict.reason).inc()
+            raise rate_limited(tenant, limits, verdict)
+        ticket = Ticket(tenant, limits, lease, estimate_tokens, verdict)
+        if limits.concurrent:
+            self._active[lease] = ticket
+            self._ensure_renewer()
+        return ticket
+
+    async def done(self, ticket: Ticket, prompt_tokens: int | None) -> None:
+        """The request ended: free its slot, settle the token reservation on `usage`."""
+        self._active.pop(ticket.lease, None)
+        if ticket.limits.concurrent:
+            await self.limiter.release(ticket.tenant, ticket.limits, ticket.lease)
+        if ticket.limits.prompt_tokens_per_min and prompt_tokens is not None:
+            delta = ticket.reserved_tokens - prompt_tokens
+            if delta:
+                await self.limiter.settle(ticket.tenant, ticket.limits, delta)
+
+    def _ensure_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        period = self.options.lease_ttl_s / RENEW_FRACTION
+        while self._active:
+            await asyncio.sleep(period)
+            for ticket in list(self._active.values()):
+                with contextlib.suppress(Exception):
+                    await self.limiter.renew(ticket.tenant, ticket.limits, ticket.lease)
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+
+    # --- queue ---
+    def saturated(self, replica: Replica) -> bool:
+        waiting = replica.engine_waiting
+        if waiting is not None and waiting > self.options.saturated_waiting:
+            return True
+        backlog = self.options.saturated_prefill_tokens
+        if backlog is not None and replica.queued_prompt_tokens > backlog:
+            return True
+        return replica.inflight >= self.options.saturated_inflight
+
+    def all_saturated(self, replicas: Iterable[Replica], model: str | None) -> bool:
+        eligible = [r for r in replicas if r.healthy and (model is None or r.models is None or model in r.models)]
+        return bool(eligible) and all(self.saturated(r) for r in eligible)
+
+    async def wait_turn(self, tenant: str, priority: int, replicas_fn, model: str | None,
+                        cost_fn: Callable[[], Awaitable[int]] | None = None) -> None:
+        """Return when a replica has room (at once when one has); 503 when the queue is full or
+        the wait passed `ttl_s`. `replicas_fn()` lists the replicas (they change with discovery)."""
+        if not self.all_saturated(replicas_fn(), model) and self.queue.depth == 0:
+            return
+        label = self.metrics.tenant_label(tenant)
+        if self.queue.full():
+            self.metrics.admission_rejections.labels(label, "queue_full").inc()
+            raise ProxyError(503, "Every replica is saturated and the gateway queue is full; retry shortly.",
+                             type="server_error", code="queue_full",
+                             headers={"retry-after": str(max(1, math.ceil(self.options.queue.ttl_s / 2)))})
+        start = time.perf_counter()
+        cost = await cost_fn() if cost_fn is not None and self.options.saturated_prefill_tokens else 0
+        fut = self.queue.push(tenant, priority, cost)
+        self.metrics.admission_queue_depth.set(self.queue.depth)
+        deadline = start + self.options.queue.ttl_s
+        weights = {t: o.weight for t, o in self.settings.tenants.overrides.items()}
+        try:
+            while not fut.done():
+                if not self.all_saturated(replicas_fn(), model):
+                    self.queue.pop(weights)
+                    if fut.done():
+                        break
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    self.metrics.admission_rejections.labels(label, "queue_ttl").inc()
+                    raise ProxyError(503, f"Queued {self.options.queue.ttl_s:g}s for a free replica; retry shortly.",
+                                     type="server_error", code="queue_timeout",
+                                     headers={"retry-after": str(max(1, math.ceil(self.options.queue.ttl_s)))})
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(fut), min(left, POLL_S))
+        finally:
+            if not fut.done():
+                fut.cancel()
+                self.queue.forget(fut)
+            self.metrics.admission_queue_depth.set(self.queue.depth)
+            self.metrics.admission_wait.observe(time.perf_counter() - start)

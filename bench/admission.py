@@ -1,0 +1,258 @@
+"""Admission / long-lane benchmark (issue 17): the seeds' mix on 4 simulated vLLM replicas with a
+2048-token chunked-prefill budget, one fresh fleet and gateway per cell, the same trace per row.
+
+    .venv/bin/python bench/admission.py                 # the table + noisy neighbour (< 5 min)
+    .venv/bin/python bench/admission.py --loads 0.7 --n 120
+
+Trace: 80% 2k-token and 20% 16k-token prompts, mostly cold (a quarter of the short ones open with
+one of four shared 1k-token system prompts), Poisson arrivals at a share of the fleet's prefill
+capacity (4 x prefill_tps tokens/s over the mean uncached prompt). The simulator runs at
+`--time-scale` (all its costs scaled by the same factor, so ratios hold); the TTFTs printed are
+divided back by it, i.e. simulated seconds (the gateway's own overhead is magnified the same way).
+
+Rows: prefixgate round_robin, prefix_affinity, prefix_affinity + long lane (shared fleet,
+max_share), + admission (lane + gateway queue), and the dedicated 2-of-4 lane as an extra row.
+sglang-router / vllm-router cache_aware run when ROUTERS_VENV (default .venv-routers) exists.
+Noisy neighbour: three tenants of 2k agent prompts at 35% load plus one tenant sending cold 32k
+prompts, at its usual rate and then bursting 10x; the three tenants' p95 TTFT with prefix_affinity
+alone and with fairness (lane + the noisy tenant's prompt_tokens_per_min limit + queue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.serving import free_port, stop_process  # noqa: E402
+from bench._common import Result, launch, one_request, pct, prefixgate_command, wait_ready  # noqa: E402
+from bench.routing import start_sims  # noqa: E402
+from bench.routing_trace import Tenant, _text  # noqa: E402
+
+MODEL = "sim"
+SHORT, LONG, HUGE, SHARED = 2000, 16000, 32000, 1000
+REQUEST = {"model": MODEL, "max_tokens": 8, "ignore_eos": True}
+LANE = {"long_prefill_tokens": 8192, "max_share": 0.5}
+# saturated: more than two prefill chunks queued; queued requests leave cheapest prefill first
+QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_prefill_tokens": 4096}
+
+def rows_config() -> dict[str, dict[str, Any]]:
+    return {
+        "round_robin": {"routing": {"policy": "round_robin"}},
+        "prefix_affinity": {"routing": {"policy": "prefix_affinity"}},
+        "+ long lane (max_share 0.5)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}},
+        "+ admission (lane + queue)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}, "admission": QUEUE},
+        "dedicated lane r3 (extra)": {"routing": {"policy": "prefix_affinity",
+                                                  "lanes": {**LANE, "replicas": ["r3"]}}},
+    }
+
+
+def apply_token_scale(args: argparse.Namespace) -> None:
+    """Every token count (prompts, lane threshold, step budget, prefill rate) times the same factor:
+    step counts and seconds per request stay the same, the CPU spent on text shrinks."""
+    global SHORT, LONG, HUGE, SHARED
+    s = args.token_scale
+    SHORT, LONG, HUGE, SHARED = int(SHORT * s), int(LONG * s), int(HUGE * s), int(SHARED * s)
+    LANE["long_prefill_tokens"] = int(LANE["long_prefill_tokens"] * s)
+    QUEUE["saturated_prefill_tokens"] = int(QUEUE["saturated_prefill_tokens"] * s)
+    args.prefill_tps *= s
+    args.max_batch_tokens = int(args.max_batch_tokens * s)
+
+
+ROWS: dict[str, dict[str, Any]] = {}
+
+
+def build_trace(rng: random.Random, n: int, rate: float, tenants: list[str], long_share: float = 0.2,
+                long_tokens: int | None = None, start: float = 0.0) -> list[Tenant]:
+    """`n` one-turn requests with Poisson arrivals at `rate`/s (simulated seconds)."""
+    long_tokens = long_tokens or LONG
+    shared = [_text(random.Random(1000 + i), SHARED) for i in range(4)]
+    out, t = [], start
+    for i in range(n):
+        t += rng.expovariate(rate)
+        long = rng.random() < long_share
+        if long:
+            system = _text(rng, long_tokens)
+        elif rng.random() < 0.25:
+            system = rng.choice(shared) + " " + _text(rng, SHORT - SHARED)
+        else:
+            system = _text(rng, SHORT)
+        name = rng.choice(tenants)
+        out.append(Tenant(name=name, start_s=t, system=system, static_tokens=long_tokens if long else SHORT,
+                          users=[f"question {i}: " + _text(rng, 30)], replies=[], think_s=[0.0]))
+    return out
+
+
+async def fire(session: aiohttp.ClientSession, base: str, trace: list[Tenant], scale: float) -> tuple[list, float]:
+    t0 = time.perf_counter()
+
+    async def one(req: Tenant) -> tuple[Tenant, Result]:
+        await asyncio.sleep(max(0.0, t0 + req.start_s * scale - time.perf_counter()))
+        return req, await one_request(session, base, req, 0, REQUEST)
+
+    results = await asyncio.gather(*(one(r) for r in trace))
+    return results, time.perf_counter() - t0
+
+
+async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.Namespace, tmp: Path) -> dict:
+    sims, urls = start_sims(args)
+    proc = None
+    try:
+        port = free_port()
+        cfg = {"backends": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
+               "scrape": {"interval_s": 1.0}, **config}
+        cfg["routing"] = {"block_size": args.block_size, "kv_blocks": args.kv_blocks, "health_interval_s": 2.0,
+                          **config.get("routing", {})}
+        proc = launch("prefixgate", prefixgate_command(cfg, tmp / "gw.yaml", port), tmp)
+        base = f"http://127.0.0.1:{port}"
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=900)) as session:
+            await wait_ready(session, base, "/v1/chat/completions",
+                             {"model": MODEL, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1})
+            results, wall = await fire(session, base, trace, args.time_scale)
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        stop_process(sims)
+    return summarize(results, wall, args.time_scale)
+
+
+def summarize(results: list[tuple[Tenant, Result]], wall: float, scale: float) -> dict:
+    ok = [(t, r) for t, r in results if r.ok and r.ttft_s is not None]
+
+    def ttfts(pred) -> list[float]:
+        return [r.ttft_s / scale for t, r in ok if pred(t)]
+
+    short = ttfts(lambda t: t.static_tokens <= SHORT)
+    long = ttfts(lambda t: t.static_tokens > SHORT)
+    by_tenant = {name: ttfts(lambda t, n=name: t.name == n) for name in {t.name for t, _ in results}}
+    return {"short": [pct(short, q) for q in (0.5, 0.95, 0.99)], "long": [pct(long, q) for q in (0.5, 0.95, 0.99)],
+            "throughput": len(ok) / (wall / scale), "rejects": len(results) - len(ok), "n": len(results),
+            "tenant_p95": {k: pct(v, 0.95) for k, v in by_tenant.items()}}
+
+
+def fmt(v: list[float]) -> str:
+    return "/".join(f"{x:.2f}" for x in v)
+
+
+async def main(args: argparse.Namespace) -> None:
+    if args.token_scale != 1.0:
+        apply_token_scale(args)
+    ROWS.update(rows_config())
+    capacity_rps = args.replicas * args.prefill_tps / (0.8 * SHORT + 0.2 * LONG)
+    rows = [r for r in ROWS if not args.rows or r in args.rows.split(",")]
+    results: dict[tuple[str, float], dict] = {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for load in args.loads:
+            trace = build_trace(random.Random(args.seed), args.n, load * capacity_rps, ["t0"])
+            for row in rows:
+                results[(row, load)] = await run_cell(ROWS[row], trace, args, tmp)
+                r = results[(row, load)]
+                print(f"  done {row} @ {load:.0%}: short {fmt(r['short'])} long {fmt(r['long'])}", flush=True)
+        noisy = await noisy_neighbour(args, tmp, capacity_rps) if args.noisy else None
+    print_table(results, rows, args)
+    if args.routers_venv and not Path(args.routers_venv).exists():
+        print(f"\nsglang-router / vllm-router cache_aware: skipped, {args.routers_venv} does not exist "
+              "(pip install sglang-router==0.3.2 vllm-router==0.1.17 into it, as bench/routing.py says)")
+    if noisy:
+        print_noisy(noisy)
+
+
+async def noisy_neighbour(args: argparse.Namespace, tmp: Path, capacity_rps: float) -> dict:
+    normal = ["agent-a", "agent-b", "agent-c"]
+    quiet_rate = 0.35 * args.replicas * args.prefill_tps / SHORT
+    noisy_usual = 0.03 * args.replicas * args.prefill_tps / HUGE  # its usual rate: 3% of capacity
+
+    def trace(burst: float) -> list[Tenant]:
+        rng = random.Random(args.seed + 1)
+        base = build_trace(rng, args.n, quiet_rate, normal, long_share=0.0)
+        horizon = base[-1].start_s
+        n_noisy = max(1, int(horizon * noisy_usual * burst))
+        noisy = build_trace(random.Random(args.seed + 2), n_noisy, noisy_usual * burst, ["noisy"],
+                            long_share=1.0, long_tokens=HUGE)
+        return sorted(base + noisy, key=lambda t: t.start_s)
+
+    fair = {"routing": {"policy": "prefix_affinity", "lanes": LANE}, "admission": QUEUE,
+            "tenants": {"overrides": {"noisy": {"limits": {
+                "prompt_tokens_per_min": int(0.25 * args.replicas * args.prefill_tps * 60)}}}}}
+    plain = {"routing": {"policy": "prefix_affinity"}}
+    out = {}
+    for label, burst, cfg in [("quiet fleet, prefix_affinity", 1.0, plain),
+                              ("noisy 10x, prefix_affinity", 10.0, plain),
+                              ("noisy 10x, fairness (lane + noisy tenant's token limit + queue)", 10.0, fair)]:
+        out[label] = await run_cell(cfg, trace(burst), args, tmp)
+        print(f"  done noisy: {label}", flush=True)
+    return out
+
+
+def print_table(results: dict, rows: list[str], args: argparse.Namespace) -> None:
+    print(f"\n$ python bench/admission.py {' '.join(sys.argv[1:])}")
+    print(f"4 replicas x {args.prefill_tps:g} prefill tokens/s, max_batch_tokens {args.max_batch_tokens}, "
+          f"prompts {SHORT}/{LONG} tokens (noisy {HUGE}), token_scale {args.token_scale}, "
+          f"time_scale {args.time_scale}; {args.n} requests per cell; TTFT in simulated seconds\n")
+    print("| load | row | short TTFT p50/p95/p99 s | long TTFT p50/p95/p99 s | throughput req/s | rejects |")
+    print("|---|---|---|---|---|---|")
+    for load in args.loads:
+        for row in rows:
+            r = results[(row, load)]
+            print(f"| {load:.0%} | {row} | {fmt(r['short'])} | {fmt(r['long'])} | {r['throughput']:.2f} | "
+                  f"{r['rejects']}/{r['n']} |")
+    for load in args.loads:
+        pa = results.get(("prefix_affinity", load))
+        for row in rows[2:]:
+            r = results[(row, load)]
+            if pa:
+                print(f"@{load:.0%} {row}: short p95 {pa['short'][1] / r['short'][1]:.2f}x lower than "
+                      f"prefix_affinity (goal >= 2x at 70%), long p50 {r['long'][0] / pa['long'][0]:.2f}x "
+                      f"(goal <= 1.5x)")
+
+
+def print_noisy(noisy: dict) -> None:
+    print("\nnoisy neighbour: p95 TTFT (s) of the three normal tenants, and the noisy one")
+    print("| case | agent-a | agent-b | agent-c | noisy | rejects |")
+    print("|---|---|---|---|---|---|")
+    quiet = None
+    for label, r in noisy.items():
+        p = r["tenant_p95"]
+        print(f"| {label} | {p.get('agent-a', float('nan')):.2f} | {p.get('agent-b', float('nan')):.2f} | "
+              f"{p.get('agent-c', float('nan')):.2f} | {p.get('noisy', float('nan')):.2f} | {r['rejects']} |")
+        quiet = quiet or p
+    for label, r in list(noisy.items())[1:]:
+        ratios = [r["tenant_p95"][t] / quiet[t] for t in ("agent-a", "agent-b", "agent-c")]
+        print(f"{label}: normal tenants' p95 / quiet p95 = " + ", ".join(f"{x:.2f}" for x in ratios)
+              + " (goal <= 1.5)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[0.3, 0.5, 0.7, 0.85])
+    p.add_argument("--rows", default="", help="comma-separated row names (default: all)")
+    p.add_argument("--n", type=int, default=60, help="requests per cell")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-blocks", type=int, default=12000)
+    p.add_argument("--prefill-tps", type=float, default=8000.0)
+    p.add_argument("--decode-tps", type=float, default=60.0)
+    p.add_argument("--max-batch-tokens", type=int, default=2048)
+    p.add_argument("--time-scale", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=17)
+    p.add_argument("--token-scale", type=float, default=1.0,
+                   help="scale every token count and the prefill rate alike (less CPU on a busy box)")
+    p.add_argument("--no-noisy", dest="noisy", action="store_false")
+    p.add_argument("--routers-venv", default=str(ROOT / ".venv-routers"))
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
