@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
+import hashlib
 import json
 import os
 import subprocess
@@ -43,9 +43,9 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.fuzz_cases import POOL, Pool, batch
+from tests.fuzz_cases import case_key
+from tests.fuzz_cases import cases as fuzz_cases
 from tests.fuzz_client import Outcome, RawRequest, send
 
 EXAMPLES = int(os.environ.get("PREFIXGATE_FUZZ_EXAMPLES", "400"))
@@ -100,7 +100,7 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
 @dataclass
 class Figures:
     sent: collections.Counter[str] = field(default_factory=collections.Counter)
-    distinct: set[int] = field(default_factory=set)  # hash of (method, target, headers, body)
+    distinct: set[bytes] = field(default_factory=set)  # sha256 of each case's bytes (whichever proxy)
     statuses: collections.Counter[str] = field(default_factory=collections.Counter)
     proxy_5xx: list[str] = field(default_factory=list)
     relayed_5xx: list[str] = field(default_factory=list)
@@ -131,7 +131,7 @@ def _bad_field_bytes(req: RawRequest) -> bool:
 
 def _check(req: RawRequest, out: Outcome, five_xx: set[str], fig: Figures) -> None:
     fig.sent[req.route] += 1
-    fig.distinct.add(hash((req.method, req.target, tuple(req.headers), req.body, req.framing)))
+    fig.distinct.add(hashlib.sha256(case_key(-1, req)).digest())
     fig.statuses[str(out.status) if out.kind in ("response", "dropped") else out.kind] += 1
     if out.kind == "hang" or out.kind == "refused":
         fig.hangs.append(_describe(req, out))
@@ -207,21 +207,19 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
         return [(req, out) for (_, req), out in zip(cases, outs, strict=True)]
 
     results: list[tuple[RawRequest, Outcome]] = []
+    cases_digest = hashlib.sha256()
 
-    numbers = itertools.count()
-
-    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(POOL)
-    def run(pool: Pool) -> None:
-        cases = batch(pool, BATCH, next(numbers), len(fleet.proxies))
+    def each(cases: list[tuple[int, RawRequest]]) -> None:
+        for i, req in cases:
+            cases_digest.update(case_key(i, req))
         pending.append(asyncio.run_coroutine_threadsafe(send_all(cases), loop))
         while len(pending) > IN_FLIGHT_BATCHES:
             results.extend(pending.popleft().result())
 
     started = time.monotonic()
     try:
-        run()
+        for cases in fuzz_cases(EXAMPLES, BATCH, len(fleet.proxies)):
+            each(cases)
         while pending:
             results.extend(pending.popleft().result())
     finally:
@@ -235,6 +233,7 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
         active = sum(p["active"] for p in snap["proxies"])
         states = [httpx.get(f"http://127.0.0.1:{port}/sim/state", timeout=10).json() for port in fleet.sims]
         busy = sum(s["running"] + s["waiting"] for s in states)
+        dead = sum(bool(s["dead"]) for s in states)
         acquired = sum(p["pool"][0] for p in snap["proxies"])
         if not (active or busy or acquired) or time.monotonic() > deadline:
             break
@@ -247,15 +246,15 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
     to_sims = sum(n for (_, remote, _), n in sockets.items() if remote in fleet.sims)
     from_clients = sum(n for (local, _, state), n in sockets.items() if local in fleet.proxies and state != "LISTEN")
     with capsys.disabled():
-        print(f"\nfuzz: {sum(fig.sent.values())} requests ({len(fig.distinct)} distinct) in {fig.elapsed_s:.1f}s "
-              f"({EXAMPLES} examples x {BATCH}, derandomized)")
+        print(f"\nfuzz: {sum(fig.sent.values())} requests ({len(fig.distinct)} distinct, cases sha256 "
+              f"{cases_digest.hexdigest()[:16]}) in {fig.elapsed_s:.1f}s ({EXAMPLES} examples x {BATCH}, derandomized)")
         print("  by route: " + ", ".join(f"{k} {v}" for k, v in sorted(fig.sent.items())))
         print("  statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(fig.statuses.items())))
         print(f"  proxy 5xx {len(fig.proxy_5xx)}, relayed engine 5xx {len(fig.relayed_5xx)}, hangs {len(fig.hangs)}, "
               f"unanswered {len(fig.unanswered)} (+{fig.parser_refused} refused by the HTTP parser), "
               f"non-OpenAI errors {len(fig.bad_errors)}, malformed streams {len(fig.bad_streams)} "
               f"(complete streams {fig.streams_ok}, client disconnects mid-stream {fig.dropped})")
-        print(f"  after: proxy active {active}, sim running+waiting {busy}, upstream pool acquired {acquired} "
+        print(f"  after: proxy active {active}, sim running+waiting {busy}, sims dead {dead}, upstream pool acquired {acquired} "
               f"idle {idle}, proxy process sockets to sims {to_sims}, client connections still open {from_clients}")
         for title, items in (("proxy 5xx", fig.proxy_5xx), ("hang", fig.hangs), ("bad error", fig.bad_errors),
                              ("bad stream", fig.bad_streams), ("unanswered", fig.unanswered),
@@ -266,7 +265,28 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
     assert not fig.proxy_5xx and not fig.hangs and not fig.unanswered
     assert not fig.bad_errors and not fig.bad_streams
     assert active == 0 and busy == 0 and acquired == 0
+    # the simulators run without faults: a 5xx from one, or its engine loop dying (which used to
+    # leave every later request to it waiting: the "hangs"), is a simulator bug the run must show
+    assert dead == 0 and not fig.relayed_5xx
     # besides the pool, each proxy's health checker and engine scraper keep one keep-alive
     # connection per replica (2 proxies x 2 replicas each)
     assert to_sims - idle <= 2 * 4, "an open socket to a simulator that no client of the proxy holds"
     assert from_clients == 0
+
+
+def test_the_cases_are_the_same_in_every_process() -> None:
+    """A failure must reproduce: the cases depend on tests/fuzz_*.py only, not on PYTHONHASHSEED
+    (which reseeds `hash()` of str and bytes) nor on what the test process imported: hypothesis
+    draws literals from the project modules loaded at draw time (tests/fuzz_cases.py
+    `_no_project_modules`), and this pytest process has app/ loaded, a bare one has not."""
+    streamed = hashlib.sha256()
+    for batch in fuzz_cases(12, 25, 2, env={"PYTHONHASHSEED": "1"}):
+        for i, req in batch:
+            streamed.update(case_key(i, req))
+    code = ("import hashlib; from tests.fuzz_cases import case_key, generate; h = hashlib.sha256(); "
+            "generate(12, 25, 2, lambda b: [h.update(case_key(i, r)) for i, r in b]); print(h.hexdigest())")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONHASHSEED": "2", "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    bare = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120, check=True).stdout.strip()
+    assert streamed.hexdigest() == bare

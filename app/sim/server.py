@@ -23,6 +23,7 @@ from app.sim.protocol import (
     ApiError,
     ParsedRequest,
     check_length,
+    check_token_ids,
     load_json,
     parse_chat,
     parse_completion,
@@ -209,6 +210,7 @@ class SimApp:
 
     def _tokenize_sync(self, parsed: ParsedRequest) -> list[int]:
         if parsed.prompt_ids is not None:
+            check_token_ids(parsed.prompt_ids)
             return parsed.prompt_ids
         if parsed.kind == "chat":
             text = self.tokenizer.render_chat(parsed.messages, parsed.tools, parsed.add_generation_prompt,
