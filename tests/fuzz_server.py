@@ -8,8 +8,8 @@ the test's request generation, and so the proxy process's open sockets can be co
 /proc/<pid>/fd.
 
 `GET /report` on the report port answers what only the inside can see: the simulators' recorded
-5xx request ids and each proxy's active request count and upstream pool (acquired, idle
-connections). The simulators' running and waiting requests come from their own `GET /sim/state`.
+5xx request ids and, per proxy, its active request count, its upstream pool and its health
+checker's pool (acquired, idle connections each) and its engine scraper's open connections. The simulators' running and waiting requests come from their own `GET /sim/state`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Proxy bugs the fuzz suite (test_fuzz_proxy.py) found, each kept as a plain example."""
+"""Bugs the fuzz suite (test_fuzz_proxy.py) found, in the proxy and in the simulator it runs
+against, each kept as a plain example."""
 
 from __future__ import annotations
 
