@@ -26,7 +26,8 @@ What must hold over the whole run (the figures are printed, then asserted):
 derandomized: the same cases every run and in every process (their sha256 is printed; a second
 test checks it), so a failure reproduces. tests/fuzz_cases.py says how a batch is built and why
 it is drawn in a process of its own. The figures also give the client-side latency and the
-slowest requests, so a slow run shows where its time went.
+slowest requests, so a slow run shows where its time went; to see inside the servers while it
+runs: `py-spy dump --pid $(pgrep -f tests.fuzz_server)` (or `py-spy record`).
 """
 
 from __future__ import annotations
