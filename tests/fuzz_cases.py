@@ -14,6 +14,11 @@ case and repeats most of them (~17 % distinct in a derandomized run of small cas
 is seeded from the example's own draws plus a per-run case counter, and makes no hypothesis draw,
 so the data generation stays deterministic for hypothesis and the run reproducible.
 
+The same cases every run, whichever process runs the test: `cases()` draws them in a process of
+its own (`python -m tests.fuzz_cases EXAMPLES BATCH PROXIES`, which streams pickled batches) that
+imports no project module, because hypothesis also draws literals from the project modules loaded
+at draw time (`_no_project_modules` says more). test_fuzz_proxy.py prints the cases' sha256.
+
 Engine-side cost is bounded on purpose: a valid request asks for few tokens (`max_tokens` <= 16
 unless the value is not an int; `min_tokens`/`ignore_eos` only in their small range), because the
 point is the proxy's handling, not the simulator's decode speed.
@@ -21,11 +26,19 @@ point is the proxy's handling, not the simulator's decode speed.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import pickle
 import random
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz_client import RawRequest
@@ -312,3 +325,76 @@ def batch(pool: Pool, size: int, number: int, proxies: int) -> list[tuple[int, R
         case = other_case(pool, r) if kind == "other" else generate_case(pool, r, kind)
         out.append((r.randrange(proxies), case))
     return out
+
+
+# --- the generator process -------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def generate(examples: int, size: int, proxies: int, each: Callable[[list[tuple[int, RawRequest]]], None]) -> None:
+    """The derandomized hypothesis search over `examples` pools; each pool's batch goes to `each`,
+    in order. Only `python -m tests.fuzz_cases` (`cases()`) calls it: see `_no_project_modules`."""
+    _no_project_modules()
+    numbers = itertools.count()
+
+    @settings(max_examples=examples, derandomize=True, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(POOL)
+    def run(pool: Pool) -> None:
+        each(batch(pool, size, next(numbers), proxies))
+
+    run()
+
+
+def _no_project_modules() -> None:
+    """Hypothesis mixes in literals harvested from every project module outside tests/ that is
+    imported at draw time (its "local constants", drawn with p=0.05 per choice). In the pytest
+    process that set is whatever conftest and the other collected tests imported (one file alone,
+    `-k`, or the whole suite each give other cases), and any app/ edit changes it. So the cases
+    are drawn in a process of their own that imports no project module: they depend on
+    tests/fuzz_*.py and the hypothesis version only. (The batch Random is seeded from a string,
+    never `hash()`, which PYTHONHASHSEED changes; nothing reads the clock or a set's order.)"""
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and Path(path).resolve().is_relative_to(ROOT) and not Path(path).resolve().is_relative_to(ROOT / "tests"):
+            raise RuntimeError(f"{module.__name__} is loaded: its literals would change the fuzz cases")
+
+
+def case_key(proxy: int, req: RawRequest) -> bytes:
+    """Every byte of one case and where it goes, for comparing runs."""
+    return repr((proxy, req.method, req.target, req.headers, req.body, req.framing, req.drop_after)).encode()
+
+
+def cases(examples: int, size: int, proxies: int, env: dict[str, str] | None = None) -> Iterator[list[tuple[int, RawRequest]]]:
+    """The batches, drawn by `python -m tests.fuzz_cases` (a clean process, see `_no_project_modules`)
+    and streamed back pickled: the pipe holds the generator at most a batch ahead of the reader."""
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz_cases", str(examples), str(size), str(proxies)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        while True:
+            try:
+                yield pickle.load(proc.stdout)
+            except EOFError:
+                break
+    finally:
+        proc.stdout.close()
+        if proc.wait(30) != 0:
+            raise RuntimeError(f"tests/fuzz_cases.py exited with {proc.returncode}")
+
+
+def main(argv: list[str]) -> int:
+    examples, size, proxies = (int(a) for a in argv)
+    out = sys.stdout.buffer
+
+    def each(batch: list[tuple[int, RawRequest]]) -> None:
+        pickle.dump(batch, out, protocol=pickle.HIGHEST_PROTOCOL)
+        out.flush()
+
+    generate(examples, size, proxies, each)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

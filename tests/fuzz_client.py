@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import dataclass, field
 
 
@@ -42,6 +43,7 @@ class Outcome:
     headers: dict[bytes, bytes] = field(default_factory=dict)
     body: bytes = b""
     error: str = ""
+    elapsed_s: float = 0.0  # from connecting to the outcome
 
 
 def encode(req: RawRequest, host: str) -> bytes:
@@ -101,6 +103,13 @@ async def _read_response(reader: asyncio.StreamReader, method: str, drop_after: 
 
 async def send(req: RawRequest, host: str, port: int, timeout: float) -> Outcome:
     """Send one request on a fresh connection; never raises."""
+    started = time.monotonic()
+    out = await _send(req, host, port, timeout)
+    out.elapsed_s = time.monotonic() - started
+    return out
+
+
+async def _send(req: RawRequest, host: str, port: int, timeout: float) -> Outcome:
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
     except (OSError, TimeoutError) as exc:

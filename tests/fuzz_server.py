@@ -8,8 +8,8 @@ the test's request generation, and so the proxy process's open sockets can be co
 /proc/<pid>/fd.
 
 `GET /report` on the report port answers what only the inside can see: the simulators' recorded
-5xx request ids and each proxy's active request count and upstream pool (acquired, idle
-connections). The simulators' running and waiting requests come from their own `GET /sim/state`.
+5xx request ids and, per proxy, its active request count, its upstream pool and its health
+checker's pool (acquired, idle connections each) and its engine scraper's open connections. The simulators' running and waiting requests come from their own `GET /sim/state`.
 """
 
 from __future__ import annotations
@@ -63,11 +63,9 @@ class RecordingSim:
             raise
 
 
-def _pool(app: Any) -> tuple[int, int]:
-    """(acquired, idle) connections of the proxy's upstream aiohttp connector; (-1, -1) when it
-    cannot be read (aiohttp keeps them in private fields), so a leak check fails rather than
-    passing on zeros."""
-    connector = app.services.upstream.connector
+def _pool(connector: Any) -> tuple[int, int]:
+    """(acquired, idle) connections of an aiohttp connector; (-1, -1) when it cannot be read
+    (aiohttp keeps them in private fields), so a leak check fails rather than passing on zeros."""
     if connector is None or not hasattr(connector, "_acquired") or not hasattr(connector, "_conns"):
         return -1, -1
     for _ in range(10):  # read from another thread: retry if the pool changed meanwhile
@@ -79,6 +77,14 @@ def _pool(app: Any) -> tuple[int, int]:
     return -1, -1
 
 
+def _httpx_connections(client: Any) -> int:
+    """Connections an httpx client's pool holds open (the engine scraper's); -1 when unreadable."""
+    pool = getattr(getattr(client, "_transport", None), "_pool", None)
+    if pool is None:
+        return 0 if client is None else -1
+    return sum(1 for c in list(pool.connections) if not c.is_closed())
+
+
 class Report:
     def __init__(self, five_xx: set[str], proxies: list[Any]) -> None:
         self.five_xx, self.proxies = five_xx, proxies
@@ -86,7 +92,9 @@ class Report:
     def snapshot(self) -> dict[str, Any]:
         return {
             "five_xx": sorted(self.five_xx),
-            "proxies": [{"active": p.openai.active, "pool": _pool(p)} for p in self.proxies],
+            "proxies": [{"active": p.openai.active, "pool": _pool(p.services.upstream.connector),
+                         "health": _pool(p.services.health._session.connector if p.services.health._session else None),
+                         "scraper": _httpx_connections(p.services.scraper._client)} for p in self.proxies],
         }
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -17,11 +17,17 @@ What must hold over the whole run (the figures are printed, then asserted):
   with `data: [DONE]` and every event in it is JSON;
 - nothing leaks: afterwards no request is active in the proxies, no request is running or waiting
   in the simulators (GET /sim/state), the upstream pool holds no acquired connection, and every
-  open socket to a simulator is one of the pool's idle keep-alive connections (or the one each
-  health checker and engine scraper keeps per replica), and no client connection is left open.
+  open socket to a simulator is held by a pool (the upstream pool's idle keep-alive connections,
+  the health checker's and the engine scraper's), and no client connection is left open;
+- the simulators (no faults configured) answer no 5xx and their engine loops stay alive: a dead
+  loop used to leave every later request to that replica waiting (the "hangs" of slow runs).
 
 `PREFIXGATE_FUZZ_EXAMPLES` (default 400) hypothesis examples x BATCH (25) requests per run,
-derandomized so CI runs are reproducible; tests/fuzz_cases.py says how a batch is built.
+derandomized: the same cases every run and in every process (their sha256 is printed; a second
+test checks it), so a failure reproduces. tests/fuzz_cases.py says how a batch is built and why
+it is drawn in a process of its own. The figures also give the client-side latency and the
+slowest requests, so a slow run shows where its time went; to see inside the servers while it
+runs: `py-spy dump --pid $(pgrep -f tests.fuzz_server)` (or `py-spy record`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
+import hashlib
 import json
 import os
 import subprocess
@@ -43,15 +49,15 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.fuzz_cases import POOL, Pool, batch
+from tests.fuzz_cases import case_key
+from tests.fuzz_cases import cases as fuzz_cases
 from tests.fuzz_client import Outcome, RawRequest, send
 
 EXAMPLES = int(os.environ.get("PREFIXGATE_FUZZ_EXAMPLES", "400"))
 BATCH = 25
 REQUEST_TIMEOUT_S = 20.0
-IN_FLIGHT_BATCHES = 4  # batches sent while hypothesis generates the next ones
+IN_FLIGHT_BATCHES = 4  # batches in flight while the generator process draws the next ones
 pytestmark = pytest.mark.timeout(600)
 
 
@@ -100,7 +106,7 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
 @dataclass
 class Figures:
     sent: collections.Counter[str] = field(default_factory=collections.Counter)
-    distinct: set[int] = field(default_factory=set)  # hash of (method, target, headers, body)
+    distinct: set[bytes] = field(default_factory=set)  # sha256 of each case's bytes (whichever proxy)
     statuses: collections.Counter[str] = field(default_factory=collections.Counter)
     proxy_5xx: list[str] = field(default_factory=list)
     relayed_5xx: list[str] = field(default_factory=list)
@@ -131,7 +137,7 @@ def _bad_field_bytes(req: RawRequest) -> bool:
 
 def _check(req: RawRequest, out: Outcome, five_xx: set[str], fig: Figures) -> None:
     fig.sent[req.route] += 1
-    fig.distinct.add(hash((req.method, req.target, tuple(req.headers), req.body, req.framing)))
+    fig.distinct.add(hashlib.sha256(case_key(-1, req)).digest())
     fig.statuses[str(out.status) if out.kind in ("response", "dropped") else out.kind] += 1
     if out.kind == "hang" or out.kind == "refused":
         fig.hangs.append(_describe(req, out))
@@ -193,6 +199,15 @@ def _sockets(pid: int) -> collections.Counter[tuple[int, int, str]]:
     return out
 
 
+def _held(snap: dict[str, Any]) -> int:
+    """Connections to the simulators that a client in the proxies holds: the upstream pool's idle
+    keep-alive ones (none may stay acquired), and the health checker's and engine scraper's own
+    (tests/fuzz_server.py reads them)."""
+    counts = [n for p in snap["proxies"] for n in (p["pool"][1], *p["health"], p["scraper"])]
+    assert min(counts) >= 0, f"a connection pool could not be read: {snap['proxies']}"
+    return sum(counts)
+
+
 def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
     fig = Figures()
     five_xx: set[str] = set()
@@ -207,21 +222,19 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
         return [(req, out) for (_, req), out in zip(cases, outs, strict=True)]
 
     results: list[tuple[RawRequest, Outcome]] = []
+    cases_digest = hashlib.sha256()
 
-    numbers = itertools.count()
-
-    @settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(POOL)
-    def run(pool: Pool) -> None:
-        cases = batch(pool, BATCH, next(numbers), len(fleet.proxies))
+    def each(cases: list[tuple[int, RawRequest]]) -> None:
+        for i, req in cases:
+            cases_digest.update(case_key(i, req))
         pending.append(asyncio.run_coroutine_threadsafe(send_all(cases), loop))
         while len(pending) > IN_FLIGHT_BATCHES:
             results.extend(pending.popleft().result())
 
     started = time.monotonic()
     try:
-        run()
+        for cases in fuzz_cases(EXAMPLES, BATCH, len(fleet.proxies)):
+            each(cases)
         while pending:
             results.extend(pending.popleft().result())
     finally:
@@ -235,6 +248,7 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
         active = sum(p["active"] for p in snap["proxies"])
         states = [httpx.get(f"http://127.0.0.1:{port}/sim/state", timeout=10).json() for port in fleet.sims]
         busy = sum(s["running"] + s["waiting"] for s in states)
+        dead = sum(bool(s["dead"]) for s in states)
         acquired = sum(p["pool"][0] for p in snap["proxies"])
         if not (active or busy or acquired) or time.monotonic() > deadline:
             break
@@ -242,21 +256,33 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
     five_xx.update(snap["five_xx"])
     for req, out in results:
         _check(req, out, five_xx, fig)
+    by_time = sorted(results, key=lambda r: r[1].elapsed_s)
+    times = [out.elapsed_s for _, out in by_time]
     idle = sum(p["pool"][1] for p in snap["proxies"])
-    sockets = _sockets(fleet.proc.pid)
-    to_sims = sum(n for (_, remote, _), n in sockets.items() if remote in fleet.sims)
+    for _ in range(50):  # a probe may open or close a connection between the two readings: read again
+        sockets = _sockets(fleet.proc.pid)
+        to_sims = sum(n for (_, remote, _), n in sockets.items() if remote in fleet.sims)
+        held = _held(fleet.snapshot())
+        if to_sims <= held:
+            break
+        time.sleep(0.1)
     from_clients = sum(n for (local, _, state), n in sockets.items() if local in fleet.proxies and state != "LISTEN")
     with capsys.disabled():
-        print(f"\nfuzz: {sum(fig.sent.values())} requests ({len(fig.distinct)} distinct) in {fig.elapsed_s:.1f}s "
-              f"({EXAMPLES} examples x {BATCH}, derandomized)")
+        print(f"\nfuzz: {sum(fig.sent.values())} requests ({len(fig.distinct)} distinct, cases sha256 "
+              f"{cases_digest.hexdigest()[:16]}) in {fig.elapsed_s:.1f}s ({EXAMPLES} examples x {BATCH}, derandomized)")
         print("  by route: " + ", ".join(f"{k} {v}" for k, v in sorted(fig.sent.items())))
         print("  statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(fig.statuses.items())))
+        print(f"  latency: p50 {times[len(times) // 2]:.3f}s, p99 {times[len(times) * 99 // 100]:.3f}s, "
+              f"max {times[-1]:.3f}s (client-side, {BATCH * (IN_FLIGHT_BATCHES + 1)} requests in flight at most)")
         print(f"  proxy 5xx {len(fig.proxy_5xx)}, relayed engine 5xx {len(fig.relayed_5xx)}, hangs {len(fig.hangs)}, "
               f"unanswered {len(fig.unanswered)} (+{fig.parser_refused} refused by the HTTP parser), "
               f"non-OpenAI errors {len(fig.bad_errors)}, malformed streams {len(fig.bad_streams)} "
               f"(complete streams {fig.streams_ok}, client disconnects mid-stream {fig.dropped})")
-        print(f"  after: proxy active {active}, sim running+waiting {busy}, upstream pool acquired {acquired} "
-              f"idle {idle}, proxy process sockets to sims {to_sims}, client connections still open {from_clients}")
+        print(f"  after: proxy active {active}, sim running+waiting {busy}, sims dead {dead}, upstream pool acquired {acquired} "
+              f"idle {idle}, proxy process sockets to sims {to_sims} (pools hold {held}), "
+              f"client connections still open {from_clients}")
+        for req, out in by_time[:-4:-1]:
+            print(f"  slowest {out.elapsed_s:.2f}s: {_describe(req, out)}")
         for title, items in (("proxy 5xx", fig.proxy_5xx), ("hang", fig.hangs), ("bad error", fig.bad_errors),
                              ("bad stream", fig.bad_streams), ("unanswered", fig.unanswered),
                              ("relayed engine 5xx", fig.relayed_5xx)):
@@ -266,7 +292,26 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
     assert not fig.proxy_5xx and not fig.hangs and not fig.unanswered
     assert not fig.bad_errors and not fig.bad_streams
     assert active == 0 and busy == 0 and acquired == 0
-    # besides the pool, each proxy's health checker and engine scraper keep one keep-alive
-    # connection per replica (2 proxies x 2 replicas each)
-    assert to_sims - idle <= 2 * 4, "an open socket to a simulator that no client of the proxy holds"
+    # the simulators run without faults: a 5xx from one, or its engine loop dying (which used to
+    # leave every later request to it waiting: the "hangs"), is a simulator bug the run must show
+    assert dead == 0 and not fig.relayed_5xx
+    assert to_sims <= held, "an open socket to a simulator that no client of the proxy holds"
     assert from_clients == 0
+
+
+def test_the_cases_are_the_same_in_every_process() -> None:
+    """A failure must reproduce: the cases depend on tests/fuzz_*.py only, not on PYTHONHASHSEED
+    (which reseeds `hash()` of str and bytes) nor on what the test process imported: hypothesis
+    draws literals from the project modules loaded at draw time (tests/fuzz_cases.py
+    `_no_project_modules`), and this pytest process has app/ loaded, a bare one has not."""
+    streamed = hashlib.sha256()
+    for batch in fuzz_cases(12, 25, 2, env={"PYTHONHASHSEED": "1"}):
+        for i, req in batch:
+            streamed.update(case_key(i, req))
+    code = ("import hashlib; from tests.fuzz_cases import case_key, generate; h = hashlib.sha256(); "
+            "generate(12, 25, 2, lambda b: [h.update(case_key(i, r)) for i, r in b]); print(h.hexdigest())")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONHASHSEED": "2", "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    bare = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=120, check=True).stdout.strip()
+    assert streamed.hexdigest() == bare

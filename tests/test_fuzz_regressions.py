@@ -1,4 +1,5 @@
-"""Proxy bugs the fuzz suite (test_fuzz_proxy.py) found, each kept as a plain example."""
+"""Bugs the fuzz suite (test_fuzz_proxy.py) found, in the proxy and in the simulator it runs
+against, each kept as a plain example."""
 
 from __future__ import annotations
 
@@ -86,3 +87,45 @@ def test_messages_the_chat_template_cannot_render_are_a_400_from_the_simulator(p
     resp = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=30)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("prompt", [
+    [-1, 5, 7],    # shorter than a block: hashed only once generated tokens filled the block, inside the engine loop
+    [-3] * 20,     # a full block: hashed while the request was prepared
+    [5, 2**32, 7],  # past uint32: the same OverflowError
+])
+def test_token_ids_outside_the_vocabulary_are_a_400_and_the_replica_keeps_serving(sim_factory: Any,
+                                                                                  prompt: list[int]) -> None:
+    """A completions prompt of token ids with a negative id reached the block hasher
+    (`array("I", ...)`: OverflowError): in the engine loop's task it killed the loop, silently, so
+    every later request to that replica waited forever (the fuzz run's "hangs", 20 s each, and its
+    slow runs); at prepare time it was a 500. vLLM checks ids against the vocabulary first and
+    answers 400 `Token id N is out of vocabulary`; so does the simulator now (for ids no uint32
+    holds: it accepts made-up ids beyond its small vocabulary)."""
+    sim = sim_factory(replicas=1, time_scale=0.0)
+    url = sim.urls[0] + "/v1/completions"
+    resp = httpx.post(url, json={"model": "sim", "prompt": prompt, "max_tokens": 16}, timeout=10)
+    assert resp.status_code == 400, resp.text
+    assert "out of vocabulary" in resp.json()["error"]["message"]
+    ok = httpx.post(url, json={"model": "sim", "prompt": [5, 6, 7], "max_tokens": 16}, timeout=10)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 16
+
+
+def test_a_crash_in_the_engine_loop_fails_its_requests_and_health_instead_of_hanging(
+        sim_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception in the simulator's engine loop ended its task with nobody told: requests
+    already waiting, and every one after, hung until the client gave up. Like vLLM's EngineCore
+    dying, the replica now fails what it holds with a 500 and reports itself dead on /health, so a
+    simulator bug is a visible 5xx (that the fuzz suite counts), not a hang."""
+    from app.sim.engine import SimEngine
+
+    def broken(self: SimEngine, *args: Any) -> None:
+        raise RuntimeError("a bug in the simulator")
+
+    sim = sim_factory(replicas=1, time_scale=0.0)
+    monkeypatch.setattr(SimEngine, "_emit", broken)
+    resp = httpx.post(sim.urls[0] + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 4},
+                      timeout=10)
+    assert resp.status_code == 500, resp.text
+    assert httpx.get(sim.urls[0] + "/health", timeout=10).status_code == 500
+    assert sim.engine(0).state()["dead"] is True

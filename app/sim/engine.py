@@ -19,6 +19,7 @@ generated tokens fill cacheable blocks too.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections import deque
@@ -31,6 +32,8 @@ from app.sim.pool import Block, BlockPool
 from app.sim.request import HashSpec, SimRequest
 from app.sim.tokens import SimTokenizer, load_tokenizer
 from app.tasks import cancel_and_wait
+
+log = logging.getLogger(__name__)
 
 RECENT = 256  # finished-request summaries kept for /sim/state
 MAX_CATCH_UP_S = 0.05  # step-pacing backlog the loop may catch up after overruns
@@ -85,6 +88,10 @@ class SimEngine:
         return req
 
     def add(self, req: SimRequest) -> None:
+        if self.dead and self._task is None:  # the loop crashed while this request was prepared
+            req.error = "EngineCore encountered an issue."
+            self._finish(req, "error")
+            return
         req.status = "waiting"
         req.virtual_arrival = self.clock
         self.waiting.append(req)
@@ -111,6 +118,22 @@ class SimEngine:
 
     # ------------------------------------------------------------------ the loop
     async def _run(self) -> None:
+        """The step loop. An exception in it is a simulator bug: like vLLM's EngineCore dying, the
+        replica fails every request it holds and reports itself dead (health 500) rather than
+        leaving them, and every later one, waiting on a loop that no longer runs."""
+        try:
+            await self._loop()
+        except Exception:  # noqa: BLE001 - any bug; asyncio.CancelledError (stop) is not one
+            log.exception("simulated engine loop crashed; the replica is now dead")
+            self.dead = True
+            self._task = None  # a cleared `dead` (POST /sim/faults clear) starts a fresh loop
+            for req in [*self.running, *self.waiting]:
+                req.error = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+                self._finish(req, "error")
+            self.running.clear()
+            self.waiting.clear()
+
+    async def _loop(self) -> None:
         assert self._wake is not None
         while True:
             if not self.running and not self.waiting:

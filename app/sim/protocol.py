@@ -188,6 +188,20 @@ def parse_completion(body: dict[str, Any], served_model: str) -> ParsedRequest:
     return req
 
 
+TOKEN_ID_LIMIT = 2**32  # engines keep token ids as uint32 (the block hashers pack them so)
+
+
+def check_token_ids(ids: list[int]) -> None:
+    """vLLM's vocabulary check on a prompt given as token ids, before anything hashes them: a
+    negative id (or one past uint32) is a 400 `Token id N is out of vocabulary`. vLLM bounds ids by
+    its tokenizer's vocabulary; the simulator accepts any uint32 id, so tests can use made-up ids
+    beyond the small built-in vocabulary."""
+    if ids:
+        worst = min(ids) if min(ids) < 0 else max(ids)
+        if not 0 <= worst < TOKEN_ID_LIMIT:
+            raise ApiError(400, f"Token id {worst} is out of vocabulary", "prompt")
+
+
 def check_length(num_prompt: int, max_tokens: int | None, max_model_len: int) -> int:
     """vLLM's length checks; returns the effective max_tokens."""
     if num_prompt == 0:

@@ -25,6 +25,7 @@ from app.sim.protocol import (
     ApiError,
     ParsedRequest,
     check_length,
+    check_token_ids,
     load_json,
     parse_chat,
     parse_completion,
@@ -237,6 +238,7 @@ class SimApp:
 
     def _tokenize_sync(self, parsed: ParsedRequest) -> list[int]:
         if parsed.prompt_ids is not None:
+            check_token_ids(parsed.prompt_ids)
             return parsed.prompt_ids
         if parsed.kind == "chat":
             # vLLM 0.32's chat renderer drops a system text's billing-header first line (every
