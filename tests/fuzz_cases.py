@@ -354,9 +354,12 @@ def _no_project_modules() -> None:
     are drawn in a process of their own that imports no project module: they depend on
     tests/fuzz_*.py and the hypothesis version only. (The batch Random is seeded from a string,
     never `hash()`, which PYTHONHASHSEED changes; nothing reads the clock or a set's order.)"""
+    venv = Path(sys.prefix).resolve()  # a virtualenv inside the checkout (.venv) is site-packages, not ours
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if path and Path(path).resolve().is_relative_to(ROOT) and not Path(path).resolve().is_relative_to(ROOT / "tests"):
+        where = Path(path).resolve() if path else None
+        if where and where.is_relative_to(ROOT) and not where.is_relative_to(ROOT / "tests") \
+                and not where.is_relative_to(venv):
             raise RuntimeError(f"{module.__name__} is loaded: its literals would change the fuzz cases")
 
 
