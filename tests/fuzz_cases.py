@@ -178,6 +178,45 @@ def chat_body(pool: Pool, r: random.Random) -> Any:
     return _finish_body(pool, r, body, "messages")
 
 
+def anthropic_body(pool: Pool, r: random.Random) -> Any:
+    """A Messages API body: chat's turns without system messages, the system as a top-level string
+    or blocks (sometimes opening with Claude Code's billing header)."""
+    body = chat_body(pool, r)
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return body
+    turns = body["messages"]
+    system = [m.get("content") for m in turns if isinstance(m, dict) and m.get("role") == "system"]
+    body["messages"] = [m for m in turns if not (isinstance(m, dict) and m.get("role") == "system")]
+    if system and r.random() < 0.5:
+        body["system"] = system[0]
+    elif r.random() < 0.5:
+        blocks = [{"type": "text", "text": r.choice(PHRASES)}]
+        if r.random() < 0.5:
+            version, cch = r.randrange(99), r.randrange(16**5)
+            blocks.insert(0, {"type": "text", "text": f"x-anthropic-billing-header: cc_version=1.0.{version}; "
+                                                      f"cc_entrypoint=cli; cch={cch:05x};"})
+        body["system"] = blocks if r.random() < 0.9 else r.choice(pool.jsons)
+    return body
+
+
+def responses_body(pool: Pool, r: random.Random) -> Any:
+    """A Responses API body: `input` as a string or chat-like items, sometimes `instructions`,
+    `previous_response_id` (unknown ids included) and `store`."""
+    body = chat_body(pool, r)
+    if not isinstance(body, dict):
+        return body
+    turns = body.pop("messages", None)
+    body["input"] = r.choice(PHRASES) if r.random() < 0.3 else turns
+    body["max_output_tokens"] = body.pop("max_tokens", 8)
+    if r.random() < 0.4:
+        body["instructions"] = r.choice([*PHRASES, *pool.jsons])
+    if r.random() < 0.2:
+        body["previous_response_id"] = r.choice(["resp_unknown", "", *pool.jsons])
+    if r.random() < 0.3:
+        body["store"] = r.random() < 0.5
+    return body
+
+
 def completion_body(pool: Pool, r: random.Random) -> Any:
     prompt = r.choice(pool.prompts) if r.random() < 0.7 else r.choice(PHRASES) * r.randint(1, 20)
     body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": _max_tokens(pool, r)}
@@ -267,7 +306,7 @@ def headers(pool: Pool, r: random.Random) -> list[tuple[bytes, bytes]]:
 # --- routes --------------------------------------------------------------------------------
 CONTROL = ["/v1/models", "/healthz", "/health", "/readyz", "/metrics", "/hygiene/engines", "/hygiene/tenants",
            "/ui"]
-PASSTHROUGH = ["/v1/embeddings", "/v1/responses/resp_x", "/v1/audio/transcriptions", "/v1/chat/completions/x",
+PASSTHROUGH = ["/v1/embeddings", "/v1/messages/count_tokens", "/v1/responses/resp_unknown/cancel", "/v1/responses/resp_x", "/v1/audio/transcriptions", "/v1/chat/completions/x",
                "/v1/models/sim", "/v1/", "/v1//completions", "/v1/%2e%2e/metrics", "/v1/tokenize", "/v1/a%00b",
                "/v1/\u00e9"]
 QUERIES = ["?a=1", "?x=%ff", "?" + "q" * 3000, "?a=1&a=2", "?%", "?stream=true"]
@@ -280,13 +319,19 @@ def _route_label(path: str) -> str:
     return path if path in CONTROL else "passthrough /v1/*"
 
 
+BODIES: dict[str, Callable[[Pool, random.Random], Any]] = {
+    "chat": chat_body, "completions": completion_body, "messages": anthropic_body, "responses": responses_body}
+ROUTE_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "messages": "/v1/messages",
+               "responses": "/v1/responses"}
+
+
 def generate_case(pool: Pool, r: random.Random, route: str) -> RawRequest:
-    body = chat_body(pool, r) if route == "chat" else completion_body(pool, r)
+    body = BODIES[route](pool, r)
     stream = isinstance(body, dict) and body.get("stream") is True
     raw = encode_body(pool, r, body)
     framing = _weighted(r, {"length": 85, "chunked": 6, "short": 3, "long": 3, "none": 3})
     method = "POST" if r.random() < 0.96 else r.choice(METHODS)
-    path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+    path = ROUTE_PATHS[route]
     target = path + (r.choice(QUERIES) if r.random() < 0.05 else "")
     drop = r.choice([1, 40, 200, 600]) if stream and r.random() < 0.3 else None
     return RawRequest(method, target, headers(pool, r), raw, framing, drop, route=path, stream=stream)
@@ -315,13 +360,13 @@ def other_case(pool: Pool, r: random.Random) -> RawRequest:
 
 
 def batch(pool: Pool, size: int, number: int, proxies: int) -> list[tuple[int, RawRequest]]:
-    """`size` cases from one pool: 40 % chat, 30 % completions, 30 % every other route, each sent
+    """`size` cases from one pool: 30 % chat, 24 % completions, 8 % each agents' API, 30 % every other route, each sent
     to one of `proxies`. `number` (the example's position in the run) varies the Random, so the
     pools hypothesis repeats still give new cases."""
     r = random.Random(f"prefixgate-fuzz:{pool.seed}:{number}")
     out = []
     for _ in range(size):
-        kind = _weighted(r, {"chat": 40, "completions": 30, "other": 30})
+        kind = _weighted(r, {"chat": 30, "completions": 24, "messages": 8, "responses": 8, "other": 30})
         case = other_case(pool, r) if kind == "other" else generate_case(pool, r, kind)
         out.append((r.randrange(proxies), case))
     return out

@@ -14,7 +14,8 @@ What must hold over the whole run (the figures are printed, then asserted):
 - no hang: each request gets a response (or, for a body the client cut short, a closed connection)
   within REQUEST_TIMEOUT_S, and no connection is closed without a response otherwise;
 - every error the proxy answers on /v1/* is OpenAI-shaped JSON, every complete 200 stream ends
-  with `data: [DONE]` and every event in it is JSON;
+  with `data: [DONE]` and every event in it is JSON (the agents' APIs: `event:` framing, ending
+  with their own last event);
 - nothing leaks: afterwards no request is active in the proxies, no request is running or waiting
   in the simulators (GET /sim/state), the upstream pool holds no acquired connection, and every
   open socket to a simulator is held by a pool (the upstream pool's idle keep-alive connections,
@@ -167,15 +168,37 @@ def _check(req: RawRequest, out: Outcome, five_xx: set[str], fig: Figures) -> No
         except Exception:  # noqa: BLE001 - any shape problem is the finding
             fig.bad_errors.append(_describe(req, out))
     elif req.stream and out.status == 200 and out.headers.get(b"content-type", b"").startswith(b"text/event-stream"):
-        events = [e for e in out.body.split(b"\n\n") if e.strip()]
         try:
-            assert events and events[-1] == b"data: [DONE]" and out.body.endswith(b"\n\n")
-            for e in events[:-1]:
-                assert e.startswith(b"data: ")
-                json.loads(e[6:])
+            _check_stream(req.route, out.body)
             fig.streams_ok += 1
         except Exception:  # noqa: BLE001
             fig.bad_streams.append(_describe(req, out))
+
+
+# the event an agents' API stream ends with (they send no [DONE]): normal ends and the error event
+LAST_EVENTS = {"/v1/messages": {"message_stop", "error"},
+               "/v1/responses": {"response.completed", "response.failed", "response.incomplete", "error"}}
+
+
+def _check_stream(route: str, body: bytes) -> None:
+    """A whole stream in its API's own framing: chat/completions end with `data: [DONE]` after
+    JSON events; the Messages and Responses APIs frame each event as `event:` + one JSON `data:`
+    line and end with one of LAST_EVENTS."""
+    events = [e for e in body.split(b"\n\n") if e.strip()]
+    assert events and body.endswith(b"\n\n")
+    if route not in LAST_EVENTS:
+        assert events[-1] == b"data: [DONE]"
+        for e in events[:-1]:
+            assert e.startswith(b"data: ")
+            json.loads(e[6:])
+        return
+    names = []
+    for e in events:
+        name, data = e.split(b"\n", 1)
+        assert name.startswith(b"event: ") and data.startswith(b"data: ") and b"\n" not in data
+        assert json.loads(data[6:])["type"] == name[7:].decode()
+        names.append(name[7:].decode())
+    assert names[-1] in LAST_EVENTS[route], names[-1]
 
 
 def _sockets(pid: int) -> collections.Counter[tuple[int, int, str]]:
