@@ -38,7 +38,7 @@ HARNESS = ROOT / "bench" / "peerbench"
 API_KEY = "sk-bench-team-a"
 ADMIN_TOKEN = "bench-admin-token"
 LABELS = {"direct": "direct", "vl_rr": "vllm-router 0.1.17 round_robin", "vl_ca": "vllm-router 0.1.17 cache_aware",
-          "sg_ca": "sglang-router 0.3.2 cache_aware", "pg": "prefixgate (default)",
+          "sg_ca": "sglang-router 0.3.2 cache_aware", "pg": "prefixgate (default config)",
           "pg_mp": "prefixgate, multi-pod (salt, Redis, rewrite tenant, API keys)"}
 GROUPS = ((200, "1,16,128"), (100_000, "1,16,128"), (1_000_000, "1,4"))
 
@@ -86,7 +86,7 @@ def _med(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def table(jsonl: str, command: str) -> str:
+def table(jsonl: str, command: str, notes: list[str] | None = None) -> str:
     runs = [json.loads(line) for line in open(jsonl) if '"type": "run"' in line]
     rounds: dict[tuple[int, int, int], dict[str, dict]] = defaultdict(dict)
     for r in runs:
@@ -125,8 +125,30 @@ def table(jsonl: str, command: str) -> str:
             + ("-" if name == "direct" or ratio is None else f"{ratio:.2f}") + f" | {rps:.0f} | "
             + ("-" if cpu is None else f"{cpu:.2f} ms") + f" | {share} | {sum(c['err'])} |")
     lines += ["", f"{len({k[2] for k in rounds})} rounds per cell; medians over rounds; gateway CPU = utime+stime of "
-              "the target's process tree during the run / requests"]
+              "the target's process tree during the run / requests", *(notes or [])]
     return "\n".join(lines)
+
+
+def _has_fast_io(py: str) -> bool:
+    return subprocess.run([py, "-c", "import uvloop, httptools"], capture_output=True).returncode == 0
+
+
+def _fast_io_path(py: str, venv: str) -> str:
+    """`:DIR` with uvloop and httptools for the gateway when its own environment lacks them.
+
+    `pip install prefixgate` installs `uvicorn[standard]` (uvloop + httptools), which is what
+    production runs; a dev venv may not have them, and asyncio + h11 would then be measured
+    instead. They are taken from the routers' venv (same Python) through a directory of links."""
+    if _has_fast_io(py):
+        return ""
+    site = next(Path(venv, "lib").glob("python3*/site-packages"), None)
+    if site is None or not (site / "uvloop").is_dir() or not (site / "httptools").is_dir():
+        print("note: prefixgate runs on asyncio + h11 (no uvloop/httptools found)", file=sys.stderr)
+        return ""
+    links = Path(tempfile.mkdtemp(prefix="prefixgate-fastio-"))
+    for name in ("uvloop", "httptools"):
+        (links / name).symlink_to(site / name)
+    return f":{links}"
 
 
 def _port_base() -> int:
@@ -200,7 +222,8 @@ def main(argv: list[str]) -> int:
     cfg = tempfile.mkstemp(prefix="prefixgate-multipod-", suffix=".yaml")[1]
     try:
         extra: list[str] = []
-        env = f"env PYTHONPATH={shlex.quote(str(ROOT))} "
+        fast_io = _fast_io_path(py, a.routers_venv)
+        env = f"env PYTHONPATH={shlex.quote(str(ROOT) + fast_io)} "
         if "pg" in names:
             extra += ["--add-target", "pg|" + gateway_command(py, a.workers, None, env)]
         if redis is not None:
@@ -231,7 +254,11 @@ def main(argv: list[str]) -> int:
         if redis is not None:
             redis.stop()
         os.unlink(cfg)
-    print(table(out, "python bench/overhead.py --table " + shlex.join(argv)))
+    notes = [f"prefixgate: --workers {a.workers}; HTTP stack: "
+             + ("uvloop + httptools" + (" (linked from the routers' venv)" if fast_io else "")
+                if fast_io or _has_fast_io(py) else "asyncio + h11"),
+             "exact fingerprints: n/a = the gateway exports no per-request fingerprint-mode counter"]
+    print(table(out, "python bench/overhead.py --table " + shlex.join(argv), notes))
     print(f"\n(runs: {out})")
     return 0
 

@@ -62,6 +62,7 @@ class StoreServer:
         self.store = store
         self.sock = sock
         self._server: asyncio.AbstractServer | None = None
+        self._clients: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
         await self.store.start()
@@ -70,11 +71,14 @@ class StoreServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for writer in list(self._clients):  # the workers see EOF and answer from local state
+                writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2.0)
         await self.store.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._clients.add(writer)
         try:
             while True:
                 call_id, method, args = await _read_frame(reader)
@@ -92,6 +96,7 @@ class StoreServer:
         except (asyncio.IncompleteReadError, ConnectionError, ValueError):
             pass
         finally:
+            self._clients.discard(writer)
             writer.close()
 
 
