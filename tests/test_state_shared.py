@@ -60,14 +60,15 @@ def test_client_answers_from_local_state_when_the_master_is_gone() -> None:
         path = os.path.join(tempfile.mkdtemp(), "store.sock")
         server = StoreServer(MemoryStore(), _listening(path))
         await server.start()
-        client = SharedStore(path, MemoryStore())
+        reported: list[float] = []
+        client = SharedStore(path, MemoryStore(), reported.append)
         await client.start()
         await client.binding_set("session:x", "r1")  # connected and served
         await server.close()
         os.unlink(path)
         await asyncio.sleep(0.05)
         await client.residency_add("r1", [1, 2])
-        assert not client.up()
+        assert not client.up() and reported == [1, 0]  # prefixgate_state_backend_up
         assert await client.residency_lookup([1, 2], ["r1"]) == {"r1": 2}  # the local store answered
         await client.close()
 

@@ -45,7 +45,7 @@ def build_store(settings: Settings, metrics: Metrics, shared_path: str | None = 
             raise ValueError(f"state must be 'memory' or a redis:// URL, not {redacted(settings.state)!r}")
         metrics.state_backend_up.set(1)
         if shared_path is not None:
-            return SharedStore(shared_path, build_memory_store(settings))
+            return SharedStore(shared_path, build_memory_store(settings), metrics.state_backend_up.set)
         return build_memory_store(settings)
     opts = settings.state_options
     remote = RedisStore(

@@ -23,6 +23,7 @@ import logging
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -104,9 +105,10 @@ class SharedStore:
     """A worker's Store: every call goes to the master's store over `path`; while the master is
     unreachable, a local MemoryStore with the same bounds answers (`up()` False)."""
 
-    def __init__(self, path: str, local: MemoryStore) -> None:
+    def __init__(self, path: str, local: MemoryStore, report_up: Callable[[float], None] | None = None) -> None:
         self.path = path
         self.local = local
+        self.report_up = report_up or (lambda _: None)  # prefixgate_state_backend_up
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -146,8 +148,10 @@ class SharedStore:
                     asyncio.open_unix_connection(self.path), CALL_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
                 self._retry_at = time.monotonic() + RETRY_S
+                self.report_up(0)
                 log.warning("shared store %s unreachable (%s): answering from local state", self.path, exc)
                 return False
+            self.report_up(1)
             self._reader_task = asyncio.create_task(self._read_replies(self._reader))
             return True
 
@@ -170,6 +174,7 @@ class SharedStore:
         if self._writer is not None:
             self._writer.close()
         self._writer = None
+        self.report_up(0)
         self._retry_at = time.monotonic() + RETRY_S
         pending, self._pending = self._pending, {}
         for future in pending.values():
