@@ -27,6 +27,10 @@ def _listening(path: str) -> socket.socket:
     return sock
 
 
+async def synced(client: SharedStore) -> None:
+    await client.tenants()
+
+
 def test_two_clients_share_residency_history_bindings_and_counters() -> None:
     async def scenario() -> None:
         path = os.path.join(tempfile.mkdtemp(), "store.sock")
@@ -36,15 +40,21 @@ def test_two_clients_share_residency_history_bindings_and_counters() -> None:
         await a.start()
         await b.start()
         chain = [BIG, 7, 9, 11]
+        # writes are one-way; a read on the same connection returns after them (`synced`)
         await a.residency_add("r1", chain)
+        await synced(a)
         assert await b.residency_lookup([BIG, 7, 9, 12], ["r1", "r2"]) == {"r1": 3, "r2": 0}
         await a.binding_set("session:x", "r1")
+        await synced(a)
         assert await b.binding_get("session:x") == "r1"
         await a.history_append("t", {"seq": 1, "sample": [BIG]})
+        await synced(a)
         await b.history_append("t", {"seq": 2})
+        await synced(b)
         assert [r["seq"] for r in await a.history_recent("t", 10)] == [1, 2]
         await a.counter_incr("t", "requests")
         await b.counter_incr("t", "requests", 2.0)
+        await synced(b)
         assert (await a.counters("t"))["requests"] == 3.0
         assert await b.tenants() == ["t"]
         assert a.up() and b.up()
@@ -63,7 +73,7 @@ def test_client_answers_from_local_state_when_the_master_is_gone() -> None:
         reported: list[float] = []
         client = SharedStore(path, MemoryStore(), reported.append)
         await client.start()
-        await client.binding_set("session:x", "r1")  # connected and served
+        assert await client.binding_get("session:x") is None  # connected and served
         await server.close()
         os.unlink(path)
         await asyncio.sleep(0.05)

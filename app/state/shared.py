@@ -8,8 +8,11 @@ request reached. Why not a Redis of our own: the default deployment needs no ext
 store's semantics (LRU/TTL bounds, prefix-closed residency) stay the tested `MemoryStore`'s.
 
 Wire format: frames of a 4-byte big-endian length and an orjson array. Request
-`[id, method, args]`, reply `[id, ok, value]`; id 0 is a one-way call (`set_capacity`, which the
-Store protocol makes synchronous). Block hashes are 64-bit, which orjson carries exactly.
+`[id, method, args]`, reply `[id, ok, value]`; id 0 is a one-way call: every write (nothing waits
+for a reply; the single connection keeps the order, so a later read sees it). The frames a worker
+queues in one turn of its loop go out in one write. Block hashes are 64-bit, which orjson carries
+exactly. A write in flight when the master goes away is lost, as a Redis write past its queue bound
+is: the index and history are routing and reporting hints, rebuilt by the next requests.
 
 Degrading (the Store contract): when the master is unreachable the worker answers from a local
 `MemoryStore` and `up()` is False; it reconnects at most every `RETRY_S`.
@@ -116,6 +119,7 @@ class SharedStore:
         self._reader_task: asyncio.Task[None] | None = None
         self._retry_at = 0.0
         self._connecting: asyncio.Lock | None = None
+        self._out: list[bytes] = []  # frames queued this turn of the loop (`_send`)
 
     async def start(self) -> None:
         await self.local.start()
@@ -181,6 +185,25 @@ class SharedStore:
             if not future.done():
                 future.set_exception(ConnectionError("shared store connection lost"))
 
+    def _send(self, frame: bytes) -> None:
+        """Queue a frame; every frame queued in one turn of the loop goes out in one write."""
+        self._out.append(frame)
+        if len(self._out) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if out and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(out[0] if len(out) == 1 else b"".join(out))
+
+    async def _write(self, method: str, *args: Any) -> None:
+        """A write: one-way (no reply awaited; the one connection keeps the order, so a later read
+        sees it). While the master is unreachable it lands in the local store."""
+        if await self._connect():
+            self._send(_frame([0, method, list(args)]))
+        else:
+            await getattr(self.local, method)(*args)
+
     async def _call(self, method: str, *args: Any) -> Any:
         """The master's answer, or the local store's when the master cannot be reached."""
         if await self._connect() and self._writer is not None:
@@ -189,7 +212,7 @@ class SharedStore:
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             self._pending[call_id] = future
             try:
-                self._writer.write(_frame([call_id, method, list(args)]))
+                self._send(_frame([call_id, method, list(args)]))
                 return await asyncio.wait_for(future, CALL_TIMEOUT_S)
             except (ConnectionError, TimeoutError, RuntimeError) as exc:
                 self._pending.pop(call_id, None)
@@ -199,38 +222,38 @@ class SharedStore:
     # ---------------------------------------------------------------- the Store protocol
     def set_capacity(self, replica: str, capacity_blocks: int) -> None:
         self.local.set_capacity(replica, capacity_blocks)
-        if self.up() and self._writer is not None:
-            self._writer.write(_frame([0, "set_capacity", [replica, capacity_blocks]]))
+        if self.up():
+            self._send(_frame([0, "set_capacity", [replica, capacity_blocks]]))
 
     async def residency_lookup(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
         return dict(await self._call("residency_lookup", block_hashes, replicas))
 
     async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
-        await self._call("residency_add", replica, block_hashes)
+        await self._write("residency_add", replica, block_hashes)
 
     async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
-        await self._call("residency_touch", replica, block_hashes)
+        await self._write("residency_touch", replica, block_hashes)
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
-        await self._call("residency_remove", replica, block_hashes)
+        await self._write("residency_remove", replica, block_hashes)
 
     async def residency_clear(self, replica: str) -> None:
-        await self._call("residency_clear", replica)
+        await self._write("residency_clear", replica)
 
     async def binding_get(self, key: str) -> str | None:
         return await self._call("binding_get", key)
 
     async def binding_set(self, key: str, replica: str) -> None:
-        await self._call("binding_set", key, replica)
+        await self._write("binding_set", key, replica)
 
     async def history_append(self, tenant: str, record: dict) -> None:
-        await self._call("history_append", tenant, record)
+        await self._write("history_append", tenant, record)
 
     async def history_recent(self, tenant: str, limit: int) -> list[dict]:
         return list(await self._call("history_recent", tenant, limit))
 
     async def counter_incr(self, tenant: str, field: str, amount: float = 1.0) -> None:
-        await self._call("counter_incr", tenant, field, amount)
+        await self._write("counter_incr", tenant, field, amount)
 
     async def counters(self, tenant: str) -> dict[str, float]:
         return dict(await self._call("counters", tenant))
