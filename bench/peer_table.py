@@ -8,8 +8,8 @@ Two vLLM-shaped fake backends (35 SSE events, 20 ms to the first token), a close
 (the client spreading over the backends itself) in the same rounds, in rotated order. Targets:
 vllm-router 0.1.17 round_robin and cache_aware, sglang-router 0.3.2 cache_aware (from
 `.venv-routers`: `pip install sglang-router==0.3.2 vllm-router==0.1.17`, as bench/routing.py), and
-prefixgate twice: the default config, and what multi-pod users run (`cache_salt` on, Redis state,
-a `rewrite` tenant, API keys). Prompt sizes 200 B / 100 KB / 1 MB; concurrency 1 / 16 / 128
+prefixgate three times: the default config, what multi-pod users run (`cache_salt` on, Redis state,
+a `rewrite` tenant, API keys), and the default config with `--workers` (default `auto`). Prompt sizes 200 B / 100 KB / 1 MB; concurrency 1 / 16 / 128
 (1 MB: 1 / 4, as the issue). Columns (medians over rounds; "added" = target - direct of the same
 round): added TTFT p50, throughput vs direct, gateway CPU per request (from /proc, summed over the
 target's whole process tree: workers, tokeniser processes), and the share of prefixgate's requests
@@ -39,7 +39,8 @@ API_KEY = "sk-bench-team-a"
 ADMIN_TOKEN = "bench-admin-token"
 LABELS = {"direct": "direct", "vl_rr": "vllm-router 0.1.17 round_robin", "vl_ca": "vllm-router 0.1.17 cache_aware",
           "sg_ca": "sglang-router 0.3.2 cache_aware", "pg": "prefixgate (default config)",
-          "pg_mp": "prefixgate, multi-pod (salt, Redis, rewrite tenant, API keys)"}
+          "pg_mp": "prefixgate, multi-pod (salt, Redis, rewrite tenant, API keys)",
+          "pg_w": "prefixgate (default config, --workers)"}
 GROUPS = ((200, "1,16,128"), (100_000, "1,16,128"), (1_000_000, "1,4"))
 
 
@@ -198,8 +199,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--duration-c1", type=float, default=8.0)
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--pause", type=float, default=0.5)
-    ap.add_argument("--workers", default="1", help="prefixgate serve --workers (N or auto)")
-    ap.add_argument("--targets", default="direct,vl_rr,vl_ca,sg_ca,pg,pg_mp")
+    ap.add_argument("--workers", default="auto", help="--workers of the pg_w target (N or auto)")
+    ap.add_argument("--targets", default="direct,vl_rr,vl_ca,sg_ca,pg,pg_mp,pg_w")
     ap.add_argument("--sizes", default="200,100000,1000000")
     ap.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
     ap.add_argument("--harness-python", default=None, help="default: the routers' venv python")
@@ -222,25 +223,22 @@ def main(argv: list[str]) -> int:
     cfg = tempfile.mkstemp(prefix="prefixgate-multipod-", suffix=".yaml")[1]
     try:
         extra: list[str] = []
+        probes: list[str] = []
         fast_io = _fast_io_path(py, a.routers_venv)
         env = f"env PYTHONPATH={shlex.quote(str(ROOT) + fast_io)} "
-        if "pg" in names:
-            extra += ["--add-target", "pg|" + gateway_command(py, a.workers, None, env)]
+        mp_env = env + f"PREFIXGATE_SALT_SECRET=bench-salt-secret-0123456789abcdef PREFIXGATE_ADMIN_TOKEN={ADMIN_TOKEN} "
         if redis is not None:
             multipod_config(cfg, redis.url)
-            mp_env = env + f"PREFIXGATE_SALT_SECRET=bench-salt-secret-0123456789abcdef PREFIXGATE_ADMIN_TOKEN={ADMIN_TOKEN} "
-            extra += ["--add-target", "pg_mp|" + gateway_command(py, a.workers, cfg, mp_env)]
-        builtin = ",".join(n for n in names if n not in ("pg", "pg_mp"))
+        gateways = {"pg": ("1", None, env, ""), "pg_mp": ("1", cfg, mp_env, f" --probe-token {ADMIN_TOKEN}"),
+                    "pg_w": (a.workers, None, env, "")}
+        for name, (workers, config, gw_env, token) in gateways.items():
+            if name in names:  # the runner numbers add-targets from port_base+50, in this order
+                port = base + 50 + len(probes) // 2
+                extra += ["--add-target", f"{name}|" + gateway_command(py, workers, config, gw_env)]
+                probes += ["--probe", f"{name}|{me} --probe-url http://127.0.0.1:{port}{token}"]
+        builtin = ",".join(n for n in names if n not in gateways)
         for size in [int(s) for s in a.sizes.split(",")]:
             conc = dict(GROUPS).get(size, "1,16,128")
-            # the runner numbers add-targets from port_base+50: pg first, pg_mp second
-            probes = []
-            j = 0
-            for name in ("pg", "pg_mp"):
-                if name in names:
-                    token = f" --probe-token {ADMIN_TOKEN}" if name == "pg_mp" else ""
-                    probes += ["--probe", f"{name}|{me} --probe-url http://127.0.0.1:{base + 50 + j}{token}"]
-                    j += 1
             cmd = [harness_py, str(HARNESS / "runner.py"), "--router-bin", os.path.join(a.routers_venv, "bin"),
                    "--out", out, "--tag", "overhead", "--reps", str(a.reps), "--targets", builtin,
                    "--conc", conc, "--prompt-chars", str(size), "--duration", str(a.duration),
@@ -254,7 +252,7 @@ def main(argv: list[str]) -> int:
         if redis is not None:
             redis.stop()
         os.unlink(cfg)
-    notes = [f"prefixgate: --workers {a.workers}; HTTP stack: "
+    notes = [f"prefixgate: one process, except the --workers row ({a.workers}); HTTP stack: "
              + ("uvloop + httptools" + (" (linked from the routers' venv)" if fast_io else "")
                 if fast_io or _has_fast_io(py) else "asyncio + h11"),
              "exact fingerprints: n/a = the gateway exports no per-request fingerprint-mode counter"]
