@@ -43,14 +43,16 @@ from app.routing.replicas import ReplicaSet
 from app.services import Background, Services
 from app.state.factory import build_store
 from app.telemetry.metrics import Metrics
+from app.workers import worker_count
 
 log = logging.getLogger("prefixgate.server")
 
 
-def build_services(settings: Settings) -> Services:
+def build_services(settings: Settings, store_path: str | None = None) -> Services:
+    """`store_path`: a worker of `serve --workers N` uses the master's shared store there."""
     metrics = Metrics(settings.metrics.tenant_label_cap)
     replicas = ReplicaSet.from_backends(settings.backends)
-    store = build_store(settings, metrics)
+    store = build_store(settings, metrics, shared_path=store_path)
     residency = build_residency(settings, store)
     router = build_router(settings, replicas, store, metrics, residency)
     health = HealthChecker(replicas, metrics, settings.routing.health_interval_s)
@@ -249,8 +251,8 @@ async def _flush(services: Services) -> None:
                 log.warning("shutdown: %s did not flush within %.0fs", type(pending).__name__, FLUSH_TIMEOUT_S)
 
 
-def create_app(settings: Settings) -> PrefixgateApp:
-    return PrefixgateApp(build_services(settings))
+def create_app(settings: Settings, store_path: str | None = None) -> PrefixgateApp:
+    return PrefixgateApp(build_services(settings, store_path))
 
 
 # ---------------------------------------------------------------- CLI: prefixgate serve
@@ -264,6 +266,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", help="memory | redis://host:6379/0")
     parser.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: built-in)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--workers", type=worker_count, default=1, metavar="N",
+                        help="worker processes behind the one port (SO_REUSEPORT), sharing state through "
+                             "the store; 'auto' = the cores available (default 1; docs/performance.md)")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -279,6 +284,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "workers", 1) > 1:
+        from app.workers import serve_workers
+
+        return serve_workers(args, args.workers)
     from app.proxy.gctune import tune_for_serving
     from app.serving import serve_draining, uvicorn_config
 

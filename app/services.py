@@ -62,3 +62,5 @@ class Services:
     background: list[Background] = field(default_factory=list)
     extra_routers: list[APIRouter] = field(default_factory=list)  # mounted on the control plane
     draining: bool = False  # set once on SIGTERM: /readyz answers 503 from then on
+    # `serve --workers N`: the other workers' own-metrics sockets; /metrics merges them (app/workers.py)
+    metric_peers: list[str] = field(default_factory=list)

@@ -122,7 +122,8 @@ class _QuietServer(uvicorn.Server):
 
 
 def serve_draining(target: Drainable, primary: uvicorn.Config, *others: uvicorn.Config,
-                   accept_s: float, grace_s: float) -> int:
+                   accept_s: float, grace_s: float,
+                   sockets: list[list[socket.socket] | None] | None = None) -> int:
     """Serve until SIGTERM/SIGINT, then drain; the exit status (0 after a clean drain).
 
     On the first signal: `target.begin_drain()` (/readyz 503 at once); the listener keeps accepting
@@ -130,15 +131,18 @@ def serve_draining(target: Drainable, primary: uvicorn.Config, *others: uvicorn.
     it closes and in-flight requests run to their end until `grace_s` after the signal, when
     `target.cut()` ends the rest with their route's error event; the app's lifespan shutdown then
     flushes background work. A second signal ends at once (status 1). `others` (the admin port)
-    keep serving until the primary has finished, so /metrics answers throughout the drain."""
+    keep serving until the primary has finished, so /metrics answers throughout the drain.
+    `sockets`: per config (primary first), listeners already bound (a worker of `serve --workers`,
+    app/workers.py); None: the config binds its own."""
     with asyncio.Runner(loop_factory=primary.get_loop_factory()) as runner:
-        return runner.run(_Drain(target, primary, others, accept_s, grace_s).run())
+        return runner.run(_Drain(target, primary, others, accept_s, grace_s, sockets).run())
 
 
 class _Drain:
     def __init__(self, target: Drainable, primary: uvicorn.Config, others: tuple[uvicorn.Config, ...],
-                 accept_s: float, grace_s: float) -> None:
+                 accept_s: float, grace_s: float, sockets: list[list[socket.socket] | None] | None = None) -> None:
         self.target = target
+        self.sockets = sockets or [None] * (1 + len(others))
         # uvicorn's own graceful timeout is only the backstop behind our deadline and cut
         primary.timeout_graceful_shutdown = int(grace_s + CUT_BACKSTOP_S) + 1
         self.primary = _QuietServer(primary)
@@ -163,8 +167,8 @@ class _Drain:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        primary = asyncio.create_task(self.primary.serve())
-        others = [asyncio.create_task(s.serve()) for s in self.others]
+        primary = asyncio.create_task(self.primary.serve(self.sockets[0]))
+        others = [asyncio.create_task(s.serve(socks)) for s, socks in zip(self.others, self.sockets[1:], strict=True)]
         stopped = asyncio.create_task(self.stop.wait())
         await asyncio.wait([primary, *others, stopped], return_when=asyncio.FIRST_COMPLETED)
         if not self.stop.is_set():  # a server ended on its own (start-up failed: port in use, lifespan error)

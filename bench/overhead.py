@@ -3,6 +3,8 @@
     .venv/bin/python bench/overhead.py [--rounds 3] [--quick] [--policy round_robin] [--core-only]
         [--only short:128 ...] [--py-spy profile.txt]
     (or: prefixgate bench overhead [...])
+    .venv/bin/python bench/overhead.py --table [...]   issue 16's table beside vllm-router and
+        sglang-router on the shared peer harness (bench/peer_table.py)
 
 Streaming chat requests (~35 SSE events each) at concurrency 1/16/128 with short prompts, and
 ~1 MB prompts at concurrency 1/16. The simulator and the proxy run as separate processes (as in
@@ -273,6 +275,13 @@ def table(rows: list[tuple[Case, Result, Result]], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if "--table" in argv:  # issue 16's table beside the Rust routers: bench/peer_table.py
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from peer_table import main as table_main
+
+        argv.remove("--table")
+        return table_main(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a quarter of the requests")

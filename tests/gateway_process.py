@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class GatewayProcess:
-    def __init__(self, config: dict[str, Any], port: int | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, config: dict[str, Any], port: int | None = None, env: dict[str, str] | None = None,
+                 args: list[str] | None = None) -> None:
         self.port = port or free_port()
+        self.args = args or []  # extra `prefixgate serve` arguments (e.g. --workers 2)
         self.config = {**config, "listen": {"host": "127.0.0.1", "port": self.port}}
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -36,7 +38,7 @@ class GatewayProcess:
     def start(self, timeout: float = 60.0) -> GatewayProcess:
         self._config_path.write_text(yaml.safe_dump(self.config))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--config", str(self._config_path), "--log-level", "info"],
+            [sys.executable, "-m", "app", "serve", "--config", str(self._config_path), "--log-level", "info", *self.args],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env})
         deadline = time.monotonic() + timeout

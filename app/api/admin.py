@@ -114,6 +114,10 @@ def build_metrics_router(services: Services) -> APIRouter:
     @router.get("/metrics")
     async def metrics() -> Response:
         body, content_type = services.metrics.render()
+        if services.metric_peers:  # one gateway of N workers: every worker's series (app/workers.py)
+            from app.workers import gather_metrics
+
+            body = await gather_metrics(body, services.metric_peers)
         return Response(body, media_type=content_type)
 
     return router

@@ -14,6 +14,7 @@ from app.state.base import Store
 from app.state.memory import MemoryStore
 from app.state.redis import RedisStore, connect
 from app.state.resilient import ResilientStore
+from app.state.shared import SharedStore
 from app.telemetry.metrics import Metrics
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -37,11 +38,14 @@ def build_memory_store(settings: Settings) -> MemoryStore:
                        max_tenants=settings.tenants.max_tenants)
 
 
-def build_store(settings: Settings, metrics: Metrics) -> Store:
+def build_store(settings: Settings, metrics: Metrics, shared_path: str | None = None) -> Store:
+    """`shared_path`: a worker of `serve --workers N` without Redis, served by the master's store."""
     if not is_redis_url(settings.state):
         if settings.state != "memory":
             raise ValueError(f"state must be 'memory' or a redis:// URL, not {redacted(settings.state)!r}")
         metrics.state_backend_up.set(1)
+        if shared_path is not None:
+            return SharedStore(shared_path, build_memory_store(settings), metrics.state_backend_up.set)
         return build_memory_store(settings)
     opts = settings.state_options
     remote = RedisStore(

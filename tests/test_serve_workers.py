@@ -1,0 +1,156 @@
+"""`prefixgate serve --workers 2` (a real subprocess in front of the simulator): two workers behind
+one port are one gateway. A conversation whose turns reach different workers still gets
+prefix-affinity routing to the replica holding its prefix and one continuity history (the shared
+store), /metrics counts every worker's requests, and SIGTERM drains every worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gateway_process import GatewayProcess
+from tests.test_serve_drain import Stream
+
+SYSTEM = "You are a careful assistant who answers in full sentences and cites the manual. " * 20
+
+
+def start_workers(sim: Any, **config: Any) -> GatewayProcess:
+    cfg = {"backends": [{"url": u} for u in sim.urls], "routing": {"health_interval_s": 0.5}, **config}
+    return GatewayProcess(cfg, args=["--workers", "2"]).start()
+
+
+def worker_sockets(gw: GatewayProcess) -> list[str]:
+    """Each worker's own-metrics socket, from the master's start-up line (app/workers.py)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = re.search(r"shared store (\S+)/store\.sock", gw.log())
+        if found:
+            return [os.path.join(found.group(1), f"metrics-{i}.sock") for i in range(2)]
+        time.sleep(0.1)
+    raise AssertionError(gw.log())
+
+
+def requests_served(sock: str) -> float:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=5) as client:
+        text = client.get("http://worker/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "prefixgate_requests"
+               for s in f.samples if s.name == "prefixgate_requests_total")
+
+
+def turn(url: str, tenant: str, messages: list[dict[str, str]]) -> httpx.Response:
+    # a new connection per turn: SO_REUSEPORT spreads connections, not requests, over the workers
+    resp = httpx.post(url + "/v1/chat/completions", timeout=30, headers={"x-tenant-id": tenant},
+                      json={"model": "sim", "max_tokens": 8, "messages": messages})
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+@pytest.fixture
+def gateways() -> Any:
+    procs: list[GatewayProcess] = []
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim, gateways) -> None:
+    gw = start_workers(sim)
+    gateways.append(gw)
+    sockets = worker_sockets(gw)
+    crossed = 0  # turns served by another worker than their conversation's first turn
+    for conv in range(6):
+        tenant = f"conv{conv}"
+        messages = [{"role": "system", "content": SYSTEM + f" Conversation {conv}."}]
+        first_worker = first_backend = None
+        for n in range(4):
+            messages.append({"role": "user", "content": f"question {n} of conversation {conv}"})
+            before = [requests_served(s) for s in sockets]
+            resp = turn(gw.url, tenant, messages)
+            after = [requests_served(s) for s in sockets]
+            (worker,) = [i for i in range(2) if after[i] > before[i]]
+            backend = resp.headers["x-prefixgate-backend"]
+            matched, total = (int(x) for x in resp.headers["x-prefixgate-prefix"].split("/"))
+            if n == 0:
+                first_worker, first_backend = worker, backend
+            else:
+                assert backend == first_backend, (conv, n)
+                assert matched > 0, (conv, n, matched, total)  # the other worker knew the prefix
+                crossed += worker != first_worker
+            messages.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
+    assert crossed > 0, "no turn reached another worker than its conversation's first: the test proves nothing"
+
+    deadline = time.monotonic() + 10  # continuity is tracked after the response
+    while True:
+        reports = [httpx.get(f"{gw.url}/hygiene/tenants/conv{c}", timeout=5).json() for c in range(6)]
+        if all(r["requests"] == 4 for r in reports) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for report in reports:
+        assert report["requests"] == 4, report
+        assert report["breaks"] == 0 and report["new_sessions"] == 0, report  # one conversation, not 2
+        assert len(report["recent"]) == 4
+        assert sum(1 for r in report["recent"] if (r["continuity"] or 0) > 0) == 3, report
+
+    total = sum(s.value for f in text_string_to_metric_families(httpx.get(gw.url + "/metrics", timeout=5).text)
+                if f.name == "prefixgate_requests" for s in f.samples if s.name == "prefixgate_requests_total")
+    assert total == 24  # the scrape is the gateway's, whichever worker answered it
+
+
+def test_sigterm_drains_every_worker(sim_factory, gateways) -> None:
+    slow = sim_factory(replicas=1, decode_tps=20.0)
+    gw = start_workers(slow, shutdown={"accept_s": 0.5, "grace_s": 60})
+    gateways.append(gw)
+    sockets = worker_sockets(gw)
+    streams: list[Stream] = []
+    busy = [0.0, 0.0]
+    for _ in range(16):  # until both workers hold a stream in flight
+        stream = Stream(gw.url, tokens=40)  # ~2 s of decode
+        stream.start()
+        streams.append(stream)
+        assert stream.first.wait(30) and stream.error is None
+        busy = [_inflight(s) for s in sockets]
+        if all(b > 0 for b in busy):
+            break
+    assert all(b > 0 for b in busy), busy
+    workers = _children(gw)
+    assert len(workers) == 2
+    gw.signal(signal.SIGTERM)
+    for stream in streams:
+        stream.join(60)
+        assert stream.error is None, stream.error
+        assert stream.data[-1] == "[DONE]" and not stream.errors()
+        content = [json.loads(d) for d in stream.data[:-1]]
+        assert sum(1 for c in content if c.get("choices") and c["choices"][0]["delta"].get("content")) == 40
+    assert gw.wait(30) == 0, gw.log()
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert gw.log().count("SIGTERM: draining") == 2
+
+
+def _inflight(sock: str) -> float:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=5) as client:
+        text = client.get("http://worker/metrics").text
+    return sum(s.value for f in text_string_to_metric_families(text)
+               if f.name == "prefixgate_backend_inflight_requests" for s in f.samples)
+
+
+def _children(gw: GatewayProcess) -> list[int]:
+    assert gw.proc is not None
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == gw.proc.pid:
+                pids.append(int(entry))
+    return pids
