@@ -344,20 +344,19 @@ class SegmentTokenizer:
             j = bisect_right(cuts.chars, shared - 1)
             if j and (best is None or cuts.chars[j - 1] > best.chars):
                 best = Reuse(prev, ids, cuts.chars[j - 1], cuts.toks[j - 1], j)
+                if len(segment) - best.chars <= 2 * CUT_STRIDE:
+                    break  # the most recent candidate already leaves only a short tail
         return best
 
     def _assemble(self, text: str, start: int, cuts: list[int], encoded: Sequence[Ids],
                   reuse: Reuse | None) -> tuple[Ids, Cuts | None]:
         """ids and Cuts of `text` from the encoded pieces of text[start:] (cut at `cuts`) and the
         reused prefix ids of text[:start]."""
-        ids = array("I")
+        ids = reuse.ids[:reuse.toks] if reuse is not None else array("I")  # one copy, C speed
         chars, toks = array("Q"), array("Q")
-        if reuse is not None:
-            ids.extend(reuse.ids[:reuse.toks])
-            prev_cuts = self.memo.cuts(reuse.prev)
-            if prev_cuts is not None:
-                chars.extend(prev_cuts.chars[:reuse.cuts_kept])
-                toks.extend(prev_cuts.toks[:reuse.cuts_kept])
+        prev_cuts = self.memo.cuts(reuse.prev) if reuse is not None else None
+        if reuse is not None and prev_cuts is not None:
+            chars, toks = prev_cuts.chars[:reuse.cuts_kept], prev_cuts.toks[:reuse.cuts_kept]
         for i, piece in enumerate(encoded):
             if i:
                 chars.append(cuts[i - 1])
