@@ -11,8 +11,8 @@ whole prompt instead.
 
 Within a segment, tokenisation is incremental (docs/engine-hashing.md, "Incremental
 tokenisation"): a long segment is encoded as pieces cut at *safe cuts*, positions no pre-token of
-the tokenizer can span (`CUT_RE`: after a lone newline between two non-space characters), so its
-ids are the concatenation of the pieces' ids. The memo keeps, per long segment, the char offset
+the tokenizer can span (`CUT_RE`: after a lone newline between two non-space characters, or
+before the last space of an indentation run), so its ids are the concatenation of the pieces'. The memo keeps, per long segment, the char offset
 and token index of each cut (`Cuts`); a new segment that shares a head with a memoised one (a
 100 KB document whose last line changed) reuses the ids up to the last shared cut and encodes only
 the tail. Whether the cut rule holds for a tokenizer is verified at load (`incremental`), like
@@ -47,10 +47,13 @@ APPROX_CHARS = 4  # approx mode: one pseudo-token per 4 characters
 
 Ids = array  # array('I') of token ids
 
-# Incremental tokenisation (see the module docstring). A safe cut is the end of a match of CUT_RE:
-# a "\n" with a non-space character on each side. Python's \s is a superset of the Unicode
-# White_Space the tokenizers' regexes use, so every cut found here is a cut for them too.
-CUT_RE = re.compile(r"\S\n(?=\S)")
+# Incremental tokenisation (see the module docstring). A safe cut is the end of a match of CUT_RE,
+# either rule: (1) after a "\n" with a non-space character on each side (Python's \s is a superset
+# of the Unicode White_Space the tokenizers' regexes use, so \S is non-space for them too); (2)
+# before the last space of a whitespace run that an ASCII letter follows (code indentation), where
+# the run's pre-token ends and " word" begins. Why these are pre-token boundaries whatever follows
+# or precedes: docs/engine-hashing.md.
+CUT_RE = re.compile(r"\S\n(?=\S)|[ \t\n](?= [A-Za-z])")
 CUT_STRIDE = 1024  # chars between two recorded cuts (at least): the tail re-encoded on reuse
 INCREMENTAL_MIN_CHARS = 4 * CUT_STRIDE  # shorter segments are encoded whole and not indexed
 HEAD_CHARS = 256  # a long segment is indexed by its first HEAD_CHARS chars
