@@ -90,12 +90,17 @@ def find_cuts(text: str, start: int = 0, stride: int = CUT_STRIDE) -> list[int]:
     out: list[int] = []
     pos = start + stride
     search = CUT_RE.search
+    last = start
     while pos < len(text):
-        m = search(text, max(0, pos - 2))  # a match ending at `pos` starts 2 chars before it
+        # a match ending at `pos` starts 2 chars before it; none ending at or before the last cut
+        # can start after it, and none ending just past it exists (each rule's last char differs
+        # from the other's first), so searching from `last` always advances
+        m = search(text, max(last, pos - 2))
         if m is None:
             break
-        out.append(m.end())
-        pos = m.end() + stride
+        last = m.end()
+        out.append(last)
+        pos = last + stride
     return out
 
 
