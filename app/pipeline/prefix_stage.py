@@ -5,7 +5,8 @@ app/prefix/ (which knows nothing of either). What it keeps about one request liv
 `ctx.prefix` (PrefixStageState).
 
 before_route: `Fingerprinter.prepare` (render, split, memo walk; salt = ctx.salt, which the
-hygiene stage sets when cache isolation is on) -> ctx.fingerprint, read by the router. When the
+hygiene stage sets when cache isolation is on) -> ctx.fingerprint, read by the router, counted in
+prefixgate_fingerprint_requests_total{mode=exact|pending|approx} (`routed_mode`). When the
 walk stops where an in-flight tokenisation of the same conversation stopped (same chain state,
 same next segment: this prompt continues that one), it waits up to `prefix.pending_wait_ms` for
 that work and continues the walk through it. It never waits for anything else: not for another
@@ -64,6 +65,13 @@ class PrefixStageState:
     matched: int | None = None  # leading blocks resident on the chosen replica when sent
     predicted_tokens: int | None = None  # cached tokens predicted for this request
     observation: Observation | None = None  # the tracker's continuity/diagnosis (last)
+
+
+def routed_mode(fp: Fingerprint) -> str:
+    """prefixgate_fingerprint_requests_total's label for a fingerprint as the router sees it."""
+    if fp.mode == "approx":
+        return "approx"
+    return "exact" if fp.complete else "pending"
 
 
 def _output_text(ctx: RequestContext) -> str:
@@ -152,6 +160,7 @@ class PrefixStage:
             return
         await self._wait_for_predecessor(fp)
         ctx.fingerprint = fp
+        self.metrics.fingerprint_requests.labels(routed_mode(fp)).inc()
         state = ctx.prefix = PrefixStageState(inp, len(fp.block_hashes), fp.complete)
         if fp.complete or fp.pending is None:
             return

@@ -82,6 +82,24 @@ def extend_node(node: ChainNode, ids: Sequence[int], polite: bool = False) -> Ch
                      node.num_tokens + len(ids), node.num_blocks + len(hashes))
 
 
+def extend_reusing(parent: ChainNode, known: ChainNode, ids: Sequence[int], shared: int,
+                   polite: bool = False) -> ChainNode:
+    """`extend_node(parent, ids)` when `known` is the chain after parent + other ids whose first
+    `shared` equal ids[:shared]: the full blocks inside that shared part are known's (same parent,
+    same tokens, same hashes), so only the blocks after them are hashed."""
+    b = parent.block_size
+    m = min(len(known.hashes), (len(parent.tail) + shared) // b)
+    if m == 0:
+        return extend_node(parent, ids, polite)
+    head = known.hashes[:m]
+    consumed = m * b - len(parent.tail)  # ids inside the head blocks
+    mid = ChainNode(0, head, array("I"), proxy_digest(head[-1]), parent.salt, b,
+                    parent.num_tokens + consumed, parent.num_blocks + m)
+    rest = extend_node(mid, ids[consumed:], polite)
+    return ChainNode(next(_keys), head + rest.hashes, rest.tail, rest.digest, parent.salt, b,
+                     parent.num_tokens + len(ids), rest.num_blocks)
+
+
 def node_bytes(segment: str, node: ChainNode) -> int:
     """What one memo entry holds, in bytes (the segment text may also sit in the token memo: then
     it is counted in both, so the sum is an upper bound)."""

@@ -30,10 +30,10 @@ from typing import Any, Literal
 import aiohttp
 
 from app.prefix.budget import DEFAULT_BUDGET_MB, MemoryCaps
-from app.prefix.chain import ChainMemo, ChainNode, extend_node
+from app.prefix.chain import ChainMemo, ChainNode, extend_node, extend_reusing
 from app.prefix.engine_tokenize import EngineTokenize, ReplicaSource
 from app.prefix.prompt import PromptInput, engine_payload, prompt_input, render_prompt
-from app.prefix.tokens import ApproxTokenizer, SegmentTokenizer
+from app.prefix.tokens import ApproxTokenizer, Ids, Reuse, SegmentTokenizer
 
 __all__ = ["CHARS_PER_TOKEN", "Fingerprint", "FingerprintMode", "FingerprintState", "Fingerprinter",
            "PendingWork", "PromptInput", "prompt_input"]
@@ -227,26 +227,49 @@ class Fingerprinter:
 
     def _extend_inline(self, node: ChainNode, segments: list[str], i: int,
                        hashes: list[int]) -> tuple[ChainNode, int]:
-        """Extend with memoised ids (if cheap to hash) or small segments encoded now."""
+        """Extend with memoised ids (if cheap to hash) or segments encoded now: small ones whole,
+        long ones past the prefix they share with a memoised segment (only the tail's chars count
+        against `inline_chars`, only blocks not already in that segment's chain against
+        `inline_hash_tokens`)."""
         budget = self.inline_chars
         hash_budget = self.inline_hash_tokens
         while i < len(segments):
             seg = segments[i]
             ids = self.tokenizer.lookup(seg)
+            reuse: Reuse | None = None
             if ids is None:
                 if len(seg) > budget:
+                    reuse = self.tokenizer.reuse(seg)
+                cost = len(seg) - (reuse.chars if reuse is not None else 0)
+                if cost > budget:
                     break
-                budget -= len(seg)
-                ids = self.tokenizer.encode_segment(seg)
-            if len(ids) > hash_budget:
+                budget -= cost
+                ids = self.tokenizer.encode_segment(seg, reuse)
+            elif len(ids) > hash_budget:
+                reuse = self.tokenizer.reuse(seg)
+            grown = self._extend_segment(node, seg, ids, reuse, hash_budget)
+            if grown is None:
                 break
-            hash_budget -= len(ids)
-            child = extend_node(node, ids)
+            child, hashed = grown
+            hash_budget -= hashed
             self.chains.put(node, seg, child)
             hashes.extend(child.hashes)
             node = child
             i += 1
         return node, i
+
+    def _extend_segment(self, node: ChainNode, seg: str, ids: Ids, reuse: Reuse | None,
+                        hash_budget: int | None = None, polite: bool = False) -> tuple[ChainNode, int] | None:
+        """The chain after `seg` (ids `ids`) and how many tokens were hashed for it, reusing the
+        blocks of `reuse.prev`'s chain under the same parent when it is memoised; None when more
+        than `hash_budget` tokens would need hashing."""
+        known = self.chains.get(node, reuse.prev) if reuse is not None else None
+        shared = reuse.toks if reuse is not None and known is not None else 0
+        if hash_budget is not None and len(ids) - shared > hash_budget:
+            return None
+        if known is not None:
+            return extend_reusing(node, known, ids, shared, polite), len(ids) - shared
+        return extend_node(node, ids, polite), len(ids)
 
     @staticmethod
     def _finish(fp: Fingerprint, tip: ChainTip) -> None:
@@ -274,7 +297,10 @@ class Fingerprinter:
         for seg, ids in zip(work.segments, self.tokenizer.encode_segments(work.segments), strict=True):
             child = self.chains.get(node, seg)
             if child is None:
-                child = extend_node(node, ids, polite=True)
+                reuse = self.tokenizer.reuse(seg)
+                grown = self._extend_segment(node, seg, ids, reuse, polite=True)
+                assert grown is not None  # no budget off the loop
+                child = grown[0]
                 self.chains.put(node, seg, child)
             hashes.extend(child.hashes)
             node = child

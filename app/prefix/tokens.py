@@ -9,18 +9,30 @@ tokenizer (added tokens with lstrip/rstrip, SentencePiece "prepend to the first 
 verified at load on probe texts, and where it fails `segmented` is False and callers encode the
 whole prompt instead.
 
+Within a segment, tokenisation is incremental (docs/engine-hashing.md, "Incremental
+tokenisation"): a long segment is encoded as pieces cut at *safe cuts*, positions no pre-token of
+the tokenizer can span (`CUT_RE`: after a lone newline between two non-space characters, or
+before the last space of an indentation run), so its ids are the concatenation of the pieces'. The memo keeps, per long segment, the char offset
+and token index of each cut (`Cuts`); a new segment that shares a head with a memoised one (a
+100 KB document whose last line changed) reuses the ids up to the last shared cut and encodes only
+the tail. Whether the cut rule holds for a tokenizer is verified at load (`incremental`), like
+segmentation.
+
 Memory is bounded: the memo is an LRU over the bytes its entries hold (docs/memory.md).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import zlib
 from array import array
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +46,83 @@ DEFAULT_WORKERS = 2
 APPROX_CHARS = 4  # approx mode: one pseudo-token per 4 characters
 
 Ids = array  # array('I') of token ids
+
+# Incremental tokenisation (see the module docstring). A safe cut is the end of a match of CUT_RE,
+# either rule: (1) after a "\n" with a non-space character on each side (Python's \s is a superset
+# of the Unicode White_Space the tokenizers' regexes use, so \S is non-space for them too); (2)
+# before the last space of a whitespace run that an ASCII letter follows (code indentation), where
+# the run's pre-token ends and " word" begins. Why these are pre-token boundaries whatever follows
+# or precedes: docs/engine-hashing.md.
+CUT_RE = re.compile(r"\S\n(?=\S)|[ \t\n](?= [A-Za-z])")
+CUT_STRIDE = 1024  # chars between two recorded cuts (at least): the tail re-encoded on reuse
+INCREMENTAL_MIN_CHARS = 4 * CUT_STRIDE  # shorter segments are encoded whole and not indexed
+HEAD_CHARS = 256  # a long segment is indexed by its first HEAD_CHARS chars
+HEAD_CANDIDATES = 4  # most recent long segments kept per head
+PREFIX_PROBE_CHARS = 8192  # first chunk compared when measuring a shared prefix (doubles)
+
+
+@dataclass(slots=True)
+class Cuts:
+    """Safe cuts of a memoised segment: `chars[j]` is a char offset, `toks[j]` the number of the
+    segment's tokens before it (ascending, first cut > 0)."""
+
+    chars: array  # array('Q')
+    toks: array  # array('Q')
+
+    def nbytes(self) -> int:
+        return 16 * len(self.chars) + 160
+
+
+@dataclass(slots=True)
+class Reuse:
+    """A memoised segment `prev` whose first `toks` ids are the ids of the new segment's first
+    `chars` chars (a safe cut both share)."""
+
+    prev: str
+    ids: Ids  # prev's ids
+    chars: int
+    toks: int
+    cuts_kept: int  # how many of prev's cuts lie at or before the cut (inherited by the new segment)
+
+
+def find_cuts(text: str, start: int = 0, stride: int = CUT_STRIDE) -> list[int]:
+    """Safe cuts of `text` after `start`, at least `stride` chars apart (C-speed regex scan)."""
+    out: list[int] = []
+    pos = start + stride
+    search = CUT_RE.search
+    last = start
+    while pos < len(text):
+        # a match ending at `pos` starts 2 chars before it; none ending at or before the last cut
+        # can start after it, and none ending just past it exists (each rule's last char differs
+        # from the other's first), so searching from `last` always advances
+        m = search(text, max(last, pos - 2))
+        if m is None:
+            break
+        last = m.end()
+        out.append(last)
+        pos = last + stride
+    return out
+
+
+def common_prefix_len(a: str, b: str) -> int:
+    """Length of the longest common prefix of `a` and `b`: chunked C-speed compares (doubling
+    chunks, then a bisection inside the first chunk that differs)."""
+    n = min(len(a), len(b))
+    lo, step = 0, PREFIX_PROBE_CHARS
+    while lo < n:
+        hi = min(n, lo + step)
+        if not a.startswith(b[lo:hi], lo):
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
+    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a.startswith(b[lo:mid], lo):
+            lo = mid
+        else:
+            hi = mid
+    return lo if a[lo] != b[lo] else hi
 
 
 class SegmentSplitter:
@@ -82,14 +171,24 @@ class SegmentSplitter:
 MEMO_ENTRY_OVERHEAD_BYTES = 180
 
 
-def memo_entry_bytes(segment: str, ids: Ids) -> int:
+HEAD_ENTRY_BYTES = 120  # a head-index slot: list slot + dict slot share (the head string is counted)
+
+
+def memo_entry_bytes(segment: str, ids: Ids, cuts: Cuts | None = None) -> int:
     """Bytes a memo entry really holds: the key string as stored (1, 2 or 4 bytes a character plus
-    its header) and the ids (4 bytes each), plus the container overhead."""
-    return sys.getsizeof(segment) + ids.itemsize * len(ids) + MEMO_ENTRY_OVERHEAD_BYTES
+    its header) and the ids (4 bytes each), plus the container overhead; a long segment's cuts and
+    its head-index slot (head string + slot) too."""
+    extra = 0
+    if cuts is not None:
+        extra = cuts.nbytes() + sys.getsizeof(segment[:HEAD_CHARS]) + HEAD_ENTRY_BYTES
+    return sys.getsizeof(segment) + ids.itemsize * len(ids) + MEMO_ENTRY_OVERHEAD_BYTES + extra
 
 
 class TokenMemo:
-    """LRU segment -> ids, bounded in the bytes its entries hold (memo_entry_bytes). Thread-safe."""
+    """LRU segment -> ids, bounded in the bytes its entries hold (memo_entry_bytes). Thread-safe.
+
+    Long segments stored with their `Cuts` are also indexed by head (their first HEAD_CHARS chars),
+    so `candidates` finds the memoised segments a new one may share a long prefix with."""
 
     def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -97,12 +196,36 @@ class TokenMemo:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.reuses = 0  # misses served from a memoised prefix (only the tail encoded)
         self._data: OrderedDict[str, Ids] = OrderedDict()
+        self._cuts: dict[str, Cuts] = {}
+        self._heads: dict[str, list[str]] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _cost(segment: str, ids: Ids) -> int:
-        return memo_entry_bytes(segment, ids)
+    def _cost(self, segment: str, ids: Ids) -> int:
+        return memo_entry_bytes(segment, ids, self._cuts.get(segment))
+
+    def _unindex(self, segment: str) -> None:
+        if self._cuts.pop(segment, None) is None:
+            return
+        head = segment[:HEAD_CHARS]
+        group = self._heads.get(head)
+        if group is not None:
+            group[:] = [s for s in group if s is not segment and s != segment]
+            if not group:
+                del self._heads[head]
+
+    def cuts(self, segment: str) -> Cuts | None:
+        with self._lock:
+            return self._cuts.get(segment)
+
+    def candidates(self, segment: str) -> list[tuple[str, Ids, Cuts]]:
+        """Memoised long segments with the same head as `segment`, most recent first."""
+        with self._lock:
+            group = self._heads.get(segment[:HEAD_CHARS])
+            if not group:
+                return []
+            return [(s, self._data[s], self._cuts[s]) for s in reversed(group) if s in self._data]
 
     def get(self, segment: str) -> Ids | None:
         with self._lock:
@@ -114,19 +237,27 @@ class TokenMemo:
             self.hits += 1
             return ids
 
-    def put(self, segment: str, ids: Ids) -> None:
-        cost = self._cost(segment, ids)
+    def put(self, segment: str, ids: Ids, cuts: Cuts | None = None) -> None:
+        cost = memo_entry_bytes(segment, ids, cuts)
         if cost > self.max_bytes:
             return
         with self._lock:
             old = self._data.pop(segment, None)
             if old is not None:
                 self.bytes -= self._cost(segment, old)
+                self._unindex(segment)
             self._data[segment] = ids
+            if cuts is not None:
+                self._cuts[segment] = cuts
+                group = self._heads.setdefault(segment[:HEAD_CHARS], [])
+                group.append(segment)
+                if len(group) > HEAD_CANDIDATES:
+                    del group[0]  # still memoised, just no longer a reuse candidate
             self.bytes += cost
             while self.bytes > self.max_bytes and self._data:
                 key, value = self._data.popitem(last=False)
                 self.bytes -= self._cost(key, value)
+                self._unindex(key)
                 self.evictions += 1
 
     def __len__(self) -> int:
@@ -151,6 +282,7 @@ class SegmentTokenizer:
             if tid is not None:
                 self._special_ids[s] = tid
         self.segmented = verify_segmentation(self)
+        self.incremental = self.segmented and verify_cuts(self)
 
     @classmethod
     def load(cls, path: str | Path | None = None, memo_bytes: int = DEFAULT_MEMO_BYTES,
@@ -196,25 +328,92 @@ class SegmentTokenizer:
             return array("I", (tid,))
         return self.memo.get(segment)
 
-    def encode_segment(self, segment: str) -> Ids:
-        """Ids of one segment: memo, else encode now (caller decides whether that is affordable)."""
+    # ------------------------------------------------------------------ incremental encoding
+    def pieces(self, text: str, start: int = 0) -> list[int]:
+        """Safe cuts of `text[start:]` (offsets in `text`) when it is long enough to index, else []."""
+        if not self.incremental or len(text) - start < INCREMENTAL_MIN_CHARS // 2:
+            return []
+        return find_cuts(text, start)
+
+    def reuse(self, segment: str) -> Reuse | None:
+        """The memoised long segment sharing the longest cut-aligned prefix with `segment`."""
+        if not self.incremental or len(segment) < INCREMENTAL_MIN_CHARS:
+            return None
+        best: Reuse | None = None
+        for prev, ids, cuts in self.memo.candidates(segment):
+            if prev == segment:
+                continue
+            shared = common_prefix_len(prev, segment)
+            # a cut c is shared when segment[c-2:c+1] == prev[c-2:c+1]: c < shared
+            j = bisect_right(cuts.chars, shared - 1)
+            if j and (best is None or cuts.chars[j - 1] > best.chars):
+                best = Reuse(prev, ids, cuts.chars[j - 1], cuts.toks[j - 1], j)
+                if len(segment) - best.chars <= 2 * CUT_STRIDE:
+                    break  # the most recent candidate already leaves only a short tail
+        return best
+
+    def _assemble(self, text: str, start: int, cuts: list[int], encoded: Sequence[Ids],
+                  reuse: Reuse | None) -> tuple[Ids, Cuts | None]:
+        """ids and Cuts of `text` from the encoded pieces of text[start:] (cut at `cuts`) and the
+        reused prefix ids of text[:start]."""
+        ids = reuse.ids[:reuse.toks] if reuse is not None else array("I")  # one copy, C speed
+        chars, toks = array("Q"), array("Q")
+        prev_cuts = self.memo.cuts(reuse.prev) if reuse is not None else None
+        if reuse is not None and prev_cuts is not None:
+            chars, toks = prev_cuts.chars[:reuse.cuts_kept], prev_cuts.toks[:reuse.cuts_kept]
+        for i, piece in enumerate(encoded):
+            if i:
+                chars.append(cuts[i - 1])
+                toks.append(len(ids))
+            ids.extend(piece)
+        long = len(text) >= INCREMENTAL_MIN_CHARS and self.incremental
+        return ids, (Cuts(chars, toks) if long and chars else None)
+
+    def _split_at(self, text: str, start: int, cuts: list[int]) -> list[str]:
+        bounds = [start, *cuts, len(text)]
+        return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+    def encode_segment(self, segment: str, reuse: Reuse | None = None) -> Ids:
+        """Ids of one segment: memo, else encode now (caller decides whether that is affordable),
+        only past `reuse.chars` when a memoised prefix is given. Plain encodes in this thread:
+        the batch pool may be busy with a worker's long prompt (see `encode_small`)."""
         ids = self.lookup(segment)
-        if ids is None:
-            ids = self.encode(segment)
-            self.memo.put(segment, ids)
+        if ids is not None:
+            return ids
+        start = reuse.chars if reuse is not None else 0
+        cuts = self.pieces(segment, start)
+        encoded = [self.encode(piece) for piece in self._split_at(segment, start, cuts)]
+        ids, memo_cuts = self._assemble(segment, start, cuts, encoded, reuse)
+        if reuse is not None:
+            self.memo.reuses += 1
+        self.memo.put(segment, ids, memo_cuts)
         return ids
 
     def encode_segments(self, segments: Sequence[str]) -> list[Ids]:
-        """Ids for every segment; misses are encoded in one batch, without holding the GIL."""
+        """Ids for every segment; misses are encoded in one batch (each past the prefix it shares
+        with a memoised segment, in pieces cut at safe cuts), without holding the GIL."""
         out: list[Ids | None] = [self.lookup(s) for s in segments]
-        missing = [i for i, ids in enumerate(out) if ids is None]
-        if missing:
-            texts = [segments[i] for i in missing]
+        jobs: list[tuple[int, int, list[int], Reuse | None, int]] = []  # i, start, cuts, reuse, first piece
+        texts: list[str] = []
+        for i, ids in enumerate(out):
+            if ids is not None:
+                continue
+            seg = segments[i]
+            reuse = self.reuse(seg)
+            start = reuse.chars if reuse is not None else 0
+            cuts = self.pieces(seg, start)
+            jobs.append((i, start, cuts, reuse, len(texts)))
+            texts.extend(self._split_at(seg, start, cuts))
+        if jobs:
             # encode_batch releases the GIL (plain encode holds it for the whole call, which would
-            # stall the event loop's relay for ~0.5 s per MB); it also parallelises several misses
+            # stall the event loop's relay for ~0.5 s per MB); it also parallelises the pieces
             encoded = self.encode_many(texts)
-            for i, ids in zip(missing, encoded, strict=True):
-                self.memo.put(segments[i], ids)
+            for i, start, cuts, reuse, first in jobs:
+                ids, memo_cuts = self._assemble(segments[i], start, cuts,
+                                                encoded[first:first + len(cuts) + 1], reuse)
+                if reuse is not None:
+                    self.memo.reuses += 1
+                self.memo.put(segments[i], ids, memo_cuts)
                 out[i] = ids
         return [ids for ids in out if ids is not None]
 
@@ -243,6 +442,7 @@ class ApproxTokenizer(SegmentTokenizer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.segmented = True  # consistent with itself by construction
+        self.incremental = False  # 4-char blocks do not line up with newline cuts
 
     def encode(self, text: str) -> array:
         return array("I", (zlib.crc32(text[i:i + APPROX_CHARS].encode()) for i in
@@ -294,3 +494,23 @@ def verify_segmentation(st: SegmentTokenizer) -> bool:
     if not st.splitter.specials:
         return True
     return all(concat_matches(st, p) for p in _probe_prompts(st))
+
+
+_CUT_PROBE = (
+    "def f(x):\n    return x\nprint(1)\n\nclass A:\n pass\n's\n's'\n123\n456\nÜber\n中文\n"
+    "a.\nb!\n?x\n\n\ny\n \nz\n\tq\n--\n++\n  indented\nend"
+)
+
+
+def pieces_match(st: SegmentTokenizer, text: str, cuts: Sequence[int]) -> bool:
+    """True when encoding text cut at `cuts` piece by piece equals encoding it whole."""
+    bounds = [0, *cuts, len(text)]
+    joined = array("I")
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        joined.extend(st.encode(text[a:b]))
+    return joined == st.encode(text)
+
+
+def verify_cuts(st: SegmentTokenizer) -> bool:
+    """The safe-cut rule is exact for this tokenizer (every cut of the probe text, at once)."""
+    return pieces_match(st, _CUT_PROBE, find_cuts(_CUT_PROBE, 0, stride=1))

@@ -141,6 +141,12 @@ class Metrics:
             "prefixgate_fingerprint_mode",
             "1 for the active fingerprint mode: exact (local tokenizer), engine (/tokenize), approx.",
             ["mode"], registry=r)
+        self.fingerprint_requests = Counter(
+            "prefixgate_fingerprint_requests_total",
+            "Requests by how their prompt's chain was known when routed: exact (the whole chain, "
+            "exact), pending (an exact leading part; the rest finished off the event loop, so "
+            "tracking is exact), approx (approximate character blocks). Exact share = "
+            "exact / all.", ["mode"], registry=r)
         self.memory_budget = Gauge(
             "prefixgate_memory_budget_bytes",
             "memory.budget_mb in bytes: the bound on what the gateway keeps between requests "

@@ -1,0 +1,56 @@
+"""prefixgate_fingerprint_requests_total{mode}: how each request's chain was known when routed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from app.config import Settings
+from app.pipeline.prefix_stage import PrefixStage
+from app.proxy.context import RequestContext, Timings
+from app.server import build_services
+
+DOC = "".join(f"{i}. a clause of the contract, numbered\n" for i in range(3_000))  # ~110 KB
+
+
+def _ctx(content: str) -> RequestContext:
+    body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+    return RequestContext(request_id=f"r-{time.perf_counter_ns()}", route="chat", path="/v1/chat/completions",
+                          tenant="default", headers={}, body=body, model="m", stream=False,
+                          timings=Timings(arrival=time.perf_counter()))
+
+
+def _stage(**prefix: Any) -> PrefixStage:
+    services = build_services(Settings(backends=[{"url": "http://127.0.0.1:9"}], prefix=prefix))
+    assert isinstance(services.prefix, PrefixStage)
+    return services.prefix
+
+
+def _count(stage: PrefixStage, mode: str) -> float:
+    return stage.metrics.fingerprint_requests.labels(mode)._value.get()
+
+
+async def test_cold_is_pending_then_a_changed_last_line_is_exact() -> None:
+    stage = _stage()
+    try:
+        cold = _ctx(f"{DOC}\nQuestion: what is clause 7?")
+        await stage.before_route(cold)
+        assert _count(stage, "pending") == 1 and _count(stage, "exact") == 0
+        assert cold.prefix is not None and cold.prefix.pending is not None
+        await cold.prefix.pending
+        nxt = _ctx(f"{DOC}\nQuestion: and clause 9?")  # the same document, a new last line
+        await stage.before_route(nxt)
+        assert nxt.fingerprint is not None and nxt.fingerprint.complete
+        assert _count(stage, "exact") == 1 and _count(stage, "pending") == 1
+        assert _count(stage, "approx") == 0
+    finally:
+        stage.shutdown()
+
+
+async def test_approx_mode_says_so() -> None:
+    stage = _stage(mode="approx")
+    try:
+        await stage.before_route(_ctx("hello"))
+        assert _count(stage, "approx") == 1 and _count(stage, "exact") == 0
+    finally:
+        stage.shutdown()

@@ -1,0 +1,174 @@
+"""Incremental tokenisation: the safe-cut rule is exact ("pieces concatenated == full encode") for
+the built-in tokenizer and a Hugging Face BPE built here (Qwen-style split regex + byte level),
+reuse of a memoised segment's prefix gives the ids of a full encode, and a 100 KB message whose
+last line changed is fingerprinted on the hot path, exactly, from its predecessor's memo entries."""
+
+from __future__ import annotations
+
+import sysconfig
+from array import array
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from app.prefix.blocks import proxy_chain
+from app.prefix.fingerprint import Fingerprinter, prompt_input
+from app.prefix.tokens import (
+    INCREMENTAL_MIN_CHARS,
+    Cuts,
+    SegmentTokenizer,
+    TokenMemo,
+    common_prefix_len,
+    find_cuts,
+    memo_entry_bytes,
+    pieces_match,
+)
+
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _corpus() -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts = [p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:40]]
+    return [*texts, "Ünïcödé — ✓ 中文 日本語 12345 3.14159\n\n\t  x"] * 2
+
+
+def _hf_bpe(pre: pre_tokenizers.PreTokenizer) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def builtin() -> SegmentTokenizer:
+    return SegmentTokenizer.load()
+
+
+@pytest.fixture(scope="module")
+def qwen_style(builtin: SegmentTokenizer) -> SegmentTokenizer:
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return SegmentTokenizer(_hf_bpe(pre), builtin.template, SPECIALS)
+
+
+@pytest.fixture(scope="module", params=["builtin", "qwen_style"])
+def tok(request: pytest.FixtureRequest) -> SegmentTokenizer:
+    return request.getfixturevalue(request.param)
+
+
+_piece = st.sampled_from(
+    list("ab Z\n\t .:'!?_-09") + ["Ü", "中文", "é", "\u00a0", "\u2028", "\r\n", "  ", "\n\n", "\n ", " \n",
+                                 "   \n", "def ", "123", "4567", "'s", "'ll", "...", "<|im_end|>", "✓"])
+_text = st.lists(_piece, max_size=60).map("".join)
+
+
+def test_both_tokenizers_verify_the_cut_rule(builtin: SegmentTokenizer, qwen_style: SegmentTokenizer) -> None:
+    assert builtin.incremental and qwen_style.incremental
+
+
+def test_a_tokenizer_that_merges_across_cuts_is_not_incremental(builtin: SegmentTokenizer) -> None:
+    # Metaspace prepends "▁" to every piece: "a\nb" cut after "\n" encodes "▁b", not "b"
+    pre = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre
+    tok.train_from_iterator(_corpus(), trainer=trainers.BpeTrainer(vocab_size=600, show_progress=False))
+    st_ = SegmentTokenizer(tok, None, [])
+    assert not st_.incremental
+    assert st_.pieces("x\ny\n" * 4000) == []
+    assert st_.reuse("x\ny\n" * 4000) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_text, data=st.data())
+def test_pieces_at_safe_cuts_concatenate_to_the_full_encode(tok: SegmentTokenizer, text: str,
+                                                           data: st.DataObject) -> None:
+    every = find_cuts(text, 0, stride=1)
+    assert pieces_match(tok, text, every)
+    subset = sorted(data.draw(st.sets(st.sampled_from(every))) if every else [])
+    assert pieces_match(tok, text, subset)
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=_text, b=_text)
+def test_common_prefix_len(a: str, b: str) -> None:
+    n = common_prefix_len(a, b)
+    assert a[:n] == b[:n]
+    assert n == min(len(a), len(b)) or a[n] != b[n]
+    big = a * 500
+    assert common_prefix_len(big + "x" + b, big + "y") == len(big)
+
+
+_line = st.lists(_piece, min_size=1, max_size=12).map("".join)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lines=st.lists(_line, min_size=3, max_size=30), edit=st.floats(0.0, 1.0), tail=_text)
+def test_reused_prefix_ids_equal_the_full_encode(tok: SegmentTokenizer, lines: list[str], edit: float,
+                                                 tail: str) -> None:
+    base = "\n".join(lines)
+    base = (base + "\nx\n") * (INCREMENTAL_MIN_CHARS // len(base) + 2)
+    tok.memo = TokenMemo(64 * 1024 * 1024)
+    assert tok.encode_segment(base) == tok.encode(base)
+    cut = int(edit * len(base))
+    new = base[:cut] + tail
+    reuse = tok.reuse(new)
+    if reuse is not None:
+        assert reuse.chars < common_prefix_len(base, new) or reuse.chars == len(base)
+    assert tok.encode_segment(new, reuse) == tok.encode(new)
+    # and the new segment's own cuts are exact for the next one
+    again = new + "\nmore\n"
+    assert tok.encode_segment(again, tok.reuse(again)) == tok.encode(again)
+    assert tok.encode_segments([again + "z", base + "q"]) == [tok.encode(again + "z"), tok.encode(base + "q")]
+
+
+def test_memo_counts_cuts_and_forgets_evicted_heads() -> None:
+    memo = TokenMemo(max_bytes=13_000)  # room for one entry of ~10-12 KB
+    seg = "line\n" * 2000
+    cuts = Cuts(array("Q", [1024, 2048]), array("Q", [200, 400]))
+    ids = array("I", range(10))
+    memo.put(seg, ids, cuts)
+    assert memo.bytes == memo_entry_bytes(seg, ids, cuts) > memo_entry_bytes(seg, ids)
+    assert [c[0] for c in memo.candidates(seg + "x")] == [seg]
+    memo.put("other\n" * 2000, ids, cuts)  # evicts the first
+    assert memo.get(seg) is None
+    assert memo.candidates(seg + "x") == []
+    assert memo.bytes == memo_entry_bytes("other\n" * 2000, ids, cuts)
+
+
+def _doc(chars: int) -> str:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return "".join(p.read_text(errors="ignore") for p in sorted(stdlib.glob("*.py"))[:120])[:chars]
+
+
+def test_long_message_with_a_new_last_line_is_exact_on_the_hot_path(builtin: SegmentTokenizer) -> None:
+    fpr = Fingerprinter(SegmentTokenizer.load())
+    doc = _doc(100_000)
+
+    def body(question: str) -> dict:
+        return {"messages": [{"role": "system", "content": "You answer questions about code."},
+                             {"role": "user", "content": f"{doc}\nQuestion: {question}"}]}
+
+    first = fpr.complete_sync(fpr.prepare(prompt_input("chat", body("what does it do?")), 16))
+    assert first.complete
+    reuses = fpr.tokenizer.memo.reuses
+    fp = fpr.prepare(prompt_input("chat", body("which function parses paths?")), 16)
+    assert fp.complete  # routed on the whole exact chain, nothing left for the worker pool
+    assert fpr.tokenizer.memo.reuses == reuses + 1  # only the tail after the last shared cut was encoded
+    ids = builtin.encode(fp.text or "")
+    assert fp.num_tokens == len(ids)
+    assert fp.block_hashes == proxy_chain(ids, 16)
+    # a salted chain has no memoised blocks to reuse: its ids are reused, its blocks hashed anew
+    salted = fpr.complete_sync(fpr.prepare(prompt_input("chat", body("q3")), 16, salt="t1"))
+    assert salted.block_hashes == proxy_chain(builtin.encode(salted.text or ""), 16, salt="t1")
+    fpr.close()
+
