@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
 from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, PromptInput, prompt_input
+from app.prefix.namespace import cache_namespace
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
 from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, Observation, TenantTracker
@@ -113,7 +114,7 @@ class PrefixStage:
         if inp is None:
             return
         try:
-            fp = self.fingerprinter.prepare(inp, self.block_size(), ctx.salt)
+            fp = self.fingerprinter.prepare(inp, self.block_size(), cache_namespace(ctx.salt, ctx.body.get("extra_key")))
         except TemplateError as exc:
             log.debug("no fingerprint for %s: %s", ctx.request_id, type(exc).__name__)
             return
