@@ -85,5 +85,11 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" tests/e2e/tiny_model.
 export PREFIXGATE_E2E_MODEL="$PWD/$WORK/model"
 export PREFIXGATE_E2E_LOGS="$PWD/$WORK/logs"
 export PREFIXGATE_SGLANG_STUB="$PWD/$STUB"
-echo "e2e-sglang: running pytest -m e2e_sglang tests/e2e_sglang (replica logs in $WORK/logs)"
-exec .venv/bin/python -m pytest -p no:cacheprovider -m e2e_sglang tests/e2e_sglang -q -rs -s ${PYTEST_ARGS:-}
+# Two sessions, so that at most two replicas (~3 GB each) run at once: radix + noradix, then page16.
+rc=0
+for selection in "not page16" "page16"; do
+    echo "e2e-sglang: running pytest -m e2e_sglang -k '$selection' tests/e2e_sglang (replica logs in $WORK/logs)"
+    .venv/bin/python -m pytest -p no:cacheprovider -m e2e_sglang -k "$selection" tests/e2e_sglang -q -rs -s \
+        ${PYTEST_ARGS:-} || rc=$?
+done
+exit "$rc"
