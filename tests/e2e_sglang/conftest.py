@@ -96,6 +96,14 @@ def sglang_replica(request: pytest.FixtureRequest, sglang_fleet: dict[str, Sglan
 
 @pytest.fixture
 def e2e_proxy(proxy_factory: Callable[..., Any], sglang_model_dir: Path) -> Callable[..., Any]:
-    """`e2e_proxy(replicas, **sections)`: the vLLM tier's proxy (tests/e2e/conftest.py) with the
-    tiny model's tokenizer, in front of SGLang replicas."""
-    return make_e2e_proxy(proxy_factory, sglang_model_dir)
+    """`e2e_proxy(replicas, **sections)`: the vLLM tier's proxy (tests/e2e/proxy_handle.py) with the
+    tiny model's tokenizer, in front of SGLang replicas. Health probes every 2 s, not 0.5 s: on two
+    busy cores SGLang's HTTP loop can answer /health later than the 2 s probe timeout while it
+    tokenizes, and two such probes in a row take a replica out of rotation mid-test."""
+    make = make_e2e_proxy(proxy_factory, sglang_model_dir)
+
+    def sglang_proxy(replicas: list[Any], **sections: Any) -> Any:
+        routing = {"health_interval_s": 2.0, **sections.pop("routing", {})}
+        return make(replicas, routing=routing, **sections)
+
+    return sglang_proxy
