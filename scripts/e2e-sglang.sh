@@ -4,7 +4,8 @@
 # project's tokenizer into .e2e-sglang/, then runs `pytest -m e2e_sglang tests/e2e_sglang`, which
 # starts real replicas on free loopback ports and stops them by PID. Exits 0 with a printed reason
 # (and runs nothing) when SGLang cannot be installed here. docs/e2e-sglang.md says why each step.
-# Env: PY (python for the venv, default python3), E2E_SKIP_INSTALL=1 (never install), PYTEST_ARGS.
+# Env: PY (python for the venv, default python3), E2E_SKIP_INSTALL=1 (never install), PYTEST_ARGS
+# (added to both pytest sessions; a -k there replaces the session split, so both run that selection).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
