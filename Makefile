@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test tools lint e2e soak bench check-deploy sync-deploy clean
+.PHONY: venv demo test tools lint e2e e2e-sglang soak bench check-deploy sync-deploy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ sync-deploy: venv
 
 e2e: venv
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e.sh
+
+# The real-SGLang tier (SGLang 0.5.23 on CPU; the first run installs .venv-sglang, ~10 min).
+e2e-sglang: venv
+	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e-sglang.sh
 
 # The long-run memory test (~90 s, so not in `make test`): a real gateway process at a small
 # memory.budget_mb, RSS read at steady state (tests/test_memory_soak.py, docs/memory.md).

@@ -108,3 +108,15 @@ def test_engine_fixtures_off_hybrid_and_sglang() -> None:
     # tensor-parallel ranks report the same batch: counted once (tp_rank 0)
     assert sg.engine == "sglang" and sg.running == 8 and sg.waiting == 3 and sg.busy
     assert sg.queries == 195_000 and sg.hits == 155_000 and sg.block_size == 1
+
+
+def test_real_sglang_0523_capture() -> None:
+    idle = parse_metrics((FIXTURES / "real_sglang" / "metrics_idle.txt").read_text())
+    after = parse_metrics((FIXTURES / "real_sglang" / "metrics_after.txt").read_text())
+    off = parse_metrics((FIXTURES / "real_sglang" / "metrics_after_noradix.txt").read_text())
+    assert idle.engine == after.engine == off.engine == "sglang"
+    assert not idle.busy and not after.busy
+    assert after.block_size == 1
+    delta = counters_delta(idle, after)
+    assert delta is not None and delta.queries == 1808.0 and delta.hits == 903.0
+    assert off.hits == 0 and off.queries == 1810.0  # radix off: every prefill token is `input`

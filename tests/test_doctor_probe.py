@@ -93,3 +93,25 @@ async def test_real_vllm_streams_and_tokenize() -> None:
     assert (cold.prompt_tokens, cold.completion_tokens, cold.cached_tokens) == (1814, 12, 0)
     assert (warm.prompt_tokens, warm.completion_tokens, warm.cached_tokens) == (1814, 12, 1792)
     assert cold.ttft_s is not None and 1 <= len(cold.text_event_times) <= 12
+
+
+# ---- contract: a real SGLang 0.5.23 stream (tests/fixtures/real_sglang) ----------------------
+
+REAL_SGLANG = Path(__file__).parent / "fixtures" / "real_sglang"
+
+
+async def test_real_sglang_streams() -> None:
+    """SGLang's first event is role + `content: ""` + `reasoning_content: null`: no text, so the
+    probe's TTFT starts at the next event; the usage event carries cached_tokens."""
+    def handler(request: httpx.Request) -> httpx.Response:
+        name = "chat_stream_warm.sse" if b"warm" in request.content else "chat_stream_cold.sse"
+        return httpx.Response(200, content=(REAL_SGLANG / name).read_bytes(),
+                              headers={"content-type": "text/event-stream"})
+
+    endpoint = Endpoint.from_url("http://sglang:30000")
+    async with _client(httpx.MockTransport(handler)) as client:
+        cold = await stream_chat(client, endpoint, "tiny", "cold", 8)
+        warm = await stream_chat(client, endpoint, "tiny", "warm", 8)
+    assert (cold.prompt_tokens, cold.completion_tokens, cold.cached_tokens) == (904, 8, 0)
+    assert (warm.prompt_tokens, warm.completion_tokens, warm.cached_tokens) == (904, 8, 903)
+    assert cold.ttft_s is not None and 1 <= len(cold.text_event_times) <= 8

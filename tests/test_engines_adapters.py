@@ -26,16 +26,18 @@ from app.engines.sample import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
+REAL_SGLANG = Path(__file__).parent / "fixtures" / "real_sglang"  # recorded from SGLang 0.5.23 on CPU
 
 
 def load(name: str):
     return parse_exposition((FIXTURES / name).read_text())
 
 
-@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.txt")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.txt")) + sorted(REAL_SGLANG.glob("metrics_*.txt")),
+                         ids=lambda p: p.name)
 def test_every_fixture_parses_and_is_detected(path: Path) -> None:
     samples = parse_exposition(path.read_text())
-    expected = "sglang" if path.name.startswith("sglang") else "vllm"
+    expected = "sglang" if path.name.startswith("sglang") or path.parent == REAL_SGLANG else "vllm"
     assert detect_engine(samples) == expected
     assert not any(name.endswith("_created") for name in samples)
 
@@ -88,7 +90,42 @@ def test_vllm_data_parallel_engines_are_summed() -> None:
     assert sample.gauges[KV_BLOCKS] == 2000
 
 
+def real_sglang(name: str):
+    return parse_exposition((REAL_SGLANG / name).read_text())
+
+
+def real_info(name: str) -> dict:
+    import json
+
+    return json.loads((REAL_SGLANG / name).read_text())
+
+
+def test_real_sglang_effective_token_modes_page_size_and_capacity() -> None:
+    """Real SGLang after a cold and a warm 904-token request (plus 1 start-up token): queried =
+    every prefill_effective_tokens mode (906 input + 903 device_hit), hits = the *_hit modes."""
+    sample = sglang.adapt(real_sglang("metrics_after.txt"))
+    assert sample.engine == "sglang"
+    assert sample.counters[CACHE_QUERIES] == 1809.0
+    assert sample.counters[CACHE_HITS] == 903.0
+    assert sample.counters[PROMPT_TOKENS] == 1808.0
+    assert sample.gauges[WAITING] == 0 and sample.gauges[RUNNING] == 0
+    assert sample.gauges[BLOCK_SIZE] == 1 and sample.gauges[HIT_ALIGNMENT] == 1
+    assert sample.gauges[KV_BLOCKS] == 8192  # sglang:max_total_num_tokens / page size 1
+    assert SPEC_ACCEPT_LENGTH not in sample.gauges  # real SGLang exports 0.0 without speculation
+    assert sample.prefix_caching_configured is None  # nothing says so without /server_info
+
+
+def test_real_sglang_server_info_says_radix_on_and_off() -> None:
+    on = sglang.adapt(real_sglang("metrics_after.txt"), real_info("server_info.json"))
+    off = sglang.adapt(real_sglang("metrics_after_noradix.txt"), real_info("server_info_noradix.json"))
+    assert on.prefix_caching_configured is True and off.prefix_caching_configured is False
+    assert off.counters[CACHE_HITS] == 0.0 and off.counters[CACHE_QUERIES] == 1810.0
+    assert off.cache_config == {"disable_radix_cache": "True", "page_size": "1", "radix_eviction_policy": "lru"}
+
+
 def test_sglang_effective_token_modes_and_rank_zero_only() -> None:
+    """Hand-written (a CPU replica has one rank and no speculative decoding): tp_rank=1 rows
+    and spec_accept_length, in the shape of the real capture."""
     sample = sglang.adapt(load("sglang-0.5.23-a.txt"))
     assert sample.engine == "sglang"
     # all modes (input + device + host + storage) vs the *_hit modes, tp_rank 0 only

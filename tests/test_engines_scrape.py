@@ -4,6 +4,7 @@ a trickling /metrics, gauges, Replica updates, restarts, prediction fidelity, /h
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import threading
@@ -26,6 +27,7 @@ from app.serving import ServerThread
 from app.telemetry.metrics import Metrics
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
+REAL_SGLANG = Path(__file__).parent / "fixtures" / "real_sglang"  # recorded from SGLang 0.5.23 on CPU
 REAL = Path(__file__).parent / "fixtures" / "real_vllm"
 
 
@@ -217,10 +219,30 @@ async def test_sglang_pair_and_server_info(server: ExpositionServer) -> None:
     assert replica is not None and (replica.engine, replica.block_size) == ("sglang", 1)
 
 
+async def test_real_sglang_pair_and_server_info(server: ExpositionServer) -> None:
+    """Recorded /metrics before and after a cold + warm 904-token request, real /server_info."""
+    scraper, replicas, metrics, clock = make(server.thread.url)
+    server.info = json.loads((REAL_SGLANG / "server_info.json").read_text())
+    try:
+        await two_scrapes(scraper, server, clock, str(REAL_SGLANG / "metrics_idle.txt"),
+                          str(REAL_SGLANG / "metrics_after.txt"))
+    finally:
+        server.info = None
+        await scraper.stop()
+    assert gauge(metrics, "engine_prefix_cache_hit_ratio") == pytest.approx(903 / 1808)
+    assert gauge(metrics, "engine_spec_acceptance_length") is None
+    assert gauge(metrics, "engine_prefix_caching_enabled") == 1.0
+    assert gauge(metrics, "engine_kv_capacity_blocks") == 8192
+    replica = replicas.get("b0")
+    assert replica is not None and (replica.engine, replica.block_size) == ("sglang", 1)
+
+
 async def test_sglang_radix_cache_disabled_in_server_info(server: ExpositionServer) -> None:
+    """Recorded from a `--disable-radix-cache` replica: its prefill counters still move (every
+    token is `input`), yet its /server_info says disabled, and that wins."""
     scraper, _, metrics, _ = make(server.thread.url)
-    server.info = {"disable_radix_cache": True, "page_size": 1}
-    server.serve("sglang-0.5.23-a.txt")
+    server.info = json.loads((REAL_SGLANG / "server_info_noradix.json").read_text())
+    server.serve(str(REAL_SGLANG / "metrics_after_noradix.txt"))
     try:
         await scraper.scrape_once()
         verdict = scraper.status()["b0"]["verdict"]
@@ -380,7 +402,7 @@ async def test_counters_without_config_or_traffic_leave_caching_unknown(server: 
     gauge is absent and the verdict says unknown; it must never read as 1."""
     scraper, _, metrics, _ = make(server.thread.url)
     server.info = None
-    server.serve("sglang-0.5.23-a.txt")
+    server.serve(str(REAL_SGLANG / "metrics_after.txt"))
     try:
         await scraper.scrape_once()
         view = scraper.status()["b0"]

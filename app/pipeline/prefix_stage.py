@@ -37,6 +37,7 @@ from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
 from app.prefix.convert_messages import requires_system_first
 from app.prefix.convert_responses import ResponseHistory, continued_history, responses_prompt_input
 from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, PromptInput, prompt_input
+from app.prefix.namespace import cache_namespace
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
 from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, Observation, TenantTracker
@@ -151,7 +152,7 @@ class PrefixStage:
         if inp is None:
             return
         try:
-            fp = self.fingerprinter.prepare(inp, self.block_size(), ctx.salt)
+            fp = self.fingerprinter.prepare(inp, self.block_size(), cache_namespace(ctx.salt, ctx.body.get("extra_key")))
         except TemplateError as exc:
             log.debug("no fingerprint for %s: %s", ctx.request_id, type(exc).__name__)
             return

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--role-chunk-early", action="store_true", help="send the role chunk at arrival")
     p.add_argument("--time-scale", type=float, default=1.0, help="0 = no sleeps (same order/accounting)")
     p.add_argument("--flavor", choices=["vllm", "sglang"], default="vllm")
+    p.add_argument("--sglang-page-size", type=int, default=1,
+                   help="SGLang flavour: the engine's --page-size (radix matches floored to whole pages)")
     p.add_argument("--spec-decode", type=float, default=None, metavar="MEAN_ACCEPT",
                    help="speculative decoding with this mean acceptance length (bonus token included)")
     p.add_argument("--spec-tokens", type=int, default=3, help="draft tokens per step with --spec-decode")

@@ -35,6 +35,7 @@ class SimOptions:
     role_chunk_early: bool = False
     time_scale: float = 1.0
     flavor: Flavor = "vllm"
+    sglang_page_size: int = 1  # SGLang flavour: its --page-size (radix matches floored to whole pages)
     spec_decode: float | None = None  # mean acceptance length (bonus token included)
     spec_tokens: int = 3  # draft tokens proposed per step when spec_decode is set
     kv_events: bool | str = False  # True: a free tcp port; a string: the endpoint to bind
@@ -61,6 +62,8 @@ class SimOptions:
             raise ValueError("prefix_caching_hash_algo must be sha256 or sha256_cbor")
         if self.block_size < 1 or self.kv_blocks < 2 or self.max_batch_tokens < 1:
             raise ValueError("block_size >= 1, kv_blocks >= 2 and max_batch_tokens >= 1 are required")
+        if self.sglang_page_size < 1:
+            raise ValueError("sglang_page_size must be >= 1")
         if self.deltas_per_chunk < 1:
             raise ValueError("deltas_per_chunk must be >= 1")
         if self.spec_decode is not None and not 1.0 <= self.spec_decode <= 1 + self.spec_tokens:
@@ -70,8 +73,9 @@ class SimOptions:
 
     @property
     def page_size(self) -> int:
-        """Matching granularity: vLLM's block size; SGLang's radix cache matches per token."""
-        return 1 if self.flavor == "sglang" else self.block_size
+        """Matching granularity: vLLM's block size; SGLang's page size (1 by default: its radix cache
+        then matches per token; with --page-size P a match is floored to whole pages)."""
+        return self.sglang_page_size if self.flavor == "sglang" else self.block_size
 
     @property
     def pool_blocks(self) -> int:

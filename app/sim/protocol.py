@@ -43,6 +43,7 @@ class ParsedRequest:
     min_tokens: int
     ignore_eos: bool
     cache_salt: str | None
+    extra_key: Any = None  # SGLang's radix namespace (the SGLang flavour honours it)
     messages: list[dict[str, Any]] = field(default_factory=list)
     tools: list[Any] | None = None
     add_generation_prompt: bool = True
@@ -133,7 +134,8 @@ def _common(body: dict[str, Any], kind: str, served_model: str, default_max: int
         skip_prefix_cache=body.get("prompt_logprobs") is not None, kind=kind, model=model, stream=stream, include_usage=bool(options.get("include_usage")),
         continuous_usage=bool(options.get("include_usage")) and bool(options.get("continuous_usage_stats")),
         max_tokens=max_tokens, min_tokens=_int_field(body, "min_tokens", 0, 0) or 0,
-        ignore_eos=_bool_field(body, "ignore_eos", False), cache_salt=validate_cache_salt(body.get("cache_salt")))
+        ignore_eos=_bool_field(body, "ignore_eos", False), cache_salt=validate_cache_salt(body.get("cache_salt")),
+        extra_key=body.get("extra_key"))
 
 
 def parse_chat(body: dict[str, Any], served_model: str) -> ParsedRequest:

@@ -94,14 +94,15 @@ async def stream(engine: SimEngine, parsed: ParsedRequest, req: SimRequest, shap
                 end = min(sent + k, available)
                 if sent < r < end:
                     end = r  # reasoning and content never share an event
-                last = finished and end == available
+                # SGLang closes a chat choice with its own empty-delta event (real captures)
+                last = finished and end == available and not (chat and not shaper.vllm)
                 text = "".join(req.output_text[sent:end])
                 await emit(shaper.delta_event(text, reasoning=sent < r,
                                               finish_reason=req.finish_reason if last else None,
                                               usage=running_usage(end)))
                 sent = end
             if finished:
-                if available == 0:
+                if available == 0 or (chat and not shaper.vllm):
                     await emit(shaper.finish_event(req.finish_reason or "stop"))
                 break
         if usage_on:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.prefix.convert_messages import requires_system_first, strip_billing_lines
+from app.prefix.namespace import cache_namespace
 from app.prefix.template import TemplateError
 from app.sim import anthropic, responder
 from app.sim import responses as responses_api
@@ -307,8 +308,10 @@ class SimApp:
             await send_json(send, 500, shaped(ApiError(500, "EngineCore encountered an issue. See stack trace "
                                                              "(above) for the root cause.")))
             return
+        # SGLang namespaces its radix tree by extra_key too (app/prefix/namespace.py)
+        salt = cache_namespace(parsed.cache_salt, parsed.extra_key) if o.flavor == "sglang" else parsed.cache_salt
         req = SimRequest(ids, max_tokens, min_tokens=parsed.min_tokens, ignore_eos=parsed.ignore_eos,
-                         cache_salt=parsed.cache_salt, streaming=parsed.stream, arrival=arrival,
+                         cache_salt=salt, streaming=parsed.stream, arrival=arrival,
                          skip_prefix_cache=parsed.skip_prefix_cache)
         if len(raw) > THREAD_THRESHOLD_BYTES:
             await asyncio.to_thread(self.engine.prepare, req)

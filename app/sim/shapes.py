@@ -36,7 +36,8 @@ class Shaper:
         self.flavor = flavor
         self.vllm = flavor != "sglang"
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        self.id = prefix + uuid.uuid4().hex[:16]
+        # SGLang's ids are its request id: 32 hex digits, no OpenAI-style prefix
+        self.id = prefix + uuid.uuid4().hex[:16] if self.vllm else uuid.uuid4().hex
         self.created = int(time.time())
         self.object_chunk = "chat.completion.chunk" if kind == "chat" else "text_completion"
         self.reasoning_key = "reasoning" if self.vllm else "reasoning_content"
@@ -54,6 +55,9 @@ class Shaper:
             out["prompt_tokens_details"] = details
         if final_response and self.vllm:
             out["completion_tokens_details"] = None
+        if not self.vllm and self.kind == "chat" and not final_response:
+            out["reasoning_tokens"] = 0
+            out["completion_tokens_details"] = None
         return out
 
     def _chunk(self, choice: dict[str, Any], usage: dict[str, Any] | None = None,
@@ -67,17 +71,21 @@ class Shaper:
         return sse(obj)
 
     def role_event(self, usage: dict[str, Any] | None = None) -> bytes:
-        top = {"prompt_token_ids": None, "prompt_text": None} if self.vllm else None
-        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                            "finish_reason": None}, usage, top)
+        if self.vllm:
+            return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}, usage, {"prompt_token_ids": None, "prompt_text": None})
+        return self._chunk({"index": 0, "delta": {"reasoning_content": None, "role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None, "matched_stop": None}, usage)
 
     def _choice(self, text: str, reasoning: bool, finish_reason: str | None) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = ({self.reasoning_key: text} if reasoning else {"content": text}) \
                 if text or finish_reason is None else {}
+            if not self.vllm and not reasoning:  # SGLang: every chat delta says reasoning_content null
+                delta = {"reasoning_content": None, **delta}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                                       "finish_reason": finish_reason}
-            if finish_reason is not None:
+            if finish_reason is not None or not self.vllm:
                 choice["stop_reason" if self.vllm else "matched_stop"] = None
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 
@@ -49,12 +50,13 @@ def _free_port() -> int:
     return free_port()
 
 
-def build_tiny_model(out: Path) -> Path:
-    """The tiny random Llama + the project's default tokenizer, built with the vLLM venv (~5 s)."""
+def build_tiny_model(out: Path, python: Path = VLLM_PYTHON) -> Path:
+    """The tiny random Llama + the project's default tokenizer, built with an engine venv's python
+    (torch + transformers; ~5 s)."""
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    subprocess.run([str(VLLM_PYTHON), str(TINY_MODEL_SCRIPT), str(out)], check=True, env=env,
+    subprocess.run([str(python), str(TINY_MODEL_SCRIPT), str(out)], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
     return out
 
@@ -73,6 +75,7 @@ class ReplicaSpec:
 
 @dataclass
 class VllmReplica:
+    engine: ClassVar[str] = "vLLM"
     spec: ReplicaSpec
     model_dir: Path
     log_path: Path
@@ -111,13 +114,16 @@ class VllmReplica:
             cmd += ["--kv-events-config", json.dumps(config)]
         return cmd + list(s.extra_args)
 
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": self.spec.cpu,
+                "VLLM_SERVER_DEV_MODE": "1"}
+
     def launch(self) -> VllmReplica:
         self.port = _free_port()
         if self.spec.kv_events:
             self.kv_port = _free_port()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-               "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": self.spec.cpu,
-               "VLLM_SERVER_DEV_MODE": "1"}
+        env = self.env()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -171,7 +177,7 @@ def wait_healthy(replicas: Iterable[VllmReplica], timeout: float = START_TIMEOUT
     while pending:
         for replica in list(pending):
             if replica.proc is not None and replica.proc.poll() is not None:
-                raise RuntimeError(f"vLLM replica {replica.name} exited with {replica.proc.returncode}:\n"
+                raise RuntimeError(f"{replica.engine} replica {replica.name} exited with {replica.proc.returncode}:\n"
                                    f"{replica.log_tail()}")
             if replica.healthy():
                 pending.remove(replica)
@@ -179,18 +185,21 @@ def wait_healthy(replicas: Iterable[VllmReplica], timeout: float = START_TIMEOUT
             return
         if time.monotonic() > deadline:
             names = ", ".join(r.name for r in pending)
-            raise TimeoutError(f"vLLM replica(s) {names} not healthy after {timeout:.0f}s:\n"
+            raise TimeoutError(f"replica(s) {names} not healthy after {timeout:.0f}s:\n"
                                f"{pending[0].log_tail()}")
         time.sleep(1.0)
 
 
-def start_replicas(specs: Iterable[ReplicaSpec], model_dir: Path, log_dir: Path) -> list[VllmReplica]:
+def start_replicas(specs: Iterable[ReplicaSpec], model_dir: Path, log_dir: Path,
+                   replica_type: type[VllmReplica] | None = None, prefix: str = "vllm") -> list[VllmReplica]:
     """Launch every spec at once (start-up overlaps), wait until all are healthy. On failure every
-    launched process is stopped before the error propagates."""
+    launched process is stopped before the error propagates. `replica_type` (a VllmReplica
+    subclass, e.g. the SGLang tier's) says which engine each spec starts."""
+    make = replica_type or VllmReplica
     replicas: list[VllmReplica] = []
     try:
         for spec in specs:
-            replicas.append(VllmReplica(spec, model_dir, log_dir / f"vllm-{spec.name}.log").launch())
+            replicas.append(make(spec, model_dir, log_dir / f"{prefix}-{spec.name}.log").launch())
         wait_healthy(replicas)
     except BaseException:
         stop_all(replicas)

@@ -1,0 +1,20 @@
+"""The cache namespace a request's prefix lives in: `cache_salt`, plus SGLang's `extra_key`.
+
+SGLang (0.5.23) keys its radix tree by the token ids *and* the request's `extra_key` and
+`cache_salt`, so two requests with the same prompt but different `extra_key` share nothing there
+(docs/e2e-sglang.md). vLLM has no `extra_key`; a client that sends one to vLLM gets a prediction
+that is too low, never too high. Both the gateway's fingerprint and the simulator's SGLang flavour
+derive their namespace here, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def cache_namespace(cache_salt: str | None, extra_key: Any) -> str | None:
+    """The salt string that roots the block chain: `cache_salt` alone when no `extra_key` (a
+    non-empty string) is given, else both, tagged so that no salt can imitate a pair."""
+    if not isinstance(extra_key, str) or not extra_key:
+        return cache_salt
+    return f"\x00extra_key={extra_key}\x00cache_salt={cache_salt or ''}"

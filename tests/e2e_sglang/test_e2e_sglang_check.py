@@ -1,0 +1,35 @@
+"""`prefixgate check` (the real console entry point, as a subprocess) against each real SGLang
+replica: the radix-cache one reads WORKS, the `--disable-radix-cache` one reads OFF."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.e2e.vllm_server import ROOT
+
+pytestmark = [pytest.mark.e2e_sglang, pytest.mark.timeout(900)]
+
+
+def _check(url: str) -> tuple[int, dict[str, Any]]:
+    cmd = [sys.executable, "-m", "app", "check", url, "--json", "--prompt-tokens", "2000", "--no-decode",
+           "--timeout", "120"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return done.returncode, report
+
+
+@pytest.mark.parametrize("sglang_replica,verdict,code", [("radix", "on", 0), ("noradix", "off", 1)],
+                         indirect=["sglang_replica"])
+def test_check_works_on_radix_off_on_disabled(sglang_replica: Any, verdict: str, code: int) -> None:
+    rc, report = _check(sglang_replica.url)
+    print(f"\nprefixgate check {sglang_replica.name}: exit {rc}, verdict {report['cache_verdict']}, "
+          f"engine {report['engine']}, ttfts {report['ttfts_s']}, cached {report['cached_tokens']}, "
+          f"hit rate {report['hit_rate']}, caching enabled {report['prefix_caching_enabled']}")
+    assert report["engine"] == "sglang"
+    assert report["cache_verdict"] == verdict, report
+    assert rc == code, report
