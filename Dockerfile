@@ -10,7 +10,11 @@ WORKDIR /src
 RUN python -m venv /opt/prefixgate
 COPY pyproject.toml README.md ./
 COPY app ./app
+# xds-protos (prefixgate epp) bundles an older copy of opentelemetry/proto/*: the real
+# opentelemetry-proto goes back over it, or the OTLP trace exporter cannot import its messages
 RUN /opt/prefixgate/bin/pip install --no-cache-dir . \
+    && /opt/prefixgate/bin/pip install --no-cache-dir --force-reinstall --no-deps \
+       "opentelemetry-proto==$(/opt/prefixgate/bin/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')" \
     && find /opt/prefixgate -name '__pycache__' -prune -exec rm -rf {} +
 
 # --- runtime stage: the virtualenv only, as an unprivileged user

@@ -43,6 +43,12 @@ class ResponsesStore:
         """The chat body the engine renders for a Responses body, and its messages (to store)."""
         if body.get("input") is None:
             raise ApiError(400, "[{'type': 'missing', 'loc': ('body', 'input'), 'msg': 'Field required'}]", "input")
+        metadata = body.get("metadata")
+        if metadata is not None and not (isinstance(metadata, dict)
+                                         and all(isinstance(v, str) for v in metadata.values())):
+            # the request model types it dict[str, str]: anything else is vLLM's validation 400
+            raise ApiError(400, "[{'type': 'dict_type', 'loc': ('body', 'metadata'), "
+                                "'msg': 'Input should be a valid dictionary of strings'}]", "metadata")
         previous = body.get("previous_response_id")
         history = None
         if isinstance(previous, str):
