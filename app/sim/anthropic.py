@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from app.prefix.convert_messages import chat_view
-from app.sim.asgi import SSE_HEADERS, Receive, Send, cut_connection, send_json
+from app.sim.asgi import SSE_HEADERS, EventSender, Receive, Send, StreamDied, cut_connection, send_json
 from app.sim.engine import SimEngine
 from app.sim.options import SimOptions
 from app.sim.protocol import ApiError, ParsedRequest, _type_error, parse_chat, validate_cache_salt
@@ -33,9 +33,6 @@ from app.sim.request import SimRequest
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
 
-
-class _Die(Exception):
-    pass
 
 
 def error_body(exc: ApiError) -> dict[str, Any]:
@@ -111,14 +108,7 @@ async def stream(engine: SimEngine, req: SimRequest, model: str, send: Send, rec
     o = engine.options
     r = o.reasoning_tokens
     k = o.deltas_per_chunk
-    sent_events = 0
-
-    async def emit(data: bytes) -> None:
-        nonlocal sent_events
-        if die_after is not None and sent_events >= die_after:
-            raise _Die
-        await send({"type": "http.response.body", "body": data, "more_body": True})
-        sent_events += 1
+    emit = EventSender(send, die_after)
 
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     try:
@@ -170,6 +160,6 @@ async def stream(engine: SimEngine, req: SimRequest, model: str, send: Send, rec
             "usage": _usage(req, o, len(req.output_ids))}))
         await emit(_event("message_stop", {"type": "message_stop"}))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except _Die:
+    except StreamDied:
         engine.abort(req)
         await cut_connection(send, receive)

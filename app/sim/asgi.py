@@ -56,3 +56,25 @@ async def cut_connection(send: Send, receive: Receive) -> None:
         await asyncio.wait_for(receive(), 2.0)
     except Exception:  # noqa: BLE001 - a timeout or any error: the connection is gone
         pass
+
+
+class StreamDied(Exception):
+    """The die_midstream fault fired: the stream ends here with a cut connection."""
+
+
+class EventSender:
+    """Sends SSE events as body chunks, raising StreamDied instead of the event after the first
+    `die_after` (the die_midstream fault), the same count on every route's stream."""
+
+    __slots__ = ("send", "die_after", "sent")
+
+    def __init__(self, send: Send, die_after: int | None) -> None:
+        self.send = send
+        self.die_after = die_after
+        self.sent = 0
+
+    async def __call__(self, data: bytes) -> None:
+        if self.die_after is not None and self.sent >= self.die_after:
+            raise StreamDied
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        self.sent += 1

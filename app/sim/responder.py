@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.sim.asgi import SSE_HEADERS, Receive, Send, cut_connection, send_json
+from app.sim.asgi import SSE_HEADERS, EventSender, Receive, Send, StreamDied, cut_connection, send_json
 from app.sim.engine import SimEngine
 from app.sim.options import SimOptions
 from app.sim.protocol import ApiError, ParsedRequest
 from app.sim.request import SimRequest
 from app.sim.shapes import DONE, Shaper
-
-
-class _Die(Exception):
-    pass
 
 
 def usage_for(req: SimRequest, shaper: Shaper, options: SimOptions, final_response: bool = False) -> dict[str, Any]:
@@ -58,14 +54,7 @@ async def stream(engine: SimEngine, parsed: ParsedRequest, req: SimRequest, shap
     continuous = parsed.continuous_usage
     k = o.deltas_per_chunk
     r = o.reasoning_tokens
-    sent_events = 0
-
-    async def emit(data: bytes) -> None:
-        nonlocal sent_events
-        if die_after is not None and sent_events >= die_after:
-            raise _Die
-        await send({"type": "http.response.body", "body": data, "more_body": True})
-        sent_events += 1
+    emit = EventSender(send, die_after)
 
     def running_usage(upto: int) -> dict[str, Any] | None:
         return shaper.usage(req.num_prompt_tokens, upto, None) if continuous else None
@@ -109,6 +98,6 @@ async def stream(engine: SimEngine, parsed: ParsedRequest, req: SimRequest, shap
             await emit(shaper.usage_event(usage_for(req, shaper, o)))
         await emit(DONE)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except _Die:
+    except StreamDied:
         engine.abort(req)
         await cut_connection(send, receive)

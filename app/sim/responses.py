@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from app.prefix.convert_responses import continued_history, convert
-from app.sim.asgi import SSE_HEADERS, Receive, Send, cut_connection, send_json
+from app.sim.asgi import SSE_HEADERS, EventSender, Receive, Send, StreamDied, cut_connection, send_json
 from app.sim.protocol import ApiError
 from app.sim.request import SimRequest
 
@@ -166,14 +166,7 @@ async def respond(writer: ResponsesWriter, req: SimRequest, send: Send, receive:
 async def stream(writer: ResponsesWriter, req: SimRequest, send: Send, receive: Receive, die_after: int | None,
                  cached_on: bool, deltas_per_chunk: int, abort: Any) -> dict[str, Any] | None:
     """Streamed: the event sequence above; returns the final response (None when it broke)."""
-    sent_events = 0
-
-    async def emit(data: bytes) -> None:
-        nonlocal sent_events
-        if die_after is not None and sent_events >= die_after:
-            raise _Die
-        await send({"type": "http.response.body", "body": data, "more_body": True})
-        sent_events += 1
+    emit = EventSender(send, die_after)
 
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     w = writer
@@ -214,11 +207,8 @@ async def stream(writer: ResponsesWriter, req: SimRequest, send: Send, receive: 
         await emit(w.event("response.completed", response=final))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return final
-    except _Die:
+    except StreamDied:
         abort(req)
         await cut_connection(send, receive)
         return None
 
-
-class _Die(Exception):
-    pass
