@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import signal
 import socket
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -25,10 +27,37 @@ log = logging.getLogger("prefixgate.serving")
 CUT_BACKSTOP_S = 10.0  # after the deadline's cut, uvicorn cancels whatever still has not ended
 
 
+_PORT_RNG = random.Random()
+_HANDED: deque[int] = deque(maxlen=1024)  # ports this process handed out lately
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A free port for a child process to bind (see consecutive_free_ports)."""
+    return consecutive_free_ports(1, host)
+
+
+def consecutive_free_ports(n: int, host: str = "127.0.0.1") -> int:
+    """The first of `n` consecutive free ports (for `prefixgate sim --replicas n`), drawn below the
+    kernel's ephemeral range (32768+ on Linux), where outgoing connections never take one between
+    this check and the child's bind."""
+    for _ in range(200):
+        base = _PORT_RNG.randrange(20000, 32768 - n)
+        if any(base + i in _HANDED for i in range(n)):
+            continue  # handed out recently: its child may not have bound it yet
+        socks: list[socket.socket] = []
+        try:
+            for i in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind((host, base + i))
+            _HANDED.extend(range(base, base + n))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.serving import free_port, stop_process
+from app.serving import consecutive_free_ports, stop_process
 from tests.gateway_process import ROOT, GatewayProcess
 
 STREAMS = 64
@@ -137,7 +137,7 @@ def restart(gw: GatewayProcess) -> GatewayProcess:
 def sim_process() -> Iterator[list[str]]:
     """Two simulated replicas in their own process, so the client's event loop here is not slowed
     by the simulator's threads (a slow client would see readiness late, as a slow kube-proxy would)."""
-    port = free_port()
+    port = consecutive_free_ports(2)
     proc = subprocess.Popen([sys.executable, "-m", "app", "sim", "--replicas", "2", "--host", "127.0.0.1",
                              "--port", str(port), "--decode-tps", "40"], cwd=ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

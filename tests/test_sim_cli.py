@@ -4,32 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
-from app.serving import free_port
-
-
-def consecutive_free_ports(n: int) -> int:
-    for _ in range(50):
-        base = free_port()
-        try:
-            socks = []
-            for i in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + i))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no consecutive free ports")
+from app.serving import consecutive_free_ports
 
 
 def test_sim_command_starts_replicas_and_stops_on_sigterm():
