@@ -73,12 +73,12 @@ def test_stream_ttft_usage_and_prediction_equal_the_engine(sim_factory, proxy_fa
     assert len(rows) == 4
     assert all(p == d for _, _, p, d in rows), rows
     assert sum(p for _, _, p, _ in rows) > 1000  # the history really was reused
-    prompt = proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="acme")
-    engine = proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="engine")
-    predicted = proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="predicted")
+    prompt = proxy.sample("prefixgate_prompt_tokens_total", route="responses", model="sim", tenant="acme")
+    engine = proxy.sample("prefixgate_cached_tokens_total", route="responses", model="sim", tenant="acme", source="engine")
+    predicted = proxy.sample("prefixgate_cached_tokens_total", route="responses", model="sim", tenant="acme", source="predicted")
     assert prompt and engine == predicted == sum(d for _, _, _, d in rows)
     assert proxy.sample("prefixgate_requests_total", route="responses", status="200") == 4
-    ttft = sum(proxy.sample("prefixgate_ttft_seconds_count", model="sim", backend=b, prompt_bucket=k) or 0
+    ttft = sum(proxy.sample("prefixgate_ttft_seconds_count", route="responses", model="sim", backend=b, prompt_bucket=k) or 0
                for b in NAMES for k in BUCKETS)
     assert ttft == 4
 
@@ -98,7 +98,7 @@ def test_ttft_stops_at_the_first_text_delta_not_at_response_created(sim_factory,
     created = next(t for k, t in stamps if k == "response.created")
     assert first_delta - created > 0.15
     proxy.settle()
-    total = proxy.sample("prefixgate_ttft_seconds_sum", model="sim", backend="r0", prompt_bucket="0-1k")
+    total = proxy.sample("prefixgate_ttft_seconds_sum", route="responses", model="sim", backend="r0", prompt_bucket="0-1k")
     assert total is not None and total > 0.15  # stamped at the delta: it includes the prefill wait
 
 
@@ -137,7 +137,7 @@ def test_unknown_history_makes_no_prediction(sim_factory, proxy_factory) -> None
     client.responses.create(model="sim", previous_response_id=previous, input="next", max_output_tokens=4)
     proxy.settle()
     assert proxy.services.prefix.processed == 0 and not proxy.services.prefix.predictions
-    assert proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="engine") > 0
+    assert proxy.sample("prefixgate_cached_tokens_total", route="responses", model="sim", tenant="acme", source="engine") > 0
 
 
 def test_dead_producing_replica_answers_the_engines_404(sim_factory, proxy_factory) -> None:
@@ -222,7 +222,7 @@ def test_rewrite_moves_the_instructions_timestamp_and_the_cache_hits(sim_factory
     ratio = sum(u.input_tokens_details.cached_tokens for u in warm) / sum(u.input_tokens for u in warm)
     if policy == "observe":
         assert ratio < 0.1
-        assert proxy.sample("prefixgate_hygiene_findings_total", tenant="acme", kind="dynamic_head") == 3
+        assert proxy.sample("prefixgate_hygiene_findings_total", route="responses", tenant="acme", kind="dynamic_head") == 3
     else:
         assert ratio > 0.9
         assert resp.headers["x-prefixgate-rewrites"].startswith("move_dynamic(1)")

@@ -125,14 +125,14 @@ class HygieneStage:
         findings, lines = self._scan(ctx, responses_view(ctx.body) if responses else ctx.body)
         ctx.hygiene_findings = findings
         for kind in sorted({f.kind for f in findings}):
-            self.metrics.hygiene_findings.labels(tenant, kind).inc()
+            self.metrics.hygiene_findings.labels(ctx.route, tenant, kind).inc()
         policy = self.tenants.policy_for(ctx.tenant)
         if policy == "observe" or (not findings and policy != "rewrite"):
             return
         if policy == "warn":
             ctx.response_headers[HYGIENE_HEADER] = _header(findings)
         elif policy == "reject":
-            self._reject(findings, tenant)
+            self._reject(ctx.route, findings, tenant)
         elif policy == "rewrite":
             self._rewrite(ctx, tenant, findings, lines)
 
@@ -142,7 +142,7 @@ class HygieneStage:
         decision = decide_salt(client, self.salts(ctx.tenant) if self.salts else None,
                                self.client_salt_policy)
         if decision.action == "reject":
-            self.metrics.rejections.labels(tenant, CLIENT_SALT).inc()
+            self.metrics.rejections.labels(ctx.route, tenant, CLIENT_SALT).inc()
             raise ProxyError(400, "cache_salt is set by the gateway (per-tenant cache isolation); "
                                   "remove `cache_salt` from the request.",
                              param="cache_salt", code="cache_salt_not_allowed")
@@ -150,7 +150,7 @@ class HygieneStage:
             return  # the engine will refuse it with its own message; do not seed the chain with it
         ctx.salt = decision.salt  # app/pipeline/body.py puts it into the forwarded bytes
         if decision.action == "replace":
-            self.metrics.rewrites.labels(tenant, CLIENT_SALT).inc()
+            self.metrics.rewrites.labels(ctx.route, tenant, CLIENT_SALT).inc()
             _add(ctx.response_headers, REWRITES_HEADER, CLIENT_SALT)
 
     def _scan(self, ctx: RequestContext, body: dict[str, Any]) -> tuple[list[Finding], list[Any]]:
@@ -167,10 +167,10 @@ class HygieneStage:
             findings += tool_findings(ctx.tenant, sig, self.tool_memo, self.flag_unsorted)
         return findings, lines
 
-    def _reject(self, findings: list[Finding], tenant: str) -> None:
+    def _reject(self, route: str, findings: list[Finding], tenant: str) -> None:
         first = findings[0]
         for reason in sorted({f.kind for f in findings}):
-            self.metrics.rejections.labels(tenant, reason).inc()
+            self.metrics.rejections.labels(route, tenant, reason).inc()
         message = "prefix-cache hygiene: " + " ".join(fix_message(f) for f in findings)
         param = "tools" if first.kind == TOOL_ORDER else \
             f"messages[{first.line.message}].content" if first.line else None
@@ -195,7 +195,7 @@ class HygieneStage:
             ctx.body = result.body
             ctx.body_changed = True
             for kind in result.kinds:
-                self.metrics.rewrites.labels(tenant, kind).inc()
+                self.metrics.rewrites.labels(ctx.route, tenant, kind).inc()
                 label = f"{kind}({result.moved_lines})" if kind == MOVE_DYNAMIC else kind
                 _add(ctx.response_headers, REWRITES_HEADER, label)
         left = [f for f in findings if not _fixed(f, result.kinds, self.options)]
