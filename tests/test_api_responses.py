@@ -3,12 +3,14 @@ over loopback HTTP (app/sim/responses.py serves vLLM's event shapes)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
 import openai
 import pytest
 import redis as redis_lib
+from openai.types.responses import ResponseErrorEvent
 
 from app.telemetry.metrics import PROMPT_BUCKET_MAX, PROMPT_BUCKETS
 from tests.chat_history import words
@@ -157,6 +159,8 @@ def test_dead_producing_replica_answers_the_engines_404(sim_factory, proxy_facto
 
 
 def test_midstream_death_ends_with_the_responses_error_event(sim_factory, proxy_factory) -> None:
+    """The error event continues the stream's numbering and is the openai SDK's
+    `ResponseErrorEvent` exactly (strict validation: `sequence_number` is required there)."""
     sim = sim_factory(replicas=1, time_scale=0.0)
     proxy = proxy_factory(sim)
     httpx.post(sim.urls[0] + "/sim/faults", json={"mode": "die_midstream", "after_chunks": 4})
@@ -164,13 +168,19 @@ def test_midstream_death_ends_with_the_responses_error_event(sim_factory, proxy_
                       json={"model": "sim", "input": "hello", "stream": True, "max_output_tokens": 8})
     body = resp.text
     assert "[DONE]" not in body and '"choices"' not in body
-    tail = body.rstrip("\n").rsplit("\n\n", 1)[-1]
-    assert tail.startswith("event: error\ndata: {\"type\":\"error\"")
-    assert '"code":"upstream_midstream"' in tail
+    events = body.rstrip("\n").split("\n\n")
+    assert events[-1].startswith("event: error\ndata: ")
+    error = json.loads(events[-1].split("data: ", 1)[1])
+    before = json.loads(events[-2].split("data: ", 1)[1])
+    assert error == {"code": "upstream_midstream", "message": error["message"], "param": None,
+                     "sequence_number": before["sequence_number"] + 1, "type": "error"}
+    assert list(error) == ["code", "message", "param", "sequence_number", "type"]  # the SDK model's field order
+    ResponseErrorEvent.model_validate(error, strict=True)
     client = client_for(proxy)
     httpx.post(sim.urls[0] + "/sim/faults", json={"mode": "die_midstream", "after_chunks": 4})
-    events, last = stream_once(client, input="hello", max_output_tokens=8)
-    assert last.type == "error" and last.code == "upstream_midstream"
+    events, last = stream_once(client, input="hello", max_output_tokens=8)  # the iteration ends cleanly
+    assert isinstance(last, ResponseErrorEvent) and last.code == "upstream_midstream"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
     assert proxy.sample("prefixgate_requests_total", route="responses", status="200") == 2
 
 
