@@ -13,7 +13,7 @@ import redis as redis_lib
 from openai.types.responses import ResponseErrorEvent
 
 from app.telemetry.metrics import PROMPT_BUCKET_MAX, PROMPT_BUCKETS
-from tests.chat_history import words
+from tests.chat_history import codex_items, words
 
 NAMES = ["r0", "r1"]
 BUCKETS = [label for label, _ in PROMPT_BUCKETS] + [PROMPT_BUCKET_MAX]
@@ -39,16 +39,7 @@ def wait_processed(hook, n: int, timeout: float = 20.0) -> None:
 
 def codex_turns(turns: int) -> list[list[dict]]:
     """Growing input items of a Codex-shaped session: user text, a function call + its output."""
-    items: list[dict] = []
-    out = []
-    for t in range(turns):
-        items.append({"type": "message", "role": "user",
-                      "content": [{"type": "input_text", "text": f"step {t}: " + words(100 + t, 40)}]})
-        out.append(list(items))
-        items.append({"type": "function_call", "call_id": f"call_{t}", "name": "read_file",
-                      "arguments": '{"path": "src/mod' + str(t) + '.py"}'})
-        items.append({"type": "function_call_output", "call_id": f"call_{t}", "output": words(200 + t, 80)})
-    return out
+    return codex_items(turns, 100, 40, 200, 80, "read_file")
 
 
 def stream_once(client: openai.OpenAI, **kwargs) -> tuple[list, object]:
