@@ -1,4 +1,4 @@
-"""Every prefixgate metric, defined once. Names and labels are contracts (ARCHITECTURE.md):
+"""Every prefixgate metric, defined once. Names and labels are contracts (the README's Metrics section):
 dashboards, alert rules and the Helm chart read them. Each app instance owns a registry so that
 several proxies in one test process do not collide.
 
