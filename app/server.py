@@ -72,6 +72,7 @@ def build_services(settings: Settings, store_path: str | None = None) -> Service
     # --- the pipeline's stages (their order is app/pipeline/request.py's): one line each ---
     services.hygiene = build_hygiene_stage(settings, metrics)
     services.prefix = build_prefix_stage(settings, services)
+    services.hygiene.system_first = services.prefix.system_first  # Messages: merged inline system
     services.tracing = build_tracing_stage(settings)
     services.admission = build_admission(settings, metrics)
 

@@ -8,33 +8,27 @@ prefix-affinity routing; one tenant runs a Codex-shaped session with the real `o
 (`client.responses.create(stream=True)`): ~2.5k tokens of `instructions` whose first line is
 `Current time: …` (a new second every turn, the usual dynamic head), 12 function tools, and input
 items that grow every turn by a user message, a `function_call` and its `function_call_output`.
-Each policy runs on fresh replicas. Per policy: client TTFT p50 per prompt bucket (to the first
-`response.output_text.delta`), the engine's hit ratio (sum cached / sum input tokens, the cold
-first turn included), the proxy's predicted cached tokens against the engine's, and the tenant's
-last continuity ratio.
+Each policy runs on fresh replicas. What is measured per run, and the table:
+bench/agents_session.py (shared with bench/agents_messages.py); TTFT stops at the first
+`response.output_text.delta`, the engine's cached tokens are `input_tokens_details.cached_tokens`.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import openai  # noqa: E402
 
-from app.config import Settings  # noqa: E402
-from app.server import create_app  # noqa: E402
-from app.serving import ServerThread  # noqa: E402
-from app.sim.testing import SimCluster  # noqa: E402
-from app.telemetry.metrics import prompt_bucket  # noqa: E402
-from tests.chat_history import words  # noqa: E402
+from bench.agents_session import Run, Turn, TurnFn, print_table, run_session  # noqa: E402
+from tests.chat_history import codex_items, words  # noqa: E402
 
 POLICIES = ("observe", "rewrite")
 TENANT = "codex"
@@ -49,65 +43,39 @@ def instructions(turn: int) -> str:
     return f"Current time: {now:%Y-%m-%d %H:%M:%S} UTC\n" + STATIC_INSTRUCTIONS
 
 
-def session(turns: int) -> list[list[dict[str, Any]]]:
-    items: list[dict[str, Any]] = []
-    out = []
-    for t in range(turns):
-        items.append({"type": "message", "role": "user",
-                      "content": [{"type": "input_text", "text": f"task step {t}: " + words(300 + t, 40)}]})
-        out.append(list(items))
-        items.append({"type": "function_call", "call_id": f"call_{t}", "name": "tool_01",
-                      "arguments": '{"path": "src/file_' + str(t) + '.py"}'})
-        items.append({"type": "function_call_output", "call_id": f"call_{t}", "output": words(400 + t, 150)})
-    return out
+def codex_session(turns: int) -> Callable[[str], TurnFn]:
+    """The session's turns (input items growing by a function call and its output each turn)."""
+    items = codex_items(turns, 300, 40, 400, 150, "tool_01")
 
-
-def run_policy(policy: str, turns: int, replicas: int, time_scale: float) -> dict[str, Any]:
-    sim = SimCluster(replicas=replicas, time_scale=time_scale, prefill_tps=8000.0, kv_blocks=200_000).start()
-    settings = Settings(backends=[{"url": u, "name": f"r{i}"} for i, u in enumerate(sim.urls)],
-                        routing={"policy": "prefix_affinity"}, tenants={"default": {"policy": policy}})
-    app = create_app(settings)
-    server = ServerThread(app).start()
-    try:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0,
+    def for_gateway(url: str) -> TurnFn:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
                                default_headers={"x-tenant-id": TENANT})
-        rows = []
-        for turn, items in enumerate(session(turns)):
+
+        def turn(n: int) -> Turn:
             start = time.perf_counter()
             ttft = None
             final = None
-            with client.responses.create(model="sim", stream=True, instructions=instructions(turn), tools=TOOLS,
-                                         input=items, max_output_tokens=16, store=False) as stream:
+            with client.responses.create(model="sim", stream=True, instructions=instructions(n), tools=TOOLS,
+                                         input=items[n], max_output_tokens=16, store=False) as stream:
                 for event in stream:
                     if ttft is None and event.type == "response.output_text.delta" and event.delta:
                         ttft = time.perf_counter() - start
                     if event.type == "response.completed":
                         final = event.response
             assert final is not None and final.usage is not None
-            rows.append((ttft, final.usage.input_tokens, final.usage.input_tokens_details.cached_tokens))
-        deadline = time.monotonic() + 30
-        stage = app.services.prefix
-        while stage.processed < turns and time.monotonic() < deadline:
-            time.sleep(0.01)
-        registry = app.services.metrics.registry
-        predicted = registry.get_sample_value("prefixgate_cached_tokens_total",
-                                              {"model": "sim", "tenant": TENANT, "source": "predicted"})
-        continuity = registry.get_sample_value("prefixgate_prefix_continuity_ratio", {"tenant": TENANT})
-        matched = sum(1 for _, _, p, d in stage.predictions if p == d)
-    finally:
-        server.stop()
-        sim.stop()
-    by_bucket: dict[str, list[float]] = {}
-    for ttft, prompt, _ in rows:
-        if ttft is not None:
-            by_bucket.setdefault(prompt_bucket(prompt), []).append(ttft)
-    prompt_sum = sum(r[1] for r in rows)
-    cached_sum = sum(r[2] for r in rows)
-    return {"policy": policy, "hit_ratio": cached_sum / prompt_sum if prompt_sum else 0.0,
-            "engine_cached": cached_sum, "predicted": int(predicted or 0), "exact_turns": matched,
-            "turns": len(rows), "continuity": continuity,
-            "ttft_p50": {b: statistics.median(v) for b, v in sorted(by_bucket.items())},
-            "warm_ttft_p50": statistics.median([r[0] for r in rows[1:] if r[0] is not None]) if turns > 1 else None}
+            return Turn(final.usage.input_tokens, final.usage.input_tokens_details.cached_tokens, ttft)
+
+        return turn
+
+    return for_gateway
+
+
+def run_policy(policy: str, turns: int, replicas: int, time_scale: float) -> Run:
+    return run_session(policy, turns, TENANT,
+                       sim={"replicas": replicas, "time_scale": time_scale, "prefill_tps": 8000.0,
+                            "kv_blocks": 200_000},
+                       gateway={"routing": {"policy": "prefix_affinity"}, "tenants": {"default": {"policy": policy}}},
+                       client_turn=codex_session(turns), names=[f"r{i}" for i in range(replicas)])
 
 
 def main() -> None:
@@ -116,16 +84,9 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--time-scale", type=float, default=1.0)
     args = parser.parse_args()
-    results = [run_policy(p, args.turns, args.replicas, args.time_scale) for p in POLICIES]
-    print("| policy | hit ratio | engine cached | predicted cached | turns predicted exactly | continuity "
-          "| warm TTFT p50 | TTFT p50 by prompt bucket |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        buckets = ", ".join(f"{b}: {v * 1000:.0f} ms" for b, v in r["ttft_p50"].items())
-        cont = "absent" if r["continuity"] is None else f"{r['continuity']:.2f}"
-        warm = "n/a" if r["warm_ttft_p50"] is None else f"{r['warm_ttft_p50'] * 1000:.0f} ms"
-        print(f"| {r['policy']} | {r['hit_ratio']:.1%} | {r['engine_cached']} | {r['predicted']} "
-              f"| {r['exact_turns']}/{r['turns']} | {cont} | {warm} | {buckets} |")
+    print(f"{args.replicas} replicas, prefix_affinity, 12 tools, instructions headed by a timestamp, "
+          f"time_scale {args.time_scale}")
+    print_table([run_policy(p, args.turns, args.replicas, args.time_scale) for p in POLICIES])
 
 
 if __name__ == "__main__":

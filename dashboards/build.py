@@ -28,6 +28,12 @@ SEL_MB = 'model=~"$model",backend=~"$backend"'
 SEL_B = 'backend=~"$backend"'
 SEL_T = 'tenant=~"$tenant"'
 SEL_MT = 'model=~"$model",tenant=~"$tenant"'
+# per-request metrics carry `route` (app/telemetry/metrics.py ROUTE_LABELS): the dashboards that
+# have a $route variable filter on it; every query still sums whatever routes it selects
+SEL_R = 'route=~"$route"'
+SEL_RMB = f"{SEL_R},{SEL_MB}"
+SEL_RT = f"{SEL_R},{SEL_T}"
+SEL_RMT = f"{SEL_R},{SEL_MT}"
 
 
 @dataclass
@@ -118,6 +124,7 @@ def _variable(name: str, metric: str) -> dict[str, Any]:
 
 
 VARIABLE_SOURCES = {
+    "route": "prefixgate_requests_total",
     "model": "prefixgate_ttft_seconds_count",
     "backend": "prefixgate_backend_healthy",
     "tenant": "prefixgate_prompt_tokens_total",
@@ -169,31 +176,31 @@ def ttft_by_bucket(q: float) -> Panel:
                  "bucket (request arrival at the proxy to the first chunk with generated text). "
                  "Compare each line with its alert threshold; long prompts are expected to be slower "
                  "unless their prefix is cached.",
-                 [Target(quantile(q, "prefixgate_ttft_seconds", SEL_MB, "prompt_bucket"),
+                 [Target(quantile(q, "prefixgate_ttft_seconds", SEL_RMB, "prompt_bucket"),
                          "{{prompt_bucket}}")], unit="s", width=8)
 
 
 def gateway() -> Dashboard:
-    req = f"sum(rate(prefixgate_requests_total[{RATE}]))"
+    req = f"sum(rate(prefixgate_requests_total{{{SEL_R}}}[{RATE}]))"
     return Dashboard("prefixgate-gateway", "prefixgate / Gateway",
                      "Traffic, errors and latency as the client sees it through prefixgate.", [
         Row("Overview", [
             Panel("Request rate", "Requests per second received by all proxy pods.",
                   [Target(req)], kind="stat", unit="reqps", width=6, height=4),
             Panel("Error ratio", "Share of requests answered with a 5xx status.",
-                  [Target(f'sum(rate(prefixgate_requests_total{{status=~"5.."}}[{RATE}])) / {req}')],
+                  [Target(f'sum(rate(prefixgate_requests_total{{{SEL_R},status=~"5.."}}[{RATE}])) / {req}')],
                   kind="stat", unit="percentunit", width=6, height=4,
                   thresholds=[(None, "green"), (0.01, "orange"), (0.05, "red")]),
             Panel("Healthy backends", "Backends passing health checks (max over proxy pods).",
                   [Target(f"sum(max by (backend) (prefixgate_backend_healthy{{{SEL_B}}}))")],
                   kind="stat", width=6, height=4, thresholds=[(None, "red"), (1, "green")]),
             Panel("TTFT p95", "Client-side TTFT, 95th percentile over all prompt buckets.",
-                  [Target(quantile(0.95, "prefixgate_ttft_seconds", SEL_MB))], kind="stat", unit="s", width=6, height=4,
+                  [Target(quantile(0.95, "prefixgate_ttft_seconds", SEL_RMB))], kind="stat", unit="s", width=6, height=4,
                   thresholds=[(None, "green"), (2, "orange"), (5, "red")]),
         ]),
         Row("Traffic and errors", [
             Panel("Requests by route and status", "Request rate per API route and HTTP status.",
-                  [Target(f"sum by (route, status) (rate(prefixgate_requests_total[{RATE}]))",
+                  [Target(f"sum by (route, status) (rate(prefixgate_requests_total{{{SEL_R}}}[{RATE}]))",
                           "{{route}} {{status}}")], unit="reqps", stack=True),
             Panel("Upstream errors by backend and kind",
                   "Failures talking to engines: connect, status_5xx, timeout, midstream. Retries "
@@ -201,36 +208,42 @@ def gateway() -> Dashboard:
                   [Target(f"sum by (backend, kind) (rate(prefixgate_upstream_errors_total{{{SEL_B}}}[{RATE}]))",
                           "{{backend}} {{kind}}")], unit="reqps"),
             Panel("Request duration p95 by status", "End-to-end request time at the proxy per outcome.",
-                  [Target(quantile(0.95, "prefixgate_request_duration_seconds", SEL_MB, "status"),
+                  [Target(quantile(0.95, "prefixgate_request_duration_seconds", SEL_RMB, "status"),
                           "{{status}}")], unit="s"),
             Panel("Hygiene rejections and rewrites",
                   "Requests rejected (auth, hygiene policy) and prompts rewritten to keep the prefix stable.",
-                  [Target(f"sum by (reason) (rate(prefixgate_rejections_total{{{SEL_T}}}[{RATE}]))",
+                  [Target(f"sum by (reason) (rate(prefixgate_rejections_total{{{SEL_RT}}}[{RATE}]))",
                           "rejected: {{reason}}"),
-                   Target(f"sum by (kind) (rate(prefixgate_rewrites_total{{{SEL_T}}}[{RATE}]))",
+                   Target(f"sum by (kind) (rate(prefixgate_rewrites_total{{{SEL_RT}}}[{RATE}]))",
                           "rewritten: {{kind}}")], unit="reqps"),
         ]),
         Row("Latency", [
             ttft_by_bucket(0.5), ttft_by_bucket(0.95), ttft_by_bucket(0.99),
             Panel("TTFT p95 by backend", "Which replica is slow to start answering.",
-                  [Target(quantile(0.95, "prefixgate_ttft_seconds", SEL_MB, "backend"), "{{backend}}")],
+                  [Target(quantile(0.95, "prefixgate_ttft_seconds", SEL_RMB, "backend"), "{{backend}}")],
                   unit="s", width=8),
             Panel("Upstream first byte p95 by backend",
                   "Arrival to the first upstream byte (about the engine's own TTFT): the gap to "
                   "client TTFT is role-only chunks and relay.",
-                  [Target(quantile(0.95, "prefixgate_upstream_first_byte_seconds", SEL_MB, "backend"),
+                  [Target(quantile(0.95, "prefixgate_upstream_first_byte_seconds", SEL_RMB, "backend"),
                           "{{backend}}")], unit="s", width=8),
             Panel("Proxy overhead", "Arrival to the upstream request being sent: prefixgate's own cost "
                   "on the critical path (parsing, hygiene, fingerprint, routing).",
-                  [Target(quantile(0.5, "prefixgate_proxy_overhead_seconds"), "p50"),
-                   Target(quantile(0.99, "prefixgate_proxy_overhead_seconds"), "p99")], unit="s", width=8),
+                  [Target(quantile(0.5, "prefixgate_proxy_overhead_seconds", SEL_R), "p50"),
+                   Target(quantile(0.99, "prefixgate_proxy_overhead_seconds", SEL_R), "p99")], unit="s", width=8),
+            Panel("TTFT p95 by route",
+                  "Client-side TTFT per API route (chat, completions, responses, messages): an agent "
+                  "API slower than chat on the same replicas points at its prompts (hygiene), not at "
+                  "the engines.",
+                  [Target(quantile(0.95, "prefixgate_ttft_seconds", SEL_RMB, "route"), "{{route}}")],
+                  unit="s", width=8),
             Panel("Decode rate p50 by backend",
                   "Per-request decode tokens per second (completion tokens over the decode span).",
-                  [Target(quantile(0.5, "prefixgate_decode_tokens_per_second", SEL_MB, "backend"),
-                          "{{backend}}")], unit="short"),
+                  [Target(quantile(0.5, "prefixgate_decode_tokens_per_second", SEL_RMB, "backend"),
+                          "{{backend}}")], unit="short", width=8),
             Panel("Inter-token latency p95 by backend", "Gaps between consecutive content chunks.",
-                  [Target(quantile(0.95, "prefixgate_inter_token_seconds", SEL_MB, "backend"),
-                          "{{backend}}")], unit="s"),
+                  [Target(quantile(0.95, "prefixgate_inter_token_seconds", SEL_RMB, "backend"),
+                          "{{backend}}")], unit="s", width=8),
         ]),
         Row("Admission", [
             Panel("Admission rejections by tenant and reason",
@@ -246,10 +259,10 @@ def gateway() -> Dashboard:
             Panel("Predicted prefill tokens p95 by tenant",
                   "Uncached prompt tokens per routed request (prompt minus the prefix predicted resident): "
                   "the prefill cost each tenant puts on the engines.",
-                  [Target(quantile(0.95, "prefixgate_prefill_tokens", SEL_T, "tenant"), "{{tenant}}")],
+                  [Target(quantile(0.95, "prefixgate_prefill_tokens", SEL_RT, "tenant"), "{{tenant}}")],
                   unit="short", width=24),
         ]),
-    ])
+    ], variables=("route", "model", "backend", "tenant"))
 
 
 def prefix_cache() -> Dashboard:
@@ -287,9 +300,16 @@ def prefix_cache() -> Dashboard:
             Panel("Cached share of prompt tokens",
                   "Cached prompt tokens over all prompt tokens, as the engine reports (engine) and as "
                   "the proxy predicts (predicted).",
-                  [Target(f"sum by (source) (rate(prefixgate_cached_tokens_total{{{SEL_MT}}}[{RATE}])) "
+                  [Target(f"sum by (source) (rate(prefixgate_cached_tokens_total{{{SEL_RMT}}}[{RATE}])) "
                           f"/ ignoring (source) group_left sum(rate(prefixgate_prompt_tokens_total"
-                          f"{{{SEL_MT}}}[{RATE}]))", "{{source}}")], unit="percentunit", min=0),
+                          f"{{{SEL_RMT}}}[{RATE}]))", "{{source}}")], unit="percentunit", min=0),
+            Panel("Engine-cached share of prompt tokens by route",
+                  "Cached prompt tokens over all prompt tokens per API route, as the engine reports: "
+                  "an agent API near 0 while chat hits means its prompts change at the head (see "
+                  "hygiene findings by kind).",
+                  [Target(f'sum by (route) (rate(prefixgate_cached_tokens_total{{{SEL_RMT},source="engine"}}[{RATE}])) '
+                          f"/ sum by (route) (rate(prefixgate_prompt_tokens_total{{{SEL_RMT}}}[{RATE}]))",
+                          "{{route}}")], unit="percentunit", min=0, width=24),
         ]),
         Row("Tenants", [
             Panel("Prefix continuity per tenant", "Share of the tenant's last prompt's full blocks that "
@@ -298,17 +318,17 @@ def prefix_cache() -> Dashboard:
                           "{{tenant}}")], unit="percentunit", min=0, max=1),
             Panel("Prefix breaks by cause", "Why prompts stopped continuing their prefix: "
                   "dynamic_head, tool_order, front_trim, template_change, new_session, other.",
-                  [Target(f"sum by (cause) (rate(prefixgate_prefix_breaks_total{{{SEL_T}}}[{RATE}]))",
+                  [Target(f"sum by (cause) (rate(prefixgate_prefix_breaks_total{{{SEL_RT}}}[{RATE}]))",
                           "{{cause}}")], unit="short", stack=True),
             Panel("Prefix breaks by tenant (excluding new sessions)",
                   "Tenants whose prompts break their own prefix; open /hygiene/tenants/<tenant>.",
-                  [Target(f'topk(10, sum by (tenant) (rate(prefixgate_prefix_breaks_total{{{SEL_T},'
+                  [Target(f'topk(10, sum by (tenant) (rate(prefixgate_prefix_breaks_total{{{SEL_RT},'
                           f'cause!="new_session"}}[{RATE}])))', "{{tenant}}")], unit="short"),
             Panel("Hygiene findings by kind", "Prompt patterns that defeat prefix caching (any policy).",
-                  [Target(f"sum by (kind) (rate(prefixgate_hygiene_findings_total{{{SEL_T}}}[{RATE}]))",
+                  [Target(f"sum by (kind) (rate(prefixgate_hygiene_findings_total{{{SEL_RT}}}[{RATE}]))",
                           "{{kind}}")], unit="short"),
         ]),
-    ])
+    ], variables=("route", "model", "backend", "tenant"))
 
 
 def speculative() -> Dashboard:

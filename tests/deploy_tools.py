@@ -25,7 +25,7 @@ VENV_BIN = Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin"
 
 # Grafana's template variables, replaced by values Prometheus accepts.
 GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h",
-                "$model": ".*", "$backend": ".*", "$tenant": ".*"}
+                "$route": ".*", "$model": ".*", "$backend": ".*", "$tenant": ".*"}
 METRIC_NAME = re.compile(r"\bprefixgate_[a-z0-9_]+\b")
 
 

@@ -96,12 +96,12 @@ def test_vllm_mode_predicts_exactly_and_reports_no_break(sim_factory, proxy_fact
     assert all(u.cache_read_input_tokens > 0.9 * prompt_of(u) for u in usages[1:])
     assert breaks(proxy, "cc") == {}  # the engine drops the billing header: nothing breaks
     # the client still sends it: a finding per request
-    assert proxy.sample("prefixgate_hygiene_findings_total", tenant="cc", kind="dynamic_head") == 4
+    assert proxy.sample("prefixgate_hygiene_findings_total", route="messages", tenant="cc", kind="dynamic_head") == 4
     # Anthropic usage in the metrics: prompt = input + cache_read + cache_creation, cached = cache_read
     prompt = sum(prompt_of(u) for u in usages)
     assert all(u.cache_creation_input_tokens > 0 for u in usages)  # the engine reports cache writes
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="cc") == prompt
-    assert proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="cc", source="engine") == \
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="messages", model="sim", tenant="cc") == prompt
+    assert proxy.sample("prefixgate_cached_tokens_total", route="messages", model="sim", tenant="cc", source="engine") == \
         sum(u.cache_read_input_tokens for u in usages)
     assert proxy.sample("prefixgate_requests_total", route="messages", status="200") == 4
     assert ttft_count(proxy) == 4  # TTFT stamped on each stream (where: tests/test_api_messages_shape.py)
@@ -124,7 +124,7 @@ def test_keeping_engine_breaks_at_the_billing_header_unless_rewritten(sim_factor
     else:
         assert min(ratios) > 0.9
         assert breaks(proxy, "cc") == {}
-        assert proxy.sample("prefixgate_rewrites_total", tenant="cc", kind="strip_billing_header") == 4
+        assert proxy.sample("prefixgate_rewrites_total", route="messages", tenant="cc", kind="strip_billing_header") == 4
 
 
 def test_rewrite_can_be_switched_off(sim_factory, proxy_factory) -> None:
@@ -154,8 +154,8 @@ def test_non_streamed_usage_and_count_tokens(sim_factory, proxy_factory) -> None
     assert prompt_of(second.usage) == counted
     assert second.usage.cache_read_input_tokens >= counted - 16
     assert first.content[0].type == "text" and first.content[0].text
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="t") == 2 * counted
-    assert proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="t", source="engine") == \
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="messages", model="sim", tenant="t") == 2 * counted
+    assert proxy.sample("prefixgate_cached_tokens_total", route="messages", model="sim", tenant="t", source="engine") == \
         second.usage.cache_read_input_tokens
     wait_processed(proxy.services.prefix, 2)
     assert [(p, d) for _, _, p, d in proxy.services.prefix.predictions] == \
@@ -288,7 +288,7 @@ def test_api_keys_name_the_tenant_and_refuse_in_anthropic_shape(sim_factory, pro
     proxy = proxy_factory(sim, tenants={"api_keys": {"sk-team-a": "team-a"}})
     ok = anthropic.Anthropic(base_url=proxy.url, api_key="sk-team-a", max_retries=0)  # sent as x-api-key
     ok.messages.create(model="sim", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="team-a") > 0
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="messages", model="sim", tenant="team-a") > 0
     bad = anthropic.Anthropic(base_url=proxy.url, api_key="sk-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as info:
         bad.messages.create(model="sim", max_tokens=4, messages=[{"role": "user", "content": "hi"}])

@@ -3,15 +3,17 @@ over loopback HTTP (app/sim/responses.py serves vLLM's event shapes)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
 import openai
 import pytest
 import redis as redis_lib
+from openai.types.responses import ResponseErrorEvent
 
 from app.telemetry.metrics import PROMPT_BUCKET_MAX, PROMPT_BUCKETS
-from tests.chat_history import words
+from tests.chat_history import codex_items, words
 
 NAMES = ["r0", "r1"]
 BUCKETS = [label for label, _ in PROMPT_BUCKETS] + [PROMPT_BUCKET_MAX]
@@ -37,16 +39,7 @@ def wait_processed(hook, n: int, timeout: float = 20.0) -> None:
 
 def codex_turns(turns: int) -> list[list[dict]]:
     """Growing input items of a Codex-shaped session: user text, a function call + its output."""
-    items: list[dict] = []
-    out = []
-    for t in range(turns):
-        items.append({"type": "message", "role": "user",
-                      "content": [{"type": "input_text", "text": f"step {t}: " + words(100 + t, 40)}]})
-        out.append(list(items))
-        items.append({"type": "function_call", "call_id": f"call_{t}", "name": "read_file",
-                      "arguments": '{"path": "src/mod' + str(t) + '.py"}'})
-        items.append({"type": "function_call_output", "call_id": f"call_{t}", "output": words(200 + t, 80)})
-    return out
+    return codex_items(turns, 100, 40, 200, 80, "read_file")
 
 
 def stream_once(client: openai.OpenAI, **kwargs) -> tuple[list, object]:
@@ -73,12 +66,12 @@ def test_stream_ttft_usage_and_prediction_equal_the_engine(sim_factory, proxy_fa
     assert len(rows) == 4
     assert all(p == d for _, _, p, d in rows), rows
     assert sum(p for _, _, p, _ in rows) > 1000  # the history really was reused
-    prompt = proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="acme")
-    engine = proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="engine")
-    predicted = proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="predicted")
+    prompt = proxy.sample("prefixgate_prompt_tokens_total", route="responses", model="sim", tenant="acme")
+    engine = proxy.sample("prefixgate_cached_tokens_total", route="responses", model="sim", tenant="acme", source="engine")
+    predicted = proxy.sample("prefixgate_cached_tokens_total", route="responses", model="sim", tenant="acme", source="predicted")
     assert prompt and engine == predicted == sum(d for _, _, _, d in rows)
     assert proxy.sample("prefixgate_requests_total", route="responses", status="200") == 4
-    ttft = sum(proxy.sample("prefixgate_ttft_seconds_count", model="sim", backend=b, prompt_bucket=k) or 0
+    ttft = sum(proxy.sample("prefixgate_ttft_seconds_count", route="responses", model="sim", backend=b, prompt_bucket=k) or 0
                for b in NAMES for k in BUCKETS)
     assert ttft == 4
 
@@ -98,7 +91,7 @@ def test_ttft_stops_at_the_first_text_delta_not_at_response_created(sim_factory,
     created = next(t for k, t in stamps if k == "response.created")
     assert first_delta - created > 0.15
     proxy.settle()
-    total = proxy.sample("prefixgate_ttft_seconds_sum", model="sim", backend="r0", prompt_bucket="0-1k")
+    total = proxy.sample("prefixgate_ttft_seconds_sum", route="responses", model="sim", backend="r0", prompt_bucket="0-1k")
     assert total is not None and total > 0.15  # stamped at the delta: it includes the prefill wait
 
 
@@ -137,7 +130,7 @@ def test_unknown_history_makes_no_prediction(sim_factory, proxy_factory) -> None
     client.responses.create(model="sim", previous_response_id=previous, input="next", max_output_tokens=4)
     proxy.settle()
     assert proxy.services.prefix.processed == 0 and not proxy.services.prefix.predictions
-    assert proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="engine") > 0
+    assert proxy.sample("prefixgate_cached_tokens_total", route="responses", model="sim", tenant="acme", source="engine") > 0
 
 
 def test_dead_producing_replica_answers_the_engines_404(sim_factory, proxy_factory) -> None:
@@ -157,6 +150,8 @@ def test_dead_producing_replica_answers_the_engines_404(sim_factory, proxy_facto
 
 
 def test_midstream_death_ends_with_the_responses_error_event(sim_factory, proxy_factory) -> None:
+    """The error event continues the stream's numbering and is the openai SDK's
+    `ResponseErrorEvent` exactly (strict validation: `sequence_number` is required there)."""
     sim = sim_factory(replicas=1, time_scale=0.0)
     proxy = proxy_factory(sim)
     httpx.post(sim.urls[0] + "/sim/faults", json={"mode": "die_midstream", "after_chunks": 4})
@@ -164,13 +159,19 @@ def test_midstream_death_ends_with_the_responses_error_event(sim_factory, proxy_
                       json={"model": "sim", "input": "hello", "stream": True, "max_output_tokens": 8})
     body = resp.text
     assert "[DONE]" not in body and '"choices"' not in body
-    tail = body.rstrip("\n").rsplit("\n\n", 1)[-1]
-    assert tail.startswith("event: error\ndata: {\"type\":\"error\"")
-    assert '"code":"upstream_midstream"' in tail
+    events = body.rstrip("\n").split("\n\n")
+    assert events[-1].startswith("event: error\ndata: ")
+    error = json.loads(events[-1].split("data: ", 1)[1])
+    before = json.loads(events[-2].split("data: ", 1)[1])
+    assert error == {"code": "upstream_midstream", "message": error["message"], "param": None,
+                     "sequence_number": before["sequence_number"] + 1, "type": "error"}
+    assert list(error) == ["code", "message", "param", "sequence_number", "type"]  # the SDK model's field order
+    ResponseErrorEvent.model_validate(error, strict=True)
     client = client_for(proxy)
     httpx.post(sim.urls[0] + "/sim/faults", json={"mode": "die_midstream", "after_chunks": 4})
-    events, last = stream_once(client, input="hello", max_output_tokens=8)
-    assert last.type == "error" and last.code == "upstream_midstream"
+    events, last = stream_once(client, input="hello", max_output_tokens=8)  # the iteration ends cleanly
+    assert isinstance(last, ResponseErrorEvent) and last.code == "upstream_midstream"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
     assert proxy.sample("prefixgate_requests_total", route="responses", status="200") == 2
 
 
@@ -222,7 +223,7 @@ def test_rewrite_moves_the_instructions_timestamp_and_the_cache_hits(sim_factory
     ratio = sum(u.input_tokens_details.cached_tokens for u in warm) / sum(u.input_tokens for u in warm)
     if policy == "observe":
         assert ratio < 0.1
-        assert proxy.sample("prefixgate_hygiene_findings_total", tenant="acme", kind="dynamic_head") == 3
+        assert proxy.sample("prefixgate_hygiene_findings_total", route="responses", tenant="acme", kind="dynamic_head") == 3
     else:
         assert ratio > 0.9
         assert resp.headers["x-prefixgate-rewrites"].startswith("move_dynamic(1)")

@@ -88,7 +88,7 @@ def test_dashboard_layout_and_variables(path: Path) -> None:
     # every $variable an expression uses is defined on the dashboard
     for p in panels(d):
         for t in p.get("targets", []):
-            for name in ("model", "backend", "tenant"):
+            for name in ("route", "model", "backend", "tenant"):
                 if f"${name}" in t["expr"]:
                     assert name in variables, f"{p['title']} uses ${name}"
 

@@ -102,7 +102,7 @@ def test_prometheus_loaded_and_evaluated_every_rule(stack: tuple[RunningProxy, P
 def test_core_panels_show_the_traffic(stack: tuple[RunningProxy, Prometheus]) -> None:
     """Not just valid: the gateway's main panels have data from the proxy's real scrape."""
     _, prom = stack
-    wanted = {"Request rate", "TTFT p95 by prompt bucket", "Decisions by backend"}
+    wanted = {"Request rate", "TTFT p95 by prompt bucket", "TTFT p95 by route", "Decisions by backend"}
     for path in DASHBOARD_FILES:
         for p in load_dashboard(path)["panels"]:
             if p["title"] in wanted:
@@ -113,7 +113,7 @@ def test_core_panels_show_the_traffic(stack: tuple[RunningProxy, Prometheus]) ->
 
 
 def test_dashboard_variables_resolve(stack: tuple[RunningProxy, Prometheus]) -> None:
-    """The label_values() queries behind $model, $backend and $tenant find values."""
+    """The label_values() queries behind $route, $model, $backend and $tenant find values."""
     _, prom = stack
     seen = set()
     for path in DASHBOARD_FILES:
@@ -124,4 +124,4 @@ def test_dashboard_variables_resolve(stack: tuple[RunningProxy, Prometheus]) -> 
             values = prom.client.get(f"/api/v1/label/{label}/values", params={"match[]": metric}).json()
             assert values["status"] == "success" and values["data"], v["name"]
             seen.add(v["name"])
-    assert seen == {"model", "backend", "tenant"}
+    assert seen == {"route", "model", "backend", "tenant"}

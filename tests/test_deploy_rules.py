@@ -3,6 +3,7 @@ required alerts and texts, and the chart's copy in sync."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -32,19 +33,31 @@ def test_promtool_unit_tests_pass() -> None:
     run(tool("promtool"), "test", "rules", str(RULE_TESTS))
 
 
+def unit_tests_against(rules_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`promtool test rules` of the committed unit tests against another rule file's text."""
+    (tmp_path / "prefixgate-rules.yaml").write_text(rules_text)
+    tests_dir = tmp_path / "tests"
+    tests_dir.mkdir()
+    (tests_dir / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
+    return subprocess.run([tool("promtool"), "test", "rules", str(tests_dir / RULE_TESTS.name)],
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
     """A rule file whose TTFT threshold is raised above the test data must fail the unit tests."""
     broken = RULES.read_text().replace('prompt_bucket="0-1k"}[5m]))) > 1', 'prompt_bucket="0-1k"}[5m]))) > 5')
     assert broken != RULES.read_text()
-    (tmp_path / "prefixgate-rules.yaml").write_text(broken)
-    tests_dir = tmp_path / "tests"
-    tests_dir.mkdir()
-    (tests_dir / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
-    import subprocess
-
-    proc = subprocess.run([tool("promtool"), "test", "rules", str(tests_dir / RULE_TESTS.name)],
-                          capture_output=True, text=True, timeout=60)
+    proc = unit_tests_against(broken, tmp_path)
     assert proc.returncode != 0 and "PrefixgateTTFTP95High" in proc.stdout + proc.stderr
+
+
+def test_ttft_alert_sums_the_route_label_away(tmp_path: Path) -> None:
+    """The unit tests split each bucket's requests over two routes: a rule that kept `route`
+    would fire once per route (with a route label) and must fail them."""
+    per_route = RULES.read_text().replace("sum by (prompt_bucket, le)", "sum by (route, prompt_bucket, le)")
+    assert per_route != RULES.read_text()
+    proc = unit_tests_against(per_route, tmp_path)
+    assert proc.returncode != 0 and 'route="messages"' in proc.stdout + proc.stderr
 
 
 def test_every_required_alert_with_summary_description_runbook() -> None:

@@ -155,7 +155,7 @@ def test_reject_is_an_immediate_response_with_serves_body(sim_factory, epp_facto
     assert r.status == 400 == direct.status_code
     assert r.json() == direct.json() and r.json()["error"]["code"] == "dynamic_head"
     assert r.headers["x-prefixgate-hygiene"] == direct.headers["x-prefixgate-hygiene"]
-    assert epp.sample("prefixgate_rejections_total", tenant="strict", reason="dynamic_head") == 1
+    assert epp.sample("prefixgate_rejections_total", route="chat", tenant="strict", reason="dynamic_head") == 1
 
 
 def test_rewrite_reaches_the_replica_as_a_body_mutation(sim_factory, epp_factory):
@@ -169,7 +169,7 @@ def test_rewrite_reaches_the_replica_as_a_body_mutation(sim_factory, epp_factory
     forwarded = orjson.loads(r.forwarded)
     assert forwarded["messages"][0]["content"] == STATIC
     assert forwarded["messages"][1]["content"] == "Where?\n\n" + head.rstrip("\n")
-    assert epp.sample("prefixgate_rewrites_total", tenant="t1", kind="move_dynamic") == 1
+    assert epp.sample("prefixgate_rewrites_total", route="chat", tenant="t1", kind="move_dynamic") == 1
 
 
 def test_subset_hint_is_honoured_and_an_empty_or_foreign_subset_is_503(sim_factory, epp_factory):
@@ -269,7 +269,7 @@ def test_usage_is_observed_but_not_shown_to_a_client_that_did_not_ask(sim_factor
     assert r.status == 200
     assert orjson.loads(r.forwarded)["stream_options"] == {"include_usage": True}  # asked upstream
     assert b'"usage":{' not in r.body and r.body.rstrip().endswith(b"data: [DONE]")  # dropped for the client
-    assert (epp.sample("prefixgate_prompt_tokens_total", model="sim", tenant="quiet") or 0) > 1000
+    assert (epp.sample("prefixgate_prompt_tokens_total", route="chat", model="sim", tenant="quiet") or 0) > 1000
 
 
 def test_completions_and_buffered_answers_are_observed(sim_factory, epp_factory):
@@ -279,5 +279,5 @@ def test_completions_and_buffered_answers_are_observed(sim_factory, epp_factory)
     r = epp.run(lambda plane: plane.request("/v1/completions", body, {"x-tenant-id": "c"}))
     assert r.status == 200 and r.json()["object"] == "text_completion"
     prompt = r.json()["usage"]["prompt_tokens"]
-    assert epp.sample("prefixgate_prompt_tokens_total", model="sim", tenant="c") == prompt
+    assert epp.sample("prefixgate_prompt_tokens_total", route="completions", model="sim", tenant="c") == prompt
     assert epp.sample("prefixgate_requests_total", route="completions", status="200") == 1

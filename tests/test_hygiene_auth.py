@@ -53,7 +53,7 @@ def test_tenant_comes_from_the_key_not_the_header(keyed) -> None:
     assert spoof.usage.prompt_tokens_details.cached_tokens == 0
     again = chat(globex)
     assert again.usage.prompt_tokens_details.cached_tokens > 0
-    assert keyed.sample("prefixgate_prompt_tokens_total", model="sim", tenant="acme") == spoof.usage.prompt_tokens
+    assert keyed.sample("prefixgate_prompt_tokens_total", route="chat", model="sim", tenant="acme") == spoof.usage.prompt_tokens
 
 
 def test_keys_are_compared_in_constant_time(monkeypatch, keyed) -> None:
@@ -81,4 +81,4 @@ def test_without_keys_the_header_names_the_tenant(sim_factory, proxy_factory) ->
     proxy = proxy_factory(sim)
     client = openai.OpenAI(base_url=proxy.base_url, api_key="anything", max_retries=0)
     reply = chat(client, extra_headers={"x-tenant-id": "initech"})
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="initech") == reply.usage.prompt_tokens
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="sim", tenant="initech") == reply.usage.prompt_tokens

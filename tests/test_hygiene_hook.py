@@ -53,7 +53,7 @@ def test_observe_counts_and_forwards_the_original_bytes(fake_upstream_factory, p
     assert r.status_code == 200
     assert "x-prefixgate-hygiene" not in r.headers and "x-prefixgate-rewrites" not in r.headers
     assert orjson.loads(up.requests[0].body) == body
-    assert proxy.sample("prefixgate_hygiene_findings_total", tenant="t1", kind="dynamic_head") == 1
+    assert proxy.sample("prefixgate_hygiene_findings_total", route="chat", tenant="t1", kind="dynamic_head") == 1
 
 
 def test_warn_lists_findings_in_a_header(fake_upstream_factory, proxy_factory) -> None:
@@ -71,7 +71,7 @@ def test_warn_lists_findings_in_a_header(fake_upstream_factory, proxy_factory) -
     assert "x-prefixgate-hygiene" not in post(proxy, {"messages": messages(), "tools": tools}).headers
     varied = post(proxy, {"messages": messages(), "tools": tools[::-1]})
     assert varied.headers["x-prefixgate-hygiene"] == "tool_order(tools: order)"
-    assert proxy.sample("prefixgate_hygiene_findings_total", tenant="t1", kind="tool_order") == 1
+    assert proxy.sample("prefixgate_hygiene_findings_total", route="chat", tenant="t1", kind="tool_order") == 1
     # warn never changes the body: every request reached the engine with its own tools, in its order
     assert [orjson.loads(u.body).get("tools") for u in up.requests] == [None, None, tools, tools, tools[::-1]]
 
@@ -94,8 +94,8 @@ def test_rewrite_moves_sorts_and_reports(fake_upstream_factory, proxy_factory) -
     r = post(proxy, body)
     assert "x-prefixgate-rewrites" not in r.headers
     assert up.requests[1].body == orjson.dumps(body)
-    assert proxy.sample("prefixgate_rewrites_total", tenant="t1", kind="move_dynamic") == 1
-    assert proxy.sample("prefixgate_rewrites_total", tenant="t1", kind="sort_tools") == 1
+    assert proxy.sample("prefixgate_rewrites_total", route="chat", tenant="t1", kind="move_dynamic") == 1
+    assert proxy.sample("prefixgate_rewrites_total", route="chat", tenant="t1", kind="sort_tools") == 1
 
 
 def test_rewrite_leaves_unfixable_findings_in_the_hygiene_header(fake_upstream_factory, proxy_factory) -> None:
@@ -133,7 +133,7 @@ def test_reject_is_openai_shaped_and_explains_the_fix(fake_upstream_factory, pro
     assert "messages[0] line 1" in err["message"] and "Fix: move that line" in err["message"]
     assert info.value.response.headers["x-prefixgate-hygiene"].startswith("dynamic_head(")
     assert up.requests == []  # never forwarded
-    assert proxy.sample("prefixgate_rejections_total", tenant="strict", reason="dynamic_head") == 1
+    assert proxy.sample("prefixgate_rejections_total", route="chat", tenant="strict", reason="dynamic_head") == 1
     # a clean request of the strict tenant passes, and other tenants are only observed
     ok = client.chat.completions.create(model="fake", messages=messages(DECOY),
                                         extra_headers={"x-tenant-id": "strict"})
@@ -179,8 +179,8 @@ def test_rewrite_turns_misses_into_hits(sim_factory, proxy_factory) -> None:
     chunks = list(stream)
     assert all(c.usage is None for c in chunks)  # the client did not ask for usage
     proxy.settle()
-    prompt = proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="fixed")
-    cached = proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="fixed", source="engine")
+    prompt = proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="sim", tenant="fixed")
+    cached = proxy.sample("prefixgate_cached_tokens_total", route="chat", model="sim", tenant="fixed", source="engine")
     assert prompt and cached and cached / prompt > 0.6  # 3 requests, the first one cold
 
 
@@ -231,7 +231,7 @@ def test_client_salt_replaced(sim_factory, proxy_factory, monkeypatch) -> None:
     assert cached == 0 and headers["x-prefixgate-rewrites"] == "client_salt"
     prompt, cached, _ = sim_chat(client, "bob", "", extra_body={"cache_salt": "other-guess"})
     assert cached >= prompt - 16  # bob's own salt both times
-    assert proxy.sample("prefixgate_rewrites_total", tenant="bob", kind="client_salt") == 2
+    assert proxy.sample("prefixgate_rewrites_total", route="chat", tenant="bob", kind="client_salt") == 2
 
 
 def test_client_salt_rejected(fake_upstream_factory, proxy_factory, monkeypatch) -> None:
@@ -246,7 +246,7 @@ def test_client_salt_rejected(fake_upstream_factory, proxy_factory, monkeypatch)
     r = post(proxy, {"messages": messages()})
     sent = orjson.loads(up.requests[0].body)
     assert r.status_code == 200 and sent["cache_salt"].startswith("pg1-") and len(sent["cache_salt"]) <= 128
-    assert proxy.sample("prefixgate_rejections_total", tenant="t1", reason="client_salt") == 1
+    assert proxy.sample("prefixgate_rejections_total", route="chat", tenant="t1", reason="client_salt") == 1
 
 
 def test_isolation_without_secret_fails_loudly(proxy_factory, monkeypatch) -> None:

@@ -82,8 +82,8 @@ def test_prediction_equals_sim_cached_tokens(sim_factory, proxy_factory, policy:
     mismatched = [(t, p, d) for _, t, p, d in rows if p != d]
     assert not mismatched, mismatched
     assert sum(p for _, _, p, _ in rows) > 10_000  # the history really was reused
-    assert proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="predicted") == \
-        proxy.sample("prefixgate_cached_tokens_total", model="sim", tenant="acme", source="engine")
+    assert proxy.sample("prefixgate_cached_tokens_total", route="chat", model="sim", tenant="acme", source="predicted") == \
+        proxy.sample("prefixgate_cached_tokens_total", route="chat", model="sim", tenant="acme", source="engine")
     assert proxy.sample("prefixgate_fingerprint_mode", mode="exact") == 1.0
     assert proxy.sample("prefixgate_prefix_reuse_tokens_total", stage="delivered") > 0
     assert proxy.sample("prefixgate_prefix_reuse_tokens_total", stage="captured") > 0
@@ -126,7 +126,7 @@ def test_dynamic_head_tenant_vs_clean_tenant(sim_factory, proxy_factory) -> None
     assert ui.status_code == 200 and "/ui/app.js" in ui.text
     row = next(t for t in tenants["tenants"] if t["tenant"] == "clock")
     assert row["last_break"]["cause"] == "dynamic_head" and row["breaks_by_cause"] == {"dynamic_head": 4}
-    assert 'prefixgate_prefix_breaks_total{cause="dynamic_head",tenant="clock"} 4.0' in metrics
+    assert 'prefixgate_prefix_breaks_total{cause="dynamic_head",route="chat",tenant="clock"} 4.0' in metrics
     gauge = [ln for ln in metrics.splitlines() if ln.startswith('prefixgate_prefix_continuity_ratio{tenant="clock"}')]
     assert gauge and float(gauge[0].split()[-1]) < 0.05
     clean_gauge = [ln for ln in metrics.splitlines()

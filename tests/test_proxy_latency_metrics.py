@@ -44,11 +44,11 @@ def test_overhead_excludes_the_failed_attempt(fake_upstream_factory, proxy_facto
     elapsed = time.perf_counter() - t0
     assert r.status_code == 200 and r.headers["x-prefixgate-backend"] == "good"
     assert len(bad.requests) == 1 and elapsed >= SLOW  # the first attempt really cost SLOW seconds
-    overhead = proxy.sample("prefixgate_proxy_overhead_seconds_sum")
-    assert proxy.sample("prefixgate_proxy_overhead_seconds_count") == 1
+    overhead = proxy.sample("prefixgate_proxy_overhead_seconds_sum", route="chat")
+    assert proxy.sample("prefixgate_proxy_overhead_seconds_count", route="chat") == 1
     assert 0 < overhead < SLOW / 3, overhead  # the gateway's own work: parse, hooks, two routings
     # the client still waited for the failed attempt: first byte and TTFT count it
-    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", model="fake", backend="good")
+    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", route="chat", model="fake", backend="good")
     assert first_byte >= SLOW
 
 
@@ -57,7 +57,7 @@ def test_overhead_without_retries_is_arrival_to_send(fake_upstream_factory, prox
     proxy = proxy_factory([up.url])
     r = httpx.post(proxy.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30)
     assert r.status_code == 200
-    assert 0 < proxy.sample("prefixgate_proxy_overhead_seconds_sum") < 0.2
+    assert 0 < proxy.sample("prefixgate_proxy_overhead_seconds_sum", route="chat") < 0.2
 
 
 def test_non_stream_first_byte_is_the_first_body_byte(fake_upstream_factory, proxy_factory) -> None:
@@ -71,8 +71,8 @@ def test_non_stream_first_byte_is_the_first_body_byte(fake_upstream_factory, pro
     r = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
     assert r.status_code == 200 and r.content == payload
     assert time.perf_counter() - t0 >= SLOW
-    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", model="fake", backend="slow-body")
+    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", route="chat", model="fake", backend="slow-body")
     assert first_byte is not None and first_byte < SLOW / 2, first_byte
-    duration = proxy.sample("prefixgate_request_duration_seconds_sum", model="fake", backend="slow-body",
+    duration = proxy.sample("prefixgate_request_duration_seconds_sum", route="chat", model="fake", backend="slow-body",
                             status="200")
     assert duration >= SLOW

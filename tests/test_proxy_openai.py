@@ -39,10 +39,10 @@ def test_completions_stream_and_non_stream(proxy) -> None:
     chunks = list(c.completions.create(model="sim", prompt="Once upon a time", max_tokens=8, stream=True))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices)
     backends = proxy.services.replicas.names()
-    ttft = sum(proxy.sample("prefixgate_ttft_seconds_count", model="sim", backend=b, prompt_bucket="0-1k") or 0
-               for b in backends)
+    ttft = sum(proxy.sample("prefixgate_ttft_seconds_count", route="completions", model="sim", backend=b,
+                            prompt_bucket="0-1k") or 0 for b in backends)
     assert ttft == 1  # only the streamed request has a client-side TTFT
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="default") > 0
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="completions", model="sim", tenant="default") > 0
 
 
 def test_request_id_and_backend_headers(proxy) -> None:
@@ -62,9 +62,9 @@ def test_ttft_is_content_time_not_role_chunk(sim_factory, proxy_factory) -> None
     chunks = list(client(proxy).chat.completions.create(
         model="sim", messages=[{"role": "user", "content": prompt}], max_tokens=4, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant"
-    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", model="sim", backend="s0")
+    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", route="chat", model="sim", backend="s0")
     buckets = ("0-1k", "1k-4k")
-    ttft = sum(proxy.sample("prefixgate_ttft_seconds_sum", model="sim", backend="s0", prompt_bucket=b) or 0
+    ttft = sum(proxy.sample("prefixgate_ttft_seconds_sum", route="chat", model="sim", backend="s0", prompt_bucket=b) or 0
                for b in buckets)
     assert ttft > 0.25, ttft
     assert first_byte < ttft / 3, (first_byte, ttft)
@@ -76,8 +76,8 @@ def test_decode_rate_sane_with_batched_deltas(sim_factory, proxy_factory) -> Non
     proxy = proxy_factory(sim, names=["s0"])
     list(client(proxy).chat.completions.create(model="sim", messages=MESSAGES, max_tokens=48, stream=True,
                                                extra_body={"ignore_eos": True}))
-    count = proxy.sample("prefixgate_decode_tokens_per_second_count", model="sim", backend="s0")
-    total = proxy.sample("prefixgate_decode_tokens_per_second_sum", model="sim", backend="s0")
+    count = proxy.sample("prefixgate_decode_tokens_per_second_count", route="chat", model="sim", backend="s0")
+    total = proxy.sample("prefixgate_decode_tokens_per_second_sum", route="chat", model="sim", backend="s0")
     assert count == 1
     assert 50 < total < 200, total
 
@@ -117,7 +117,7 @@ def test_tenant_resolution_reaches_metrics(proxy, header, body_user, expected) -
     extra = {"user": body_user} if body_user else {}
     client(proxy).chat.completions.create(model="sim", messages=MESSAGES, max_tokens=2,
                                           extra_headers=header, **extra)
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant=expected) > 0
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="sim", tenant=expected) > 0
 
 
 def test_api_keys_required_and_define_the_tenant(sim, proxy_factory) -> None:
@@ -125,12 +125,12 @@ def test_api_keys_required_and_define_the_tenant(sim, proxy_factory) -> None:
     with pytest.raises(Exception) as info:
         client(proxy).chat.completions.create(model="sim", messages=MESSAGES, max_tokens=2)
     assert getattr(info.value, "status_code", None) == 401
-    assert proxy.sample("prefixgate_rejections_total", tenant="unauthenticated", reason="invalid_api_key") == 1
+    assert proxy.sample("prefixgate_rejections_total", route="chat", tenant="unauthenticated", reason="invalid_api_key") == 1
     good = OpenAI(base_url=proxy.base_url, api_key="sk-good", max_retries=0)
     good.chat.completions.create(model="sim", messages=MESSAGES, max_tokens=2,
                                  extra_headers={"x-tenant-id": "someone-else"})
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="paying") > 0
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="sim", tenant="someone-else") is None
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="sim", tenant="paying") > 0
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="sim", tenant="someone-else") is None
 
 
 def test_sglang_flavor_reasoning_counts_as_first_token(sim_factory, proxy_factory) -> None:
@@ -140,5 +140,5 @@ def test_sglang_flavor_reasoning_counts_as_first_token(sim_factory, proxy_factor
                                                         stream=True))
     deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
     assert any(getattr(d, "reasoning_content", None) for d in deltas)
-    assert proxy.sample("prefixgate_ttft_seconds_count", model="sim", backend="sg", prompt_bucket="0-1k") == 1
+    assert proxy.sample("prefixgate_ttft_seconds_count", route="chat", model="sim", backend="sg", prompt_bucket="0-1k") == 1
     assert proxy.sample("prefixgate_requests_total", route="chat", status="200") == 1

@@ -53,9 +53,9 @@ def test_stream_relayed_unchanged_and_usage_chunk_dropped(fake_upstream_factory,
     assert sent["stream_options"] == {"include_usage": True}
     assert up.requests[0].headers["x-request-id"] == "req-123"
     # usage from the dropped chunk still reached the metrics
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="fake", tenant="default") == 1500
-    assert proxy.sample("prefixgate_cached_tokens_total", model="fake", tenant="default", source="engine") == 1024
-    assert proxy.sample("prefixgate_ttft_seconds_count", model="fake", backend="fake-0", prompt_bucket="1k-4k") == 1
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="fake", tenant="default") == 1500
+    assert proxy.sample("prefixgate_cached_tokens_total", route="chat", model="fake", tenant="default", source="engine") == 1024
+    assert proxy.sample("prefixgate_ttft_seconds_count", route="chat", model="fake", backend="fake-0", prompt_bucket="1k-4k") == 1
 
 
 def test_client_asking_for_usage_gets_it_unchanged(fake_upstream_factory, proxy_factory) -> None:
@@ -84,9 +84,9 @@ def test_first_content_chunk_leaves_the_proxy_immediately(fake_upstream_factory,
     # free; the minimum shows the path adds ~1 ms at most, the median that nothing buffers chunks
     assert min(latencies) < 0.003, latencies
     assert statistics.median(latencies) < 0.015, latencies
-    ttft = proxy.sample("prefixgate_ttft_seconds_sum", model="fake", backend=proxy.services.replicas.names()[0],
+    ttft = proxy.sample("prefixgate_ttft_seconds_sum", route="chat", model="fake", backend=proxy.services.replicas.names()[0],
                         prompt_bucket="unknown")
-    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", model="fake",
+    first_byte = proxy.sample("prefixgate_upstream_first_byte_seconds_sum", route="chat", model="fake",
                               backend=proxy.services.replicas.names()[0])
     assert first_byte >= 0.15 and ttft >= first_byte
 
@@ -224,7 +224,7 @@ def test_non_stream_passes_json_and_records_usage(fake_upstream_factory, proxy_f
     r = httpx.post(proxy.url + "/v1/chat/completions", json={**CHAT, "stream": False}, timeout=30)
     assert r.status_code == 200 and r.json() == payload
     assert "stream_options" not in orjson.loads(up.requests[0].body)
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="fake", tenant="default") == 1500
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="fake", tenant="default") == 1500
 
 
 def test_passthrough_other_v1_paths(fake_upstream_factory, proxy_factory) -> None:
@@ -269,9 +269,9 @@ def test_fast_path_over_real_sockets_split_usage_and_tricky_text(fake_upstream_f
     _, received = stream_chunks(proxy.url, CHAT)
     assert b"".join(c for c, _ in received) == role() + token("a") + tricky + token("c") + sse(b"[DONE]")
     assert seen == ['a{"choices":[],"usage":{}}c']
-    assert proxy.sample("prefixgate_prompt_tokens_total", model="fake", tenant="default") == 1500
+    assert proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="fake", tenant="default") == 1500
     # gaps between the token reads only (2; 1 if a stall merged two reads), none for usage/[DONE]
-    assert 1 <= proxy.sample("prefixgate_inter_token_seconds_count", model="fake", backend="fake-0") <= 2
+    assert 1 <= proxy.sample("prefixgate_inter_token_seconds_count", route="chat", model="fake", backend="fake-0") <= 2
 
 
 def test_upstream_cookies_never_reach_other_clients(fake_upstream_factory, proxy_factory) -> None:

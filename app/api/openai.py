@@ -202,7 +202,7 @@ class OpenAIProxy:
         except Exception as exc:  # every failure becomes an OpenAI-shaped error response
             err = to_proxy_error(exc)
             if err.status == 401:
-                self.services.metrics.rejections.labels(UNAUTHENTICATED, err.code or "auth").inc()
+                self.services.metrics.rejections.labels(route or "passthrough", UNAUTHENTICATED, err.code or "auth").inc()
             if ctx is not None:
                 ctx.status = err.status
                 ctx.outcome = "client_error" if err.status < 500 else "upstream_error"

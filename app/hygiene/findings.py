@@ -29,6 +29,17 @@ Kinds (the values of the `kind` label of `prefixgate_hygiene_findings_total`):
   on /v1/chat/completions). Its `cch` changes on every request, so on an engine that keeps it
   (SGLang, older vLLM) nothing after it is ever reused; vLLM 0.32 drops it itself, but the
   finding stands: the client sends it either way (docs/agents-apis.md).
+- `inline_system` (/v1/messages): an inline system message (`role: "system"` inside `messages`)
+  that the engine merges into the leading system prompt, because the chat template requires
+  system-first ordering (vLLM 0.32 probes it; app/prefix/convert_messages.py mirrors it), with at
+  least `MIN_STATIC_AFTER` reusable characters after that head (the tools, which such templates
+  render after the system text, and the conversation before the last user message). Each new or
+  changed one changes the prompt's head, so everything after it is prefilled again; in place (a
+  template that accepts it) it would change only the tail. No rewrite fixes it.
+
+On /v1/messages every kind is found on the chat messages and tools the engine renders from the
+body (`convert_messages.chat_view`), named by where they came from in the client's body
+(`system line 3`, `messages[4]`): the same scan as chat, over what the engine really sees.
 
 Findings never carry prompt text: where (message index, line number) and which kinds.
 """
@@ -37,7 +48,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +69,7 @@ SCANNED_ROLES = ("system", "developer")
 DYNAMIC_HEAD = "dynamic_head"
 BILLING_HEADER = "billing_header"  # the value kind (Finding.detail) of Claude Code's billing header
 TOOL_ORDER = "tool_order"
+INLINE_SYSTEM = "inline_system"
 
 
 @dataclass(frozen=True)
@@ -79,8 +91,8 @@ class DynamicLine:
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # DYNAMIC_HEAD | TOOL_ORDER
-    where: str  # "messages[0] line 1" | "messages[0] line -1" (the last line) | "tools"
+    kind: str  # DYNAMIC_HEAD | TOOL_ORDER | INLINE_SYSTEM
+    where: str  # "messages[0] line 1" | "messages[0] line -1" (the last line) | "tools" | "system line 2"
     detail: str  # value kinds ("timestamp") or "order" / "key order" / "unsorted"
     line: DynamicLine | None = None
 
@@ -252,9 +264,29 @@ def billing_header_finding(body: dict[str, Any], route: str) -> Finding | None:
     return None
 
 
-def dynamic_findings(lines: Sequence[DynamicLine]) -> list[Finding]:
-    return [Finding(DYNAMIC_HEAD, f"messages[{ln.message}] line {ln.line_no}", ",".join(ln.kinds), ln)
+def dynamic_findings(lines: Sequence[DynamicLine], places: Mapping[int, str] | None = None) -> list[Finding]:
+    """One finding per dynamic line; `places` names a message index otherwise than
+    `messages[i]` (Messages: the client's body, not the converted messages)."""
+    return [Finding(DYNAMIC_HEAD, f"{(places or {}).get(ln.message, f'messages[{ln.message}]')} line {ln.line_no}",
+                    ",".join(ln.kinds), ln)
             for ln in lines]
+
+
+def reusable_after_head(view: Mapping[str, Any], tools_chars: int) -> int:
+    """Reusable characters after the leading system message of a chat body: the tools (rendered
+    after the system text) and the turns before the last user message."""
+    messages = view.get("messages")
+    if not isinstance(messages, list):
+        return tools_chars
+    return tools_chars + sum(content_chars(m) for m in messages[1:last_user_index(messages)])
+
+
+def inline_system_findings(merged: Sequence[int], reusable_after: int) -> list[Finding]:
+    """The `inline_system` findings of a Messages body whose inline system messages (`merged`,
+    their indexes) the engine merges into the head; none when nothing reusable follows it."""
+    if reusable_after < MIN_STATIC_AFTER:
+        return []
+    return [Finding(INLINE_SYSTEM, f"messages[{i}]", "merged into system") for i in merged]
 
 
 # ---------------------------------------------------------------------------- tools

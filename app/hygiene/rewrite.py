@@ -178,14 +178,19 @@ def apply_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine], opts: Rew
         if result is not None:
             body, moved = result
             kinds.append(MOVE_DYNAMIC)
-    if opts.canonical_json:
-        changed = canonical_json(body)
-        if changed is not None:
-            body = changed
-            kinds.append(CANONICAL_JSON)
-    if opts.sort_tools:
-        changed = sort_tools(body)
-        if changed is not None:
-            body = changed
-            kinds.append(SORT_TOOLS)
-    return RewriteResult(body, tuple(kinds), moved)
+    body, tool_kinds = tool_rewrites(body, opts)
+    return RewriteResult(body, (*kinds, *tool_kinds), moved)
+
+
+def tool_rewrites(body: dict[str, Any], opts: RewriteOptions) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The enabled tool rewrites (`canonical_json`, then `sort_tools`) of any body with a
+    top-level `tools` list (chat, Responses, Messages: `tool_name` reads each one's name)."""
+    kinds: list[str] = []
+    for enabled, rewrite, kind in ((opts.canonical_json, canonical_json, CANONICAL_JSON),
+                                   (opts.sort_tools, sort_tools, SORT_TOOLS)):
+        if enabled:
+            result = rewrite(body)
+            if result is not None:
+                body = result
+                kinds.append(kind)
+    return body, tuple(kinds)

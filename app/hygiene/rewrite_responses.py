@@ -15,14 +15,11 @@ from typing import Any
 
 from app.hygiene.findings import DynamicLine
 from app.hygiene.rewrite import (
-    CANONICAL_JSON,
     MOVE_DYNAMIC,
-    SORT_TOOLS,
     RewriteOptions,
     RewriteResult,
     _cut_lines,
-    canonical_json,
-    sort_tools,
+    tool_rewrites,
 )
 
 
@@ -69,11 +66,5 @@ def apply_responses_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine],
         if changed is not None:
             body, moved = changed, len(lines)
             kinds.append(MOVE_DYNAMIC)
-    for enabled, rewrite, kind in ((opts.canonical_json, canonical_json, CANONICAL_JSON),
-                                   (opts.sort_tools, sort_tools, SORT_TOOLS)):
-        if enabled:
-            result = rewrite(body)
-            if result is not None:
-                body = result
-                kinds.append(kind)
-    return RewriteResult(body, tuple(kinds), moved)
+    body, tool_kinds = tool_rewrites(body, opts)
+    return RewriteResult(body, (*kinds, *tool_kinds), moved)

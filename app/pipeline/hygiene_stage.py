@@ -7,12 +7,15 @@ salt.py). Per chat/completions/messages request:
    (the parsed body is not touched for it); a client's own `cache_salt` is replaced or refused.
    With isolation off a client salt passes through and still seeds the fingerprint.
 2. findings (app/hygiene/findings.py): Claude Code's billing header (chat and messages), bounded
-   scan of the system/developer heads and tool order (chat),
-   kept in `ctx.hygiene_findings` (the tracing stage lists their kinds on the span).
+   scan of the system/developer heads and tool order (chat, and Responses / Messages bodies as
+   the chat messages the engine renders from them), inline system messages the engine merges
+   into the head (messages), kept in `ctx.hygiene_findings` (the tracing stage lists their kinds
+   on the span).
 3. the tenant's policy (`tenants.default` / `tenants.overrides`):
    - observe: `prefixgate_hygiene_findings_total` only;
    - warn: + response header `x-prefixgate-hygiene` listing the findings;
-   - rewrite: the enabled rewrites (app/hygiene/rewrite.py), each counted in
+   - rewrite: the enabled rewrites (app/hygiene/rewrite.py; on Messages the billing header and
+     the tool rewrites only), each counted in
      `prefixgate_rewrites_total{kind}` and listed in `x-prefixgate-rewrites`; findings no rewrite
      fixed are still listed in `x-prefixgate-hygiene`;
    - reject: a finding means 400, OpenAI-shaped, saying what is wrong and how to fix it, counted in
@@ -23,18 +26,23 @@ rewrite changed it. Headers and metrics never carry prompt text.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from app.hygiene.findings import (
     BILLING_HEADER,
     DYNAMIC_HEAD,
+    INLINE_SYSTEM,
     TOOL_ORDER,
     Finding,
     LineClassifier,
     ToolOrderMemo,
+    ToolsSignature,
     billing_header_finding,
     dynamic_findings,
     dynamic_lines,
+    inline_system_findings,
+    reusable_after_head,
     tool_findings,
     tools_signature,
 )
@@ -47,9 +55,11 @@ from app.hygiene.rewrite import (
     RewriteResult,
     apply_rewrites,
     strip_billing_header,
+    tool_rewrites,
 )
 from app.hygiene.rewrite_responses import apply_responses_rewrites
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
+from app.prefix.convert_messages import chat_view, inline_system_indexes, system_sources
 from app.prefix.convert_responses import convert
 from app.proxy.context import ProxyError, RequestContext
 
@@ -76,6 +86,12 @@ def fix_message(finding: Finding) -> str:
                 f"{ln.static_after} characters of reusable prompt, so the engine's prefix cache misses "
                 "from there on, on every request. Fix: move that line below the static content "
                 "(e.g. append it to the last user message), or ask for the `rewrite` policy.")
+    if finding.kind == INLINE_SYSTEM:
+        return (f"{finding.where} is a system message inside the conversation; this model's chat template "
+                "requires system-first ordering, so the engine merges it into the leading system prompt and "
+                "each new or changed one changes the prompt's head: the tools and the whole conversation are "
+                "prefilled again. Fix: put such reminders in the user message text, or serve a chat template "
+                "that accepts system messages after the first turn.")
     if finding.kind == TOOL_ORDER:
         what = "are not sorted" if finding.detail == "unsorted" else \
             f"arrived in another {finding.detail} than in an earlier request with the same tools"
@@ -112,6 +128,10 @@ class HygieneStage:
                                       r.max_moved_lines)
         self.classifier = LineClassifier(hygiene.dynamic_patterns)
         self.tool_memo = ToolOrderMemo()
+        # whether the chat template needs system-first ordering (the engine then merges a Messages
+        # body's inline system messages into the head): the prefix stage's probe, set by
+        # app/server.py; without one, no merge is assumed
+        self.system_first: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
@@ -125,14 +145,14 @@ class HygieneStage:
         findings, lines = self._scan(ctx, responses_view(ctx.body) if responses else ctx.body)
         ctx.hygiene_findings = findings
         for kind in sorted({f.kind for f in findings}):
-            self.metrics.hygiene_findings.labels(tenant, kind).inc()
+            self.metrics.hygiene_findings.labels(ctx.route, tenant, kind).inc()
         policy = self.tenants.policy_for(ctx.tenant)
         if policy == "observe" or (not findings and policy != "rewrite"):
             return
         if policy == "warn":
             ctx.response_headers[HYGIENE_HEADER] = _header(findings)
         elif policy == "reject":
-            self._reject(findings, tenant)
+            self._reject(ctx.route, findings, tenant)
         elif policy == "rewrite":
             self._rewrite(ctx, tenant, findings, lines)
 
@@ -142,7 +162,7 @@ class HygieneStage:
         decision = decide_salt(client, self.salts(ctx.tenant) if self.salts else None,
                                self.client_salt_policy)
         if decision.action == "reject":
-            self.metrics.rejections.labels(tenant, CLIENT_SALT).inc()
+            self.metrics.rejections.labels(ctx.route, tenant, CLIENT_SALT).inc()
             raise ProxyError(400, "cache_salt is set by the gateway (per-tenant cache isolation); "
                                   "remove `cache_salt` from the request.",
                              param="cache_salt", code="cache_salt_not_allowed")
@@ -150,30 +170,51 @@ class HygieneStage:
             return  # the engine will refuse it with its own message; do not seed the chain with it
         ctx.salt = decision.salt  # app/pipeline/body.py puts it into the forwarded bytes
         if decision.action == "replace":
-            self.metrics.rewrites.labels(tenant, CLIENT_SALT).inc()
+            self.metrics.rewrites.labels(ctx.route, tenant, CLIENT_SALT).inc()
             _add(ctx.response_headers, REWRITES_HEADER, CLIENT_SALT)
 
     def _scan(self, ctx: RequestContext, body: dict[str, Any]) -> tuple[list[Finding], list[Any]]:
         billing = billing_header_finding(body, ctx.route)
-        if ctx.route == "messages":  # the billing header only (Messages bodies are not rewritten otherwise)
-            return ([billing] if billing else []), []
+        head = [billing] if billing else []
+        if ctx.route == "messages":
+            return head + self._scan_messages(ctx.tenant, body), []  # (its lines are the view's: never moved)
+        findings, lines, _ = self._scan_chat(ctx.tenant, body, skip_billing_line=billing is not None)
+        return head + findings, lines
+
+    def _scan_chat(self, tenant: str, body: dict[str, Any], skip_billing_line: bool = False,
+                   places: dict[int, str] | None = None) -> tuple[list[Finding], list[Any], ToolsSignature | None]:
+        """Dynamic lines and tool order of a chat body (`places`: names of its message indexes)."""
         tools = body.get("tools")
         sig = tools_signature(tools) if isinstance(tools, list) and tools else None
         lines = dynamic_lines(body, self.classifier, sig.chars if sig else 0)
-        if billing is not None:  # its line is the billing header's, never a line to move
+        if skip_billing_line:  # its line is the billing header's, never a line to move
             lines = [ln for ln in lines if not (ln.message == 0 and ln.line_no == 1)]
-        findings = ([billing] if billing else []) + dynamic_findings(lines)
+        findings = dynamic_findings(lines, places)
         if sig is not None:
-            findings += tool_findings(ctx.tenant, sig, self.tool_memo, self.flag_unsorted)
-        return findings, lines
+            findings += tool_findings(tenant, sig, self.tool_memo, self.flag_unsorted)
+        return findings, lines, sig
 
-    def _reject(self, findings: list[Finding], tenant: str) -> None:
+    def _scan_messages(self, tenant: str, body: dict[str, Any]) -> list[Finding]:
+        """A Messages body's findings, on the chat body the engine renders from it (billing
+        blocks dropped: that header is its own finding), named by their place in `body`."""
+        merge = self.system_first()
+        view = chat_view(body, strip_billing=True, merge_inline_system=merge)
+        system_at = [i for i, m in enumerate(view["messages"]) if m.get("role") == "system"]
+        places = dict(zip(system_at, system_sources(body, True, merge), strict=False))
+        findings, _, sig = self._scan_chat(tenant, view, places=places)
+        if merge:
+            findings += inline_system_findings(inline_system_indexes(body),
+                                               reusable_after_head(view, sig.chars if sig else 0))
+        return findings
+
+    def _reject(self, route: str, findings: list[Finding], tenant: str) -> None:
         first = findings[0]
         for reason in sorted({f.kind for f in findings}):
-            self.metrics.rejections.labels(tenant, reason).inc()
+            self.metrics.rejections.labels(route, tenant, reason).inc()
         message = "prefix-cache hygiene: " + " ".join(fix_message(f) for f in findings)
-        param = "tools" if first.kind == TOOL_ORDER else \
-            f"messages[{first.line.message}].content" if first.line else None
+        place = first.where.split(" line ")[0]
+        param = "tools" if first.kind == TOOL_ORDER else first.where if first.kind == INLINE_SYSTEM else \
+            (place if place == "system" else f"{place}.content") if first.line else None
         raise ProxyError(400, message, param=param, code=first.kind,
                          headers={HYGIENE_HEADER: _header(findings)})
 
@@ -184,7 +225,7 @@ class HygieneStage:
             if changed is not None:
                 body, stripped = changed, True
         if ctx.route == "messages":
-            result = RewriteResult(body, ())
+            result = RewriteResult(*tool_rewrites(body, self.options))
         elif ctx.route == "responses":
             result = apply_responses_rewrites(body, lines, self.options)
         else:
@@ -195,7 +236,7 @@ class HygieneStage:
             ctx.body = result.body
             ctx.body_changed = True
             for kind in result.kinds:
-                self.metrics.rewrites.labels(tenant, kind).inc()
+                self.metrics.rewrites.labels(ctx.route, tenant, kind).inc()
                 label = f"{kind}({result.moved_lines})" if kind == MOVE_DYNAMIC else kind
                 _add(ctx.response_headers, REWRITES_HEADER, label)
         left = [f for f in findings if not _fixed(f, result.kinds, self.options)]

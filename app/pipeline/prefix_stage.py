@@ -294,7 +294,7 @@ class PrefixStage:
         delivered = ctx.engine_cached_tokens
         model = ctx.model or "unknown"
         tenant = self.metrics.tenant_label(ctx.tenant)
-        self.metrics.cached_tokens.labels(model, tenant, "predicted").inc(predicted)
+        self.metrics.cached_tokens.labels(ctx.route, model, tenant, "predicted").inc(predicted)
         if isinstance(delivered, int) and delivered >= 0:
             self.metrics.reuse_tokens.labels(stage="delivered").inc(delivered)
             self.services.scraper.record_prediction(replica, predicted, delivered)
@@ -313,7 +313,7 @@ class PrefixStage:
         if obs.continuity is not None:
             self.metrics.continuity.labels(tenant).set(obs.continuity)
         if obs.diagnosis is not None and obs.diagnosis.cause is not None:
-            self.metrics.breaks.labels(tenant, obs.diagnosis.cause).inc()
+            self.metrics.breaks.labels(ctx.route, tenant, obs.diagnosis.cause).inc()
         evicted = self.tracker.evictions - self._evictions_seen
         if evicted > 0:
             self.metrics.tenant_evictions.inc(evicted)

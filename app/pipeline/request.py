@@ -161,7 +161,7 @@ class RequestPipeline:
         try:
             record_request(services.metrics, ctx, clock)  # 9
             if ctx.decision is not None and ctx.route != "passthrough":
-                services.metrics.prefill_tokens.labels(services.metrics.tenant_label(ctx.tenant)).observe(
+                services.metrics.prefill_tokens.labels(ctx.route, services.metrics.tenant_label(ctx.tenant)).observe(
                     ctx.decision.prefill_tokens)
         except Exception:
             log.exception("recording metrics failed")

@@ -182,6 +182,26 @@ def convert_messages(body: Mapping[str, Any], strip_billing: bool = True,
     return out
 
 
+def system_sources(body: Mapping[str, Any], strip_billing: bool = True,
+                   merge_inline_system: bool = False) -> list[str]:
+    """Where each system message of `convert_messages(body, ...)` comes from, in order:
+    "system" (the top-level `system`, with the inline ones merged into it) or "messages[i]" (an
+    inline system message left in place), so a finding about the converted messages can name
+    the place in the client's body."""
+    inline = inline_system_indexes(body, strip_billing)
+    leading = bool(_system_texts(body.get("system"), strip_billing)) or (merge_inline_system and bool(inline))
+    return (["system"] if leading else []) + ([] if merge_inline_system else [f"messages[{i}]" for i in inline])
+
+
+def inline_system_indexes(body: Mapping[str, Any], strip_billing: bool = True) -> list[int]:
+    """Indexes in `messages` of the inline system messages the engine keeps (some text left)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
+    return [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "system"
+            and _inline_system_text(m.get("content"), strip_billing)]
+
+
 _PROBE = [{"role": "system", "content": "t"}, {"role": "user", "content": "t"},
           {"role": "system", "content": "t"}, {"role": "user", "content": "t"}]
 

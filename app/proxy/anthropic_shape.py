@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from app.proxy.shape import Chunk
+from app.proxy.shape import Chunk, ParsedShape
 
 _DELTA_TEXT = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 _USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
@@ -69,23 +69,16 @@ def output_text(payload: dict[str, Any]) -> str | None:
                    if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str))
 
 
-class AnthropicShape:
+class AnthropicShape(ParsedShape):
     """One Messages stream's shape (one instance per stream: it merges usage across events)."""
 
-    __slots__ = ("byte_scans", "_usage")
+    __slots__ = ("_usage",)
 
     def __init__(self) -> None:
-        self.byte_scans = False
+        super().__init__()
         self._usage: dict[str, Any] = {}
 
-    def classify(self, data: bytes, event: str | None = None) -> Chunk:
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return Chunk(parsed=False)
-        if not isinstance(obj, dict):
-            return Chunk(parsed=False)
-        kind = obj.get("type") or event
+    def meaning(self, obj: dict[str, Any], kind: Any) -> Chunk:
         chunk = Chunk()
         if kind == "content_block_delta":
             delta = obj.get("delta")
@@ -117,15 +110,6 @@ class AnthropicShape:
 
     def certainly_empty(self, data: bytes) -> bool:
         return data == b'{"type":"ping"}'
-
-    def carries_generated(self, events: bytes) -> bool:
-        return b"content_block_delta" in events  # never consulted: byte_scans is False
-
-    def drop_usage(self, events: bytes) -> bytes:
-        return events  # the proxy never asks a Messages stream for extra usage events
-
-    def fold(self, events: bytes, want_text: bool) -> Chunk | None:
-        return None  # every event is parsed
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         message = str(error.get("message") or "upstream failed mid-stream")

@@ -24,7 +24,7 @@ from app.proxy.observer import StreamObserver
 from app.proxy.openai_shape import shape_for
 from app.proxy.record import child
 from app.proxy.relay import relay_buffered, relay_raw, relay_stream
-from app.proxy.responses_shape import RESPONSES_SHAPE
+from app.proxy.responses_shape import ResponsesShape
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
@@ -99,7 +99,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status < 400:
                 services.router.on_routed(request, decision)
             if mode == "stream" and resp.status == 200:
-                shape = (RESPONSES_SHAPE if ctx.route == "responses" else AnthropicShape() if ctx.route == "messages"
+                shape = (ResponsesShape() if ctx.route == "responses" else AnthropicShape() if ctx.route == "messages"
                          else shape_for(ctx.route))
                 observer = StreamObserver(shape, clock, drop_usage,
                                           collect_text=int(ctx.body.get("n") or 1) == 1)

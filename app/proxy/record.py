@@ -64,35 +64,36 @@ def status_label(ctx: RequestContext) -> str:
 
 def record_request(metrics: Metrics, ctx: RequestContext, clock: StreamClock) -> None:
     status = status_label(ctx)
-    child(metrics.requests, ctx.route, status).inc()
+    route = ctx.route
+    child(metrics.requests, route, status).inc()
     model = ctx.model or "unknown"
     backend = ctx.decision.replica.name if ctx.decision is not None else NO_BACKEND
     duration = clock.duration
     if duration is not None:
-        child(metrics.request_duration, model, backend, status).observe(duration)
+        child(metrics.request_duration, route, model, backend, status).observe(duration)
     if ctx.decision is None:
         return
     overhead = clock.overhead
     if overhead is not None:
-        metrics.proxy_overhead.observe(overhead)
+        child(metrics.proxy_overhead, route).observe(overhead)
     first_byte = clock.first_byte_latency
     if first_byte is not None:
-        child(metrics.first_byte, model, backend).observe(first_byte)
+        child(metrics.first_byte, route, model, backend).observe(first_byte)
     prompt_tokens = ctx.prompt_tokens
     ttft = clock.ttft
     if ttft is not None:
-        child(metrics.ttft, model, backend, prompt_bucket(prompt_tokens)).observe(ttft)
+        child(metrics.ttft, route, model, backend, prompt_bucket(prompt_tokens)).observe(ttft)
     if clock.gaps:
-        observe_many(child(metrics.inter_token, model, backend), clock.gaps)
+        observe_many(child(metrics.inter_token, route, model, backend), clock.gaps)
     usage = ctx.usage or {}
     output_text = ctx.output_text
     rate = clock.decode_rate(usage.get("completion_tokens"), len(output_text) if output_text else None)
     if rate is not None:
-        child(metrics.decode_rate, model, backend).observe(rate)
+        child(metrics.decode_rate, route, model, backend).observe(rate)
     ctx.content_chunks = clock.content_chunks
     if isinstance(prompt_tokens, int) and prompt_tokens > 0:
         tenant = metrics.tenant_label(ctx.tenant)
-        child(metrics.prompt_tokens, model, tenant).inc(prompt_tokens)
+        child(metrics.prompt_tokens, route, model, tenant).inc(prompt_tokens)
         cached = ctx.engine_cached_tokens
         if isinstance(cached, int) and cached >= 0:
-            child(metrics.cached_tokens, model, tenant, "engine").inc(cached)
+            child(metrics.cached_tokens, route, model, tenant, "engine").inc(cached)

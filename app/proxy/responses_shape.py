@@ -11,7 +11,9 @@ or `response.failed`, never with `data: [DONE]`; an engine error mid-stream is a
 The usage is mapped onto the chat names every metric reads (`prompt_tokens`,
 `completion_tokens`, `prompt_tokens_details.cached_tokens`); a member the engine did not send
 stays absent. Every event is parsed (`byte_scans = False`): a Responses stream carries its text in
-`"delta"` members whose meaning depends on the event type, so no byte scan is exact.
+`"delta"` members whose meaning depends on the event type, so no byte scan is exact. Parsing
+every event is also what lets the shape follow the stream's `sequence_number`, which the error
+event the gateway appends after a broken upstream continues; so there is one shape per stream.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from app.proxy.shape import Chunk
+from app.proxy.shape import Chunk, ParsedShape
 
 GENERATED_TYPES = frozenset({
     "response.output_text.delta", "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
@@ -62,22 +64,20 @@ def output_text(response: dict[str, Any]) -> str | None:
     return "".join(texts)
 
 
-class ResponsesShape:
-    """The one Responses stream shape (stateless: the observer keeps what a stream said)."""
+class ResponsesShape(ParsedShape):
+    """One Responses stream's shape (one instance per stream: it follows the stream's
+    `sequence_number`s, which the error event it may have to append continues)."""
 
-    __slots__ = ("byte_scans",)
+    __slots__ = ("_next_sequence",)
 
     def __init__(self) -> None:
-        self.byte_scans = False
+        super().__init__()
+        self._next_sequence = 0  # the number the next event takes
 
-    def classify(self, data: bytes, event: str | None = None) -> Chunk:
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return Chunk(parsed=False)
-        if not isinstance(obj, dict):
-            return Chunk(parsed=False)
-        kind = obj.get("type") or event
+    def meaning(self, obj: dict[str, Any], kind: Any) -> Chunk:
+        seq = obj.get("sequence_number")
+        # vLLM numbers its events 0, 1, 2, ...; a stream without numbers is counted instead
+        self._next_sequence = seq + 1 if isinstance(seq, int) and not isinstance(seq, bool) else self._next_sequence + 1
         chunk = Chunk()
         if kind in GENERATED_TYPES:
             delta = obj.get("delta")
@@ -101,24 +101,10 @@ class ResponsesShape:
             chunk.error = err if isinstance(err, dict) else {"message": str(err)}
         return chunk
 
-    def certainly_empty(self, data: bytes) -> bool:
-        return False
-
-    def carries_generated(self, events: bytes) -> bool:  # never called: byte_scans is False
-        return False
-
-    def drop_usage(self, events: bytes) -> bytes:
-        return events  # usage rides on response.completed: nothing to drop
-
-    def fold(self, events: bytes, want_text: bool) -> Chunk | None:
-        return None
-
     def error_event(self, error: dict[str, Any]) -> bytes:
-        """The Responses API's own error event (what vLLM streams for a generation error and the
-        openai SDK yields as `ResponseErrorEvent`): no `[DONE]` follows."""
-        payload = {"type": "error", "code": error.get("code"), "message": error.get("message", ""),
-                   "param": error.get("param")}
+        """The Responses API's error event, as the openai SDK's `ResponseErrorEvent` defines it
+        (its fields in its order), numbered after the last event the client got; no `[DONE]`
+        follows (docs/agents-responses.md: what vLLM 0.32 itself does there)."""
+        payload = {"code": error.get("code"), "message": error.get("message", ""), "param": error.get("param"),
+                   "sequence_number": self._next_sequence, "type": "error"}
         return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-
-RESPONSES_SHAPE = ResponsesShape()

@@ -5,13 +5,15 @@ what one API's events mean. OpenAI chat and completions (what vLLM and SGLang se
 docs/sse.md) are app/proxy/openai_shape.py. Another API with another stream shape (`event:` lines,
 no `[DONE]`, its own error event) plugs in as another `StreamShape`, without touching the relay or
 the observer; a shape whose bytes cannot be scanned exactly sets `byte_scans = False` and gets every
-event parsed.
+event parsed: `ParsedShape` is that kind's common part (the Responses and Messages shapes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import orjson
 
 
 @dataclass(slots=True)
@@ -58,3 +60,39 @@ class StreamShape(Protocol):
     def error_event(self, error: dict[str, Any]) -> bytes:
         """The bytes that end a stream the upstream broke: the error event, then the end marker."""
         ...
+
+
+class ParsedShape:
+    """The common part of a shape whose every event is parsed (`byte_scans = False`: the
+    observer never byte-scans it, so the byte checks below are never consulted): the event's
+    JSON object and its type (the `type` member, else the `event:` name) go to `meaning`."""
+
+    __slots__ = ("byte_scans",)
+
+    def __init__(self) -> None:
+        self.byte_scans = False
+
+    def classify(self, data: bytes, event: str | None = None) -> Chunk:
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return Chunk(parsed=False)
+        if not isinstance(obj, dict):
+            return Chunk(parsed=False)
+        return self.meaning(obj, obj.get("type") or event)
+
+    def meaning(self, obj: dict[str, Any], kind: Any) -> Chunk:
+        """What one parsed event means (the shape's own vocabulary)."""
+        raise NotImplementedError
+
+    def certainly_empty(self, data: bytes) -> bool:
+        return False
+
+    def carries_generated(self, events: bytes) -> bool:
+        return False
+
+    def drop_usage(self, events: bytes) -> bytes:
+        return events  # the proxy never asks these APIs for extra usage events: nothing to drop
+
+    def fold(self, events: bytes, want_text: bool) -> Chunk | None:
+        return None

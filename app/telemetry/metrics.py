@@ -1,9 +1,15 @@
-"""Every prefixgate metric, defined once. Names and labels are contracts (ARCHITECTURE.md):
+"""Every prefixgate metric, defined once. Names and labels are contracts (the README's Metrics section):
 dashboards, alert rules and the Helm chart read them. Each app instance owns a registry so that
 several proxies in one test process do not collide.
 
 Privacy: no label ever carries prompt text. Tenant labels go through `TenantLabels`, which folds
 tenants beyond the configured cap into `other` so cardinality stays bounded.
+
+The `route` label: every metric a request records for itself (latency, tokens, hygiene, breaks,
+predicted prefill) carries the API route it came through, one of `ROUTE_LABELS` (the values
+`prefixgate_requests_total` has always used), so an agent API's TTFT or hit ratio reads apart from
+chat's. Metrics about replicas (routing decisions, upstream errors, engine gauges), the reuse
+funnel the router counts, and per-tenant state (continuity) have none.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30
 DECODE_RATE_BUCKETS = (1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 
 OTHER_TENANT = "other"
+# the values of the `route` label: app/api/openai.py ROUTES' names, and passthrough for any other /v1 path
+ROUTE_LABELS = ("chat", "completions", "responses", "messages", "passthrough")
 
 
 def prompt_bucket(prompt_tokens: int | None) -> str:
@@ -82,30 +90,30 @@ class Metrics:
             "prefixgate_ttft_seconds",
             "Client-side time to first token: request arrival at the proxy to the first chunk "
             "carrying generated text (role-only and empty chunks excluded).",
-            ["model", "backend", "prompt_bucket"], buckets=TTFT_BUCKETS, registry=r)
+            ["route", "model", "backend", "prompt_bucket"], buckets=TTFT_BUCKETS, registry=r)
         self.first_byte = Histogram(
             "prefixgate_upstream_first_byte_seconds",
             "Arrival to the first response body byte from the replica that answered (status < 400; "
             "streams: the role chunk, about the engine's first token). Includes failed attempts.",
-            ["model", "backend"], buckets=TTFT_BUCKETS, registry=r)
+            ["route", "model", "backend"], buckets=TTFT_BUCKETS, registry=r)
         self.request_duration = Histogram(
             "prefixgate_request_duration_seconds",
             "End-to-end request time at the proxy, by outcome.",
-            ["model", "backend", "status"], buckets=DURATION_BUCKETS, registry=r)
+            ["route", "model", "backend", "status"], buckets=DURATION_BUCKETS, registry=r)
         self.inter_token = Histogram(
             "prefixgate_inter_token_seconds",
             "Gaps between consecutive content chunks of a stream.",
-            ["model", "backend"], buckets=ITL_BUCKETS, registry=r)
+            ["route", "model", "backend"], buckets=ITL_BUCKETS, registry=r)
         self.decode_rate = Histogram(
             "prefixgate_decode_tokens_per_second",
             "Per-request decode rate: usage.completion_tokens over the decode span "
             "(first to last content chunk); immune to servers that batch deltas.",
-            ["model", "backend"], buckets=DECODE_RATE_BUCKETS, registry=r)
+            ["route", "model", "backend"], buckets=DECODE_RATE_BUCKETS, registry=r)
         self.proxy_overhead = Histogram(
             "prefixgate_proxy_overhead_seconds",
             "The gateway's own time before the request went out: arrival to the last attempt's send, "
             "minus the time failed attempts spent on their replicas.",
-            buckets=OVERHEAD_BUCKETS, registry=r)
+            ["route"], buckets=OVERHEAD_BUCKETS, registry=r)
         self.requests = Counter(
             "prefixgate_requests_total", "Requests received, by route and HTTP status.",
             ["route", "status"], registry=r)
@@ -113,12 +121,12 @@ class Metrics:
         # --- tokens and prefix reuse ---
         self.prompt_tokens = Counter(
             "prefixgate_prompt_tokens_total", "Prompt tokens (engine usage).",
-            ["model", "tenant"], registry=r)
+            ["route", "model", "tenant"], registry=r)
         self.cached_tokens = Counter(
             "prefixgate_cached_tokens_total",
             "Prompt tokens served from the prefix cache: source=engine (usage.cached_tokens) "
             "or predicted (the proxy's own block model).",
-            ["model", "tenant", "source"], registry=r)
+            ["route", "model", "tenant", "source"], registry=r)
         self.reuse_tokens = Counter(
             "prefixgate_prefix_reuse_tokens_total",
             "Reusable prompt tokens: available (cached anywhere in the fleet), captured (predicted "
@@ -133,7 +141,7 @@ class Metrics:
             "Prefix chain breaks by diagnosed cause "
             "(dynamic_head, tool_order, front_trim, template_change, history_edit, question_first; "
             "new_session counts new conversations, not breaks).",
-            ["tenant", "cause"], registry=r)
+            ["route", "tenant", "cause"], registry=r)
         self.tenant_evictions = Counter(
             "prefixgate_tenant_history_evictions_total",
             "Tenants or chains dropped from the bounded continuity history.", registry=r)
@@ -214,13 +222,13 @@ class Metrics:
             "prefixgate_backend_inflight_requests", "Requests the proxy has in flight per backend.",
             ["backend"], registry=r)
         self.rewrites = Counter(
-            "prefixgate_rewrites_total", "Hygiene rewrites applied, by kind.", ["tenant", "kind"], registry=r)
+            "prefixgate_rewrites_total", "Hygiene rewrites applied, by kind.", ["route", "tenant", "kind"], registry=r)
         self.rejections = Counter(
             "prefixgate_rejections_total", "Requests rejected by hygiene or auth, by reason.",
-            ["tenant", "reason"], registry=r)
+            ["route", "tenant", "reason"], registry=r)
         self.hygiene_findings = Counter(
             "prefixgate_hygiene_findings_total", "Hygiene findings by kind (any policy).",
-            ["tenant", "kind"], registry=r)
+            ["route", "tenant", "kind"], registry=r)
         self.state_backend_up = Gauge(
             "prefixgate_state_backend_up", "1 when the shared state backend (Redis) is reachable; "
             "1 for the in-memory store.", registry=r)
@@ -255,7 +263,7 @@ class Metrics:
             "Predicted uncached prompt tokens of each routed request (prompt minus the prefix "
             "predicted resident on the chosen replica; the size estimate while the fingerprint is "
             "pending): the prefill the engine has to do.",
-            ["tenant"], buckets=PREFILL_TOKEN_BUCKETS, registry=r)
+            ["route", "tenant"], buckets=PREFILL_TOKEN_BUCKETS, registry=r)
         self.admission_rejections = Counter(
             "prefixgate_admission_rejections_total",
             "Requests refused by admission: reason=requests_per_s | prompt_tokens_per_min | "

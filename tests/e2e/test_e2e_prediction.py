@@ -57,7 +57,7 @@ def test_scripted_conversations_predicted_exactly(e2e_proxy: Any, vllm_replica: 
     assert [predicted.get(r.request_id) for r in records] == hits
     # the contract metric carries the same numbers (summed over tenants)
     for source in ("predicted", "engine"):
-        total = sum(proxy.sample("prefixgate_cached_tokens_total", model="tiny", tenant=r, source=source) or 0
+        total = sum(proxy.sample("prefixgate_cached_tokens_total", route="chat", model="tiny", tenant=r, source=source) or 0
                     for r in {rec.tenant for rec in records})
         assert total == sum(hits), source
 

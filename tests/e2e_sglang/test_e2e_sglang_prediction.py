@@ -46,6 +46,6 @@ def test_predicted_and_simulated_equal_sglang_cached_tokens(e2e_proxy: Any, sgla
     assert proxy.sample("prefixgate_engine_block_size_tokens", backend=sglang_replica.name) == float(page_size)
     # the contract metric carries the same numbers (summed over tenants)
     for source in ("predicted", "engine"):
-        total = sum(proxy.sample("prefixgate_cached_tokens_total", model="tiny", tenant=t, source=source) or 0
+        total = sum(proxy.sample("prefixgate_cached_tokens_total", route="chat", model="tiny", tenant=t, source=source) or 0
                     for t in {rec.tenant for rec in records})
         assert total == sum(c or 0 for c in cached), source

@@ -29,10 +29,12 @@ def alert(name, labels, **values):
 
 S = 'prefixgate_'
 tests = []
-# --- TTFT p95 per bucket
+# --- TTFT p95 per bucket, each bucket's requests split over two routes: one alert per bucket
+# (the rule sums the routes away), none per route
 tests.append({'interval': '1m', 'input_series': [
-    {'series': f'{S}ttft_seconds_bucket{{prompt_bucket="{b}",le="{le}",instance="p1"}}', 'values': v}
-    for b in ('0-1k', '4k-16k') for le, v in (('1', '0x30'), ('2', '0+10x30'), ('+Inf', '0+10x30'))],
+    {'series': f'{S}ttft_seconds_bucket{{route="{r}",prompt_bucket="{b}",le="{le}",instance="p1"}}', 'values': v}
+    for b in ('0-1k', '4k-16k') for r in ('chat', 'messages')
+    for le, v in (('1', '0x30'), ('2', '0+5x30'), ('+Inf', '0+5x30'))],
   'alert_rule_test': [
     {'eval_time': '10m', 'alertname': 'PrefixgateTTFTP95High', 'exp_alerts': []},
     {'eval_time': '25m', 'alertname': 'PrefixgateTTFTP95High', 'exp_alerts': [
@@ -66,9 +68,10 @@ tests.append({'interval': '1m', 'input_series': [
         alert('PrefixgatePrefixCachingDisabled', {'backend': 'a'})]}]})
 # --- continuity breaks: t1 spikes after 70m; t2 is steady; t3 only starts new sessions
 tests.append({'interval': '1m', 'input_series': [
-    {'series': f'{S}prefix_breaks_total{{tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0x69 10+10x50'},
-    {'series': f'{S}prefix_breaks_total{{tenant="t2",cause="tool_order",instance="p1"}}', 'values': '0+6x120'},
-    {'series': f'{S}prefix_breaks_total{{tenant="t3",cause="new_session",instance="p1"}}', 'values': '0x69 10+10x50'},
+    {'series': f'{S}prefix_breaks_total{{route="messages",tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0x69 5+5x50'},
+    {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0x69 5+5x50'},
+    {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t2",cause="tool_order",instance="p1"}}', 'values': '0+6x120'},
+    {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t3",cause="new_session",instance="p1"}}', 'values': '0x69 10+10x50'},
   ], 'alert_rule_test': [
     {'eval_time': '60m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': []},
     {'eval_time': '95m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': [
