@@ -11,8 +11,9 @@ whole prompt instead.
 
 Within a segment, tokenisation is incremental (docs/engine-hashing.md, "Incremental
 tokenisation"): a long segment is encoded as pieces cut at *safe cuts*, positions no pre-token of
-the tokenizer can span (`CUT_RE`: after a lone newline between two non-space characters, or
-before the last space of an indentation run), so its ids are the concatenation of the pieces'. The memo keeps, per long segment, the char offset
+the tokenizer can span (`CUT_RE`: after a lone newline between two non-space characters, before
+the last space of an indentation run, or inside a line before " word"), so its ids are the
+concatenation of the pieces'. The memo keeps, per long segment, the char offset
 and token index of each cut (`Cuts`); a new segment that shares a head with a memoised one (a
 100 KB document whose last line changed) reuses the ids up to the last shared cut and encodes only
 the tail. Whether the cut rule holds for a tokenizer is verified at load (`incremental`), like
@@ -48,12 +49,14 @@ APPROX_CHARS = 4  # approx mode: one pseudo-token per 4 characters
 Ids = array  # array('I') of token ids
 
 # Incremental tokenisation (see the module docstring). A safe cut is the end of a match of CUT_RE,
-# either rule: (1) after a "\n" with a non-space character on each side (Python's \s is a superset
-# of the Unicode White_Space the tokenizers' regexes use, so \S is non-space for them too); (2)
-# before the last space of a whitespace run that an ASCII letter follows (code indentation), where
-# the run's pre-token ends and " word" begins. Why these are pre-token boundaries whatever follows
-# or precedes: docs/engine-hashing.md.
-CUT_RE = re.compile(r"\S\n(?=\S)|[ \t\n](?= [A-Za-z])")
+# one of three rules: (1) after a "\n" with a non-space character on each side (Python's \s is a
+# superset of the Unicode White_Space the tokenizers' regexes use, so \S is non-space for them
+# too); (2) before the last space of a whitespace run that an ASCII letter follows (code
+# indentation), where the run's pre-token ends and " word" begins; (3) inside a line, before a
+# single space and an ASCII letter after a non-space character (prose: "alpha| beta"), where no
+# pre-token can take the space from the left and " beta" starts one. Why these are pre-token
+# boundaries whatever follows or precedes: docs/engine-hashing.md.
+CUT_RE = re.compile(r"\S\n(?=\S)|(?:\S|[ \t\n])(?= [A-Za-z])")
 CUT_STRIDE = 1024  # chars between two recorded cuts (at least): the tail re-encoded on reuse
 INCREMENTAL_MIN_CHARS = 4 * CUT_STRIDE  # shorter segments are encoded whole and not indexed
 HEAD_CHARS = 256  # a long segment is indexed by its first HEAD_CHARS chars
@@ -282,7 +285,8 @@ class SegmentTokenizer:
             if tid is not None:
                 self._special_ids[s] = tid
         self.segmented = verify_segmentation(self)
-        self.incremental = self.segmented and verify_cuts(self)
+        self.incremental = self.segmented and not _added_tokens_span_cuts(tokenizer, self.splitter) \
+            and verify_cuts(self)
 
     @classmethod
     def load(cls, path: str | Path | None = None, memo_bytes: int = DEFAULT_MEMO_BYTES,
@@ -344,8 +348,9 @@ class SegmentTokenizer:
             if prev == segment:
                 continue
             shared = common_prefix_len(prev, segment)
-            # a cut c is shared when segment[c-2:c+1] == prev[c-2:c+1]: c < shared
-            j = bisect_right(cuts.chars, shared - 1)
+            # a cut c is safe in both when the characters that decide it are shared: the match
+            # before c and the look-ahead after it (" a" for rules 2 and 3), so c + 2 <= shared
+            j = bisect_right(cuts.chars, shared - 2)
             if j and (best is None or cuts.chars[j - 1] > best.chars):
                 best = Reuse(prev, ids, cuts.chars[j - 1], cuts.toks[j - 1], j)
                 if len(segment) - best.chars <= 2 * CUT_STRIDE:
@@ -498,7 +503,8 @@ def verify_segmentation(st: SegmentTokenizer) -> bool:
 
 _CUT_PROBE = (
     "def f(x):\n    return x\nprint(1)\n\nclass A:\n pass\n's\n's'\n123\n456\nÜber\n中文\n"
-    "a.\nb!\n?x\n\n\ny\n \nz\n\tq\n--\n++\n  indented\nend"
+    "a.\nb!\n?x\n\n\ny\n \nz\n\tq\n--\n++\n  indented\nend\n"
+    "prose one, two. three 4 five it's x' y é b) if = foo 中 文 a  b\tc end"
 )
 
 
@@ -509,6 +515,15 @@ def pieces_match(st: SegmentTokenizer, text: str, cuts: Sequence[int]) -> bool:
     for a, b in zip(bounds, bounds[1:], strict=False):
         joined.extend(st.encode(text[a:b]))
     return joined == st.encode(text)
+
+
+def _added_tokens_span_cuts(tokenizer: Tokenizer, splitter: SegmentSplitter) -> bool:
+    """Whether an added token the splitter does not split out contains whitespace. Added tokens
+    are matched in the raw text before pre-tokenisation, and every safe cut has whitespace on one
+    side, so only such a token can cover a cut (a probe text would not find it)."""
+    specials = set(splitter.specials)
+    return any(t.content not in specials and any(ch.isspace() for ch in t.content)
+               for t in tokenizer.get_added_tokens_decoder().values())
 
 
 def verify_cuts(st: SegmentTokenizer) -> bool:
