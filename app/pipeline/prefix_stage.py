@@ -160,6 +160,7 @@ class PrefixStage:
             log.debug("no fingerprint for %s", ctx.request_id, exc_info=True)
             return
         await self._wait_for_predecessor(fp)
+        self.fingerprinter.admit(fp)  # a cold prompt past the pool's budget: approx, not queued
         ctx.fingerprint = fp
         self.metrics.fingerprint_requests.labels(routed_mode(fp)).inc()
         state = ctx.prefix = PrefixStageState(inp, len(fp.block_hashes), fp.complete)
@@ -169,6 +170,7 @@ class PrefixStage:
         key = fp.pending.key()
         task = asyncio.get_running_loop().create_task(self._early(ctx, fp))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        task.add_done_callback(lambda _t: self.fingerprinter.release(fp))
         state.pending = task
         if key is not None:
             self._pending[key] = task
@@ -269,6 +271,8 @@ class PrefixStage:
         replica = ctx.decision.replica.name  # type: ignore[union-attr]
         fp = await self.fingerprinter.complete(fp, state.pending if state is not None else None)
         n = fp.num_tokens or 0
+        if not fp.complete and fp.mode == "approx":  # a cold prompt past the pool's budget
+            n = ctx.prompt_tokens if isinstance(ctx.prompt_tokens, int) else fp.estimated_tokens
         b = fp.block_size
         chain = fp.block_hashes
         matched = state.matched if state is not None else None

@@ -40,6 +40,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
+from app.prefix.pool import ColdPool
 from app.prefix.template import ChatTemplate, load_chat_template
 
 DEFAULT_MEMO_BYTES = 128 * 1024 * 1024
@@ -266,6 +267,9 @@ class TokenMemo:
     def __len__(self) -> int:
         return len(self._data)
 
+    def __contains__(self, segment: object) -> bool:
+        return segment in self._data
+
 
 class SegmentTokenizer:
     """A `tokenizers.Tokenizer` plus its chat template, splitter, memo and worker pool."""
@@ -276,6 +280,8 @@ class SegmentTokenizer:
         self.tokenizer = tokenizer
         self.template = template
         self.source = source
+        self.tokenizer_json: Path | None = None  # where `load` read it (a cold-prompt pool reloads it)
+        self.cold: ColdPool | None = None  # cold tokenisations in a process pool (app/prefix/pool.py)
         self.splitter = SegmentSplitter(specials)
         self.memo = TokenMemo(memo_bytes)
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="prefixgate-tok")
@@ -304,11 +310,28 @@ class SegmentTokenizer:
         for added in tokenizer.get_added_tokens_decoder().values():
             if added.special:
                 specials.append(added.content)
-        return cls(tokenizer, template, specials, memo_bytes, workers,
-                   source=str(directory) if path is not None else "default")
+        out = cls(tokenizer, template, specials, memo_bytes, workers,
+                  source=str(directory) if path is not None else "default")
+        out.tokenizer_json = directory / "tokenizer.json"
+        return out
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.cold is not None:
+            self.cold.close()
+
+    def known(self, segment: str) -> bool:
+        """Whether the ids of `segment` are at hand without encoding (no LRU touch, no count)."""
+        return segment in self._special_ids or segment in self.memo
+
+    def new_chars(self, segments: Sequence[str]) -> int:
+        """Characters `encode_segments` would tokenise: unknown segments past their reusable head."""
+        total = 0
+        for seg in segments:
+            if not self.known(seg):
+                reuse = self.reuse(seg)
+                total += len(seg) - (reuse.chars if reuse is not None else 0)
+        return total
 
     # ------------------------------------------------------------------ encoding
     def split(self, text: str) -> list[str]:
@@ -410,9 +433,11 @@ class SegmentTokenizer:
             jobs.append((i, start, cuts, reuse, len(texts)))
             texts.extend(self._split_at(seg, start, cuts))
         if jobs:
-            # encode_batch releases the GIL (plain encode holds it for the whole call, which would
-            # stall the event loop's relay for ~0.5 s per MB); it also parallelises the pieces
-            encoded = self.encode_many(texts)
+            # in the cold-prompt process pool when there is one (app/prefix/pool.py); else
+            # encode_batch, which releases the GIL (plain encode holds it for the whole call, which
+            # would stall the event loop's relay for ~0.5 s per MB) and parallelises the pieces
+            cold = self.cold is not None and sum(map(len, texts)) >= self.cold.min_chars
+            encoded = self.cold.encode(texts) if cold and self.cold is not None else self.encode_many(texts)
             for i, start, cuts, reuse, first in jobs:
                 ids, memo_cuts = self._assemble(segments[i], start, cuts,
                                                 encoded[first:first + len(cuts) + 1], reuse)
