@@ -158,3 +158,18 @@ def test_probe_skip_finds_the_same_realignment(words: list[str], cut: float, cut
     for cur in (prev[:a] + "".join(insert) + prev[a:], prev[:a] + prev[b:], prev[:a] + "".join(insert) + prev[b:]):
         d = min(a, len(cur) - 1)
         assert find_realignment(prev, cur, d, material) == _realignment_per_anchor(prev, cur, d, material)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=1500), a=st.integers(0, 1500), b=st.integers(0, 1500),
+       before=st.one_of(st.none(), st.text(max_size=700)))
+def test_span_key_is_the_key_of_the_joined_text(text: str, a: int, b: int, before: str | None) -> None:
+    # turn keys are stored in the Store and compared across pods: the same value as before, uncopied
+    import hashlib
+
+    from app.prefix.diagnose import KEY_SIZE, span_key
+
+    start, end = sorted((min(a, len(text)), min(b, len(text))))
+    joined = text[start:end] if before is None else f"{before}\x01{text[start:end]}"
+    raw = f"user\x00{len(joined)}\x00{joined[:512]}\x00{joined[-512:]}".encode("utf-8", "surrogatepass")
+    assert span_key("user", text, start, end, before) == hashlib.blake2b(raw, digest_size=KEY_SIZE // 2).hexdigest()
