@@ -34,7 +34,7 @@ from app.prefix.chain import ChainMemo, ChainNode, extend_node, extend_reusing
 from app.prefix.engine_tokenize import EngineTokenize, ReplicaSource
 from app.prefix.pool import ColdPool, spare_cores
 from app.prefix.prompt import PromptInput, engine_payload, prompt_input, render_prompt
-from app.prefix.tokens import ApproxTokenizer, Ids, Reuse, SegmentTokenizer
+from app.prefix.tokens import HEAD_CHARS, INCREMENTAL_MIN_CHARS, ApproxTokenizer, Ids, Reuse, SegmentTokenizer
 
 __all__ = ["CHARS_PER_TOKEN", "Fingerprint", "FingerprintMode", "FingerprintState", "Fingerprinter",
            "PendingWork", "PromptInput", "prompt_input"]
@@ -297,6 +297,17 @@ class Fingerprinter:
         fp.mode = "approx"
         fp.pending = None
         return False
+
+    def cold_head(self, fp: Fingerprint) -> str | None:
+        """The head (first HEAD_CHARS) of the first long segment `fp` still has to tokenise: a
+        request with the same head while that is in flight would reuse it once it is done."""
+        work = fp.pending
+        if fp.complete or work is None or not self.tokenizer.incremental:
+            return None
+        for seg in work.segments:
+            if not self.tokenizer.known(seg):
+                return seg[:HEAD_CHARS] if len(seg) >= INCREMENTAL_MIN_CHARS else None
+        return None
 
     def release(self, fp: Fingerprint) -> None:
         """Give back `fp`'s cold-pool slot (its tokenisation ended, however)."""
