@@ -165,3 +165,22 @@ def test_serve_workers_each_run_a_pool_that_stops_on_sigterm(sim_factory) -> Non
         gw.signal(signal.SIGTERM)
         assert gw.wait(30) == 0, gw.log()
         _wait_dead(sorted(everything))
+
+
+def test_a_pool_process_that_dies_is_replaced_and_the_ids_stay_exact() -> None:
+    from app.prefix.tokens import SegmentTokenizer
+
+    tok = SegmentTokenizer.load()
+    assert tok.tokenizer_json is not None
+    tok.cold = ColdPool(tok.tokenizer_json, 1, min_chars=0)
+    text = _doc(5, 20_000)
+    try:
+        assert tok._encode_cold([text]) == [tok.encode(text)]
+        (pid,) = tok.cold.pids()
+        os.kill(pid, signal.SIGKILL)
+        _wait_dead([pid])
+        assert tok._encode_cold([text]) == [tok.encode(text)]  # this thread, this once
+        assert tok._encode_cold([text]) == [tok.encode(text)]  # a new pool process
+        assert tok.cold.encoded == 2 and tok.cold.pids() != [pid]
+    finally:
+        tok.close()

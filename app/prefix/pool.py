@@ -7,8 +7,8 @@ threads take the cores the relay needs. Here it runs in separate processes, size
 serving processes leave spare, so the event loop never waits for it.
 
 Only cold work of at least `min_chars` new characters goes there (smaller work is cheaper in a
-worker thread). The pool is bounded: at most `workers * inflight` such tokenisations are admitted at once
-(`try_reserve`). A request that finds it full is not queued behind the others: the prefix stage
+worker thread). The pool is bounded: at most `workers * inflight` such tokenisations are admitted
+at once (`try_reserve`). A request that finds it full is not queued behind the others: the prefix stage
 routes it on the leading blocks it already knows and counts it as
 `prefixgate_fingerprint_requests_total{mode="approx"}` (app/pipeline/prefix_stage.py).
 
@@ -26,6 +26,7 @@ import threading
 import time
 from array import array
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,8 @@ def set_serve_workers(n: int) -> None:
     """Called by the `serve --workers` master before it forks (the workers inherit it)."""
     global _SERVE_WORKERS
     _SERVE_WORKERS = max(1, n)
+
+
 PARENT_POLL_S = 1.0
 # Below this many new characters a worker thread is cheaper than a trip to a process (~30 ms of
 # tokenising, of which the GIL is held only to copy the ids out), and a pool is never spawned.
@@ -129,7 +132,15 @@ class ColdPool:
     def encode(self, texts: list[str]) -> list[array]:
         """ids of `texts`, encoded in a pool process (blocking: call from a worker thread)."""
         out = []
-        raws = self._pool().submit(_encode_child, texts).result()
+        executor = self._pool()
+        try:
+            raws = executor.submit(_encode_child, texts).result()
+        except BrokenProcessPool:  # a child died (OOM-killed, signalled): the next call starts anew
+            with self._lock:
+                if self._executor is executor:
+                    self._executor = None
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
         with self._lock:
             self.encoded += 1
         for raw in raws:

@@ -439,8 +439,7 @@ class SegmentTokenizer:
             # in the cold-prompt process pool when there is one (app/prefix/pool.py); else
             # encode_batch, which releases the GIL (plain encode holds it for the whole call, which
             # would stall the event loop's relay for ~0.5 s per MB) and parallelises the pieces
-            cold = self.cold is not None and sum(map(len, texts)) >= self.cold.min_chars
-            encoded = self.cold.encode(texts) if cold and self.cold is not None else self.encode_many(texts)
+            encoded = self._encode_cold(texts)
             for i, start, cuts, reuse, first in jobs:
                 ids, memo_cuts = self._assemble(segments[i], start, cuts,
                                                 encoded[first:first + len(cuts) + 1], reuse)
@@ -449,6 +448,16 @@ class SegmentTokenizer:
                 self.memo.put(segments[i], ids, memo_cuts)
                 out[i] = ids
         return [ids for ids in out if ids is not None]
+
+    def _encode_cold(self, texts: list[str]) -> list[Ids]:
+        """`encode_many`, in the cold-prompt pool when there is one and the work is big enough; in
+        this thread when the pool fails (a child died: the pool restarts on its next use)."""
+        if self.cold is not None and sum(map(len, texts)) >= self.cold.min_chars:
+            try:
+                return self.cold.encode(texts)
+            except Exception:  # noqa: BLE001 - the same ids, just here
+                pass
+        return self.encode_many(texts)
 
     def encode_text(self, text: str) -> Ids:
         """Ids of free text (generated output) without touching the memo: such text is unique."""
