@@ -245,6 +245,11 @@ class Prefix(Section):
     inline_chars: int = 2048  # missing segments up to this size are encoded on the hot path
     inline_hash_tokens: int = 16_384  # known segments up to this many tokens are hashed inline
     workers: int = 2  # tokenisation worker threads
+    # cold prompts (nothing memoised to reuse) are tokenised in this many processes; auto: the
+    # cores the serving processes leave spare (app/prefix/pool.py); 0: in the worker threads
+    cold_pool_workers: int | Literal["auto"] = "auto"
+    cold_pool_inflight: int = Field(default=2, ge=1)  # admitted per process; past it: approx
+    cold_pool_min_chars: int = Field(default=64 * 1024, ge=0)  # smaller cold work: worker threads
     pending_wait_ms: float = 50.0  # a prompt continuing one still being tokenised waits at most this for it
     tracker_texts_per_tenant: int = 4  # (the bytes all tenants' texts may hold: memory.budget_mb)
     window: int = 64  # requests per tenant the /hygiene continuity is computed over

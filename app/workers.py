@@ -33,6 +33,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from app.prefix.pool import set_serve_workers
+
 log = logging.getLogger("prefixgate.workers")
 PR_SET_PDEATHSIG = 1
 PEER_TIMEOUT_S = 5.0
@@ -140,6 +142,7 @@ def serve_workers(args: argparse.Namespace, n: int) -> int:
         store_sock.listen(256)
     metric_paths = [os.path.join(rundir, f"metrics-{i}.sock") for i in range(n)]
     children: dict[int, int] = {}
+    set_serve_workers(n)  # each worker sizes its cold-prompt pool to the spare cores (inherited)
     for i in range(n):
         pid = os.fork()
         if pid == 0:  # the worker

@@ -79,15 +79,21 @@ class Result:
 
 
 def cpu_seconds(pid: int | None) -> float:
-    """user+system CPU time of a process (all threads), from /proc; 0 where unavailable."""
+    """user+system CPU time of a process and its live descendants (all threads: workers, the
+    cold-prompt tokeniser pool) plus its reaped children, from /proc; 0 where unavailable."""
     if pid is None:
         return 0.0
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
+        children = []
+        for task in os.listdir(f"/proc/{pid}/task"):  # a child belongs to the thread that forked it
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += [int(c) for c in f.read().split()]
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(c) for c in children)
 
 
 def overhead_buckets(proxied: str) -> dict[float, float]:

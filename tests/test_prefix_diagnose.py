@@ -4,6 +4,8 @@ scores on the corpora: test_diagnosis_scores.py)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.prefix.diagnose import diagnose, fix_for, lcp, past_of, redact, snippet
 from app.prefix.dynamic import find_dynamic_spans
@@ -118,3 +120,56 @@ def test_redaction_hides_text() -> None:
     assert "Secret" not in snippet(text, 14, spans, show_text=False)
 
 
+
+
+def _realignment_per_anchor(prev: str, cur: str, d: int, material: int, pd: int | None = None):
+    """find_realignment as it was before the probe skip: every anchor searched (the reference)."""
+    from app.prefix.diagnose import ANCHOR_CHARS, Realignment, _anchors, lcp
+
+    p0 = d if pd is None else pd
+    for c in _anchors(cur, d + 1):
+        anchor = cur[c:c + ANCHOR_CHARS]
+        if len(anchor) < min(ANCHOR_CHARS, material) or not anchor.strip():
+            continue
+        p = prev.find(anchor, p0)
+        tries = 0
+        while p >= 0 and tries < 3:
+            common = lcp(prev, cur, p, c)
+            if common >= material:
+                return Realignment(p, c, common)
+            p = prev.find(anchor, p + 1)
+            tries += 1
+    return None
+
+
+_WORD = st.sampled_from(["alpha", "beta", "gamma", "delta", "x", "\n", " ", "  ", ", ", "id=42", "Ü"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(words=st.lists(_WORD, min_size=20, max_size=400), cut=st.floats(0, 1), cut2=st.floats(0, 1),
+       insert=st.lists(_WORD, max_size=60), material=st.sampled_from([16, 24, 40, 64, 96]))
+def test_probe_skip_finds_the_same_realignment(words: list[str], cut: float, cut2: float,
+                                               insert: list[str], material: int) -> None:
+    from app.prefix.diagnose import find_realignment
+
+    prev = "".join(words)
+    a = int(cut * len(prev))
+    b = max(a, int(cut2 * len(prev)))
+    for cur in (prev[:a] + "".join(insert) + prev[a:], prev[:a] + prev[b:], prev[:a] + "".join(insert) + prev[b:]):
+        d = min(a, len(cur) - 1)
+        assert find_realignment(prev, cur, d, material) == _realignment_per_anchor(prev, cur, d, material)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=1500), a=st.integers(0, 1500), b=st.integers(0, 1500),
+       before=st.one_of(st.none(), st.text(max_size=700)))
+def test_span_key_is_the_key_of_the_joined_text(text: str, a: int, b: int, before: str | None) -> None:
+    # turn keys are stored in the Store and compared across pods: the same value as before, uncopied
+    import hashlib
+
+    from app.prefix.diagnose import KEY_SIZE, span_key
+
+    start, end = sorted((min(a, len(text)), min(b, len(text))))
+    joined = text[start:end] if before is None else f"{before}\x01{text[start:end]}"
+    raw = f"user\x00{len(joined)}\x00{joined[:512]}\x00{joined[-512:]}".encode("utf-8", "surrogatepass")
+    assert span_key("user", text, start, end, before) == hashlib.blake2b(raw, digest_size=KEY_SIZE // 2).hexdigest()

@@ -54,3 +54,26 @@ async def test_approx_mode_says_so() -> None:
         assert _count(stage, "approx") == 1 and _count(stage, "exact") == 0
     finally:
         stage.shutdown()
+
+
+async def test_the_same_cold_document_twice_at_once_is_tokenised_once() -> None:
+    from app.prefix.blocks import proxy_chain
+
+    stage = _stage(cold_pool_workers=1, cold_pool_min_chars=10_000)
+    pool = stage.fingerprinter.tokenizer.cold
+    try:
+        first, second = _ctx(f"{DOC}\nQuestion: one?"), _ctx(f"{DOC}\nQuestion: two?")
+        await stage.before_route(first)
+        await stage.before_route(second)  # while the first is still being tokenised
+        assert first.prefix is not None and second.prefix is not None
+        assert first.prefix.pending is not None and second.prefix.pending is not None
+        assert pool.admitted == 1  # the second takes no cold-pool slot: it waits for the first
+        tips = [await first.prefix.pending, await second.prefix.pending]
+        assert pool.encoded == 1  # one pool tokenisation; the second encoded only its tail
+        tok = stage.fingerprinter.tokenizer
+        for ctx, tip in zip((first, second), tips, strict=True):
+            ids = tok.encode(ctx.fingerprint.text or "")
+            assert tip is not None and tip.hashes == proxy_chain(ids, 16)
+        assert _count(stage, "pending") == 2 and _count(stage, "approx") == 0
+    finally:
+        stage.shutdown()

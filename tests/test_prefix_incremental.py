@@ -29,6 +29,9 @@ from app.prefix.tokens import (
 
 QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Llama 3's split regex: digits in runs of at most three
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -61,19 +64,47 @@ def qwen_style(builtin: SegmentTokenizer) -> SegmentTokenizer:
     return SegmentTokenizer(_hf_bpe(pre), builtin.template, SPECIALS)
 
 
-@pytest.fixture(scope="module", params=["builtin", "qwen_style"])
+@pytest.fixture(scope="module")
+def llama3_style(builtin: SegmentTokenizer) -> SegmentTokenizer:
+    pre = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return SegmentTokenizer(_hf_bpe(pre), builtin.template, SPECIALS)
+
+
+@pytest.fixture(scope="module", params=["builtin", "qwen_style", "llama3_style"])
 def tok(request: pytest.FixtureRequest) -> SegmentTokenizer:
     return request.getfixturevalue(request.param)
 
 
 _piece = st.sampled_from(
     list("ab Z\n\t .:'!?_-09") + ["Ü", "中文", "é", "\u00a0", "\u2028", "\r\n", "  ", "\n\n", "\n ", " \n",
-                                 "   \n", "def ", "123", "4567", "'s", "'ll", "...", "<|im_end|>", "✓"])
+                                 "   \n", "def ", "123", "4567", "'s", "'ll", "...", "<|im_end|>", "✓",
+                                 "word", " word", " x", "Ab ", "é b", "1 a", ") if", "= foo", "' s", "a  b"])
 _text = st.lists(_piece, max_size=60).map("".join)
 
 
-def test_both_tokenizers_verify_the_cut_rule(builtin: SegmentTokenizer, qwen_style: SegmentTokenizer) -> None:
-    assert builtin.incremental and qwen_style.incremental
+def test_every_tokenizer_verifies_the_cut_rule(builtin: SegmentTokenizer, qwen_style: SegmentTokenizer,
+                                               llama3_style: SegmentTokenizer) -> None:
+    assert builtin.incremental and qwen_style.incremental and llama3_style.incremental
+
+
+def test_cuts_inside_a_line_fall_before_a_space_and_a_word() -> None:
+    # rule 3: a non-space character, then one space and an ASCII letter: the word's pre-token
+    # starts with that space whatever came before (a single 100 KB line still has cuts)
+    text = "alpha beta, gamma 12 delta\n  epsilon"
+    assert find_cuts(text, 0, stride=1) == [5, 11, 20, 28]
+    assert pieces_match(SegmentTokenizer.load(), text, find_cuts(text, 0, stride=1))
+
+
+def test_an_added_token_with_whitespace_turns_incremental_off(builtin: SegmentTokenizer) -> None:
+    # added tokens are matched before pre-tokenisation, so "a b" as one token would span a cut
+    tok = Tokenizer.from_str(builtin.tokenizer.to_str())
+    tok.add_tokens(["hello world"])
+    assert not SegmentTokenizer(tok, builtin.template, SPECIALS).incremental
+    plain = Tokenizer.from_str(builtin.tokenizer.to_str())
+    plain.add_tokens(["<tool>"])
+    assert SegmentTokenizer(plain, builtin.template, SPECIALS).incremental
 
 
 def test_a_tokenizer_that_merges_across_cuts_is_not_incremental(builtin: SegmentTokenizer) -> None:
@@ -172,3 +203,53 @@ def test_long_message_with_a_new_last_line_is_exact_on_the_hot_path(builtin: Seg
     assert salted.block_hashes == proxy_chain(builtin.encode(salted.text or ""), 16, salt="t1")
     fpr.close()
 
+
+
+def _words(chars: int, seed: int) -> str:
+    # the benchmark's prompt shape (bench/peerbench/load_client.py): one line of words, no newline
+    import random
+    rng = random.Random(seed)
+    words = "the of and to in is that for it as was with be by on not he this are".split()
+    out, n = [], 0
+    while n < chars:
+        out.append(rng.choice(words))
+        n += len(out[-1]) + 1
+    return " ".join(out)[:chars]
+
+
+def test_single_line_message_with_a_new_tail_is_exact_on_the_hot_path(builtin: SegmentTokenizer) -> None:
+    fpr = Fingerprinter(SegmentTokenizer.load())
+    line = _words(100_000, 7)
+    assert "\n" not in line
+
+    def body(n: int) -> dict:
+        return {"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                             {"role": "user", "content": f"{line} [q{n}]"}]}
+
+    first = fpr.complete_sync(fpr.prepare(prompt_input("chat", body(1)), 16))
+    assert first.complete
+    reuses = fpr.tokenizer.memo.reuses
+    for n in (2, 3):
+        fp = fpr.prepare(prompt_input("chat", body(n)), 16)
+        assert fp.complete  # the head's ids reused up to a cut inside the line; only the tail encoded
+        ids = builtin.encode(fp.text or "")
+        assert fp.num_tokens == len(ids)
+        assert fp.block_hashes == proxy_chain(ids, 16)
+    assert fpr.tokenizer.memo.reuses == reuses + 2
+    fpr.close()
+
+
+def test_a_cut_is_reused_only_when_the_characters_that_make_it_safe_are_shared() -> None:
+    # every cut of `base` is rule 2 ("\n| a": decided by the " a" after it); the new text keeps
+    # the space but not the letter, so "\n \n" is one pre-token there and the cut is not safe
+    tok = SegmentTokenizer.load()
+    tok.memo = TokenMemo(64 * 1024 * 1024)
+    base = "y\n a" * 3000
+    tok.encode_segment(base)
+    cuts = tok.memo.cuts(base)
+    assert cuts is not None
+    c = cuts.chars[-1]
+    new = base[:c + 1] + "\n tail"
+    reuse = tok.reuse(new)
+    assert tok.encode_segment(new, reuse) == tok.encode(new)
+    assert reuse is not None and reuse.chars < c

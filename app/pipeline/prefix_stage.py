@@ -96,6 +96,8 @@ class PrefixStage:
         # in-flight tokenisations by the work they do (PendingWork.key): a conversation's next
         # request finds its predecessor's here; entries leave when their task ends
         self._pending: dict[Hashable, asyncio.Task[ChainTip | None]] = {}
+        # in-flight tokenisations of a long segment, by its head (Fingerprinter.cold_head)
+        self._cold: dict[str, asyncio.Task[ChainTip | None]] = {}
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         self._evictions_seen = 0
         self._system_first: bool | None = None  # system_first(), once probed
@@ -160,6 +162,11 @@ class PrefixStage:
             log.debug("no fingerprint for %s", ctx.request_id, exc_info=True)
             return
         await self._wait_for_predecessor(fp)
+        head = self.fingerprinter.cold_head(fp)
+        leader = self._cold.get(head) if head is not None else None
+        if leader is None or leader.done():
+            leader = None
+            self.fingerprinter.admit(fp)  # a cold prompt past the pool's budget: approx, not queued
         ctx.fingerprint = fp
         self.metrics.fingerprint_requests.labels(routed_mode(fp)).inc()
         state = ctx.prefix = PrefixStageState(inp, len(fp.block_hashes), fp.complete)
@@ -167,9 +174,13 @@ class PrefixStage:
             return
         # big misses: tokenise in the worker pool while the request is forwarded
         key = fp.pending.key()
-        task = asyncio.get_running_loop().create_task(self._early(ctx, fp))
+        task = asyncio.get_running_loop().create_task(self._early(ctx, fp, leader))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        task.add_done_callback(lambda _t: self.fingerprinter.release(fp))
         state.pending = task
+        if head is not None and leader is None:  # the first of its head: others wait and reuse it
+            self._cold[head] = task
+            task.add_done_callback(lambda t, h=head: self._cold.get(h) is t and self._cold.pop(h, None))
         if key is not None:
             self._pending[key] = task
             task.add_done_callback(lambda t, k=key: self._pending.get(k) is t and self._pending.pop(k, None))
@@ -185,10 +196,17 @@ class PrefixStage:
             await asyncio.wait_for(asyncio.shield(previous), self.pending_wait_s)
         self.fingerprinter.advance(fp)
 
-    async def _early(self, ctx: RequestContext, fp: Fingerprint) -> ChainTip | None:
+    async def _early(self, ctx: RequestContext, fp: Fingerprint,
+                     leader: asyncio.Task[ChainTip | None] | None = None) -> ChainTip | None:
         """Finish the chain while the request is in flight and, once it was routed, write the
         prompt's blocks to the residency index right away (the engine caches them during prefill,
-        and the tenant's next turn may arrive as soon as this response ends)."""
+        and the tenant's next turn may arrive as soon as this response ends). After `leader`, the
+        in-flight tokenisation of a segment with the same head, when there is one: then only the
+        tail after what they share is tokenised (the same document sent twice at once is not
+        tokenised twice, nor takes a second cold-pool slot)."""
+        if leader is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(leader)
         tip = await self.fingerprinter.rest(fp)
         if tip is None or ctx.decision is None or ctx.prefix is None:
             return tip
@@ -269,6 +287,8 @@ class PrefixStage:
         replica = ctx.decision.replica.name  # type: ignore[union-attr]
         fp = await self.fingerprinter.complete(fp, state.pending if state is not None else None)
         n = fp.num_tokens or 0
+        if not fp.complete and fp.mode == "approx":  # a cold prompt past the pool's budget
+            n = ctx.prompt_tokens if isinstance(ctx.prompt_tokens, int) else fp.estimated_tokens
         b = fp.block_size
         chain = fp.block_hashes
         matched = state.matched if state is not None else None

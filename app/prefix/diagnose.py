@@ -106,7 +106,20 @@ class TenantPast:
 def text_key(role: str, text: str) -> str:
     """A process-independent identity of a message: role, length and the first and last 512
     characters (O(1) per message; a full digest of a 1 MB system prompt costs ~1 ms)."""
-    raw = f"{role}\x00{len(text)}\x00{text[:512]}\x00{text[-512:]}".encode("utf-8", "surrogatepass")
+    return span_key(role, text, 0, len(text))
+
+
+def span_key(role: str, text: str, start: int, end: int, before: str | None = None) -> str:
+    """`text_key(role, before + "\x01" + text[start:end])` (without `before`: of text[start:end])
+    from the 512 characters at each end, never copying the span (a 1 MB turn was copied three
+    times per request to be keyed)."""
+    head, tail = text[start:min(end, start + 512)], text[max(start, end - 512):end]
+    n = end - start
+    if before is not None:
+        lead = before + "\x01"
+        n += len(lead)
+        head, tail = (lead + head)[:512], (lead[-512:] + tail)[-512:]
+    raw = f"{role}\x00{n}\x00{head}\x00{tail}".encode("utf-8", "surrogatepass")
     return hashlib.blake2b(raw, digest_size=KEY_SIZE // 2).hexdigest()
 
 
@@ -114,14 +127,15 @@ def turn_keys(sketch: RequestSketch) -> list[str]:
     """One key per user turn: the turn with the message before it (two conversations that share a
     question such as "thanks" still differ in what preceded it)."""
     out: list[str] = []
-    before = ""
+    text = sketch.text
+    prev = (0, 0)  # the message before, as a span
     for region in sketch.regions:
         if region.role in ("system", "developer"):
             continue
-        text = sketch.text[region.start:region.end]
         if region.role == "user":
-            out.append(text_key("user", f"{before[-512:]}\x01{text}"))
-        before = text
+            before = text[max(prev[0], prev[1] - 512):prev[1]]
+            out.append(span_key("user", text, region.start, region.end, before))
+        prev = (region.start, region.end)
     return out
 
 
@@ -190,12 +204,27 @@ def _anchors(cur: str, start: int) -> list[int]:
 
 def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None = None) -> Realignment | None:
     """The first place after `d` (in `cur`; `pd` in `prev`, default `d`) where `cur` continues with
-    ≥ `material` chars also in `prev` after `pd`: static content shifted by what differs there."""
+    ≥ `material` chars also in `prev` after `pd`: static content shifted by what differs there.
+
+    A `find` that fails scans all of `prev` (1 MB: ~0.7 ms), and when nothing re-aligns (another
+    document) every anchor fails. So before trying an anchor `c` it looks for the anchor-long
+    piece at `c + material - ANCHOR_CHARS`: every re-alignment starting at or before it, and at or
+    after `c`, contains that piece, so when `prev` does not, no anchor up to there can succeed and
+    they are skipped (one failed scan instead of one per word start; the result is the same)."""
     p0 = d if pd is None else pd
+    reach = material - ANCHOR_CHARS  # how far ahead one probe rules anchors out
+    ruled_out = -1  # anchors at or before this cannot re-align
     for c in _anchors(cur, d + 1):
+        if c <= ruled_out:
+            continue
         anchor = cur[c:c + ANCHOR_CHARS]
         if len(anchor) < min(ANCHOR_CHARS, material) or not anchor.strip():
             continue
+        if reach > 0:
+            probe = cur[c + reach:c + reach + ANCHOR_CHARS]
+            if len(probe) == ANCHOR_CHARS and prev.find(probe, p0) < 0:
+                ruled_out = c + reach
+                continue
         p = prev.find(anchor, p0)
         tries = 0
         while p >= 0 and tries < 3:
@@ -584,4 +613,4 @@ def snippet(text: str, offset: int, spans: list[Span] | None = None, show_text: 
 
 
 __all__ = ["CAUSES", "Diagnosis", "Finding", "Realignment", "Region", "TenantPast", "diagnose", "fix_for",
-           "lcp", "past_of", "redact", "snippet", "text_key", "turn_keys"]
+           "lcp", "past_of", "redact", "snippet", "span_key", "text_key", "turn_keys"]

@@ -27,8 +27,8 @@ from app.prefix.diagnose import (
     continues,
     dynamic_kind,
     sentence_end,
+    span_key,
     tail_start,
-    text_key,
     trimmed,
 )
 from app.prefix.dynamic import DynamicDetector, Span, get_detector, value_kind
@@ -123,7 +123,7 @@ class RequestDigest:
         return cls(
             lines=[_key(text[a:b]) for a, b in units],
             seps="".join(_sep(text, b) for _, b in units),
-            turns=[text_key(r.role, text[r.start:r.end]) for r in sk.regions
+            turns=[span_key(r.role, text, r.start, r.end) for r in sk.regions
                    if r.role not in ("system", "developer")][:MAX_TURNS],
             tools=[[_key(c), _key(r)] for c, r in zip(sk.tools_canon, sk.tools_raw, strict=True)],
             last=[_key(text[a:b]) for a, b in last_turn_lines(sk)],

@@ -32,8 +32,9 @@ import aiohttp
 from app.prefix.budget import DEFAULT_BUDGET_MB, MemoryCaps
 from app.prefix.chain import ChainMemo, ChainNode, extend_node, extend_reusing
 from app.prefix.engine_tokenize import EngineTokenize, ReplicaSource
+from app.prefix.pool import ColdPool, spare_cores
 from app.prefix.prompt import PromptInput, engine_payload, prompt_input, render_prompt
-from app.prefix.tokens import ApproxTokenizer, Ids, Reuse, SegmentTokenizer
+from app.prefix.tokens import HEAD_CHARS, INCREMENTAL_MIN_CHARS, ApproxTokenizer, Ids, Reuse, SegmentTokenizer
 
 __all__ = ["CHARS_PER_TOKEN", "Fingerprint", "FingerprintMode", "FingerprintState", "Fingerprinter",
            "PendingWork", "PromptInput", "prompt_input"]
@@ -88,6 +89,7 @@ class Fingerprint:
     # Complete: the chain state after the whole prompt (generated ids continue from it).
     node: ChainNode | None = field(default=None, repr=False, compare=False)
     pending: PendingWork | None = field(default=None, repr=False, compare=False)
+    cold_reserved: bool = field(default=False, repr=False, compare=False)  # holds a cold-pool slot
 
     @property
     def complete(self) -> bool:
@@ -149,6 +151,12 @@ class Fingerprinter:
                 mode = "approx"
         else:
             tokenizer = ApproxTokenizer.load(None, memo, opts.workers)
+        if mode == "exact" and tokenizer.tokenizer_json is not None:
+            size = opts.cold_pool_workers
+            workers = spare_cores() if size == "auto" else int(size)
+            if workers > 0:
+                tokenizer.cold = ColdPool(tokenizer.tokenizer_json, workers, opts.cold_pool_inflight,
+                                          opts.cold_pool_min_chars)
         return cls(tokenizer, mode, chains, opts.inline_chars, opts.inline_hash_tokens)
 
     def close(self) -> None:
@@ -270,6 +278,42 @@ class Fingerprinter:
         if known is not None:
             return extend_reusing(node, known, ids, shared, polite), len(ids) - shared
         return extend_node(node, ids, polite), len(ids)
+
+    # ------------------------------------------------------------------ the cold-prompt budget
+    def admit(self, fp: Fingerprint) -> bool:
+        """Before routing an incomplete `fp`: when what is left needs tokenising (at least the
+        pool's `min_chars` new characters) and there is a cold-prompt pool, take one of its slots; when it is full, give up the rest of the chain
+        (`mode` "approx": routed on the exact leading blocks, never tokenised) and return False.
+        Never waits (app/prefix/pool.py)."""
+        pool = self.tokenizer.cold
+        work = fp.pending
+        if pool is None or fp.complete or work is None or fp.state is not FingerprintState.SEGMENTS:
+            return True
+        if self.tokenizer.new_chars(work.segments) < pool.min_chars:
+            return True  # little or nothing to tokenise: a worker thread
+        if pool.try_reserve():
+            fp.cold_reserved = True
+            return True
+        fp.mode = "approx"
+        fp.pending = None
+        return False
+
+    def cold_head(self, fp: Fingerprint) -> str | None:
+        """The head (first HEAD_CHARS) of the first long segment `fp` still has to tokenise: a
+        request with the same head while that is in flight would reuse it once it is done."""
+        work = fp.pending
+        if fp.complete or work is None or not self.tokenizer.incremental:
+            return None
+        for seg in work.segments:
+            if not self.tokenizer.known(seg):
+                return seg[:HEAD_CHARS] if len(seg) >= INCREMENTAL_MIN_CHARS else None
+        return None
+
+    def release(self, fp: Fingerprint) -> None:
+        """Give back `fp`'s cold-pool slot (its tokenisation ended, however)."""
+        if fp.cold_reserved and self.tokenizer.cold is not None:
+            fp.cold_reserved = False
+            self.tokenizer.cold.release()
 
     @staticmethod
     def _finish(fp: Fingerprint, tip: ChainTip) -> None:

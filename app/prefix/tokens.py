@@ -11,8 +11,9 @@ whole prompt instead.
 
 Within a segment, tokenisation is incremental (docs/engine-hashing.md, "Incremental
 tokenisation"): a long segment is encoded as pieces cut at *safe cuts*, positions no pre-token of
-the tokenizer can span (`CUT_RE`: after a lone newline between two non-space characters, or
-before the last space of an indentation run), so its ids are the concatenation of the pieces'. The memo keeps, per long segment, the char offset
+the tokenizer can span (`CUT_RE`: after a lone newline between two non-space characters, before
+the last space of an indentation run, or inside a line before " word"), so its ids are the
+concatenation of the pieces'. The memo keeps, per long segment, the char offset
 and token index of each cut (`Cuts`); a new segment that shares a head with a memoised one (a
 100 KB document whose last line changed) reuses the ids up to the last shared cut and encodes only
 the tail. Whether the cut rule holds for a tokenizer is verified at load (`incremental`), like
@@ -39,6 +40,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
+from app.prefix.pool import ColdPool
 from app.prefix.template import ChatTemplate, load_chat_template
 
 DEFAULT_MEMO_BYTES = 128 * 1024 * 1024
@@ -48,14 +50,19 @@ APPROX_CHARS = 4  # approx mode: one pseudo-token per 4 characters
 Ids = array  # array('I') of token ids
 
 # Incremental tokenisation (see the module docstring). A safe cut is the end of a match of CUT_RE,
-# either rule: (1) after a "\n" with a non-space character on each side (Python's \s is a superset
-# of the Unicode White_Space the tokenizers' regexes use, so \S is non-space for them too); (2)
-# before the last space of a whitespace run that an ASCII letter follows (code indentation), where
-# the run's pre-token ends and " word" begins. Why these are pre-token boundaries whatever follows
-# or precedes: docs/engine-hashing.md.
-CUT_RE = re.compile(r"\S\n(?=\S)|[ \t\n](?= [A-Za-z])")
-CUT_STRIDE = 1024  # chars between two recorded cuts (at least): the tail re-encoded on reuse
-INCREMENTAL_MIN_CHARS = 4 * CUT_STRIDE  # shorter segments are encoded whole and not indexed
+# one of three rules: (1) after a "\n" with a non-space character on each side (Python's \s is a
+# superset of the Unicode White_Space the tokenizers' regexes use, so \S is non-space for them
+# too); (2) before the last space of a whitespace run that an ASCII letter follows (code
+# indentation), where the run's pre-token ends and " word" begins; (3) inside a line, before a
+# single space and an ASCII letter after a non-space character (prose: "alpha| beta"), where no
+# pre-token can take the space from the left and " beta" starts one. Why these are pre-token
+# boundaries whatever follows or precedes: docs/engine-hashing.md.
+CUT_RE = re.compile(r"\S\n(?=\S)|(?:\S|[ \t\n])(?= [A-Za-z])")
+# chars between two recorded cuts (at least): on reuse, what lies between the last shared cut and
+# the first changed character is encoded again (~0.1 ms per 256 chars of prose with the built-in
+# tokenizer); a cut costs 16 bytes of memo (4 a token of ids: ~1/16 of them)
+CUT_STRIDE = 256
+INCREMENTAL_MIN_CHARS = 4096  # shorter segments are encoded whole and not indexed
 HEAD_CHARS = 256  # a long segment is indexed by its first HEAD_CHARS chars
 HEAD_CANDIDATES = 4  # most recent long segments kept per head
 PREFIX_PROBE_CHARS = 8192  # first chunk compared when measuring a shared prefix (doubles)
@@ -263,6 +270,9 @@ class TokenMemo:
     def __len__(self) -> int:
         return len(self._data)
 
+    def __contains__(self, segment: object) -> bool:
+        return segment in self._data
+
 
 class SegmentTokenizer:
     """A `tokenizers.Tokenizer` plus its chat template, splitter, memo and worker pool."""
@@ -273,6 +283,8 @@ class SegmentTokenizer:
         self.tokenizer = tokenizer
         self.template = template
         self.source = source
+        self.tokenizer_json: Path | None = None  # where `load` read it (a cold-prompt pool reloads it)
+        self.cold: ColdPool | None = None  # cold tokenisations in a process pool (app/prefix/pool.py)
         self.splitter = SegmentSplitter(specials)
         self.memo = TokenMemo(memo_bytes)
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="prefixgate-tok")
@@ -282,7 +294,8 @@ class SegmentTokenizer:
             if tid is not None:
                 self._special_ids[s] = tid
         self.segmented = verify_segmentation(self)
-        self.incremental = self.segmented and verify_cuts(self)
+        self.incremental = self.segmented and not _added_tokens_span_cuts(tokenizer, self.splitter) \
+            and verify_cuts(self)
 
     @classmethod
     def load(cls, path: str | Path | None = None, memo_bytes: int = DEFAULT_MEMO_BYTES,
@@ -300,11 +313,28 @@ class SegmentTokenizer:
         for added in tokenizer.get_added_tokens_decoder().values():
             if added.special:
                 specials.append(added.content)
-        return cls(tokenizer, template, specials, memo_bytes, workers,
-                   source=str(directory) if path is not None else "default")
+        out = cls(tokenizer, template, specials, memo_bytes, workers,
+                  source=str(directory) if path is not None else "default")
+        out.tokenizer_json = directory / "tokenizer.json"
+        return out
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.cold is not None:
+            self.cold.close()
+
+    def known(self, segment: str) -> bool:
+        """Whether the ids of `segment` are at hand without encoding (no LRU touch, no count)."""
+        return segment in self._special_ids or segment in self.memo
+
+    def new_chars(self, segments: Sequence[str]) -> int:
+        """Characters `encode_segments` would tokenise: unknown segments past their reusable head."""
+        total = 0
+        for seg in segments:
+            if not self.known(seg):
+                reuse = self.reuse(seg)
+                total += len(seg) - (reuse.chars if reuse is not None else 0)
+        return total
 
     # ------------------------------------------------------------------ encoding
     def split(self, text: str) -> list[str]:
@@ -344,8 +374,9 @@ class SegmentTokenizer:
             if prev == segment:
                 continue
             shared = common_prefix_len(prev, segment)
-            # a cut c is shared when segment[c-2:c+1] == prev[c-2:c+1]: c < shared
-            j = bisect_right(cuts.chars, shared - 1)
+            # a cut c is safe in both when the characters that decide it are shared: the match
+            # before c and the look-ahead after it (" a" for rules 2 and 3), so c + 2 <= shared
+            j = bisect_right(cuts.chars, shared - 2)
             if j and (best is None or cuts.chars[j - 1] > best.chars):
                 best = Reuse(prev, ids, cuts.chars[j - 1], cuts.toks[j - 1], j)
                 if len(segment) - best.chars <= 2 * CUT_STRIDE:
@@ -405,9 +436,10 @@ class SegmentTokenizer:
             jobs.append((i, start, cuts, reuse, len(texts)))
             texts.extend(self._split_at(seg, start, cuts))
         if jobs:
-            # encode_batch releases the GIL (plain encode holds it for the whole call, which would
-            # stall the event loop's relay for ~0.5 s per MB); it also parallelises the pieces
-            encoded = self.encode_many(texts)
+            # in the cold-prompt process pool when there is one (app/prefix/pool.py); else
+            # encode_batch, which releases the GIL (plain encode holds it for the whole call, which
+            # would stall the event loop's relay for ~0.5 s per MB) and parallelises the pieces
+            encoded = self._encode_cold(texts)
             for i, start, cuts, reuse, first in jobs:
                 ids, memo_cuts = self._assemble(segments[i], start, cuts,
                                                 encoded[first:first + len(cuts) + 1], reuse)
@@ -416,6 +448,16 @@ class SegmentTokenizer:
                 self.memo.put(segments[i], ids, memo_cuts)
                 out[i] = ids
         return [ids for ids in out if ids is not None]
+
+    def _encode_cold(self, texts: list[str]) -> list[Ids]:
+        """`encode_many`, in the cold-prompt pool when there is one and the work is big enough; in
+        this thread when the pool fails (a child died: the pool restarts on its next use)."""
+        if self.cold is not None and sum(map(len, texts)) >= self.cold.min_chars:
+            try:
+                return self.cold.encode(texts)
+            except Exception:  # noqa: BLE001 - the same ids, just here
+                pass
+        return self.encode_many(texts)
 
     def encode_text(self, text: str) -> Ids:
         """Ids of free text (generated output) without touching the memo: such text is unique."""
@@ -498,7 +540,8 @@ def verify_segmentation(st: SegmentTokenizer) -> bool:
 
 _CUT_PROBE = (
     "def f(x):\n    return x\nprint(1)\n\nclass A:\n pass\n's\n's'\n123\n456\nÜber\n中文\n"
-    "a.\nb!\n?x\n\n\ny\n \nz\n\tq\n--\n++\n  indented\nend"
+    "a.\nb!\n?x\n\n\ny\n \nz\n\tq\n--\n++\n  indented\nend\n"
+    "prose one, two. three 4 five it's x' y é b) if = foo 中 文 a  b\tc end"
 )
 
 
@@ -509,6 +552,15 @@ def pieces_match(st: SegmentTokenizer, text: str, cuts: Sequence[int]) -> bool:
     for a, b in zip(bounds, bounds[1:], strict=False):
         joined.extend(st.encode(text[a:b]))
     return joined == st.encode(text)
+
+
+def _added_tokens_span_cuts(tokenizer: Tokenizer, splitter: SegmentSplitter) -> bool:
+    """Whether an added token the splitter does not split out contains whitespace. Added tokens
+    are matched in the raw text before pre-tokenisation, and every safe cut has whitespace on one
+    side, so only such a token can cover a cut (a probe text would not find it)."""
+    specials = set(splitter.specials)
+    return any(t.content not in specials and any(ch.isspace() for ch in t.content)
+               for t in tokenizer.get_added_tokens_decoder().values())
 
 
 def verify_cuts(st: SegmentTokenizer) -> bool:

@@ -1,0 +1,164 @@
+"""Cold-prompt tokenisation in a process pool, with a budget (docs/engine-hashing.md, "Cold prompts").
+
+A prompt the gateway has never seen (no memoised segment, no reusable head) costs its full
+tokenisation: ~0.5 s of CPU per MB. In a thread of the serving process that work competes with
+the event loop: converting 250k ids to Python objects holds the GIL, and the tokenizer's own
+threads take the cores the relay needs. Here it runs in separate processes, sized to the cores the
+serving processes leave spare, so the event loop never waits for it.
+
+Only cold work of at least `min_chars` new characters goes there (smaller work is cheaper in a
+worker thread). The pool is bounded: at most `workers * inflight` such tokenisations are admitted
+at once (`try_reserve`). A request that finds it full is not queued behind the others: the prefix stage
+routes it on the leading blocks it already knows and counts it as
+`prefixgate_fingerprint_requests_total{mode="approx"}` (app/pipeline/prefix_stage.py).
+
+Processes are spawned (never forked from a process with threads and an event loop) on the first
+cold prompt, not at start-up: most deployments and every test without a cold long prompt never
+pay for them. `close()` stops them with the server; each child also exits within a second of
+its parent's death.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from array import array
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+_SERVE_WORKERS = 1  # serving processes on this host: `serve --workers N` sets it before forking
+
+
+def set_serve_workers(n: int) -> None:
+    """Called by the `serve --workers` master before it forks (the workers inherit it)."""
+    global _SERVE_WORKERS
+    _SERVE_WORKERS = max(1, n)
+
+
+PARENT_POLL_S = 1.0
+# Below this many new characters a worker thread is cheaper than a trip to a process (~30 ms of
+# tokenising, of which the GIL is held only to copy the ids out), and a pool is never spawned.
+DEFAULT_MIN_CHARS = 64 * 1024
+
+
+def spare_cores(serve_workers: int | None = None) -> int:
+    """Pool processes per serving process: the cores left after one per serving process, shared
+    among them; at least one (even on a fully used machine a separate process keeps the work off
+    the event loop's GIL)."""
+    n = max(1, serve_workers if serve_workers is not None else _SERVE_WORKERS)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, (cores - n) // n)
+
+
+# ---------------------------------------------------------------------- in the child process
+_TOKENIZER: Any = None
+
+
+def _init_child(tokenizer_json: str) -> None:
+    """Load the tokenizer once per child; one thread each (the pool is sized to the cores)."""
+    global _TOKENIZER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    from tokenizers import Tokenizer
+    _TOKENIZER = Tokenizer.from_file(tokenizer_json)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A killed serving process leaves no orphan: the child's queue would never reach EOF (it
+    holds a write end itself), and PR_SET_PDEATHSIG fires when the *thread* that spawned the child
+    ends, which here is a worker thread, not the process."""
+    while True:
+        time.sleep(PARENT_POLL_S)
+        if os.getppid() != parent:
+            os._exit(0)
+
+
+def _encode_child(texts: list[str]) -> list[bytes]:
+    """ids of each text (add_special_tokens=False, as engines encode chat), as raw uint32 bytes:
+    the parent rebuilds the arrays with one copy, no per-id objects on either side."""
+    return [array("I", e.ids).tobytes() for e in _TOKENIZER.encode_batch(texts, add_special_tokens=False)]
+
+
+def _ping() -> int:
+    return os.getpid()
+
+
+# ---------------------------------------------------------------------- in the serving process
+class ColdPool:
+    """A budgeted process pool that encodes texts with the same `tokenizer.json` as the gateway."""
+
+    def __init__(self, tokenizer_json: str | Path, workers: int, inflight: int = 2,
+                 min_chars: int = DEFAULT_MIN_CHARS) -> None:
+        self.tokenizer_json = str(tokenizer_json)
+        self.min_chars = min_chars  # smaller cold work stays in the worker threads
+        self.workers = max(1, workers)
+        self.capacity = self.workers * max(1, inflight)
+        self.inflight = 0  # admitted cold tokenisations not yet released
+        self.admitted = 0
+        self.refused = 0
+        self.encoded = 0  # batches encoded in a pool process
+        self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
+        self._closed = False
+
+    def try_reserve(self) -> bool:
+        """Admit one cold tokenisation, or refuse at once when `capacity` are in flight."""
+        with self._lock:
+            if self._closed or self.inflight >= self.capacity:
+                self.refused += 1
+                return False
+            self.inflight += 1
+            self.admitted += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self.inflight = max(0, self.inflight - 1)
+
+    def _pool(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the cold-prompt pool is closed")
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(
+                    self.workers, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_child, initargs=(self.tokenizer_json,))
+            return self._executor
+
+    def encode(self, texts: list[str]) -> list[array]:
+        """ids of `texts`, encoded in a pool process (blocking: call from a worker thread)."""
+        out = []
+        executor = self._pool()
+        try:
+            raws = executor.submit(_encode_child, texts).result()
+        except BrokenProcessPool:  # a child died (OOM-killed, signalled): the next call starts anew
+            with self._lock:
+                if self._executor is executor:
+                    self._executor = None
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        with self._lock:
+            self.encoded += 1
+        for raw in raws:
+            ids = array("I")
+            ids.frombytes(raw)
+            out.append(ids)
+        return out
+
+    def pids(self) -> list[int]:
+        """The live pool processes (tests, CPU accounting)."""
+        executor = self._executor
+        procs = getattr(executor, "_processes", None) or {}
+        return [p.pid for p in procs.values() if p.is_alive() and p.pid is not None]
+
+    def close(self) -> None:
+        """Stop the processes (server shutdown); admitted work still running is cancelled."""
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
