@@ -202,6 +202,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workers", default="auto", help="--workers of the pg_w target (N or auto)")
     ap.add_argument("--targets", default="direct,vl_rr,vl_ca,sg_ca,pg,pg_mp,pg_w")
     ap.add_argument("--sizes", default="200,100000,1000000")
+    ap.add_argument("--conc", default=None, help="concurrencies for every size (default: the issue's per size)")
     ap.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
     ap.add_argument("--harness-python", default=None, help="default: the routers' venv python")
     ap.add_argument("--out", default=None, help="JSONL of every run (default: a temporary file)")
@@ -238,7 +239,7 @@ def main(argv: list[str]) -> int:
                 probes += ["--probe", f"{name}|{me} --probe-url http://127.0.0.1:{port}{token}"]
         builtin = ",".join(n for n in names if n not in gateways)
         for size in [int(s) for s in a.sizes.split(",")]:
-            conc = dict(GROUPS).get(size, "1,16,128")
+            conc = a.conc or dict(GROUPS).get(size, "1,16,128")
             cmd = [harness_py, str(HARNESS / "runner.py"), "--router-bin", os.path.join(a.routers_venv, "bin"),
                    "--out", out, "--tag", "overhead", "--reps", str(a.reps), "--targets", builtin,
                    "--conc", conc, "--prompt-chars", str(size), "--duration", str(a.duration),
