@@ -213,6 +213,7 @@ class _Conn(asyncio.Protocol):
         self.head: asyncio.Future[H1Response] | None = None
         self.resp: H1Response | None = None
         self.complete = False
+        self._parts: list[bytes] = []  # body pieces parsed from the current read
 
     # ---------------------------------------------------------------- exchange
     def send(self, data: bytes) -> asyncio.Future[H1Response]:
@@ -289,7 +290,6 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.pool.loop.time()
-        self._parts: list[bytes] = []
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -301,9 +301,11 @@ class _Conn(asyncio.Protocol):
     def _deliver(self) -> None:
         parts = self._parts
         resp = self.resp
-        if resp is not None and parts:
-            resp._feed(parts[0] if len(parts) == 1 else b"".join(parts))
+        if parts:
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
             parts.clear()
+            if resp is not None:
+                resp._feed(data)
         if self.complete and resp is not None:
             self._disarm()
             resp._finish(None)

@@ -1,10 +1,15 @@
-"""The upstream side of the hot path: one pooled aiohttp session to every replica.
+"""The upstream side of the hot path: two clients behind one `open`.
 
-aiohttp, not httpx, because httpx's pool scans every connection for every waiting request and its
-reads cost ~3x more (measured: docs/relay.md): `TCPConnector(limit=0)` keeps unbounded keep-alive
-connections per replica, aiohttp sets TCP_NODELAY on them, and responses are read with
-`readany()` so bytes are relayed as they arrive. Failures are turned into `UpstreamError` with a
-`kind` that the metrics and the retry logic share: connect, timeout, disconnect, status_5xx, empty,
+POSTs to plain-HTTP replicas (every chat, completions, Messages and Responses call) go through the
+small HTTP/1.1 client in app/proxy/h1.py: at 128 streams aiohttp's per-request and per-read Python
+work was about a quarter of the gateway's relay CPU (docs/performance.md, "The relay's
+per-request cost"). Everything else (other methods, https replicas, URLs with credentials) uses
+one pooled aiohttp session. aiohttp, not httpx, because httpx's pool scans every connection for
+every waiting request and its reads cost ~3x more (docs/relay.md): `TCPConnector(limit=0)` keeps
+unbounded keep-alive connections per replica, aiohttp sets TCP_NODELAY on them, and responses are
+read with `readany()` so bytes are relayed as they arrive. Both raise aiohttp's exception types,
+so failures become the same `UpstreamError` whichever client served the attempt, with a `kind`
+that the metrics and the retry logic share: connect, timeout, disconnect, status_5xx, empty,
 midstream.
 """
 
