@@ -161,18 +161,22 @@ class H1Response:
 
     def pump(self, sink: Sink, end: End) -> None:
         """From now on hand every body read to `sink` as it arrives, then call `end(None)` at the
-        end of the body or `end(exc)` when it broke. What was buffered before is delivered first."""
+        end of the body or `end(exc)` when it broke. What was buffered before is delivered first.
+        `sink` may pause the connection (`pause`); it stays paused until `resume`."""
+        data = b""
         if self._buf:
             data = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
             self._buf.clear()
             self._size = 0
+        ended = self._exc is not None or self._eof
+        if not ended:
+            self._sink, self._end = sink, end
+            if self._conn is not None:
+                self._conn.resume()  # reading may have been paused at HIGH_WATER while buffering
+        if data:
             sink(data)
-        if self._exc is not None or self._eof:
+        if ended:
             end(self._exc)
-            return
-        self._sink, self._end = sink, end
-        if self._conn is not None:
-            self._conn.resume()
 
     def pause(self) -> None:
         if self._conn is not None:
