@@ -86,3 +86,25 @@ def test_slow_client_pauses_the_replica_and_gets_every_event_in_order(fake_upstr
     while proxy.services.upstream.pool_stats()[0] != 0:
         assert time.monotonic() < deadline, "upstream connection still acquired after the stream"
         time.sleep(0.05)
+
+
+def test_pooled_connection_the_replica_closed_is_not_reused(fake_upstream_factory, proxy_factory) -> None:
+    """A replica closes idle keep-alive connections (vLLM's uvicorn after 5 s): the next request
+    gets a fresh connection and succeeds, and no upstream error is counted."""
+    events = _events(3, 5)
+    up = fake_upstream_factory(lambda req: _stream(events))
+    proxy = proxy_factory([up.url])
+    expected = b"".join(events[:-2] + events[-1:])
+    assert httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30).content == expected
+    assert proxy.services.upstream.pool_stats() == (0, 1)
+    for conn in list(up._conns):  # the replica's idle timeout: it closes every connection it holds
+        conn.shutdown(socket.SHUT_RDWR)
+    deadline = time.monotonic() + 5
+    while proxy.services.upstream.pool_stats()[1] != 0:
+        assert time.monotonic() < deadline, "the closed connection stayed in the pool"
+        time.sleep(0.02)
+    r = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
+    assert r.status_code == 200 and r.content == expected
+    backend = proxy.services.replicas.names()[0]
+    for kind in ("disconnect", "connect", "midstream", "timeout"):
+        assert proxy.sample("prefixgate_upstream_errors_total", backend=backend, kind=kind) is None
