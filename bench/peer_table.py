@@ -40,7 +40,8 @@ ADMIN_TOKEN = "bench-admin-token"
 LABELS = {"direct": "direct", "vl_rr": "vllm-router 0.1.17 round_robin", "vl_ca": "vllm-router 0.1.17 cache_aware",
           "sg_ca": "sglang-router 0.3.2 cache_aware", "pg": "prefixgate (default config)",
           "pg_mp": "prefixgate, multi-pod (salt, Redis, rewrite tenant, API keys)",
-          "pg_w": "prefixgate (default config, --workers)"}
+          "pg_w": "prefixgate (default config, --workers)",
+          "pg_ref": "prefixgate (default config) at --ref-tree"}
 GROUPS = ((200, "1,16,128"), (100_000, "1,16,128"), (1_000_000, "1,4"))
 
 
@@ -201,7 +202,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--pause", type=float, default=0.5)
     ap.add_argument("--workers", default="auto", help="--workers of the pg_w target (N or auto)")
     ap.add_argument("--targets", default="direct,vl_rr,vl_ca,sg_ca,pg,pg_mp,pg_w")
+    ap.add_argument("--ref-tree", default=None,
+                    help="another checkout of prefixgate (e.g. `git archive` of main) run as the pg_ref target "
+                         "in the same rounds: a before/after measured under the same machine noise")
     ap.add_argument("--sizes", default="200,100000,1000000")
+    ap.add_argument("--conc", default=None, help="concurrencies for every size (default: the issue's per size)")
     ap.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
     ap.add_argument("--harness-python", default=None, help="default: the routers' venv python")
     ap.add_argument("--out", default=None, help="JSONL of every run (default: a temporary file)")
@@ -231,6 +236,11 @@ def main(argv: list[str]) -> int:
             multipod_config(cfg, redis.url)
         gateways = {"pg": ("1", None, env, ""), "pg_mp": ("1", cfg, mp_env, f" --probe-token {ADMIN_TOKEN}"),
                     "pg_w": (a.workers, None, env, "")}
+        if a.ref_tree:
+            if "pg_ref" not in names:
+                names.append("pg_ref")
+            ref = str(Path(a.ref_tree).resolve())  # `python -m` imports from the working directory first
+            gateways["pg_ref"] = ("1", None, f"env -C {shlex.quote(ref)} PYTHONPATH={shlex.quote(ref + fast_io)} ", "")
         for name, (workers, config, gw_env, token) in gateways.items():
             if name in names:  # the runner numbers add-targets from port_base+50, in this order
                 port = base + 50 + len(probes) // 2
@@ -238,7 +248,7 @@ def main(argv: list[str]) -> int:
                 probes += ["--probe", f"{name}|{me} --probe-url http://127.0.0.1:{port}{token}"]
         builtin = ",".join(n for n in names if n not in gateways)
         for size in [int(s) for s in a.sizes.split(",")]:
-            conc = dict(GROUPS).get(size, "1,16,128")
+            conc = a.conc or dict(GROUPS).get(size, "1,16,128")
             cmd = [harness_py, str(HARNESS / "runner.py"), "--router-bin", os.path.join(a.routers_venv, "bin"),
                    "--out", out, "--tag", "overhead", "--reps", str(a.reps), "--targets", builtin,
                    "--conc", conc, "--prompt-chars", str(size), "--duration", str(a.duration),

@@ -77,6 +77,16 @@ def _pool(connector: Any) -> tuple[int, int]:
     return -1, -1
 
 
+def _upstream_pool(upstream: Any) -> tuple[int, int]:
+    """(acquired, idle) over the proxy's upstream clients (aiohttp and app/proxy/h1.py)."""
+    for _ in range(10):  # read from another thread: retry if a pool changed meanwhile
+        try:
+            return upstream.pool_stats()
+        except RuntimeError:
+            continue
+    return -1, -1
+
+
 def _httpx_connections(client: Any) -> int:
     """Connections an httpx client's pool holds open (the engine scraper's); -1 when unreadable."""
     pool = getattr(getattr(client, "_transport", None), "_pool", None)
@@ -92,7 +102,7 @@ class Report:
     def snapshot(self) -> dict[str, Any]:
         return {
             "five_xx": sorted(self.five_xx),
-            "proxies": [{"active": p.openai.active, "pool": _pool(p.services.upstream.connector),
+            "proxies": [{"active": p.openai.active, "pool": _upstream_pool(p.services.upstream),
                          "health": _pool(p.services.health._session.connector if p.services.health._session else None),
                          "scraper": _httpx_connections(p.services.scraper._client)} for p in self.proxies],
         }

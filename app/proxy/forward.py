@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-import aiohttp
 import orjson
 
 from app.proxy.anthropic_shape import AnthropicShape
@@ -23,7 +22,7 @@ from app.proxy.context import RequestContext
 from app.proxy.observer import StreamObserver
 from app.proxy.openai_shape import shape_for
 from app.proxy.record import child
-from app.proxy.relay import relay_buffered, relay_raw, relay_stream
+from app.proxy.relay import Response, relay_buffered, relay_raw, relay_stream
 from app.proxy.responses_shape import ResponsesShape
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
@@ -35,7 +34,7 @@ Mode = Literal["stream", "buffered", "raw"]
 _ERROR_SNIPPET = 200
 
 
-async def _status_error(replica: Replica, resp: aiohttp.ClientResponse) -> UpstreamError:
+async def _status_error(replica: Replica, resp: Response) -> UpstreamError:
     """A 5xx answer as an UpstreamError carrying the upstream's own error message (bounded)."""
     message = ""
     try:
@@ -80,7 +79,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
         replica.queued_prompt_tokens += queued
         long_queued = queued if decision.lane == "long" else 0
         replica.queued_long_tokens += long_queued
-        resp: aiohttp.ClientResponse | None = None
+        resp: Response | None = None
         committed = ok = False
         try:
             clock.upstream_sent(time.perf_counter())

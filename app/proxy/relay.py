@@ -19,15 +19,17 @@ import orjson
 from app.proxy.anthropic_shape import openai_usage
 from app.proxy.anthropic_shape import output_text as anthropic_output_text
 from app.proxy.context import ProxyError, RequestContext
+from app.proxy.h1 import H1Response, drive, finish_driven
 from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver
 from app.proxy.responses_shape import chat_usage
 from app.proxy.responses_shape import output_text as responses_output_text
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
 
 Send = Any  # ASGI send callable
+Response = aiohttp.ClientResponse | H1Response
 
 
-def response_headers(resp: aiohttp.ClientResponse, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
+def response_headers(resp: Response, ctx: RequestContext) -> list[tuple[bytes, bytes]]:
     """The upstream's headers (minus framing) plus the proxy's own."""
     out: list[tuple[bytes, bytes]] = []
     for key, value in resp.raw_headers:
@@ -50,7 +52,7 @@ def proxy_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
     return out
 
 
-async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first: bytes, send: Send,
+async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: Send,
                        observer: StreamObserver) -> None:
     """Relay an SSE response whose first bytes (`first`) already arrived. Never raises for
     upstream failures: a stream that breaks before its end marker ends, for the client, with the
@@ -63,7 +65,10 @@ async def relay_stream(ctx: RequestContext, resp: aiohttp.ClientResponse, first:
         await send({"type": "http.response.body", "body": out, "more_body": True})
     send_more = getattr(send, "raw", send)  # chunks with more_body=True need no completion tracking
     try:
-        failure = await _relay_rest(ctx, resp.content, send_more, observer)
+        if isinstance(resp, H1Response):
+            failure = await _relay_pushed(ctx, resp, send_more, observer)
+        else:
+            failure = await _relay_rest(ctx, resp.content, send_more, observer)
     except asyncio.CancelledError:
         # The client went away. If it already had the end marker (clients may close before the
         # final empty write), the response was delivered: keep its accounting, and say so.
@@ -107,14 +112,84 @@ async def _relay_rest(ctx: RequestContext, content: aiohttp.StreamReader, send_m
         try:
             data = await content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            kind = classify_exception(exc)
-            kind = "timeout" if kind == "timeout" else "midstream"
-            return UpstreamError(kind, _backend(ctx), f"upstream failed mid-stream ({type(exc).__name__})")
+            return _midstream_failure(ctx, exc)
         if not data:
             return None
         out = observer.feed(data, time.perf_counter())
         if out:
             await send_more({"type": "http.response.body", "body": out, "more_body": True})
+
+
+def _midstream_failure(ctx: RequestContext, exc: BaseException) -> UpstreamError:
+    kind = "timeout" if classify_exception(exc) == "timeout" else "midstream"
+    return UpstreamError(kind, _backend(ctx), f"upstream failed mid-stream ({type(exc).__name__})")
+
+
+class _Pushed:
+    """What the read callback left for the relay's task: a client write that has to wait
+    (backpressure), an exception of the relay's own, the end of the body."""
+
+    __slots__ = ("wake", "pending", "backlog", "error", "ended", "failure")
+
+    def __init__(self) -> None:
+        self.wake: asyncio.Future[None] | None = None
+        self.pending: Any = None
+        self.backlog: list[bytes] = []
+        self.error: BaseException | None = None
+        self.ended = False
+        self.failure: BaseException | None = None
+
+    def notify(self) -> None:
+        wake = self.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+
+async def _relay_pushed(ctx: RequestContext, resp: H1Response, send_more: Send,
+                        observer: StreamObserver) -> UpstreamError | None:
+    """`_relay_rest` for the small client (app/proxy/h1.py): each upstream read is observed and
+    written to the client from the read callback, with no task wakeup per read. A client write
+    that has to wait (the client reads slower than the replica writes) pauses the replica and is
+    finished here, in the request's task, before reading resumes."""
+    state = _Pushed()
+
+    def sink(data: bytes) -> None:
+        if state.pending is not None or state.error is not None:
+            state.backlog.append(data)  # arrived while the client was catching up: sent after
+            return
+        try:
+            out = observer.feed(data, time.perf_counter())
+            if out:
+                state.pending = drive(send_more, {"type": "http.response.body", "body": out, "more_body": True})
+        except Exception as exc:  # noqa: BLE001 - raised in the request's task below
+            state.error = exc
+        if state.pending is not None or state.error is not None:
+            resp.pause()
+            state.notify()
+
+    def end(exc: BaseException | None) -> None:
+        state.ended = True
+        state.failure = exc
+        state.notify()
+
+    resp.pump(sink, end)
+    loop = asyncio.get_running_loop()
+    while True:
+        if state.pending is not None:
+            pending, state.pending = state.pending, None
+            await finish_driven(pending)
+            while state.backlog and state.pending is None and state.error is None:
+                sink(state.backlog.pop(0))
+            if state.pending is None and state.error is None:
+                resp.resume()
+            continue
+        if state.error is not None:
+            raise state.error
+        if state.ended:
+            return None if state.failure is None else _midstream_failure(ctx, state.failure)
+        state.wake = loop.create_future()
+        await state.wake
+        state.wake = None
 
 
 def output_text_of(payload: dict[str, Any], route: str) -> str | None:
@@ -130,7 +205,7 @@ def output_text_of(payload: dict[str, Any], route: str) -> str | None:
     return text[:MAX_OUTPUT_CHARS] if isinstance(text, str) else None
 
 
-async def relay_buffered(ctx: RequestContext, resp: aiohttp.ClientResponse, first: bytes, send: Send,
+async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send: Send,
                          parse: bool) -> None:
     """Relay a non-streamed response (JSON) whose first body bytes (`first`) already arrived:
     read the rest, then send it whole. `parse`: read usage and output text from it."""
@@ -174,7 +249,7 @@ def _take_response(ctx: RequestContext, payload: dict[str, Any]) -> None:
         ctx.response_id = payload["id"]
 
 
-async def relay_raw(ctx: RequestContext, resp: aiohttp.ClientResponse, first: bytes, send: Send) -> None:
+async def relay_raw(ctx: RequestContext, resp: Response, first: bytes, send: Send) -> None:
     """Pass-through relay for other /v1/* paths: bytes as they come, nothing parsed."""
     ctx.status = resp.status
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})

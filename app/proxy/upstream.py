@@ -1,10 +1,15 @@
-"""The upstream side of the hot path: one pooled aiohttp session to every replica.
+"""The upstream side of the hot path: two clients behind one `open`.
 
-aiohttp, not httpx, because httpx's pool scans every connection for every waiting request and its
-reads cost ~3x more (measured: docs/relay.md): `TCPConnector(limit=0)` keeps unbounded keep-alive
-connections per replica, aiohttp sets TCP_NODELAY on them, and responses are read with
-`readany()` so bytes are relayed as they arrive. Failures are turned into `UpstreamError` with a
-`kind` that the metrics and the retry logic share: connect, timeout, disconnect, status_5xx, empty,
+POSTs to plain-HTTP replicas (every chat, completions, Messages and Responses call) go through the
+small HTTP/1.1 client in app/proxy/h1.py: at 128 streams aiohttp's per-request and per-read Python
+work was about a quarter of the gateway's relay CPU (docs/performance.md, "The relay's
+per-request cost"). Everything else (other methods, https replicas, URLs with credentials) uses
+one pooled aiohttp session. aiohttp, not httpx, because httpx's pool scans every connection for
+every waiting request and its reads cost ~3x more (docs/relay.md): `TCPConnector(limit=0)` keeps
+unbounded keep-alive connections per replica, aiohttp sets TCP_NODELAY on them, and responses are
+read with `readany()` so bytes are relayed as they arrive. Both raise aiohttp's exception types,
+so failures become the same `UpstreamError` whichever client served the attempt, with a `kind`
+that the metrics and the retry logic share: connect, timeout, disconnect, status_5xx, empty,
 midstream.
 """
 
@@ -18,6 +23,7 @@ import aiohttp
 from yarl import URL
 
 from app.config import Limits
+from app.proxy.h1 import H1Pool, H1Response, plain_http
 from app.routing.base import Replica
 
 # Request headers never forwarded upstream: hop-by-hop ones, those aiohttp sets itself, and
@@ -72,10 +78,13 @@ def classify_exception(exc: BaseException) -> str:
 class Upstream:
     """Owns the aiohttp session (created on the serving loop in `start`)."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, h1: bool = True) -> None:
         self.limits = limits
         self.session: aiohttp.ClientSession | None = None
+        self.h1: H1Pool | None = None
+        self._use_h1 = h1
         self._urls: dict[str, URL] = {}
+        self._plain: dict[str, bool] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=75,
@@ -88,8 +97,13 @@ class Upstream:
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
                                              skip_auto_headers=("User-Agent",),
                                              cookie_jar=aiohttp.DummyCookieJar())
+        if self._use_h1:
+            self.h1 = H1Pool(self.limits, asyncio.get_running_loop())
 
     async def stop(self) -> None:
+        if self.h1 is not None:
+            self.h1.close()
+            self.h1 = None
         if self.session is not None:
             await self.session.close()
             self.session = None
@@ -107,6 +121,29 @@ class Upstream:
     def connector(self) -> aiohttp.BaseConnector | None:
         return self.session.connector if self.session else None
 
+    def pool_stats(self) -> tuple[int, int]:
+        """(upstream connections in use, idle ones) over both clients; (-1, -1) when aiohttp's
+        private fields cannot be read, so a leak check fails rather than passing on zeros."""
+        acquired, idle = self.h1.stats() if self.h1 is not None else (0, 0)
+        connector = self.connector
+        if connector is None:
+            return acquired, idle
+        if not hasattr(connector, "_acquired") or not hasattr(connector, "_conns"):
+            return -1, -1
+        return (acquired + len(connector._acquired),
+                idle + sum(len(v) for v in list(connector._conns.values())))
+
+    def _h1_serves(self, method: str, url: str) -> bool:
+        """POSTs to plain-HTTP replicas go through the small client (app/proxy/h1.py)."""
+        if self.h1 is None or method != "POST":
+            return False
+        plain = self._plain.get(url)
+        if plain is None:
+            if len(self._plain) >= URL_CACHE_CAP:
+                self._plain.clear()
+            plain = self._plain[url] = plain_http(url)
+        return plain
+
     async def _before_first_byte(self, replica: Replica, call: Awaitable[T], waiting_for: str,
                                  show_error: bool) -> T:
         """Await `call` within limits.first_byte_timeout_s. Nothing has reached the client yet, so a
@@ -123,17 +160,21 @@ class Upstream:
                                 f"{replica.name}: no {waiting_for} within {self.limits.first_byte_timeout_s}s") from exc
 
     async def open(self, replica: Replica, method: str, path: str, body: bytes,
-                   headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+                   headers: Mapping[str, str]) -> aiohttp.ClientResponse | H1Response:
         """Send the request; returns once the response headers arrived (any status).
 
         Bounded by limits.first_byte_timeout_s; raises UpstreamError on failure.
         """
         assert self.session is not None, "Upstream.start() was not awaited"
+        if self._h1_serves(method, replica.url):
+            assert self.h1 is not None
+            call = self.h1.request(self._url(replica.url + path), method, body, headers)
+            return await self._before_first_byte(replica, call, "response", show_error=True)
         request = self.session.request(method, self._url(replica.url + path), data=body or None,
                                        headers=dict(headers), allow_redirects=False)
         return await self._before_first_byte(replica, request, "response", show_error=True)
 
-    async def first_chunk(self, replica: Replica, resp: aiohttp.ClientResponse) -> bytes:
+    async def first_chunk(self, replica: Replica, resp: aiohttp.ClientResponse | H1Response) -> bytes:
         """The first body bytes (the role chunk, or the first token), bounded by the first-byte
         timeout. Nothing has reached the client yet, so a failure here is still retryable."""
         data = await self._before_first_byte(replica, resp.content.readany(), "first byte", show_error=False)
