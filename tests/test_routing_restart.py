@@ -29,7 +29,8 @@ def conversation(seed: int, turns: int) -> list[list[dict]]:
 def ask(proxy: Any, tenant: int, messages: list[dict]) -> tuple[str, str, int]:
     """(backend, x-prefixgate-prefix, engine cached tokens) of one streamed turn, once the gateway
     processed it (its residency writes are queued for Redis)."""
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="x", default_headers={"x-tenant-id": f"t{tenant}"})
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0,  # a retry would hide a 500
+                           default_headers={"x-tenant-id": f"t{tenant}"})
     raw = client.chat.completions.with_raw_response.create(
         model="sim", messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True})
     usage = None

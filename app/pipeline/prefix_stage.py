@@ -193,7 +193,7 @@ class PrefixStage:
         if self.blind_wait_s <= 0:
             return False
         known = len(fp.block_hashes) * fp.block_size
-        return known < self.settings.routing.cold_match_ratio * fp.estimated_tokens
+        return known < self.settings.routing.weights.cold_match_ratio * fp.estimated_tokens
 
     async def _finish_before_routing(self, fp: Fingerprint, task: asyncio.Task[ChainTip | None]) -> None:
         """Wait up to `blind_wait_s` for `task` (this request's own tokenisation, in the worker
