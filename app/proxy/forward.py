@@ -25,6 +25,7 @@ from app.proxy.openai_shape import shape_for
 from app.proxy.record import child
 from app.proxy.relay import relay_buffered, relay_raw, relay_stream
 from app.proxy.responses_shape import RESPONSES_SHAPE
+from app.proxy.shape import StreamShape
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
@@ -33,6 +34,15 @@ if TYPE_CHECKING:
 
 Mode = Literal["stream", "buffered", "raw"]
 _ERROR_SNIPPET = 200
+
+
+def stream_shape(route: str) -> StreamShape:
+    """The stream shape of a route's SSE answer (also the Endpoint Picker's, app/epp/exchange.py)."""
+    if route == "responses":
+        return RESPONSES_SHAPE
+    if route == "messages":
+        return AnthropicShape()
+    return shape_for(route)
 
 
 async def _status_error(replica: Replica, resp: aiohttp.ClientResponse) -> UpstreamError:
@@ -99,9 +109,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status < 400:
                 services.router.on_routed(request, decision)
             if mode == "stream" and resp.status == 200:
-                shape = (RESPONSES_SHAPE if ctx.route == "responses" else AnthropicShape() if ctx.route == "messages"
-                         else shape_for(ctx.route))
-                observer = StreamObserver(shape, clock, drop_usage,
+                observer = StreamObserver(stream_shape(ctx.route), clock, drop_usage,
                                           collect_text=int(ctx.body.get("n") or 1) == 1)
                 await relay_stream(ctx, resp, first, send, observer)
             elif mode == "raw":
