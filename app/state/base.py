@@ -3,7 +3,8 @@ implement it. Every method is async and must degrade gracefully: a Store that lo
 keeps answering from local state and reports `up() == False`.
 
 What is shared: the per-replica residency index (block hashes, TTL/LRU bounded), the recent
-placements cold prefixes are spread by, session/tenant -> replica bindings, per-tenant continuity history (bounded), and the counters behind /hygiene.
+placements cold prefixes are spread by, session/tenant -> replica bindings, per-tenant continuity
+history (bounded), and the counters behind /hygiene.
 """
 
 from __future__ import annotations

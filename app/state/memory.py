@@ -213,13 +213,14 @@ class MemoryStore:
         res = self._residency.get(replica)
         return set(res.blocks) if res else set()
 
-    # ------------------------------------------------------------- bindings
+    # ------------------------------------------------------------- recent placements
     async def recent_add(self, replica: str) -> None:
         self._recent.add(replica)
 
     async def recent_values(self, replicas: list[str]) -> dict[str, float]:
         return {r: self._recent.value(r) for r in replicas}
 
+    # ------------------------------------------------------------- bindings
     async def binding_get(self, key: str) -> str | None:
         item = self._bindings.get(key)
         if item is None:
