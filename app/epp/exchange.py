@@ -17,6 +17,10 @@ The data plane carries the bytes; this class runs the same pipeline steps `serve
 | response_body end_of_stream / stream   | steps 8-9 (`RequestPipeline.finish`),      |                              |
 | closed                                 | router.on_finished                         |                              |
 
+Every route `serve` takes (chat, completions, Messages, Responses) is read with `serve`'s stream
+shape and buffered parser, and refused in its error shape; other paths are picked at their headers
+(a `/v1/responses/{id}` by the replica that holds it) and pass untouched.
+
 Every endpoint the EPP lists is a replica the router chose (primary first, then fallbacks
 excluding the ones before), so when the data plane's retry lands on the second one the
 served-endpoint metadata names a decision the router made and the accounting follows it.
