@@ -251,6 +251,10 @@ class Prefix(Section):
     cold_pool_inflight: int = Field(default=2, ge=1)  # admitted per process; past it: approx
     cold_pool_min_chars: int = Field(default=64 * 1024, ge=0)  # smaller cold work: worker threads
     pending_wait_ms: float = 50.0  # a prompt continuing one still being tokenised waits at most this for it
+    # a prompt the hot path could not fingerprint far enough to route (a long conversation this
+    # process never walked) waits at most this for its tokenisation when the residency index is
+    # shared (Redis, serve --workers, KV events): another process may have placed its prefix
+    blind_wait_ms: float = Field(default=250.0, ge=0)
     tracker_texts_per_tenant: int = 4  # (the bytes all tenants' texts may hold: memory.budget_mb)
     window: int = 64  # requests per tenant the /hygiene continuity is computed over
     last_breaks: int = 5  # breaks listed per tenant in /hygiene

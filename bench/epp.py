@@ -1,6 +1,6 @@
 """The Endpoint Picker against `prefixgate serve`: same workload, same decisions? and what it adds.
 
-    .venv/bin/python bench/epp.py [--tenants 6] [--turns 4] [--big 8]
+    .venv/bin/python bench/epp.py [--tenants 6] [--turns 4] [--big 8] [--pair]
 
 One multi-tenant agent-style workload (each tenant a growing conversation, streamed, usage asked)
 is sent twice, each time into fresh simulated replicas (time scale 0): through `prefixgate serve`
@@ -10,12 +10,17 @@ reason), the TTFT observations, engine cached tokens and per-tenant continuity o
 the EPP's added latency as the data plane sees it: per request (request body's end -> the pick and
 the body back; the prompt crosses gRPC twice), and per response chunk (chunk written -> its answer
 read), for the workload and for `--big` requests with ~1 MB prompts.
+
+`--pair`: every run keeps its state in a private redis-server (tests/redis_server.py, one
+namespace per run), and a third run sends the workload through two EPPs active-active on one
+namespace, the data plane alternating between them request by request.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -77,57 +82,86 @@ def summary(services: Any, backends: list[str], cached: int) -> dict[str, Any]:
             "cached": cached, "continuity": dict(sorted(continuity.items()))}
 
 
-def via_serve(work: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def via_serve(work: list[tuple[str, dict[str, Any]]], state: dict[str, Any]) -> dict[str, Any]:
     with SimCluster(replicas=4, time_scale=0.0) as sim:
-        app = create_app(settings_for(sim.urls))
+        app = create_app(settings_for(sim.urls, **state))
         with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as client:
             backends, cached = [], 0
             for tenant, body in work:
                 r = client.post("/v1/chat/completions", json=body, headers={"x-tenant-id": tenant})
                 backends.append(r.headers["x-prefixgate-backend"])
                 cached += (usage_of(r.content).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            asyncio.run_coroutine_threadsafe(app.services.prefix.drain(), server.loop).result(30)
-            while app.openai.active:
-                time.sleep(0.01)
+                while app.openai.active:
+                    time.sleep(0.001)
+                asyncio.run_coroutine_threadsafe(written(app.services), server.loop).result(30)
             return summary(app.services, backends, cached)
 
 
-def via_epp(work: list[tuple[str, dict[str, Any]]], big: int) -> tuple[dict[str, Any], dict[str, list[float]]]:
-    with SimCluster(replicas=4, time_scale=0.0) as sim:
-        app, epp = create_epp_app(settings_for(sim.urls, epp={"host": "127.0.0.1", "grpc_port": 0, "health_port": 0}))
-        with ServerThread(app) as server:
-            def settled() -> dict[str, Any]:
-                while epp.processor.active:
-                    time.sleep(0.01)
-                asyncio.run_coroutine_threadsafe(app.services.prefix.drain(), server.loop).result(30)
-                return summary(app.services, backends, cached)
+async def written(services: Any) -> None:
+    """A finished request's post-response work done and its shared-state writes sent (the next
+    turn may reach another EPP at once)."""
+    await services.prefix.drain()
+    flush = getattr(services.store, "flush", None)
+    if flush is not None:
+        await flush()
 
-            async def drive() -> tuple[dict[str, Any], dict[str, list[float]]]:
-                nonlocal cached
-                plane = DataPlane(f"127.0.0.1:{epp.grpc_port}", epp.certificate)
-                lat: dict[str, list[float]] = {"request": [], "chunk": [], "big_request": [], "big_chunk": []}
-                try:
-                    for tenant, body in work:
-                        r = await plane.request("/v1/chat/completions", body, {"x-tenant-id": tenant})
-                        backends.append(r.headers["x-prefixgate-backend"])
-                        cached += (usage_of(r.body).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                        lat["request"].append(r.pick_s or 0.0)
-                        lat["chunk"] += r.chunk_answer_s
-                    out = settled()  # the workload's figures, before the big prompts
-                    for i in range(big):
-                        prompt = f"big {i} " + "x" * (1 << 20)
-                        r = await plane.request("/v1/chat/completions", {
-                            "model": "sim", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
-                            "stream": True}, {"x-tenant-id": "big"})
-                        lat["big_request"].append(r.pick_s or 0.0)
-                        lat["big_chunk"] += r.chunk_answer_s
-                finally:
-                    await plane.close()
-                return out, lat
 
+def merged(summaries: list[dict[str, Any]], backends: list[str], cached: int) -> dict[str, Any]:
+    """Several EPPs' figures as one: decisions and TTFT observations summed; continuity (each
+    EPP reads it from the shared history) is the last writer's per tenant."""
+    reasons: dict[str, float] = {}
+    continuity: dict[str, float] = {}
+    for one in summaries:
+        for k, v in one["reasons"].items():
+            reasons[k] = reasons.get(k, 0) + v
+        continuity.update(one["continuity"])
+    return {"backends": backends, "reasons": dict(sorted(reasons.items())),
+            "ttft_count": sum(one["ttft_count"] for one in summaries), "cached": cached,
+            "continuity": dict(sorted(continuity.items()))}
+
+
+def via_epp(work: list[tuple[str, dict[str, Any]]], big: int, state: dict[str, Any],
+            count: int = 1) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """The workload through `count` EPPs (request i to EPP i % count), then `big` ~1 MB prompts."""
+    with SimCluster(replicas=4, time_scale=0.0) as sim, contextlib.ExitStack() as stack:
+        epps = []
+        for _ in range(count):
+            app, epp = create_epp_app(settings_for(sim.urls, epp={"host": "127.0.0.1", "grpc_port": 0,
+                                                                  "health_port": 0}, **state))
+            epps.append((app, epp, stack.enter_context(ServerThread(app))))
+
+        def settle(app: Any, epp: Any, server: Any) -> None:
+            while epp.processor.active:
+                time.sleep(0.001)
+            asyncio.run_coroutine_threadsafe(written(app.services), server.loop).result(30)
+
+        async def drive() -> tuple[dict[str, Any], dict[str, list[float]]]:
+            planes = [DataPlane(f"127.0.0.1:{epp.grpc_port}", epp.certificate) for _, epp, _ in epps]
+            lat: dict[str, list[float]] = {"request": [], "chunk": [], "big_request": [], "big_chunk": []}
             backends: list[str] = []
             cached = 0
-            return asyncio.run(drive())
+            try:
+                for i, (tenant, body) in enumerate(work):
+                    r = await planes[i % count].request("/v1/chat/completions", body, {"x-tenant-id": tenant})
+                    backends.append(r.headers["x-prefixgate-backend"])
+                    cached += (usage_of(r.body).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    lat["request"].append(r.pick_s or 0.0)
+                    lat["chunk"] += r.chunk_answer_s
+                    settle(*epps[i % count])
+                out = merged([summary(app.services, [], 0) for app, _, _ in epps], backends, cached)
+                for i in range(big):  # the workload's figures are taken: now the big prompts
+                    prompt = f"big {i} " + "x" * (1 << 20)
+                    r = await planes[0].request("/v1/chat/completions", {
+                        "model": "sim", "messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+                        "stream": True}, {"x-tenant-id": "big"})
+                    lat["big_request"].append(r.pick_s or 0.0)
+                    lat["big_chunk"] += r.chunk_answer_s
+            finally:
+                for plane in planes:
+                    await plane.close()
+            return out, lat
+
+        return asyncio.run(drive())
 
 
 def ms(values: list[float], q: float) -> str:
@@ -142,18 +176,33 @@ def main() -> int:
     parser.add_argument("--tenants", type=int, default=6)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--big", type=int, default=8, help="requests with ~1 MB prompts (EPP latency only)")
+    parser.add_argument("--pair", action="store_true", help="state in Redis, plus two EPPs active-active")
     args = parser.parse_args()
     work = workload(args.tenants, args.turns)
-    serve = via_serve(work)
-    epp, lat = via_epp(work, args.big)
-    same = sum(a == b for a, b in zip(serve["backends"], epp["backends"], strict=True))
-    print(f"workload: {args.tenants} tenants x {args.turns} turns, 4 simulated replicas\n")
-    print("| | serve | epp |\n|---|---|---|")
-    print(f"| same replica as serve, per request | - | {same}/{len(work)} |")
-    print(f"| decisions by reason | {serve['reasons']} | {epp['reasons']} |")
-    print(f"| TTFT observations | {serve['ttft_count']:.0f} | {epp['ttft_count']:.0f} |")
-    print(f"| engine cached tokens | {serve['cached']} | {epp['cached']} |")
-    print(f"| continuity per tenant | {serve['continuity']} | {epp['continuity']} |")
+    with contextlib.ExitStack() as stack:
+        states = [{}, {}, {}]
+        if args.pair:
+            from tests.redis_server import RedisServer
+
+            redis = stack.enter_context(RedisServer())
+            states = [{"state": redis.url, "state_options": {"namespace": f"bench{i}", "redis_timeout_s": 1.0}}
+                      for i in range(3)]
+        runs = {"serve": via_serve(work, states[0])}
+        runs["epp"], lat = via_epp(work, args.big, states[1])
+        if args.pair:
+            runs["2 EPPs"], _ = via_epp(work, 0, states[2], count=2)
+    serve = runs["serve"]
+    names = list(runs)
+    state = "redis" if args.pair else "memory"
+    print(f"workload: {args.tenants} tenants x {args.turns} turns, 4 simulated replicas, state {state}\n")
+    print("| | " + " | ".join(names) + " |\n|---|" + "---|" * len(names))
+    same = [f"{sum(a == b for a, b in zip(serve['backends'], r['backends'], strict=True))}/{len(work)}"
+            for r in runs.values()]
+    print("| same replica as serve, per request | " + " | ".join(same) + " |")
+    for key, label in (("reasons", "decisions by reason"), ("ttft_count", "TTFT observations"),
+                       ("cached", "engine cached tokens"), ("continuity", "continuity per tenant")):
+        cells = [f"{r[key]:.0f}" if isinstance(r[key], float) else str(r[key]) for r in runs.values()]
+        print(f"| {label} | " + " | ".join(cells) + " |")
     print("\nEPP added latency (ms, as the data plane sees it; loopback gRPC + TLS)\n")
     print("| | n | p50 | p99 |\n|---|---|---|---|")
     for key, label in (("request", "per request: body end -> pick + body back"),

@@ -96,15 +96,19 @@ class DataPlane:
         raw = body if isinstance(body, bytes) else orjson.dumps(body)
         req_headers = {":method": "POST", ":path": path, ":authority": "gateway", "content-type": "application/json",
                        "content-length": str(len(raw)), **(headers or {})}
+        method = req_headers[":method"]
+        bodyless = method == "GET" and not raw  # headers only, their end_of_stream set
+        if bodyless:
+            req_headers.pop("content-length")
         call = self.stub.Process()
         log: list[str] = []
         md = _metadata(protocol.SUBSET_NAMESPACE, {protocol.SUBSET: subset}) if subset is not None else None
-        first = pb.ProcessingRequest(request_headers=_headers(req_headers))
+        first = pb.ProcessingRequest(request_headers=_headers(req_headers, end_of_stream=bodyless))
         if md is not None:
             first.metadata_context.CopyFrom(md)
         await call.write(first)
         log.append("-> request_headers" + (" (+ subset hint)" if md is not None else ""))
-        chunks = [raw[i:i + self.chunk_bytes] for i in range(0, len(raw), self.chunk_bytes)] or [b""]
+        chunks = [] if bodyless else [raw[i:i + self.chunk_bytes] for i in range(0, len(raw), self.chunk_bytes)] or [b""]
         for i, chunk in enumerate(chunks):
             eos = i == len(chunks) - 1
             await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=chunk, end_of_stream=eos)))
@@ -128,7 +132,7 @@ class DataPlane:
         endpoints = header_value.split(",")
         log.append(f"<- request_headers (set {protocol.DESTINATION}: {header_value}; dynamic_metadata envoy.lb same)")
         forwarded = b""
-        while True:
+        while not bodyless:
             answer = await call.read()
             assert answer.HasField("request_body"), answer
             streamed = answer.request_body.response.body_mutation.streamed_response
@@ -138,13 +142,14 @@ class DataPlane:
             if streamed.end_of_stream:
                 break
         pick_s = time.perf_counter() - sent_at  # the request side's whole added wait: pick + body back
-        assert int(req_headers["content-length"]) == len(forwarded)
+        assert bodyless or int(req_headers["content-length"]) == len(forwarded)
         # the data plane's retry: down the list until one endpoint answers
         upstream_headers = {k: v for k, v in req_headers.items() if not k.startswith(":")}
         resp = served = None
         for endpoint in endpoints:
             try:
-                resp = await self.session.post(f"http://{endpoint}{path}", data=forwarded, headers=upstream_headers)
+                resp = await self.session.request(method, f"http://{endpoint}{path}", data=forwarded or None,
+                                                  headers=upstream_headers)
                 served = endpoint
                 break
             except aiohttp.ClientConnectionError:

@@ -15,7 +15,7 @@ import orjson
 from app.epp.pool import pod_endpoints
 from app.serving import ServerThread, free_port
 from app.sim.testing import SimCluster
-from tests.test_epp_dataplane import EppHandle, chat, conversation, make_epp
+from tests.epp_testing import EppHandle, chat, conversation, make_epp
 
 NS, POOL = "llm", "vllm-pool"
 

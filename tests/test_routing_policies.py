@@ -210,9 +210,9 @@ async def test_cold_spread_avoids_a_replica_with_a_large_recent_share():
     req = request(doc(77, 2000), tenant="new")
     first = (await router.choose(req)).replica.name
     for _ in range(40):  # sticky tenants kept sending their turns there
-        router.recent.add(first)
+        await router.recent.add(first)
     for name in ("r0", "r1", "r2", "r3"):
-        router.recent.add(name)
+        await router.recent.add(name)
     d = await router.choose(req)
     assert d.reason == "cold_spread" and d.replica.name != first
 

@@ -103,8 +103,11 @@ def moves(homes: dict[str, list[str]]) -> int:
 
 
 def two_pods(proxy_factory, sim, state: str, namespace: str = "pg") -> list:
+    # blind_wait_ms 0: a pod routes a prompt it never tokenised without waiting for its chain, so
+    # the warm-up can place the system prompt apart (with the default a Redis pod fingerprints it
+    # first and finds the other pod's placement: tests/test_routing_restart.py)
     return [proxy_factory(sim, names=NAMES, state=state, routing={"policy": "prefix_affinity"},
-                          state_options={"namespace": namespace}) for _ in range(2)]
+                          prefix={"blind_wait_ms": 0}, state_options={"namespace": namespace}) for _ in range(2)]
 
 
 def test_alternating_turns_keep_affinity_with_redis_and_lose_it_with_memory(

@@ -62,12 +62,17 @@ def anthropic_error_body(err: ProxyError) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}})
 
 
+def error_bytes(err: ProxyError, anthropic: bool = False) -> bytes:
+    """The error body a client of the route parses: Anthropic's shape on the Messages paths."""
+    return anthropic_error_body(err) if anthropic else error_body(err)
+
+
 async def send_error(send: Any, exc: BaseException, headers: list[tuple[bytes, bytes]] | None = None,
                      anthropic: bool = False) -> ProxyError:
     """Send a complete error response on a raw ASGI `send` (OpenAI-shaped, or Anthropic-shaped
     for the Messages paths); returns the error."""
     err = to_proxy_error(exc)
-    body = anthropic_error_body(err) if anthropic else error_body(err)
+    body = error_bytes(err, anthropic)
     out = [JSON_CT, (b"content-length", str(len(body)).encode())]
     out += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
     if headers:

@@ -17,6 +17,10 @@ The data plane carries the bytes; this class runs the same pipeline steps `serve
 | response_body end_of_stream / stream   | steps 8-9 (`RequestPipeline.finish`),      |                              |
 | closed                                 | router.on_finished                         |                              |
 
+Every route `serve` takes (chat, completions, Messages, Responses) is read with `serve`'s stream
+shape and buffered parser, and refused in its error shape; other paths are picked at their headers
+(a `/v1/responses/{id}` by the replica that holds it) and pass untouched.
+
 Every endpoint the EPP lists is a replica the router chose (primary first, then fallbacks
 excluding the ones before), so when the data plane's retry lands on the second one the
 served-endpoint metadata names a decision the router made and the accounting follows it.
@@ -27,18 +31,17 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import orjson
-
-from app.api.errors import error_body, to_proxy_error
-from app.api.openai import ROUTES, new_context, request_id_from
+from app.api.errors import error_bytes, to_proxy_error
+from app.api.openai import ANTHROPIC_PATHS, ROUTES, new_context, request_id_from
 from app.api.validation import parse_body
 from app.epp import protocol
+from app.pipeline.responses_stage import response_id_of_path
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
+from app.proxy.forward import stream_shape
 from app.proxy.observer import StreamObserver
-from app.proxy.openai_shape import shape_for
 from app.proxy.record import child
-from app.proxy.relay import output_text_of, proxy_headers
+from app.proxy.relay import observe_buffered, proxy_headers, take_results
 from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable, RouteDecision, RouteRequest
 
@@ -132,11 +135,11 @@ class Exchange:
             forwarded, request, drop_usage = await self.pipeline.prepare(self.ctx, raw)
             self.request = request
             await self._pick(request)
-        except Exception as exc:  # every refusal is the OpenAI-shaped error serve gives
-            return self._reject(to_proxy_error(exc))
+        except Exception as exc:  # every refusal is the error serve gives, in the route's shape
+            return self._reject(to_proxy_error(self._pinned_gone(exc)))
         ctx = self.ctx
         if ctx.stream:
-            self.observer = StreamObserver(shape_for(ctx.route), self.clock, drop_usage,
+            self.observer = StreamObserver(stream_shape(ctx.route), self.clock, drop_usage,
                                            collect_text=int(ctx.body.get("n") or 1) == 1)
         else:
             self.buffered = []
@@ -144,6 +147,15 @@ class Exchange:
         endpoints = [protocol.endpoint_of(d.replica.url) for d in self.decisions]
         return [protocol.picked(endpoints, len(forwarded)),
                 protocol.streamed_body("request_body", forwarded, True)]
+
+    def _pinned_gone(self, exc: Exception) -> Exception:
+        """A Responses turn pinned by `previous_response_id` whose replica cannot be picked: the
+        engine's 404, as `serve` answers it (app/pipeline/request.py `run`)."""
+        ctx = self.ctx
+        previous = ctx.body.get("previous_response_id") if ctx is not None and ctx.route == "responses" else None
+        if isinstance(exc, NoReplicaAvailable) and ctx is not None and ctx.pinned_replica and isinstance(previous, str):
+            return self.pipeline.responses.unreachable(previous, exc)
+        return exc
 
     def _allowed(self) -> frozenset[str]:
         """Replica names outside the data plane's subset (the router's `exclude`)."""
@@ -194,10 +206,15 @@ class Exchange:
         self.active = None
 
     async def _pick_passthrough(self) -> list[pb.ProcessingResponse]:
-        request = RouteRequest("passthrough", None, None, None, 0)
+        """Any replica, or for `/v1/responses/{id}` (retrieve, cancel) the one that holds the id."""
+        response_id = response_id_of_path(self.headers.get(":path", "").split("?", 1)[0])
         try:
+            pinned = await self.pipeline.responses.pin(response_id) if response_id is not None else None
+            request = RouteRequest("passthrough", None, None, None, 0, pinned=pinned)
             decision = await self.services.router.choose(request, self._allowed())
-        except NoReplicaAvailable as exc:
+        except Exception as exc:
+            if response_id is not None:
+                exc = self.pipeline.responses.unreachable(response_id, exc)
             return self._reject(to_proxy_error(exc))
         return [protocol.picked([protocol.endpoint_of(decision.replica.url)], None)]
 
@@ -210,7 +227,8 @@ class Exchange:
             self.services.metrics.requests.labels(route, str(err.status)).inc()
         request_id = self.ctx.request_id if self.ctx else request_id_from(self.headers)
         headers = [("x-request-id", request_id), *err.headers.items()]
-        out = [protocol.immediate(err.status, error_body(err), headers)]
+        anthropic = self.headers.get(":path", "").split("?", 1)[0] in ANTHROPIC_PATHS
+        out = [protocol.immediate(err.status, error_bytes(err, anthropic), headers)]
         self.close()
         return out
 
@@ -313,13 +331,11 @@ class Exchange:
         if self.observer is not None:
             if not self.ended:
                 self.observer.finish()
-            ctx.usage = self.observer.usage
-            if self.observer.collect_text:
-                ctx.output_text = self.observer.output_text
+            take_results(ctx, self.observer)
             if self.observer.error is not None and ctx.outcome == "ok":
                 ctx.outcome = "midstream_error"
         elif self.buffered and ctx.status == 200:
-            self._parse_buffered(ctx, b"".join(self.buffered))
+            observe_buffered(ctx, b"".join(self.buffered))
         if ctx.status is not None and 400 <= ctx.status < 500 and ctx.outcome == "ok":
             ctx.outcome = "client_error"
         if ctx.upstream_failure is not None and self.active is not None:
@@ -330,16 +346,3 @@ class Exchange:
             self.services.router.on_finished(request, decision, ctx.outcome == "ok")
         self.clock.end(time.perf_counter())
         self.pipeline.finish(ctx, self.clock)
-
-    @staticmethod
-    def _parse_buffered(ctx: RequestContext, body: bytes) -> None:
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(payload, dict):
-            usage = payload.get("usage")
-            ctx.usage = usage if isinstance(usage, dict) else None
-            text = output_text_of(payload, ctx.route)
-            if text is not None:
-                ctx.output_text = text

@@ -9,8 +9,14 @@ hygiene stage sets when cache isolation is on) -> ctx.fingerprint, read by the r
 prefixgate_fingerprint_requests_total{mode=exact|pending|approx} (`routed_mode`). When the
 walk stops where an in-flight tokenisation of the same conversation stopped (same chain state,
 same next segment: this prompt continues that one), it waits up to `prefix.pending_wait_ms` for
-that work and continues the walk through it. It never waits for anything else: not for another
-conversation of the same tenant, nor for the tenant `default` that every anonymous client shares.
+that work and continues the walk through it. It never waits for another conversation of the
+same tenant, nor for the tenant `default` that every anonymous client shares. One more wait, for
+its own tokenisation: when the walk knows too little of the prompt for the router to use the
+residency index at all (a long conversation this process never walked: it restarted, or the
+previous turn went through another gateway pod) and the index is shared with other processes
+(Redis, `serve --workers`, KV events), the chain is finished in the worker pool before routing,
+up to `prefix.blind_wait_ms`; otherwise the turn would be spread as cold while the index says
+where its prefix is (docs/epp.md, "Several EPPs, restarts").
 
 after_response (never blocks the loop; everything slow is a task or a worker thread):
 1. prediction in the engine's rule, B * min(leading resident blocks, floor((N-1)/B)), on the chosen
@@ -42,6 +48,7 @@ from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
 from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, Observation, TenantTracker
 from app.proxy.context import RequestContext
+from app.state.memory import MemoryStore
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -99,6 +106,9 @@ class PrefixStage:
         # in-flight tokenisations of a long segment, by its head (Fingerprinter.cold_head)
         self._cold: dict[str, asyncio.Task[ChainTip | None]] = {}
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
+        # the index may hold chains this process never walked: their next turns must not route blind
+        shared_index = settings.routing.kv_events or not isinstance(services.store, MemoryStore)
+        self.blind_wait_s = settings.prefix.blind_wait_ms / 1000.0 if shared_index and self.router_looks_up else 0.0
         self._evictions_seen = 0
         self._system_first: bool | None = None  # system_first(), once probed
         self.processed = 0  # requests fully processed after their response (tests poll it)
@@ -167,23 +177,42 @@ class PrefixStage:
         if leader is None or leader.done():
             leader = None
             self.fingerprinter.admit(fp)  # a cold prompt past the pool's budget: approx, not queued
+        task = None
+        if not fp.complete and fp.pending is not None:
+            # big misses: tokenise in the worker pool while the request is forwarded
+            key = fp.pending.key()
+            task = asyncio.get_running_loop().create_task(self._early(ctx, fp, leader))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task.add_done_callback(lambda _t: self.fingerprinter.release(fp))
+            if head is not None and leader is None:  # the first of its head: others wait and reuse it
+                self._cold[head] = task
+                task.add_done_callback(lambda t, h=head: self._cold.get(h) is t and self._cold.pop(h, None))
+            if key is not None:
+                self._pending[key] = task
+                task.add_done_callback(lambda t, k=key: self._pending.get(k) is t and self._pending.pop(k, None))
+            if self._blind(fp):
+                await self._finish_before_routing(fp, task)
         ctx.fingerprint = fp
         self.metrics.fingerprint_requests.labels(routed_mode(fp)).inc()
         state = ctx.prefix = PrefixStageState(inp, len(fp.block_hashes), fp.complete)
-        if fp.complete or fp.pending is None:
-            return
-        # big misses: tokenise in the worker pool while the request is forwarded
-        key = fp.pending.key()
-        task = asyncio.get_running_loop().create_task(self._early(ctx, fp, leader))
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        task.add_done_callback(lambda _t: self.fingerprinter.release(fp))
-        state.pending = task
-        if head is not None and leader is None:  # the first of its head: others wait and reuse it
-            self._cold[head] = task
-            task.add_done_callback(lambda t, h=head: self._cold.get(h) is t and self._cold.pop(h, None))
-        if key is not None:
-            self._pending[key] = task
-            task.add_done_callback(lambda t, k=key: self._pending.get(k) is t and self._pending.pop(k, None))
+        if not fp.complete:
+            state.pending = task
+
+    def _blind(self, fp: Fingerprint) -> bool:
+        """The known leading chain is below the router's cold share of the prompt: routed now, the
+        residency index could not matter (app/routing/prefix_affinity.py, `cold_match_ratio`)."""
+        if self.blind_wait_s <= 0:
+            return False
+        known = len(fp.block_hashes) * fp.block_size
+        return known < self.settings.routing.weights.cold_match_ratio * fp.estimated_tokens
+
+    async def _finish_before_routing(self, fp: Fingerprint, task: asyncio.Task[ChainTip | None]) -> None:
+        """Wait up to `blind_wait_s` for `task` (this request's own tokenisation, in the worker
+        pool: the loop keeps serving) and complete `fp` with its chain; past the bound the request
+        is routed on what is known, as before."""
+        done, _ = await asyncio.wait({task}, timeout=self.blind_wait_s)
+        if done and not task.cancelled() and task.exception() is None and task.result() is not None:
+            await self.fingerprinter.complete(fp, task)
 
     async def _wait_for_predecessor(self, fp: Fingerprint) -> None:
         """If this prompt continues one whose tokenisation is in flight (its response may already

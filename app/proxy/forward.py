@@ -24,6 +24,7 @@ from app.proxy.openai_shape import shape_for
 from app.proxy.record import child
 from app.proxy.relay import Response, relay_buffered, relay_raw, relay_stream
 from app.proxy.responses_shape import ResponsesShape
+from app.proxy.shape import StreamShape
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
@@ -32,6 +33,16 @@ if TYPE_CHECKING:
 
 Mode = Literal["stream", "buffered", "raw"]
 _ERROR_SNIPPET = 200
+
+
+def stream_shape(route: str) -> StreamShape:
+    """The stream shape of a route's SSE answer, one per stream (also the Endpoint Picker's,
+    app/epp/exchange.py)."""
+    if route == "responses":
+        return ResponsesShape()
+    if route == "messages":
+        return AnthropicShape()
+    return shape_for(route)
 
 
 async def _status_error(replica: Replica, resp: Response) -> UpstreamError:
@@ -98,9 +109,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status < 400:
                 services.router.on_routed(request, decision)
             if mode == "stream" and resp.status == 200:
-                shape = (ResponsesShape() if ctx.route == "responses" else AnthropicShape() if ctx.route == "messages"
-                         else shape_for(ctx.route))
-                observer = StreamObserver(shape, clock, drop_usage,
+                observer = StreamObserver(stream_shape(ctx.route), clock, drop_usage,
                                           collect_text=int(ctx.body.get("n") or 1) == 1)
                 await relay_stream(ctx, resp, first, send, observer)
             elif mode == "raw":

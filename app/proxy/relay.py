@@ -75,7 +75,7 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
         observer.finish()
         if observer.done and observer.error is None:
             ctx.delivered_before_disconnect = True
-            _take_results(ctx, observer)
+            take_results(ctx, observer)
         raise
     observer.finish()
     tail = b""
@@ -91,10 +91,11 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
         tail = observer.end_after_failure(ProxyError(502, str(failure), type="server_error",
                                                      code=f"upstream_{failure.kind}").body()["error"])
     await send({"type": "http.response.body", "body": tail, "more_body": False})
-    _take_results(ctx, observer)
+    take_results(ctx, observer)
 
 
-def _take_results(ctx: RequestContext, observer: StreamObserver) -> None:
+def take_results(ctx: RequestContext, observer: StreamObserver) -> None:
+    """What a finished stream observed, onto the request (also the Endpoint Picker's)."""
     ctx.usage = observer.usage
     ctx.response_id = observer.response_id
     if observer.collect_text:
@@ -216,27 +217,35 @@ async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send
                             f"upstream failed while sending the response ({type(exc).__name__})") from exc
     body = first + rest if first else rest
     if parse and resp.status == 200:
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            payload = None
-        if isinstance(payload, dict) and ctx.route == "responses":
-            _take_response(ctx, payload)
-        elif isinstance(payload, dict) and ctx.route == "messages":
-            ctx.usage = openai_usage(payload.get("usage"))  # Anthropic's meaning, mapped
-            text = anthropic_output_text(payload)
-            if text is not None:
-                ctx.output_text = text[:MAX_OUTPUT_CHARS]
-        elif isinstance(payload, dict):
-            usage = payload.get("usage")
-            ctx.usage = usage if isinstance(usage, dict) else None
-            text = output_text_of(payload, ctx.route)
-            if text is not None:
-                ctx.output_text = text
+        observe_buffered(ctx, body)
     ctx.status = resp.status
     headers = response_headers(resp, ctx) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def observe_buffered(ctx: RequestContext, body: bytes) -> None:
+    """Usage, output text (and a Responses id) of a whole 200 JSON answer, in the route's shape
+    (also the Endpoint Picker's, app/epp/exchange.py)."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(payload, dict):
+        return
+    if ctx.route == "responses":
+        _take_response(ctx, payload)
+    elif ctx.route == "messages":
+        ctx.usage = openai_usage(payload.get("usage"))  # Anthropic's meaning, mapped
+        text = anthropic_output_text(payload)
+        if text is not None:
+            ctx.output_text = text[:MAX_OUTPUT_CHARS]
+    else:
+        usage = payload.get("usage")
+        ctx.usage = usage if isinstance(usage, dict) else None
+        text = output_text_of(payload, ctx.route)
+        if text is not None:
+            ctx.output_text = text
 
 
 def _take_response(ctx: RequestContext, payload: dict[str, Any]) -> None:

@@ -34,7 +34,7 @@ from app.routing.base import BaseRouter, Replica, RouteDecision, RouteRequest
 from app.routing.filters import candidates
 from app.routing.lanes import LongPrefillLane
 from app.routing.pickers import lowest_cost
-from app.routing.recent import RecentRequests
+from app.routing.recent import RecentShares
 from app.routing.replicas import ReplicaSet
 from app.routing.residency import ReplicaIndex
 from app.routing.ring import DEFAULT_EPSILON, RingCache, first_on_ring, within_bound
@@ -84,7 +84,7 @@ class PrefixAffinityRouter(BaseRouter):
         self._metrics = metrics
         self._ring = RingCache()
         self.writes = BackgroundWrites()
-        self.recent = RecentRequests()
+        self.recent = RecentShares(residency.store)  # fleet-wide, through the Store
 
     def _sync_capacity(self, replicas: Sequence[Replica]) -> None:
         """Bound each replica's index at its KV capacity once the scraper (or config) knows it."""
@@ -116,7 +116,8 @@ class PrefixAffinityRouter(BaseRouter):
 
         if predicted_hit_tokens(best_match, prompt, block_size) < self.options.cold_match_ratio * prompt:
             key = cold_key(hashes, block_size, self.options.cold_key_tokens, request.tenant)
-            chosen = self._cold_pick(key, costs, prompt)
+            recent = await self.recent.values([c.replica.name for c in costs])
+            chosen = self._cold_pick(key, costs, recent)
             reason = "cold_spread"
         else:
             chosen = lowest_cost(costs)
@@ -130,7 +131,7 @@ class PrefixAffinityRouter(BaseRouter):
             prefill_tokens=max(0, prompt - hit), lane=lane,
             explanation=f"{reason}{f' ({lane} lane)' if lane else ''}; " + chosen.explain())
 
-    def _cold_pick(self, key: str | int, costs: list[ReplicaCost], prompt: int) -> ReplicaCost:
+    def _cold_pick(self, key: str | int, costs: list[ReplicaCost], recent: dict[str, float]) -> ReplicaCost:
         """Bounded-load hashing over two loads: the work queued now (prefill-token equivalents)
         and the share of recent requests; the first replica on the key's ring walk within both
         bounds wins (within the first alone if none is, else the least loaded now).
@@ -140,7 +141,6 @@ class PrefixAffinityRouter(BaseRouter):
         directly in its TTFT; hashing only decides between replicas that are about as idle."""
         eps = self.options.epsilon
         now = {c.replica.name: load_value(c.replica, self.options.weights) for c in costs}
-        recent = {c.replica.name: self.recent.value(c.replica.name) for c in costs}
         least = min(now.values())
         ok_now = {n for n, v in now.items() if v <= least + self.options.cold_slack_tokens}
         ring = self._ring.get(self._replicas.names())
@@ -152,7 +152,7 @@ class PrefixAffinityRouter(BaseRouter):
         return next(c for c in costs if c.replica.name == name)
 
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
-        self.recent.add(decision.replica.name)
+        self.writes.spawn(self.recent.add(decision.replica.name))
         fp = request.fingerprint
         if fp is None or not fp.block_hashes:
             return

@@ -2,8 +2,9 @@
 implement it. Every method is async and must degrade gracefully: a Store that lost its backend
 keeps answering from local state and reports `up() == False`.
 
-What is shared: the per-replica residency index (block hashes, TTL/LRU bounded), session/tenant ->
-replica bindings, per-tenant continuity history (bounded), and the counters behind /hygiene.
+What is shared: the per-replica residency index (block hashes, TTL/LRU bounded), the recent
+placements cold prefixes are spread by, session/tenant -> replica bindings, per-tenant continuity
+history (bounded), and the counters behind /hygiene.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class Store(Protocol):
     def set_capacity(self, replica: str, capacity_blocks: int) -> None: ...
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None: ...
     async def residency_clear(self, replica: str) -> None: ...
+
+    # recent placements: decayed request counts per replica, fleet-wide (app/routing/recent.py)
+    async def recent_add(self, replica: str) -> None: ...
+    async def recent_values(self, replicas: list[str]) -> dict[str, float]: ...
 
     # bindings: key (session or tenant) -> replica name
     async def binding_get(self, key: str) -> str | None: ...

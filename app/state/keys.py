@@ -45,6 +45,10 @@ class KeySpace:
     def tenants(self) -> str:
         return f"{self.prefix}tenants"
 
+    def recent(self) -> str:
+        """The decayed placement counts (a hash: replica -> weight, "" -> the current unit)."""
+        return f"{self.prefix}recent"
+
     def pattern(self) -> str:
         """Glob matching every key of this namespace (for tests and cleanup tools)."""
         return f"{self.prefix}*"

@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from app.routing.recent import RecentRequests
 from app.state.base import response_owner_key
 
 DEFAULT_CAPACITY_BLOCKS = 4096
@@ -120,6 +121,7 @@ class MemoryStore:
         self._bindings: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._history: OrderedDict[str, deque[dict]] = OrderedDict()
         self._counters: dict[str, dict[str, float]] = {}
+        self._recent = RecentRequests()
         self.evicted_tenants = 0
 
     async def start(self) -> None:
@@ -210,6 +212,13 @@ class MemoryStore:
     def residency_hashes(self, replica: str) -> set[int]:
         res = self._residency.get(replica)
         return set(res.blocks) if res else set()
+
+    # ------------------------------------------------------------- recent placements
+    async def recent_add(self, replica: str) -> None:
+        self._recent.add(replica)
+
+    async def recent_values(self, replicas: list[str]) -> dict[str, float]:
+        return {r: self._recent.value(r) for r in replicas}
 
     # ------------------------------------------------------------- bindings
     async def binding_get(self, key: str) -> str | None:

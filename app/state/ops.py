@@ -58,7 +58,13 @@ class CounterIncr:
     at: float
 
 
-WriteOp = ResidencyAdd | ResidencyRemove | ResidencyClear | CapacityTrim | BindingSet | HistoryAppend | CounterIncr
+@dataclass(frozen=True, slots=True)
+class RecentAdd:
+    replica: str  # one request placed there (app/routing/recent.py)
+
+
+WriteOp = (ResidencyAdd | ResidencyRemove | ResidencyClear | CapacityTrim | BindingSet | HistoryAppend | CounterIncr
+           | RecentAdd)
 
 
 def weight(op: WriteOp) -> int:

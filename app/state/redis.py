@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from app.routing import recent
 from app.state import ops
 from app.state.base import response_owner_key
 from app.state.keys import DEFAULT_NAMESPACE, KeySpace, next_base, pack_hashes, unpack_members
@@ -87,6 +88,28 @@ redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. ARGV[3])
 redis.call('ZREMRANGEBYRANK', key, 0, -tonumber(ARGV[4]) - 1)
 redis.call('PEXPIRE', key, ARGV[5])
 return n
+"""
+
+
+# KEYS[1]: the recent hash; ARGV: replica, growth, rescale bound, key TTL ms. The arithmetic of
+# app/routing/recent.py's RecentRequests.add: the unit grows per request, the replica gains it,
+# and every weight is divided by the unit once it passes the bound. Field "" holds the unit.
+_RECENT_LUA = """
+local key = KEYS[1]
+local unit = tonumber(redis.call('HGET', key, '') or '1') * tonumber(ARGV[2])
+redis.call('HINCRBYFLOAT', key, ARGV[1], string.format('%.17g', unit))
+if unit > tonumber(ARGV[3]) then
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    if all[i] ~= '' then
+      redis.call('HSET', key, all[i], string.format('%.17g', tonumber(all[i + 1]) / unit))
+    end
+  end
+  unit = 1
+end
+redis.call('HSET', key, '', string.format('%.17g', unit))
+redis.call('PEXPIRE', key, ARGV[4])
+return 1
 """
 
 
@@ -193,6 +216,9 @@ class RedisStore:
                 pipe.zrem(self.keys.residency(op.replica), *unpack_members(op.blob))
         elif isinstance(op, ops.ResidencyClear):
             pipe.delete(self.keys.residency(op.replica))
+        elif isinstance(op, ops.RecentAdd):
+            pipe.eval(_RECENT_LUA, 1, self.keys.recent(), op.replica, repr(recent.growth()),
+                      repr(recent.RESCALE_AT), ttl_ms)
         elif isinstance(op, ops.BindingSet):
             pipe.set(self.keys.binding(op.key), op.replica.encode(), px=int(self.ttl_s * 1000))
         elif isinstance(op, ops.HistoryAppend):
@@ -249,6 +275,15 @@ class RedisStore:
     async def residency_count(self, replica: str) -> int:
         """Members held for the replica (expired ones included until the next write prunes them)."""
         return int(await self.client.zcard(self.keys.residency(replica)))
+
+    # ------------------------------------------------------------- recent placements
+    async def recent_add(self, replica: str) -> None:
+        await self.apply([ops.RecentAdd(replica)])
+
+    async def recent_values(self, replicas: list[str]) -> dict[str, float]:
+        values = await self.client.hmget(self.keys.recent(), ["", *replicas])
+        unit = float(values[0]) if values[0] is not None else 1.0
+        return {r: (float(v) / unit if v is not None else 0.0) for r, v in zip(replicas, values[1:], strict=True)}
 
     # ------------------------------------------------------------- bindings
     async def binding_get(self, key: str) -> str | None:

@@ -347,6 +347,15 @@ class ResilientStore:
     def residency_hashes(self, replica: str) -> set[int]:
         return self.local.residency_hashes(replica)
 
+    # ------------------------------------------------------------- recent placements
+    async def recent_add(self, replica: str) -> None:
+        await self.local.recent_add(replica)
+        self._enqueue(ops.RecentAdd(replica))
+
+    async def recent_values(self, replicas: list[str]) -> dict[str, float]:
+        remote = await self._remote_read("recent_values", lambda: self.remote.recent_values(replicas), self.timeout_s)
+        return await self.local.recent_values(replicas) if isinstance(remote, _Missing) else remote
+
     # ------------------------------------------------------------- bindings
     async def binding_get(self, key: str) -> str | None:
         local = await self.local.binding_get(key)

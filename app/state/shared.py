@@ -42,7 +42,7 @@ CALL_TIMEOUT_S = 5.0
 METHODS = frozenset({
     "residency_lookup", "residency_add", "residency_touch", "residency_remove", "residency_clear",
     "set_capacity", "binding_get", "binding_set", "history_append", "history_recent",
-    "counter_incr", "counters", "tenants",
+    "counter_incr", "counters", "tenants", "recent_add", "recent_values",
 })
 
 
@@ -239,6 +239,12 @@ class SharedStore:
 
     async def residency_clear(self, replica: str) -> None:
         await self._write("residency_clear", replica)
+
+    async def recent_add(self, replica: str) -> None:
+        await self._write("recent_add", replica)
+
+    async def recent_values(self, replicas: list[str]) -> dict[str, float]:
+        return dict(await self._call("recent_values", replicas))
 
     async def binding_get(self, key: str) -> str | None:
         return await self._call("binding_get", key)
