@@ -146,7 +146,7 @@ def test_messages_rewrite_and_reject_as_serve_does(sim_factory, epp_factory, pro
         assert "x-anthropic-billing-header" not in orjson.dumps(forwarded).decode()  # the replica got the rewrite
     assert results[1].json()["usage"] == direct[1].json()["usage"]
     assert results[1].json()["usage"]["cache_read_input_tokens"] > 500  # the changing header no longer breaks it
-    assert epp.sample("prefixgate_rewrites_total", tenant="acme", kind="strip_billing_header") == 2
+    assert epp.sample("prefixgate_rewrites_total", route="messages", tenant="acme", kind="strip_billing_header") == 2
 
     async def strict(plane: DataPlane) -> Result:
         return await plane.request("/v1/messages", bodies[0], {"x-tenant-id": "strict"})
