@@ -33,6 +33,11 @@ TINY_MODEL_SCRIPT = Path(__file__).resolve().parent / "tiny_model.py"
 SERVED_MODEL = "tiny"
 START_TIMEOUT_S = 300.0  # ~30 s alone; several replicas starting on 2 busy cores take longer
 STOP_TIMEOUT_S = 20.0
+# What the agents' routes need from a replica (tests/e2e/test_e2e_agents_*.py): stored responses
+# for `previous_response_id`, and a tool parser, without which vLLM refuses a request with `tools`
+# (tool_choice "auto", what Claude Code and Codex send). `pythonic` needs no special tokens.
+AGENTS_ENV = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+AGENTS_TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"]
 
 
 def missing_reason() -> str | None:
@@ -71,6 +76,7 @@ class ReplicaSpec:
     kv_events: bool = False
     cpu: str = "0"  # VLLM_CPU_OMP_THREADS_BIND
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -117,7 +123,7 @@ class VllmReplica:
     def env(self) -> dict[str, str]:
         return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                 "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": self.spec.cpu,
-                "VLLM_SERVER_DEV_MODE": "1"}
+                "VLLM_SERVER_DEV_MODE": "1", **self.spec.env}
 
     def launch(self) -> VllmReplica:
         self.port = _free_port()
