@@ -2,8 +2,8 @@
 
 `vllm_fleet` starts every replica the selected tests use at once (their ~30 s start-ups overlap)
 and stops them all by PID at the end of the session, on failure too. Specs:
-- `b32`: block 32, prefix caching on, KV events on a free port, stored responses and a tool parser
-  (prediction, simulator, TTFT, gauges, KV events, the agents' routes);
+- `b32`: block 32, prefix caching on, KV events on a free port, stored responses
+  (`VLLM_ENABLE_RESPONSES_API_STORE=1`) (prediction, simulator, TTFT, gauges, KV events, the agents' routes);
 - `b128`: vLLM's default block size (128 on the CPU backend), prefix caching on;
 - `nocache`: `--no-enable-prefix-caching` (the caching-enabled gauge must read 0).
 
@@ -25,7 +25,6 @@ from tests.e2e.fleet import fresh, running_fleet, selected_specs, tier_model_dir
 from tests.e2e.proxy_handle import make_e2e_proxy
 from tests.e2e.vllm_server import (
     AGENTS_ENV,
-    AGENTS_TOOL_ARGS,
     VLLM_PYTHON,
     ReplicaSpec,
     VllmReplica,
@@ -33,7 +32,7 @@ from tests.e2e.vllm_server import (
 )
 
 SPECS = (
-    ReplicaSpec("b32", block_size=32, kv_events=True, cpu="0", env=AGENTS_ENV, extra_args=AGENTS_TOOL_ARGS),
+    ReplicaSpec("b32", block_size=32, kv_events=True, cpu="0", env=AGENTS_ENV),
     ReplicaSpec("b128", block_size=None, cpu="1"),
     ReplicaSpec("nocache", block_size=32, prefix_caching=False, cpu="1"),
 )

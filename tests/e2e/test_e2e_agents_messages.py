@@ -5,6 +5,9 @@ A Claude-Code-shaped session: the system prompt as blocks (the billing-header bl
 that grows every turn by an assistant text + tool_use, a user tool_result, a `<system-reminder>`
 text block and the user's text (one turn also carries an inline system message). The assistant
 text is scripted, so every cached token comes from prompt blocks and the proxy must be exact.
+`tool_choice` is `none` (the tools are rendered into the prompt all the same): vLLM refuses `auto`
+without a tool parser, and a tool parser would change the replica's chat streams for the other
+tests (tests/e2e/vllm_server.py).
 
 Per turn: the proxy's predicted cached tokens equal vLLM's `cache_read_input_tokens` (vLLM drops
 the billing block, and the proxy mirrors that, so nothing breaks); TTFT is stamped at the first
@@ -74,7 +77,7 @@ def test_claude_code_session_predicted_exactly_with_ttft_at_the_first_text_delta
         rid = f"cc-{turn}"
         tap.sends.clear()
         with client.messages.stream(model="tiny", max_tokens=8, system=system_blocks(turn), tools=TOOLS,
-                                    messages=history,
+                                    messages=history, tool_choice={"type": "none"},
                                     extra_headers={"x-tenant-id": TENANT, "x-request-id": rid}) as stream:
             text = "".join(stream.text_stream)
             usage = stream.get_final_message().usage

@@ -9,7 +9,8 @@
   cached tokens equal vLLM's `input_tokens_details.cached_tokens`; TTFT is stamped at the first
   `response.output_text.delta`, after `response.created` / `in_progress` (which vLLM sends before
   the request reaches the engine: on the cold first turn they are relayed in an earlier read);
-  usage lands in the prompt / cached-token metrics.
+  usage lands in the prompt / cached-token metrics. `tool_choice` is `none` (the tools are rendered
+  into the prompt all the same), as on the Messages test (tests/e2e/test_e2e_agents_messages.py).
 - A `previous_response_id` chain (`store: true`; the replica runs with
   `VLLM_ENABLE_RESPONSES_API_STORE=1`): vLLM prepends the stored messages (minus system ones) and
   the previous output text; the proxy rebuilds that history from what it relayed. The previous
@@ -72,7 +73,8 @@ def test_codex_session_predicted_exactly_with_ttft_at_the_first_text_delta(e2e_p
     for turn in range(TURNS):
         rid = f"codex-{turn}"
         tap.sends.clear()
-        response = _stream(client, rid, instructions=INSTRUCTIONS, tools=TOOLS, input=items, store=False)
+        response = _stream(client, rid, instructions=INSTRUCTIONS, tools=TOOLS, tool_choice="none", input=items,
+                           store=False)
         wait_processed(hook, turn + 1)
         proxy.settle()
         t = proxy.recorder.contexts[rid].timings

@@ -33,10 +33,11 @@ TINY_MODEL_SCRIPT = Path(__file__).resolve().parent / "tiny_model.py"
 SERVED_MODEL = "tiny"
 START_TIMEOUT_S = 300.0  # ~30 s alone; several replicas starting on 2 busy cores take longer
 STOP_TIMEOUT_S = 20.0
-# What the agents' routes need from a replica (tests/e2e/test_e2e_agents_*.py): stored responses
-# for `previous_response_id`, and a tool parser, without which vLLM refuses a request with `tools`
-# (tool_choice "auto", what Claude Code and Codex send). `pythonic` needs no special tokens.
+# Stored responses, for `previous_response_id` (tests/e2e/test_e2e_agents_responses.py).
 AGENTS_ENV = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+# A tool parser, without which vLLM refuses `tools` with tool_choice "auto" (what Claude Code and
+# Codex send); `pythonic` needs no special tokens. Only the capture script's replica has it: a
+# tool parser also changes every chat stream (the empty-content chunks the TTFT tests rely on go).
 AGENTS_TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"]
 
 
