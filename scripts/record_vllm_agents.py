@@ -10,9 +10,9 @@ sends the requests in `CAPTURES` and `RENDERS`, writes what came back, and stops
 - `<name>.json`: `{"status", "body"}` of a non-streamed answer or an error;
 - `requests.json`: every capture's request, so the normal tier can replay it on the simulator
   (tests/test_sim_vllm_agents_captures.py);
-- `render.json`: `{route, body, token_ids}` from `POST /v1/messages/render`,
-  `/v1/responses/render` and `/v1/chat/completions/render`: the prompt ids vLLM renders for each
-  body, which the proxy's own conversion must reproduce exactly (tests/test_vllm_agents_render.py).
+- `render.json`: `{route, body, token_ids}` from `POST /v1/messages/render` and
+  `/v1/responses/render`: the prompt ids vLLM renders for each body, which the proxy's own
+  conversion must reproduce exactly (tests/test_vllm_agents_render.py).
 """
 
 from __future__ import annotations
@@ -102,11 +102,6 @@ RENDERS: list[tuple[str, dict[str, Any]]] = [
             {"type": "message", "role": "user", "content": "string content"},
         ]}),
     ("responses", {"model": "tiny", "input": "just a string"}),
-    # the chat route's own renderer steps (a developer message, tools without description)
-    ("chat/completions", {
-        "model": "tiny", "tools": [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}],
-        "messages": [{"role": "system", "content": "Be terse."}, {"role": "developer", "content": "dev note"},
-                     {"role": "user", "content": "hi"}]}),
 ]
 
 

@@ -1,12 +1,12 @@
 """The proxy renders the prompt ids real vLLM 0.32 renders for Messages and Responses bodies.
 
 tests/fixtures/real_vllm_agents/render.json holds, per body, the `token_ids` vLLM's own
-`POST /v1/messages/render`, `/v1/responses/render` and `/v1/chat/completions/render` returned (recorded by
+`POST /v1/messages/render` and `/v1/responses/render` returned (recorded by
 scripts/record_vllm_agents.py, tiny model = the default tokenizer). The bodies exercise the
 conversion rules of docs/agents-apis.md and docs/agents-responses.md: billing header blocks and
 lines, system blocks with cache_control, tools with and without description / type / strict /
 defer_loading, thinking, tool_use and tool_result blocks, inline system messages, function calls and
-outputs, a developer message (on chat too). Equal ids are what makes the proxy's block hashes the engine's.
+outputs, a developer message. Equal ids are what makes the proxy's block hashes the engine's.
 """
 
 from __future__ import annotations
@@ -30,10 +30,7 @@ def tokenizer() -> SegmentTokenizer:
 
 
 def _ids(tokenizer: SegmentTokenizer, route: str, body: dict[str, Any]) -> list[int]:
-    if route == "responses":
-        inp = responses_prompt_input(body, ResponseHistory())
-    else:
-        inp = prompt_input("chat" if route == "chat/completions" else route, body)
+    inp = prompt_input("messages", body) if route == "messages" else responses_prompt_input(body, ResponseHistory())
     assert inp is not None
     text = render_prompt(tokenizer.template, inp)
     return [i for ids in tokenizer.encode_segments(tokenizer.split(text)) for i in ids]

@@ -119,37 +119,6 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]], content_format: str)
     return out
 
 
-_FUNCTION_FIELDS = ("name", "description", "parameters")  # then strict, defer_loading when not None
-
-
-def prepare_tools(tools: Sequence[Any]) -> list[Any]:
-    """Tools as vLLM 0.32 hands them to the template: each chat tool is dumped from its request
-    model (`ChatCompletionToolsParam` / `FunctionDefinition`), so the function holds exactly
-    `name`, `description` and `parameters` (null when absent), then `strict` and `defer_loading`
-    only when not null (a top-level `defer_loading` is copied into the function when it has none),
-    and the tool holds `type`, `function` and `defer_loading` only when not null; any other
-    member the client sent never reaches the template. A tool that is not such an object is
-    left as it is."""
-    out: list[Any] = []
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, Mapping) else None
-        if not isinstance(function, Mapping):
-            out.append(tool)
-            continue
-        top_defer = tool.get("defer_loading")
-        fn: dict[str, Any] = {k: function.get(k) for k in _FUNCTION_FIELDS}
-        if function.get("strict") is not None:
-            fn["strict"] = function["strict"]
-        defer = function.get("defer_loading") if function.get("defer_loading") is not None else top_defer
-        if defer is not None:
-            fn["defer_loading"] = defer
-        dumped: dict[str, Any] = {"type": "function", "function": fn}
-        if top_defer is not None:
-            dumped["defer_loading"] = top_defer
-        out.append(dumped)
-    return out
-
-
 def developer_as_system(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     """vLLM 0.32's step for a template that never names the `developer` role (renderers/hf.py,
     after the content-format step): every developer message becomes a system message (its `tools`
@@ -236,7 +205,7 @@ class ChatTemplate:
         variables: dict[str, Any] = dict(self.special_token_vars)
         variables.update(kwargs)
         prepared = developer_as_system(prepare_messages(messages, self.content_format), self.source)
-        variables.update(messages=prepared, tools=prepare_tools(tools) if tools else None,
+        variables.update(messages=prepared, tools=list(tools) if tools else None,
                          documents=list(documents) if documents else None,
                          add_generation_prompt=add_generation_prompt)
         try:
