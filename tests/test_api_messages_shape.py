@@ -133,11 +133,11 @@ def test_conversion_follows_the_engine() -> None:
     merged = convert_messages(body, merge_inline_system=True)  # a system-first template
     assert merged[0]["content"] == "You are helpful. Be brief.Reminder."
     assert [m["role"] for m in merged].count("system") == 1
-    assert chat_view(body)["tools"] == [{"type": "function", "defer_loading": None, "function": {
+    assert chat_view(body)["tools"] == [{"type": "function", "function": {
         "name": "read", "description": "Read a file", "parameters": {"properties": {}, "type": "object"}}}]
     assert convert_tools([{"name": "x", "input_schema": {"type": "object"}, "strict": True}]) == [
         {"type": "function", "function": {"name": "x", "description": None, "parameters": {"type": "object"},
-                                          "strict": True}, "defer_loading": None}]
+                                          "strict": True}}]
 
 
 def test_billing_header_finding_and_rewrite_on_both_routes() -> None:

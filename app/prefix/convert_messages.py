@@ -23,8 +23,9 @@ predictions and diagnosis) are wrong. The rules of vLLM 0.32, as docs/agents-api
   each system message's text (`strip_billing_lines`): a top-level `system` string that opens with
   the header loses that line there.
 - `tools` become what vLLM's tool model dumps for the template: `{"type": "function", "function":
-  {name, description (null when absent), parameters, [strict], [defer_loading]},
-  "defer_loading": null}`, `input_schema` as parameters (`"type": "object"` added when absent).
+  {name, description (null when absent), parameters, [strict], [defer_loading]}}` (the tool
+  model drops a top-level `defer_loading` that is unset, and strict / defer_loading when null),
+  `input_schema` as parameters (`"type": "object"` added when absent).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
         for optional in ("strict", "defer_loading"):
             if tool.get(optional) is not None:
                 function[optional] = tool[optional]
-        out.append({"type": "function", "function": function, "defer_loading": None})
+        out.append({"type": "function", "function": function})
     return out or None
 
 

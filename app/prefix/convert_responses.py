@@ -31,6 +31,7 @@ from app.prefix.prompt import PromptInput
 DEFAULT_HISTORY_BYTES = 32 * 1024 * 1024
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
 _TOOL_FIELDS = ("name", "description", "parameters")
+_TOOL_OPTIONAL = ("strict", "defer_loading")  # dumped only when not None
 
 
 def harmony_model(model: str | None) -> bool:
@@ -48,9 +49,10 @@ class Converted:
 
 
 def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Flat Responses function tools -> chat tools, as vLLM's pydantic dump lays them out:
-    `name`, `description`, `parameters` first (None when absent), then any other member in the
-    client's order; tools of other types (built-ins) are not rendered."""
+    """Flat Responses function tools -> chat tools, as vLLM's function-definition model dumps
+    them: `name`, `description`, `parameters` (None when absent), then `strict` and
+    `defer_loading` only when not None; no other member reaches the template. Tools of other
+    types (built-ins) are not rendered."""
     if not isinstance(tools, list) or not tools:
         return None
     out: list[dict[str, Any]] = []
@@ -58,7 +60,7 @@ def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
         if not isinstance(tool, Mapping) or tool.get("type") != "function":
             continue
         fn: dict[str, Any] = {k: tool.get(k) for k in _TOOL_FIELDS}
-        fn.update({k: v for k, v in tool.items() if k != "type" and k not in _TOOL_FIELDS})
+        fn.update({k: tool[k] for k in _TOOL_OPTIONAL if tool.get(k) is not None})
         out.append({"type": "function", "function": fn})
     return out or None
 

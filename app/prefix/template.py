@@ -119,6 +119,34 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]], content_format: str)
     return out
 
 
+def developer_as_system(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """vLLM 0.32's step for a template that never names the `developer` role (renderers/hf.py,
+    after the content-format step): every developer message becomes a system message (its `tools`
+    dropped), and when a system message then sits anywhere but first, or there are several, all
+    of them are merged into one leading system message, their texts (text parts joined with "\n",
+    empty ones skipped) joined with "\n\n", the other messages in order after it. Codex sends
+    developer messages in a Responses `input`; without this the proxy's prompt head is not the
+    engine's. `messages` itself is returned when nothing applies."""
+    if not any(m.get("role") == "developer" for m in messages) or \
+            '"developer"' in source or "'developer'" in source:
+        return messages
+    converted = [{k: v for k, v in m.items() if k != "tools"} | {"role": "system"} if m.get("role") == "developer"
+                 else m for m in messages]
+    positions = [i for i, m in enumerate(converted) if m.get("role") == "system"]
+    if positions == [0]:
+        return converted
+    texts: list[str] = []
+    for i in positions:
+        content = converted[i].get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(p["text"] if isinstance(p, Mapping) else p for p in content
+                                 if (isinstance(p, Mapping) and "text" in p) or isinstance(p, str))
+        if content:
+            texts.append(content)
+    return [{"role": "system", "content": "\n\n".join(texts)},
+            *(m for m in converted if m.get("role") != "system")]
+
+
 def _parse_call(call: Any) -> Any:
     if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
         return call
@@ -176,7 +204,8 @@ class ChatTemplate:
         """The prompt text the engine tokenizes (then encoded with add_special_tokens=False)."""
         variables: dict[str, Any] = dict(self.special_token_vars)
         variables.update(kwargs)
-        variables.update(messages=prepare_messages(messages, self.content_format), tools=list(tools) if tools else None,
+        prepared = developer_as_system(prepare_messages(messages, self.content_format), self.source)
+        variables.update(messages=prepared, tools=list(tools) if tools else None,
                          documents=list(documents) if documents else None,
                          add_generation_prompt=add_generation_prompt)
         try:

@@ -27,28 +27,44 @@ from app.prefix.convert_messages import chat_view
 from app.sim.asgi import SSE_HEADERS, EventSender, Receive, Send, StreamDied, cut_connection, send_json
 from app.sim.engine import SimEngine
 from app.sim.options import SimOptions
-from app.sim.protocol import ApiError, ParsedRequest, _type_error, parse_chat, validate_cache_salt
+from app.sim.protocol import ApiError, ParsedRequest, parse_chat, validate_cache_salt
 from app.sim.request import SimRequest
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error"}
 
+
+class RequestInvalid(ApiError):
+    """A body vLLM's request model refuses (a field missing or of the wrong type): FastAPI answers
+    it before the Messages handler runs, so in the OpenAI shape, `type` "Bad Request" and `param`
+    "body.<field>" (captured: tests/fixtures/real_vllm_agents/messages_400_max_tokens.json)."""
+
+    MESSAGES = {"missing": "Field required", "list_type": "Input should be a valid list",
+                "int_type": "Input should be a valid integer"}
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(400, f"1 validation error:\n  {{'type': '{problem}', 'loc': 'body.{field}', "
+                              f"'msg': '{self.MESSAGES[problem]}'}}", f"body.{field}", "Bad Request")
 
 
 def error_body(exc: ApiError) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"), "message": exc.message}}
+    """vLLM 0.32's error answer on this route: an engine or handler error is translated to
+    Anthropic's shape with the OpenAI error's type (`NotFoundError`, `BadRequestError`, ...); a
+    request-model refusal keeps the OpenAI shape (`RequestInvalid`)."""
+    if isinstance(exc, RequestInvalid):
+        return {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.status}}
+    return {"type": "error", "error": {"type": exc.kind, "message": exc.message}}
 
 
 def parse_messages(body: dict[str, Any], served_model: str, strip_billing: bool, count_only: bool = False,
                    merge_inline_system: bool = False) -> ParsedRequest:
     """A Messages body as the chat request the engine builds from it."""
     if "messages" not in body:
-        raise ApiError(400, "messages: Field required", "messages")
+        raise RequestInvalid("messages", "missing")
     if not isinstance(body["messages"], list) or not body["messages"]:
-        raise _type_error("messages", "list")
+        raise RequestInvalid("messages", "list_type")
     max_tokens = body.get("max_tokens")
     if not count_only and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0):
-        raise ApiError(400, "max_tokens: Field required (a positive integer)", "max_tokens")
+        raise RequestInvalid("max_tokens", "missing" if max_tokens is None else "int_type")
     chat = chat_view(body, strip_billing, merge_inline_system)
     chat["model"] = body.get("model", served_model)
     if not count_only:
@@ -100,7 +116,7 @@ async def respond(engine: SimEngine, req: SimRequest, model: str, send: Send, re
     await send_json(send, 200, {
         "id": f"msg_{req.request_id}", "type": "message", "role": "assistant", "content": content,
         "model": model, "stop_reason": STOP_REASONS.get(req.finish_reason or "stop", "end_turn"),
-        "stop_sequence": None, "usage": _usage(req, engine.options, len(req.output_ids))})
+        "usage": _usage(req, engine.options, len(req.output_ids))})  # vLLM dumps it without its None fields
 
 
 async def stream(engine: SimEngine, req: SimRequest, model: str, send: Send, receive: Receive,
@@ -156,7 +172,7 @@ async def stream(engine: SimEngine, req: SimRequest, model: str, send: Send, rec
         if block is not None:
             await emit(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
         await emit(_event("message_delta", {"type": "message_delta", "delta": {
-            "stop_reason": STOP_REASONS.get(req.finish_reason or "stop", "end_turn")},
+            "stop_reason": STOP_REASONS.get(req.finish_reason or "stop", "end_turn"), "stop_sequence": None},
             "usage": _usage(req, o, len(req.output_ids))}))
         await emit(_event("message_stop", {"type": "message_stop"}))
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -91,6 +91,17 @@ class ResponsesStore:
         await send_json(send, 200, found)
 
 
+_FUNCTION_TOOL = ("name", "parameters", "strict", "type", "allowed_callers", "async", "defer_loading", "description",
+                  "output_schema")
+
+
+def _tool_dump(tool: Any) -> Any:
+    """A function tool as vLLM echoes it in the response (its pydantic model, every field)."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    return {k: tool.get(k) for k in _FUNCTION_TOOL}
+
+
 def _output_text(response: dict[str, Any]) -> str:
     return "".join(part.get("text", "") for item in response.get("output", []) if item.get("type") == "message"
                    for part in item.get("content", []))
@@ -107,31 +118,46 @@ class ResponsesWriter:
         self.created = int(time.time())
         self.seq = 0
 
-    def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+    def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
+                 incomplete: str | None = None) -> dict[str, Any]:
+        """vLLM 0.32's response object, every member it sends (tests/fixtures/real_vllm_agents)."""
         b = self.body
-        return {"id": self.id, "created_at": self.created, "incomplete_details": None,
+        tools = [_tool_dump(t) for t in b.get("tools") or []]
+        return {"id": self.id, "created_at": self.created,
+                "incomplete_details": {"reason": incomplete} if incomplete else None,
                 "instructions": b.get("instructions"), "metadata": b.get("metadata"), "model": self.model,
                 "object": "response", "output": output, "parallel_tool_calls": True,
-                "temperature": b.get("temperature", 1.0), "tool_choice": b.get("tool_choice", "auto"),
-                "tools": b.get("tools") or [], "top_p": b.get("top_p", 1.0), "background": False,
-                "max_output_tokens": b.get("max_output_tokens"), "previous_response_id": b.get("previous_response_id"),
-                "reasoning": None, "service_tier": "auto", "status": status, "text": None, "truncation": "disabled",
-                "usage": usage, "user": None}
+                "temperature": b.get("temperature", 1.0), "tool_choice": b.get("tool_choice", "auto" if tools else "none"),
+                "tools": tools, "top_p": b.get("top_p", 1.0), "background": False,
+                "max_output_tokens": b.get("max_output_tokens"), "max_tool_calls": b.get("max_tool_calls"),
+                "previous_response_id": b.get("previous_response_id"), "prompt": None, "reasoning": None,
+                "service_tier": "auto", "status": status, "text": None, "top_logprobs": b.get("top_logprobs"),
+                "truncation": "disabled", "usage": usage, "user": None, "presence_penalty": 0.0,
+                "frequency_penalty": 0.0, "kv_transfer_params": None, "ec_transfer_params": None,
+                "input_messages": None, "output_messages": None}
 
     def item(self, text: str, status: str) -> dict[str, Any]:
         content = [self.part(text)] if status == "completed" else []
-        return {"id": self.item_id, "content": content, "role": "assistant", "status": status, "type": "message"}
+        return {"id": self.item_id, "content": content, "role": "assistant", "status": status, "type": "message",
+                "phase": None}
 
     @staticmethod
-    def part(text: str) -> dict[str, Any]:
-        return {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+    def part(text: str, logprobs: list[Any] | None = None) -> dict[str, Any]:
+        """An output_text part: vLLM sends `logprobs: []` in content_part.added, null once done."""
+        return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
 
     @staticmethod
     def usage(req: SimRequest, cached_on: bool) -> dict[str, Any]:
         n, out = req.num_prompt_tokens, len(req.output_ids)
         cached = max(req.num_cached_tokens, 0) if cached_on else 0
-        return {"input_tokens": n, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": out,
-                "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n + out}
+        written = req.created_cache_tokens if cached_on else 0
+        return {"input_tokens": n,
+                "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written,
+                                         "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
+                "output_tokens": out,
+                "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+                                          "output_tokens_per_turn": [], "tool_output_tokens_per_turn": []},
+                "total_tokens": n + out}
 
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.seq, **fields}
@@ -140,8 +166,9 @@ class ResponsesWriter:
 
     def final(self, req: SimRequest, cached_on: bool) -> dict[str, Any]:
         text = "".join(req.output_text)
-        status = "incomplete" if req.finish_reason == "length" else "completed"
-        return self.response(status, [self.item(text, "completed")] if text else [], self.usage(req, cached_on))
+        length = req.finish_reason == "length"
+        return self.response("incomplete" if length else "completed", [self.item(text, "completed")] if text else [],
+                             self.usage(req, cached_on), "max_output_tokens" if length else None)
 
 
 async def respond(writer: ResponsesWriter, req: SimRequest, send: Send, receive: Receive, die_after: int | None,
@@ -189,7 +216,7 @@ async def stream(writer: ResponsesWriter, req: SimRequest, send: Send, receive: 
             available = len(req.output_ids)
             if available and not opened:
                 await emit(w.event("response.output_item.added", output_index=0, item=w.item("", "in_progress")))
-                await emit(w.event("response.content_part.added", **ids, part=w.part("")))
+                await emit(w.event("response.content_part.added", **ids, part=w.part("", [])))
                 opened = True
             while available - sent >= deltas_per_chunk or (req.finished and sent < available):
                 end = min(sent + deltas_per_chunk, available)

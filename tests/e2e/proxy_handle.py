@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 
 class RecordingHook:
     """A RequestHook appended after the others: keeps every finished RequestContext by request id
@@ -22,6 +24,64 @@ class RecordingHook:
     def after_response(self, ctx: Any) -> None:
         self.contexts[ctx.request_id] = ctx
 
+
+class SendTap:
+    """Wraps the proxy's /v1 handler (`proxy.app.openai`) to stamp every response body message it
+    sends, on the proxy's own perf_counter clock: TTFT tests assert the stamp's order against
+    the reads that carried each event, not durations."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.sends: list[tuple[float, bytes]] = []
+
+    @property
+    def active(self) -> int:
+        return self.inner.active
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def tapped(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                self.sends.append((time.perf_counter(), message["body"]))
+            await send(message)
+
+        await self.inner(scope, receive, tapped)
+
+
+def sse_events(data: bytes) -> list[tuple[str | None, Any, int]]:
+    """(event name, parsed data, end offset in `data`) of every whole `event:`/`data:` SSE event."""
+    out: list[tuple[str | None, Any, int]] = []
+    offset = 0
+    for raw in data.split(b"\n\n"):
+        offset += len(raw) + 2
+        name, payload = None, None
+        for line in raw.strip().splitlines():
+            if line.startswith(b"event:"):
+                name = line[6:].strip().decode()
+            elif line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                payload = orjson.loads(line[5:])
+        if name is not None or payload is not None:
+            out.append((name, payload, offset - 2))
+    return out
+
+
+def first_send_with(sends: list[tuple[float, bytes]], match: Callable[[str | None, Any], bool]) -> int:
+    """Index of the send that completes the first SSE event for which `match(name, data)` holds."""
+    end = next((e for name, payload, e in sse_events(b"".join(b for _, b in sends)) if match(name, payload)), None)
+    assert end is not None, "no such event was relayed"
+    total = 0
+    for i, (_, body) in enumerate(sends):
+        total += len(body)
+        if total >= end:
+            return i
+    raise AssertionError("unreachable")
+
+
+def metric_sum(proxy: Any, name: str, **labels: str) -> float:
+    """Sum of the proxy's samples named `name` whose labels include `labels` (others summed over,
+    so a label added later, e.g. `route`, does not change what a test reads)."""
+    proxy.settle()
+    return sum(s.value for m in proxy.services.metrics.registry.collect() for s in m.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def make_e2e_proxy(proxy_factory: Callable[..., Any], model_dir: Path) -> Callable[..., Any]:

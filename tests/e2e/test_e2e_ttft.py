@@ -9,38 +9,17 @@ TTFT stamp, and the read carrying it was sent after.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
+from tests.e2e.proxy_handle import SendTap, first_send_with
 from tests.e2e.workload import chat_body, stream_chat
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 SPECIALS = {"0": 8, "1": 8}  # <|endoftext|>, <|im_start|>: skipped on detokenisation -> content ""
 PROMPT = [{"role": "user", "content": "Tell me about prefix caches and why the first token matters."}]
-
-
-class SendTap:
-    """Wraps the proxy's /v1 handler to stamp every response body message it sends."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.sends: list[tuple[float, bytes]] = []
-
-    @property
-    def active(self) -> int:
-        return self.inner.active
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        async def tapped(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.body" and message.get("body"):
-                self.sends.append((time.perf_counter(), message["body"]))
-            await send(message)
-
-        await self.inner(scope, receive, tapped)
 
 
 def _content_pattern(result: Any) -> list[str]:
@@ -50,26 +29,11 @@ def _content_pattern(result: Any) -> list[str]:
 
 def _first_text_send(sends: list[tuple[float, bytes]]) -> int:
     """Index of the send that completes the first event with non-empty choice-0 content."""
-    data = b"".join(body for _, body in sends)
-    offset = 0
-    end = None
-    for raw in data.split(b"\n\n"):
-        offset += len(raw) + 2
-        line = raw.strip()
-        if not line.startswith(b"data:") or line.endswith(b"[DONE]"):
-            continue
-        event = orjson.loads(line[5:])
-        choices = event.get("choices") or []
-        if choices and (choices[0].get("delta") or {}).get("content"):
-            end = offset - 2
-            break
-    assert end is not None, "no text chunk was relayed"
-    total = 0
-    for i, (_, body) in enumerate(sends):
-        total += len(body)
-        if total >= end:
-            return i
-    raise AssertionError("unreachable")
+    def text(_name: str | None, event: Any) -> bool:
+        choices = (event or {}).get("choices") or []
+        return bool(choices and (choices[0].get("delta") or {}).get("content"))
+
+    return first_send_with(sends, text)
 
 
 def _count(proxy: Any, name: str) -> float:

@@ -33,6 +33,12 @@ TINY_MODEL_SCRIPT = Path(__file__).resolve().parent / "tiny_model.py"
 SERVED_MODEL = "tiny"
 START_TIMEOUT_S = 300.0  # ~30 s alone; several replicas starting on 2 busy cores take longer
 STOP_TIMEOUT_S = 20.0
+# Stored responses, for `previous_response_id` (tests/e2e/test_e2e_agents_responses.py).
+AGENTS_ENV = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+# A tool parser, without which vLLM refuses `tools` with tool_choice "auto" (what Claude Code and
+# Codex send); `pythonic` needs no special tokens. Only the capture script's replica has it: a
+# tool parser also changes every chat stream (the empty-content chunks the TTFT tests rely on go).
+AGENTS_TOOL_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"]
 
 
 def missing_reason() -> str | None:
@@ -71,6 +77,7 @@ class ReplicaSpec:
     kv_events: bool = False
     cpu: str = "0"  # VLLM_CPU_OMP_THREADS_BIND
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -117,7 +124,7 @@ class VllmReplica:
     def env(self) -> dict[str, str]:
         return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                 "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": self.spec.cpu,
-                "VLLM_SERVER_DEV_MODE": "1"}
+                "VLLM_SERVER_DEV_MODE": "1", **self.spec.env}
 
     def launch(self) -> VllmReplica:
         self.port = _free_port()

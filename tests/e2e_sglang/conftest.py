@@ -13,17 +13,16 @@ scripts/e2e-sglang.sh) points at a prebuilt model; otherwise it is built into a 
 
 from __future__ import annotations
 
-import atexit
 import os
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.e2e.fleet import fresh, running_fleet, selected_specs, tier_model_dir
 from tests.e2e.proxy_handle import make_e2e_proxy
-from tests.e2e.vllm_server import ReplicaSpec, build_tiny_model, start_replicas, stop_all
+from tests.e2e.vllm_server import ReplicaSpec
 from tests.e2e_sglang.sglang_server import SGLANG_PYTHON, SglangReplica, missing_reason
 
 SPECS = (
@@ -35,63 +34,32 @@ SPECS = (
 
 @pytest.fixture(scope="session")
 def sglang_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    reason = missing_reason()
-    if reason:
-        print(f"\n{reason}")
-        pytest.skip(reason)
-    given = os.environ.get("PREFIXGATE_E2E_MODEL")
-    out = Path(given) if given else tmp_path_factory.mktemp("e2e-sglang") / "tiny-model"
-    return build_tiny_model(out, SGLANG_PYTHON)
+    return tier_model_dir(missing_reason(), tmp_path_factory, "e2e-sglang", SGLANG_PYTHON)
 
 
 @pytest.fixture(scope="session")
 def sglang_fleet(request: pytest.FixtureRequest, sglang_model_dir: Path,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SglangReplica]]:
     log_dir = Path(os.environ.get("PREFIXGATE_E2E_LOGS") or tmp_path_factory.mktemp("sglang-logs"))
-    wanted: set[str] = set()
-    for item in request.session.items:
-        wanted.update(getattr(item, "fixturenames", ()))
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and "sglang_replica" in callspec.params:
-            wanted.add(f"sglang_{callspec.params['sglang_replica']}")
-    specs = [s for s in SPECS if f"sglang_{s.name}" in wanted] or list(SPECS)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        replicas = start_replicas(specs, sglang_model_dir, log_dir, SglangReplica, prefix="sglang")
-        atexit.register(stop_all, replicas)
-        try:
-            yield {r.name: r for r in replicas}  # type: ignore[misc]
-        finally:
-            stop_all(replicas)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _fresh(fleet: dict[str, SglangReplica], name: str) -> SglangReplica:
-    replica = fleet[name]
-    if replica.spec.prefix_caching:
-        replica.reset_prefix_cache()
-    return replica
+    with running_fleet(selected_specs(request, SPECS, "sglang"), sglang_model_dir, log_dir, SglangReplica,
+                       prefix="sglang") as fleet:
+        yield fleet
 
 
 @pytest.fixture
 def sglang_radix(sglang_fleet: dict[str, SglangReplica]) -> SglangReplica:
-    return _fresh(sglang_fleet, "radix")
+    return fresh(sglang_fleet, "radix")
 
 
 @pytest.fixture
 def sglang_noradix(sglang_fleet: dict[str, SglangReplica]) -> SglangReplica:
-    return _fresh(sglang_fleet, "noradix")
+    return fresh(sglang_fleet, "noradix")
 
 
 @pytest.fixture
 def sglang_replica(request: pytest.FixtureRequest, sglang_fleet: dict[str, SglangReplica]) -> SglangReplica:
     """Indirectly parametrized by spec name (`radix`, `page16`)."""
-    return _fresh(sglang_fleet, request.param)
+    return fresh(sglang_fleet, request.param)
 
 
 @pytest.fixture
