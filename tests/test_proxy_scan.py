@@ -206,6 +206,17 @@ def test_any_split_forwards_the_same_bytes_and_observes_the_same(
     assert (obs.output_text, obs.usage, obs.done, obs.error) == (text, usage, done, error)
     generated = [w for w in words if w]
     assert (obs.clock.timings.first_token is not None) == bool(generated)
+    # every event with text is a content chunk, however the reads coalesced them (ITL per chunk)
+    assert obs.clock.content_chunks == len(generated)
+    assert len(obs.clock.gaps) == max(0, len(generated) - 1)
+
+
+def test_a_read_that_coalesced_content_events_counts_each_with_zero_gaps() -> None:
+    events = chat_stream(["a", "b", "c", "d"])
+    # role + "a" in read 1 (the parsed path), then "b" "c" "d" + the rest in read 2 (the fast path)
+    obs, _, _ = observe([b"".join(events[:2]), b"".join(events[2:])], drop_usage=False)
+    assert obs.fast and obs.clock.content_chunks == 4
+    assert obs.clock.gaps == [1.0, 0.0, 0.0]
 
 
 def test_summary_reads_usage_when_it_opens_a_batch() -> None:

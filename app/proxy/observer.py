@@ -62,10 +62,22 @@ class StreamObserver:
             events = framer.push(data)
             if not events:
                 return b""
-        if self.shape.carries_generated(events):
-            self.clock.content(now)
+        for _ in range(self._generated_events(events)):
+            self.clock.content(now)  # events read together: gaps of 0 between them, as in the parser
         self.summary.add_events(events)
         return self.shape.drop_usage(events) if self.drop_usage else events
+
+    def _generated_events(self, events: bytes) -> int:
+        """How many of the whole `events` carry generated text: a read that coalesced several
+        is counted per event, as the parsed path counts them (content chunks, inter-token gaps)."""
+        shape = self.shape
+        if events.count(b"\n\n") <= 1 and b"\r" not in events:  # the usual read: one event
+            return 1 if shape.carries_generated(events) else 0
+        if b"\r" in events:
+            raws = [ev.raw for ev in SSEParser(emit_all=True).feed(events)]
+        else:
+            raws = events.split(b"\n\n")
+        return sum(1 for raw in raws if raw and shape.carries_generated(raw))
 
     def _feed_parsed(self, data: bytes, now: float) -> bytes:
         if not self.saw_cr and b"\r" in data:
