@@ -29,6 +29,22 @@ def effective_tokens(replica: Any) -> dict[str, float]:
     return out
 
 
+def settled_effective_tokens(replica: Any, quiet_s: float = 2.0, timeout: float = 60.0) -> dict[str, float]:
+    """`effective_tokens` once it stopped moving for `quiet_s`: SGLang adds to this counter on its
+    log interval, not when a request ends, so a read right after traffic (this test's, or an
+    earlier test's on the shared replica) can miss tokens a later scrape sees."""
+    deadline = time.monotonic() + timeout
+    last, since = effective_tokens(replica), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        if time.monotonic() > deadline:
+            raise TimeoutError("SGLang's prefill counters never settled")
+        time.sleep(0.25)
+        now = effective_tokens(replica)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
 def wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -46,10 +62,11 @@ def _send_shared_prefix(url: str, tag: str) -> None:
 
 
 def test_hit_ratio_gauge_equals_sglang_counters(e2e_proxy: Any, sglang_radix: Any) -> None:
+    settled_effective_tokens(sglang_radix)  # earlier tests' tokens counted before the proxy's first scrape
     proxy = e2e_proxy([sglang_radix], scrape={"window_s": 600.0})
     before = effective_tokens(sglang_radix)
     _send_shared_prefix(sglang_radix.url, "q")
-    after = effective_tokens(sglang_radix)
+    after = settled_effective_tokens(sglang_radix)
     delta = {mode: after.get(mode, 0.0) - before.get(mode, 0.0) for mode in after}
     hits = sum(v for mode, v in delta.items() if mode.endswith("_hit"))
     queried = sum(delta.values())
