@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -36,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.serving import free_port, stop_process  # noqa: E402
 from bench._common import Result, launch, one_request, pct, prefixgate_command, wait_ready  # noqa: E402
-from bench.routing import start_sims  # noqa: E402
+from bench.routing import start_sims, start_target  # noqa: E402
 from bench.routing_trace import Tenant, _text  # noqa: E402
 
 MODEL = "sim"
@@ -54,7 +56,13 @@ def rows_config() -> dict[str, dict[str, Any]]:
         "+ admission (lane + queue)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}, "admission": QUEUE},
         "dedicated lane r3 (extra)": {"routing": {"policy": "prefix_affinity",
                                                   "lanes": {**LANE, "replicas": ["r3"]}}},
+        **{label: {"target": target} for label, target in ROUTER_ROWS.items()},
     }
+
+
+# the Rust routers, launched from ROUTERS_VENV exactly as bench/routing.py launches them
+ROUTER_ROWS = {"sglang-router 0.3.2 cache_aware": "sglang-router:cache_aware",
+               "vllm-router 0.1.17 cache_aware": "vllm-router:cache_aware"}
 
 
 def apply_token_scale(args: argparse.Namespace) -> None:
@@ -108,13 +116,16 @@ async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.N
     sims, urls = start_sims(args)
     proc = None
     try:
-        port = free_port()
-        cfg = {"backends": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
-               "scrape": {"interval_s": 1.0}, **config}
-        cfg["routing"] = {"block_size": args.block_size, "kv_blocks": args.kv_blocks, "health_interval_s": 2.0,
-                          **config.get("routing", {})}
-        proc = launch("prefixgate", prefixgate_command(cfg, tmp / "gw.yaml", port), tmp)
-        base = f"http://127.0.0.1:{port}"
+        if "target" in config:  # a Rust router
+            proc, base, _ = start_target(config["target"], urls, args, tmp)
+        else:
+            port = free_port()
+            cfg = {"backends": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
+                   "scrape": {"interval_s": 1.0}, **config}
+            cfg["routing"] = {"block_size": args.block_size, "kv_blocks": args.kv_blocks,
+                              "health_interval_s": 2.0, **config.get("routing", {})}
+            proc = launch("prefixgate", prefixgate_command(cfg, tmp / "gw.yaml", port), tmp)
+            base = f"http://127.0.0.1:{port}"
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=900)) as session:
             await wait_ready(session, base, "/v1/chat/completions",
@@ -151,6 +162,8 @@ async def main(args: argparse.Namespace) -> None:
     ROWS.update(rows_config())
     capacity_rps = args.replicas * args.prefill_tps / (0.8 * SHORT + 0.2 * LONG)
     rows = [r for r in ROWS if not args.rows or r in args.rows.split(",")]
+    if not Path(args.routers_venv, "bin").is_dir():
+        rows = [r for r in rows if "target" not in ROWS[r]]
     results: dict[tuple[str, float], dict] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -197,7 +210,7 @@ async def noisy_neighbour(args: argparse.Namespace, tmp: Path, capacity_rps: flo
 
 
 def print_table(results: dict, rows: list[str], args: argparse.Namespace) -> None:
-    print(f"\n$ python bench/admission.py {' '.join(sys.argv[1:])}")
+    print(f"\n$ python bench/admission.py {shlex.join(sys.argv[1:])}")
     print(f"4 replicas x {args.prefill_tps:g} prefill tokens/s, max_batch_tokens {args.max_batch_tokens}, "
           f"prompts {SHORT}/{LONG} tokens (noisy {HUGE}), token_scale {args.token_scale}, "
           f"time_scale {args.time_scale}; {args.n} requests per cell; TTFT in simulated seconds\n")
@@ -208,14 +221,18 @@ def print_table(results: dict, rows: list[str], args: argparse.Namespace) -> Non
             r = results[(row, load)]
             print(f"| {load:.0%} | {row} | {fmt(r['short'])} | {fmt(r['long'])} | {r['throughput']:.2f} | "
                   f"{r['rejects']}/{r['n']} |")
+    ours = [r for r in rows if r.startswith("+") or r.startswith("dedicated")]
+    refs = [r for r in ("prefix_affinity", *ROUTER_ROWS) if r in rows]
     for load in args.loads:
-        pa = results.get(("prefix_affinity", load))
-        for row in rows[2:]:
+        for row in ours:
             r = results[(row, load)]
-            if pa:
-                print(f"@{load:.0%} {row}: short p95 {pa['short'][1] / r['short'][1]:.2f}x lower than "
-                      f"prefix_affinity (goal >= 2x at 70%), long p50 {r['long'][0] / pa['long'][0]:.2f}x "
-                      f"(goal <= 1.5x)")
+            vs = [f"{results[(ref, load)]['short'][1] / r['short'][1]:.2f}x lower than {ref}" for ref in refs]
+            line = f"@{load:.0%} {row}: short p95 " + ", ".join(vs)
+            if "prefix_affinity" in refs:
+                line += f"; long p50 {r['long'][0] / results[('prefix_affinity', load)]['long'][0]:.2f}x prefix_affinity's"
+            print(line)
+    print("goals at 70%: short p95 >= 2x lower than prefix_affinity and >= 2.5x lower than both Rust routers' "
+          "cache_aware; long p50 <= 1.5x prefix_affinity's")
 
 
 def print_noisy(noisy: dict) -> None:
@@ -250,7 +267,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--token-scale", type=float, default=1.0,
                    help="scale every token count and the prefill rate alike (less CPU on a busy box)")
     p.add_argument("--no-noisy", dest="noisy", action="store_false")
-    p.add_argument("--routers-venv", default=str(ROOT / ".venv-routers"))
+    p.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
     return p.parse_args(argv)
 
 
