@@ -69,6 +69,7 @@ def apply_token_scale(args: argparse.Namespace) -> None:
     """Every token count (prompts, lane threshold, step budget, prefill rate) times the same factor:
     step counts and seconds per request stay the same, the CPU spent on text shrinks."""
     global SHORT, LONG, HUGE, SHARED
+    QUEUE["saturated_prefill_tokens"] = args.saturated_prefill_tokens
     s = args.token_scale
     SHORT, LONG, HUGE, SHARED = int(SHORT * s), int(LONG * s), int(HUGE * s), int(SHARED * s)
     LANE["long_prefill_tokens"] = int(LANE["long_prefill_tokens"] * s)
@@ -114,7 +115,7 @@ async def fire(session: aiohttp.ClientSession, base: str, trace: list[Tenant], s
 
 async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.Namespace, tmp: Path) -> dict:
     sims, urls = start_sims(args)
-    proc = None
+    proc, queue = None, None
     try:
         if "target" in config:  # a Rust router
             proc, base, _ = start_target(config["target"], urls, args, tmp)
@@ -131,11 +132,26 @@ async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.N
             await wait_ready(session, base, "/v1/chat/completions",
                              {"model": MODEL, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1})
             results, wall = await fire(session, base, trace, args.time_scale)
+            queue = None if "target" in config else await queue_numbers(session, base)
     finally:
         if proc is not None:
             stop_process(proc)
         stop_process(sims)
-    return summarize(results, wall, args.time_scale)
+    out = summarize(results, wall, args.time_scale)
+    if queue is not None and queue[0]:
+        out["queued"] = (int(queue[0]), queue[1] / queue[0] / args.time_scale)
+    return out
+
+
+async def queue_numbers(session: aiohttp.ClientSession, base: str) -> tuple[float, float]:
+    """(requests that waited in the gateway queue, their summed wait in seconds) from its /metrics."""
+    found = {"prefixgate_admission_wait_seconds_count": 0.0, "prefixgate_admission_wait_seconds_sum": 0.0}
+    async with session.get(base + "/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            name, _, value = line.partition(" ")
+            if name in found:
+                found[name] = float(value)
+    return found["prefixgate_admission_wait_seconds_count"], found["prefixgate_admission_wait_seconds_sum"]
 
 
 def summarize(results: list[tuple[Tenant, Result]], wall: float, scale: float) -> dict:
@@ -157,8 +173,8 @@ def fmt(v: list[float]) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
-    if args.token_scale != 1.0:
-        apply_token_scale(args)
+    apply_token_scale(args)
+    started, load_before = time.perf_counter(), os.getloadavg()
     ROWS.update(rows_config())
     capacity_rps = args.replicas * args.prefill_tps / (0.8 * SHORT + 0.2 * LONG)
     rows = [r for r in ROWS if not args.rows or r in args.rows.split(",")]
@@ -175,6 +191,8 @@ async def main(args: argparse.Namespace) -> None:
                 print(f"  done {row} @ {load:.0%}: short {fmt(r['short'])} long {fmt(r['long'])}", flush=True)
         noisy = await noisy_neighbour(args, tmp, capacity_rps) if args.noisy else None
     print_table(results, rows, args)
+    print(f"took {time.perf_counter() - started:.0f} s; load average (1/5/15 min) before "
+          + "/".join(f"{x:.1f}" for x in load_before) + ", after " + "/".join(f"{x:.1f}" for x in os.getloadavg()))
     if args.routers_venv and not Path(args.routers_venv).exists():
         print(f"\nsglang-router / vllm-router cache_aware: skipped, {args.routers_venv} does not exist "
               "(pip install sglang-router==0.3.2 vllm-router==0.1.17 into it, as bench/routing.py says)")
@@ -214,19 +232,23 @@ def print_table(results: dict, rows: list[str], args: argparse.Namespace) -> Non
     print(f"4 replicas x {args.prefill_tps:g} prefill tokens/s, max_batch_tokens {args.max_batch_tokens}, "
           f"prompts {SHORT}/{LONG} tokens (noisy {HUGE}), token_scale {args.token_scale}, "
           f"time_scale {args.time_scale}; {args.n} requests per cell; TTFT in simulated seconds\n")
-    print("| load | row | short TTFT p50/p95/p99 s | long TTFT p50/p95/p99 s | throughput req/s | rejects |")
-    print("|---|---|---|---|---|---|")
+    print("| load | row | short TTFT p50/p95/p99 s | long TTFT p50/p95/p99 s | throughput req/s | rejects "
+          "| queued (mean wait s) |")
+    print("|---|---|---|---|---|---|---|")
     for load in args.loads:
         for row in rows:
             r = results[(row, load)]
+            queued = f"{r['queued'][0]} ({r['queued'][1]:.2f})" if "queued" in r else "-"
             print(f"| {load:.0%} | {row} | {fmt(r['short'])} | {fmt(r['long'])} | {r['throughput']:.2f} | "
-                  f"{r['rejects']}/{r['n']} |")
+                  f"{r['rejects']}/{r['n']} | {queued} |")
     ours = [r for r in rows if r.startswith("+") or r.startswith("dedicated")]
     refs = [r for r in ("prefix_affinity", *ROUTER_ROWS) if r in rows]
     for load in args.loads:
         for row in ours:
             r = results[(row, load)]
             vs = [f"{results[(ref, load)]['short'][1] / r['short'][1]:.2f}x lower than {ref}" for ref in refs]
+            if not vs:
+                continue
             line = f"@{load:.0%} {row}: short p95 " + ", ".join(vs)
             if "prefix_affinity" in refs:
                 line += f"; long p50 {r['long'][0] / results[('prefix_affinity', load)]['long'][0]:.2f}x prefix_affinity's"
@@ -266,6 +288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--token-scale", type=float, default=1.0,
                    help="scale every token count and the prefill rate alike (less CPU on a busy box)")
+    p.add_argument("--saturated-prefill-tokens", type=int, default=QUEUE["saturated_prefill_tokens"],
+                   help="the queue row's saturation backlog per replica, before --token-scale")
     p.add_argument("--no-noisy", dest="noisy", action="store_false")
     p.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
     return p.parse_args(argv)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import anthropic
@@ -72,7 +72,7 @@ def test_every_prompt_route_reserves_the_prompt_estimate_and_refuses_in_its_shap
         assert resp.headers["anthropic-ratelimit-requests-limit"] == "2"
         assert resp.headers["anthropic-ratelimit-requests-remaining"] == "0"
         reset = datetime.fromisoformat(resp.headers["anthropic-ratelimit-requests-reset"].replace("Z", "+00:00"))
-        assert 0 <= (reset - datetime.now(timezone.utc)).total_seconds() <= 2
+        assert 0 <= (reset - datetime.now(UTC)).total_seconds() <= 2
         assert resp.headers["anthropic-ratelimit-input-tokens-limit"] == str(TOKENS_PER_MIN)
         assert not [h for h in resp.headers if h.startswith("x-ratelimit-")]
     else:

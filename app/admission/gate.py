@@ -25,9 +25,9 @@ import contextlib
 import math
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from app.admission.limits import Limiter, Verdict
 from app.admission.queue import FairQueue
@@ -61,7 +61,7 @@ def _duration(seconds: float) -> str:
 
 def _instant(seconds: float) -> str:
     """Anthropic's reset format: the RFC 3339 UTC instant `seconds` from now."""
-    at = datetime.now(timezone.utc) + timedelta(seconds=max(0.0, seconds))
+    at = datetime.now(UTC) + timedelta(seconds=max(0.0, seconds))
     return at.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
