@@ -11,8 +11,11 @@ capacity (4 x prefill_tps tokens/s over the mean uncached prompt). The simulator
 divided back by it, i.e. simulated seconds (the gateway's own overhead is magnified the same way).
 
 Rows: prefixgate round_robin, prefix_affinity, prefix_affinity + long lane (shared fleet,
-max_share), + admission (lane + gateway queue), and the dedicated 2-of-4 lane as an extra row.
-sglang-router / vllm-router cache_aware run when ROUTERS_VENV (default .venv-routers) exists.
+max_share), + admission (lane + gateway queue), the dedicated lane as an extra row, and
+sglang-router 0.3.2 / vllm-router 0.1.17 `cache_aware`, started from ROUTERS_VENV (default
+.venv-routers) by bench/routing.py's `start_target`, on the same simulated fleet and trace (skipped
+when that venv is missing). The "queued" column is read from the gateway's own
+prefixgate_admission_wait_seconds: how many requests waited in its queue, and their mean wait.
 Noisy neighbour: three tenants of 2k agent prompts at 35% load plus one tenant sending cold 32k
 prompts, at its usual rate and then bursting 10x; the three tenants' p95 TTFT with prefix_affinity
 alone and with fairness (lane + the noisy tenant's prompt_tokens_per_min limit + queue).
@@ -44,7 +47,10 @@ from bench.routing_trace import Tenant, _text  # noqa: E402
 MODEL = "sim"
 SHORT, LONG, HUGE, SHARED = 2000, 16000, 32000, 1000
 REQUEST = {"model": MODEL, "max_tokens": 8, "ignore_eos": True}
-LANE = {"long_prefill_tokens": 8192, "max_share": 0.5}
+# max_share 0.75: three of four replicas may hold a long prefill at once. The long requests carry
+# ~67% of this mix's prefill tokens; with 0.5 the replicas they may use run at 0.7 x 0.67 / 0.5 =
+# 0.94 utilisation at 70% load, and their backlog grows with the trace's length (README)
+LANE = {"long_prefill_tokens": 8192, "max_share": 0.75}
 # saturated: more than two prefill chunks queued; queued requests leave cheapest prefill first
 QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_prefill_tokens": 4096}
 
@@ -52,7 +58,7 @@ def rows_config() -> dict[str, dict[str, Any]]:
     return {
         "round_robin": {"routing": {"policy": "round_robin"}},
         "prefix_affinity": {"routing": {"policy": "prefix_affinity"}},
-        "+ long lane (max_share 0.5)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}},
+        f"+ long lane (max_share {LANE['max_share']:g})": {"routing": {"policy": "prefix_affinity", "lanes": LANE}},
         "+ admission (lane + queue)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}, "admission": QUEUE},
         "dedicated lane r3 (extra)": {"routing": {"policy": "prefix_affinity",
                                                   "lanes": {**LANE, "replicas": ["r3"]}}},
@@ -70,6 +76,7 @@ def apply_token_scale(args: argparse.Namespace) -> None:
     step counts and seconds per request stay the same, the CPU spent on text shrinks."""
     global SHORT, LONG, HUGE, SHARED
     QUEUE["saturated_prefill_tokens"] = args.saturated_prefill_tokens
+    LANE["max_share"] = args.max_share
     s = args.token_scale
     SHORT, LONG, HUGE, SHARED = int(SHORT * s), int(LONG * s), int(HUGE * s), int(SHARED * s)
     LANE["long_prefill_tokens"] = int(LANE["long_prefill_tokens"] * s)
@@ -241,7 +248,7 @@ def print_table(results: dict, rows: list[str], args: argparse.Namespace) -> Non
             queued = f"{r['queued'][0]} ({r['queued'][1]:.2f})" if "queued" in r else "-"
             print(f"| {load:.0%} | {row} | {fmt(r['short'])} | {fmt(r['long'])} | {r['throughput']:.2f} | "
                   f"{r['rejects']}/{r['n']} | {queued} |")
-    ours = [r for r in rows if r.startswith("+") or r.startswith("dedicated")]
+    ours = [r for r in rows if r.startswith(("+", "dedicated"))]
     refs = [r for r in ("prefix_affinity", *ROUTER_ROWS) if r in rows]
     for load in args.loads:
         for row in ours:
@@ -288,6 +295,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--token-scale", type=float, default=1.0,
                    help="scale every token count and the prefill rate alike (less CPU on a busy box)")
+    p.add_argument("--max-share", type=float, default=LANE["max_share"], help="the lane rows' routing.lanes.max_share")
     p.add_argument("--saturated-prefill-tokens", type=int, default=QUEUE["saturated_prefill_tokens"],
                    help="the queue row's saturation backlog per replica, before --token-scale")
     p.add_argument("--no-noisy", dest="noisy", action="store_false")

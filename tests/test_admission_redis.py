@@ -31,10 +31,15 @@ def _gateways(proxy_factory, sim, url: str, namespace: str, overrides: dict | No
     return proxy_factory(sim, **sections), proxy_factory(sim, **sections)
 
 
+FALLBACK_LOG = "admission: Redis unreachable"
+
+
 def _pod(sim, url: str, namespace: str, lease_ttl_s: float = 30.0, **limits) -> GatewayProcess:
-    """One gateway pod: a `prefixgate serve` process of its own."""
+    """One gateway pod: a `prefixgate serve` process of its own. Redis gets 2 s per decision: on a
+    loaded test box a slow answer must not switch the pod to its local share mid-test."""
     config = {"backends": [{"url": u} for u in sim.urls], **_sections(url, namespace, **limits)}
     config["admission"]["lease_ttl_s"] = lease_ttl_s
+    config["state_options"]["redis_timeout_s"] = 2.0
     return GatewayProcess(config)
 
 
@@ -73,16 +78,17 @@ def test_global_requests_per_s_holds_within_10_percent_across_two_gateway_proces
     rate = 20.0
     with _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate) as a, \
             _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate) as b:
-        (on_a, on_b), first, last = _hammer([a.url, b.url], 3.0, workers=8)
+        (on_a, on_b), first, last = _hammer([a.url, b.url], 3.0, workers=6)
         admitted, allowed = _admitted_vs_limit(on_a + on_b, first, last, rate)
         assert abs(admitted - allowed) <= 0.1 * allowed, (admitted, allowed)
         assert on_a.count(429) and on_b.count(429) and on_a.count(200) and on_b.count(200)
         time.sleep(1.5)  # the bucket refills
         # pod a alone takes the whole global limit: per-pod shares (admission.pods = 2, what a pod
         # enforces without Redis) would give it half
-        (alone,), first, last = _hammer([a.url], 3.0, workers=4)
+        (alone,), first, last = _hammer([a.url], 3.0, workers=3)
         admitted, allowed = _admitted_vs_limit(alone, first, last, rate)
         assert abs(admitted - allowed) <= 0.1 * allowed, (admitted, allowed)
+        assert FALLBACK_LOG not in a.log() + b.log()  # every decision was Redis's
     assert redis_lib.Redis.from_url(redis_server.url).keys(f"{redis_namespace}:v1:adm:*")
 
 
@@ -103,10 +109,16 @@ def test_redis_killed_mid_run_loses_no_request_and_falls_back_to_pod_share(
     assert last - killed_at[0] > 1.5  # requests kept coming for seconds with Redis gone
     assert a.services.admission.limiter.down and b.services.admission.limiter.down
     # without Redis a pod enforces its share: half of a 4/s bucket is 2 (plus what refills meanwhile)
-    with httpx.Client(base_url=a.url, timeout=30) as http:
-        burst = [http.post("/v1/chat/completions", json=CHAT, headers={"x-tenant-id": "small"}).status_code
-                 for _ in range(8)]
-    assert 2 <= burst.count(200) <= 3 and burst.count(429) >= 5, burst
+    def small_request(_: int) -> int:
+        with httpx.Client(base_url=a.url, timeout=30) as http:
+            return http.post("/v1/chat/completions", json=CHAT, headers={"x-tenant-id": "small"}).status_code
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        burst = list(pool.map(small_request, range(8)))
+    elapsed = time.monotonic() - start
+    # the pod's bucket holds 2 and refills at 2/s; the global one would hold 4
+    assert 2 <= burst.count(200) <= 2 + 2 * elapsed and burst.count(429) >= 4, (burst, elapsed)
 
 
 def test_lease_of_a_crashed_pod_expires_and_frees_the_slot(redis_server, redis_namespace):

@@ -53,7 +53,8 @@ ROUTES = ["chat", "completions", "responses", "messages"]
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_every_prompt_route_reserves_the_prompt_estimate_and_refuses_in_its_shape(route, proxy_factory, sim):
-    proxy = proxy_factory(sim, tenants={"default": {"limits": {"requests_per_s": 2,
+    # one request per 5 s: the bucket holds one, and nothing refills while the test runs
+    proxy = proxy_factory(sim, tenants={"default": {"limits": {"requests_per_s": 0.2,
                                                                "prompt_tokens_per_min": TOKENS_PER_MIN}}})
     first, prompt_tokens = _call(route, proxy)
     anthropic_route = route == "messages"
@@ -61,18 +62,17 @@ def test_every_prompt_route_reserves_the_prompt_estimate_and_refuses_in_its_shap
     # the bucket starts full: what is left is the limit minus this request's reserved estimate,
     # the fingerprint's token count, which here equals what the engine counted
     assert TOKENS_PER_MIN - int(first.headers[left]) == prompt_tokens
-    _call(route, proxy)
     with pytest.raises(anthropic.RateLimitError if anthropic_route else openai.RateLimitError) as err:
         _call(route, proxy)
     resp = err.value.response
     assert resp.status_code == 429 and int(resp.headers["retry-after"]) >= 1
     if anthropic_route:
         assert resp.json() == {"type": "error", "error": {"type": "rate_limit_error", "message": (
-            "Rate limit reached for tenant default on requests per second. Please try again in 1s.")}}
-        assert resp.headers["anthropic-ratelimit-requests-limit"] == "2"
+            "Rate limit reached for tenant default on requests per second. Please try again in 5s.")}}
+        assert resp.headers["anthropic-ratelimit-requests-limit"] == "1"
         assert resp.headers["anthropic-ratelimit-requests-remaining"] == "0"
         reset = datetime.fromisoformat(resp.headers["anthropic-ratelimit-requests-reset"].replace("Z", "+00:00"))
-        assert 0 <= (reset - datetime.now(UTC)).total_seconds() <= 2
+        assert 0 <= (reset - datetime.now(UTC)).total_seconds() <= 6
         assert resp.headers["anthropic-ratelimit-input-tokens-limit"] == str(TOKENS_PER_MIN)
         assert not [h for h in resp.headers if h.startswith("x-ratelimit-")]
     else:
