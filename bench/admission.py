@@ -11,8 +11,11 @@ capacity (4 x prefill_tps tokens/s over the mean uncached prompt). The simulator
 divided back by it, i.e. simulated seconds (the gateway's own overhead is magnified the same way).
 
 Rows: prefixgate round_robin, prefix_affinity, prefix_affinity + long lane (shared fleet,
-max_share), + admission (lane + gateway queue), and the dedicated 2-of-4 lane as an extra row.
-sglang-router / vllm-router cache_aware run when ROUTERS_VENV (default .venv-routers) exists.
+max_share), + admission (lane + gateway queue), the dedicated lane as an extra row, and
+sglang-router 0.3.2 / vllm-router 0.1.17 `cache_aware`, started from ROUTERS_VENV (default
+.venv-routers) by bench/routing.py's `start_target`, on the same simulated fleet and trace (skipped
+when that venv is missing). The "queued" column is read from the gateway's own
+prefixgate_admission_wait_seconds: how many requests waited in its queue, and their mean wait.
 Noisy neighbour: three tenants of 2k agent prompts at 35% load plus one tenant sending cold 32k
 prompts, at its usual rate and then bursting 10x; the three tenants' p95 TTFT with prefix_affinity
 alone and with fairness (lane + the noisy tenant's prompt_tokens_per_min limit + queue).
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -36,13 +41,16 @@ sys.path.insert(0, str(ROOT))
 
 from app.serving import free_port, stop_process  # noqa: E402
 from bench._common import Result, launch, one_request, pct, prefixgate_command, wait_ready  # noqa: E402
-from bench.routing import start_sims  # noqa: E402
+from bench.routing import start_sims, start_target  # noqa: E402
 from bench.routing_trace import Tenant, _text  # noqa: E402
 
 MODEL = "sim"
 SHORT, LONG, HUGE, SHARED = 2000, 16000, 32000, 1000
 REQUEST = {"model": MODEL, "max_tokens": 8, "ignore_eos": True}
-LANE = {"long_prefill_tokens": 8192, "max_share": 0.5}
+# max_share 0.75: three of four replicas may hold a long prefill at once. The long requests carry
+# ~67% of this mix's prefill tokens; with 0.5 the replicas they may use run at 0.7 x 0.67 / 0.5 =
+# 0.94 utilisation at 70% load, and their backlog grows with the trace's length (README)
+LANE = {"long_prefill_tokens": 8192, "max_share": 0.75}
 # saturated: more than two prefill chunks queued; queued requests leave cheapest prefill first
 QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_prefill_tokens": 4096}
 
@@ -50,17 +58,25 @@ def rows_config() -> dict[str, dict[str, Any]]:
     return {
         "round_robin": {"routing": {"policy": "round_robin"}},
         "prefix_affinity": {"routing": {"policy": "prefix_affinity"}},
-        "+ long lane (max_share 0.5)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}},
+        f"+ long lane (max_share {LANE['max_share']:g})": {"routing": {"policy": "prefix_affinity", "lanes": LANE}},
         "+ admission (lane + queue)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}, "admission": QUEUE},
         "dedicated lane r3 (extra)": {"routing": {"policy": "prefix_affinity",
                                                   "lanes": {**LANE, "replicas": ["r3"]}}},
+        **{label: {"target": target} for label, target in ROUTER_ROWS.items()},
     }
+
+
+# the Rust routers, launched from ROUTERS_VENV exactly as bench/routing.py launches them
+ROUTER_ROWS = {"sglang-router 0.3.2 cache_aware": "sglang-router:cache_aware",
+               "vllm-router 0.1.17 cache_aware": "vllm-router:cache_aware"}
 
 
 def apply_token_scale(args: argparse.Namespace) -> None:
     """Every token count (prompts, lane threshold, step budget, prefill rate) times the same factor:
     step counts and seconds per request stay the same, the CPU spent on text shrinks."""
     global SHORT, LONG, HUGE, SHARED
+    QUEUE["saturated_prefill_tokens"] = args.saturated_prefill_tokens
+    LANE["max_share"] = args.max_share
     s = args.token_scale
     SHORT, LONG, HUGE, SHARED = int(SHORT * s), int(LONG * s), int(HUGE * s), int(SHARED * s)
     LANE["long_prefill_tokens"] = int(LANE["long_prefill_tokens"] * s)
@@ -106,25 +122,43 @@ async def fire(session: aiohttp.ClientSession, base: str, trace: list[Tenant], s
 
 async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.Namespace, tmp: Path) -> dict:
     sims, urls = start_sims(args)
-    proc = None
+    proc, queue = None, None
     try:
-        port = free_port()
-        cfg = {"backends": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
-               "scrape": {"interval_s": 1.0}, **config}
-        cfg["routing"] = {"block_size": args.block_size, "kv_blocks": args.kv_blocks, "health_interval_s": 2.0,
-                          **config.get("routing", {})}
-        proc = launch("prefixgate", prefixgate_command(cfg, tmp / "gw.yaml", port), tmp)
-        base = f"http://127.0.0.1:{port}"
+        if "target" in config:  # a Rust router
+            proc, base, _ = start_target(config["target"], urls, args, tmp)
+        else:
+            port = free_port()
+            cfg = {"backends": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
+                   "scrape": {"interval_s": 1.0}, **config}
+            cfg["routing"] = {"block_size": args.block_size, "kv_blocks": args.kv_blocks,
+                              "health_interval_s": 2.0, **config.get("routing", {})}
+            proc = launch("prefixgate", prefixgate_command(cfg, tmp / "gw.yaml", port), tmp)
+            base = f"http://127.0.0.1:{port}"
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=900)) as session:
             await wait_ready(session, base, "/v1/chat/completions",
                              {"model": MODEL, "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1})
             results, wall = await fire(session, base, trace, args.time_scale)
+            queue = None if "target" in config else await queue_numbers(session, base)
     finally:
         if proc is not None:
             stop_process(proc)
         stop_process(sims)
-    return summarize(results, wall, args.time_scale)
+    out = summarize(results, wall, args.time_scale)
+    if queue is not None and queue[0]:
+        out["queued"] = (int(queue[0]), queue[1] / queue[0] / args.time_scale)
+    return out
+
+
+async def queue_numbers(session: aiohttp.ClientSession, base: str) -> tuple[float, float]:
+    """(requests that waited in the gateway queue, their summed wait in seconds) from its /metrics."""
+    found = {"prefixgate_admission_wait_seconds_count": 0.0, "prefixgate_admission_wait_seconds_sum": 0.0}
+    async with session.get(base + "/metrics") as resp:
+        for line in (await resp.text()).splitlines():
+            name, _, value = line.partition(" ")
+            if name in found:
+                found[name] = float(value)
+    return found["prefixgate_admission_wait_seconds_count"], found["prefixgate_admission_wait_seconds_sum"]
 
 
 def summarize(results: list[tuple[Tenant, Result]], wall: float, scale: float) -> dict:
@@ -146,11 +180,13 @@ def fmt(v: list[float]) -> str:
 
 
 async def main(args: argparse.Namespace) -> None:
-    if args.token_scale != 1.0:
-        apply_token_scale(args)
+    apply_token_scale(args)
+    started, load_before = time.perf_counter(), os.getloadavg()
     ROWS.update(rows_config())
     capacity_rps = args.replicas * args.prefill_tps / (0.8 * SHORT + 0.2 * LONG)
     rows = [r for r in ROWS if not args.rows or r in args.rows.split(",")]
+    if not Path(args.routers_venv, "bin").is_dir():
+        rows = [r for r in rows if "target" not in ROWS[r]]
     results: dict[tuple[str, float], dict] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -162,6 +198,8 @@ async def main(args: argparse.Namespace) -> None:
                 print(f"  done {row} @ {load:.0%}: short {fmt(r['short'])} long {fmt(r['long'])}", flush=True)
         noisy = await noisy_neighbour(args, tmp, capacity_rps) if args.noisy else None
     print_table(results, rows, args)
+    print(f"took {time.perf_counter() - started:.0f} s; load average (1/5/15 min) before "
+          + "/".join(f"{x:.1f}" for x in load_before) + ", after " + "/".join(f"{x:.1f}" for x in os.getloadavg()))
     if args.routers_venv and not Path(args.routers_venv).exists():
         print(f"\nsglang-router / vllm-router cache_aware: skipped, {args.routers_venv} does not exist "
               "(pip install sglang-router==0.3.2 vllm-router==0.1.17 into it, as bench/routing.py says)")
@@ -197,25 +235,33 @@ async def noisy_neighbour(args: argparse.Namespace, tmp: Path, capacity_rps: flo
 
 
 def print_table(results: dict, rows: list[str], args: argparse.Namespace) -> None:
-    print(f"\n$ python bench/admission.py {' '.join(sys.argv[1:])}")
+    print(f"\n$ python bench/admission.py {shlex.join(sys.argv[1:])}")
     print(f"4 replicas x {args.prefill_tps:g} prefill tokens/s, max_batch_tokens {args.max_batch_tokens}, "
           f"prompts {SHORT}/{LONG} tokens (noisy {HUGE}), token_scale {args.token_scale}, "
           f"time_scale {args.time_scale}; {args.n} requests per cell; TTFT in simulated seconds\n")
-    print("| load | row | short TTFT p50/p95/p99 s | long TTFT p50/p95/p99 s | throughput req/s | rejects |")
-    print("|---|---|---|---|---|---|")
+    print("| load | row | short TTFT p50/p95/p99 s | long TTFT p50/p95/p99 s | throughput req/s | rejects "
+          "| queued (mean wait s) |")
+    print("|---|---|---|---|---|---|---|")
     for load in args.loads:
         for row in rows:
             r = results[(row, load)]
+            queued = f"{r['queued'][0]} ({r['queued'][1]:.2f})" if "queued" in r else "-"
             print(f"| {load:.0%} | {row} | {fmt(r['short'])} | {fmt(r['long'])} | {r['throughput']:.2f} | "
-                  f"{r['rejects']}/{r['n']} |")
+                  f"{r['rejects']}/{r['n']} | {queued} |")
+    ours = [r for r in rows if r.startswith(("+", "dedicated"))]
+    refs = [r for r in ("prefix_affinity", *ROUTER_ROWS) if r in rows]
     for load in args.loads:
-        pa = results.get(("prefix_affinity", load))
-        for row in rows[2:]:
+        for row in ours:
             r = results[(row, load)]
-            if pa:
-                print(f"@{load:.0%} {row}: short p95 {pa['short'][1] / r['short'][1]:.2f}x lower than "
-                      f"prefix_affinity (goal >= 2x at 70%), long p50 {r['long'][0] / pa['long'][0]:.2f}x "
-                      f"(goal <= 1.5x)")
+            vs = [f"{results[(ref, load)]['short'][1] / r['short'][1]:.2f}x lower than {ref}" for ref in refs]
+            if not vs:
+                continue
+            line = f"@{load:.0%} {row}: short p95 " + ", ".join(vs)
+            if "prefix_affinity" in refs:
+                line += f"; long p50 {r['long'][0] / results[('prefix_affinity', load)]['long'][0]:.2f}x prefix_affinity's"
+            print(line)
+    print("goals at 70%: short p95 >= 2x lower than prefix_affinity and >= 2.5x lower than both Rust routers' "
+          "cache_aware; long p50 <= 1.5x prefix_affinity's")
 
 
 def print_noisy(noisy: dict) -> None:
@@ -249,8 +295,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=17)
     p.add_argument("--token-scale", type=float, default=1.0,
                    help="scale every token count and the prefill rate alike (less CPU on a busy box)")
+    p.add_argument("--max-share", type=float, default=LANE["max_share"], help="the lane rows' routing.lanes.max_share")
+    p.add_argument("--saturated-prefill-tokens", type=int, default=QUEUE["saturated_prefill_tokens"],
+                   help="the queue row's saturation backlog per replica, before --token-scale")
     p.add_argument("--no-noisy", dest="noisy", action="store_false")
-    p.add_argument("--routers-venv", default=str(ROOT / ".venv-routers"))
+    p.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
     return p.parse_args(argv)
 
 

@@ -2,13 +2,15 @@
 per-tenant limits, then the gateway queue while every eligible replica is saturated.
 
 - Limits (`tenants.default.limits`, `tenants.overrides.<t>.limits`): a request over any of them is
-  refused with an OpenAI-shaped 429 carrying `Retry-After` and the `x-ratelimit-*` headers; it
-  never waits. The prompt-token bucket is charged the request's estimate (the fingerprint's token
+  refused with a 429 carrying `Retry-After` and the rate-limit headers (OpenAI's `x-ratelimit-*`,
+  on /v1/messages Anthropic's `anthropic-ratelimit-*`; the body is shaped per route by
+  app/api/errors.py); it never waits. The prompt-token bucket is charged the request's estimate (the fingerprint's token
   count, or the body-size estimate while it is pending) and settled on the engine's `usage`.
 - Queue (`admission.queue`): when every healthy replica serving the model is saturated (its engine
   reports more than `saturated_waiting` waiting requests, or this gateway has
   `saturated_inflight` requests in flight on it), the request waits in a bounded fair queue
-  (app/admission/queue.py); a full queue or a wait past `ttl_s` is a 503 with `Retry-After`.
+  (app/admission/queue.py); a full queue or a wait past `ttl_s` is a 503 with `Retry-After`
+  (on /v1/messages Anthropic's 529 `overloaded_error`).
   With `saturated_prefill_tokens` the queue also ranks by predicted prefill (prompt minus the
   longest prefix resident on any replica, one residency lookup, only for a request that queues).
 - A concurrency slot is a lease renewed while the request runs and released at its end.
@@ -25,6 +27,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from app.admission.limits import Limiter, Verdict
 from app.admission.queue import FairQueue
@@ -56,22 +59,44 @@ def _duration(seconds: float) -> str:
     return f"{s // 60}m{s % 60}s" if s >= 60 else f"{s}s"
 
 
-def rate_headers(limits: TenantLimits, verdict: Verdict) -> dict[str, str]:
-    """x-ratelimit-* as the OpenAI API names them. limit-requests is the request bucket's size
-    (one second of `requests_per_s`), limit-tokens `prompt_tokens_per_min`; absent when unset."""
+def _instant(seconds: float) -> str:
+    """Anthropic's reset format: the RFC 3339 UTC instant `seconds` from now."""
+    at = datetime.now(UTC) + timedelta(seconds=max(0.0, seconds))
+    return at.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# (limit, remaining, reset) header names per API: OpenAI's `x-ratelimit-*`, Anthropic's
+# `anthropic-ratelimit-*` (the prompt-token limit is Anthropic's input-tokens limit)
+_HEADER_NAMES = {
+    False: (("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+            ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")),
+    True: (("anthropic-ratelimit-requests-limit", "anthropic-ratelimit-requests-remaining",
+            "anthropic-ratelimit-requests-reset"),
+           ("anthropic-ratelimit-input-tokens-limit", "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset")),
+}
+
+
+def rate_headers(limits: TenantLimits, verdict: Verdict, anthropic: bool = False) -> dict[str, str]:
+    """The rate-limit headers under the names the client's API uses (`anthropic`: /v1/messages).
+    The request limit is the request bucket's size (one second of `requests_per_s`), the token
+    limit `prompt_tokens_per_min`; reset is when the bucket is full again (OpenAI: a duration,
+    Anthropic: an RFC 3339 instant). A header is absent when its limit is not configured."""
+    reset = _instant if anthropic else _duration
+    (req_limit, req_left, req_reset), (tok_limit, tok_left, tok_reset) = _HEADER_NAMES[anthropic]
     out: dict[str, str] = {}
     if limits.requests_per_s:
-        out["x-ratelimit-limit-requests"] = str(max(1, int(limits.requests_per_s)))
+        out[req_limit] = str(max(1, int(limits.requests_per_s)))
         if verdict.remaining_requests is not None:
-            out["x-ratelimit-remaining-requests"] = str(max(0, verdict.remaining_requests))
+            out[req_left] = str(max(0, verdict.remaining_requests))
         if verdict.reset_requests_s is not None:
-            out["x-ratelimit-reset-requests"] = _duration(verdict.reset_requests_s)
+            out[req_reset] = reset(verdict.reset_requests_s)
     if limits.prompt_tokens_per_min:
-        out["x-ratelimit-limit-tokens"] = str(limits.prompt_tokens_per_min)
+        out[tok_limit] = str(limits.prompt_tokens_per_min)
         if verdict.remaining_tokens is not None:
-            out["x-ratelimit-remaining-tokens"] = str(max(0, verdict.remaining_tokens))
+            out[tok_left] = str(max(0, verdict.remaining_tokens))
         if verdict.reset_tokens_s is not None:
-            out["x-ratelimit-reset-tokens"] = _duration(verdict.reset_tokens_s)
+            out[tok_reset] = reset(verdict.reset_tokens_s)
     return out
 
 
@@ -80,14 +105,24 @@ _REFUSALS = {
     "prompt_tokens_per_min": ("tokens", "prompt tokens per minute"),
     "concurrent": ("requests", "concurrent requests"),
 }
+# Anthropic's status for "overloaded, retry later" (its SDK raises OverloadedError on it); the
+# OpenAI routes answer a shed with 503 (docs/admission.md)
+ANTHROPIC_OVERLOADED = 529
 
 
-def rate_limited(tenant: str, limits: TenantLimits, verdict: Verdict) -> ProxyError:
+def rate_limited(tenant: str, limits: TenantLimits, verdict: Verdict, anthropic: bool = False) -> ProxyError:
+    """The 429 for a refused request; its body is shaped per route by app/api/errors.py."""
     kind, what = _REFUSALS[verdict.reason or "requests_per_s"]
     retry = max(1, math.ceil(verdict.retry_after_s))
-    headers = {"retry-after": str(retry), **rate_headers(limits, verdict)}
+    headers = {"retry-after": str(retry), **rate_headers(limits, verdict, anthropic)}
     return ProxyError(429, f"Rate limit reached for tenant {tenant} on {what}. Please try again in {retry}s.",
                       type=kind, code="rate_limit_exceeded", headers=headers)
+
+
+def shed(message: str, code: str, retry_s: float, anthropic: bool) -> ProxyError:
+    """The queue's refusal: 503 on the OpenAI routes, Anthropic's 529 `overloaded_error` on /v1/messages."""
+    return ProxyError(ANTHROPIC_OVERLOADED if anthropic else 503, message, type="server_error", code=code,
+                      headers={"retry-after": str(max(1, math.ceil(retry_s)))})
 
 
 class Admission:
@@ -101,8 +136,9 @@ class Admission:
         self._renewer: asyncio.Task[None] | None = None
 
     # --- limits ---
-    async def admit(self, tenant: str, estimate_tokens: int) -> Ticket | None:
-        """A ticket when a limit applies to the tenant; raises the 429 when one is exceeded."""
+    async def admit(self, tenant: str, estimate_tokens: int, anthropic: bool = False) -> Ticket | None:
+        """A ticket when a limit applies to the tenant; raises the 429 (headers named for the
+        route's API: `anthropic` on /v1/messages) when one is exceeded."""
         limits = self.settings.tenants.config_for(tenant).limits
         if not (limits.requests_per_s or limits.prompt_tokens_per_min or limits.concurrent):
             return None
@@ -110,7 +146,7 @@ class Admission:
         verdict = await self.limiter.acquire(tenant, limits, estimate_tokens, lease)
         if verdict.reason is not None:
             self.metrics.admission_rejections.labels(self.metrics.tenant_label(tenant), verdict.reason).inc()
-            raise rate_limited(tenant, limits, verdict)
+            raise rate_limited(tenant, limits, verdict, anthropic)
         ticket = Ticket(tenant, limits, lease, estimate_tokens, verdict)
         if limits.concurrent:
             self._active[lease] = ticket
@@ -160,17 +196,17 @@ class Admission:
         return bool(eligible) and all(self.saturated(r) for r in eligible)
 
     async def wait_turn(self, tenant: str, priority: int, replicas_fn, model: str | None,
-                        cost_fn: Callable[[], Awaitable[int]] | None = None) -> None:
-        """Return when a replica has room (at once when one has); 503 when the queue is full or
-        the wait passed `ttl_s`. `replicas_fn()` lists the replicas (they change with discovery)."""
+                        cost_fn: Callable[[], Awaitable[int]] | None = None, anthropic: bool = False) -> None:
+        """Return when a replica has room (at once when one has); a shed (`shed`: 503, or 529 on
+        /v1/messages) when the queue is full or the wait passed `ttl_s`. `replicas_fn()` lists the
+        replicas (they change with discovery)."""
         if not self.all_saturated(replicas_fn(), model) and self.queue.depth == 0:
             return
         label = self.metrics.tenant_label(tenant)
         if self.queue.full():
             self.metrics.admission_rejections.labels(label, "queue_full").inc()
-            raise ProxyError(503, "Every replica is saturated and the gateway queue is full; retry shortly.",
-                             type="server_error", code="queue_full",
-                             headers={"retry-after": str(max(1, math.ceil(self.options.queue.ttl_s / 2)))})
+            raise shed("Every replica is saturated and the gateway queue is full; retry shortly.",
+                       "queue_full", self.options.queue.ttl_s / 2, anthropic)
         start = time.perf_counter()
         cost = await cost_fn() if cost_fn is not None and self.options.saturated_prefill_tokens else 0
         fut = self.queue.push(tenant, priority, cost)
@@ -186,9 +222,8 @@ class Admission:
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     self.metrics.admission_rejections.labels(label, "queue_ttl").inc()
-                    raise ProxyError(503, f"Queued {self.options.queue.ttl_s:g}s for a free replica; retry shortly.",
-                                     type="server_error", code="queue_timeout",
-                                     headers={"retry-after": str(max(1, math.ceil(self.options.queue.ttl_s)))})
+                    raise shed(f"Queued {self.options.queue.ttl_s:g}s for a free replica; retry shortly.",
+                               "queue_timeout", self.options.queue.ttl_s, anthropic)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(fut), min(left, POLL_S))
         finally:

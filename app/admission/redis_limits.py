@@ -82,11 +82,16 @@ if v then redis.call('HSET', KEYS[1], 'l', tostring(math.min(tonumber(ARGV[2]), 
 return 0
 """
 
-# KEYS: leases zset. ARGV: lease id, ttl ms. Renews a lease that still exists.
+# KEYS: leases zset. ARGV: lease id, ttl ms. Renews a lease that still exists, and the set's own
+# expiry with it: a stream longer than two TTLs with no other request of its tenant would otherwise
+# lose its slot with the whole set
 _RENEW_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1]) end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
+end
 return 0
 """
 

@@ -53,7 +53,7 @@ def sse_error_event(err: ProxyError | dict[str, Any]) -> bytes:
 # Anthropic's error `type` for a status (docs/agents-apis.md); other statuses: api_error
 ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                          404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-                         429: "rate_limit_error", 503: "overloaded_error"}
+                         429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
 
 
 def anthropic_error_body(err: ProxyError) -> bytes:

@@ -177,14 +177,15 @@ class RequestPipeline:
         assert admission is not None
         fp = ctx.fingerprint
         estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else raw_bytes // BYTES_PER_TOKEN_ESTIMATE
-        ctx.admission = await admission.admit(ctx.tenant, estimate)
+        anthropic = ctx.route == "messages"  # Anthropic's header names, 429 and 529 shapes
+        ctx.admission = await admission.admit(ctx.tenant, estimate, anthropic)
         if ctx.admission is not None:
-            ctx.response_headers.update(rate_headers(ctx.admission.limits, ctx.admission.verdict))
+            ctx.response_headers.update(rate_headers(ctx.admission.limits, ctx.admission.verdict, anthropic))
         tenant_cfg = self.services.settings.tenants.config_for(ctx.tenant)
         priority = _int_or(ctx.headers.get(self.services.settings.admission.priority_header.lower()),
                            tenant_cfg.priority)
         await admission.wait_turn(ctx.tenant, priority, self.services.replicas.all, ctx.model,
-                                  lambda: self._predicted_prefill(ctx, estimate))
+                                  lambda: self._predicted_prefill(ctx, estimate), anthropic)
 
     async def _predicted_prefill(self, ctx: RequestContext, estimate: int) -> int:
         """The prompt minus the longest prefix predicted resident on any replica (for the queue's order)."""
