@@ -121,6 +121,9 @@ def test_a_non_streamed_message_and_count_tokens(sim_factory, epp_factory, proxy
                               json={"model": "sim", "messages": body["messages"]})
     assert counted.status == 200 and counted.json() == direct_count.json()
     assert counted.forwarded == orjson.dumps({"model": "sim", "messages": body["messages"]})
+    # a passthrough path is counted as serve counts it
+    assert epp.sample("prefixgate_requests_total", route="passthrough", status="200") == \
+        serve.sample("prefixgate_requests_total", route="passthrough", status="200") == 1
 
 
 def billing(turn: int) -> dict[str, str]:

@@ -236,6 +236,10 @@ class Exchange:
     def _response_headers(self, msg: pb.ProcessingRequest) -> list[pb.ProcessingResponse]:
         ctx = self.ctx
         if ctx is None:
+            if self.passthrough:  # counted as serve counts it: by the status the replica answered
+                status = protocol.header_dict(msg.response_headers).get(":status", "")
+                if len(status) == 3 and status.isdigit():
+                    self.services.metrics.requests.labels("passthrough", status).inc()
             return [protocol.continue_headers("response_headers")]
         headers = protocol.header_dict(msg.response_headers)
         status = int(headers.get(":status", "200") or 200)
