@@ -66,8 +66,10 @@ def probe(url: str, token: str | None) -> None:
 
 
 def exact_share(runs: list[dict]) -> str:
-    """Requests fingerprinted exactly (any mode but `approx`) over all fingerprinted, in these runs."""
-    exact = total = 0.0
+    """Requests fingerprinted exactly over all fingerprinted, in these runs, as two shares: exact
+    when routed (mode `exact`), and exact in the end (any mode but `approx`: a `pending` chain is
+    completed exactly after routing, so its prediction and continuity are exact, its pick was not)."""
+    routed = exact = total = 0.0
     seen = False
     for r in runs:
         before, after = r.get("probe_before"), r.get("probe_after")
@@ -78,9 +80,10 @@ def exact_share(runs: list[dict]) -> str:
             delta = value - (before or {}).get(mode, 0.0)
             total += delta
             exact += 0.0 if mode == "approx" else delta
+            routed += delta if mode == "exact" else 0.0
     if not seen or total <= 0:
         return "n/a"
-    return f"{exact / total * 100:.1f}%"
+    return f"{routed / total * 100:.1f}% / {exact / total * 100:.1f}%"
 
 
 def _med(values: list[float]) -> float | None:
@@ -111,7 +114,7 @@ def table(jsonl: str, command: str, notes: list[str] | None = None) -> str:
             cell["rps"].append(r.get("rps"))
     lines = [f"command: {command}", "",
              "| prompt | conc | target | TTFT p50 | added TTFT p50 | added p99 | throughput vs direct | req/s "
-             "| gateway CPU / req | exact fingerprints | errors |",
+             "| gateway CPU / req | exact fingerprints (routed / in the end) | errors |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     order = list(LABELS)
     for size, conc, name in sorted(cells, key=lambda k: (k[0], k[1], order.index(k[2]) if k[2] in order else 99)):
