@@ -7,7 +7,9 @@ Claude-Code-shaped multi-turn session (real `anthropic` client -> proxy -> simul
   the head renders the same bytes every turn: near-full hits, predicted == engine cached on every
   turn, `x-prefixgate-rewrites` and `prefixgate_rewrites_total{route="messages"}` say so;
 - the mapping from the rendered system text back onto the blocks: a string `system`, a line
-  left in its block with `system_end`, and the cases where nothing may move.
+  left in its block with `system_end`, and the cases where nothing may move;
+- Responses `instructions` follow the same targets as chat (`system_end`, and the fallback when
+  no user text can carry the line).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import pytest
 from app.hygiene.findings import LineClassifier, dynamic_lines
 from app.hygiene.rewrite import RewriteOptions
 from app.hygiene.rewrite_messages import move_system_lines
+from app.hygiene.rewrite_responses import apply_responses_rewrites
+from app.pipeline.hygiene_stage import responses_view
 from app.prefix.convert_messages import chat_view
 from tests.test_api_messages import STATIC, TOOLS, billing, breaks, client_for, prompt_of, wait_processed
 
@@ -126,3 +130,21 @@ def test_a_line_across_two_blocks_or_in_an_inline_system_message_does_not_move()
     view = chat_view(merged, merge_inline_system=True)
     lines = dynamic_lines(view, LineClassifier())
     assert lines and move_system_lines(merged, lines, RewriteOptions()) is None
+
+
+# ---------------------------------------------------------------------------- and Responses, by chat's rule
+def responses_moved(body: dict[str, Any], **opts: Any) -> dict[str, Any]:
+    lines = dynamic_lines(responses_view(body), LineClassifier())
+    return apply_responses_rewrites(body, lines, RewriteOptions(**opts)).body
+
+
+def test_responses_instructions_follow_chats_targets() -> None:
+    body = {"instructions": stamp(0) + STATIC, "input": "Fix it."}
+    assert responses_moved(body) == {"instructions": STATIC, "input": "Fix it.\n\n" + stamp(0).rstrip("\n")}
+    # system_end: the line goes to the end of the instructions, as chat's system message
+    assert responses_moved(body, move_target="system_end") == \
+        {"instructions": STATIC + stamp(0).rstrip("\n"), "input": "Fix it."}
+    # no user text to carry it (only a tool output follows): chat's fallback, the end of the instructions
+    tool_only = {"instructions": stamp(1) + STATIC,
+                 "input": [{"type": "function_call_output", "call_id": "c1", "output": "ok"}]}
+    assert responses_moved(tool_only)["instructions"] == STATIC + stamp(1).rstrip("\n")

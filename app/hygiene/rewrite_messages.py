@@ -30,6 +30,7 @@ from app.hygiene.rewrite import (
     RewriteResult,
     _append_text,
     _cut_lines,
+    append_lines,
     tool_rewrites,
 )
 from app.prefix.convert_messages import BILLING_PREFIX, system_blocks
@@ -89,9 +90,8 @@ def move_system_lines(body: dict[str, Any], lines: Sequence[DynamicLine],
     if user is not None:
         messages[user] = _append_text(messages[user], "\n".join(moved))
     else:
-        joined = "".join(texts)
-        sep = "" if not joined or joined.endswith("\n") else "\n"
-        texts[-1] = texts[-1] + sep + "\n".join(moved)
+        joined = "".join(texts)  # the separator depends on how the whole system text ends
+        texts[-1] = append_lines(joined, "\n".join(moved))[len(joined) - len(texts[-1]):]
     if isinstance(system, str):
         new_system: Any = texts[0]
     else:
