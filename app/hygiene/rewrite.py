@@ -76,6 +76,11 @@ def _cut_lines(text: str, lines: Sequence[DynamicLine]) -> str:
     return "".join(out)
 
 
+def append_lines(text: str, moved: str) -> str:
+    """`moved` as the last lines of `text` (the `system_end` target)."""
+    return text + ("" if not text or text.endswith("\n") else "\n") + moved
+
+
 def _append_text(message: dict[str, Any], moved: str) -> dict[str, Any]:
     content = message.get("content")
     if isinstance(content, list):
@@ -119,8 +124,7 @@ def move_dynamic(body: dict[str, Any], lines: Sequence[DynamicLine], target: Mov
             messages[index] = _with_text(original, part, remaining)
             to_user.append(moved)
         else:
-            sep = "" if not remaining or remaining.endswith("\n") else "\n"
-            messages[index] = _with_text(original, part, remaining + sep + moved)
+            messages[index] = _with_text(original, part, append_lines(remaining, moved))
     if to_user:
         messages[last_user] = _append_text(messages[last_user], "\n".join(to_user))
     return {**body, "messages": messages}, len(lines)

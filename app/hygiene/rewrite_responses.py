@@ -3,8 +3,9 @@
 The findings come from the scan of the chat messages the engine renders (app/prefix/convert_responses.py),
 where `instructions` is message 0. The rewrites are applied to the Responses body itself:
 - move_dynamic: per-request lines of `instructions` move to the end of the last user input (a
-  string input, or the last user message item's text), as on chat; lines found anywhere else are
-  left where they are (nothing moves then);
+  string input, or the last user message item's text), as on chat; with `system_end`, or when
+  there is no user text to carry them, to the end of `instructions` (chat's fallback too); lines
+  found anywhere else are left where they are (nothing moves then);
 - sort_tools / canonical_json: the flat `tools` list, exactly as on chat (app/hygiene/rewrite.py).
 """
 
@@ -19,6 +20,7 @@ from app.hygiene.rewrite import (
     RewriteOptions,
     RewriteResult,
     _cut_lines,
+    append_lines,
     tool_rewrites,
 )
 
@@ -46,15 +48,17 @@ def _append_to_last_user(items: Any, moved: str) -> Any:
 
 def _move_instructions(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> dict[str, Any] | None:
     instructions = body.get("instructions")
-    if (not isinstance(instructions, str) or not instructions or not lines or opts.move_target != "last_user"
+    if (not isinstance(instructions, str) or not instructions or not lines
             or len(lines) > opts.max_moved_lines
             or not all(ln.message == 0 and ln.part is None and ln.movable for ln in lines)):
         return None
     ordered = sorted(lines, key=lambda ln: ln.start)
-    items = _append_to_last_user(body.get("input"), "\n".join(instructions[ln.start:ln.end] for ln in ordered))
-    if items is None:
-        return None
-    return {**body, "instructions": _cut_lines(instructions, ordered), "input": items}
+    moved = "\n".join(instructions[ln.start:ln.end] for ln in ordered)
+    remaining = _cut_lines(instructions, ordered)
+    items = _append_to_last_user(body.get("input"), moved) if opts.move_target == "last_user" else None
+    if items is None:  # system_end, or no user text to carry them: the end of the instructions
+        return {**body, "instructions": append_lines(remaining, moved)}
+    return {**body, "instructions": remaining, "input": items}
 
 
 def apply_responses_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> RewriteResult:

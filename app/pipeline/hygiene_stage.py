@@ -14,8 +14,8 @@ salt.py). Per chat/completions/messages request:
 3. the tenant's policy (`tenants.default` / `tenants.overrides`):
    - observe: `prefixgate_hygiene_findings_total` only;
    - warn: + response header `x-prefixgate-hygiene` listing the findings;
-   - rewrite: the enabled rewrites (app/hygiene/rewrite.py; on Messages the billing header and
-     the tool rewrites only), each counted in
+   - rewrite: the enabled rewrites (app/hygiene/rewrite.py; on Messages the billing header,
+     then rewrite_messages.py; on Responses rewrite_responses.py), each counted in
      `prefixgate_rewrites_total{kind}` and listed in `x-prefixgate-rewrites`; findings no rewrite
      fixed are still listed in `x-prefixgate-hygiene`;
    - reject: a finding means 400, OpenAI-shaped, saying what is wrong and how to fix it, counted in
@@ -55,8 +55,8 @@ from app.hygiene.rewrite import (
     RewriteResult,
     apply_rewrites,
     strip_billing_header,
-    tool_rewrites,
 )
+from app.hygiene.rewrite_messages import apply_messages_rewrites
 from app.hygiene.rewrite_responses import apply_responses_rewrites
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
 from app.prefix.convert_messages import chat_view, inline_system_indexes, system_sources
@@ -177,7 +177,7 @@ class HygieneStage:
         billing = billing_header_finding(body, ctx.route)
         head = [billing] if billing else []
         if ctx.route == "messages":
-            return head + self._scan_messages(ctx.tenant, body), []  # (its lines are the view's: never moved)
+            return self._scan_messages(ctx.tenant, body, head)
         findings, lines, _ = self._scan_chat(ctx.tenant, body, skip_billing_line=billing is not None)
         return head + findings, lines
 
@@ -194,18 +194,21 @@ class HygieneStage:
             findings += tool_findings(tenant, sig, self.tool_memo, self.flag_unsorted)
         return findings, lines, sig
 
-    def _scan_messages(self, tenant: str, body: dict[str, Any]) -> list[Finding]:
-        """A Messages body's findings, on the chat body the engine renders from it (billing
-        blocks dropped: that header is its own finding), named by their place in `body`."""
+    def _scan_messages(self, tenant: str, body: dict[str, Any],
+                       head: list[Finding]) -> tuple[list[Finding], list[Any]]:
+        """A Messages body's findings (after `head`) and dynamic lines, on the chat body the
+        engine renders from it (billing blocks dropped: that header is its own finding), named
+        by their place in `body`; the lines' offsets are the rendered system text's, which
+        app/hygiene/rewrite_messages.py maps back onto the blocks."""
         merge = self.system_first()
         view = chat_view(body, strip_billing=True, merge_inline_system=merge)
         system_at = [i for i, m in enumerate(view["messages"]) if m.get("role") == "system"]
         places = dict(zip(system_at, system_sources(body, True, merge), strict=False))
-        findings, _, sig = self._scan_chat(tenant, view, places=places)
+        findings, lines, sig = self._scan_chat(tenant, view, places=places)
         if merge:
             findings += inline_system_findings(inline_system_indexes(body),
                                                reusable_after_head(view, sig.chars if sig else 0))
-        return findings
+        return head + findings, lines
 
     def _reject(self, route: str, findings: list[Finding], tenant: str) -> None:
         first = findings[0]
@@ -225,7 +228,7 @@ class HygieneStage:
             if changed is not None:
                 body, stripped = changed, True
         if ctx.route == "messages":
-            result = RewriteResult(*tool_rewrites(body, self.options))
+            result = apply_messages_rewrites(body, lines, self.options)
         elif ctx.route == "responses":
             result = apply_responses_rewrites(body, lines, self.options)
         else:

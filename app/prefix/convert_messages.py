@@ -44,19 +44,26 @@ def is_billing_block(block: Any) -> bool:
             and isinstance(block.get("text"), str) and block["text"].startswith(BILLING_PREFIX))
 
 
-def _system_texts(content: Any, strip_billing: bool) -> list[str]:
+def system_blocks(content: Any, strip_billing: bool) -> list[tuple[int | None, str]]:
+    """The texts vLLM joins into the leading system message, each with where it comes from:
+    (None, the string) for a string `system`, else (block index, text) of each non-empty text
+    block (billing blocks dropped with `strip_billing`)."""
     if isinstance(content, str):
-        return [content] if content else []
-    out: list[str] = []
+        return [(None, content)] if content else []
+    out: list[tuple[int | None, str]] = []
     if isinstance(content, list):
-        for block in content:
+        for i, block in enumerate(content):
             if not (isinstance(block, Mapping) and block.get("type") == "text"):
                 continue
             text = block.get("text")
             if not isinstance(text, str) or not text or (strip_billing and is_billing_block(block)):
                 continue
-            out.append(text)
+            out.append((i, text))
     return out
+
+
+def _system_texts(content: Any, strip_billing: bool) -> list[str]:
+    return [text for _, text in system_blocks(content, strip_billing)]
 
 
 def _image_url(source: Any) -> str:
