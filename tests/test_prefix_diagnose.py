@@ -21,8 +21,8 @@ def fpr() -> Fingerprinter:
     return Fingerprinter(SegmentTokenizer.load())
 
 
-def sk(fpr: Fingerprinter, body: dict):
-    inp = prompt_input("chat", body)
+def sk(fpr: Fingerprinter, body: dict, tool_dump: str | None = "vllm"):
+    inp = prompt_input("chat", body, tool_dump=tool_dump)
     return build_sketch(inp, fpr.render(inp))
 
 
@@ -90,8 +90,32 @@ def test_dynamic_end_of_system_breaks_a_conversation(fpr) -> None:
 def test_tool_order(fpr) -> None:
     tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in "abc"]
     assert cause(fpr, chat(STATIC, "q", tools=tools), chat(STATIC, "q", tools=tools[::-1])).cause == "tool_order"
+    schema = [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {}}}}]
+    keyed = [{"type": "function", "function": {"name": "a", "parameters": {"properties": {}, "type": "object"}}}]
+    assert cause(fpr, chat(STATIC, "q", tools=schema), chat(STATIC, "q", tools=keyed)).cause == "tool_order"
+
+
+@pytest.mark.parametrize(("tool_dump", "expected"), [("vllm", None), ("sglang", "tool_order"), (None, "tool_order")])
+def test_a_functions_member_reorder_breaks_only_an_engine_that_keeps_the_order(fpr, tool_dump, expected) -> None:
+    """vLLM dumps a function's members in its model's order (app/prefix/tool_dump.py): the same
+    prompt, no break; SGLang keeps the client's order, as does an engine rendering as sent."""
+    fn = {"name": "a", "description": "does a", "parameters": {"type": "object"}}
+    tools = [{"type": "function", "function": fn}, {"type": "function", "function": {"name": "b"}}]
+    reordered = [{"type": "function", "function": dict(reversed(fn.items()))}, tools[1]]
+    turns = ("first question " * 10, "first answer " * 10)
+    prev = sk(fpr, chat(STATIC, *turns[:1], tools=tools), tool_dump)
+    cur = sk(fpr, chat(STATIC, *turns, "second", tools=reordered), tool_dump)
+    d = diagnose(prev, cur)
+    assert (d.cause if d else None) == expected
+
+
+def test_a_tools_top_level_reorder_is_no_break_on_either_engine(fpr) -> None:
+    """Both engines dump a tool as `type, function[, defer_loading]` whatever order it came in."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in "abc"]
     keyed = [{"function": t["function"], "type": t["type"]} for t in tools]
-    assert cause(fpr, chat(STATIC, "q", tools=tools), chat(STATIC, "q", tools=keyed)).cause == "tool_order"
+    for tool_dump in ("vllm", "sglang"):
+        assert sk(fpr, chat(STATIC, "q", tools=tools), tool_dump).text == \
+            sk(fpr, chat(STATIC, "q", tools=keyed), tool_dump).text
 
 
 def test_front_trim(fpr) -> None:

@@ -11,6 +11,7 @@ from app.prefix.blocks import proxy_chain
 from app.prefix.chain import ChainMemo, ChainNode, extend_node, root_node
 from app.prefix.fingerprint import Fingerprinter, FingerprintState, prompt_input
 from app.prefix.tokens import SegmentTokenizer
+from app.prefix.tool_dump import engine_tools
 from app.sim.tokens import load_tokenizer
 
 SYSTEM = "You are a careful assistant. " * 400  # ~12 KB: bigger than the inline budget
@@ -23,7 +24,8 @@ def fpr() -> Fingerprinter:
 
 def _sim_ids(body: dict) -> list[int]:
     sim = load_tokenizer(None)
-    text = sim.render_chat(body["messages"], body.get("tools"), body.get("add_generation_prompt", True),
+    tools = engine_tools(body.get("tools"))  # as the (vLLM-flavoured) sim serves a chat body
+    text = sim.render_chat(body["messages"], tools, body.get("add_generation_prompt", True),
                            **(body.get("chat_template_kwargs") or {}))
     return sim.encode(text)
 

@@ -202,3 +202,38 @@ def test_long_token_id_prompts_predict_exactly(sim_factory, proxy_factory) -> No
     rows = list(hook.predictions)
     assert [(p, d) for _, _, p, d in rows if p != d] == []
     assert [p for _, _, p, _ in rows][1:] == [len(head) // 16 * 16] * 2
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {
+        "path": {"type": "string"}}, "required": ["path"]}}},  # no description: the engine renders null
+    {"type": "function", "function": {"parameters": {"type": "object"}, "description": "List a directory.",
+                                      "name": "list_dir"}},  # members not in the engine model's order
+]
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_chat_tools_predict_exactly_as_the_engine_dumps_them(sim_factory, proxy_factory, flavor: str) -> None:
+    """The engine renders each tool as its request model dumps it (app/prefix/tool_dump.py); the
+    proxy renders the same dump for the fleet's engine kind, so its predictions stay exact for
+    tools without a description or with their members reordered, turn after turn."""
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=200_000, flavor=flavor)
+    proxy = proxy_factory(sim)
+    hook = proxy.services.prefix
+    deadline = time.monotonic() + 20
+    while {r.engine for r in proxy.services.replicas.all()} != {flavor}:  # the kind the dump follows
+        assert time.monotonic() < deadline, "the replica's engine kind was never scraped"
+        time.sleep(0.05)
+    msgs: list[dict] = [{"role": "system", "content": SYSTEMS["acme"]}]
+    with httpx.Client(base_url=proxy.url, timeout=30) as client:
+        for turn in range(4):
+            msgs.append({"role": "user", "content": f"Turn {turn}: which files changed?"})
+            body = {"model": "sim", "messages": msgs, "tools": TOOLS, "max_tokens": 20}
+            r = client.post("/v1/chat/completions", json=body, headers={"x-tenant-id": "acme"})
+            assert r.status_code == 200, r.text
+            msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+            wait_processed(hook, turn + 1)
+    rows = list(hook.predictions)
+    assert len(rows) == 4
+    assert [(p, d) for _, _, p, d in rows if p != d] == []
+    assert sum(d for _, _, _, d in rows) > 1000  # the engine really served the head from cache

@@ -46,6 +46,7 @@ from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, PromptI
 from app.prefix.namespace import cache_namespace
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
+from app.prefix.tool_dump import ToolDump
 from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, Observation, TenantTracker
 from app.proxy.context import RequestContext
 from app.state.memory import MemoryStore
@@ -145,8 +146,17 @@ class PrefixStage:
         choice = self.settings.prefix.billing_header
         if choice != "auto":
             return choice == "strip"
+        return not self._sglang_only()
+
+    def engine_tool_dump(self) -> ToolDump:
+        """Whose request model the chat `tools` are dumped with before rendering (vLLM: fixed
+        member order; SGLang: the client's; app/prefix/tool_dump.py): SGLang for a fleet of
+        SGLang only, else vLLM."""
+        return "sglang" if self._sglang_only() else "vllm"
+
+    def _sglang_only(self) -> bool:
         kinds = {r.engine for r in self.services.replicas.all() if r.engine in ("vllm", "sglang")}
-        return kinds != {"sglang"}
+        return kinds == {"sglang"}
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes each budgeted part holds now (prefixgate_memory_used_bytes{part})."""
@@ -160,7 +170,8 @@ class PrefixStage:
             inp = responses_prompt_input(ctx.body, self.response_history)
         else:
             inp = prompt_input(ctx.route, ctx.body, strip_billing=self.engine_strips_billing(),
-                               merge_inline_system=ctx.route == "messages" and self.system_first())
+                               merge_inline_system=ctx.route == "messages" and self.system_first(),
+                               tool_dump=self.engine_tool_dump())
         if inp is None:
             return
         try:

@@ -27,11 +27,10 @@ from typing import Any
 import orjson
 
 from app.prefix.prompt import PromptInput
+from app.prefix.tool_dump import vllm_function
 
 DEFAULT_HISTORY_BYTES = 32 * 1024 * 1024
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
-_TOOL_FIELDS = ("name", "description", "parameters")
-_TOOL_OPTIONAL = ("strict", "defer_loading")  # dumped only when not None
 
 
 def harmony_model(model: str | None) -> bool:
@@ -59,9 +58,7 @@ def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
     for tool in tools:
         if not isinstance(tool, Mapping) or tool.get("type") != "function":
             continue
-        fn: dict[str, Any] = {k: tool.get(k) for k in _TOOL_FIELDS}
-        fn.update({k: tool[k] for k in _TOOL_OPTIONAL if tool.get(k) is not None})
-        out.append({"type": "function", "function": fn})
+        out.append({"type": "function", "function": vllm_function(tool)})
     return out or None
 
 

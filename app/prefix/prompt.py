@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from app.prefix.convert_messages import chat_view, strip_billing_lines
 from app.prefix.template import ChatTemplate
+from app.prefix.tool_dump import ToolDump, engine_tools
 
 PromptKind = Literal["chat", "completions", "ids"]
 
@@ -36,15 +37,18 @@ class PromptInput:
 
 
 def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True,
-                 merge_inline_system: bool = False) -> PromptInput | None:
+                 merge_inline_system: bool = False, tool_dump: ToolDump | None = "vllm") -> PromptInput | None:
     """Extract the prompt from a request body (None when there is nothing to fingerprint).
 
     `route="messages"` (Anthropic) is read as the chat body the engine converts it to
     (app/prefix/convert_messages.py); `strip_billing`: the engine drops Claude Code's billing
     header block there (vLLM does, SGLang does not); `merge_inline_system`: the template needs
-    system-first ordering, so inline system messages join the leading one."""
+    system-first ordering, so inline system messages join the leading one; `tool_dump`: whose
+    request model the chat `tools` go through before rendering (app/prefix/tool_dump.py; None:
+    as sent, for tools already converted to the engine's form)."""
     if route == "messages":
-        return prompt_input("chat", chat_view(body, strip_billing, merge_inline_system), strip_billing=False)
+        return prompt_input("chat", chat_view(body, strip_billing, merge_inline_system), strip_billing=False,
+                            tool_dump=None)
     if route == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -62,6 +66,8 @@ def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True
                 kwargs[key] = body[key]
         kwargs["add_generation_prompt"] = bool(body.get("add_generation_prompt", True))
         tools = body.get("tools")
+        if tools and isinstance(tools, list) and tool_dump is not None:
+            tools = engine_tools(tools, tool_dump)  # the engine renders its model's dump, not the JSON sent
         return PromptInput("chat", messages=messages, tools=tools if tools else None, template_kwargs=kwargs,
                            model=body.get("model"), body=body)
     prompt = body.get("prompt")

@@ -15,6 +15,7 @@ from typing import Any
 from app.prefix.convert_messages import requires_system_first, strip_billing_lines
 from app.prefix.namespace import cache_namespace
 from app.prefix.template import TemplateError
+from app.prefix.tool_dump import engine_tools
 from app.sim import anthropic, responder
 from app.sim import responses as responses_api
 from app.sim.asgi import ClientGone, Receive, Scope, Send, cut_connection, read_body, send_bytes, send_json
@@ -156,6 +157,7 @@ class SimApp:
             body = load_json(raw)
             if "messages" in body:
                 parsed = parse_chat({**body, "model": self.options.model}, self.options.model)
+                parsed.tools = engine_tools(parsed.tools, self.options.flavor)  # the engine's model dump
             else:
                 parsed = parse_completion({**body, "model": self.options.model}, self.options.model)
             ids = await self._tokenize(parsed, len(raw))
@@ -291,6 +293,8 @@ class SimApp:
                                                   merge_inline_system=self.system_first)
             else:
                 parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
+                if kind == "chat":  # the tools as the engine's request model dumps them (app/prefix/tool_dump.py)
+                    parsed.tools = engine_tools(parsed.tools, o.flavor)
             ids = await self._tokenize(parsed, len(raw))
             max_tokens = check_length(len(ids), parsed.max_tokens, o.max_model_len)
             capacity = (o.pool_blocks - 1) * o.page_size
