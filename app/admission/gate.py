@@ -201,11 +201,8 @@ class Admission:
         return replica.inflight >= self.options.saturated_inflight
 
     def _pool(self, replicas: Iterable[Replica], model: str | None) -> list[Replica]:
+        """The healthy replicas serving `model` (the router's candidates before its filters)."""
         return [r for r in replicas if r.healthy and (model is None or r.models is None or model in r.models)]
-
-    def all_saturated(self, replicas: Iterable[Replica], model: str | None) -> bool:
-        eligible = self._pool(replicas, model)
-        return bool(eligible) and all(self.saturated(r) for r in eligible)
 
     def has_room(self, replicas: Iterable[Replica], model: str | None, lane: str | None) -> bool:
         """Whether a replica the router would pick from for a request of `lane` has room: the
