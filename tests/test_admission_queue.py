@@ -134,3 +134,98 @@ def test_prefill_backlog_marks_a_replica_saturated():
     adm = Admission(settings, LocalLimiter(), Metrics())
     assert not adm.saturated(Replica("r0", "http://x", queued_prompt_tokens=4096))
     assert adm.saturated(Replica("r0", "http://x", queued_prompt_tokens=4097))
+
+
+def test_a_long_request_alternates_with_a_stream_of_cheaper_short_ones():
+    """Classes get equal shares of the departures while both may leave: a long request queued
+    behind short ones (cheaper, so first on cost alone) leaves second, not after the stream."""
+    async def run() -> int:
+        q = FairQueue(100)
+        shorts = [q.push("t", 0, cost=500, klass="short") for _ in range(3)]
+        long_ = q.push("t", 0, cost=4000, klass="long")
+        for n in range(1, 20):
+            shorts.append(q.push("t", 0, cost=500, klass="short"))  # the stream keeps coming
+            assert q.pop()
+            if long_.done():
+                return n
+        raise AssertionError("the long request never left")
+
+    assert asyncio.run(run()) == 2
+
+
+def test_tenant_fairness_holds_inside_the_class_that_may_leave():
+    """Only the short lane has room: departures still alternate tenants (the flood gets its
+    share), and the long request waits for its own lane."""
+    async def run() -> tuple[list[str], bool]:
+        q = FairQueue(100)
+        futs = [("noisy", q.push("noisy", 0, klass="short")) for _ in range(5)]
+        long_ = q.push("quiet", 0, cost=4000, klass="long")
+        futs += [("quiet", q.push("quiet", 0, klass="short")) for _ in range(2)]
+        for _ in range(4):
+            assert q.pop(admissible=lambda k: k == "short")
+        return [t for t, f in futs if f.done()], long_.done()
+
+    served, long_left = asyncio.run(run())
+    assert sorted(served) == ["noisy", "noisy", "quiet", "quiet"] and not long_left
+
+
+def _dedicated_lane_admission() -> Admission:
+    # r3 is the long lane; a replica with a request in flight is saturated
+    settings = Settings(routing={"policy": "prefix_affinity", "lanes": {"long_prefill_tokens": 1000,
+                                                                        "replicas": ["r3"]}},
+                        admission={"queue": {"max_depth": 32, "ttl_s": 30}, "saturated_inflight": 1,
+                                   "saturated_prefill_tokens": 100_000})
+    return Admission(settings, LocalLimiter(), Metrics())
+
+
+def _costs(tokens: int):
+    async def cost() -> int:
+        return tokens
+    return cost
+
+
+def test_a_queued_long_request_leaves_when_a_long_lane_replica_frees_not_the_short_stream():
+    async def run() -> tuple[list[str], int]:
+        adm = _dedicated_lane_admission()
+        fleet = [Replica(f"r{i}", f"http://r{i}", inflight=1) for i in range(4)]
+        left: list[str] = []
+
+        async def one(name: str, tokens: int) -> None:
+            await adm.wait_turn("t", 0, lambda: fleet, None, _costs(tokens))
+            left.append(name)
+
+        tasks = [asyncio.create_task(one(f"short{i}", 500)) for i in range(3)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(one("long", 4000)))
+        while adm.queue.depth < 4:
+            await asyncio.sleep(0.01)
+        fleet[3].inflight = 0  # the long lane frees; the short lane stays saturated
+        await asyncio.wait_for(tasks[3], 5)
+        queued_after = adm.queue.depth
+        for t in tasks[:3]:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return left, queued_after
+
+    left, queued_after = asyncio.run(run())
+    assert left == ["long"] and queued_after == 3  # no short was released onto the long lane's room
+
+
+def test_a_short_request_is_not_held_when_only_the_long_lane_is_saturated():
+    async def run() -> tuple[bool, int, float | None]:
+        adm = _dedicated_lane_admission()
+        fleet = [Replica(f"r{i}", f"http://r{i}") for i in range(4)]
+        fleet[3].inflight = 1  # the long lane is saturated; the short lane has room
+        long_task = asyncio.create_task(adm.wait_turn("a", 0, lambda: fleet, None, _costs(4000)))
+        while adm.queue.depth < 1:
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(adm.wait_turn("b", 0, lambda: fleet, None, _costs(500)), 5)
+        # the wait histogram counts queued requests only, and the long one is still queued
+        queued_shorts = adm.metrics.registry.get_sample_value("prefixgate_admission_wait_seconds_count")
+        long_released, depth = long_task.done(), adm.queue.depth
+        long_task.cancel()
+        await asyncio.gather(long_task, return_exceptions=True)
+        return long_released, depth, queued_shorts
+
+    long_released, depth, queued_shorts = asyncio.run(run())
+    assert not long_released and depth == 1 and not queued_shorts

@@ -6,13 +6,16 @@ per-tenant limits, then the gateway queue while every eligible replica is satura
   on /v1/messages Anthropic's `anthropic-ratelimit-*`; the body is shaped per route by
   app/api/errors.py); it never waits. The prompt-token bucket is charged the request's estimate (the fingerprint's token
   count, or the body-size estimate while it is pending) and settled on the engine's `usage`.
-- Queue (`admission.queue`): when every healthy replica serving the model is saturated (its engine
-  reports more than `saturated_waiting` waiting requests, or this gateway has
-  `saturated_inflight` requests in flight on it), the request waits in a bounded fair queue
-  (app/admission/queue.py); a full queue or a wait past `ttl_s` is a 503 with `Retry-After`
-  (on /v1/messages Anthropic's 529 `overloaded_error`).
-  With `saturated_prefill_tokens` the queue also ranks by predicted prefill (prompt minus the
-  longest prefix resident on any replica, one residency lookup, only for a request that queues).
+- Queue (`admission.queue`): when every healthy replica serving the model that the request's
+  lane may use is saturated (its engine reports more than `saturated_waiting` waiting requests,
+  or this gateway has `saturated_inflight` requests in flight on it), the request waits in a
+  bounded fair queue (app/admission/queue.py); a full queue or a wait past `ttl_s` is a 503 with
+  `Retry-After` (on /v1/messages Anthropic's 529 `overloaded_error`). Under `routing.lanes` the
+  lane and its replica set are the router's own (app/routing/lanes.py), so a short request is
+  never held by saturated long-lane replicas, and a long one leaves when a long-lane replica
+  has room. With `saturated_prefill_tokens` or lanes the request's predicted prefill (prompt
+  minus the longest prefix resident on any replica: one residency lookup, only when some
+  replica is saturated) sets its lane and its rank.
 - A concurrency slot is a lease renewed while the request runs and released at its end.
 
 Nothing here fails a request because Redis is gone (app/admission/redis_limits.py).
@@ -34,6 +37,7 @@ from app.admission.queue import FairQueue
 from app.config import Settings, TenantLimits
 from app.proxy.context import ProxyError
 from app.routing.base import Replica
+from app.routing.lanes import LongPrefillLane
 from app.telemetry.metrics import Metrics
 
 POLL_S = 0.02  # a queued request re-checks saturation this often (engine scrapes change it too)
@@ -132,6 +136,11 @@ class Admission:
         self.limiter = limiter
         self.metrics = metrics
         self.queue = FairQueue(self.options.queue.max_depth)
+        # the router's lane (lanes apply only inside prefix_affinity): the queue holds a request
+        # while the replicas *its* lane may use are saturated
+        routing = settings.routing
+        self.lane = (LongPrefillLane.from_config(routing.lanes)
+                     if routing.lanes is not None and routing.policy == "prefix_affinity" else None)
         self._active: dict[str, Ticket] = {}
         self._renewer: asyncio.Task[None] | None = None
 
@@ -191,16 +200,32 @@ class Admission:
             return True
         return replica.inflight >= self.options.saturated_inflight
 
-    def all_saturated(self, replicas: Iterable[Replica], model: str | None) -> bool:
-        eligible = [r for r in replicas if r.healthy and (model is None or r.models is None or model in r.models)]
-        return bool(eligible) and all(self.saturated(r) for r in eligible)
+    def _pool(self, replicas: Iterable[Replica], model: str | None) -> list[Replica]:
+        """The healthy replicas serving `model` (the router's candidates before its filters)."""
+        return [r for r in replicas if r.healthy and (model is None or r.models is None or model in r.models)]
+
+    def has_room(self, replicas: Iterable[Replica], model: str | None, lane: str | None) -> bool:
+        """Whether a replica the router would pick from for a request of `lane` has room: the
+        lane's set (app/routing/lanes.py) of the healthy replicas serving the model."""
+        pool = self._pool(replicas, model)
+        if lane is not None and self.lane is not None:
+            pool = self.lane.keep(pool, lane)
+        return not pool or not all(self.saturated(r) for r in pool)
 
     async def wait_turn(self, tenant: str, priority: int, replicas_fn, model: str | None,
                         cost_fn: Callable[[], Awaitable[int]] | None = None, anthropic: bool = False) -> None:
-        """Return when a replica has room (at once when one has); a shed (`shed`: 503, or 529 on
-        /v1/messages) when the queue is full or the wait passed `ttl_s`. `replicas_fn()` lists the
-        replicas (they change with discovery)."""
-        if not self.all_saturated(replicas_fn(), model) and self.queue.depth == 0:
+        """Return when a replica of the request's lane has room (at once when one has and no
+        request of its lane waits); a shed (`shed`: 503, or 529 on /v1/messages) when the queue
+        is full or the wait passed `ttl_s`. `replicas_fn()` lists the replicas (they change
+        with discovery); `cost_fn()` is the predicted prefill, asked only when a replica is
+        saturated."""
+        pool = self._pool(replicas_fn(), model)
+        if not any(self.saturated(r) for r in pool) and self.queue.depth == 0:
+            return
+        ranked = cost_fn is not None and (self.options.saturated_prefill_tokens is not None or self.lane is not None)
+        cost = await cost_fn() if ranked and cost_fn is not None else 0
+        lane = self.lane.lane_of(cost) if self.lane is not None and cost_fn is not None else None
+        if self.has_room(replicas_fn(), model, lane) and self.queue.waiting(lane) == 0:
             return
         label = self.metrics.tenant_label(tenant)
         if self.queue.full():
@@ -208,15 +233,22 @@ class Admission:
             raise shed("Every replica is saturated and the gateway queue is full; retry shortly.",
                        "queue_full", self.options.queue.ttl_s / 2, anthropic)
         start = time.perf_counter()
-        cost = await cost_fn() if cost_fn is not None and self.options.saturated_prefill_tokens else 0
-        fut = self.queue.push(tenant, priority, cost)
+        fut = self.queue.push(tenant, priority, cost if self.options.saturated_prefill_tokens else 0, lane)
         self.metrics.admission_queue_depth.set(self.queue.depth)
         deadline = start + self.options.queue.ttl_s
         weights = {t: o.weight for t, o in self.settings.tenants.overrides.items()}
+        rooms: dict[str | None, bool] = {}
+
+        def admissible(klass: str | None) -> bool:
+            if klass not in rooms:
+                rooms[klass] = self.has_room(replicas_fn(), model, klass)
+            return rooms[klass]
+
         try:
             while not fut.done():
-                if not self.all_saturated(replicas_fn(), model):
-                    self.queue.pop(weights)
+                rooms.clear()
+                if admissible(lane):
+                    self.queue.pop(weights, admissible)
                     if fut.done():
                         break
                 left = deadline - time.perf_counter()

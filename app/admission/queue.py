@@ -1,20 +1,26 @@
-"""The gateway queue: requests wait here, bounded and with a TTL, while every eligible replica is
-saturated, and leave in weighted fair order across tenants, then by priority (docs/admission.md).
+"""The gateway queue: requests wait here, bounded and with a TTL, while every replica *their
+class* may go to is saturated, and leave in weighted fair order across tenants, then by priority,
+then by class, then cheapest prefill (docs/admission.md).
 
 Fairness is start-time fair queuing over tenants: each tenant has a virtual time that grows by
 1/weight per request served; the waiting tenant with the lowest virtual time goes next, and a
 tenant that starts waiting joins at the current minimum (no credit for having been idle). So a
 tenant that floods the queue gets its weight's share of the departures, not the whole queue.
-Within a tenant the higher priority leaves first, then the cheaper predicted prefill (`cost`: a
-short prompt is not held behind a long cold one; callers that do not rank by cost pass 0), then
-the earlier arrival. A request that keeps losing on cost is bounded by the queue's TTL.
+
+A request's class is its lane (`long` / `short` under `routing.lanes`, None without): the two
+lanes go to different replica sets, so a departure is only for a class whose set has room (the
+caller's `admissible`). Within a tenant the higher priority leaves first; then, among the classes
+that may leave, the same start-time fair queuing over classes with equal shares (so while both
+may leave they alternate: a stream of cheap short requests cannot hold a long one back); then,
+inside the class, the cheaper predicted prefill (`cost`: callers that do not rank by cost pass 0),
+then the earlier arrival.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MAX_IDLE_TENANTS = 10_000
@@ -24,6 +30,13 @@ MAX_IDLE_TENANTS = 10_000
 class _Waiter:
     sort: tuple[int, int, int]  # (-priority, predicted prefill tokens, arrival order)
     future: asyncio.Future[None] = field(compare=False)
+    klass: str | None = field(default=None, compare=False)
+
+
+def _joined(clock: dict, key, waiting: list) -> None:
+    """Start-time fair queuing: a key that starts waiting joins at the waiting keys' minimum."""
+    floor = min((clock.get(k, 0.0) for k in waiting if k != key), default=0.0)
+    clock[key] = max(clock.get(key, 0.0), floor)
 
 
 class FairQueue:
@@ -31,52 +44,77 @@ class FairQueue:
         self.max_depth = max_depth
         self._tenants: dict[str, list[_Waiter]] = {}
         self._vtime: dict[str, float] = {}
+        self._class_vtime: dict[str | None, float] = {}
+        self._class_depth: dict[str | None, int] = {}
         self._seq = itertools.count()
         self.depth = 0
 
     def full(self) -> bool:
         return self.depth >= self.max_depth
 
-    def push(self, tenant: str, priority: int, cost: int = 0) -> asyncio.Future[None]:
+    def waiting(self, klass: str | None) -> int:
+        """How many requests of `klass` are queued."""
+        return self._class_depth.get(klass, 0)
+
+    def push(self, tenant: str, priority: int, cost: int = 0, klass: str | None = None) -> asyncio.Future[None]:
         """A future resolved when this request's turn comes (the caller awaits it with its TTL)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heap = self._tenants.setdefault(tenant, [])
-        if not heap:
-            floor = min((self._vtime[t] for t in self._tenants if self._tenants[t] and t != tenant), default=0.0)
-            self._vtime[tenant] = max(self._vtime.get(tenant, 0.0), floor)
-        heapq.heappush(heap, _Waiter((-priority, cost, next(self._seq)), fut))
+        waiters = self._tenants.setdefault(tenant, [])
+        if not waiters:
+            _joined(self._vtime, tenant, [t for t, w in self._tenants.items() if w])
+        if not self._class_depth.get(klass):
+            _joined(self._class_vtime, klass, [k for k, n in self._class_depth.items() if n])
+        waiters.append(_Waiter((-priority, cost, next(self._seq)), fut, klass))
+        self._class_depth[klass] = self._class_depth.get(klass, 0) + 1
         self.depth += 1
         return fut
 
-    def pop(self, weight_of: dict[str, float] | None = None) -> bool:
-        """Release the next waiter in fair order; False when none is waiting."""
+    def pop(self, weight_of: dict[str, float] | None = None,
+            admissible: Callable[[str | None], bool] | None = None) -> bool:
+        """Release the next waiter in fair order among the classes `admissible` accepts (every
+        class when None); False when none of those is waiting."""
+        ok = admissible or (lambda _k: True)
         while True:
-            live = [t for t, h in self._tenants.items() if h]
+            live = [t for t, ws in self._tenants.items() if any(ok(w.klass) for w in ws)]
             if not live:
                 return False
             tenant = min(live, key=lambda t: (self._vtime.get(t, 0.0), t))
-            heap = self._tenants[tenant]
-            waiter = heapq.heappop(heap)
-            self.depth -= 1
-            if not heap:
-                del self._tenants[tenant]
-                if len(self._vtime) > MAX_IDLE_TENANTS:  # bounded: idle tenants' clocks reset
-                    self._vtime = {t: v for t, v in self._vtime.items() if t in self._tenants or t == tenant}
+            waiter = self._next_of(self._tenants[tenant], ok)
+            self._remove(tenant, waiter)
+            if len(self._vtime) > MAX_IDLE_TENANTS:  # bounded: idle tenants' clocks reset
+                self._vtime = {t: v for t, v in self._vtime.items() if t in self._tenants or t == tenant}
             if waiter.future.done():  # timed out or cancelled: not a departure
                 continue
             weight = (weight_of or {}).get(tenant, 1.0)
             self._vtime[tenant] = self._vtime.get(tenant, 0.0) + 1.0 / weight
+            self._class_vtime[waiter.klass] = self._class_vtime.get(waiter.klass, 0.0) + 1.0
             waiter.future.set_result(None)
             return True
 
+    def _next_of(self, waiters: list[_Waiter], ok: Callable[[str | None], bool]) -> _Waiter:
+        """A tenant's next: highest priority, then the class least served, then cheapest, earliest."""
+        eligible = [w for w in waiters if ok(w.klass)]
+        top = min(w.sort[0] for w in eligible)
+        eligible = [w for w in eligible if w.sort[0] == top]
+        heads: dict[str | None, _Waiter] = {}
+        for w in eligible:  # each class's next: cheapest, then earliest
+            if w.klass not in heads or w < heads[w.klass]:
+                heads[w.klass] = w
+        # the class least served goes; on a tie, the one whose head arrived first
+        return min(heads.values(), key=lambda w: (self._class_vtime.get(w.klass, 0.0), w.sort[2]))
+
+    def _remove(self, tenant: str, waiter: _Waiter) -> None:
+        waiters = self._tenants[tenant]
+        waiters.remove(waiter)
+        self.depth -= 1
+        self._class_depth[waiter.klass] -= 1
+        if not waiters:
+            del self._tenants[tenant]
+
     def forget(self, fut: asyncio.Future[None]) -> None:
         """A waiter that gave up (TTL, client gone): drop it now so depth stays true."""
-        for tenant, heap in self._tenants.items():
-            for i, w in enumerate(heap):
+        for tenant, waiters in self._tenants.items():
+            for w in waiters:
                 if w.future is fut:
-                    heap.pop(i)
-                    heapq.heapify(heap)
-                    self.depth -= 1
-                    if not heap:
-                        del self._tenants[tenant]
+                    self._remove(tenant, w)
                     return

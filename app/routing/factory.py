@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.config import RoutingWeights, Settings
 from app.routing.base import Router
-from app.routing.lanes import LaneOptions, LongPrefillLane
+from app.routing.lanes import LongPrefillLane
 from app.routing.least_load import LeastLoadRouter
 from app.routing.prefix_affinity import AffinityOptions, PrefixAffinityRouter
 from app.routing.replicas import ReplicaSet
@@ -45,10 +45,7 @@ def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics
             cold_key_tokens=routing.weights.cold_key_tokens,
             cold_match_ratio=routing.weights.cold_match_ratio,
             cold_slack_tokens=routing.weights.cold_slack_tokens, default_kv_blocks=routing.kv_blocks)
-        lane = None
-        if routing.lanes is not None:
-            lane = LongPrefillLane(LaneOptions(routing.lanes.long_prefill_tokens,
-                                               frozenset(routing.lanes.replicas), routing.lanes.max_share))
+        lane = LongPrefillLane.from_config(routing.lanes) if routing.lanes is not None else None
         return PrefixAffinityRouter(replicas, residency or build_residency(settings, store), options, metrics,
                                     lane)
     raise ValueError(f"unknown routing policy {routing.policy!r}")

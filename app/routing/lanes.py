@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from app.config import Lanes
 from app.routing.base import Replica
 
 LONG = "long"
@@ -42,6 +43,11 @@ class LaneOptions:
 class LongPrefillLane:
     def __init__(self, options: LaneOptions) -> None:
         self.options = options
+
+    @classmethod
+    def from_config(cls, lanes: Lanes) -> LongPrefillLane:
+        """The lane `routing.lanes` configures (the router and the admission queue share it)."""
+        return cls(LaneOptions(lanes.long_prefill_tokens, frozenset(lanes.replicas), lanes.max_share))
 
     def lane_of(self, predicted_prefill_tokens: int) -> str:
         return LONG if predicted_prefill_tokens > self.options.long_prefill_tokens else SHORT
