@@ -5,6 +5,7 @@ each route reserves the same prompt-token estimate and refuses in its own API's 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import UTC, datetime
@@ -67,8 +68,11 @@ def test_every_prompt_route_reserves_the_prompt_estimate_and_refuses_in_its_shap
     resp = err.value.response
     assert resp.status_code == 429 and int(resp.headers["retry-after"]) >= 1
     if anthropic_route:
-        assert resp.json() == {"type": "error", "error": {"type": "rate_limit_error", "message": (
-            "Rate limit reached for tenant default on requests per second. Please try again in 5s.")}}
+        body = resp.json()
+        assert body["type"] == "error" and body["error"]["type"] == "rate_limit_error"
+        # the wait left of the 5 s refill (less by the time the first call took on a busy box)
+        assert re.fullmatch(r"Rate limit reached for tenant default on requests per second\. "
+                            r"Please try again in [1-5]s\.", body["error"]["message"]), body
         assert resp.headers["anthropic-ratelimit-requests-limit"] == "1"
         assert resp.headers["anthropic-ratelimit-requests-remaining"] == "0"
         reset = datetime.fromisoformat(resp.headers["anthropic-ratelimit-requests-reset"].replace("Z", "+00:00"))
@@ -83,6 +87,16 @@ def test_every_prompt_route_reserves_the_prompt_estimate_and_refuses_in_its_shap
     assert proxy.sample("prefixgate_requests_total", route=route, status="429") == 1
 
 
+def _saturate(proxy: Any, done: threading.Event) -> None:
+    """Start a long stream and return once the proxy counts it in flight (a fixed sleep is too
+    short on a busy machine: the next request would find the replica free and never queue)."""
+    threading.Thread(target=_occupy, args=(proxy, done)).start()
+    deadline = time.monotonic() + 10
+    while not any(r.inflight >= 1 for r in proxy.services.replicas.all()):
+        assert time.monotonic() < deadline, "the occupying stream never reached the replica"
+        time.sleep(0.01)
+
+
 def _occupy(proxy: Any, done: threading.Event) -> None:
     body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 15,
             "ignore_eos": True, "stream": True}
@@ -95,8 +109,7 @@ def test_queue_shed_on_messages_is_anthropics_529_overloaded_error(proxy_factory
     slow = sim_factory(replicas=1, time_scale=1.0, decode_tps=10.0)
     proxy = proxy_factory(slow, admission={"queue": {"max_depth": 4, "ttl_s": 0.3}, "saturated_inflight": 1})
     done = threading.Event()
-    threading.Thread(target=_occupy, args=(proxy, done)).start()
-    time.sleep(0.3)
+    _saturate(proxy, done)
     start = time.monotonic()
     with pytest.raises(anthropic.OverloadedError) as err:
         _anthropic(proxy).messages.create(model="sim", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
@@ -117,8 +130,7 @@ def test_every_openai_route_waits_in_the_queue_then_sheds_503(route, proxy_facto
     slow = sim_factory(replicas=1, time_scale=1.0, decode_tps=10.0)
     proxy = proxy_factory(slow, admission={"queue": {"max_depth": 4, "ttl_s": 0.3}, "saturated_inflight": 1})
     done = threading.Event()
-    threading.Thread(target=_occupy, args=(proxy, done)).start()
-    time.sleep(0.3)
+    _saturate(proxy, done)
     with pytest.raises(openai.InternalServerError) as err:
         _call(route, proxy)
     assert err.value.response.status_code == 503
