@@ -24,7 +24,7 @@ same output, hence the same bytes upstream: a rewrite must never introduce varia
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -171,6 +171,24 @@ def strip_billing_header(body: dict[str, Any], route: str) -> dict[str, Any] | N
     nl = text.find("\n")
     rest = "" if nl < 0 else text[nl + 1:]
     return {**body, "messages": [_with_text(first, part, rest), *messages[1:]]}
+
+
+Mover = Callable[[dict[str, Any], Sequence[DynamicLine], RewriteOptions], dict[str, Any] | None]
+
+
+def rewrites_moving_with(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions,
+                         move: Mover) -> RewriteResult:
+    """`move_dynamic` by a route's own mover (None: nothing moved), then the tool rewrites: the
+    order chat applies, for the routes whose bodies place the lines differently (Messages, Responses)."""
+    kinds: list[str] = []
+    moved = 0
+    if opts.move_dynamic and lines:
+        changed = move(body, lines, opts)
+        if changed is not None:
+            body, moved = changed, len(lines)
+            kinds.append(MOVE_DYNAMIC)
+    body, tool_kinds = tool_rewrites(body, opts)
+    return RewriteResult(body, (*kinds, *tool_kinds), moved)
 
 
 def apply_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> RewriteResult:

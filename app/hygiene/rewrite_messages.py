@@ -25,13 +25,12 @@ from typing import Any
 
 from app.hygiene.findings import DynamicLine
 from app.hygiene.rewrite import (
-    MOVE_DYNAMIC,
     RewriteOptions,
     RewriteResult,
     _append_text,
     _cut_lines,
     append_lines,
-    tool_rewrites,
+    rewrites_moving_with,
 )
 from app.prefix.convert_messages import BILLING_PREFIX, system_blocks
 
@@ -109,12 +108,4 @@ def move_system_lines(body: dict[str, Any], lines: Sequence[DynamicLine],
 def apply_messages_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> RewriteResult:
     """Every enabled rewrite that changes the Messages body, in the chat order (the billing
     header is stripped before, by the hygiene stage)."""
-    kinds: list[str] = []
-    moved = 0
-    if opts.move_dynamic and lines:
-        changed = move_system_lines(body, lines, opts)
-        if changed is not None:
-            body, moved = changed, len(lines)
-            kinds.append(MOVE_DYNAMIC)
-    body, tool_kinds = tool_rewrites(body, opts)
-    return RewriteResult(body, (*kinds, *tool_kinds), moved)
+    return rewrites_moving_with(body, lines, opts, move_system_lines)

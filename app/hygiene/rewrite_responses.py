@@ -16,12 +16,11 @@ from typing import Any
 
 from app.hygiene.findings import DynamicLine
 from app.hygiene.rewrite import (
-    MOVE_DYNAMIC,
     RewriteOptions,
     RewriteResult,
     _cut_lines,
     append_lines,
-    tool_rewrites,
+    rewrites_moving_with,
 )
 
 
@@ -63,12 +62,4 @@ def _move_instructions(body: dict[str, Any], lines: Sequence[DynamicLine], opts:
 
 def apply_responses_rewrites(body: dict[str, Any], lines: Sequence[DynamicLine], opts: RewriteOptions) -> RewriteResult:
     """Every enabled rewrite that changes the Responses body, in the chat order."""
-    kinds: list[str] = []
-    moved = 0
-    if opts.move_dynamic and lines:
-        changed = _move_instructions(body, lines, opts)
-        if changed is not None:
-            body, moved = changed, len(lines)
-            kinds.append(MOVE_DYNAMIC)
-    body, tool_kinds = tool_rewrites(body, opts)
-    return RewriteResult(body, (*kinds, *tool_kinds), moved)
+    return rewrites_moving_with(body, lines, opts, _move_instructions)
