@@ -29,6 +29,7 @@ from app.sim.engine import SimEngine
 from app.sim.options import SimOptions
 from app.sim.protocol import ApiError, ParsedRequest, parse_chat, validate_cache_salt
 from app.sim.request import SimRequest
+from app.sim.responder import body_due
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -95,16 +96,7 @@ def _event(name: str, obj: dict[str, Any]) -> bytes:
 async def respond(engine: SimEngine, req: SimRequest, model: str, send: Send, receive: Receive,
                   die_after: int | None) -> None:
     """Non-streamed: one Messages response body."""
-    while not req.finished:
-        await req.event.wait()
-        req.event.clear()
-    if req.finish_reason == "abort":
-        return
-    if req.finish_reason == "error":
-        await send_json(send, 500, error_body(ApiError(500, req.error or "engine error")))
-        return
-    if die_after is not None:
-        await cut_connection(send, receive)
+    if not await body_due(req, send, receive, die_after, error_body):
         return
     r = engine.options.reasoning_tokens
     content: list[dict[str, Any]] = []

@@ -9,6 +9,7 @@ the connection after K events; an engine-side abort (client gone) ends quietly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from app.sim.asgi import SSE_HEADERS, EventSender, Receive, Send, StreamDied, cut_connection, send_json
@@ -25,19 +26,29 @@ def usage_for(req: SimRequest, shaper: Shaper, options: SimOptions, final_respon
                         final_response)
 
 
-async def respond(engine: SimEngine, req: SimRequest, shaper: Shaper, send: Send, receive: Receive,
-                  die_after: int | None) -> None:
-    """Non-streamed: wait for the end, then one JSON body."""
+async def body_due(req: SimRequest, send: Send, receive: Receive, die_after: int | None,
+                   error_body: Callable[[ApiError], Any] = ApiError.body) -> bool:
+    """Wait for a non-streamed request to end. True: the caller sends its body. Otherwise the
+    answer is settled here, the same on every route: nothing after an abort, the route's 500
+    (`error_body`) after an engine error, a cut connection where a fault was asked for."""
     while not req.finished:
         await req.event.wait()
         req.event.clear()
     if req.finish_reason == "abort":
-        return
+        return False
     if req.finish_reason == "error":
-        await send_json(send, 500, ApiError(500, req.error or "engine error").body())
-        return
+        await send_json(send, 500, error_body(ApiError(500, req.error or "engine error")))
+        return False
     if die_after is not None:
         await cut_connection(send, receive)
+        return False
+    return True
+
+
+async def respond(engine: SimEngine, req: SimRequest, shaper: Shaper, send: Send, receive: Receive,
+                  die_after: int | None) -> None:
+    """Non-streamed: wait for the end, then one JSON body."""
+    if not await body_due(req, send, receive, die_after):
         return
     r = engine.options.reasoning_tokens
     reasoning = "".join(req.output_text[:r]) if r and req.output_text else None

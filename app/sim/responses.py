@@ -24,6 +24,7 @@ from app.prefix.convert_responses import continued_history, convert
 from app.sim.asgi import SSE_HEADERS, EventSender, Receive, Send, StreamDied, cut_connection, send_json
 from app.sim.protocol import ApiError
 from app.sim.request import SimRequest
+from app.sim.responder import body_due
 
 
 def not_found(response_id: str) -> ApiError:
@@ -174,16 +175,7 @@ class ResponsesWriter:
 async def respond(writer: ResponsesWriter, req: SimRequest, send: Send, receive: Receive, die_after: int | None,
                   cached_on: bool) -> dict[str, Any] | None:
     """Non-streamed: the whole response object once generation ended (returned, for the store)."""
-    while not req.finished:
-        await req.event.wait()
-        req.event.clear()
-    if req.finish_reason == "abort":
-        return None
-    if req.finish_reason == "error":
-        await send_json(send, 500, ApiError(500, req.error or "engine error").body())
-        return None
-    if die_after is not None:
-        await cut_connection(send, receive)
+    if not await body_due(req, send, receive, die_after):
         return None
     final = writer.final(req, cached_on)
     await send_json(send, 200, final)
