@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.proxy_handle import SendTap, first_send_with
+from tests.e2e.proxy_handle import SendTap, first_send_with, metric_sum
 from tests.e2e.workload import chat_body, stream_chat
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -36,9 +36,22 @@ def _first_text_send(sends: list[tuple[float, bytes]]) -> int:
     return first_send_with(sends, text)
 
 
-def _count(proxy: Any, name: str) -> float:
-    text = proxy.metrics_text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+def assert_ttft_at_first_text(proxy: Any, tap: SendTap, rid: str, pattern: list[str], before: float,
+                              label: str = "stream") -> None:
+    """The request's TTFT stamp lies after every read before the first text and no later than the
+    read carrying it, after the first byte; one content chunk per text event; one TTFT observed.
+    Shared by the vLLM and SGLang tiers."""
+    ctx = proxy.recorder.contexts[rid]
+    t = ctx.timings
+    assert t.first_byte is not None and t.first_token is not None
+    first = _first_text_send(tap.sends)
+    print(f"\n{label} {''.join(pattern)}; relayed in {len(tap.sends)} reads, first text in read {first}; "
+          f"first byte {1000 * (t.first_byte - t.arrival):.1f} ms, TTFT {1000 * (t.first_token - t.arrival):.1f} ms")
+    assert all(sent <= t.first_token for sent, _ in tap.sends[:first]), "TTFT stamped before the text arrived"
+    assert t.first_token <= tap.sends[first][0]
+    assert t.first_byte < t.first_token
+    assert ctx.content_chunks == pattern.count("T")
+    assert metric_sum(proxy, "prefixgate_ttft_seconds_count") == before + 1
 
 
 def test_ttft_stamped_at_first_text_chunk_not_role_or_empty_chunks(e2e_proxy: Any, vllm_b32: Any) -> None:
@@ -52,7 +65,7 @@ def test_ttft_stamped_at_first_text_chunk_not_role_or_empty_chunks(e2e_proxy: An
     with httpx.Client(timeout=60) as client:
         for seed in range(48):
             tap.sends.clear()
-            before = _count(proxy, "prefixgate_ttft_seconds_count")
+            before = metric_sum(proxy, "prefixgate_ttft_seconds_count")
             rid = f"ttft-mixed-{seed}"
             body = chat_body(PROMPT, 12, temperature=1.0, seed=seed, logit_bias=SPECIALS)
             result = stream_chat(client, proxy.url, body, {"x-request-id": rid})
@@ -65,24 +78,14 @@ def test_ttft_stamped_at_first_text_chunk_not_role_or_empty_chunks(e2e_proxy: An
                 break
     assert found is not None, "no seed gave an empty content chunk, relayed apart, before text"
     rid, pattern, before, result = found
-    ctx = proxy.recorder.contexts[rid]
-    t = ctx.timings
-    assert t.first_byte is not None and t.first_token is not None
-    first = _first_text_send(tap.sends)
-    print(f"\nstream {''.join(pattern)}; relayed in {len(tap.sends)} reads, first text in read {first}; "
-          f"first byte {1000 * (t.first_byte - t.arrival):.1f} ms, TTFT {1000 * (t.first_token - t.arrival):.1f} ms")
-    assert all(sent <= t.first_token for sent, _ in tap.sends[:first]), "TTFT stamped before the text arrived"
-    assert t.first_token <= tap.sends[first][0]
-    assert t.first_byte < t.first_token
-    assert ctx.content_chunks == pattern.count("T")
-    assert _count(proxy, "prefixgate_ttft_seconds_count") == before + 1
+    assert_ttft_at_first_text(proxy, tap, rid, pattern, before)
 
 
 def test_stream_of_only_empty_chunks_has_no_ttft(e2e_proxy: Any, vllm_b32: Any) -> None:
     proxy = e2e_proxy([vllm_b32])
     body = chat_body(PROMPT, 6, logit_bias={"1": 100})
-    ttft_before = _count(proxy, "prefixgate_ttft_seconds_count")
-    first_byte_before = _count(proxy, "prefixgate_upstream_first_byte_seconds_count")
+    ttft_before = metric_sum(proxy, "prefixgate_ttft_seconds_count")
+    first_byte_before = metric_sum(proxy, "prefixgate_upstream_first_byte_seconds_count")
     with httpx.Client(timeout=60) as client:
         result = stream_chat(client, proxy.url, body, {"x-request-id": "ttft-empty"})
     proxy.settle()
@@ -93,5 +96,5 @@ def test_stream_of_only_empty_chunks_has_no_ttft(e2e_proxy: Any, vllm_b32: Any) 
     ctx = proxy.recorder.contexts["ttft-empty"]
     assert ctx.timings.first_byte is not None and ctx.timings.first_token is None
     assert ctx.content_chunks == 0
-    assert _count(proxy, "prefixgate_ttft_seconds_count") == ttft_before
-    assert _count(proxy, "prefixgate_upstream_first_byte_seconds_count") == first_byte_before + 1
+    assert metric_sum(proxy, "prefixgate_ttft_seconds_count") == ttft_before
+    assert metric_sum(proxy, "prefixgate_upstream_first_byte_seconds_count") == first_byte_before + 1

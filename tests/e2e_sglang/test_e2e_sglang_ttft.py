@@ -13,7 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_e2e_ttft import PROMPT, SendTap, _content_pattern, _count, _first_text_send
+from tests.e2e.proxy_handle import metric_sum
+from tests.e2e.test_e2e_ttft import (
+    PROMPT,
+    SendTap,
+    _content_pattern,
+    _first_text_send,
+    assert_ttft_at_first_text,
+)
 from tests.e2e.workload import chat_body, stream_chat
 
 pytestmark = [pytest.mark.e2e_sglang, pytest.mark.timeout(600)]
@@ -28,7 +35,7 @@ def test_ttft_stamped_at_first_text_chunk_not_role_chunk(e2e_proxy: Any, sglang_
     with httpx.Client(timeout=120) as client:
         for attempt in range(ATTEMPTS):
             tap.sends.clear()
-            before = _count(proxy, "prefixgate_ttft_seconds_count")
+            before = metric_sum(proxy, "prefixgate_ttft_seconds_count")
             rid = f"sg-ttft-{attempt}"
             result = stream_chat(client, proxy.url, chat_body(PROMPT, 12), {"x-request-id": rid})
             proxy.settle()
@@ -41,14 +48,4 @@ def test_ttft_stamped_at_first_text_chunk_not_role_chunk(e2e_proxy: Any, sglang_
                 break
     assert found is not None, f"in {ATTEMPTS} streams the role event never reached the proxy apart from the first text"
     rid, before, result, pattern, attempt = found
-    first = _first_text_send(tap.sends)
-    ctx = proxy.recorder.contexts[rid]
-    t = ctx.timings
-    assert t.first_byte is not None and t.first_token is not None
-    print(f"\nSGLang stream {''.join(pattern)} (attempt {attempt}); relayed in {len(tap.sends)} reads, first text in read {first}; "
-          f"first byte {1000 * (t.first_byte - t.arrival):.1f} ms, TTFT {1000 * (t.first_token - t.arrival):.1f} ms")
-    assert all(sent <= t.first_token for sent, _ in tap.sends[:first]), "TTFT stamped before the text arrived"
-    assert t.first_token <= tap.sends[first][0]
-    assert t.first_byte < t.first_token
-    assert ctx.content_chunks == pattern.count("T")
-    assert _count(proxy, "prefixgate_ttft_seconds_count") == before + 1
+    assert_ttft_at_first_text(proxy, tap, rid, pattern, before, label=f"SGLang stream (attempt {attempt})")
