@@ -293,7 +293,7 @@ class Admission(Section):
     saturated_inflight: int = Field(default=64, ge=1)
     # or its prefill backlog routed from this pod (prompt tokens before their first token) exceeds
     # this; None: not a criterion. Queued requests then leave cheapest predicted prefill first
-    saturated_prefill_tokens: int | None = Field(default=None, ge=1)
+    saturated_prefill_tokens: int | None = Field(default=None, ge=0)  # 0: any prefill not yet started
     priority_header: str = "x-priority"
     pods: int = Field(default=1, ge=1)  # gateway pods sharing the limits: a pod's share when Redis is down
     lease_ttl_s: float = Field(default=30.0, gt=0)  # concurrency lease, renewed while the stream runs

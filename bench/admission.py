@@ -51,8 +51,14 @@ REQUEST = {"model": MODEL, "max_tokens": 8, "ignore_eos": True}
 # ~67% of this mix's prefill tokens; with 0.5 the replicas they may use run at 0.7 x 0.67 / 0.5 =
 # 0.94 utilisation at 70% load, and their backlog grows with the trace's length (README)
 LANE = {"long_prefill_tokens": 8192, "max_share": 0.75}
-# saturated: more than two prefill chunks queued; queued requests leave cheapest prefill first
-QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_prefill_tokens": 4096}
+# saturated: more than one prefill chunk (the step budget) routed there and not yet past its first
+# token. A request leaves the gateway queue only for a replica that will start it within about a
+# step (late binding), cheapest prefill first; one chunk rather than 0 so that the replica has its
+# next request before the current one's prefill ends (the handoff costs a gateway round trip)
+QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_prefill_tokens": 2048}
+# the routing weights in prompt tokens (app/config.py RoutingWeights defaults), scaled with the
+# prompts by --token-scale so the scaled fleet routes as the full-size one would
+WEIGHTS = {"waiting_request_tokens": 2048.0, "decode_tokens_per_running": 256.0, "cold_slack_tokens": 2048.0}
 
 def rows_config() -> dict[str, dict[str, Any]]:
     return {
@@ -80,6 +86,8 @@ def apply_token_scale(args: argparse.Namespace) -> None:
     s = args.token_scale
     SHORT, LONG, HUGE, SHARED = int(SHORT * s), int(LONG * s), int(HUGE * s), int(SHARED * s)
     LANE["long_prefill_tokens"] = int(LANE["long_prefill_tokens"] * s)
+    for name in WEIGHTS:
+        WEIGHTS[name] *= s
     QUEUE["saturated_prefill_tokens"] = int(QUEUE["saturated_prefill_tokens"] * s)
     args.prefill_tps *= s
     args.max_batch_tokens = int(args.max_batch_tokens * s)
@@ -131,7 +139,7 @@ async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.N
             cfg = {"backends": [{"url": u, "name": f"r{i}"} for i, u in enumerate(urls)],
                    "scrape": {"interval_s": 1.0}, **config}
             cfg["routing"] = {"block_size": args.block_size, "kv_blocks": args.kv_blocks,
-                              "health_interval_s": 2.0, **config.get("routing", {})}
+                              "health_interval_s": 2.0, "weights": dict(WEIGHTS), **config.get("routing", {})}
             proc = launch("prefixgate", prefixgate_command(cfg, tmp / "gw.yaml", port), tmp)
             base = f"http://127.0.0.1:{port}"
         conn = aiohttp.TCPConnector(limit=0)

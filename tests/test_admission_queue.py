@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
@@ -112,6 +113,26 @@ def test_saturated_fleet_queues_then_sheds_through_the_gateway(proxy_factory, si
     assert proxy.sample("prefixgate_admission_queue_depth") == 0
 
 
+def test_queued_requests_through_the_gateway_all_leave_and_free_every_room(proxy_factory, sim_factory):
+    """Eight concurrent requests on one replica that takes one at a time: all answered, and once
+    done no released request is left holding a room (a leak would stall the queue for good)."""
+    one = sim_factory(replicas=1, time_scale=0.2)
+    proxy = proxy_factory(one, admission={"queue": {"max_depth": 16, "ttl_s": 30}, "saturated_inflight": 1})
+    body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "ignore_eos": True, "stream": True}
+
+    def post(_: int) -> int:
+        with httpx.Client(base_url=proxy.url, timeout=30) as http:
+            return http.post("/v1/chat/completions", json=body).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(post, range(8)))
+    proxy.settle()
+    assert codes == [200] * 8
+    assert proxy.sample("prefixgate_admission_wait_seconds_count") >= 1  # some did queue
+    assert proxy.services.admission.unplaced == 0 and proxy.services.admission.queue.depth == 0
+
+
 def test_cheaper_prefill_leaves_first_within_a_tenant_and_priority():
     async def run() -> list[str]:
         q = FairQueue(10)
@@ -134,23 +155,117 @@ def test_prefill_backlog_marks_a_replica_saturated():
     adm = Admission(settings, LocalLimiter(), Metrics())
     assert not adm.saturated(Replica("r0", "http://x", queued_prompt_tokens=4096))
     assert adm.saturated(Replica("r0", "http://x", queued_prompt_tokens=4097))
+    zero = Admission(Settings(admission={"saturated_prefill_tokens": 0}), LocalLimiter(), Metrics())
+    assert not zero.saturated(Replica("r0", "http://x")) and zero.saturated(Replica("r0", "http://x", queued_prompt_tokens=1))
 
 
-def test_a_long_request_alternates_with_a_stream_of_cheaper_short_ones():
-    """Classes get equal shares of the departures while both may leave: a long request queued
-    behind short ones (cheaper, so first on cost alone) leaves second, not after the stream."""
-    async def run() -> int:
-        q = FairQueue(100)
-        shorts = [q.push("t", 0, cost=500, klass="short") for _ in range(3)]
+def test_with_a_zero_backlog_bound_queued_requests_still_leave_cheapest_first():
+    async def run() -> list[str]:
+        adm = Admission(Settings(admission={"queue": {"max_depth": 8, "ttl_s": 30}, "saturated_prefill_tokens": 0}),
+                        LocalLimiter(), Metrics())
+        busy = Replica("r0", "http://r0", queued_prompt_tokens=100)
+        left: list[str] = []
+
+        async def one(name: str, tokens: int) -> None:
+            placed = await adm.wait_turn("t", 0, lambda: [busy], None, _costs(tokens))
+            left.append(name)
+            busy.queued_prompt_tokens += tokens  # it holds the replica now
+            placed()
+
+        tasks = [asyncio.create_task(one("long", 4000))]
+        while adm.queue.depth < 1:
+            await asyncio.sleep(0.01)
+        tasks.append(asyncio.create_task(one("short", 500)))
+        while adm.queue.depth < 2:
+            await asyncio.sleep(0.01)
+        busy.queued_prompt_tokens = 0
+        adm.kick()
+        await asyncio.sleep(0.1)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return left
+
+    assert asyncio.run(run()) == ["short"]
+
+
+def test_a_stream_of_cheaper_requests_goes_first_until_the_long_one_has_waited_age_s():
+    """Cheapest prefill first (a freed replica goes to the request that holds it least), but a
+    long request behind a stream of short ones leaves once it has waited `age_s`, not at its TTL."""
+    async def run() -> tuple[list[str], list[str]]:
+        q = FairQueue(100, age_s=0.2)
         long_ = q.push("t", 0, cost=4000, klass="long")
-        for n in range(1, 20):
+        shorts = [q.push("t", 0, cost=500, klass="short") for _ in range(3)]
+        early = []
+        for _ in range(3):  # the long one arrived first, the cheaper ones still leave before it
             shorts.append(q.push("t", 0, cost=500, klass="short"))  # the stream keeps coming
             assert q.pop()
-            if long_.done():
-                return n
-        raise AssertionError("the long request never left")
+            early.append("long" if long_.done() else "short")
+        await asyncio.sleep(0.25)
+        late = []
+        for _ in range(2):
+            shorts.append(q.push("t", 0, cost=500, klass="short"))
+            assert q.pop()
+            late.append("long" if long_.done() else "short")
+        return early, late
 
-    assert asyncio.run(run()) == 2
+    early, late = asyncio.run(run())
+    assert early == ["short", "short", "short"] and late[0] == "long"
+
+
+def test_a_freed_replica_releases_one_queued_request_until_it_is_placed():
+    """A departure takes the room it left for: while the released request holds no replica yet,
+    the next one waits (two released onto one free replica would queue one behind the other)."""
+    async def run() -> tuple[int, int, int]:
+        settings = Settings(admission={"queue": {"max_depth": 8, "ttl_s": 5}, "saturated_inflight": 1})
+        adm = Admission(settings, LocalLimiter(), Metrics())
+        fleet = [Replica("r0", "http://r0", inflight=1), Replica("r1", "http://r1", inflight=1)]
+        placements = []
+
+        async def one() -> None:
+            placements.append(await adm.wait_turn("t", 0, lambda: fleet, None))
+
+        tasks = [asyncio.create_task(one()) for _ in range(3)]
+        while adm.queue.depth < 3:
+            await asyncio.sleep(0.01)
+        fleet[0].inflight = 0  # one replica frees; nothing is placed on it yet
+        await asyncio.sleep(0.2)
+        released_before = len(placements)
+        placements[0]()  # the released request now holds r0 ...
+        fleet[0].inflight = 1
+        fleet[1].inflight = 0  # ... and r1 frees
+        await asyncio.sleep(0.2)
+        released_after = len(placements)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return released_before, released_after, adm.unplaced
+
+    released_before, released_after, unplaced = asyncio.run(run())
+    assert released_before == 1 and released_after == 2 and unplaced == 1
+
+
+def test_a_queued_request_leaves_at_the_kick_of_a_first_token_not_at_its_next_poll(monkeypatch):
+    """The proxy kicks admission when a replica's prefill is done; the queue re-checks at once."""
+    monkeypatch.setattr("app.admission.gate.POLL_S", 60.0)
+
+    async def run() -> float:
+        settings = Settings(admission={"queue": {"max_depth": 4, "ttl_s": 120}, "saturated_inflight": 1})
+        adm = Admission(settings, LocalLimiter(), Metrics())
+        busy = Replica("r0", "http://r0", inflight=1)
+        task = asyncio.create_task(adm.wait_turn("t", 0, lambda: [busy], None))
+        while adm.queue.depth < 1:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # it is waiting on its (minute-long) poll now
+        busy.inflight = 0
+        start = time.perf_counter()
+        adm.kick()
+        placed = await asyncio.wait_for(task, 5)
+        placed()
+        assert adm.unplaced == 0
+        return time.perf_counter() - start
+
+    assert asyncio.run(run()) < 5
 
 
 def test_tenant_fairness_holds_inside_the_class_that_may_leave():

@@ -217,6 +217,24 @@ async def test_cold_spread_avoids_a_replica_with_a_large_recent_share():
     assert d.reason == "cold_spread" and d.replica.name != first
 
 
+async def test_with_the_queue_on_a_cold_prompt_goes_to_a_replica_with_room_not_within_the_slack():
+    """Late binding: the replica the hash prefers is within the cold slack of the least loaded
+    but saturated (the gateway queue's `room` says no), so the prompt goes where there is room."""
+    replicas = fleet()
+    router = PrefixAffinityRouter(replicas, ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B))
+    req = request(doc(78, 2000), tenant="new")
+    home = (await router.choose(req)).replica
+    home.queued_prompt_tokens = 600  # well within the 2048-token cold slack
+    assert (await router.choose(req)).replica is home  # without the queue: hashing keeps it there
+    roomy = RouteRequest(req.tenant, req.model, None, req.fingerprint, req.prompt_tokens_estimate,
+                         room=lambda r: r.queued_prompt_tokens == 0)
+    d = await router.choose(roomy)
+    assert d.reason == "cold_spread" and d.replica is not home and d.replica.queued_prompt_tokens == 0
+    for r in replicas.all():
+        r.queued_prompt_tokens = 600  # no replica has room: the usual placement
+    assert (await router.choose(roomy)).replica is home
+
+
 async def test_session_keeps_its_replica_with_concurrent_requests_in_flight():
     """One session's requests in flight are one key: an idle 4-replica fleet never moves it."""
     replicas = fleet()

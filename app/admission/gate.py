@@ -16,6 +16,10 @@ per-tenant limits, then the gateway queue while every eligible replica is satura
   has room. With `saturated_prefill_tokens` or lanes the request's predicted prefill (prompt
   minus the longest prefix resident on any replica: one residency lookup, only when some
   replica is saturated) sets its lane and its rank.
+- Late binding (docs/admission.md): a released request's room counts as taken until it holds a
+  replica (`unplaced`, `RequestContext.placed`); the router places a cold prompt on a replica
+  with room (`room`, passed as `RouteRequest.room`); and the proxy `kick`s the queue when a first
+  token or an end frees a replica, so queued requests re-check at once, not at their next poll.
 - A concurrency slot is a lease renewed while the request runs and released at its end.
 
 Nothing here fails a request because Redis is gone (app/admission/redis_limits.py).
@@ -40,7 +44,7 @@ from app.routing.base import Replica
 from app.routing.lanes import LongPrefillLane
 from app.telemetry.metrics import Metrics
 
-POLL_S = 0.02  # a queued request re-checks saturation this often (engine scrapes change it too)
+POLL_S = 0.02  # a queued request re-checks saturation this often, and at every kick()
 RENEW_FRACTION = 3  # leases are renewed every lease_ttl_s / 3
 
 
@@ -135,7 +139,12 @@ class Admission:
         self.options = settings.admission
         self.limiter = limiter
         self.metrics = metrics
-        self.queue = FairQueue(self.options.queue.max_depth)
+        # a request that waited half the TTL leaves before cheaper ones (app/admission/queue.py)
+        self.queue = FairQueue(self.options.queue.max_depth, age_s=self.options.queue.ttl_s / 2)
+        # requests released from the queue that hold no replica yet: each will take one of the
+        # replicas with room, so a departure needs more of those than there are unplaced ones
+        self.unplaced = 0
+        self._tick: asyncio.Future[None] | None = None  # resolved by kick(): queued requests re-check
         # the router's lane (lanes apply only inside prefix_affinity): the queue holds a request
         # while the replicas *its* lane may use are saturated
         routing = settings.routing
@@ -204,36 +213,71 @@ class Admission:
         """The healthy replicas serving `model` (the router's candidates before its filters)."""
         return [r for r in replicas if r.healthy and (model is None or r.models is None or model in r.models)]
 
-    def has_room(self, replicas: Iterable[Replica], model: str | None, lane: str | None) -> bool:
-        """Whether a replica the router would pick from for a request of `lane` has room: the
-        lane's set (app/routing/lanes.py) of the healthy replicas serving the model."""
+    @property
+    def queueing(self) -> bool:
+        """Whether the gateway queue is on (a saturated fleet holds requests rather than 503)."""
+        return self.options.queue.max_depth > 0
+
+    def room(self, replica: Replica) -> bool:
+        """Whether `replica` has room (the router prefers these for a cold prompt: late binding)."""
+        return not self.saturated(replica)
+
+    def has_room(self, replicas: Iterable[Replica], model: str | None, lane: str | None,
+                 taken: int = 0) -> bool:
+        """Whether a replica the router would pick from for a request of `lane` has room, beyond
+        `taken` of them already promised: the lane's set (app/routing/lanes.py) of the healthy
+        replicas serving the model."""
         pool = self._pool(replicas, model)
         if lane is not None and self.lane is not None:
             pool = self.lane.keep(pool, lane)
-        return not pool or not all(self.saturated(r) for r in pool)
+        return not pool or sum(1 for r in pool if self.room(r)) > taken
+
+    def kick(self) -> None:
+        """A replica's load went down (a first token, a request's end): queued requests re-check
+        now rather than at their next poll (POLL_S stays the fallback, for engine scrapes)."""
+        tick, self._tick = self._tick, None
+        if tick is not None and not tick.done():
+            tick.set_result(None)
+
+    def _next_tick(self) -> asyncio.Future[None]:
+        if self._tick is None:
+            self._tick = asyncio.get_running_loop().create_future()
+        return self._tick
+
+    def _placement(self) -> Callable[[], None]:
+        """What a request released from the queue calls once it holds a replica (idempotent)."""
+        pending = [True]
+
+        def placed() -> None:
+            if pending:
+                pending.clear()
+                self.unplaced -= 1
+        return placed
 
     async def wait_turn(self, tenant: str, priority: int, replicas_fn, model: str | None,
-                        cost_fn: Callable[[], Awaitable[int]] | None = None, anthropic: bool = False) -> None:
+                        cost_fn: Callable[[], Awaitable[int]] | None = None,
+                        anthropic: bool = False) -> Callable[[], None]:
         """Return when a replica of the request's lane has room (at once when one has and no
         request of its lane waits); a shed (`shed`: 503, or 529 on /v1/messages) when the queue
         is full or the wait passed `ttl_s`. `replicas_fn()` lists the replicas (they change
         with discovery); `cost_fn()` is the predicted prefill, asked only when a replica is
-        saturated."""
+        saturated. Returns what the caller calls once the request holds a replica (a no-op
+        unless it was queued): until then the room it was released for counts as taken."""
         pool = self._pool(replicas_fn(), model)
         if not any(self.saturated(r) for r in pool) and self.queue.depth == 0:
-            return
+            return _nothing
         ranked = cost_fn is not None and (self.options.saturated_prefill_tokens is not None or self.lane is not None)
         cost = await cost_fn() if ranked and cost_fn is not None else 0
         lane = self.lane.lane_of(cost) if self.lane is not None and cost_fn is not None else None
-        if self.has_room(replicas_fn(), model, lane) and self.queue.waiting(lane) == 0:
-            return
+        if self.has_room(replicas_fn(), model, lane, self.unplaced) and self.queue.waiting(lane) == 0:
+            return _nothing
         label = self.metrics.tenant_label(tenant)
         if self.queue.full():
             self.metrics.admission_rejections.labels(label, "queue_full").inc()
             raise shed("Every replica is saturated and the gateway queue is full; retry shortly.",
                        "queue_full", self.options.queue.ttl_s / 2, anthropic)
         start = time.perf_counter()
-        fut = self.queue.push(tenant, priority, cost if self.options.saturated_prefill_tokens else 0, lane)
+        fut = self.queue.push(tenant, priority, cost, lane)  # cost is 0 when not ranked
         self.metrics.admission_queue_depth.set(self.queue.depth)
         deadline = start + self.options.queue.ttl_s
         weights = {t: o.weight for t, o in self.settings.tenants.overrides.items()}
@@ -241,26 +285,36 @@ class Admission:
 
         def admissible(klass: str | None) -> bool:
             if klass not in rooms:
-                rooms[klass] = self.has_room(replicas_fn(), model, klass)
+                rooms[klass] = self.has_room(replicas_fn(), model, klass, self.unplaced)
             return rooms[klass]
 
         try:
             while not fut.done():
                 rooms.clear()
-                if admissible(lane):
-                    self.queue.pop(weights, admissible)
+                if admissible(lane) and self.queue.pop(weights, admissible):
+                    self.unplaced += 1  # the one released (maybe this request) takes a room
                     if fut.done():
                         break
+                    self.kick()  # the one released wakes (and the others re-check)
                 left = deadline - time.perf_counter()
                 if left <= 0:
                     self.metrics.admission_rejections.labels(label, "queue_ttl").inc()
                     raise shed(f"Queued {self.options.queue.ttl_s:g}s for a free replica; retry shortly.",
                                "queue_timeout", self.options.queue.ttl_s, anthropic)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(fut), min(left, POLL_S))
+                    await asyncio.wait_for(asyncio.shield(self._next_tick()), min(left, POLL_S))
+        except BaseException:
+            if fut.done() and not fut.cancelled():  # released, but leaving without a replica
+                self.unplaced -= 1
+            raise
         finally:
             if not fut.done():
                 fut.cancel()
                 self.queue.forget(fut)
             self.metrics.admission_queue_depth.set(self.queue.depth)
             self.metrics.admission_wait.observe(time.perf_counter() - start)
+        return self._placement()
+
+
+def _nothing() -> None:
+    """The placement callback of a request that was never queued."""

@@ -1,6 +1,6 @@
 """The gateway queue: requests wait here, bounded and with a TTL, while every replica *their
 class* may go to is saturated, and leave in weighted fair order across tenants, then by priority,
-then by class, then cheapest prefill (docs/admission.md).
+then cheapest prefill (docs/admission.md).
 
 Fairness is start-time fair queuing over tenants: each tenant has a virtual time that grows by
 1/weight per request served; the waiting tenant with the lowest virtual time goes next, and a
@@ -9,17 +9,20 @@ tenant that floods the queue gets its weight's share of the departures, not the 
 
 A request's class is its lane (`long` / `short` under `routing.lanes`, None without): the two
 lanes go to different replica sets, so a departure is only for a class whose set has room (the
-caller's `admissible`). Within a tenant the higher priority leaves first; then, among the classes
-that may leave, the same start-time fair queuing over classes with equal shares (so while both
-may leave they alternate: a stream of cheap short requests cannot hold a long one back); then,
-inside the class, the cheaper predicted prefill (`cost`: callers that do not rank by cost pass 0),
-then the earlier arrival.
+caller's `admissible`). Within a tenant the higher priority leaves first; then the cheaper
+predicted prefill (`cost`: callers that do not rank by cost pass 0), then the earlier arrival.
+Cheapest first is what keeps the short requests' TTFT tail low: a replica that frees goes to the
+request that holds it least (a 2k prompt, not a 16k one that would make every request after it
+wait its whole prefill). So that a stream of cheaper requests cannot hold an expensive one until
+its TTL, a request that has waited `age_s` (the gateway passes half the queue TTL) leaves before
+every cheaper one that has not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +34,7 @@ class _Waiter:
     sort: tuple[int, int, int]  # (-priority, predicted prefill tokens, arrival order)
     future: asyncio.Future[None] = field(compare=False)
     klass: str | None = field(default=None, compare=False)
+    since: float = field(default=0.0, compare=False)  # loop time it was queued
 
 
 def _joined(clock: dict, key, waiting: list) -> None:
@@ -40,11 +44,11 @@ def _joined(clock: dict, key, waiting: list) -> None:
 
 
 class FairQueue:
-    def __init__(self, max_depth: int) -> None:
+    def __init__(self, max_depth: int, age_s: float = math.inf) -> None:
         self.max_depth = max_depth
+        self.age_s = age_s
         self._tenants: dict[str, list[_Waiter]] = {}
         self._vtime: dict[str, float] = {}
-        self._class_vtime: dict[str | None, float] = {}
         self._class_depth: dict[str | None, int] = {}
         self._seq = itertools.count()
         self.depth = 0
@@ -58,13 +62,12 @@ class FairQueue:
 
     def push(self, tenant: str, priority: int, cost: int = 0, klass: str | None = None) -> asyncio.Future[None]:
         """A future resolved when this request's turn comes (the caller awaits it with its TTL)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         waiters = self._tenants.setdefault(tenant, [])
         if not waiters:
             _joined(self._vtime, tenant, [t for t, w in self._tenants.items() if w])
-        if not self._class_depth.get(klass):
-            _joined(self._class_vtime, klass, [k for k, n in self._class_depth.items() if n])
-        waiters.append(_Waiter((-priority, cost, next(self._seq)), fut, klass))
+        waiters.append(_Waiter((-priority, cost, next(self._seq)), fut, klass, loop.time()))
         self._class_depth[klass] = self._class_depth.get(klass, 0) + 1
         self.depth += 1
         return fut
@@ -87,21 +90,16 @@ class FairQueue:
                 continue
             weight = (weight_of or {}).get(tenant, 1.0)
             self._vtime[tenant] = self._vtime.get(tenant, 0.0) + 1.0 / weight
-            self._class_vtime[waiter.klass] = self._class_vtime.get(waiter.klass, 0.0) + 1.0
             waiter.future.set_result(None)
             return True
 
     def _next_of(self, waiters: list[_Waiter], ok: Callable[[str | None], bool]) -> _Waiter:
-        """A tenant's next: highest priority, then the class least served, then cheapest, earliest."""
-        eligible = [w for w in waiters if ok(w.klass)]
-        top = min(w.sort[0] for w in eligible)
-        eligible = [w for w in eligible if w.sort[0] == top]
-        heads: dict[str | None, _Waiter] = {}
-        for w in eligible:  # each class's next: cheapest, then earliest
-            if w.klass not in heads or w < heads[w.klass]:
-                heads[w.klass] = w
-        # the class least served goes; on a tie, the one whose head arrived first
-        return min(heads.values(), key=lambda w: (self._class_vtime.get(w.klass, 0.0), w.sort[2]))
+        """A tenant's next: highest priority, then the ones waiting `age_s` or more (earliest
+        first), then cheapest, then earliest."""
+        aged_before = asyncio.get_running_loop().time() - self.age_s
+        return min((w for w in waiters if ok(w.klass)),
+                   key=lambda w: (w.sort[0], w.since > aged_before, w.sort[1] if w.since > aged_before else 0,
+                                  w.sort[2]))
 
     def _remove(self, tenant: str, waiter: _Waiter) -> None:
         waiters = self._tenants[tenant]

@@ -193,6 +193,8 @@ class Exchange:
         child(metrics.backend_inflight, replica.name).set(replica.inflight)
         self.queued = decision.prefill_tokens
         replica.queued_prompt_tokens += self.queued
+        if self.ctx is not None:
+            self.ctx.mark_placed()
 
     def _release(self) -> None:
         decision = self.active
@@ -204,6 +206,12 @@ class Exchange:
         self.queued = 0
         child(self.services.metrics.backend_inflight, replica.name).set(replica.inflight)
         self.active = None
+        self._kick()
+
+    def _kick(self) -> None:
+        """A replica's load went down: the admission queue re-checks now (app/admission/gate.py)."""
+        if self.services.admission is not None:
+            self.services.admission.kick()
 
     async def _pick_passthrough(self) -> list[pb.ProcessingResponse]:
         """Any replica, or for `/v1/responses/{id}` (retrieve, cancel) the one that holds the id."""
@@ -313,6 +321,7 @@ class Exchange:
             self.services.router.on_routed(request, decision)
         decision.replica.queued_prompt_tokens -= self.queued
         self.queued = 0
+        self._kick()
 
     def _backend(self) -> str:
         return self.active.replica.name if self.active else "?"

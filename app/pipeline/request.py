@@ -127,8 +127,9 @@ class RequestPipeline:
                               include_usage=drop_usage)
         fp = ctx.fingerprint
         estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else len(body) // BYTES_PER_TOKEN_ESTIMATE
+        room = services.admission.room if services.admission is not None and services.admission.queueing else None
         return body, RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate,
-                                  pinned=ctx.pinned_replica), drop_usage
+                                  pinned=ctx.pinned_replica, room=room), drop_usage
 
     async def passthrough(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock, *,
                           method: str, path: str) -> None:
@@ -149,6 +150,7 @@ class RequestPipeline:
         """Steps 8-9, once the response ended (any outcome). A failing observer is logged, never
         allowed to break the proxy or the steps after it."""
         services = self.services
+        ctx.mark_placed()  # a request that ended before it held a replica frees its queue room
         if ctx.route == "responses":
             self.responses.remember(ctx)  # 8c: id -> replica, for previous_response_id / GET / cancel
         for stage in (services.prefix, services.tracing, *services.hooks):  # 8, 8b, observers
@@ -184,8 +186,8 @@ class RequestPipeline:
         tenant_cfg = self.services.settings.tenants.config_for(ctx.tenant)
         priority = _int_or(ctx.headers.get(self.services.settings.admission.priority_header.lower()),
                            tenant_cfg.priority)
-        await admission.wait_turn(ctx.tenant, priority, self.services.replicas.all, ctx.model,
-                                  lambda: self._predicted_prefill(ctx, estimate), anthropic)
+        ctx.placed = await admission.wait_turn(ctx.tenant, priority, self.services.replicas.all, ctx.model,
+                                               lambda: self._predicted_prefill(ctx, estimate), anthropic)
 
     async def _predicted_prefill(self, ctx: RequestContext, estimate: int) -> int:
         """The prompt minus the longest prefix predicted resident on any replica (for the queue's order)."""

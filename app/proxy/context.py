@@ -12,6 +12,7 @@ block: schedule anything slow (tokenisation, Redis writes) as a task or in a wor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -77,6 +78,8 @@ class RequestContext:
     prefix: PrefixStageState | None = None  # the prefix stage's notes (app/pipeline/prefix_stage.py)
     decision: RouteDecision | None = None
     admission: Ticket | None = None  # admission's hold (app/admission/gate.py), released at the end
+    # admission: called once the request holds a replica (a queued request's room stays taken until)
+    placed: Callable[[], None] | None = None
     attempts: int = 0
     response_headers: dict[str, str] = field(default_factory=dict)  # x-prefixgate-* additions
     status: int | None = None
@@ -93,6 +96,12 @@ class RequestContext:
     output_text: str | None = None  # choice 0's generated text (n == 1), bounded
     response_id: str | None = None  # Responses API: the id the engine gave this response
     pinned_replica: str | None = None  # Responses API: the replica holding previous_response_id
+
+    def mark_placed(self) -> None:
+        """The request holds a replica now (or never will): tell admission, once."""
+        placed, self.placed = self.placed, None
+        if placed is not None:
+            placed()
 
     @property
     def prompt_tokens(self) -> int | None:

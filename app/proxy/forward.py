@@ -90,6 +90,7 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
         replica.queued_prompt_tokens += queued
         long_queued = queued if decision.lane == "long" else 0
         replica.queued_long_tokens += long_queued
+        ctx.mark_placed()
         resp: Response | None = None
         committed = ok = False
         try:
@@ -104,6 +105,8 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             replica.queued_prompt_tokens -= queued
             replica.queued_long_tokens -= long_queued
             queued = long_queued = 0
+            if services.admission is not None:
+                services.admission.kick()  # its prefill is done: a queued request may take its place
             committed = True
             services.health.mark_success(replica)
             if resp.status < 400:
@@ -141,6 +144,8 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             replica.queued_prompt_tokens -= queued
             replica.queued_long_tokens -= long_queued
             child(metrics.backend_inflight, replica.name).set(replica.inflight)
+            if services.admission is not None:
+                services.admission.kick()
             if committed:
                 services.router.on_finished(request, decision, ok)
     assert last_error is not None

@@ -10,6 +10,7 @@ docs/routing.md describes each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,6 +47,8 @@ class RouteRequest:
     fingerprint: Fingerprint | None
     prompt_tokens_estimate: int
     pinned: str | None = None  # the only replica that can answer (Responses API: it holds the id)
+    # admission's queue is on: whether a replica has room (a cold prompt goes to one that has)
+    room: Callable[[Replica], bool] | None = None
 
 
 @dataclass

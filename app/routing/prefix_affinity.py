@@ -14,7 +14,8 @@ all replicas), its prefill backlog and its decode load. The lowest cost wins:
   is within one prefill chunk of the least loaded one (a cold prompt pays its whole prefill, so
   waiting is TTFT) and whose share of recent requests is within (1 + epsilon) x the mean
   (app/routing/recent.py): cold traffic never piles onto one replica, and sticky tenants do not
-  leave the fleet unbalanced;
+  leave the fleet unbalanced; with the gateway queue on (app/admission/gate.py), only among the
+  replicas with room when any has;
 - `failover`: a retry (the previous replicas are in `exclude`).
 
 `on_routed` tells the residency owner (app/routing/residency.py) right away (off the hot path, a
@@ -117,7 +118,10 @@ class PrefixAffinityRouter(BaseRouter):
         if predicted_hit_tokens(best_match, prompt, block_size) < self.options.cold_match_ratio * prompt:
             key = cold_key(hashes, block_size, self.options.cold_key_tokens, request.tenant)
             recent = await self.recent.values([c.replica.name for c in costs])
-            chosen = self._cold_pick(key, costs, recent)
+            # with the gateway queue on, among the replicas with room (late binding: a request it
+            # released goes where the room is, not behind the backlog it waited out)
+            roomy = [c for c in costs if request.room(c.replica)] if request.room is not None else []
+            chosen = self._cold_pick(key, roomy or costs, recent)
             reason = "cold_spread"
         else:
             chosen = lowest_cost(costs)
