@@ -15,7 +15,10 @@ max_share), + admission (lane + gateway queue), the dedicated lane as an extra r
 sglang-router 0.3.2 / vllm-router 0.1.17 `cache_aware`, started from ROUTERS_VENV (default
 .venv-routers) by bench/routing.py's `start_target`, on the same simulated fleet and trace (skipped
 when that venv is missing). The "queued" column is read from the gateway's own
-prefixgate_admission_wait_seconds: how many requests waited in its queue, and their mean wait.
+prefixgate_admission_wait_seconds: how many requests waited in its queue, and their mean wait
+(simulated seconds); "gateway's own ms/request" from prefixgate_proxy_overhead_seconds minus that
+wait: its mean time from arrival to sending upstream, in real milliseconds (a Rust router's is not
+measured).
 Noisy neighbour: three tenants of 2k agent prompts at 35% load plus one tenant sending cold 32k
 prompts, at its usual rate and then bursting 10x; the three tenants' p95 TTFT with prefix_affinity
 alone and with fairness (lane + the noisy tenant's prompt_tokens_per_min limit + queue).
@@ -155,18 +158,29 @@ async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.N
     out = summarize(results, wall, args.time_scale)
     if queue is not None and queue[0]:
         out["queued"] = (int(queue[0]), queue[1] / queue[0] / args.time_scale)
+    if queue is not None and queue[2] is not None:
+        out["own_ms"] = queue[2] * 1000
     return out
 
 
-async def queue_numbers(session: aiohttp.ClientSession, base: str) -> tuple[float, float]:
-    """(requests that waited in the gateway queue, their summed wait in seconds) from its /metrics."""
-    found = {"prefixgate_admission_wait_seconds_count": 0.0, "prefixgate_admission_wait_seconds_sum": 0.0}
+async def queue_numbers(session: aiohttp.ClientSession, base: str) -> tuple[float, float, float | None]:
+    """From the gateway's /metrics: requests that waited in its queue, their summed wait (s), and
+    the gateway's own mean time per request before it sent it upstream, queue wait excluded
+    (prefixgate_proxy_overhead_seconds, real seconds; None when it counted nothing)."""
+    wait_count, wait_sum, own_count, own_sum = 0.0, 0.0, 0.0, 0.0
     async with session.get(base + "/metrics") as resp:
         for line in (await resp.text()).splitlines():
-            name, _, value = line.partition(" ")
-            if name in found:
-                found[name] = float(value)
-    return found["prefixgate_admission_wait_seconds_count"], found["prefixgate_admission_wait_seconds_sum"]
+            name, _, value = line.rpartition(" ")
+            if name == "prefixgate_admission_wait_seconds_count":
+                wait_count = float(value)
+            elif name == "prefixgate_admission_wait_seconds_sum":
+                wait_sum = float(value)
+            elif name.startswith("prefixgate_proxy_overhead_seconds_count{"):
+                own_count += float(value)
+            elif name.startswith("prefixgate_proxy_overhead_seconds_sum{"):
+                own_sum += float(value)
+    own = (own_sum - wait_sum) / own_count if own_count else None
+    return wait_count, wait_sum, own
 
 
 def summarize(results: list[tuple[Tenant, Result]], wall: float, scale: float) -> dict:
@@ -248,14 +262,15 @@ def print_table(results: dict, rows: list[str], args: argparse.Namespace) -> Non
           f"prompts {SHORT}/{LONG} tokens (noisy {HUGE}), token_scale {args.token_scale}, "
           f"time_scale {args.time_scale}; {args.n} requests per cell; TTFT in simulated seconds\n")
     print("| load | row | short TTFT p50/p95/p99 s | long TTFT p50/p95/p99 s | throughput req/s | rejects "
-          "| queued (mean wait s) |")
-    print("|---|---|---|---|---|---|---|")
+          "| queued (mean wait s) | gateway's own ms/request |")
+    print("|---|---|---|---|---|---|---|---|")
     for load in args.loads:
         for row in rows:
             r = results[(row, load)]
             queued = f"{r['queued'][0]} ({r['queued'][1]:.2f})" if "queued" in r else "-"
+            own = f"{r['own_ms']:.1f}" if "own_ms" in r else "-"
             print(f"| {load:.0%} | {row} | {fmt(r['short'])} | {fmt(r['long'])} | {r['throughput']:.2f} | "
-                  f"{r['rejects']}/{r['n']} | {queued} |")
+                  f"{r['rejects']}/{r['n']} | {queued} | {own} |")
     ours = [r for r in rows if r.startswith(("+", "dedicated"))]
     refs = [r for r in ("prefix_affinity", *ROUTER_ROWS) if r in rows]
     for load in args.loads:
