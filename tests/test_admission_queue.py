@@ -180,7 +180,8 @@ def test_with_a_zero_backlog_bound_queued_requests_still_leave_cheapest_first():
             await asyncio.sleep(0.01)
         busy.queued_prompt_tokens = 0
         adm.kick()
-        await asyncio.sleep(0.1)
+        await _until(lambda: bool(left))
+        await asyncio.sleep(0.1)  # the long one stays: the short one holds the replica now
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -229,12 +230,14 @@ def test_a_freed_replica_releases_one_queued_request_until_it_is_placed():
         while adm.queue.depth < 3:
             await asyncio.sleep(0.01)
         fleet[0].inflight = 0  # one replica frees; nothing is placed on it yet
-        await asyncio.sleep(0.2)
+        await _until(lambda: len(placements) >= 1)
+        await asyncio.sleep(0.1)  # several polls: a second release would show now
         released_before = len(placements)
         placements[0]()  # the released request now holds r0 ...
         fleet[0].inflight = 1
         fleet[1].inflight = 0  # ... and r1 frees
-        await asyncio.sleep(0.2)
+        await _until(lambda: len(placements) >= 2)
+        await asyncio.sleep(0.1)
         released_after = len(placements)
         for t in tasks:
             t.cancel()
@@ -291,6 +294,14 @@ def _dedicated_lane_admission() -> Admission:
                         admission={"queue": {"max_depth": 32, "ttl_s": 30}, "saturated_inflight": 1,
                                    "saturated_prefill_tokens": 100_000})
     return Admission(settings, LocalLimiter(), Metrics())
+
+
+async def _until(condition, timeout: float = 10.0) -> None:
+    """Wait for `condition()` (a loaded machine may take its time), failing after `timeout`."""
+    deadline = time.perf_counter() + timeout
+    while not condition():
+        assert time.perf_counter() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
 
 
 def _costs(tokens: int):
