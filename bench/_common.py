@@ -125,13 +125,15 @@ async def replay(session: aiohttp.ClientSession, base: str, tenants: list[Tenant
 
 
 # ------------------------------------------------------------------ numbers
-async def counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    """A replica's own prefix-cache and request counters (summed over label sets) from its /metrics."""
+async def counters(session: aiohttp.ClientSession, url: str,
+                   names: tuple[str, ...] = COUNTERS) -> dict[str, float]:
+    """Samples of `names` from `url`'s /metrics, each summed over its label sets (by default a
+    replica's own prefix-cache and request counters); a name with no sample is absent."""
     out: dict[str, float] = {}
     async with session.get(url + "/metrics") as resp:
         for line in (await resp.text()).splitlines():
             m = _SAMPLE.match(line)
-            if m and m.group(1) in COUNTERS:
+            if m and m.group(1) in names:
                 out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
     return out
 

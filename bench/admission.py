@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.serving import free_port, stop_process  # noqa: E402
-from bench._common import Result, launch, one_request, pct, prefixgate_command, wait_ready  # noqa: E402
+from bench._common import Result, counters, launch, one_request, pct, prefixgate_command, wait_ready  # noqa: E402
 from bench.routing import start_sims, start_target  # noqa: E402
 from bench.routing_trace import Tenant, _text  # noqa: E402
 
@@ -163,22 +163,16 @@ async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.N
     return out
 
 
+QUEUE_METRICS = ("prefixgate_admission_wait_seconds_count", "prefixgate_admission_wait_seconds_sum",
+                 "prefixgate_proxy_overhead_seconds_count", "prefixgate_proxy_overhead_seconds_sum")
+
+
 async def queue_numbers(session: aiohttp.ClientSession, base: str) -> tuple[float, float, float | None]:
     """From the gateway's /metrics: requests that waited in its queue, their summed wait (s), and
     the gateway's own mean time per request before it sent it upstream, queue wait excluded
-    (prefixgate_proxy_overhead_seconds, real seconds; None when it counted nothing)."""
-    wait_count, wait_sum, own_count, own_sum = 0.0, 0.0, 0.0, 0.0
-    async with session.get(base + "/metrics") as resp:
-        for line in (await resp.text()).splitlines():
-            name, _, value = line.rpartition(" ")
-            if name == "prefixgate_admission_wait_seconds_count":
-                wait_count = float(value)
-            elif name == "prefixgate_admission_wait_seconds_sum":
-                wait_sum = float(value)
-            elif name.startswith("prefixgate_proxy_overhead_seconds_count{"):
-                own_count += float(value)
-            elif name.startswith("prefixgate_proxy_overhead_seconds_sum{"):
-                own_sum += float(value)
+    (prefixgate_proxy_overhead_seconds over every route, real seconds; None when it counted nothing)."""
+    found = await counters(session, base, QUEUE_METRICS)
+    wait_count, wait_sum, own_count, own_sum = (found.get(name, 0.0) for name in QUEUE_METRICS)
     own = (own_sum - wait_sum) / own_count if own_count else None
     return wait_count, wait_sum, own
 

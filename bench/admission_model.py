@@ -31,7 +31,13 @@ import argparse
 import heapq
 import math
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import pct  # noqa: E402  (the percentile bench/admission.py prints)
 
 TPS, BUDGET, DECODE_TPS, OUTPUT_TOKENS = 2000.0, 512, 60.0, 8
 SHORT, LONG = 530, 4030
@@ -195,11 +201,6 @@ def trace(n: int, load: float, seed: int) -> list[Req]:
         long = rng.random() < 0.2
         out.append(Req(t, LONG if long else SHORT, long))
     return out
-
-
-def pct(values: list[float], q: float) -> float:
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
 
 
 def main() -> None:

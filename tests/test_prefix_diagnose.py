@@ -148,21 +148,16 @@ def test_redaction_hides_text() -> None:
 
 def _realignment_per_anchor(prev: str, cur: str, d: int, material: int, pd: int | None = None):
     """find_realignment as it was before the probe skip: every anchor searched (the reference)."""
-    from app.prefix.diagnose import ANCHOR_CHARS, Realignment, _anchors, lcp
+    from app.prefix.diagnose import ANCHOR_CHARS, _anchors, realign_at
 
     p0 = d if pd is None else pd
     for c in _anchors(cur, d + 1):
         anchor = cur[c:c + ANCHOR_CHARS]
         if len(anchor) < min(ANCHOR_CHARS, material) or not anchor.strip():
             continue
-        p = prev.find(anchor, p0)
-        tries = 0
-        while p >= 0 and tries < 3:
-            common = lcp(prev, cur, p, c)
-            if common >= material:
-                return Realignment(p, c, common)
-            p = prev.find(anchor, p + 1)
-            tries += 1
+        found = realign_at(prev, cur, c, p0, material)
+        if found is not None:
+            return found
     return None
 
 

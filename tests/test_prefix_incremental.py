@@ -56,20 +56,22 @@ def builtin() -> SegmentTokenizer:
     return SegmentTokenizer.load()
 
 
-@pytest.fixture(scope="module")
-def qwen_style(builtin: SegmentTokenizer) -> SegmentTokenizer:
+def _split_then_bytes(split: str, builtin: SegmentTokenizer) -> SegmentTokenizer:
+    """A byte-level BPE whose pre-tokenizer splits on `split` first (Qwen's and Llama 3's shape)."""
     pre = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     return SegmentTokenizer(_hf_bpe(pre), builtin.template, SPECIALS)
+
+
+@pytest.fixture(scope="module")
+def qwen_style(builtin: SegmentTokenizer) -> SegmentTokenizer:
+    return _split_then_bytes(QWEN_SPLIT, builtin)
 
 
 @pytest.fixture(scope="module")
 def llama3_style(builtin: SegmentTokenizer) -> SegmentTokenizer:
-    pre = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    return SegmentTokenizer(_hf_bpe(pre), builtin.template, SPECIALS)
+    return _split_then_bytes(LLAMA3_SPLIT, builtin)
 
 
 @pytest.fixture(scope="module", params=["builtin", "qwen_style", "llama3_style"])

@@ -244,15 +244,10 @@ class Admission:
             self._tick = asyncio.get_running_loop().create_future()
         return self._tick
 
-    def _placement(self) -> Callable[[], None]:
-        """What a request released from the queue calls once it holds a replica (idempotent)."""
-        pending = [True]
-
-        def placed() -> None:
-            if pending:
-                pending.clear()
-                self.unplaced -= 1
-        return placed
+    def _placed(self) -> None:
+        """A request released from the queue holds a replica now: its room is no longer promised.
+        Called once per release (`RequestContext.mark_placed` is the caller's once-only guard)."""
+        self.unplaced -= 1
 
     async def wait_turn(self, tenant: str, priority: int, replicas_fn, model: str | None,
                         cost_fn: Callable[[], Awaitable[int]] | None = None,
@@ -313,7 +308,7 @@ class Admission:
                 self.queue.forget(fut)
             self.metrics.admission_queue_depth.set(self.queue.depth)
             self.metrics.admission_wait.observe(time.perf_counter() - start)
-        return self._placement()
+        return self._placed
 
 
 def _nothing() -> None:

@@ -225,14 +225,24 @@ def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None 
             if len(probe) == ANCHOR_CHARS and prev.find(probe, p0) < 0:
                 ruled_out = c + reach
                 continue
-        p = prev.find(anchor, p0)
-        tries = 0
-        while p >= 0 and tries < 3:
-            common = lcp(prev, cur, p, c)
-            if common >= material:
-                return Realignment(p, c, common)
-            p = prev.find(anchor, p + 1)
-            tries += 1
+        found = realign_at(prev, cur, c, p0, material)
+        if found is not None:
+            return found
+    return None
+
+
+def realign_at(prev: str, cur: str, c: int, p0: int, material: int) -> Realignment | None:
+    """`cur` from `c` re-aligned with `prev` after `p0`: the first of (at most three) places where
+    `prev` holds the anchor starting at `c` and the two then agree for ≥ `material` chars."""
+    anchor = cur[c:c + ANCHOR_CHARS]
+    p = prev.find(anchor, p0)
+    tries = 0
+    while p >= 0 and tries < 3:
+        common = lcp(prev, cur, p, c)
+        if common >= material:
+            return Realignment(p, c, common)
+        p = prev.find(anchor, p + 1)
+        tries += 1
     return None
 
 
