@@ -6,7 +6,9 @@ scripts/e2e-sglang.sh writes a stand-in `sgl_kernel` package into `.e2e-sglang/s
 functions raise if ever called; none is on the path a tiny Llama takes with the torch-native
 attention backend and the PyTorch sampler. `SGLANG_USE_CPU_ENGINE=1` keeps `--device cpu` off the
 GPU paths. `--enable-cache-report` makes `usage.prompt_tokens_details.cached_tokens` appear;
-`POST /flush_cache` empties the radix cache when nothing is running.
+`POST /flush_cache` empties the radix cache when nothing is running; with `?timeout=S` SGLang
+defers the flush until it is idle (up to S seconds) instead of answering 400 at once — an idle
+`/health` probe makes SGLang generate a token, so a flush can land while one runs.
 """
 
 from __future__ import annotations
@@ -59,8 +61,8 @@ class SglangReplica(VllmReplica):
                 "PYTHONPATH": path}
 
     def reset_prefix_cache(self) -> None:
-        """Empty the radix cache (SGLang's POST /flush_cache)."""
-        resp = httpx.post(self.url + "/flush_cache", timeout=30.0)
+        """Empty the radix cache (SGLang's POST /flush_cache, deferred until SGLang is idle)."""
+        resp = httpx.post(self.url + "/flush_cache", params={"timeout": 20}, timeout=30.0)
         resp.raise_for_status()
 
     def server_info(self) -> dict[str, Any]:
