@@ -1,6 +1,6 @@
 """RedisStore: the Store protocol on one Redis, shared by every gateway pod.
 
-Semantics equal MemoryStore's (the contract suite in tests/test_state_contract.py runs both):
+Semantics equal MemoryStore's (the conformance suite, tests/test_store_conformance.py, runs every Store):
 - residency per replica is a sorted set of packed block hashes scored by last use in
   microseconds (keys.chain_scores), trimmed to the replica's capacity, with per-member TTL as a
   score cutoff and a key TTL for idle replicas. Lookup is ONE script call for all replicas: a
