@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 RESPONSE_OWNER_KEY = "response:"  # binding-key prefix of response owners (never a session/tenant key)
 LIFECYCLE = frozenset({"start", "close", "up"})  # the methods that are not the shared data
@@ -128,5 +129,7 @@ def contract_problems(cls: type) -> list[str]:
     return problems
 
 
-def _parameters(fn: object) -> tuple[tuple[str, object], ...]:
-    return tuple((p.name, p.default) for p in inspect.signature(fn).parameters.values())  # type: ignore[arg-type]
+def _parameters(fn: Callable[..., object]) -> str:
+    """The parameter names and defaults, as written: `(self, tenant, field, amount=1.0)`."""
+    params = inspect.signature(fn).parameters.values()
+    return "(" + ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params) + ")"
