@@ -8,7 +8,7 @@ and stops them all by PID at the end of the session, on failure too. Specs:
 - `nocache`: `--no-enable-prefix-caching` (the caching-enabled gauge must read 0).
 
 Per-test fixtures (`vllm_b32`, ...) empty the replica's prefix cache first, so tests are independent.
-Every test skips with the reason printed when .venv-vllm is missing. `PREFIXGATE_E2E_MODEL` (set by
+Every test skips with the reason printed when .venv-vllm is missing (fails, under scripts/e2e.sh). `PREFIXGATE_E2E_MODEL` (set by
 scripts/e2e.sh) points at a prebuilt model; otherwise it is built into a temp dir.
 """
 
