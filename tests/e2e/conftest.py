@@ -32,7 +32,9 @@ from tests.e2e.vllm_server import (
 )
 
 SPECS = (
-    ReplicaSpec("b32", block_size=32, kv_events=True, cpu="0", env=AGENTS_ENV),
+    # token ids as logprob tokens: the previous_response_id test reads the ids vLLM sampled
+    ReplicaSpec("b32", block_size=32, kv_events=True, cpu="0", env=AGENTS_ENV,
+                extra_args=["--return-tokens-as-token-ids"]),
     ReplicaSpec("b128", block_size=None, cpu="1"),
     ReplicaSpec("nocache", block_size=32, prefix_caching=False, cpu="1"),
 )
