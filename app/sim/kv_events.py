@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from app.prefix.blocks import low64
+from app.sim.hashing import sglang_event_hash, vllm_event_hash
 
 _encoder = msgspec.msgpack.Encoder()
 REPLAY_BUFFER = 10_000  # vLLM KVEventsConfig.buffer_steps
@@ -33,12 +33,8 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 def _engine_hash(key: Hashable | None, flavor: str) -> int | None:
     if key is None:
         return None
-    if isinstance(key, bytes):
-        return low64(key)
-    value = int(key)  # type: ignore[call-overload]
-    if flavor == "sglang" and value >= 2**63:
-        value -= 2**64  # SGLang publishes signed int64
-    return value
+    assert isinstance(key, bytes)
+    return sglang_event_hash(key) if flavor == "sglang" else vllm_event_hash(key)
 
 
 def format_events(events: list[dict[str, Any]], flavor: str, block_size: int) -> list[dict[str, Any]]:

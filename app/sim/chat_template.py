@@ -1,0 +1,325 @@
+"""Chat rendering as vLLM does it with a Hugging Face tokenizer: the simulator's own implementation.
+
+An oracle must not share the code it checks: the gateway renders with app/prefix/template.py,
+the simulator with this module, written from the engine's behaviour (vLLM's chat renderer and
+transformers' `apply_chat_template`, docs/testing-oracles.md) and checked against real vLLM's
+rendered ids (tests/fixtures/real_vllm_agents/render.json, tests/test_sim_render_captures.py).
+`duplicates` may flag the likeness: the duplication is deliberate.
+
+What vLLM does with a chat request's messages before the template sees them:
+1. content format: "openai" when the template loops over a message's `content` (found in the
+   template's Jinja AST: a `for` over `<message var>.content` where the message var is a `for`
+   target over `messages`), else "string";
+2. per message: a string content is one text part; `None` is no parts; a system message's text
+   parts lose a first line that starts with Claude Code's `x-anthropic-billing-header` (the part
+   goes when nothing is left); with "string" the text parts (`text`, `input_text`,
+   `output_text`, `refusal`, `thinking`, or bare strings) are joined with "\\n"; the message keeps
+   only `role`, `content`, an assistant's `tool_calls` / `reasoning` (also as
+   `reasoning_content`), a tool's `tool_call_id`, and a string `name`; a tool message's text
+   parts become one string;
+3. assistant `tool_calls`: an empty list is dropped; `arguments` become a dict (missing or empty:
+   {}; a JSON string is parsed; invalid JSON or a non-object becomes {});
+4. `developer` messages, for a template that never names that role, become `system` messages;
+   if a system message then sits anywhere but first (or there are several), all are merged into
+   one leading system message, non-empty texts joined with a blank line;
+5. the template (transformers' Jinja environment: sandboxed, trim_blocks, lstrip_blocks,
+   loopcontrols, `{% generation %}`, `tojson` without ASCII escaping, `raise_exception`,
+   `strftime_now`) renders `messages`, `tools`, `documents`, `add_generation_prompt`, the
+   tokenizer's special-token strings and the request's `chat_template_kwargs`.
+Template source (transformers): `chat_template.jinja` in the directory, else
+`tokenizer_config.json`'s `chat_template`: a string, or named templates where a request with
+tools takes "tool_use" when there is one, else "default".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2 import nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+BILLING_HEADER = "x-anthropic-billing-header"
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class RenderError(ValueError):
+    """The engine refuses the request: the template raised, or does not compile (vLLM: 400)."""
+
+
+class _Generation(jinja2.ext.Extension):
+    """transformers' `{% generation %}` block: only marks assistant tokens; renders its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _raise(message: str) -> None:
+    raise RenderError(message)
+
+
+def _to_json(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _to_json
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+# ---------------------------------------------------------------- content format (Jinja AST)
+
+def _loads_name(node: nodes.Node, name: str) -> bool:
+    return isinstance(node, nodes.Name) and node.ctx == "load" and node.name == name
+
+
+def _reads(node: nodes.Node, name: str, key: str | None = None) -> bool:
+    """`node` reads variable `name` (or its member `key`), through filters, tests and slices."""
+    if isinstance(node, nodes.Filter | nodes.Test):
+        return node.node is not None and _reads(node.node, name, key)
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+        return _reads(node.node, name, key)
+    if key is None:
+        return _loads_name(node, name)
+    if isinstance(node, nodes.Getitem):
+        return _loads_name(node.node, name) and isinstance(node.arg, nodes.Const) and node.arg.value == key
+    if isinstance(node, nodes.Getattr):
+        return _loads_name(node.node, name) and node.attr == key
+    return False
+
+
+def _aliases(root: nodes.Template, name: str) -> list[str]:
+    """`name` plus every variable `{% set %}` from it (transitively)."""
+    found = [name]
+    queue = [name]
+    while queue:
+        current = queue.pop(0)
+        for assign in root.find_all(nodes.Assign):
+            if isinstance(assign.target, nodes.Name) and _reads(assign.node, current):
+                if assign.target.name not in found:
+                    found.append(assign.target.name)
+                    queue.append(assign.target.name)
+    return found
+
+
+def _loop_targets(root: nodes.Template, over: list[str], key: str | None) -> Iterator[str]:
+    for loop in root.find_all(nodes.For):
+        if isinstance(loop.target, nodes.Name) and any(_reads(loop.iter, v, key) for v in over):
+            yield loop.target.name
+
+
+@lru_cache(maxsize=16)
+def content_format(source: str) -> str:
+    """vLLM's detection: "openai" when the template iterates a message's content, else "string"."""
+    try:
+        root = _environment().parse(source)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    message_vars = list(_loop_targets(root, _aliases(root, "messages"), None))
+    return "openai" if any(True for _ in _loop_targets(root, message_vars, "content")) else "string"
+
+
+# ---------------------------------------------------------------- messages as vLLM parses them
+
+def _drop_billing_line(parts: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for part in parts:
+        text = part if isinstance(part, str) else part.get("text") if isinstance(part, Mapping) \
+            and part.get("type") == "text" else None
+        if not (isinstance(text, str) and text.startswith(BILLING_HEADER)):
+            out.append(part)
+            continue
+        rest = text.split("\n", 1)[1] if "\n" in text else ""
+        if rest:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
+
+
+def _part_text(part: Any) -> str | None:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, Mapping) and part.get("type", "text") in TEXT_PART_TYPES:
+        text = part.get("text", part.get("refusal", part.get("thinking")))
+        return text if isinstance(text, str) else None
+    return None  # media parts: a text-only model has no placeholder to render
+
+
+def _arguments(value: Any) -> Any:
+    if not value:
+        return {}
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _tool_calls(calls: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for call in calls:
+        if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping) \
+                or call.get("type", "function") != "function":
+            raise RenderError("chat completions only support assistant tool_calls of type 'function'.")
+        out.append({**call, "function": {**call["function"], "arguments": _arguments(call["function"].get("arguments"))}})
+    return out
+
+
+def vllm_message(message: Mapping[str, Any], fmt: str, strip_billing: bool) -> dict[str, Any]:
+    """One chat message as vLLM's parser hands it to the template (steps 2 and 3)."""
+    role = message.get("role")
+    content = message.get("content")
+    parts: list[Any] = [] if content is None else [content] if isinstance(content, str) else list(content)
+    if role == "system" and strip_billing:
+        parts = _drop_billing_line(parts)
+    out: dict[str, Any] = {"role": role}
+    if fmt == "openai":
+        out["content"] = [{"type": "text", "text": t} if (t := _part_text(p)) is not None else p for p in parts]
+    else:
+        out["content"] = "\n".join(t for p in parts if (t := _part_text(p)) is not None)
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise RenderError("tool_calls must be a list")
+            if calls:
+                out["tool_calls"] = _tool_calls(calls)
+        if message.get("reasoning") is not None:
+            out["reasoning"] = out["reasoning_content"] = message["reasoning"]
+    elif role == "tool":
+        if "tool_call_id" in message:
+            out["tool_call_id"] = message["tool_call_id"]
+        if isinstance(out["content"], list) and all(isinstance(p, Mapping) and p.get("type") == "text"
+                                                    for p in out["content"]):
+            out["content"] = "\n".join(p["text"] for p in out["content"])
+    if isinstance(message.get("name"), str):
+        out["name"] = message["name"]
+    return out
+
+
+def _system_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(p["text"] if isinstance(p, Mapping) else p for p in content
+                         if isinstance(p, str) or (isinstance(p, Mapping) and "text" in p))
+    return content or ""
+
+
+@lru_cache(maxsize=16)
+def _names(source: str, value: str) -> bool:
+    """The template holds the string constant `value` (e.g. compares a role to it)."""
+    try:
+        root = _environment().parse(source)
+    except jinja2.TemplateSyntaxError:
+        return value in source
+    return any(c.value == value for c in root.find_all(nodes.Const))
+
+
+def developer_to_system(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+    """Step 4 (vLLM's HF renderer, for a template that never names `developer`)."""
+    if not any(m.get("role") == "developer" for m in messages) or _names(source, "developer"):
+        return messages
+    converted = [{**{k: v for k, v in m.items() if k != "tools"}, "role": "system"} if m.get("role") == "developer"
+                 else m for m in messages]
+    systems = [i for i, m in enumerate(converted) if m.get("role") == "system"]
+    if systems == [0]:
+        return converted
+    merged = "\n\n".join(t for i in systems if (t := _system_text(converted[i].get("content"))))
+    return [{"role": "system", "content": merged}] + [m for m in converted if m.get("role") != "system"]
+
+
+# ---------------------------------------------------------------- the tokenizer directory's template
+
+def _read(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _token_string(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class HfChatTemplate:
+    """A tokenizer directory's chat template(s) and special-token strings."""
+
+    def __init__(self, directory: Path) -> None:
+        config = _read(directory / "tokenizer_config.json")
+        jinja_file = directory / "chat_template.jinja"
+        raw = jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else config.get("chat_template")
+        if isinstance(raw, list):
+            raw = {t.get("name"): t.get("template") for t in raw if isinstance(t, Mapping)}
+        if not isinstance(raw, str | dict):
+            raise RenderError(f"no chat template in {directory}")
+        self.sources: str | dict[str, str] = raw
+        self.variables: dict[str, Any] = {}
+        for source in (config, _read(directory / "special_tokens_map.json")):
+            for key in _SPECIAL_KEYS:
+                value = _token_string(source.get(key))
+                if value is not None:
+                    self.variables.setdefault(key, value)
+        extra = config.get("additional_special_tokens")
+        if isinstance(extra, list):
+            self.variables["additional_special_tokens"] = [s for e in extra if (s := _token_string(e))]
+
+    def source(self, tools: Sequence[Any] | None) -> str:
+        """transformers' `get_chat_template`: named templates pick "tool_use" for a request with tools."""
+        if isinstance(self.sources, str):
+            return self.sources
+        if tools is not None and "tool_use" in self.sources:
+            return self.sources["tool_use"]
+        if "default" in self.sources:
+            return self.sources["default"]
+        raise RenderError("this tokenizer has several chat templates and none is named 'default'")
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
+               add_generation_prompt: bool = True, strip_billing: bool = True, **kwargs: Any) -> str:
+        """The prompt text vLLM tokenizes (encoded with add_special_tokens=False for chat)."""
+        source = self.source(tools)
+        fmt = content_format(source)
+        conversation = developer_to_system([vllm_message(m, fmt, strip_billing) for m in messages], source)
+        variables = {**self.variables, **kwargs, "messages": conversation, "tools": tools,
+                     "documents": kwargs.get("documents"), "add_generation_prompt": add_generation_prompt}
+        try:
+            return _compiled(source).render(**variables)
+        except RenderError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise RenderError(f"chat template failed: {exc}") from exc
+
+    def requires_system_first(self) -> bool:
+        """vLLM's start-up probe for /v1/messages: the template refuses [system, user, system, user]."""
+        probe = [{"role": r, "content": "t"} for r in ("system", "user", "system", "user")]
+        try:
+            self.render(probe, add_generation_prompt=False)
+        except Exception:  # noqa: BLE001 - any failure reads as "refused", as vLLM reads it
+            return True
+        return False
+
+
+@lru_cache(maxsize=16)
+def _compiled(source: str) -> jinja2.Template:
+    try:
+        return _environment().from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError(f"chat template does not compile: {exc}") from exc
