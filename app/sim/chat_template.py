@@ -12,8 +12,9 @@ What vLLM does with a chat request's messages before the template sees them:
    target over `messages`), else "string";
 2. per message: a string content is one text part; `None` is no parts; a system message's text
    parts lose a first line that starts with Claude Code's `x-anthropic-billing-header` (the part
-   goes when nothing is left); with "string" the text parts (`text`, `input_text`,
-   `output_text`, `refusal`, `thinking`, or bare strings) are joined with "\\n"; the message keeps
+   goes when nothing is left); with "string" the non-empty texts of the text parts (`text`,
+   `input_text`, `output_text`: `text`; `refusal`: `refusal`; `thinking`: `thinking`; bare
+   strings) are joined with "\\n" (a part without a `type` is refused); the message keeps
    only `role`, `content`, an assistant's `tool_calls` / `reasoning` (also as
    `reasoning_content`), a tool's `tool_call_id`, and a string `name`; a tool message's text
    parts become one string;
@@ -25,7 +26,10 @@ What vLLM does with a chat request's messages before the template sees them:
 5. the template (transformers' Jinja environment: sandboxed, trim_blocks, lstrip_blocks,
    loopcontrols, `{% generation %}`, `tojson` without ASCII escaping, `raise_exception`,
    `strftime_now`) renders `messages`, `tools`, `documents`, `add_generation_prompt`, the
-   tokenizer's special-token strings and the request's `chat_template_kwargs`.
+   tokenizer's special-token strings and the request's `chat_template_kwargs`;
+6. `continue_final_message` (transformers): refused with `add_generation_prompt`; the rendered
+   text is cut right after the final message's content (its last text part), so the model
+   continues that message instead of closing it.
 Template source (transformers): `chat_template.jinja` in the directory, else
 `tokenizer_config.json`'s `chat_template`: a string, or named templates where a request with
 tools takes "tool_use" when there is one, else "default".
@@ -46,7 +50,9 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 BILLING_HEADER = "x-anthropic-billing-header"
-TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text", "refusal", "thinking"})
+# the content part types vLLM parses as text, and the member holding each one's text
+_TEXT_FIELD = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+               "thinking": "thinking"}
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
@@ -152,12 +158,33 @@ def _drop_billing_line(parts: list[Any]) -> list[Any]:
 
 
 def _part_text(part: Any) -> str | None:
+    """A content part's text, or None for a part that adds none (vLLM joins only non-empty texts)."""
     if isinstance(part, str):
-        return part
-    if isinstance(part, Mapping) and part.get("type", "text") in TEXT_PART_TYPES:
-        text = part.get("text", part.get("refusal", part.get("thinking")))
-        return text if isinstance(text, str) else None
-    return None  # media parts: a text-only model has no placeholder to render
+        return part or None
+    if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+        raise RenderError("Missing 'type' field in multimodal part.")
+    field = _TEXT_FIELD.get(part["type"])
+    if field is None:
+        return None  # media parts: a text-only model has no placeholder to render
+    text = part.get(field)
+    return text if isinstance(text, str) and text else None
+
+
+def _openai_parts(parts: list[Any]) -> list[Any]:
+    """The "openai" format keeps parts: a text part as {"type": "text", "text"} (a null text is
+    dropped), a media part as it is."""
+    out: list[Any] = []
+    for part in parts:
+        if isinstance(part, str):
+            out.append({"type": "text", "text": part})
+            continue
+        _part_text(part)  # refuses a part without a type
+        field = _TEXT_FIELD.get(part["type"])
+        if field is None:
+            out.append(part)
+        elif part.get(field) is not None:
+            out.append({"type": "text", "text": part[field]})
+    return out
 
 
 def _arguments(value: Any) -> Any:
@@ -192,7 +219,7 @@ def vllm_message(message: Mapping[str, Any], fmt: str, strip_billing: bool) -> d
         parts = _drop_billing_line(parts)
     out: dict[str, Any] = {"role": role}
     if fmt == "openai":
-        out["content"] = [{"type": "text", "text": t} if (t := _part_text(p)) is not None else p for p in parts]
+        out["content"] = _openai_parts(parts)
     else:
         out["content"] = "\n".join(t for p in parts if (t := _part_text(p)) is not None)
     if role == "assistant":
@@ -298,14 +325,18 @@ class HfChatTemplate:
         source = self.source(tools)
         fmt = content_format(source)
         conversation = developer_to_system([vllm_message(m, fmt, strip_billing) for m in messages], source)
+        continue_final = bool(kwargs.pop("continue_final_message", False))
+        if continue_final and add_generation_prompt:
+            raise RenderError("continue_final_message and add_generation_prompt are not compatible.")
         variables = {**self.variables, **kwargs, "messages": conversation, "tools": tools,
                      "documents": kwargs.get("documents"), "add_generation_prompt": add_generation_prompt}
         try:
-            return _compiled(source).render(**variables)
+            text = _compiled(source).render(**variables)
         except RenderError:
             raise
         except jinja2.TemplateError as exc:
             raise RenderError(f"chat template failed: {exc}") from exc
+        return _cut_after_final(text, conversation) if continue_final and conversation else text
 
     def requires_system_first(self) -> bool:
         """vLLM's start-up probe for /v1/messages: the template refuses [system, user, system, user]."""
@@ -315,6 +346,23 @@ class HfChatTemplate:
         except Exception:  # noqa: BLE001 - any failure reads as "refused", as vLLM reads it
             return True
         return False
+
+
+def _cut_after_final(text: str, conversation: list[dict[str, Any]]) -> str:
+    """transformers' continue_final_message: end the prompt where the final message's text ends."""
+    final = conversation[-1].get("content")
+    if isinstance(final, list):
+        texts = [p["text"] for p in final if isinstance(p, Mapping) and "text" in p]
+        if not texts:
+            raise RenderError("continue_final_message is set but the final message has no text to continue")
+        final = texts[-1]
+    final = final if isinstance(final, str) else ""
+    if final.strip() not in text:
+        raise RenderError("continue_final_message is set but the template does not render the final message")
+    at = text.rindex(final.strip())
+    if text[at:at + len(final.lstrip())] == final:
+        return text[:at + len(final.lstrip())]
+    return text[:at + len(final.strip())]
 
 
 @lru_cache(maxsize=16)

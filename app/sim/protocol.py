@@ -166,6 +166,9 @@ def parse_chat(body: dict[str, Any], served_model: str) -> ParsedRequest:
     req.tools = tools or None
     req.add_generation_prompt = _bool_field(body, "add_generation_prompt", True)
     req.template_kwargs = dict(kwargs)
+    for key in ("documents", "continue_final_message", "reasoning_effort"):  # vLLM hands these to the template too
+        if body.get(key) is not None:
+            req.template_kwargs[key] = body[key]
     req.add_special_tokens = _bool_field(body, "add_special_tokens", False)
     return req
 
