@@ -143,3 +143,29 @@ def test_gateway_ids_equal_the_simulators_with_other_templates(tmp_path: Path, n
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
     with SimCluster(replicas=1, model="m", time_scale=0.0, kv_blocks=100_000, tokenizer=str(directory)) as sim:
         assert _gateway_ids(SegmentTokenizer.load(str(directory)), route, body) == _sim_ids(sim.urls[0], route, body)
+
+
+SGLANG_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("sglang-text-parts", {"messages": [
+        {"role": "system", "content": [{"type": "text", "text": "You are terse."}, {"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}),
+]
+
+
+@pytest.fixture(scope="module")
+def sglang_sim() -> Iterator[str]:
+    with SimCluster(replicas=1, model="m", time_scale=0.0, kv_blocks=100_000, flavor="sglang",
+                    strip_billing_header=False) as sim:
+        yield sim.urls[0]
+
+
+@pytest.mark.xfail(strict=True, reason="finding for the lead: the gateway renders a list content for an SGLang "
+                   "replica as vLLM does (text parts joined with \\n, app/prefix/template.py prepare_messages); "
+                   "SGLang 0.5 joins them with a space (process_content_for_template_format)")
+@pytest.mark.parametrize(("name", "body"), SGLANG_CASES, ids=[c[0] for c in SGLANG_CASES])
+def test_gateway_ids_equal_the_sglang_simulators(sglang_sim: str, name: str, body: dict[str, Any]) -> None:
+    inp = prompt_input("chat", body, strip_billing=False, tool_dump="sglang")
+    assert inp is not None
+    tok = SegmentTokenizer.load(None)
+    ids = [i for part in tok.encode_segments(tok.split(render_prompt(tok.template, inp))) for i in part]
+    assert ids == _sim_ids(sglang_sim, "chat", body)

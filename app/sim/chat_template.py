@@ -30,6 +30,10 @@ What vLLM does with a chat request's messages before the template sees them:
 6. `continue_final_message` (transformers): refused with `add_generation_prompt`; the rendered
    text is cut right after the final message's content (its last text part), so the model
    continues that message instead of closing it.
+SGLang's chat route prepares messages its own way (`sglang_message`, read from SGLang 0.5's
+`process_content_for_template_format`): its own content-format detection, a list content joined
+with a space, no billing-header or developer step (a `developer` message reaches the template as
+it is; how SGLang treats that role is not verified here).
 Template source (transformers): `chat_template.jinja` in the directory, else
 `tokenizer_config.json`'s `chat_template`: a string, or named templates where a request with
 tools takes "tool_use" when there is one, else "default".
@@ -157,6 +161,15 @@ def _drop_billing_line(parts: list[Any]) -> list[Any]:
     return out
 
 
+def _without_billing(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A system message without its billing-header line (a replica told to strip it)."""
+    content = message.get("content")
+    if message.get("role") != "system" or not isinstance(content, str | list):
+        return message
+    kept = _drop_billing_line([content] if isinstance(content, str) else list(content))
+    return {**message, "content": (kept[0] if kept else "") if isinstance(content, str) else kept}
+
+
 def _part_text(part: Any) -> str | None:
     """A content part's text, or None for a part that adds none (vLLM joins only non-empty texts)."""
     if isinstance(part, str):
@@ -272,6 +285,56 @@ def developer_to_system(messages: list[dict[str, Any]], source: str) -> list[dic
     return [{"role": "system", "content": merged}] + [m for m in converted if m.get("role") != "system"]
 
 
+# ---------------------------------------------------------------- SGLang's dialect
+
+_SGLANG_MESSAGE_VARS = ("message", "msg", "m")  # the loop variables SGLang's detection looks at
+_SGLANG_MEDIA = {"image_url": "image", "audio_url": "audio", "video_url": "video"}
+
+
+@lru_cache(maxsize=16)
+def sglang_content_format(source: str) -> str:
+    """SGLang's detection: "openai" when a `for` iterates `message.content` (or `msg` / `m`),
+    by those variable names only; else "string"."""
+    try:
+        root = _environment().parse(source)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    loops = root.find_all(nodes.For)
+    return "openai" if any(_reads(loop.iter, v, "content") for loop in loops for v in _SGLANG_MESSAGE_VARS) \
+        else "string"
+
+
+def sglang_message(message: Mapping[str, Any], fmt: str) -> dict[str, Any]:
+    """One chat message as SGLang 0.5 hands it to the template (`process_content_for_template_format`
+    and the tool-call step of its chat serving): null members dropped, a null content is "";
+    a list content with the "string" format is its `text` parts' texts joined with a space, with
+    "openai" the parts stay (media parts as `{"type": "image" | "audio" | "video"}`); a string
+    content stays a string in both; assistant tool-call `arguments` strings are parsed as JSON."""
+    out = {k: v for k, v in message.items() if v is not None}
+    content = out.get("content", "")
+    if isinstance(content, list):
+        if fmt == "openai":
+            out["content"] = [{"type": _SGLANG_MEDIA[p["type"]]} if isinstance(p, Mapping) and p.get("type") in _SGLANG_MEDIA
+                              else p for p in content if isinstance(p, Mapping)]
+        else:
+            out["content"] = " ".join(p["text"] for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    else:
+        out["content"] = content
+    calls = out.get("tool_calls")
+    if out.get("role") == "assistant" and isinstance(calls, list):
+        parsed = []
+        for call in calls:
+            function = call.get("function") if isinstance(call, Mapping) else None
+            if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
+                try:
+                    call = {**call, "function": {**function, "arguments": json.loads(function["arguments"])}}
+                except json.JSONDecodeError as exc:
+                    raise RenderError(f"tool call arguments are not JSON: {exc}") from exc
+            parsed.append(call)
+        out["tool_calls"] = parsed
+    return out
+
+
 # ---------------------------------------------------------------- the tokenizer directory's template
 
 def _read(path: Path) -> dict[str, Any]:
@@ -320,11 +383,17 @@ class HfChatTemplate:
         raise RenderError("this tokenizer has several chat templates and none is named 'default'")
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
-               add_generation_prompt: bool = True, strip_billing: bool = True, **kwargs: Any) -> str:
-        """The prompt text vLLM tokenizes (encoded with add_special_tokens=False for chat)."""
+               add_generation_prompt: bool = True, strip_billing: bool = True, engine: str = "vllm",
+               **kwargs: Any) -> str:
+        """The prompt text `engine` ("vllm" or "sglang") tokenizes (encoded with
+        add_special_tokens=False for chat). `strip_billing`: vLLM's billing-header step."""
         source = self.source(tools)
-        fmt = content_format(source)
-        conversation = developer_to_system([vllm_message(m, fmt, strip_billing) for m in messages], source)
+        if engine == "sglang":
+            fmt = sglang_content_format(source)
+            conversation = [sglang_message(_without_billing(m) if strip_billing else m, fmt) for m in messages]
+        else:
+            fmt = content_format(source)
+            conversation = developer_to_system([vllm_message(m, fmt, strip_billing) for m in messages], source)
         continue_final = bool(kwargs.pop("continue_final_message", False))
         if continue_final and add_generation_prompt:
             raise RenderError("continue_final_message and add_generation_prompt are not compatible.")

@@ -52,6 +52,7 @@ class ParsedRequest:
     prompt_ids: list[int] | None = None
     add_special_tokens: bool = False
     skip_prefix_cache: bool = False  # vLLM skips the lookup when prompt logprobs are requested
+    dialect: str = "vllm"  # whose chat renderer prepares the messages (app/sim/chat_template.py)
 
 
 def _missing(name: str) -> ApiError:

@@ -158,6 +158,7 @@ class SimApp:
             if "messages" in body:
                 parsed = parse_chat({**body, "model": self.options.model}, self.options.model)
                 parsed.tools = dump_tools(parsed.tools, self.options.flavor)  # the engine's model dump
+                parsed.dialect = self.options.flavor
             else:
                 parsed = parse_completion({**body, "model": self.options.model}, self.options.model)
             ids = await self._tokenize(parsed, len(raw))
@@ -270,7 +271,8 @@ class SimApp:
             # vLLM 0.32's chat renderer drops a system text's billing-header first line (every
             # route, /tokenize included); an SGLang-like replica keeps it (docs/agents-apis.md)
             text = self.tokenizer.render_chat(parsed.messages, parsed.tools, parsed.add_generation_prompt,
-                                              self.options.strip_billing_header, **parsed.template_kwargs)
+                                              self.options.strip_billing_header, parsed.dialect,
+                                              **parsed.template_kwargs)
         else:
             text = parsed.prompt_text or ""
         return self.tokenizer.encode(text, parsed.add_special_tokens)
@@ -315,8 +317,9 @@ class SimApp:
                                                   merge_inline_system=self.system_first)
             else:
                 parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
-                if kind == "chat":  # the tools as the engine's request model dumps them (app/sim/tool_dump.py)
+                if kind == "chat":  # tools and messages as the engine's own chat renderer prepares them
                     parsed.tools = dump_tools(parsed.tools, o.flavor)
+                    parsed.dialect = o.flavor
             ids = await self._tokenize(parsed, len(raw))
             max_tokens = check_length(len(ids), parsed.max_tokens, o.max_model_len)
             capacity = (o.pool_blocks - 1) * o.page_size

@@ -93,10 +93,11 @@ class SimTokenizer:
         self.filler_text: list[str] = [self.tokenizer.decode([i]) for i in self.filler_ids]
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None,
-                    add_generation_prompt: bool = True, strip_billing: bool = True, **kwargs: Any) -> str:
-        """The prompt text of a chat request, as vLLM renders it (`strip_billing`: vLLM drops a
-        system text's billing-header line; an SGLang-like replica keeps it)."""
-        return self.template.render(messages, tools, add_generation_prompt, strip_billing, **kwargs)
+                    add_generation_prompt: bool = True, strip_billing: bool = True, engine: str = "vllm",
+                    **kwargs: Any) -> str:
+        """The prompt text of a chat request, as `engine` ("vllm" or "sglang") renders it
+        (`strip_billing`: vLLM drops a system text's billing-header line; SGLang keeps it)."""
+        return self.template.render(messages, tools, add_generation_prompt, strip_billing, engine, **kwargs)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if add_special_tokens or self._split is None or len(text) < MEMO_MIN_CHARS:
