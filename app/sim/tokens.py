@@ -31,7 +31,7 @@ from app.sim.chat_template import HfChatTemplate
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
 MEMO_BYTES = 64 * 1024 * 1024
-MEMO_MIN_CHARS = 256  # shorter segments are cheaper to encode than to memoise
+MEMO_MIN_CHARS = 256  # a shorter text is encoded whole (cheaper than splitting it)
 
 FILLER = (
     " The cache is warm when the prefix is stable, and the first token arrives early because"
@@ -102,26 +102,15 @@ class SimTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         if add_special_tokens or self._split is None or len(text) < MEMO_MIN_CHARS:
             return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
-        out: list[int] = []
-        pending: list[str] = []  # short segments and added tokens between long segments: encoded as one run
-
-        def flush() -> None:
-            if pending:
-                out.extend(self.tokenizer.encode("".join(pending), add_special_tokens=False).ids)
-                pending.clear()
-
-        for segment in self._split.split(text):
-            if len(segment) < MEMO_MIN_CHARS:
-                pending.append(segment)
-                continue
-            flush()
-            ids = self._memo.get(segment)
-            if ids is None:
-                ids = list(self.tokenizer.encode(segment, add_special_tokens=False).ids)
-                self._memo.put(segment, ids)
-            out.extend(ids)
-        flush()
-        return out
+        segments = [s for s in self._split.split(text) if s]
+        known = {s: ids for s in set(segments) if (ids := self._memo.get(s)) is not None}
+        missing = [s for s in set(segments) if s not in known]
+        if missing:  # one call into the tokenizer for every segment not seen yet
+            for segment, enc in zip(missing, self.tokenizer.encode_batch(missing, add_special_tokens=False),
+                                    strict=True):
+                known[segment] = list(enc.ids)
+                self._memo.put(segment, known[segment])
+        return [i for s in segments for i in known[s]]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
