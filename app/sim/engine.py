@@ -372,7 +372,6 @@ class SimEngine:
             "parent": req.keys[first - 1] if first > 0 else None,
             "token_ids": req.all_ids[first * self.page:(last + 1) * self.page],
             "cache_salt": req.cache_salt if first == 0 else None, "salt": req.cache_salt,
-            "extra_key": req.extra_key,
         })
 
     def _flush_events(self) -> None:

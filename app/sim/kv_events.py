@@ -4,7 +4,8 @@ Three frames per batch: topic, the 8-byte big-endian sequence number, and a msgp
 `[ts, events, dp_rank]` whose events are maps tagged with `"type"`. Hashes are the unsigned low 64
 bits of the engine digest (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default). `BlockStored`
 carries the blocks' token ids, so a subscriber can index them with its own hash (llm-d style).
-SGLang flavor: one `BlockStored` per page, signed int64 hashes, and a `cache_salt` field.
+SGLang flavor: one `BlockStored` per page, signed int64 hashes, and the request's `cache_salt` (SGLang
+does not publish the `extra_key` that also namespaces its radix tree).
 
 The simulator always binds the endpoint (subscribers connect), whatever its host part.
 Replay as vLLM's ROUTER `replay_endpoint`: a client sends `[b"", start_seq(8 bytes)]` from a
