@@ -93,4 +93,12 @@ def test_sim_renders_list_content_as_each_engine_does():
     messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"},
                                              {"type": "text", "text": ""}, {"type": "text", "text": "c"}]}]
     assert "user\na\nb\nc<|im_end|>" in tok.render_chat(messages, None)  # vLLM: text-like parts, "\n", empty skipped
-    assert "user\na  c<|im_end|>" in tok.render_chat(messages, None, engine="sglang")  # SGLang: `text` parts, " "
+    # SGLang 0.5.23: `text` / `input_text` parts, empty ones too, joined with " "
+    assert "user\na b  c<|im_end|>" in tok.render_chat(messages, None, engine="sglang")
+
+
+def test_sim_sglang_chat_turns_a_final_assistant_message_into_a_user_one_and_always_prompts():
+    tok = load_tokenizer()
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "partial"}]
+    text = tok.render_chat(messages, None, add_generation_prompt=False, engine="sglang")
+    assert text.endswith("<|im_start|>user\npartial<|im_end|>\n<|im_start|>assistant\n")

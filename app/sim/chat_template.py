@@ -30,10 +30,13 @@ What vLLM does with a chat request's messages before the template sees them:
 6. `continue_final_message` (transformers): refused with `add_generation_prompt`; the rendered
    text is cut right after the final message's content (its last text part), so the model
    continues that message instead of closing it.
-SGLang's chat route prepares messages its own way (`sglang_message`, read from SGLang 0.5's
-`process_content_for_template_format`): its own content-format detection, a list content joined
-with a space, no billing-header or developer step (a `developer` message reaches the template as
-it is; how SGLang treats that role is not verified here).
+SGLang's chat route prepares messages its own way (`sglang_conversation`, read from the SGLang
+0.5.23 wheel: `entrypoints/openai/serving_chat.py`, `parser/jinja_template_utils.py`): its own
+content-format detection, a list content joined with a space, a final assistant message turned
+into a user message, the generation prompt always added, tools left out with `tool_choice:
+"none"` (app/sim/server.py), no billing-header step, and a `developer` message reaches the
+template as it is. Not simulated: SGLang's `continue_final_message` (it encodes the final
+message's text after the rendered prompt).
 Template source (transformers): `chat_template.jinja` in the directory, else
 `tokenizer_config.json`'s `chat_template`: a string, or named templates where a request with
 tools takes "tool_use" when there is one, else "default".
@@ -305,19 +308,32 @@ def sglang_content_format(source: str) -> str:
 
 
 def sglang_message(message: Mapping[str, Any], fmt: str) -> dict[str, Any]:
-    """One chat message as SGLang 0.5 hands it to the template (`process_content_for_template_format`
-    and the tool-call step of its chat serving): null members dropped, a null content is "";
-    a list content with the "string" format is its `text` parts' texts joined with a space, with
-    "openai" the parts stay (media parts as `{"type": "image" | "audio" | "video"}`); a string
-    content stays a string in both; assistant tool-call `arguments` strings are parsed as JSON."""
+    """One chat message as SGLang 0.5.23 hands it to the template (`process_content_for_template_format`,
+    `normalize_tool_content`, `normalize_assistant_tool_call_arguments`): null members dropped, a
+    null content is ""; a list content with the "string" format is its `text` / `input_text`
+    parts' texts joined with a space; with "openai" those parts become `{"type": "text", "text"}`,
+    media parts `{"type": "image" | "video" | "audio"}`, other parts are dropped; a string content
+    stays a string in both; a tool message's all-text list is joined with a space; assistant
+    tool-call `arguments` strings must be JSON objects (else the request is refused)."""
     out = {k: v for k, v in message.items() if v is not None}
     content = out.get("content", "")
     if isinstance(content, list):
         if fmt == "openai":
-            out["content"] = [{"type": _SGLANG_MEDIA[p["type"]]} if isinstance(p, Mapping) and p.get("type") in _SGLANG_MEDIA
-                              else p for p in content if isinstance(p, Mapping)]
+            parts: list[Any] = []
+            for p in content:
+                kind = p.get("type") if isinstance(p, Mapping) else None
+                if kind in _SGLANG_MEDIA:
+                    parts.append({"type": _SGLANG_MEDIA[kind]})
+                elif kind in ("text", "input_text"):
+                    parts.append({"type": "text", "text": p["text"]})
+                elif kind == "tool_reference":
+                    parts.append(p)
+            if out.get("role") == "tool" and all(p.get("type") == "text" for p in parts):
+                parts = " ".join(p["text"] for p in parts)  # type: ignore[assignment]
+            out["content"] = parts
         else:
-            out["content"] = " ".join(p["text"] for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+            out["content"] = " ".join(p["text"] for p in content
+                                      if isinstance(p, Mapping) and p.get("type") in ("text", "input_text"))
     else:
         out["content"] = content
     calls = out.get("tool_calls")
@@ -327,11 +343,24 @@ def sglang_message(message: Mapping[str, Any], fmt: str) -> dict[str, Any]:
             function = call.get("function") if isinstance(call, Mapping) else None
             if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
                 try:
-                    call = {**call, "function": {**function, "arguments": json.loads(function["arguments"])}}
+                    arguments = json.loads(function["arguments"])
                 except json.JSONDecodeError as exc:
-                    raise RenderError(f"tool call arguments are not JSON: {exc}") from exc
+                    raise RenderError("Assistant tool call function.arguments must be valid JSON.") from exc
+                if not isinstance(arguments, dict):
+                    raise RenderError("Assistant tool call function.arguments must be a JSON object.")
+                call = {**call, "function": {**function, "arguments": arguments}}
             parsed.append(call)
         out["tool_calls"] = parsed
+    return out
+
+
+def sglang_conversation(messages: Sequence[Mapping[str, Any]], fmt: str) -> list[dict[str, Any]]:
+    """SGLang 0.5.23's chat route: every message prepared (`sglang_message`), then a final
+    assistant message with string content is turned into a user message (its
+    `_handle_last_assistant_message`, `continue_final_message` unset)."""
+    out = [sglang_message(m, fmt) for m in messages]
+    if out and out[-1].get("role") == "assistant" and isinstance(out[-1].get("content"), str):
+        out[-1] = {"role": "user", "content": out[-1]["content"]}
     return out
 
 
@@ -388,9 +417,10 @@ class HfChatTemplate:
         """The prompt text `engine` ("vllm" or "sglang") tokenizes (encoded with
         add_special_tokens=False for chat). `strip_billing`: vLLM's billing-header step."""
         source = self.source(tools)
-        if engine == "sglang":
+        if engine == "sglang":  # its chat route always asks for the generation prompt
             fmt = sglang_content_format(source)
-            conversation = [sglang_message(_without_billing(m) if strip_billing else m, fmt) for m in messages]
+            conversation = sglang_conversation([_without_billing(m) if strip_billing else m for m in messages], fmt)
+            add_generation_prompt = True
         else:
             fmt = content_format(source)
             conversation = developer_to_system([vllm_message(m, fmt, strip_billing) for m in messages], source)

@@ -157,7 +157,8 @@ class SimApp:
             body = load_json(raw)
             if "messages" in body:
                 parsed = parse_chat({**body, "model": self.options.model}, self.options.model)
-                parsed.tools = dump_tools(parsed.tools, self.options.flavor)  # the engine's model dump
+                tools = _sglang_tool_choice(parsed.tools, body) if self.options.flavor == "sglang" else parsed.tools
+                parsed.tools = dump_tools(tools, self.options.flavor)  # the engine's model dump
                 parsed.dialect = self.options.flavor
             else:
                 parsed = parse_completion({**body, "model": self.options.model}, self.options.model)
@@ -318,7 +319,8 @@ class SimApp:
             else:
                 parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
                 if kind == "chat":  # tools and messages as the engine's own chat renderer prepares them
-                    parsed.tools = dump_tools(parsed.tools, o.flavor)
+                    parsed.tools = dump_tools(_sglang_tool_choice(parsed.tools, body) if o.flavor == "sglang"
+                                              else parsed.tools, o.flavor)
                     parsed.dialect = o.flavor
             ids = await self._tokenize(parsed, len(raw))
             max_tokens = check_length(len(ids), parsed.max_tokens, o.max_model_len)
@@ -383,6 +385,19 @@ class SimApp:
             if message["type"] == "http.disconnect":
                 self.engine.abort(req)
                 return
+
+
+def _sglang_tool_choice(tools: list[Any] | None, body: dict[str, Any]) -> list[Any] | None:
+    """SGLang renders no tools for `tool_choice: "none"`, and only the named one for a named choice
+    (vLLM keeps every tool in the prompt)."""
+    choice = body.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        return [t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+                and t["function"].get("name") == name] or None
+    return tools
 
 
 def build_app(options: SimOptions | None = None, **kwargs: Any) -> SimApp:
