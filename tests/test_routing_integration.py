@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from app.prefix.blocks import proxy_chain
+from app.prefix.namespace import cache_namespace
 from tests.chat_history import growing_history, words
 
 NAMES = ["r0", "r1", "r2", "r3"]
@@ -116,9 +118,13 @@ def test_kv_event_mode_keeps_the_index_equal_to_the_engine(sim_factory, proxy_fa
             for tenant in range(9):
                 chat(client, f"k{tenant}", conversation(40 + tenant, 3, doc_words=200)[turn])
 
+        def resident(state: dict) -> set[int]:  # the simulator's resident blocks, keyed with the gateway's chain
+            return {proxy_chain(c["token_ids"], state["block_size"], salt=cache_namespace(c["cache_salt"],
+                                                                                          c["extra_key"]))[j]
+                    for c in state["resident_chains"] for j in c["blocks"]}
+
         def engine_sets() -> dict[str, set[int]]:
-            return {n: set(httpx.get(u + "/sim/state").json()["resident_proxy_hashes"])
-                    for n, u in zip(NAMES[:2], sim.urls, strict=True)}
+            return {n: resident(httpx.get(u + "/sim/state").json()) for n, u in zip(NAMES[:2], sim.urls, strict=True)}
 
         deadline = time.monotonic() + 10
         while True:

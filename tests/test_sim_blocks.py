@@ -1,10 +1,21 @@
-"""vLLM 0.33 block-hash recipes (the published test vectors, docs/engine-hashing.md) and the incremental chain the sim uses."""
+"""vLLM 0.33 block-hash recipes (the test vectors recorded with vLLM's own hashing.py,
+docs/engine-hashing.md): the gateway's implementation (app/prefix/blocks.py) and the simulator's
+own (app/sim/hashing.py) must each reproduce them; they are written apart so that agreeing means
+something (docs/testing-oracles.md)."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.prefix.blocks import low64, none_hash, proxy_chain, proxy_digest, vllm_chain, vllm_chain_from
+from app.sim.hashing import (
+    sglang_event_hash,
+    sglang_namespace_seed,
+    sglang_page_keys,
+    vllm_block_keys,
+    vllm_event_hash,
+    vllm_none_hash,
+)
 
 TOKENS = list(range(32))
 
@@ -44,3 +55,31 @@ def test_incremental_chain_equals_full_chain():
         assert vllm_chain_from(tokens, 16, parent=full[start - 1], start_block=start, cache_salt="s") == full[start:]
     proxy = proxy_chain(tokens, 16, salt="s")
     assert proxy_chain(tokens, 16, salt="s", parent=proxy_digest(proxy[3]), start_block=4) == proxy[4:]
+
+
+@pytest.mark.parametrize("algo,seed,none_hex,h0_hex,h0_u64,h1_u64", VECTORS)
+def test_sim_hashing_reproduces_the_vllm_vectors(algo, seed, none_hex, h0_hex, h0_u64, h1_u64):
+    assert vllm_none_hash(algo, seed).hex() == none_hex
+    keys = vllm_block_keys(TOKENS, 16, algo=algo, python_hash_seed=seed)
+    assert keys[0].hex() == h0_hex
+    assert [vllm_event_hash(k) for k in keys] == [h0_u64, h1_u64]
+
+
+def test_sim_hashing_salted_vector_and_incremental_keys():
+    keys = vllm_block_keys(TOKENS, 16, algo="sha256_cbor", python_hash_seed="0", cache_salt="tenant-a")
+    assert keys[0].hex() == "3be36890effbb5e0d90d6506b68f1365539bcf2a82688a430612688636e0959d"
+    tokens = list(range(1000, 1000 + 16 * 9 + 5))
+    full = vllm_block_keys(tokens, 16, cache_salt="s")
+    assert len(full) == 9  # only full blocks
+    for first in range(1, 9):
+        assert vllm_block_keys(tokens, 16, first=first, parent=full[first - 1], cache_salt="s") == full[first:]
+
+
+def test_sim_sglang_pages_chain_and_namespaces_share_nothing():
+    tokens = list(range(40))
+    plain = sglang_page_keys(tokens, 1)
+    assert len(plain) == 40 and sglang_page_keys(tokens, 1, first=10, parent=plain[9]) == plain[10:]
+    spaces = [sglang_namespace_seed(e, s) for e, s in ((None, None), ("k", None), (None, "k"), ("k", "k"))]
+    keyed = [set(sglang_page_keys(tokens, 1, namespace=n)) for n in spaces]
+    assert all(not (a & b) for i, a in enumerate(keyed) for b in keyed[i + 1:])
+    assert all(-(2**63) <= sglang_event_hash(k) < 2**63 for k in plain)

@@ -122,12 +122,15 @@ async def test_generated_tokens_fill_cacheable_blocks():
         await engine.stop()
 
 
-async def test_resident_proxy_hashes_match_proxy_chain():
+async def test_resident_chains_key_to_the_gateways_proxy_chain():
+    """The state names resident blocks by their tokens and namespace (the simulator computes no
+    gateway hash): keyed with the gateway's chain they are the prompt's salted blocks."""
     engine = make_engine()
     try:
         prompt = toks(80)
         await run(engine, prompt, max_tokens=1, cache_salt="t")
-        resident = set(engine.state()["resident_proxy_hashes"])
+        resident = {proxy_chain(c["token_ids"], 16, salt=c["cache_salt"])[j]
+                    for c in engine.state()["resident_chains"] for j in c["blocks"]}
         assert set(proxy_chain(prompt, 16, salt="t")) <= resident
         assert not set(proxy_chain(prompt, 16)) & resident
     finally:

@@ -1,4 +1,5 @@
-"""Chat-template rendering as transformers does it (app/prefix/template.py), used by the sim."""
+"""Chat-template rendering as transformers does it: the gateway's (app/prefix/template.py) and the
+simulator's own (app/sim/chat_template.py), each checked on the same environment rules."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import pytest
 
 from app.prefix.template import ChatTemplate, TemplateError, load_chat_template
+from app.sim.chat_template import HfChatTemplate, RenderError
 from app.sim.tokens import load_tokenizer
 
 
@@ -64,3 +66,39 @@ def test_sim_encodes_without_special_tokens_and_memo_is_exact():
     assert tok.encode(text) == whole
     assert tok.encode(text) == whole  # second time from the segment memo
     assert whole[0] == tok.tokenizer.token_to_id("<|im_start|>")
+
+
+def test_sim_renderer_transformers_environment(tmp_path):
+    source = ("{{ bos_token }}{% for m in messages %}{% generation %}{{ m['content'] | tojson }}{% endgeneration %}"
+              "{% if m['role'] == 'bad' %}{{ raise_exception('no bad roles') }}{% endif %}"
+              "{% endfor %}{{ strftime_now('%Y') | length }}{{ extra }}")
+    t = HfChatTemplate(write_dir(tmp_path, source))
+    assert t.variables["bos_token"] == "<s>"
+    assert t.render([{"role": "user", "content": "<b>"}], extra="!") == '<s>"<b>"4!'
+    with pytest.raises(RenderError, match="no bad roles"):
+        t.render([{"role": "bad", "content": "x"}])
+
+
+def test_sim_renderer_jinja_file_and_named_templates(tmp_path):
+    d = write_dir(tmp_path, "from-config", jinja_file="from-file")
+    assert HfChatTemplate(d).render([]) == "from-file"
+    (tmp_path / "chat_template.jinja").unlink()
+    write_dir(tmp_path, [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "dflt"}])
+    assert HfChatTemplate(tmp_path).render([]) == "dflt"
+    assert HfChatTemplate(tmp_path).render([], tools=[{"type": "function", "function": {"name": "f"}}]) == "tools"
+
+
+def test_sim_renders_list_content_as_each_engine_does():
+    tok = load_tokenizer()
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"},
+                                             {"type": "text", "text": ""}, {"type": "text", "text": "c"}]}]
+    assert "user\na\nb\nc<|im_end|>" in tok.render_chat(messages, None)  # vLLM: text-like parts, "\n", empty skipped
+    # SGLang 0.5.23: `text` / `input_text` parts, empty ones too, joined with " "
+    assert "user\na b  c<|im_end|>" in tok.render_chat(messages, None, engine="sglang")
+
+
+def test_sim_sglang_chat_turns_a_final_assistant_message_into_a_user_one_and_always_prompts():
+    tok = load_tokenizer()
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "partial"}]
+    text = tok.render_chat(messages, None, add_generation_prompt=False, engine="sglang")
+    assert text.endswith("<|im_start|>user\npartial<|im_end|>\n<|im_start|>assistant\n")

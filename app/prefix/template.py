@@ -100,15 +100,21 @@ def detect_content_format(source: str) -> str:
 
 def prepare_messages(messages: Sequence[Mapping[str, Any]], content_format: str) -> list[dict[str, Any]]:
     """Normalise OpenAI messages the way vLLM does before rendering: with the "string" format,
-    text parts are joined with "\n"; assistant tool-call `arguments` JSON strings become dicts
+    the non-empty texts of the text-like parts (`text`, `input_text`, `output_text`, `refusal`,
+    `thinking`, bare strings) are joined with "\n"; with the "openai" format the content is a list
+    (a string is one text part, null none; text-like parts as `{"type": "text", "text"}`); assistant tool-call `arguments` JSON strings become dicts
     (invalid JSON or a non-object becomes {}), and an empty `tool_calls` list is dropped."""
     out: list[dict[str, Any]] = []
     for message in messages:
         msg = dict(message)
         content = msg.get("content")
         if content_format == "string" and isinstance(content, list):
-            msg["content"] = "\n".join(
-                str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+            msg["content"] = "\n".join(t for p in content if (t := _text_of(p)))
+        elif content_format == "openai":
+            msg["content"] = _openai_parts(content)
+            if msg.get("role") == "tool" and all(isinstance(p, Mapping) and p.get("type") == "text"
+                                                 for p in msg["content"]):
+                msg["content"] = "\n".join(p["text"] for p in msg["content"])  # vLLM: a tool's text parts as one string
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
             if not calls:
@@ -116,6 +122,31 @@ def prepare_messages(messages: Sequence[Mapping[str, Any]], content_format: str)
             else:
                 msg["tool_calls"] = [_parse_call(c) for c in calls]
         out.append(msg)
+    return out
+
+
+_TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+               "thinking": "thinking"}  # vLLM's text-like part types -> the member holding the text
+
+
+def _text_of(part: Any) -> str | None:
+    """A content part's text as vLLM's parser reads it (a bare string is a text part too)."""
+    if isinstance(part, str):
+        return part
+    key = _TEXT_PARTS.get(part.get("type")) if isinstance(part, Mapping) else None
+    text = part.get(key) if key else None
+    return text if isinstance(text, str) else None
+
+
+def _openai_parts(content: Any) -> list[Any]:
+    parts = [] if content is None else [content] if isinstance(content, str) else list(content)
+    out: list[Any] = []
+    for part in parts:
+        text = _text_of(part)
+        if text is not None:
+            out.append({"type": "text", "text": text})
+        elif not (isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS):  # a null text is dropped
+            out.append(part)
     return out
 
 
@@ -165,8 +196,9 @@ class ChatTemplate:
     """A compiled chat template plus the special tokens it is rendered with."""
 
     def __init__(self, source: str, special_token_vars: Mapping[str, str] | None = None,
-                 special_tokens: Sequence[str] = ()) -> None:
+                 special_tokens: Sequence[str] = (), tool_source: str | None = None) -> None:
         self.source = source
+        self.tool_source = tool_source  # a named "tool_use" template: what a request with tools renders
         self.special_token_vars: dict[str, str] = dict(special_token_vars or {})
         # Every special (added) token string, longest first: the delimiters a segmenter splits on.
         self.special_tokens: list[str] = sorted(set(special_tokens), key=lambda s: (-len(s), s))
@@ -179,6 +211,7 @@ class ChatTemplate:
         directory = Path(path) if path is not None else DEFAULT_TOKENIZER_DIR
         config = _read_json(directory / "tokenizer_config.json")
         source = _template_source(directory, config)
+        tool_source = _named_tool_template(directory, config)
         token_vars: dict[str, str] = {}
         for src in (_read_json(directory / "special_tokens_map.json"), config):
             for key in SPECIAL_TOKEN_KEYS:
@@ -196,24 +229,48 @@ class ChatTemplate:
             content = _token_content(extra)
             if content:
                 specials.add(content)
-        return cls(source, token_vars, sorted(specials))
+        return cls(source, token_vars, sorted(specials), tool_source)
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
                add_generation_prompt: bool = True, documents: Sequence[Any] | None = None,
                **kwargs: Any) -> str:
         """The prompt text the engine tokenizes (then encoded with add_special_tokens=False)."""
         variables: dict[str, Any] = dict(self.special_token_vars)
+        continue_final = bool(kwargs.pop("continue_final_message", False))
+        if continue_final and add_generation_prompt:
+            raise TemplateError("continue_final_message and add_generation_prompt are not compatible")
         variables.update(kwargs)
-        prepared = developer_as_system(prepare_messages(messages, self.content_format), self.source)
+        source, template, content_format = self.source, self._template, self.content_format
+        if tools is not None and self.tool_source is not None:  # transformers' get_chat_template
+            source, template = self.tool_source, _compile(self.tool_source)
+            content_format = detect_content_format(source)
+        prepared = developer_as_system(prepare_messages(messages, content_format), source)
         variables.update(messages=prepared, tools=list(tools) if tools else None,
                          documents=list(documents) if documents else None,
                          add_generation_prompt=add_generation_prompt)
         try:
-            return self._template.render(**variables)
+            text = template.render(**variables)
         except TemplateError:
             raise
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template failed: {exc}") from exc
+        return _continue_final(text, prepared) if continue_final and prepared else text
+
+
+def _continue_final(text: str, messages: list[dict[str, Any]]) -> str:
+    """transformers' `continue_final_message`: the prompt ends where the final message's text
+    (its last text part) ends, so the model continues it instead of a closed turn."""
+    final = messages[-1].get("content")
+    if isinstance(final, list):
+        final = next((p["text"] for p in reversed(final) if isinstance(p, Mapping) and "text" in p), None)
+        if final is None:
+            raise TemplateError("continue_final_message: the final message has no text to continue")
+    final = final if isinstance(final, str) else ""
+    if final.strip() not in text:
+        raise TemplateError("continue_final_message: the template does not render the final message")
+    at = text.rindex(final.strip())
+    keep = len(final.lstrip()) if text[at:at + len(final.lstrip())] == final else len(final.strip())
+    return text[:at + keep]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -234,6 +291,16 @@ def _template_source(directory: Path, config: Mapping[str, Any]) -> str:
     if not isinstance(template, str):
         raise TemplateError(f"no chat template in {directory}")
     return template
+
+
+def _named_tool_template(directory: Path, config: Mapping[str, Any]) -> str | None:
+    """The "tool_use" entry of named templates (none when a chat_template.jinja overrides them)."""
+    template = config.get("chat_template")
+    if (directory / "chat_template.jinja").is_file() or not isinstance(template, list):
+        return None
+    named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+    tool = named.get("tool_use")
+    return tool if isinstance(tool, str) else None
 
 
 @lru_cache(maxsize=8)

@@ -1,8 +1,8 @@
 """The simulator's Anthropic Messages surface (`POST /v1/messages`, `/v1/messages/count_tokens`).
 
 Like vLLM (docs/agents-apis.md), the body is converted to chat messages
-(app/prefix/convert_messages.py, the same conversion the proxy fingerprints with) and rendered
-with the chat template; the billing-header system block is dropped unless the replica runs with
+(app/sim/anthropic_convert.py, the simulator's own conversion, independent of the gateway's) and
+rendered with the chat template; the billing-header system block is dropped unless the replica runs with
 `strip_billing_header=False` (`--no-strip-billing-header`: an engine that keeps it, as SGLang).
 
 Stream, in vLLM's order: `message_start` (with the first generated token; usage carries the
@@ -23,13 +23,14 @@ from typing import Any
 
 import orjson
 
-from app.prefix.convert_messages import chat_view
+from app.sim.anthropic_convert import messages_to_chat
 from app.sim.asgi import SSE_HEADERS, EventSender, Receive, Send, StreamDied, cut_connection, send_json
 from app.sim.engine import SimEngine
 from app.sim.options import SimOptions
 from app.sim.protocol import ApiError, ParsedRequest, parse_chat, validate_cache_salt
 from app.sim.request import SimRequest
 from app.sim.responder import body_due
+from app.sim.tool_dump import dump_tools
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
@@ -66,12 +67,13 @@ def parse_messages(body: dict[str, Any], served_model: str, strip_billing: bool,
     max_tokens = body.get("max_tokens")
     if not count_only and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0):
         raise RequestInvalid("max_tokens", "missing" if max_tokens is None else "int_type")
-    chat = chat_view(body, strip_billing, merge_inline_system)
+    chat = messages_to_chat(body, strip_billing, merge_inline_system)
     chat["model"] = body.get("model", served_model)
     if not count_only:
         chat["max_tokens"] = max_tokens
         chat["stream"] = bool(body.get("stream"))
     parsed = parse_chat(chat, served_model)
+    parsed.tools = dump_tools(parsed.tools)  # vLLM's chat request model, as on its chat route
     parsed.cache_salt = validate_cache_salt(body.get("cache_salt"))
     return parsed
 

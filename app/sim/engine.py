@@ -28,7 +28,7 @@ from typing import Any
 
 from app.sim.metrics import SimMetrics
 from app.sim.options import SimOptions
-from app.sim.pool import Block, BlockPool
+from app.sim.pool import Block, BlockPool, Origin
 from app.sim.request import HashSpec, SimRequest
 from app.sim.tokens import SimTokenizer, load_tokenizer
 from app.tasks import cancel_and_wait
@@ -53,7 +53,7 @@ class SimEngine:
             HashSpec(self.page, options.flavor, options.prefix_caching_hash_algo,  # type: ignore[arg-type]
                      options.python_hash_seed) if options.prefix_caching else None)
         self.event_sink = event_sink
-        self.pool = BlockPool(options.pool_blocks, on_event=self._pool_event)
+        self.pool = BlockPool(options.pool_blocks, on_event=self._pool_event, block_size=self.page)
         self.metrics = SimMetrics(options, lambda: (len(self.running), len(self.waiting), self.pool.usage()))
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
@@ -271,7 +271,8 @@ class SimEngine:
         run: list[int] = []
         prompt_blocks = req.num_prompt_tokens // self.page
         for j in range(start, full):
-            if self.pool.cache(req.blocks[j], req.keys[j], req.proxy_hashes[j]):
+            origin = Origin(req.all_ids, j, req.cache_salt, req.extra_key)
+            if self.pool.cache(req.blocks[j], req.keys[j], origin):
                 run.append(j)
                 if j < prompt_blocks and not req.preempted:
                     req.created_cache_tokens += self.page
@@ -327,7 +328,7 @@ class SimEngine:
             self._free(req)
             self._finish(req, req.finish_reason)
         else:
-            if self.hash_spec is not None and len(req.all_ids) // self.page > len(req.proxy_hashes):
+            if self.hash_spec is not None and len(req.all_ids) // self.page > len(req.keys):
                 req.extend_hashes(self.hash_spec)
             req.event.set()
 
@@ -386,7 +387,7 @@ class SimEngine:
             "model": o.model, "flavor": o.flavor, "block_size": self.page, "kv_block_size": o.block_size,
             "kv_blocks": o.pool_blocks, "num_free_blocks": self.pool.num_free,
             "num_resident_blocks": len(self.pool.cached), "kv_cache_usage": self.pool.usage(),
-            "resident_proxy_hashes": self.pool.resident_proxy_hashes(),
+            "resident_chains": self.pool.resident_chains(),
             "running": len(self.running), "waiting": len(self.waiting), "prefix_caching": o.prefix_caching,
             "virtual_clock_s": self.clock, "steps": self.steps, "dead": self.dead,
             "slow_factor": self.slow_factor, "recent_requests": list(self.recent), **self.counters,

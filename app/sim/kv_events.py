@@ -4,7 +4,8 @@ Three frames per batch: topic, the 8-byte big-endian sequence number, and a msgp
 `[ts, events, dp_rank]` whose events are maps tagged with `"type"`. Hashes are the unsigned low 64
 bits of the engine digest (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default). `BlockStored`
 carries the blocks' token ids, so a subscriber can index them with its own hash (llm-d style).
-SGLang flavor: one `BlockStored` per page, signed int64 hashes, and a `cache_salt` field.
+SGLang flavor: one `BlockStored` per page, signed int64 hashes, and the request's `cache_salt` (SGLang
+does not publish the `extra_key` that also namespaces its radix tree).
 
 The simulator always binds the endpoint (subscribers connect), whatever its host part.
 Replay as vLLM's ROUTER `replay_endpoint`: a client sends `[b"", start_seq(8 bytes)]` from a
@@ -23,7 +24,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from app.prefix.blocks import low64
+from app.sim.hashing import sglang_event_hash, vllm_event_hash
 
 _encoder = msgspec.msgpack.Encoder()
 REPLAY_BUFFER = 10_000  # vLLM KVEventsConfig.buffer_steps
@@ -33,12 +34,8 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 def _engine_hash(key: Hashable | None, flavor: str) -> int | None:
     if key is None:
         return None
-    if isinstance(key, bytes):
-        return low64(key)
-    value = int(key)  # type: ignore[call-overload]
-    if flavor == "sglang" and value >= 2**63:
-        value -= 2**64  # SGLang publishes signed int64
-    return value
+    assert isinstance(key, bytes)
+    return sglang_event_hash(key) if flavor == "sglang" else vllm_event_hash(key)
 
 
 def format_events(events: list[dict[str, Any]], flavor: str, block_size: int) -> list[dict[str, Any]]:

@@ -26,13 +26,27 @@ class Block:
     block_id: int
     ref_cnt: int = 0
     key: Hashable | None = None  # engine hash when cached
-    proxy_hash: int | None = None  # app.prefix.blocks.proxy_chain value of the same block
+    origin: Origin | None = None  # what it holds, when cached (white-box state, never a cache key)
+
+
+@dataclass(frozen=True, eq=False)
+class Origin:
+    """Where a cached block's tokens come from: block `index` of the request whose token list
+    (prompt + output, only ever appended to) is `token_ids`, in that request's namespace. The
+    simulator's state reports residency this way, as tokens, so a test can key it with the
+    gateway's own chain without the simulator computing the gateway's hashes."""
+
+    token_ids: list[int]
+    index: int
+    cache_salt: str | None
+    extra_key: str | None
 
 
 @dataclass
 class BlockPool:
     num_blocks: int
     on_event: EventSink | None = None
+    block_size: int = 16  # tokens per block (only the white-box state reads it)
     blocks: list[Block] = field(init=False)
     cached: dict[Hashable, Block] = field(init=False, default_factory=dict)
     free: OrderedDict[int, Block] = field(init=False, default_factory=OrderedDict)
@@ -62,8 +76,22 @@ class BlockPool:
             hits.append(block)
         return hits
 
-    def resident_proxy_hashes(self) -> list[int]:
-        return [b.proxy_hash for b in self.cached.values() if b.proxy_hash is not None]
+    def resident_chains(self) -> list[dict[str, Any]]:
+        """The resident blocks grouped by the request that cached them: its namespace, the token
+        ids through its last resident block, and the indexes of its resident blocks."""
+        groups: dict[int, tuple[Origin, list[int]]] = {}
+        for block in self.cached.values():
+            origin = block.origin
+            if origin is None:
+                continue
+            entry = groups.setdefault(id(origin.token_ids), (origin, []))
+            entry[1].append(origin.index)
+        out: list[dict[str, Any]] = []
+        for origin, indexes in groups.values():
+            indexes.sort()
+            out.append({"cache_salt": origin.cache_salt, "extra_key": origin.extra_key, "blocks": indexes,
+                        "token_ids": origin.token_ids[:(indexes[-1] + 1) * self.block_size]})
+        return out
 
     # ------------------------------------------------------------------ mutations
     def touch(self, blocks: Sequence[Block]) -> None:
@@ -86,7 +114,7 @@ class BlockPool:
                     del self.cached[block.key]
                     removed.append(block.key)
                 block.key = None
-                block.proxy_hash = None
+                block.origin = None
             block.ref_cnt = 1
             out.append(block)
         if removed and self.on_event:
@@ -100,12 +128,12 @@ class BlockPool:
             if block.ref_cnt == 0:
                 self.free[block.block_id] = block
 
-    def cache(self, block: Block, key: Hashable, proxy_hash: int) -> bool:
+    def cache(self, block: Block, key: Hashable, origin: Origin | None = None) -> bool:
         """Register a now-full block under its hash; False when that hash is already cached."""
         if key in self.cached:
             return False
         block.key = key
-        block.proxy_hash = proxy_hash
+        block.origin = origin
         self.cached[key] = block
         return True
 
@@ -115,7 +143,7 @@ class BlockPool:
             return False
         for block in self.cached.values():
             block.key = None
-            block.proxy_hash = None
+            block.origin = None
         self.cached.clear()
         if self.on_event:
             self.on_event({"type": "AllBlocksCleared"})

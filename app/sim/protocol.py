@@ -52,6 +52,7 @@ class ParsedRequest:
     prompt_ids: list[int] | None = None
     add_special_tokens: bool = False
     skip_prefix_cache: bool = False  # vLLM skips the lookup when prompt logprobs are requested
+    dialect: str = "vllm"  # whose chat renderer prepares the messages (app/sim/chat_template.py)
 
 
 def _missing(name: str) -> ApiError:
@@ -166,6 +167,9 @@ def parse_chat(body: dict[str, Any], served_model: str) -> ParsedRequest:
     req.tools = tools or None
     req.add_generation_prompt = _bool_field(body, "add_generation_prompt", True)
     req.template_kwargs = dict(kwargs)
+    for key in ("documents", "continue_final_message", "reasoning_effort"):  # vLLM hands these to the template too
+        if body.get(key) is not None:
+            req.template_kwargs[key] = body[key]
     req.add_special_tokens = _bool_field(body, "add_special_tokens", False)
     return req
 

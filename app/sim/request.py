@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from app.prefix.blocks import HashAlgo, proxy_chain, proxy_digest, vllm_chain_from
+from app.sim.hashing import sglang_namespace_seed, sglang_page_keys, vllm_block_keys
 from app.sim.pool import Block
 
 _ids = itertools.count()
@@ -16,12 +15,12 @@ _ids = itertools.count()
 
 @dataclass
 class HashSpec:
-    """How a replica hashes blocks: vLLM digests keyed by its algo/seed, or (SGLang flavor,
-    page size 1) the proxy chain itself as the radix key."""
+    """How a replica keys blocks (app/sim/hashing.py): vLLM digests under its algo/seed, or
+    SGLang's namespaced page chain."""
 
     page_size: int
     flavor: str = "vllm"
-    algo: HashAlgo = "sha256"
+    algo: str = "sha256"
     python_hash_seed: str | None = None
 
 
@@ -32,14 +31,14 @@ class SimRequest:
     min_tokens: int = 0
     ignore_eos: bool = False
     cache_salt: str | None = None
+    extra_key: str | None = None  # SGLang's radix namespace (the vLLM flavour has none)
     streaming: bool = True
     skip_prefix_cache: bool = False  # no lookup (prompt logprobs); its blocks are still cached
     request_id: str = field(default_factory=lambda: f"sim-{next(_ids)}")
     arrival: float = field(default_factory=time.monotonic)
 
     all_ids: list[int] = field(init=False)
-    keys: list[Hashable] = field(init=False, default_factory=list)
-    proxy_hashes: list[int] = field(init=False, default_factory=list)
+    keys: list[bytes] = field(init=False, default_factory=list)  # engine key per full block
     blocks: list[Block] = field(init=False, default_factory=list)
     num_cached_blocks: int = 0  # leading blocks of `blocks` registered in the pool's cache
     num_computed: int = 0
@@ -70,20 +69,16 @@ class SimRequest:
         return self.status == "finished"
 
     def extend_hashes(self, spec: HashSpec | None) -> None:
-        """Hash the full blocks of `all_ids` not hashed yet (once per block, never per step)."""
-        if spec is None:
+        """Key the full blocks of `all_ids` not keyed yet (once per block, never per step)."""
+        if spec is None or len(self.all_ids) // spec.page_size <= len(self.keys):
             return
-        page = spec.page_size
-        start = len(self.proxy_hashes)
-        if (len(self.all_ids) // page) <= start:
-            return
-        parent = proxy_digest(self.proxy_hashes[-1]) if self.proxy_hashes else None
-        new_proxy = proxy_chain(self.all_ids, page, salt=self.cache_salt, parent=parent, start_block=start)
-        self.proxy_hashes.extend(new_proxy)
+        first = len(self.keys)
+        parent = self.keys[-1] if self.keys else None
         if spec.flavor == "sglang":
-            self.keys.extend(new_proxy)
+            namespace = sglang_namespace_seed(self.extra_key, self.cache_salt)
+            self.keys.extend(sglang_page_keys(self.all_ids, spec.page_size, first=first, parent=parent,
+                                              namespace=namespace))
         else:
-            prev = self.keys[-1] if self.keys else None
-            self.keys.extend(vllm_chain_from(
-                self.all_ids, page, parent=prev, start_block=start, algo=spec.algo,  # type: ignore[arg-type]
-                python_hash_seed=spec.python_hash_seed, cache_salt=self.cache_salt))
+            self.keys.extend(vllm_block_keys(self.all_ids, spec.page_size, first=first, parent=parent,
+                                             algo=spec.algo, python_hash_seed=spec.python_hash_seed,
+                                             cache_salt=self.cache_salt))

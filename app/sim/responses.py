@@ -1,7 +1,7 @@
 """The simulator's OpenAI Responses API (`/v1/responses`), shaped like vLLM 0.32's.
 
-A request is converted to chat messages with the same rules the engine uses
-(app/prefix/convert_responses.py; docs/agents-responses.md), tokenised and generated like a chat
+A request is converted to chat messages with the rules the engine uses (app/sim/responses_convert.py,
+the simulator's own conversion; docs/agents-responses.md), tokenised and generated like a chat
 request. Streamed: `event: <type>` + `data: <json>` events with a `sequence_number`:
 response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta (one per chunk of tokens),
@@ -20,11 +20,12 @@ from typing import Any
 
 import orjson
 
-from app.prefix.convert_responses import continued_history, convert
 from app.sim.asgi import SSE_HEADERS, EventSender, Receive, Send, StreamDied, cut_connection, send_json
 from app.sim.protocol import ApiError
 from app.sim.request import SimRequest
 from app.sim.responder import body_due
+from app.sim.responses_convert import prior_turn, responses_to_chat
+from app.sim.tool_dump import dump_tools
 
 
 def not_found(response_id: str) -> ApiError:
@@ -56,20 +57,20 @@ class ResponsesStore:
             prev = self.responses.get(previous)
             if prev is None:
                 raise not_found(previous)
-            history = continued_history(self.messages.get(previous, []), _output_text(prev))
-        converted = convert(body, history)
-        if not converted.messages:
+            history = prior_turn(self.messages.get(previous, []), prev)
+        messages, tools = responses_to_chat(body, history)
+        if not messages:
             raise ApiError(400, "input must contain at least one item.", "input")
-        chat: dict[str, Any] = {"model": body.get("model"), "messages": converted.messages,
+        chat: dict[str, Any] = {"model": body.get("model"), "messages": messages,
                                 "stream": bool(body.get("stream")), "cache_salt": body.get("cache_salt")}
-        if converted.tools:
-            chat["tools"] = converted.tools
+        if tools:
+            chat["tools"] = dump_tools(tools)
         if body.get("max_output_tokens") is not None:
             chat["max_tokens"] = body["max_output_tokens"]
         for key in ("ignore_eos", "min_tokens"):
             if body.get(key) is not None:
                 chat[key] = body[key]
-        return chat, converted.messages
+        return chat, messages
 
     def keep(self, body: dict[str, Any], response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         if self.enabled and body.get("store", True) is not False:
@@ -101,11 +102,6 @@ def _tool_dump(tool: Any) -> Any:
     if not isinstance(tool, dict) or tool.get("type") != "function":
         return tool
     return {k: tool.get(k) for k in _FUNCTION_TOOL}
-
-
-def _output_text(response: dict[str, Any]) -> str:
-    return "".join(part.get("text", "") for item in response.get("output", []) if item.get("type") == "message"
-                   for part in item.get("content", []))
 
 
 class ResponsesWriter:

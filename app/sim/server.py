@@ -12,13 +12,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.prefix.convert_messages import requires_system_first, strip_billing_lines
-from app.prefix.namespace import cache_namespace
-from app.prefix.template import TemplateError
-from app.prefix.tool_dump import engine_tools
 from app.sim import anthropic, responder
 from app.sim import responses as responses_api
 from app.sim.asgi import ClientGone, Receive, Scope, Send, cut_connection, read_body, send_bytes, send_json
+from app.sim.chat_template import RenderError
 from app.sim.engine import SimEngine
 from app.sim.faults import FaultPlan, parse_fault
 from app.sim.kv_events import KVEventPublisher
@@ -36,6 +33,7 @@ from app.sim.request import SimRequest
 from app.sim.responses import ResponsesStore, ResponsesWriter
 from app.sim.shapes import Shaper
 from app.sim.tokens import SimTokenizer, load_tokenizer
+from app.sim.tool_dump import dump_tools
 
 THREAD_THRESHOLD_BYTES = 32 * 1024  # bodies above this are tokenised and hashed in a worker thread
 VERSION = "0.33.0+prefixgate.sim"
@@ -56,7 +54,7 @@ class SimApp:
         self.engine = SimEngine(options, self.tokenizer,
                                 event_sink=self.publisher.publish if self.publisher else None)
         self.faults = FaultPlan()
-        self.system_first = requires_system_first(self.tokenizer.template)  # /v1/messages, as vLLM probes
+        self.system_first = self.tokenizer.template.requires_system_first()  # /v1/messages, as vLLM probes
         self.routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/health"): self.health, ("GET", "/ping"): self.health, ("POST", "/ping"): self.health,
             ("GET", "/health_generate"): self.health,
@@ -73,6 +71,8 @@ class SimApp:
         }
         self.responses_store = ResponsesStore(options.responses_store)  # app/sim/responses.py
         self.routes[("POST", "/v1/responses")] = self.responses
+        self.routes[("POST", "/v1/messages/render")] = self.render_messages  # vLLM --enable-scale-out
+        self.routes[("POST", "/v1/responses/render")] = self.render_responses
 
     @property
     def kv_events_endpoint(self) -> str | None:
@@ -157,7 +157,9 @@ class SimApp:
             body = load_json(raw)
             if "messages" in body:
                 parsed = parse_chat({**body, "model": self.options.model}, self.options.model)
-                parsed.tools = engine_tools(parsed.tools, self.options.flavor)  # the engine's model dump
+                tools = _sglang_tool_choice(parsed.tools, body) if self.options.flavor == "sglang" else parsed.tools
+                parsed.tools = dump_tools(tools, self.options.flavor)  # the engine's model dump
+                parsed.dialect = self.options.flavor
             else:
                 parsed = parse_completion({**body, "model": self.options.model}, self.options.model)
             ids = await self._tokenize(parsed, len(raw))
@@ -239,6 +241,29 @@ class SimApp:
             return
         await send_json(send, 200, {"input_tokens": len(ids)})
 
+    async def render_messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's render-only endpoint: the prompt ids a Messages body would be generated from."""
+        raw = await read_body(receive)
+        try:
+            parsed = anthropic.parse_messages(load_json(raw), self.options.model, self.options.strip_billing_header,
+                                              merge_inline_system=self.system_first)
+            ids = await self._tokenize(parsed, len(raw))
+        except ApiError as exc:
+            await send_json(send, exc.status, anthropic.error_body(exc))
+            return
+        await send_json(send, 200, {"token_ids": ids})
+
+    async def render_responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's render-only endpoint for a Responses body."""
+        raw = await read_body(receive)
+        try:
+            chat_body, _ = self.responses_store.chat_body(load_json(raw))
+            ids = await self._tokenize(parse_chat(chat_body, self.options.model), len(raw))
+        except ApiError as exc:
+            await send_json(send, exc.status, exc.body())
+            return
+        await send_json(send, 200, {"token_ids": ids})
+
     def _tokenize_sync(self, parsed: ParsedRequest) -> list[int]:
         if parsed.prompt_ids is not None:
             check_token_ids(parsed.prompt_ids)
@@ -246,8 +271,8 @@ class SimApp:
         if parsed.kind == "chat":
             # vLLM 0.32's chat renderer drops a system text's billing-header first line (every
             # route, /tokenize included); an SGLang-like replica keeps it (docs/agents-apis.md)
-            messages = strip_billing_lines(parsed.messages) if self.options.strip_billing_header else parsed.messages
-            text = self.tokenizer.render_chat(messages, parsed.tools, parsed.add_generation_prompt,
+            text = self.tokenizer.render_chat(parsed.messages, parsed.tools, parsed.add_generation_prompt,
+                                              self.options.strip_billing_header, parsed.dialect,
                                               **parsed.template_kwargs)
         else:
             text = parsed.prompt_text or ""
@@ -258,7 +283,7 @@ class SimApp:
             if raw_len > THREAD_THRESHOLD_BYTES:
                 return await asyncio.to_thread(self._tokenize_sync, parsed)
             return self._tokenize_sync(parsed)
-        except (TemplateError, TypeError, ValueError) as exc:  # e.g. `tool_calls: true`: vLLM says 400 too
+        except (RenderError, TypeError, ValueError) as exc:  # e.g. `tool_calls: true`: vLLM says 400 too
             raise ApiError(400, str(exc)) from exc
 
     async def _generate(self, kind: str, receive: Receive, send: Send) -> None:
@@ -293,8 +318,10 @@ class SimApp:
                                                   merge_inline_system=self.system_first)
             else:
                 parsed = parse_chat(body, o.model) if kind == "chat" else parse_completion(body, o.model)
-                if kind == "chat":  # the tools as the engine's request model dumps them (app/prefix/tool_dump.py)
-                    parsed.tools = engine_tools(parsed.tools, o.flavor)
+                if kind == "chat":  # tools and messages as the engine's own chat renderer prepares them
+                    parsed.tools = dump_tools(_sglang_tool_choice(parsed.tools, body) if o.flavor == "sglang"
+                                              else parsed.tools, o.flavor)
+                    parsed.dialect = o.flavor
             ids = await self._tokenize(parsed, len(raw))
             max_tokens = check_length(len(ids), parsed.max_tokens, o.max_model_len)
             capacity = (o.pool_blocks - 1) * o.page_size
@@ -312,10 +339,11 @@ class SimApp:
             await send_json(send, 500, shaped(ApiError(500, "EngineCore encountered an issue. See stack trace "
                                                              "(above) for the root cause.")))
             return
-        # SGLang namespaces its radix tree by extra_key too (app/prefix/namespace.py)
-        salt = cache_namespace(parsed.cache_salt, parsed.extra_key) if o.flavor == "sglang" else parsed.cache_salt
+        # SGLang namespaces its radix tree by (extra_key, cache_salt); vLLM has no extra_key
+        extra_key = parsed.extra_key if o.flavor == "sglang" and isinstance(parsed.extra_key, str) \
+            and parsed.extra_key else None
         req = SimRequest(ids, max_tokens, min_tokens=parsed.min_tokens, ignore_eos=parsed.ignore_eos,
-                         cache_salt=salt, streaming=parsed.stream, arrival=arrival,
+                         cache_salt=parsed.cache_salt, extra_key=extra_key, streaming=parsed.stream, arrival=arrival,
                          skip_prefix_cache=parsed.skip_prefix_cache)
         if len(raw) > THREAD_THRESHOLD_BYTES:
             await asyncio.to_thread(self.engine.prepare, req)
@@ -357,6 +385,19 @@ class SimApp:
             if message["type"] == "http.disconnect":
                 self.engine.abort(req)
                 return
+
+
+def _sglang_tool_choice(tools: list[Any] | None, body: dict[str, Any]) -> list[Any] | None:
+    """SGLang renders no tools for `tool_choice: "none"`, and only the named one for a named choice
+    (vLLM keeps every tool in the prompt)."""
+    choice = body.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        return [t for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)
+                and t["function"].get("name") == name] or None
+    return tools
 
 
 def build_app(options: SimOptions | None = None, **kwargs: Any) -> SimApp:
