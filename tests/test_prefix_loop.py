@@ -134,20 +134,21 @@ async def test_eviction_takes_the_least_recent_chain_tail_first() -> None:
     assert (await store.residency_lookup(head + rand_chain(400, 5), ["r"]))["r"] == 1400
 
 
-async def test_tracker_bulk_updates_keep_ownership_and_counts() -> None:
+async def test_tracker_keeps_the_shared_head_and_counts_its_blocks() -> None:
     tracker = TenantTracker(MemoryStore(), tenant_max_hashes=2500)
     shared = rand_chain(1000, 5)
     chains = [shared + rand_chain(400, 10 + i) for i in range(6)]
     for c in chains:
         await tracker.observe("t", c, None, 16)
-        state = tracker._tenants["t"]
-        assert tracker.hash_count == len(state.hashes)
-        assert len(state.hashes) <= 2500
+        tree = tracker._tenants["t"].tree
+        assert tracker.hash_count == tree.size == len(tree.held())
+        assert tree.size <= 2500
     state = tracker._tenants["t"]
+    held = state.tree.held()
     # the shared prefix survived the eviction of the requests that first contained it
-    assert all(h in state.hashes for h in shared)
-    assert state.hashes[shared[0]] == state.last_seq
-    assert not any(h in state.hashes for h in chains[0][1000:])  # oldest request's own blocks dropped
+    assert all(h in held for h in shared)
+    assert state.tree.match(shared)[1].stamp == state.last_seq  # the newest request through it
+    assert not any(h in held for h in chains[0][1000:])  # the least recent request's own blocks went
     obs = await tracker.observe("t", shared + rand_chain(3, 99), None, 16)
     assert obs.matched_blocks == 1000
 
