@@ -209,8 +209,8 @@ async def test_many_conversations_on_one_tenant_are_no_false_breaks() -> None:
 
 
 async def test_a_continuing_conversation_is_not_diagnosed_and_a_break_is_off_the_loop(monkeypatch) -> None:
-    """Turns that continue the conversation in full cost no diagnosis; a changed system prompt is
-    diagnosed, in the diagnosis thread, never on the event loop's thread."""
+    """Turns that continue the conversation in full cost no diagnosis; a changed system prompt of a
+    large prompt pair is diagnosed in the diagnosis thread, not on the event loop's thread."""
     import threading
 
     from app.prefix import tracker as tracker_module
@@ -233,7 +233,8 @@ async def test_a_continuing_conversation_is_not_diagnosed_and_a_break_is_off_the
         turns += [f"answer {k}"]
     assert tr.diagnoses == 0 and threads == []
     edited = [7] + full[1:]  # the system prompt changed: block 0 differs
-    obs = await tr.observe("t", edited, _chat_sketch("Edited. " + POLICY, *turns[:-1]), 16)
+    big = POLICY * 40  # over INLINE_DIAGNOSE_CHARS with the previous prompt: a diagnosis thread's job
+    obs = await tr.observe("t", edited, _chat_sketch("Edited. " + big, *turns[:-1]), 16)
     assert obs.diagnosis is not None and obs.diagnosis.cause == "template_change"
     assert tr.diagnoses == 1 and threads and all(t.startswith("prefixgate-diagnose") for t in threads)
     assert threading.current_thread().name not in threads
