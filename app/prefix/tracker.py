@@ -67,6 +67,7 @@ CONTINUE_SLACK_BLOCKS = 0
 HASH_ENTRY_BYTES = 8
 HASH_SLOT_BYTES = 0
 TENANT_BYTES = 1024
+KEY_ENTRY_BYTES = 200  # an entry of a tenant's turns/systems/prompts (key, value, ordered-dict slot)
 
 
 @dataclass
@@ -158,6 +159,7 @@ class TenantTracker:
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._hash_count = 0  # blocks held in every tenant's tree
         self._runs = 0  # runs of every tenant's tree
+        self._keys = 0  # entries of every tenant's turns, systems and prompts
         self._text_bytes = 0
         self._diagnose_pool: ThreadPoolExecutor | None = None
         self._diagnosing = 0  # diagnoses queued or running (DIAGNOSE_QUEUE)
@@ -172,7 +174,8 @@ class TenantTracker:
     @property
     def hash_bytes(self) -> int:
         """Bytes held by the tenants' trees (blocks and runs) and their containers."""
-        return self._hash_count * HASH_ENTRY_BYTES + self._runs * RUN_BYTES + len(self._tenants) * TENANT_BYTES
+        return (self._hash_count * HASH_ENTRY_BYTES + self._runs * RUN_BYTES + len(self._tenants) * TENANT_BYTES
+                + self._keys * KEY_ENTRY_BYTES)
 
     @property
     def text_bytes(self) -> int:
@@ -361,8 +364,8 @@ class TenantTracker:
                 past.systems.add(rec["sys"])
         return past
 
-    @staticmethod
-    def _remember_keys(state: _Tenant, record: dict[str, Any], seq: int, blocks: int) -> None:
+    def _remember_keys(self, state: _Tenant, record: dict[str, Any], seq: int, blocks: int) -> None:
+        before = len(state.turns) + len(state.systems) + len(state.prompts)
         for keys, key, value in ((state.turns, record.get("turn"), seq), (state.systems, record.get("sys"), None),
                                  (state.prompts, seq, (blocks, record.get("turn")))):
             if key:
@@ -370,6 +373,7 @@ class TenantTracker:
                 keys.move_to_end(key)
                 while len(keys) > PAST_KEYS:
                     keys.popitem(last=False)
+        self._keys += len(state.turns) + len(state.systems) + len(state.prompts) - before
 
     def _record(self, seq: int, tenant: str, total: int, matched: int, continuity: float | None,
                 diag: Diagnosis | None, sketch: RequestSketch | None, chain: Sequence[int]) -> dict[str, Any]:
@@ -398,6 +402,7 @@ class TenantTracker:
         state = self._tenants.pop(tenant)
         self._hash_count -= state.tree.size
         self._runs -= state.tree.runs
+        self._keys -= len(state.turns) + len(state.systems) + len(state.prompts)
         for sk in state.sketches.values():
             self._text_bytes -= sketch_bytes(sk)
         self.evictions += 1
