@@ -144,6 +144,12 @@ class ChainMemo:
                 self._data.move_to_end(key)
             return node
 
+    def discard(self, parent: ChainNode, segment: str) -> None:
+        with self._lock:
+            node = self._data.pop((parent.key, segment), None)
+            if node is not None:
+                self.bytes -= node_bytes(segment, node)
+
     def put(self, parent: ChainNode, segment: str, node: ChainNode) -> None:
         cost = node_bytes(segment, node)
         if cost > self.max_bytes:
