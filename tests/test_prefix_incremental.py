@@ -255,3 +255,36 @@ def test_a_cut_is_reused_only_when_the_characters_that_make_it_safe_are_shared()
     reuse = tok.reuse(new)
     assert tok.encode_segment(new, reuse) == tok.encode(new)
     assert reuse is not None and reuse.chars < c
+
+
+def test_a_pool_of_documents_holds_one_memo_entry_per_document() -> None:
+    """The same documents sent again and again, each with another question at its end: the memos
+    keep one entry per document (the newer one supersedes the older, whose blocks it reuses), so
+    memos sized for the pool (not for its recent requests) stay exact on the hot path even when
+    one document is asked many times in a row, and every fingerprint still equals the plain
+    encoding's chain."""
+    import random
+
+    from app.prefix.tokens import SegmentTokenizer
+
+    rng = random.Random(3)
+    words = ["alpha", "beta", "gamma", "delta", "kappa", "omega", "sigma", "theta"]
+    docs = [" ".join(rng.choice(words) for _ in range(4000)) for _ in range(4)]
+    tok = SegmentTokenizer.load(None)
+    fpr = Fingerprinter(tok)
+    plain = Fingerprinter(SegmentTokenizer.load(None))
+    order = [0, 1, 2, 3] + [0] * 7 + [1, 2, 3]
+    routed_exact = []
+    for i, d in enumerate(order):
+        inp = prompt_input("chat", {"messages": [{"role": "user", "content": f"{docs[d]} [q{i}]"}]})
+        fp = fpr.prepare(inp, 16)
+        routed_exact.append(fp.complete)
+        fpr.complete_sync(fp)
+        assert fp.block_hashes == plain.complete_sync(plain.prepare(inp, 16)).block_hashes
+        if i == 0:  # room for five documents' entries in each memo: the pool, not its last requests
+            tok.memo.max_bytes = 5 * tok.memo.bytes + 1024
+            fpr.chains.max_bytes = 5 * fpr.chains.bytes + 1024
+        assert sum(len(s) > 4096 for s in tok.memo._data) <= 4
+    assert routed_exact == [False] * 4 + [True] * (len(order) - 4)
+    fpr.close()
+    plain.close()

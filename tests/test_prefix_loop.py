@@ -1,20 +1,20 @@
 """The after-response path keeps O(prompt) work off the event loop (bench/loop_stalls.py measures it).
 
-No timing assertions: each test checks the mechanism (a long residency write yields between
-slices, bulk updates keep the same bookkeeping as the per-item loops they replaced, the cheap
+No timing assertions: each test checks the mechanism (the residency run tree holds what the
+per-block LRU it replaced held and reads a few hashes per run of a known chain, bulk updates keep the same bookkeeping as the per-item loops they replaced, the cheap
 sketch finds the same regions, the inline encode gives the engine's ids).
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
+from collections import OrderedDict
 
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import build_sketch, find_content, message_key
 from app.prefix.tokens import SegmentTokenizer
 from app.prefix.tracker import TenantTracker
-from app.state.memory import ADD_SLICE_BLOCKS, MemoryStore, _Residency
+from app.state.memory import MemoryStore
 
 
 def rand_chain(n: int, seed: int) -> list[int]:
@@ -22,87 +22,133 @@ def rand_chain(n: int, seed: int) -> list[int]:
     return [rng.getrandbits(64) for _ in range(n)]
 
 
-async def test_long_residency_write_yields_and_keeps_single_pass_order() -> None:
-    head = rand_chain(3 * ADD_SLICE_BLOCKS + 100, 1)
-    other = rand_chain(500, 2)
-    store = MemoryStore(capacity_blocks=10 * ADD_SLICE_BLOCKS)
-    await store.residency_add("r", other)
-    ticks = 0
-    stop = asyncio.Event()
+class BlockLRU:
+    """The per-block model the run tree replaced: an LRU of block hashes, each chain refreshed
+    tail first (block 0 most recent), a hit refreshing only present blocks, trimmed from the
+    least recent end, a removal taking the given blocks."""
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not stop.is_set():
-            ticks += 1
-            await asyncio.sleep(0)
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, None] = OrderedDict()
 
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    before = ticks
-    await store.residency_add("r", head)
-    stop.set()
-    await task
-    assert ticks - before >= 3  # the loop ran other tasks between the slices
+    def add(self, chain: list[int], only_present: bool = False) -> None:
+        for h in reversed(chain):
+            if only_present and h not in self.blocks:
+                continue
+            self.blocks[h] = None
+            self.blocks.move_to_end(h)
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
 
-    reference = _Residency(10 * ADD_SLICE_BLOCKS, 3600.0, lambda: 0.0)
-    reference.add(other)
-    reference.add(head)
-    assert list(store._residency["r"].blocks) == list(reference.blocks)  # same LRU order
-    assert list(store._residency["r"].blocks)[-1] == head[0]  # block 0 most recent
-    assert (await store.residency_lookup(head, ["r"]))["r"] == len(head)
+    def leading(self, chain: list[int]) -> int:
+        return next((i for i, h in enumerate(chain) if h not in self.blocks), len(chain))
 
 
-async def test_lookups_between_slices_see_a_prefix_closed_set() -> None:
-    """A lookup running between two slices of a long add answers what a linear scan answers
-    (the binary search relies on the resident set being prefix-closed at every moment)."""
-    chain = rand_chain(4 * ADD_SLICE_BLOCKS + 33, 11)
-    store = MemoryStore(capacity_blocks=8 * ADD_SLICE_BLOCKS)
-    await store.residency_add("r", chain[:ADD_SLICE_BLOCKS // 2])  # warm head, cold rest
-    seen: list[tuple[int, int]] = []
-    done = False
+class CountingChain(list):
+    """A chain that counts the hashes read from it (a slice counts its length)."""
 
-    async def reader() -> None:
-        while not done:
-            present = store._residency["r"].blocks
-            linear = next((i for i, h in enumerate(chain) if h not in present), len(chain))
-            seen.append(((await store.residency_lookup(chain, ["r"]))["r"], linear))
-            await asyncio.sleep(0)
+    reads = 0
 
-    task = asyncio.create_task(reader())
-    await asyncio.sleep(0)
+    def __getitem__(self, key):  # type: ignore[override]
+        out = super().__getitem__(key)
+        CountingChain.reads += len(out) if isinstance(key, slice) else 1
+        return out
+
+    def __iter__(self):  # type: ignore[override]
+        CountingChain.reads += len(self)
+        return super().__iter__()
+
+
+async def test_run_tree_holds_what_the_per_block_lru_held() -> None:
+    """Random conversations growing, branching, hitting, evicted at a small capacity, with
+    removals of a block and its descendants: the run tree holds exactly the blocks (and answers
+    exactly the lookups) of the per-block LRU it replaced, in the engine's eviction order."""
+    rng = random.Random(5)
+    capacity = 300
+    store = MemoryStore(capacity_blocks=capacity)
+    model = BlockLRU(capacity)
+    convs: list[list[int]] = [rand_chain(rng.randint(5, 60), 100 + i) for i in range(6)]
+    for step in range(600):
+        k = rng.randrange(len(convs))
+        roll = rng.random()
+        if roll < 0.55:  # the conversation's next turn: its chain plus new blocks
+            keep = len(convs[k]) - (rng.randint(0, 2) if rng.random() < 0.3 else 0)  # a changed tail
+            convs[k] = convs[k][:keep] + rand_chain(rng.randint(1, 40), 1000 + step)
+            await store.residency_add("r", convs[k])
+            model.add(convs[k])
+        elif roll < 0.7:  # a new branch off a conversation's head
+            cut = rng.randint(0, len(convs[k]))
+            branch = convs[k][:cut] + rand_chain(rng.randint(1, 30), 5000 + step)
+            await store.residency_add("r", branch)
+            model.add(branch)
+            convs.append(branch)
+        elif roll < 0.85:  # a hit on a leading part
+            part = convs[k][:rng.randint(0, len(convs[k]))] + rand_chain(3, 9000 + step)
+            await store.residency_touch("r", part)
+            model.add(part, only_present=True)
+        elif roll < 0.93:  # a removal: a block and every block after it in any chain
+            chain = convs[k]
+            if chain:
+                victim = rng.choice(chain)
+                gone = {h for c in convs if victim in c for h in c[c.index(victim):]}
+                await store.residency_remove("r", sorted(gone))
+                for h in gone:
+                    model.blocks.pop(h, None)
+        else:  # a shared prefix of the pool, as a whole
+            await store.residency_add("r", convs[0])
+            model.add(convs[0])
+        assert store.residency_hashes("r") == set(model.blocks), f"step {step}"
+        assert store.residency_size("r") == len(model.blocks)
+        for c in convs[-8:]:
+            assert (await store.residency_lookup(c, ["r"]))["r"] == model.leading(c), f"step {step}"
+
+
+async def test_known_blocks_cost_nothing_per_block() -> None:
+    """Re-adding and hitting a long known chain reads a few hashes per run on its path, not one per
+    block; a conversation growing turn by turn adds one run per turn (the runs the hit walks)."""
+    store = MemoryStore(capacity_blocks=1_000_000)
+    chain = rand_chain(20_000, 1)
     await store.residency_add("r", chain)
-    done = True
-    await task
-    assert all(found == linear for found, linear in seen), seen
-    assert len(seen) >= 6
-    assert seen[-1] == (len(chain), len(chain))
+    for turn in range(40):  # each turn continues the last (and its output's last block differs)
+        chain = chain[:-1] + rand_chain(200, 10 + turn)
+        await store.residency_add("r", chain)
+    res = store._residency["r"]
+    assert res.runs <= 2 * 41 + 1
+    counted = CountingChain(chain)
+    CountingChain.reads = 0
+    await store.residency_add("r", counted)
+    await store.residency_touch("r", counted)
+    assert (await store.residency_lookup(counted, ["r"]))["r"] == len(chain)
+    assert CountingChain.reads < 3 * (41 * 2 + 64)  # never len(chain) (~28k)
+    assert res.runs <= 2 * 41 + 1  # a known chain makes no run
 
 
-async def test_long_residency_write_trims_like_a_single_pass() -> None:
-    chain = rand_chain(2 * ADD_SLICE_BLOCKS + 7, 3)
-    store = MemoryStore(capacity_blocks=ADD_SLICE_BLOCKS + 5)
-    await store.residency_add("r", rand_chain(300, 4))
-    await store.residency_add("r", chain)
-    assert store.residency_size("r") == ADD_SLICE_BLOCKS + 5
-    # eviction took tail blocks first: the resident set is the chain's head, prefix-closed
-    assert store.residency_hashes("r") == set(chain[:ADD_SLICE_BLOCKS + 5])
-    assert (await store.residency_lookup(chain, ["r"]))["r"] == ADD_SLICE_BLOCKS + 5
+async def test_eviction_takes_the_least_recent_chain_tail_first() -> None:
+    head = rand_chain(1000, 3)
+    store = MemoryStore(capacity_blocks=1500)
+    await store.residency_add("r", head + rand_chain(300, 4))  # turn 1
+    await store.residency_add("r", head + rand_chain(400, 5))  # turn 2 (shares the head): 1700 held
+    # turn 1's tail is the least recent: its last 200 blocks went, its first 100 stay
+    assert store.residency_size("r") == 1500
+    assert (await store.residency_lookup(head + rand_chain(300, 4), ["r"]))["r"] == 1100
+    assert (await store.residency_lookup(head + rand_chain(400, 5), ["r"]))["r"] == 1400
 
 
-async def test_tracker_bulk_updates_keep_ownership_and_counts() -> None:
+async def test_tracker_keeps_the_shared_head_and_counts_its_blocks() -> None:
     tracker = TenantTracker(MemoryStore(), tenant_max_hashes=2500)
     shared = rand_chain(1000, 5)
     chains = [shared + rand_chain(400, 10 + i) for i in range(6)]
     for c in chains:
         await tracker.observe("t", c, None, 16)
-        state = tracker._tenants["t"]
-        assert tracker.hash_count == len(state.hashes)
-        assert len(state.hashes) <= 2500
+        tree = tracker._tenants["t"].tree
+        assert tracker.hash_count == tree.size == len(tree.held())
+        assert tree.size <= 2500
     state = tracker._tenants["t"]
+    held = state.tree.held()
     # the shared prefix survived the eviction of the requests that first contained it
-    assert all(h in state.hashes for h in shared)
-    assert state.hashes[shared[0]] == state.last_seq
-    assert not any(h in state.hashes for h in chains[0][1000:])  # oldest request's own blocks dropped
+    assert all(h in held for h in shared)
+    assert state.tree.match(shared)[1].stamp == state.last_seq  # the newest request through it
+    assert not any(h in held for h in chains[0][1000:])  # the least recent request's own blocks went
     obs = await tracker.observe("t", shared + rand_chain(3, 99), None, 16)
     assert obs.matched_blocks == 1000
 

@@ -97,7 +97,7 @@ async def test_memory_is_bounded() -> None:
     assert tr._text_bytes <= 5000
     assert tr.evictions > 0
     state = tr._tenants["t11"]
-    assert len(state.hashes) <= 300
+    assert state.tree.size <= 300
 
 
 async def test_trimmed_history_stays_prefix_closed() -> None:
@@ -108,7 +108,7 @@ async def test_trimmed_history_stays_prefix_closed() -> None:
     chains = [chain(60, 100, tag) for tag in range(1, 9)]  # 60 shared + 40 own blocks each
     for c in chains:
         await tr.observe("t", c, None, 16)
-    known = tr._tenants["t"].hashes
+    known = tr._tenants["t"].tree.held()
     assert len(known) <= 300 and tr.evictions > 0  # trimmed: 8 x 40 own blocks alone exceed 300
     for c in chains:
         kept = [h in known for h in c]
@@ -206,3 +206,35 @@ async def test_many_conversations_on_one_tenant_are_no_false_breaks() -> None:
             history[u] += [f"answer {turn} for user {u}"]
     assert set(causes[users:]) <= {None}  # turn 0 of each user: a new conversation; then continuing chats
     assert set(causes[1:users]) == {"new_session"}
+
+
+async def test_a_continuing_conversation_is_not_diagnosed_and_a_break_is_off_the_loop(monkeypatch) -> None:
+    """Turns that continue the conversation in full cost no diagnosis; a changed system prompt of a
+    large prompt pair is diagnosed in the diagnosis thread, not on the event loop's thread."""
+    import threading
+
+    from app.prefix import tracker as tracker_module
+    threads: list[str] = []
+    real = tracker_module.diagnose
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tracker_module, "diagnose", spy)
+    tr = TenantTracker(MemoryStore())
+    turns: list[str] = []
+    full: list[int] = []
+    for k in range(6):  # each turn's chain holds the whole previous prompt's chain
+        turns += [f"question {k} about order {4000 + k}"]
+        full = full + [10_000 * (k + 1) + i for i in range(8)]
+        obs = await tr.observe("t", full, _chat_sketch(POLICY, *turns), 16)
+        assert obs.diagnosis is None
+        turns += [f"answer {k}"]
+    assert tr.diagnoses == 0 and threads == []
+    edited = [7] + full[1:]  # the system prompt changed: block 0 differs
+    big = POLICY * 40  # over INLINE_DIAGNOSE_CHARS with the previous prompt: a diagnosis thread's job
+    obs = await tr.observe("t", edited, _chat_sketch("Edited. " + big, *turns[:-1]), 16)
+    assert obs.diagnosis is not None and obs.diagnosis.cause == "template_change"
+    assert tr.diagnoses == 1 and threads and all(t.startswith("prefixgate-diagnose") for t in threads)
+    assert threading.current_thread().name not in threads

@@ -342,7 +342,9 @@ async def test_residency_bindings_and_response_owners_expire(kind, redis_server:
 
 async def test_random_sequences_match_memory_store(redis_server: RedisServer, redis_namespace: str) -> None:
     """Random adds (chains branching off shared heads), touches, removals, clears and capacity changes over
-    three replicas: RedisStore answers every lookup exactly as MemoryStore does."""
+    three replicas: RedisStore answers every lookup exactly as MemoryStore does. The sequences keep
+    the Store protocol's contract, as its one writer does (app/routing/residency.py): a hash names
+    its whole prefix (chained hashes), and a block is removed with every block after it."""
     rng = random.Random(8)
     memory = make_store("memory", redis_server, redis_namespace)
     redis = make_store("redis", redis_server, redis_namespace)
@@ -354,10 +356,18 @@ async def test_random_sequences_match_memory_store(redis_server: RedisServer, re
         redis.set_capacity(r, 40)
     trunks = [chain(t, 30) for t in range(4)]
 
+    known: list[list[int]] = []
+
     def random_chain() -> list[int]:
-        trunk = rng.choice(trunks)
-        keep = rng.randint(0, len(trunk))
-        return trunk[:keep] + chain(100 + rng.randint(0, 9), rng.randint(0, 8), start=keep)
+        t = rng.randrange(len(trunks))
+        keep = rng.randint(0, len(trunks[t]))
+        tag = 100 + (t * 31 + keep) * 10 + rng.randint(0, 9)  # the suffix's hashes name its prefix
+        out = trunks[t][:keep] + chain(tag, rng.randint(0, 8), start=keep)
+        known.append(out)
+        return out
+
+    def with_descendants(block: int) -> list[int]:
+        return sorted({h for c in known if block in c for h in c[c.index(block):]})
 
     try:
         for step in range(300):
@@ -372,7 +382,7 @@ async def test_random_sequences_match_memory_store(redis_server: RedisServer, re
                 await memory.residency_touch(r, c)
                 await redis.residency_touch(r, c)
             elif roll < 0.85:
-                victims = rng.sample(random_chain() or [0], k=1)
+                victims = with_descendants(rng.choice(random_chain() or [0]))
                 await memory.residency_remove(r, victims)
                 await redis.residency_remove(r, victims)
             elif roll < 0.88:

@@ -18,10 +18,12 @@ DEFAULT_BUDGET_MB = 256  # memory.budget_mb's default (app/config.py): 512Mi Hel
 
 # Shares of the budget. The memos make the hot path cheap (a hit skips tokenising and hashing);
 # the tracker's hashes make continuity exact over a tenant's recent history; texts only feed
-# diagnosis, which needs the last few prompts per tenant.
-TOKEN_MEMO_SHARE = 0.30
-CHAIN_MEMO_SHARE = 0.20
-TRACKER_HASHES_SHARE = 0.30
+# diagnosis, which needs the last few prompts per tenant. The tracker's hashes sit in packed
+# arrays (8 bytes a block, app/prefix/runs.py): 15 % holds ~4.8M blocks at the default budget, so
+# the memos get the rest (32 distinct 1 MB heads fit in both at the default budget, docs/memory.md).
+TOKEN_MEMO_SHARE = 0.40
+CHAIN_MEMO_SHARE = 0.25
+TRACKER_HASHES_SHARE = 0.15
 TRACKER_TEXTS_SHARE = 0.15
 RECENT_SHARE = 0.05  # the ring of recent (request, predicted, delivered) tuples
 TENANT_HASHES_FRACTION = 8  # one tenant may hold at most 1/8 of the tracker's hash bytes

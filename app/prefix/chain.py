@@ -27,10 +27,10 @@ ROOTS_CAP = 4096  # (salt, block size) roots kept; one per tenant salt in isolat
 
 # Bytes one memo entry really holds besides its segment text and hashes, measured with
 # sys.getsizeof on CPython 3.11: the node (slots object, 104 B + 16 B GC header), its key tuple
-# (56 + 16 B) and key int (28 B), the tail array (80 B + 4 a token), the OrderedDict's slot and link
-# (~100 B).
-NODE_OVERHEAD_BYTES = 400
-HASH_BYTES = 8 + 36  # a tuple slot + a 64-bit int object
+# (56 + 16 B) and key int (28 B), the tail array (80 B + 4 a token), the hashes array's header
+# (80 B), the OrderedDict's slot and link (~100 B).
+NODE_OVERHEAD_BYTES = 480
+HASH_BYTES = 8  # a block hash in the node's packed array('Q')
 
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
@@ -38,7 +38,7 @@ class ChainNode:
     """The chain after some leading segments (see the module docstring)."""
 
     key: int  # unique per node: the memo's children are keyed by their parent's key
-    hashes: tuple[int, ...]  # hashes this step added; a tuple is untracked by the GC once seen
+    hashes: array  # array('Q'): the hashes this step added, 8 bytes each (no int objects, no GC work)
     tail: array
     digest: bytes | None  # None: still at the root (salted) digest
     salt: str | None
@@ -51,7 +51,7 @@ _keys = itertools.count(1)
 
 
 def root_node(salt: str | None, block_size: int) -> ChainNode:
-    return ChainNode(next(_keys), (), array("I"), None, salt, block_size, 0, 0)
+    return ChainNode(next(_keys), array("Q"), array("I"), None, salt, block_size, 0, 0)
 
 
 def extend_node(node: ChainNode, ids: Sequence[int], polite: bool = False) -> ChainNode:
@@ -66,7 +66,7 @@ def extend_node(node: ChainNode, ids: Sequence[int], polite: bool = False) -> Ch
     tokens = node.tail + array("I", ids) if node.tail else array("I", ids)
     b = node.block_size
     if not polite or len(tokens) <= POLITE_BLOCKS * b:
-        hashes = tuple(proxy_chain(tokens, b, salt=node.salt, parent=node.digest))
+        hashes = array("Q", proxy_chain(tokens, b, salt=node.salt, parent=node.digest))
     else:
         out: list[int] = []
         digest = node.digest
@@ -75,7 +75,7 @@ def extend_node(node: ChainNode, ids: Sequence[int], polite: bool = False) -> Ch
             out.extend(part)
             digest = proxy_digest(part[-1])
             time.sleep(POLITE_PAUSE_S)  # releases the GIL long enough for a waiting event loop
-        hashes = tuple(out)
+        hashes = array("Q", out)
     used = len(hashes) * b
     digest = proxy_digest(hashes[-1]) if hashes else node.digest
     return ChainNode(next(_keys), hashes, tokens[used:], digest, node.salt, b,
@@ -143,6 +143,12 @@ class ChainMemo:
             if node is not None:
                 self._data.move_to_end(key)
             return node
+
+    def discard(self, parent: ChainNode, segment: str) -> None:
+        with self._lock:
+            node = self._data.pop((parent.key, segment), None)
+            if node is not None:
+                self.bytes -= node_bytes(segment, node)
 
     def put(self, parent: ChainNode, segment: str, node: ChainNode) -> None:
         cost = node_bytes(segment, node)

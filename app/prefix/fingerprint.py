@@ -261,10 +261,18 @@ class Fingerprinter:
             child, hashed = grown
             hash_budget -= hashed
             self.chains.put(node, seg, child)
+            self._supersede(node, reuse)
             hashes.extend(child.hashes)
             node = child
             i += 1
         return node, i
+
+    def _supersede(self, parent: ChainNode, reuse: Reuse | None) -> None:
+        """Once both memos hold a segment encoded from `reuse`, drop the segment it superseded
+        (SegmentTokenizer.supersedes): one entry per document in each memo, not one per request."""
+        if reuse is not None and self.tokenizer.supersedes(reuse):
+            self.tokenizer.memo.discard(reuse.prev)
+            self.chains.discard(parent, reuse.prev)
 
     def _extend_segment(self, node: ChainNode, seg: str, ids: Ids, reuse: Reuse | None,
                         hash_budget: int | None = None, polite: bool = False) -> tuple[ChainNode, int] | None:
@@ -346,6 +354,7 @@ class Fingerprinter:
                 assert grown is not None  # no budget off the loop
                 child = grown[0]
                 self.chains.put(node, seg, child)
+                self._supersede(node, reuse)
             hashes.extend(child.hashes)
             node = child
         return ChainTip(node, hashes)

@@ -267,6 +267,14 @@ class TokenMemo:
                 self._unindex(key)
                 self.evictions += 1
 
+    def discard(self, segment: str) -> None:
+        """Drop `segment` (superseded: a newer segment holds all but its last stride)."""
+        with self._lock:
+            ids = self._data.pop(segment, None)
+            if ids is not None:
+                self.bytes -= self._cost(segment, ids)
+                self._unindex(segment)
+
     def __len__(self) -> int:
         return len(self._data)
 
@@ -382,6 +390,14 @@ class SegmentTokenizer:
                 if len(segment) - best.chars <= 2 * CUT_STRIDE:
                     break  # the most recent candidate already leaves only a short tail
         return best
+
+    @staticmethod
+    def supersedes(reuse: Reuse) -> bool:
+        """The segment encoded from `reuse` holds all of `reuse.prev` but its last stretch (the
+        same document with another question at its end): keeping both would hold the document
+        twice, and a pool of documents would thrash the memos (one entry a request, not a
+        document). A request for `prev` again reuses the newer one the same way."""
+        return len(reuse.prev) - reuse.chars <= 2 * CUT_STRIDE
 
     def _assemble(self, text: str, start: int, cuts: list[int], encoded: Sequence[Ids],
                   reuse: Reuse | None) -> tuple[Ids, Cuts | None]:

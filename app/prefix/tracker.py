@@ -1,13 +1,16 @@
 """Per-tenant continuity: how much of each prompt continues what the tenant sent before.
 
-Local, bounded index (one per gateway pod): per tenant, block hash -> the newest request that
-contained it. Chained hashes identify whole prefixes, and requests are evicted oldest first
-(a hash shared with a newer request survives), so each tenant's set stays prefix-closed and
-"longest prefix of this chain seen before" is a binary search: O(log n) set lookups.
-Memory, counted in the bytes really held (docs/memory.md): a global byte cap on the hashes across
-tenants (the index entries, the per-request tuples and each tenant's containers; LRU tenants go
-first, then the tenant's own oldest requests), a per-tenant cap (oldest requests dropped), and a
-byte cap on the request sketches (rendered prompts) kept for diagnosis.
+Local, bounded index (one per gateway pod): per tenant, the chains it sent as a tree of runs
+(app/prefix/runs.py, the structure the residency index keeps too), each run stamped with the
+newest request through it. Continuity is the depth of the longest match of a request against that
+tree: a step per run on its path, never a step per block it shares with earlier requests, and
+remembering a request costs its new blocks. Diagnosis runs only when that match says the request
+may have lost something (`_continues_known`: it does not continue, in full, the latest request of
+its conversation); a large prompt pair in a diagnosis thread with a bounded queue.
+Memory, counted in the bytes really held (docs/memory.md): a global byte cap on the trees across
+tenants (8 bytes a block, a run's overhead, each tenant's containers; LRU tenants go first, then
+the tenant's own least recent blocks, tail first), a per-tenant cap in blocks, and a byte cap on
+the request sketches (rendered prompts) kept for diagnosis.
 
 Shared, through the Store (several pods): one compact, text-free record per request
 (`history_append`: a sparse sample of the chain so another pod can still find a common prefix,
@@ -19,14 +22,14 @@ it diagnoses it against the same request (docs/diagnosis.md); /hygiene reads onl
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import compress, repeat
-from operator import eq
 from typing import Any
 
 from app.prefix.breakview import break_view
@@ -43,17 +46,28 @@ from app.prefix.diagnose import (
     turn_keys,
 )
 from app.prefix.digest import RequestDigest, diagnose_digest
+from app.prefix.runs import RUN_BYTES, RunTree
 from app.prefix.sketch import RequestSketch, sketch_bytes
 
 SAMPLE_POINTS = 24
 PAST_RECORDS = 16  # Store records read per request: the tenant's recent conversations, from every pod
 PAST_KEYS = 256  # per tenant, conversation keys kept locally
-INLINE_DIAGNOSE_CHARS = 64 * 1024  # larger prompt pairs are diagnosed in a worker thread
-# Bytes held per unit, CPython 3.11 (sys.getsizeof): an index entry (dict slot ~52 B at its load
-# factor + the 64-bit int key, 36 B), a slot of a request's hash tuple, a tenant's empty containers.
-HASH_ENTRY_BYTES = 90
-HASH_SLOT_BYTES = 8
+DIAGNOSE_QUEUE = 8  # diagnoses queued or running at once; past it a break is recorded undiagnosed
+# Smaller prompt pairs are diagnosed inline: under the GIL a thread does not run them in parallel,
+# and its hand-off costs more CPU than the diagnosis (measured: +0.15 ms a 200 B request).
+INLINE_DIAGNOSE_CHARS = 64 * 1024
+# A request continues an earlier one when its chain holds every full block of that one's prompt
+# (then what differs is in the earlier prompt's last partial block, under B tokens: less than
+# diagnosis's `material`, and a value changed there is no break). Any slack here lets a value
+# changed near a prompt's end, followed by static text, pass undiagnosed.
+CONTINUE_SLACK_BLOCKS = 0
+# Bytes held per unit, CPython 3.11 (sys.getsizeof): a block hash in a run's packed array (the
+# runs' own overhead is RUN_BYTES each, counted apart); no request holds a copy of its hashes any
+# more (HASH_SLOT_BYTES, kept for the callers' cap arithmetic); a tenant's empty containers.
+HASH_ENTRY_BYTES = 8
+HASH_SLOT_BYTES = 0
 TENANT_BYTES = 1024
+KEY_ENTRY_BYTES = 200  # an entry of a tenant's turns/systems/prompts (key, value, ordered-dict slot)
 
 
 @dataclass
@@ -71,15 +85,19 @@ class Observation:
 
 @dataclass
 class _Tenant:
-    hashes: dict[int, int] = field(default_factory=dict)  # block hash -> newest seq containing it
-    # (seq, hashes) oldest first; tuples of ints, which the garbage collector stops tracking once
-    # it has seen them (as lists, 25k references a request were walked again by every full collection)
-    requests: deque[tuple[int, tuple[int, ...]]] = field(default_factory=deque)
+    tree: RunTree  # the tenant's chains; each run stamped with the newest request (seq) through it
     sketches: OrderedDict[int, RequestSketch] = field(default_factory=OrderedDict)
     last_seq: int = 0
-    # stable keys of the last user turn and system prompt of recent requests (bounded, oldest first)
-    turns: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # stable keys of the last user turn (-> the newest request with it) and system prompt of recent
+    # requests (bounded, oldest first)
+    turns: OrderedDict[str, int] = field(default_factory=OrderedDict)
     systems: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    # seq -> (its prompt's blocks, its last user turn's key) of recent requests
+    prompts: OrderedDict[int, tuple[int, str | None]] = field(default_factory=OrderedDict)
+
+
+def _never() -> float:
+    return 0.0  # the tenant trees' clock: their runs never expire (LRU and the caps bound them)
 
 
 def longest_known_prefix(chain: Sequence[int], known: dict[int, int] | set[int]) -> int:
@@ -139,9 +157,14 @@ class TenantTracker:
         self.clock = clock
         self.evictions = 0  # tenants or requests dropped from the bounded history
         self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
-        self._hash_count = 0
-        self._slots = 0  # hash slots of every kept request's tuple (a shared head counts per request)
+        self._hash_count = 0  # blocks held in every tenant's tree
+        self._runs = 0  # runs of every tenant's tree
+        self._keys = 0  # entries of every tenant's turns, systems and prompts
         self._text_bytes = 0
+        self._diagnose_pool: ThreadPoolExecutor | None = None
+        self._diagnosing = 0  # diagnoses queued or running (DIAGNOSE_QUEUE)
+        self.diagnoses = 0  # diagnoses run
+        self.diagnoses_skipped = 0  # breaks recorded undiagnosed: the queue was full
         self.pod = secrets.token_hex(4)  # names this tracker's records, so it knows which it holds texts of
 
     @property
@@ -150,9 +173,9 @@ class TenantTracker:
 
     @property
     def hash_bytes(self) -> int:
-        """Bytes held by the index, the kept requests' hash tuples and the tenants' containers."""
-        return (self._hash_count * HASH_ENTRY_BYTES + self._slots * HASH_SLOT_BYTES
-                + len(self._tenants) * TENANT_BYTES)
+        """Bytes held by the tenants' trees (blocks and runs) and their containers."""
+        return (self._hash_count * HASH_ENTRY_BYTES + self._runs * RUN_BYTES + len(self._tenants) * TENANT_BYTES
+                + self._keys * KEY_ENTRY_BYTES)
 
     @property
     def text_bytes(self) -> int:
@@ -168,8 +191,9 @@ class TenantTracker:
         `facts` (TTFT, prompt tokens) are stored with the request's record for the reports."""
         state = self._tenant(tenant)
         total = len(chain)
-        matched = longest_known_prefix(chain, state.hashes)
-        best_seq = state.hashes.get(chain[matched - 1]) if matched else None
+        matched, run = state.tree.match(chain)  # a step per run on the path, not per block
+        local = matched
+        best_seq = run.stamp if run is not None else None
         # every request reads the tenant's recent records (written by every pod): a pod that did not
         # see the previous turns still knows the tenant's conversations and a lower bound of the match
         records = await self.store.history_recent(tenant, PAST_RECORDS)
@@ -177,21 +201,26 @@ class TenantTracker:
             matched = max(matched, sampled_prefix(chain, rec.get("sample") or []))
         continuity = (matched / total) if total else None
         diag: Diagnosis | None = None
-        past = self._past(state, records)
-        call = self._diagnosis(state, sketch, best_seq, past, records, max(64, 6 * block_size))
-        prev = call.args[0] if call is not None and isinstance(call.args[0], RequestSketch) else None  # None: a digest
-        if call is not None:  # also when only the last partial block changed
-            prev_chars = len(prev.text) if prev is not None else 0
-            if sketch is not None and len(sketch.text) + prev_chars > INLINE_DIAGNOSE_CHARS:
-                diag = await asyncio.get_running_loop().run_in_executor(None, call)  # keep the loop free
-            else:
-                diag = call()
+        fields: dict[str, Any] = {}
+        prev: RequestSketch | None = None
+        if sketch is not None and not self._continues_known(state, sketch, local, best_seq, records):
+            past = self._past(state, records)
+            call = self._diagnosis(state, sketch, best_seq, past, records, max(64, 6 * block_size))
+            # None: a digest
+            prev = call.args[0] if call is not None and isinstance(call.args[0], RequestSketch) else None
+            if call is not None:  # also when only the last partial block changed
+                done = await self._run_diagnosis(call, sketch, matched, block_size, prev)
+                if done is None:
+                    fields["diagnosed"] = False
+                else:
+                    diag, fields = done
         seq = state.last_seq + 1
         state.last_seq = seq
-        record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain, block_size, prev)
+        record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain)
+        record.update(fields)
         record.update(facts or {})
-        self._remember(tenant, state, seq, [*chain, *extra_chain] if extra_chain else list(chain), sketch)
-        self._remember_keys(state, record)
+        self._remember(tenant, state, seq, [*chain, *extra_chain] if extra_chain else chain, sketch)
+        self._remember_keys(state, record, seq, total)
         await self.store.history_append(tenant, record)
         await self.store.counter_incr(tenant, "requests")
         await self.store.counter_incr(tenant, "blocks", float(total))
@@ -202,6 +231,74 @@ class TenantTracker:
             reason = "new_session" if diag.cause in NOT_A_PROBLEM else "break"
             await self.store.counter_incr(tenant, f"unmatched:{reason}", float(total - matched))
         return Observation(tenant, seq, total, matched, continuity, diag, record)
+
+    def _continues_known(self, state: _Tenant, sketch: RequestSketch, matched: int,
+                         best_seq: int | None, records: list[dict]) -> bool:
+        """Nothing can have been lost, so there is nothing to diagnose: the request's match in the
+        tree reaches the last blocks of the request it continues (`best_seq`), it holds that
+        request's last user turn (the same conversation; without turns, that request is the
+        tenant's newest), and no later request of its conversation exists here or in the records
+        of other pods. O(runs + turns): the turn keys hash 1 KB per user turn."""
+        known = state.prompts.get(best_seq) if best_seq is not None else None
+        if known is None or best_seq is None or matched < known[0] - CONTINUE_SLACK_BLOCKS:
+            return False
+        turn = known[1]
+        if turn is None:
+            newest = records[-1] if records else None
+            return best_seq == state.last_seq and (newest is None or newest.get("rid") == f"{self.pod}:{best_seq}")
+        keys = set(turn_keys(sketch))
+        if turn not in keys or any(state.turns.get(k, 0) > best_seq for k in keys):
+            return False  # another conversation, or a later request of this one: diagnosed against it
+        newest = next((r for r in reversed(records) if r.get("turn") in keys), None)
+        if newest is None:
+            return True
+        pod, _, seq = str(newest.get("rid") or "").partition(":")
+        return pod == self.pod and seq.isdigit() and int(seq) <= best_seq
+
+    async def _run_diagnosis(self, call: partial, sketch: RequestSketch, matched: int, block_size: int,
+                             prev: RequestSketch | None) -> tuple[Diagnosis, dict[str, Any]] | None:
+        """The diagnosis and the record fields of a break: inline for a small prompt pair, else in
+        the diagnosis thread (off the event loop); None when DIAGNOSE_QUEUE diagnoses are already
+        waiting there (counted, not queued)."""
+        if len(sketch.text) + (len(prev.text) if prev is not None else 0) <= INLINE_DIAGNOSE_CHARS:
+            return self._diagnose_and_describe(call, sketch, matched, block_size, prev)
+        if self._diagnosing >= DIAGNOSE_QUEUE:
+            self.diagnoses_skipped += 1
+            return None
+        if self._diagnose_pool is None:
+            self._diagnose_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixgate-diagnose")
+        self._diagnosing += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._diagnose_pool, self._diagnose_and_describe, call, sketch, matched, block_size, prev)
+        finally:
+            self._diagnosing -= 1
+
+    def _diagnose_and_describe(self, call: partial, sketch: RequestSketch, matched: int, block_size: int,
+                               prev: RequestSketch | None) -> tuple[Diagnosis, dict[str, Any]]:
+        diag = call()
+        self.diagnoses += 1
+        if diag.cause is None:
+            return diag, {}
+        text = sketch.text
+        fields = {
+            "cause": diag.cause,
+            "block_index": matched,
+            "token_offset": matched * block_size,
+            "char_offset": diag.char_offset,
+            "span_kinds": [s.kind for s in diag.spans],
+            "span_offsets": [[s.start, s.end] for s in diag.spans],
+            "secondary": [{"cause": f.cause, "char_offset": f.char_offset,
+                           "span_kinds": [s.kind for s in f.spans],
+                           "spans": [s.text for s in f.spans] if self.show_text else []}
+                          for f in diag.secondary],
+            "spans": [s.text for s in diag.spans] if self.show_text else [],
+            "snippet": snippet(text, diag.char_offset, diag.spans, self.show_text),
+            "fix": fix_for(diag, text, self.show_text),
+            "detail": diag.detail,
+        }
+        fields.update(break_view(prev, sketch, diag, self.show_text, self.extra_patterns))  # for /ui
+        return diag, fields
 
     def _diagnosis(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,
                    past: TenantPast, records: list[dict], material: int) -> partial | None:
@@ -267,18 +364,19 @@ class TenantTracker:
                 past.systems.add(rec["sys"])
         return past
 
-    @staticmethod
-    def _remember_keys(state: _Tenant, record: dict[str, Any]) -> None:
-        for keys, key in ((state.turns, record.get("turn")), (state.systems, record.get("sys"))):
+    def _remember_keys(self, state: _Tenant, record: dict[str, Any], seq: int, blocks: int) -> None:
+        before = len(state.turns) + len(state.systems) + len(state.prompts)
+        for keys, key, value in ((state.turns, record.get("turn"), seq), (state.systems, record.get("sys"), None),
+                                 (state.prompts, seq, (blocks, record.get("turn")))):
             if key:
-                keys[key] = None
+                keys[key] = value
                 keys.move_to_end(key)
                 while len(keys) > PAST_KEYS:
                     keys.popitem(last=False)
+        self._keys += len(state.turns) + len(state.systems) + len(state.prompts) - before
 
     def _record(self, seq: int, tenant: str, total: int, matched: int, continuity: float | None,
-                diag: Diagnosis | None, sketch: RequestSketch | None, chain: Sequence[int],
-                block_size: int, prev: RequestSketch | None = None) -> dict[str, Any]:
+                diag: Diagnosis | None, sketch: RequestSketch | None, chain: Sequence[int]) -> dict[str, Any]:
         rec: dict[str, Any] = {
             "seq": seq, "ts": self.clock(), "blocks": total, "matched": matched,
             "continuity": continuity, "cause": None, "sample": sample_chain(chain),
@@ -288,32 +386,13 @@ class TenantTracker:
             rec["turn"] = last_turn_key(sketch)
             rec["sys"] = system_key(sketch)
             rec["digest"] = RequestDigest.of(sketch).to_record()
-        if diag is not None and diag.cause is not None and sketch is not None:
-            text = sketch.text
-            rec.update({
-                "cause": diag.cause,
-                "block_index": matched,
-                "token_offset": matched * block_size,
-                "char_offset": diag.char_offset,
-                "span_kinds": [s.kind for s in diag.spans],
-                "span_offsets": [[s.start, s.end] for s in diag.spans],
-                "secondary": [{"cause": f.cause, "char_offset": f.char_offset,
-                               "span_kinds": [s.kind for s in f.spans],
-                               "spans": [s.text for s in f.spans] if self.show_text else []}
-                              for f in diag.secondary],
-                "spans": [s.text for s in diag.spans] if self.show_text else [],
-                "snippet": snippet(text, diag.char_offset, diag.spans, self.show_text),
-                "fix": fix_for(diag, text, self.show_text),
-                "detail": diag.detail,
-            })
-            rec.update(break_view(prev, sketch, diag, self.show_text, self.extra_patterns))  # for /ui
         return rec
 
     # ------------------------------------------------------------------ bounded memory
     def _tenant(self, tenant: str) -> _Tenant:
         state = self._tenants.get(tenant)
         if state is None:
-            state = self._tenants[tenant] = _Tenant()
+            state = self._tenants[tenant] = _Tenant(RunTree(self.tenant_max_hashes, math.inf, _never))
             while len(self._tenants) > self.max_tenants:
                 self._drop_tenant(next(iter(self._tenants)))
         self._tenants.move_to_end(tenant)
@@ -321,8 +400,9 @@ class TenantTracker:
 
     def _drop_tenant(self, tenant: str) -> None:
         state = self._tenants.pop(tenant)
-        self._hash_count -= len(state.hashes)
-        self._slots -= sum(len(hashes) for _, hashes in state.requests)
+        self._hash_count -= state.tree.size
+        self._runs -= state.tree.runs
+        self._keys -= len(state.turns) + len(state.systems) + len(state.prompts)
         for sk in state.sketches.values():
             self._text_bytes -= sketch_bytes(sk)
         self.evictions += 1
@@ -332,23 +412,20 @@ class TenantTracker:
             return state.sketches[seq]
         return next(reversed(state.sketches.values()), None) if state.sketches else None
 
-    def _remember(self, tenant: str, state: _Tenant, seq: int, hashes: list[int],
+    def _remember(self, tenant: str, state: _Tenant, seq: int, hashes: Sequence[int],
                   sketch: RequestSketch | None) -> None:
-        # C-level bulk update (this runs on the event loop; a Python loop over a 1 MB prompt's
-        # 25k hashes took ~2 ms): the dict's growth is the number of new hashes
-        before = len(state.hashes)
-        state.hashes.update(zip(hashes, repeat(seq)))
-        self._hash_count += len(state.hashes) - before
-        state.requests.append((seq, tuple(hashes)))
-        self._slots += len(hashes)
+        tree = state.tree
+        size, runs = tree.size, tree.runs
+        if tree.add(hashes, stamp=seq):  # past the tenant's cap: its least recent blocks went
+            self.evictions += 1
+        self._hash_count += tree.size - size
+        self._runs += tree.runs - runs
         if sketch is not None:
             state.sketches[seq] = sketch
             self._text_bytes += sketch_bytes(sketch)
             while len(state.sketches) > self.texts_per_tenant:
                 _, old = state.sketches.popitem(last=False)
                 self._text_bytes -= sketch_bytes(old)
-        while len(state.hashes) > self.tenant_max_hashes and len(state.requests) > 1:
-            self._drop_oldest_request(state)
         while self._hash_count > self.max_hashes and len(self._tenants) > 1:
             victim = next(iter(self._tenants))
             if victim == tenant:
@@ -358,22 +435,17 @@ class TenantTracker:
             victim = next(iter(self._tenants))
             if victim != tenant:
                 self._drop_tenant(victim)
-            elif len(state.requests) > 1:
-                self._drop_oldest_request(state)
-            else:
+                continue
+            excess = self.hash_bytes - self.max_hash_bytes
+            size, runs = tree.size, tree.runs
+            if not tree.evict(max(1, -(-excess // HASH_ENTRY_BYTES))):
                 break
+            self.evictions += 1
+            self._hash_count += tree.size - size
+            self._runs += tree.runs - runs
         while self._text_bytes > self.texts_bytes:
             if not self._drop_oldest_text(tenant):
                 break
-
-    def _drop_oldest_request(self, state: _Tenant) -> None:
-        seq, hashes = state.requests.popleft()
-        # the hashes this request is still the newest holder of, found and deleted at C speed
-        owned = list(dict.fromkeys(compress(hashes, map(eq, map(state.hashes.get, hashes), repeat(seq)))))
-        deque(map(state.hashes.pop, owned, repeat(None)), maxlen=0)
-        self._hash_count -= len(owned)
-        self._slots -= len(hashes)
-        self.evictions += 1
 
     def _drop_oldest_text(self, keep: str) -> bool:
         for name, state in self._tenants.items():

@@ -1,22 +1,20 @@
 """In-process Store: the embedded default (one gateway pod, or the sidecar).
 
-Residency per replica is an LRU of block hashes with a TTL, bounded at the replica's KV capacity.
-Chains are inserted tail-first so that block 0 is the most recently used: eviction then removes
-tail blocks before the head, as vLLM's free queue does (blocks of a finished request are freed in
-reverse order). Every add is a whole chain from its root, so each block's parent is present and
-more recent than it: the resident set stays prefix-closed, and `residency_lookup` binary-searches
-the leading resident run instead of scanning a 15k-block chain. Adding whole chains, touching
+Residency per replica is a tree of runs (app/prefix/runs.py) bounded at the replica's KV capacity,
+with a TTL: prefix-closed by construction, evicted from the least recent leaf run tail first, as
+vLLM's free queue frees a finished request's blocks; an add or a hit costs a step per run on the
+chain's path plus the new blocks, never a step per known block. Adding whole chains, touching
 (never inserting) on a hit and removing whole subtrees is the caller's part: the residency owner
 (app/routing/residency.py, docs/routing.md) is the only writer.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
+from app.prefix.runs import RunTree
 from app.routing.recent import RecentRequests
 from app.state.base import Store
 
@@ -25,78 +23,6 @@ DEFAULT_TTL_S = 3600.0
 DEFAULT_HISTORY = 64
 DEFAULT_MAX_TENANTS = 10_000
 DEFAULT_MAX_BINDINGS = 100_000
-ADD_SLICE_BLOCKS = 4096  # ~0.3 ms of LRU moves: the longest a residency write holds the event loop
-
-
-class _Residency:
-    def __init__(self, capacity: int, ttl_s: float, clock: Callable[[], float]) -> None:
-        self.capacity = capacity
-        self.ttl_s = ttl_s
-        self._clock = clock
-        self.blocks: OrderedDict[int, float] = OrderedDict()  # hash -> expiry; last = most recent
-        self.writers = 0  # sliced adds in flight (MemoryStore.residency_add): trims wait for them
-
-    def add(self, hashes: list[int]) -> int:
-        self.refresh(hashes, self._clock() + self.ttl_s)
-        return self.trim()
-
-    def refresh(self, hashes: list[int], expiry: float, only_present: bool = False) -> None:
-        """Insert or refresh `hashes` as the most recent, tail first (no trim). `only_present`:
-        refresh the ones present and insert none (a touch: a block removed meanwhile stays so)."""
-        blocks = self.blocks
-        move = blocks.move_to_end
-        for h in reversed(hashes):
-            if only_present and h not in blocks:
-                continue
-            blocks[h] = expiry
-            move(h)
-
-    async def refresh_sliced(self, hashes: list[int], expiry: float, only_present: bool = False) -> None:
-        """`refresh` in slices of ADD_SLICE_BLOCKS from the tail, yielding between them."""
-        end = len(hashes)
-        while end > 0:
-            self.refresh(hashes[max(0, end - ADD_SLICE_BLOCKS):end], expiry, only_present)
-            end -= ADD_SLICE_BLOCKS
-            if end > 0:
-                await asyncio.sleep(0)
-
-    def insert(self, hashes: list[int], expiry: float) -> None:
-        """Make `hashes` present, in order (new ones become the most recent), without moving
-        the ones already present."""
-        blocks = self.blocks
-        for h in hashes:
-            blocks[h] = expiry
-
-    def trim(self) -> int:
-        if self.writers:
-            return 0  # the last sliced add in flight trims
-        evicted = 0
-        while len(self.blocks) > self.capacity:
-            self.blocks.popitem(last=False)
-            evicted += 1
-        return evicted
-
-    def has(self, h: int, now: float) -> bool:
-        expiry = self.blocks.get(h)
-        if expiry is None:
-            return False
-        if expiry < now:
-            del self.blocks[h]
-            return False
-        return True
-
-    def leading(self, hashes: list[int]) -> int:
-        """Length of the leading resident run: a binary search, exact because the set is
-        prefix-closed (app/routing/residency.py, the only writer, keeps it so)."""
-        now = self._clock()
-        lo, hi = 0, len(hashes)  # invariant: hashes[:lo] resident, hashes[hi:] not known resident
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.has(hashes[mid - 1], now):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
 
 
 class MemoryStore(Store):
@@ -117,7 +43,7 @@ class MemoryStore(Store):
         self.max_tenants = max_tenants
         self.max_bindings = max_bindings
         self._clock = clock
-        self._residency: dict[str, _Residency] = {}
+        self._residency: dict[str, RunTree] = {}
         self._bindings: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._history: OrderedDict[str, deque[dict]] = OrderedDict()
         self._counters: dict[str, dict[str, float]] = {}
@@ -134,10 +60,10 @@ class MemoryStore(Store):
         return True
 
     # ------------------------------------------------------------- residency
-    def _replica(self, replica: str) -> _Residency:
+    def _replica(self, replica: str) -> RunTree:
         res = self._residency.get(replica)
         if res is None:
-            res = self._residency[replica] = _Residency(self.default_capacity, self.ttl_s, self._clock)
+            res = self._residency[replica] = RunTree(self.default_capacity, self.ttl_s, self._clock)
         return res
 
     def set_capacity(self, replica: str, capacity_blocks: int) -> None:
@@ -152,66 +78,39 @@ class MemoryStore(Store):
         return {r: (self._residency[r].leading(block_hashes) if r in self._residency else 0) for r in replicas}
 
     async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
-        """Adds the chain in slices of ADD_SLICE_BLOCKS, yielding to the event loop between them
-        (a 1 MB prompt is ~25k blocks: ~2 ms of OrderedDict moves in one go), in two passes so
-        that every state a concurrent lookup can see is one a single pass could leave:
-        1. the blocks after the leading resident run become present head first, so the
-           resident set stays prefix-closed (the binary search in `leading` stays exact);
-        2. the whole chain moves to the most recent end tail first, which changes only the order,
-           ending in the single pass's order (block 0 most recent).
-        Trims wait until no sliced add is in flight: one evicting between two slices of pass 2
-        would take this chain's not-yet-refreshed head before its tail."""
-        res = self._replica(replica)
-        expiry = self._clock() + self.ttl_s
-        n = len(block_hashes)
-        if n <= ADD_SLICE_BLOCKS:
-            res.refresh(block_hashes, expiry)
-            res.trim()
-            return
-        res.writers += 1
-        try:
-            start = res.leading(block_hashes)
-            while start < n:
-                res.insert(block_hashes[start:start + ADD_SLICE_BLOCKS], expiry)
-                start += ADD_SLICE_BLOCKS
-                await asyncio.sleep(0)
-            await res.refresh_sliced(block_hashes, expiry)
-        finally:
-            res.writers -= 1
-        res.trim()
+        """One step, no slices: only the new blocks are copied (at C speed), the known part of the
+        chain costs a step per run on its path (see the module docstring)."""
+        self._replica(replica).add(block_hashes)
 
     async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
-        """Mark the resident blocks of a chain as just used, as the engine does on a hit: present
-        ones move to the most recent end tail first (absent ones stay absent), in slices like
-        `residency_add`'s second pass."""
-        res = self._residency.get(replica)
-        if res is None:
-            return
-        res.writers += 1
-        try:
-            await res.refresh_sliced(block_hashes, self._clock() + self.ttl_s, only_present=True)
-        finally:
-            res.writers -= 1
-        res.trim()  # an add that ran meanwhile left its trim to the last writer
-
-    async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
+        """Mark the leading resident run of a chain as just used, as the engine does on a hit
+        (absent blocks stay absent)."""
         res = self._residency.get(replica)
         if res is not None:
-            for h in block_hashes:
-                res.blocks.pop(h, None)
+            res.touch(block_hashes)
+
+    async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
+        """Remove the blocks, each with its descendants (the owner passes them anyway)."""
+        res = self._residency.get(replica)
+        if res is not None:
+            res.remove(block_hashes)
 
     async def residency_clear(self, replica: str) -> None:
         res = self._residency.get(replica)
         if res is not None:
-            res.blocks.clear()  # keep the replica's capacity (AllBlocksCleared is not a resize)
+            res.clear()  # keep the replica's capacity (AllBlocksCleared is not a resize)
 
     def residency_size(self, replica: str) -> int:
         res = self._residency.get(replica)
-        return len(res.blocks) if res else 0
+        return res.size if res else 0
 
     def residency_hashes(self, replica: str) -> set[int]:
         res = self._residency.get(replica)
-        return set(res.blocks) if res else set()
+        return res.held() if res else set()
+
+    def residency_bytes(self) -> int:
+        """Bytes the residency index holds, every replica (RUN_BYTES, WHERE_ENTRY_BYTES)."""
+        return sum(res.nbytes() for res in self._residency.values())
 
     # ------------------------------------------------------------- recent placements
     async def recent_add(self, replica: str) -> None:
