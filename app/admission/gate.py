@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from app.admission.limits import Limiter, Verdict
 from app.admission.queue import FairQueue
 from app.config import Settings, TenantLimits
-from app.proxy.context import ProxyError
+from app.errors import ProxyError
 from app.routing.base import Replica
 from app.routing.lanes import LongPrefillLane
 from app.telemetry.metrics import Metrics

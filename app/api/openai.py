@@ -28,12 +28,12 @@ import orjson
 from app.api.errors import send_error, to_proxy_error
 from app.api.tenant import resolve_tenant
 from app.api.validation import parse_body
-from app.pipeline.request import RequestPipeline
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
 
 if TYPE_CHECKING:
     from app.config import Settings
+    from app.pipeline.request import RequestPipeline
     from app.services import Services
 
 
@@ -147,9 +147,9 @@ class _TrackedSend:
 class OpenAIProxy:
     """ASGI app for every `/v1/*` path except `/v1/models` (control plane)."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, pipeline: RequestPipeline) -> None:
         self.services = services
-        self.pipeline = RequestPipeline(services)
+        self.pipeline = pipeline
         self.active = 0  # requests not yet finished (hooks and metrics included); tests settle on 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from app.proxy.context import ProxyError
+from app.errors import ProxyError
 
 _NUMBER = (int, float)
 

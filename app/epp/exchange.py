@@ -40,10 +40,10 @@ from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
 from app.proxy.forward import stream_shape
 from app.proxy.observer import StreamObserver
-from app.proxy.record import child
 from app.proxy.relay import observe_buffered, proxy_headers, take_results
 from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable, RouteDecision, RouteRequest
+from app.routing.load import LoadHold
 
 if TYPE_CHECKING:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -51,7 +51,6 @@ if TYPE_CHECKING:
     from app.pipeline.request import RequestPipeline
     from app.services import Services
 
-BYTES_PER_TOKEN_ESTIMATE = 4
 MAX_BUFFERED_RESPONSE = 8 * 1024 * 1024  # a non-streamed answer parsed for usage, at most
 
 
@@ -71,7 +70,7 @@ class Exchange:
         self.request: RouteRequest | None = None
         self.decisions: list[RouteDecision] = []
         self.active: RouteDecision | None = None  # the decision whose replica holds the request
-        self.queued = 0
+        self.hold: LoadHold | None = None  # its load on that replica (app/routing/load.py)
         self.observer: StreamObserver | None = None
         self.buffered: list[bytes] | None = None
         self.passthrough = False
@@ -181,37 +180,20 @@ class Exchange:
         self._hold(self.decisions[0])
 
     def _hold(self, decision: RouteDecision) -> None:
-        """`decision`'s replica now holds the request (inflight, prefill backlog, decision metric)."""
-        metrics = self.services.metrics
-        replica = decision.replica
+        """`decision`'s replica now holds the request: the load owner's hold, as `serve`'s forward
+        takes it (inflight, prefill backlog and its long-lane part, decision metric)."""
         self.active = decision
+        self.hold = self.services.load.hold(decision)
         if self.ctx is not None:
             self.ctx.decision = decision
             self.ctx.attempts += 1
-        child(metrics.route_decisions, replica.name, decision.reason).inc()
-        replica.inflight += 1
-        child(metrics.backend_inflight, replica.name).set(replica.inflight)
-        self.queued = decision.prefill_tokens
-        replica.queued_prompt_tokens += self.queued
-        if self.ctx is not None:
             self.ctx.mark_placed()
 
     def _release(self) -> None:
-        decision = self.active
-        if decision is None:
-            return
-        replica = decision.replica
-        replica.inflight -= 1
-        replica.queued_prompt_tokens -= self.queued
-        self.queued = 0
-        child(self.services.metrics.backend_inflight, replica.name).set(replica.inflight)
+        if self.hold is not None:
+            self.hold.release()  # the admission queue re-checks now
+        self.hold = None
         self.active = None
-        self._kick()
-
-    def _kick(self) -> None:
-        """A replica's load went down: the admission queue re-checks now (app/admission/gate.py)."""
-        if self.services.admission is not None:
-            self.services.admission.kick()
 
     async def _pick_passthrough(self) -> list[pb.ProcessingResponse]:
         """Any replica, or for `/v1/responses/{id}` (retrieve, cancel) the one that holds the id."""
@@ -319,9 +301,8 @@ class Exchange:
             self.clock.first_byte(now)
             self.services.health.mark_success(decision.replica)
             self.services.router.on_routed(request, decision)
-        decision.replica.queued_prompt_tokens -= self.queued
-        self.queued = 0
-        self._kick()
+        if self.hold is not None:
+            self.hold.prefill_done()
 
     def _backend(self) -> str:
         return self.active.replica.name if self.active else "?"

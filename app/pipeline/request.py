@@ -41,9 +41,11 @@ reached the client (routing.max_retries). Steps 8-9 run once the response ended,
 outcome (`finish`, from the adapter's `finally`), and never block the loop. Passthrough paths
 (other /v1/* routes) skip 1-4 and 8: their bytes go to a routed replica as they came.
 
-A stage is optional: a `Services` without one (tests, `bench/overhead.py --core-only`) skips its
-step. `services.hooks` holds extra observers (tests, recorders): their `before_route` runs after
-step 3b and their `after_response` after 8b. docs/pipeline.md tells the same path in prose.
+A stage is optional: a pipeline built without one (tests, `bench/overhead.py --core-only`) skips
+its step. `hooks` holds extra observers (tests, recorders): their `before_route` runs after step 3b
+and their `after_response` after 8b. Every part is handed in at construction (app/server.py
+`build_pipeline` wires them); nothing here reaches into `Services`. docs/pipeline.md tells the
+same path in prose.
 """
 
 from __future__ import annotations
@@ -58,13 +60,23 @@ from app.pipeline.responses_stage import ResponseOwners, response_id_of_path
 from app.prefix.blocks import predicted_hit_tokens
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext
-from app.proxy.forward import Mode, forward
+from app.proxy.forward import Forwarder, Mode
 from app.proxy.record import record_request
 from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable, RouteRequest
+from app.routing.load import estimated_tokens
 
 if TYPE_CHECKING:
-    from app.server import Services
+    from app.admission.gate import Admission
+    from app.config import Settings
+    from app.pipeline.hygiene_stage import HygieneStage
+    from app.pipeline.prefix_stage import PrefixStage
+    from app.pipeline.tracing_stage import TracingStage
+    from app.proxy.context import RequestHook
+    from app.routing.health import HealthChecker
+    from app.routing.replicas import ReplicaSet
+    from app.routing.residency import ReplicaIndex
+    from app.telemetry.metrics import Metrics
 
 log = logging.getLogger("prefixgate.pipeline")
 _RELEASES: set[asyncio.Task[None]] = set()  # admission releases in flight (referenced until done)
@@ -76,15 +88,27 @@ def _int_or(value: str | None, default: int) -> int:
     except ValueError:
         return default
 
-BYTES_PER_TOKEN_ESTIMATE = 4  # routing's load estimate for a prompt without a fingerprint
-
 
 class RequestPipeline:
     """Drives one request through the steps of the table above."""
 
-    def __init__(self, services: Services) -> None:
-        self.services = services
-        self.responses = ResponseOwners(services)
+    def __init__(self, settings: Settings, metrics: Metrics, health: HealthChecker, replicas: ReplicaSet,
+                 residency: ReplicaIndex, forwarder: Forwarder, responses: ResponseOwners, *,
+                 hygiene: HygieneStage | None = None, prefix: PrefixStage | None = None,
+                 tracing: TracingStage | None = None, admission: Admission | None = None,
+                 hooks: list[RequestHook] | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.health = health
+        self.replicas = replicas
+        self.residency = residency
+        self.forwarder = forwarder
+        self.responses = responses
+        self.hygiene = hygiene
+        self.prefix = prefix
+        self.tracing = tracing
+        self.admission = admission
+        self.hooks = hooks if hooks is not None else []  # the caller's list: observers added later count
 
     async def run(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
         """Steps 1-7 for chat/completions. Raises ProxyError (or the last upstream error) when
@@ -92,8 +116,8 @@ class RequestPipeline:
         body, request, drop_usage = await self.prepare(ctx, raw)
         mode: Mode = "stream" if ctx.stream else "buffered"
         try:
-            await forward(self.services, ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
-                          mode=mode, drop_usage=drop_usage)
+            await self.forwarder.forward(ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
+                                         mode=mode, drop_usage=drop_usage)
         except (UpstreamError, NoReplicaAvailable) as exc:
             previous = ctx.body.get("previous_response_id") if ctx.route == "responses" else None
             if ctx.pinned_replica is None or not isinstance(previous, str):
@@ -104,21 +128,20 @@ class RequestPipeline:
         """Steps 1-4: the bytes to send upstream, what the router reads, and whether the usage
         chunk the gateway asked for must be dropped from the stream. Shared by `run` and the
         Endpoint Picker (app/epp/exchange.py), whose data plane does steps 5-7's transport."""
-        services = self.services
         self._admit(ctx)  # 1
         responses = ctx.route == "responses"
         previous = ctx.body.get("previous_response_id") if responses else None
         if isinstance(previous, str):  # 1b: the replica that holds it, or its 404
             ctx.pinned_replica = await self.responses.pin(previous)
-        if services.hygiene is not None:
-            await services.hygiene.before_route(ctx)  # 2
-        if services.prefix is not None:
-            await services.prefix.before_route(ctx)  # 3
-        if services.tracing is not None:
-            await services.tracing.before_route(ctx)  # 3b
-        for hook in services.hooks:
+        if self.hygiene is not None:
+            await self.hygiene.before_route(ctx)  # 2
+        if self.prefix is not None:
+            await self.prefix.before_route(ctx)  # 3
+        if self.tracing is not None:
+            await self.tracing.before_route(ctx)  # 3b
+        for hook in self.hooks:
             await hook.before_route(ctx)
-        if services.admission is not None:
+        if self.admission is not None:
             await self._admission(ctx, len(raw))  # 3c
         # OpenAI streams report usage only when asked; a Messages stream always does (message_start,
         # message_delta), so nothing is added to, or dropped from, it
@@ -126,8 +149,8 @@ class RequestPipeline:
         body = forwarded_body(raw, ctx.body, changed=ctx.body_changed, salt=ctx.salt,  # 4
                               include_usage=drop_usage)
         fp = ctx.fingerprint
-        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else len(body) // BYTES_PER_TOKEN_ESTIMATE
-        room = services.admission.room if services.admission is not None and services.admission.queueing else None
+        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else estimated_tokens(len(body))
+        room = self.admission.room if self.admission is not None and self.admission.queueing else None
         return body, RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate,
                                   pinned=ctx.pinned_replica, room=room), drop_usage
 
@@ -137,10 +160,10 @@ class RequestPipeline:
         response_id = response_id_of_path(ctx.path)
         pinned = await self.responses.pin(response_id) if response_id is not None else None
         # ctx.model: set for paths routed by model (/v1/messages/count_tokens), else None (any replica)
-        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, None, len(raw) // BYTES_PER_TOKEN_ESTIMATE,
+        request = RouteRequest(ctx.tenant, ctx.model, ctx.session_id, None, estimated_tokens(len(raw)),
                                pinned=pinned)
         try:
-            await forward(self.services, ctx, send, raw, request, clock, method=method, path=path, mode="raw")
+            await self.forwarder.forward(ctx, send, raw, request, clock, method=method, path=path, mode="raw")
         except (UpstreamError, NoReplicaAvailable) as exc:
             if pinned is None or response_id is None:
                 raise
@@ -149,11 +172,10 @@ class RequestPipeline:
     def finish(self, ctx: RequestContext, clock: StreamClock) -> None:
         """Steps 8-9, once the response ended (any outcome). A failing observer is logged, never
         allowed to break the proxy or the steps after it."""
-        services = self.services
         ctx.mark_placed()  # a request that ended before it held a replica frees its queue room
         if ctx.route == "responses":
             self.responses.remember(ctx)  # 8c: id -> replica, for previous_response_id / GET / cancel
-        for stage in (services.prefix, services.tracing, *services.hooks):  # 8, 8b, observers
+        for stage in (self.prefix, self.tracing, *self.hooks):  # 8, 8b, observers
             if stage is None:
                 continue
             try:
@@ -161,32 +183,32 @@ class RequestPipeline:
             except Exception:
                 log.exception("after_response of %s failed", type(stage).__name__)
         try:
-            record_request(services.metrics, ctx, clock)  # 9
+            record_request(self.metrics, ctx, clock)  # 9
             if ctx.decision is not None and ctx.route != "passthrough":
-                services.metrics.prefill_tokens.labels(ctx.route, services.metrics.tenant_label(ctx.tenant)).observe(
+                self.metrics.prefill_tokens.labels(ctx.route, self.metrics.tenant_label(ctx.tenant)).observe(
                     ctx.decision.prefill_tokens)
         except Exception:
             log.exception("recording metrics failed")
-        if ctx.admission is not None and services.admission is not None:
-            task = asyncio.get_running_loop().create_task(services.admission.done(ctx.admission, ctx.prompt_tokens))
+        if ctx.admission is not None and self.admission is not None:
+            task = asyncio.get_running_loop().create_task(self.admission.done(ctx.admission, ctx.prompt_tokens))
             _RELEASES.add(task)
             task.add_done_callback(_RELEASES.discard)
 
     async def _admission(self, ctx: RequestContext, raw_bytes: int) -> None:
         """Limits first (a refusal never waits), then the queue while every replica is saturated.
         The estimate is the fingerprint's token count, else the body size over 4."""
-        admission = self.services.admission
+        admission = self.admission
         assert admission is not None
         fp = ctx.fingerprint
-        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else raw_bytes // BYTES_PER_TOKEN_ESTIMATE
+        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else estimated_tokens(raw_bytes)
         anthropic = ctx.route == "messages"  # Anthropic's header names, 429 and 529 shapes
         ctx.admission = await admission.admit(ctx.tenant, estimate, anthropic)
         if ctx.admission is not None:
             ctx.response_headers.update(rate_headers(ctx.admission.limits, ctx.admission.verdict, anthropic))
-        tenant_cfg = self.services.settings.tenants.config_for(ctx.tenant)
-        priority = _int_or(ctx.headers.get(self.services.settings.admission.priority_header.lower()),
+        tenant_cfg = self.settings.tenants.config_for(ctx.tenant)
+        priority = _int_or(ctx.headers.get(self.settings.admission.priority_header.lower()),
                            tenant_cfg.priority)
-        ctx.placed = await admission.wait_turn(ctx.tenant, priority, self.services.replicas.all, ctx.model,
+        ctx.placed = await admission.wait_turn(ctx.tenant, priority, self.replicas.all, ctx.model,
                                                lambda: self._predicted_prefill(ctx, estimate), anthropic)
 
     async def _predicted_prefill(self, ctx: RequestContext, estimate: int) -> int:
@@ -195,11 +217,11 @@ class RequestPipeline:
         prompt = fp.num_tokens if fp is not None and fp.complete and fp.num_tokens else estimate
         if fp is None or not fp.block_hashes:
             return prompt
-        matched = await self.services.residency.lookup(list(fp.block_hashes), self.services.replicas.names())
+        matched = await self.residency.lookup(list(fp.block_hashes), self.replicas.names())
         return max(0, prompt - predicted_hit_tokens(max(matched.values(), default=0), prompt, fp.block_size))
 
     def _admit(self, ctx: RequestContext) -> None:
-        known = self.services.health.known_models()
+        known = self.health.known_models()
         if known is not None and ctx.model not in known:
             raise ProxyError(404, f"The model `{ctx.model}` does not exist.", type="NotFoundError",
                              param="model", code="model_not_found")

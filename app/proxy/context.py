@@ -12,39 +12,38 @@ block: schedule anything slow (tokenisation, Redis writes) as a task or in a wor
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.prefix.fingerprint import Fingerprint
-from app.routing.base import RouteDecision
+from app.errors import ProxyError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from app.admission.gate import Ticket
     from app.hygiene.findings import Finding
-    from app.pipeline.prefix_stage import PrefixStageState  # the stage imports this module
+    from app.prefix.fingerprint import ChainTip, Fingerprint, PromptInput
+    from app.prefix.tracker import Observation
     from app.proxy.upstream import UpstreamError
+    from app.routing.base import RouteDecision
+
+__all__ = ["PrefixStageState", "ProxyError", "RequestContext", "RequestHook", "Timings"]
 
 
-class ProxyError(Exception):
-    """An error that becomes an OpenAI-shaped response: {"error": {message, type, param, code}}."""
+@dataclass
+class PrefixStageState:
+    """What the prefix stage (app/pipeline/prefix_stage.py, its only writer) knows about one
+    request (ctx.prefix), written in this order."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+    input: PromptInput  # the prompt as extracted from the body
+    routed_blocks: int  # leading blocks the router saw (the fingerprint may have been partial)
+    routed_complete: bool  # the router saw the whole prompt's chain
+    pending: asyncio.Task[ChainTip | None] | None = None  # finishing the chain while in flight
+    matched: int | None = None  # leading blocks resident on the chosen replica when sent
+    predicted_tokens: int | None = None  # cached tokens predicted for this request
+    observation: Observation | None = None  # the tracker's continuity/diagnosis (last)
 
 
 @dataclass
