@@ -27,8 +27,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.engines",),
     # 5 admission: limits and the gateway queue (a policy over replicas, like routing)
     ("app.admission",),
-    # 6 proxy: the request context and the transport (forward, relay, stream shapes, record)
-    ("app.proxy",),
+    # 6 proxy: the request context and the transport (forward, relay, stream shapes, record), and
+    # the client APIs' dialects (parse, prompt, hygiene hooks, stream and error shapes)
+    ("app.proxy", "app.dialects"),
     # 7 pipeline: the stages and the step order
     ("app.pipeline",),
     # 8 the shared-parts record the adapters are handed

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.config import Settings
+from app.dialects import CHAT
 from app.pipeline.prefix_stage import PrefixStageState
 from app.pipeline.tracing_stage import build_tracing_stage, response_attributes
 from app.prefix.prompt import PromptInput
@@ -24,7 +25,7 @@ CLIENT_SPAN = "b7ad6b7169203331"
 def make_ctx(headers: dict[str, str] | None = None) -> RequestContext:
     now = time.perf_counter()
     return RequestContext(
-        request_id="req-1", route="chat", path="/v1/chat/completions", tenant="team-a",
+        request_id="req-1", dialect=CHAT, path="/v1/chat/completions", tenant="team-a",
         headers=dict(headers or {}), body={"model": "m1", "max_tokens": 32, "messages": []},
         model="m1", stream=True, timings=Timings(arrival=now - 0.25))
 

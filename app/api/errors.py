@@ -12,11 +12,12 @@ from typing import Any
 
 import orjson
 
+from app.dialects import PASSTHROUGH, Dialect
 from app.errors import ANTHROPIC_ERROR_TYPES, ProxyError, anthropic_error_body, error_body, sse_error_event
 from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable
 
-__all__ = ["ANTHROPIC_ERROR_TYPES", "ProxyError", "anthropic_error_body", "error_body", "error_bytes",
+__all__ = ["ANTHROPIC_ERROR_TYPES", "ProxyError", "anthropic_error_body", "error_body",
            "send_error", "sse_error_event", "to_proxy_error"]
 log = logging.getLogger("prefixgate.errors")
 
@@ -42,17 +43,12 @@ def to_proxy_error(exc: BaseException) -> ProxyError:
                       code="internal_error")
 
 
-def error_bytes(err: ProxyError, anthropic: bool = False) -> bytes:
-    """The error body a client of the route parses: Anthropic's shape on the Messages paths."""
-    return anthropic_error_body(err) if anthropic else error_body(err)
-
-
 async def send_error(send: Any, exc: BaseException, headers: list[tuple[bytes, bytes]] | None = None,
-                     anthropic: bool = False) -> ProxyError:
-    """Send a complete error response on a raw ASGI `send` (OpenAI-shaped, or Anthropic-shaped
-    for the Messages paths); returns the error."""
+                     dialect: Dialect = PASSTHROUGH) -> ProxyError:
+    """Send a complete error response on a raw ASGI `send`, in the shape `dialect`'s clients parse
+    (OpenAI's; Anthropic's for the Messages paths); returns the error."""
     err = to_proxy_error(exc)
-    body = error_bytes(err, anthropic)
+    body = dialect.error_body(err)
     out = [JSON_CT, (b"content-length", str(len(body)).encode())]
     out += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
     if headers:

@@ -31,14 +31,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from app.api.errors import error_bytes, to_proxy_error
-from app.api.openai import ANTHROPIC_PATHS, ROUTES, new_context, request_id_from
-from app.api.validation import parse_body
+from app.api.errors import to_proxy_error
+from app.api.openai import new_context, request_id_from
+from app.dialects import PASSTHROUGH, Dialect, dialect_of
 from app.epp import protocol
 from app.pipeline.responses_stage import response_id_of_path
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
-from app.proxy.forward import stream_shape
 from app.proxy.observer import StreamObserver
 from app.proxy.relay import observe_buffered, proxy_headers, take_results
 from app.proxy.upstream import UpstreamError
@@ -63,6 +62,7 @@ class Exchange:
         self.pipeline = pipeline
         self.clock = StreamClock(Timings(arrival=time.perf_counter()))
         self.headers: dict[str, str] = {}
+        self.dialect: Dialect = PASSTHROUGH  # the path's API, known at the request headers
         self.parts: list[bytes] = []
         self.size = 0
         self.subset: list[str] | None = None
@@ -97,8 +97,8 @@ class Exchange:
         self.clock.timings.arrival = time.perf_counter()
         self.headers = protocol.header_dict(msg.request_headers)
         self.subset = protocol.subset_hint(msg.metadata_context)
-        path = self.headers.get(":path", "").split("?", 1)[0]
-        if ROUTES.get(path) is None or self.headers.get(":method", "POST") != "POST":
+        self.dialect = dialect_of(self.headers.get(":path", "").split("?", 1)[0])
+        if not self.dialect.parses or self.headers.get(":method", "POST") != "POST":
             # other paths: picked without a prompt, their bytes passed on untouched
             self.passthrough = True
             return await self._pick_passthrough()
@@ -125,11 +125,10 @@ class Exchange:
         raw = b"".join(self.parts)
         self.parts.clear()
         path = self.headers.get(":path", "").split("?", 1)[0]
-        route = ROUTES[path]
         settings = self.services.settings
         try:
-            body = parse_body(raw, route)
-            self.ctx = new_context(settings, request_id_from(self.headers), route, path, self.headers, body,
+            body = self.dialect.parse(raw)
+            self.ctx = new_context(settings, request_id_from(self.headers), self.dialect, path, self.headers, body,
                                    self.clock)
             forwarded, request, drop_usage = await self.pipeline.prepare(self.ctx, raw)
             self.request = request
@@ -138,7 +137,7 @@ class Exchange:
             return self._reject(to_proxy_error(self._pinned_gone(exc)))
         ctx = self.ctx
         if ctx.stream:
-            self.observer = StreamObserver(stream_shape(ctx.route), self.clock, drop_usage,
+            self.observer = StreamObserver(ctx.dialect.stream_shape(), self.clock, drop_usage,
                                            collect_text=int(ctx.body.get("n") or 1) == 1)
         else:
             self.buffered = []
@@ -151,8 +150,8 @@ class Exchange:
         """A Responses turn pinned by `previous_response_id` whose replica cannot be picked: the
         engine's 404, as `serve` answers it (app/pipeline/request.py `run`)."""
         ctx = self.ctx
-        previous = ctx.body.get("previous_response_id") if ctx is not None and ctx.route == "responses" else None
-        if isinstance(exc, NoReplicaAvailable) and ctx is not None and ctx.pinned_replica and isinstance(previous, str):
+        previous = ctx.dialect.previous_response_id(ctx.body) if ctx is not None else None
+        if isinstance(exc, NoReplicaAvailable) and ctx is not None and ctx.pinned_replica and previous is not None:
             return self.pipeline.responses.unreachable(previous, exc)
         return exc
 
@@ -213,12 +212,10 @@ class Exchange:
             self.ctx.status = err.status
             self.ctx.outcome = "client_error" if err.status < 500 else "upstream_error"
         else:
-            route = ROUTES.get(self.headers.get(":path", "").split("?", 1)[0], "passthrough")
-            self.services.metrics.requests.labels(route, str(err.status)).inc()
+            self.services.metrics.requests.labels(self.dialect.name, str(err.status)).inc()
         request_id = self.ctx.request_id if self.ctx else request_id_from(self.headers)
         headers = [("x-request-id", request_id), *err.headers.items()]
-        anthropic = self.headers.get(":path", "").split("?", 1)[0] in ANTHROPIC_PATHS
-        out = [protocol.immediate(err.status, error_bytes(err, anthropic), headers)]
+        out = [protocol.immediate(err.status, self.dialect.error_body(err), headers)]
         self.close()
         return out
 

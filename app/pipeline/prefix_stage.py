@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
 from app.prefix.convert_messages import requires_system_first
-from app.prefix.convert_responses import ResponseHistory, continued_history, responses_prompt_input
-from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, prompt_input
+from app.prefix.convert_responses import ResponseHistory, continued_history
+from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter
 from app.prefix.namespace import cache_namespace
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
@@ -163,12 +163,7 @@ class PrefixStage:
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
-        if ctx.route == "responses":  # converted as the engine converts it (app/prefix/convert_responses.py)
-            inp = responses_prompt_input(ctx.body, self.response_history)
-        else:
-            inp = prompt_input(ctx.route, ctx.body, strip_billing=self.engine_strips_billing(),
-                               merge_inline_system=ctx.route == "messages" and self.system_first(),
-                               tool_dump=self.engine_tool_dump())
+        inp = ctx.dialect.prompt_input(ctx.body, self)  # as the engine renders it (app/dialects/)
         if inp is None:
             return
         try:
@@ -293,7 +288,7 @@ class PrefixStage:
         fp = ctx.fingerprint
         if fp is None or ctx.decision is None or ctx.outcome != "ok" or (ctx.status or 200) >= 400:
             return
-        if ctx.route == "responses" and ctx.response_id is not None and ctx.prefix is not None:
+        if ctx.dialect.stores_responses and ctx.response_id is not None and ctx.prefix is not None:
             # what a request continuing this response gets prepended by the engine
             self.response_history.put(ctx.response_id, continued_history(
                 list(ctx.prefix.input.messages), ctx.output_text))  # type: ignore[arg-type]

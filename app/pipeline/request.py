@@ -32,9 +32,11 @@ step writes only the typed fields listed for it (app/proxy/context.py); later st
 | 8c | remember    | responses_stage.py `remember`           | (Store: response id -> replica, in a task)        |
 | 9  | record      | app/proxy/record.py                     | content_chunks; the request's metrics             |
 
-`/v1/messages` (Anthropic, route "messages") takes every step too: its body is read as the chat
-body the engine converts it to (app/prefix/convert_messages.py), its stream through
-app/proxy/anthropic_shape.py, its errors in Anthropic's shape (docs/agents-apis.md).
+Every API is a dialect (app/dialects/: chat, completions, responses, messages, passthrough) that
+the steps ask instead of comparing route names: how its body is parsed, what prompt the engine
+renders from it, what hygiene scans and rewrites, its stream and error shapes. `/v1/messages`
+(Anthropic) takes every step too: read as the chat body the engine converts it to, streamed through
+app/proxy/anthropic_shape.py, refused in Anthropic's shape (docs/agents-apis.md).
 
 Steps 5-7 are one attempt: forward() routes again to a replica not yet tried while nothing has
 reached the client (routing.max_retries). Steps 8-9 run once the response ended, whatever the
@@ -111,7 +113,7 @@ class RequestPipeline:
         self.hooks = hooks if hooks is not None else []  # the caller's list: observers added later count
 
     async def run(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
-        """Steps 1-7 for chat/completions. Raises ProxyError (or the last upstream error) when
+        """Steps 1-7 for a parsed API (chat, completions, responses, messages). Raises ProxyError (or the last upstream error) when
         nothing was sent to the client yet; the adapter turns it into an OpenAI-shaped error."""
         body, request, drop_usage = await self.prepare(ctx, raw)
         mode: Mode = "stream" if ctx.stream else "buffered"
@@ -119,8 +121,8 @@ class RequestPipeline:
             await self.forwarder.forward(ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
                                          mode=mode, drop_usage=drop_usage)
         except (UpstreamError, NoReplicaAvailable) as exc:
-            previous = ctx.body.get("previous_response_id") if ctx.route == "responses" else None
-            if ctx.pinned_replica is None or not isinstance(previous, str):
+            previous = ctx.dialect.previous_response_id(ctx.body)
+            if ctx.pinned_replica is None or previous is None:
                 raise
             raise self.responses.unreachable(previous, exc) from exc
 
@@ -129,9 +131,8 @@ class RequestPipeline:
         chunk the gateway asked for must be dropped from the stream. Shared by `run` and the
         Endpoint Picker (app/epp/exchange.py), whose data plane does steps 5-7's transport."""
         self._admit(ctx)  # 1
-        responses = ctx.route == "responses"
-        previous = ctx.body.get("previous_response_id") if responses else None
-        if isinstance(previous, str):  # 1b: the replica that holds it, or its 404
+        previous = ctx.dialect.previous_response_id(ctx.body)
+        if previous is not None:  # 1b: the replica that holds it, or its 404
             ctx.pinned_replica = await self.responses.pin(previous)
         if self.hygiene is not None:
             await self.hygiene.before_route(ctx)  # 2
@@ -145,7 +146,7 @@ class RequestPipeline:
             await self._admission(ctx, len(raw))  # 3c
         # OpenAI streams report usage only when asked; a Messages stream always does (message_start,
         # message_delta), so nothing is added to, or dropped from, it
-        drop_usage = ctx.stream and ctx.route in ("chat", "completions") and not client_wants_usage(ctx.body)
+        drop_usage = ctx.stream and ctx.dialect.asks_usage and not client_wants_usage(ctx.body)
         body = forwarded_body(raw, ctx.body, changed=ctx.body_changed, salt=ctx.salt,  # 4
                               include_usage=drop_usage)
         fp = ctx.fingerprint
@@ -173,7 +174,7 @@ class RequestPipeline:
         """Steps 8-9, once the response ended (any outcome). A failing observer is logged, never
         allowed to break the proxy or the steps after it."""
         ctx.mark_placed()  # a request that ended before it held a replica frees its queue room
-        if ctx.route == "responses":
+        if ctx.dialect.stores_responses:
             self.responses.remember(ctx)  # 8c: id -> replica, for previous_response_id / GET / cancel
         for stage in (self.prefix, self.tracing, *self.hooks):  # 8, 8b, observers
             if stage is None:
@@ -184,7 +185,7 @@ class RequestPipeline:
                 log.exception("after_response of %s failed", type(stage).__name__)
         try:
             record_request(self.metrics, ctx, clock)  # 9
-            if ctx.decision is not None and ctx.route != "passthrough":
+            if ctx.decision is not None and ctx.dialect.parses:
                 self.metrics.prefill_tokens.labels(ctx.route, self.metrics.tenant_label(ctx.tenant)).observe(
                     ctx.decision.prefill_tokens)
         except Exception:
@@ -201,7 +202,7 @@ class RequestPipeline:
         assert admission is not None
         fp = ctx.fingerprint
         estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else estimated_tokens(raw_bytes)
-        anthropic = ctx.route == "messages"  # Anthropic's header names, 429 and 529 shapes
+        anthropic = ctx.dialect.anthropic  # Anthropic's header names, 429 and 529 shapes
         ctx.admission = await admission.admit(ctx.tenant, estimate, anthropic)
         if ctx.admission is not None:
             ctx.response_headers.update(rate_headers(ctx.admission.limits, ctx.admission.verdict, anthropic))

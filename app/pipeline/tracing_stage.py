@@ -32,7 +32,6 @@ from app.proxy.clock import overhead_of
 from app.proxy.context import RequestContext
 from app.telemetry.tracing import build_provider
 
-OPERATION = {"chat": "chat", "completions": "text_completion"}
 OBSERVATION_WAIT_S = 5.0
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -46,7 +45,7 @@ def _wall_ns(perf_stamp: float) -> int:
 def request_attributes(ctx: RequestContext) -> dict[str, Any]:
     """Attributes known before routing."""
     attrs: dict[str, Any] = {
-        "gen_ai.operation.name": OPERATION.get(ctx.route, ctx.route),
+        "gen_ai.operation.name": ctx.dialect.operation or ctx.route,
         "gen_ai.request.stream": ctx.stream,
         "prefixgate.tenant": ctx.tenant,
         "prefixgate.request_id": ctx.request_id,
@@ -121,7 +120,8 @@ class TracingStage:
 
     async def before_route(self, ctx: RequestContext) -> None:
         parent = _PROPAGATOR.extract(ctx.headers)
-        name = f"{OPERATION.get(ctx.route, ctx.route)} {ctx.model}" if ctx.model else ctx.route
+        operation = ctx.dialect.operation or ctx.route
+        name = f"{operation} {ctx.model}" if ctx.model else ctx.route
         span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
                                       attributes=request_attributes(ctx),
                                       start_time=_wall_ns(ctx.timings.arrival))

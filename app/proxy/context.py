@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from app.admission.gate import Ticket
+    from app.dialects.base import Dialect
     from app.hygiene.findings import Finding
     from app.prefix.fingerprint import ChainTip, Fingerprint, PromptInput
     from app.prefix.tracker import Observation
@@ -62,7 +63,7 @@ class Timings:
 @dataclass
 class RequestContext:
     request_id: str
-    route: str  # "chat" | "completions" | "messages" (Anthropic) | "passthrough"
+    dialect: Dialect  # the client API (app/dialects/): chat, completions, responses, messages, passthrough
     path: str
     tenant: str
     headers: dict[str, str]  # incoming, lower-case names
@@ -95,6 +96,11 @@ class RequestContext:
     output_text: str | None = None  # choice 0's generated text (n == 1), bounded
     response_id: str | None = None  # Responses API: the id the engine gave this response
     pinned_replica: str | None = None  # Responses API: the replica holding previous_response_id
+
+    @property
+    def route(self) -> str:
+        """The `route` label of metrics and spans: the dialect's name."""
+        return self.dialect.name
 
     def mark_placed(self) -> None:
         """The request holds a replica now (or never will): tell admission, once."""

@@ -16,14 +16,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from app.proxy.anthropic_shape import AnthropicShape
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
 from app.proxy.observer import StreamObserver
-from app.proxy.openai_shape import shape_for
 from app.proxy.relay import Response, relay_buffered, relay_raw, relay_stream
-from app.proxy.responses_shape import ResponsesShape
-from app.proxy.shape import StreamShape
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
@@ -36,16 +32,6 @@ if TYPE_CHECKING:
 
 Mode = Literal["stream", "buffered", "raw"]
 _ERROR_SNIPPET = 200
-
-
-def stream_shape(route: str) -> StreamShape:
-    """The stream shape of a route's SSE answer, one per stream (also the Endpoint Picker's,
-    app/epp/exchange.py)."""
-    if route == "responses":
-        return ResponsesShape()
-    if route == "messages":
-        return AnthropicShape()
-    return shape_for(route)
 
 
 async def _status_error(replica: Replica, resp: Response) -> UpstreamError:
@@ -118,7 +104,7 @@ class Forwarder:
                 if resp.status < 400:
                     router.on_routed(request, decision)
                 if mode == "stream" and resp.status == 200:
-                    observer = StreamObserver(stream_shape(ctx.route), clock, drop_usage,
+                    observer = StreamObserver(ctx.dialect.stream_shape(), clock, drop_usage,
                                               collect_text=int(ctx.body.get("n") or 1) == 1)
                     await relay_stream(ctx, resp, first, send, observer)
                 elif mode == "raw":

@@ -16,13 +16,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from app.proxy.anthropic_shape import openai_usage
-from app.proxy.anthropic_shape import output_text as anthropic_output_text
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.h1 import H1Response, drive, finish_driven
-from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver
-from app.proxy.responses_shape import chat_usage
-from app.proxy.responses_shape import output_text as responses_output_text
+from app.proxy.observer import StreamObserver
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
 
 Send = Any  # ASGI send callable
@@ -193,19 +189,6 @@ async def _relay_pushed(ctx: RequestContext, resp: H1Response, send_more: Send,
         state.wake = None
 
 
-def output_text_of(payload: dict[str, Any], route: str) -> str | None:
-    choices = payload.get("choices")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    if route == "chat":
-        message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else None
-    else:
-        text = choice.get("text")
-    return text[:MAX_OUTPUT_CHARS] if isinstance(text, str) else None
-
-
 async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send: Send,
                          parse: bool) -> None:
     """Relay a non-streamed response (JSON) whose first body bytes (`first`) already arrived:
@@ -225,37 +208,20 @@ async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send
 
 
 def observe_buffered(ctx: RequestContext, body: bytes) -> None:
-    """Usage, output text (and a Responses id) of a whole 200 JSON answer, in the route's shape
-    (also the Endpoint Picker's, app/epp/exchange.py)."""
+    """Usage, output text (and a Responses id) of a whole 200 JSON answer, read by the request's
+    dialect (also the Endpoint Picker's, app/epp/exchange.py)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         return
     if not isinstance(payload, dict):
         return
-    if ctx.route == "responses":
-        _take_response(ctx, payload)
-    elif ctx.route == "messages":
-        ctx.usage = openai_usage(payload.get("usage"))  # Anthropic's meaning, mapped
-        text = anthropic_output_text(payload)
-        if text is not None:
-            ctx.output_text = text[:MAX_OUTPUT_CHARS]
-    else:
-        usage = payload.get("usage")
-        ctx.usage = usage if isinstance(usage, dict) else None
-        text = output_text_of(payload, ctx.route)
-        if text is not None:
-            ctx.output_text = text
-
-
-def _take_response(ctx: RequestContext, payload: dict[str, Any]) -> None:
-    """A whole Responses API object: usage under the chat names, output text, id."""
-    ctx.usage = chat_usage(payload.get("usage"))
-    text = responses_output_text(payload)
-    if text is not None:
-        ctx.output_text = text[:MAX_OUTPUT_CHARS]
-    if isinstance(payload.get("id"), str):
-        ctx.response_id = payload["id"]
+    answer = ctx.dialect.whole_answer(payload)
+    ctx.usage = answer.usage
+    if answer.text is not None:
+        ctx.output_text = answer.text
+    if answer.response_id is not None:
+        ctx.response_id = answer.response_id
 
 
 async def relay_raw(ctx: RequestContext, resp: Response, first: bytes, send: Send) -> None:
