@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench" / "peerbench"))
 
 from app.config import Settings  # noqa: E402
 from app.dialects import CHAT  # noqa: E402
-from app.proxy.context import RequestContext, Timings  # noqa: E402
+from app.proxy.context import Arrival, RequestContext, Timings  # noqa: E402
 from app.server import build_services  # noqa: E402
 
 
@@ -42,8 +42,8 @@ def _prompt(rng: random.Random, chars: int) -> str:
 def _ctx(i: int, content: str) -> RequestContext:
     body = {"model": "m", "stream": True, "messages": [
         {"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": content}]}
-    ctx = RequestContext(request_id=f"r-{i}", dialect=CHAT, path="/v1/chat/completions", tenant="default",
-                         headers={}, body=body, model="m", stream=True, timings=Timings(arrival=time.perf_counter()))
+    ctx = RequestContext(Arrival(request_id=f"r-{i}", dialect=CHAT, path="/v1/chat/completions", tenant="default",
+                         headers={}, body=body, model="m", stream=True), Timings(arrival=time.perf_counter()))
     return ctx
 
 

@@ -27,7 +27,7 @@ from app.api.errors import send_error, to_proxy_error
 from app.api.tenant import resolve_tenant
 from app.dialects import Dialect, dialect_of
 from app.proxy.clock import StreamClock
-from app.proxy.context import ProxyError, RequestContext, Timings
+from app.proxy.context import Arrival, ProxyError, RequestContext, Timings
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -93,12 +93,13 @@ def new_context(settings: Settings, request_id: str, dialect: Dialect, path: str
     """Step 0's context for a parsed request (also the Endpoint Picker's, app/epp/exchange.py);
     raises ProxyError(401) when keys are configured and none is valid. `model`: a passthrough
     path's model, for the paths routed by it (`Dialect.routed_by_model`)."""
-    return RequestContext(
+    arrival = Arrival(
         request_id=request_id, dialect=dialect, path=path,
         tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
         model=body.get("model") if dialect.parses else model, stream=bool(body.get("stream")),
-        timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
+        session_id=headers.get(settings.routing.session_header.lower()),
     )
+    return RequestContext(arrival, clock.timings)
 
 
 class ClientGone(Exception):
@@ -167,7 +168,7 @@ class OpenAIProxy:
                 await self.pipeline.passthrough(ctx, raw, send, clock, method=scope["method"], path=target)
         except ClientGone:
             if ctx is not None:
-                ctx.outcome = "client_disconnect"
+                ctx.result.client_left()
             self.services.metrics.requests.labels(dialect.name, "499").inc()
         except asyncio.CancelledError:
             if not disconnected.is_set():
@@ -176,15 +177,13 @@ class OpenAIProxy:
             if task is not None:
                 task.uncancel()
             if ctx is not None and not ctx.delivered_before_disconnect:
-                ctx.outcome = "client_disconnect"
-                ctx.status = ctx.status or 499
+                ctx.result.client_left()
         except Exception as exc:  # every failure becomes an OpenAI-shaped error response
             err = to_proxy_error(exc)
             if err.status == 401:
                 self.services.metrics.rejections.labels(dialect.name, UNAUTHENTICATED, err.code or "auth").inc()
             if ctx is not None:
-                ctx.status = err.status
-                ctx.outcome = "client_error" if err.status < 500 else "upstream_error"
+                ctx.result.refused(err.status)
             id_header = [(b"x-request-id", request_id.encode("latin-1"))]
             with contextlib.suppress(Exception):
                 await send_error(send, err, id_header, dialect)

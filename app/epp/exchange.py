@@ -209,8 +209,7 @@ class Exchange:
 
     def _reject(self, err: ProxyError) -> list[pb.ProcessingResponse]:
         if self.ctx is not None:
-            self.ctx.status = err.status
-            self.ctx.outcome = "client_error" if err.status < 500 else "upstream_error"
+            self.ctx.result.refused(err.status)
         else:
             self.services.metrics.requests.labels(self.dialect.name, str(err.status)).inc()
         request_id = self.ctx.request_id if self.ctx else request_id_from(self.headers)
@@ -230,7 +229,7 @@ class Exchange:
             return [protocol.continue_headers("response_headers")]
         headers = protocol.header_dict(msg.response_headers)
         status = int(headers.get(":status", "200") or 200)
-        ctx.status = status
+        ctx.result.answered(status)
         self._follow_served(protocol.served_endpoint(msg.metadata_context))
         replica = self.active.replica if self.active else None
         if status >= 500 and replica is not None:
@@ -282,9 +281,8 @@ class Exchange:
             if self.observer is not None:
                 self.observer.finish()
                 if not self.observer.done and ctx is not None:
-                    ctx.outcome = "midstream_error"
-                    ctx.upstream_failure = UpstreamError("midstream", self._backend(),
-                                                         "upstream closed the stream before its end marker")
+                    ctx.result.broke(UpstreamError("midstream", self._backend(),
+                                                   "upstream closed the stream before its end marker"))
             self.close()
         return [protocol.streamed_body("response_body", out, eos)]
 
@@ -314,21 +312,18 @@ class Exchange:
         if ctx is None:
             return
         if not self.ended and ctx.outcome == "ok" and ctx.status is None:
-            ctx.outcome = "client_disconnect"  # the data plane ended the exchange before any answer
-            ctx.status = 499
-        elif not self.ended and ctx.outcome == "ok":
-            ctx.outcome = "midstream_error"  # the stream stopped before its end (a replica or client gone)
-            ctx.upstream_failure = UpstreamError("midstream", self._backend(), "the response stopped before its end")
+            ctx.result.client_left()  # the data plane ended the exchange before any answer
+        elif not self.ended and ctx.outcome == "ok":  # the stream stopped before its end (a replica or client gone)
+            ctx.result.broke(UpstreamError("midstream", self._backend(), "the response stopped before its end"))
         if self.observer is not None:
             if not self.ended:
                 self.observer.finish()
             take_results(ctx, self.observer)
             if self.observer.error is not None and ctx.outcome == "ok":
-                ctx.outcome = "midstream_error"
+                ctx.result.broke()
         elif self.buffered and ctx.status == 200:
             observe_buffered(ctx, b"".join(self.buffered))
-        if ctx.status is not None and 400 <= ctx.status < 500 and ctx.outcome == "ok":
-            ctx.outcome = "client_error"
+        ctx.result.settled()
         if ctx.upstream_failure is not None and self.active is not None:
             self.services.metrics.upstream_errors.labels(self.active.replica.name, ctx.upstream_failure.kind).inc()
         decision, request = self.active, self.request

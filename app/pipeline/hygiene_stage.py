@@ -11,7 +11,7 @@ app/dialects/), which calls back into `scan_chat` here on the chat body the engi
 2. findings (app/hygiene/findings.py): Claude Code's billing header (chat and messages), bounded
    scan of the system/developer heads and tool order (chat, and Responses / Messages bodies as
    the chat messages the engine renders from them), inline system messages the engine merges
-   into the head (messages), kept in `ctx.hygiene_findings` (the tracing stage lists their kinds
+   into the head (messages), kept in `ctx.hygiene.findings` (the tracing stage lists their kinds
    on the span).
 3. the tenant's policy (`tenants.default` / `tenants.overrides`):
    - observe: `prefixgate_hygiene_findings_total` only;
@@ -22,8 +22,8 @@ app/dialects/), which calls back into `scan_chat` here on the chat body the engi
      fixed are still listed in `x-prefixgate-hygiene`;
    - reject: a finding means 400, OpenAI-shaped, saying what is wrong and how to fix it, counted in
      `prefixgate_rejections_total{reason}`.
-`ctx.body` is replaced and marked changed (so the forwarded body is re-serialised) only when a
-rewrite changed it. Headers and metrics never carry prompt text.
+The rewritten body goes into the stage's note (`ctx.hygiene.body`, which `ctx.body` then reads and
+which makes the forwarded body re-serialised) only when a rewrite changed it. Headers and metrics never carry prompt text.
 """
 
 from __future__ import annotations
@@ -137,14 +137,14 @@ class HygieneStage:
         if scanned is None:
             return  # completions: salt only (a raw prompt has no system/developer messages)
         findings, lines = scanned
-        ctx.hygiene_findings = findings
+        ctx.hygiene.findings = findings
         for kind in sorted({f.kind for f in findings}):
             self.metrics.hygiene_findings.labels(ctx.route, tenant, kind).inc()
         policy = self.tenants.policy_for(ctx.tenant)
         if policy == "observe" or (not findings and policy != "rewrite"):
             return
         if policy == "warn":
-            ctx.response_headers[HYGIENE_HEADER] = _header(findings)
+            ctx.hygiene.headers[HYGIENE_HEADER] = _header(findings)
         elif policy == "reject":
             self._reject(ctx.route, findings, tenant)
         elif policy == "rewrite":
@@ -162,10 +162,10 @@ class HygieneStage:
                              param="cache_salt", code="cache_salt_not_allowed")
         if decision.action == "client" and not valid_salt(client):
             return  # the engine will refuse it with its own message; do not seed the chain with it
-        ctx.salt = decision.salt  # app/pipeline/body.py puts it into the forwarded bytes
+        ctx.hygiene.salt = decision.salt  # app/pipeline/body.py puts it into the forwarded bytes
         if decision.action == "replace":
             self.metrics.rewrites.labels(ctx.route, tenant, CLIENT_SALT).inc()
-            _add(ctx.response_headers, REWRITES_HEADER, CLIENT_SALT)
+            _add(ctx.hygiene.headers, REWRITES_HEADER, CLIENT_SALT)
 
     def scan_chat(self, tenant: str, body: dict[str, Any], skip_billing_line: bool = False,
                    places: dict[int, str] | None = None) -> tuple[list[Finding], list[Any], ToolsSignature | None]:
@@ -201,15 +201,14 @@ class HygieneStage:
         if stripped:
             result = RewriteResult(result.body, (STRIP_BILLING, *result.kinds), result.moved_lines)
         if result.changed:
-            ctx.body = result.body
-            ctx.body_changed = True
+            ctx.hygiene.body = result.body
             for kind in result.kinds:
                 self.metrics.rewrites.labels(ctx.route, tenant, kind).inc()
                 label = f"{kind}({result.moved_lines})" if kind == MOVE_DYNAMIC else kind
-                _add(ctx.response_headers, REWRITES_HEADER, label)
+                _add(ctx.hygiene.headers, REWRITES_HEADER, label)
         left = [f for f in findings if not _fixed(f, result.kinds, self.options)]
         if left:
-            ctx.response_headers[HYGIENE_HEADER] = _header(left)
+            ctx.hygiene.headers[HYGIENE_HEADER] = _header(left)
 
 
 def _header(findings: list[Finding]) -> str:

@@ -2,35 +2,39 @@
 
 app/api/openai.py (the ASGI adapter) reads the body, resolves the tenant, builds the
 `RequestContext` and hands it to `RequestPipeline`, which runs the steps below in this order. Each
-step writes only the typed fields listed for it (app/proxy/context.py); later steps read them.
+step writes only its own typed note (app/proxy/context.py); later steps read them.
 
 | #  | step        | code                                    | writes on `ctx`                                   |
 |----|-------------|-----------------------------------------|---------------------------------------------------|
-| 0  | arrive      | app/api/openai.py                       | request_id, route, path, tenant, headers, body,   |
-|    |             |                                         | model, stream, session_id, timings.arrival        |
+| 0  | arrive      | app/api/openai.py (`new_context`)       | arrival (frozen: request_id, dialect, path,       |
+|    |             |                                         | tenant, headers, body, model, stream, session_id),|
+|    |             |                                         | timings.arrival                                   |
 | 1  | admit       | `RequestPipeline._admit`                | (404 `model_not_found` when no replica lists it)  |
 | 1b | pin         | app/pipeline/responses_stage.py         | pinned_replica (Responses `previous_response_id`: |
 |    |             |                                         | the replica holding it; or vLLM's 404 when gone)  |
-| 2  | hygiene     | app/pipeline/hygiene_stage.py           | salt, hygiene_findings, response_headers; body +  |
-|    |             |                                         | body_changed on a rewrite; or a 400 (`reject`)    |
+| 2  | hygiene     | app/pipeline/hygiene_stage.py           | hygiene (.salt, .findings, .headers, .body on a   |
+|    |             |                                         | rewrite); or a 400 (`reject`)                     |
 | 3  | fingerprint | prefix stage `before_route`             | fingerprint (the router reads it), prefix         |
 |    |             | (prefix_stage.py)                       | (.input, .routed_blocks, .routed_complete,        |
 |    |             |                                         | .pending: the rest of a big prompt, in a worker)  |
-| 3b | trace start | app/pipeline/tracing_stage.py           | span; headers["traceparent"] (sent upstream)      |
-| 3c | admission   | app/admission/gate.py                   | admission (the tenant's limit hold); or a 429     |
-|    |             |                                         | (over a limit) / 503 (queue full or past its TTL) |
+| 3b | trace start | app/pipeline/tracing_stage.py           | trace (.span; .headers: traceparent, sent         |
+|    |             |                                         | upstream)                                         |
+| 3c | admission   | `RequestPipeline._admission` ->         | admission (.ticket: the tenant's limit hold,      |
+|    |             | app/admission/gate.py                   | .headers, .placed); or a 429 (over a limit) / 503 |
+|    |             |                                         | (queue full or past its TTL)                      |
 | 4  | encode      | app/pipeline/body.py `forwarded_body`   | (the bytes sent: the client's, salt and           |
 |    |             |                                         | include_usage spliced in)                         |
-| 5  | route       | app/proxy/forward.py -> services.router | decision, attempts                                |
+| 5  | route       | app/proxy/forward.py -> router          | decision, attempts; a load hold on the replica    |
+|    |             |                                         | (app/routing/load.py)                             |
 | 6  | forward     | app/proxy/forward.py -> upstream        | timings.upstream_sent, timings.first_byte         |
-| 7  | relay       | app/proxy/relay.py                      | status, usage, outcome, timings.first_token /     |
-|    |             |                                         | last_token / end; the relay's notes (output text, |
-|    |             |                                         | upstream failure, delivered before disconnect)    |
+| 7  | relay       | app/proxy/relay.py                      | result (`Outcome`: status, outcome, usage, output |
+|    |             |                                         | text, response id, upstream failure, delivered    |
+|    |             |                                         | before disconnect); timings.first_token / end     |
 | 8  | track       | prefix stage `after_response`           | prefix.matched, .predicted_tokens, .observation   |
 |    |             |                                         | (in a task: continuity, diagnosis, residency)     |
-| 8b | trace end   | tracing stage `after_response`          | span -> None (waits for prefix.observation)       |
+| 8b | trace end   | tracing stage `after_response`          | trace.span -> None (waits for prefix.observation) |
 | 8c | remember    | responses_stage.py `remember`           | (Store: response id -> replica, in a task)        |
-| 9  | record      | app/proxy/record.py                     | content_chunks; the request's metrics             |
+| 9  | record      | app/proxy/record.py                     | result.content_chunks; the request's metrics      |
 
 Every API is a dialect (app/dialects/: chat, completions, responses, messages, passthrough) that
 the steps ask instead of comparing route names: how its body is parsed, what prompt the engine
@@ -89,6 +93,13 @@ def _int_or(value: str | None, default: int) -> int:
         return int(value) if value is not None else default
     except ValueError:
         return default
+
+
+def _prompt_estimate(ctx: RequestContext, size_bytes: int) -> int:
+    """The prompt's tokens as routing and admission count them: the fingerprint's estimate, else
+    the body's size over BYTES_PER_TOKEN_ESTIMATE (app/routing/load.py)."""
+    fp = ctx.fingerprint
+    return fp.estimated_tokens if fp is not None and fp.estimated_tokens else estimated_tokens(size_bytes)
 
 
 class RequestPipeline:
@@ -150,7 +161,7 @@ class RequestPipeline:
         body = forwarded_body(raw, ctx.body, changed=ctx.body_changed, salt=ctx.salt,  # 4
                               include_usage=drop_usage)
         fp = ctx.fingerprint
-        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else estimated_tokens(len(body))
+        estimate = _prompt_estimate(ctx, len(body))
         room = self.admission.room if self.admission is not None and self.admission.queueing else None
         return body, RouteRequest(ctx.tenant, ctx.model, ctx.session_id, fp, estimate,
                                   pinned=ctx.pinned_replica, room=room), drop_usage
@@ -190,8 +201,8 @@ class RequestPipeline:
                     ctx.decision.prefill_tokens)
         except Exception:
             log.exception("recording metrics failed")
-        if ctx.admission is not None and self.admission is not None:
-            task = asyncio.get_running_loop().create_task(self.admission.done(ctx.admission, ctx.prompt_tokens))
+        if ctx.admission.ticket is not None and self.admission is not None:
+            task = asyncio.get_running_loop().create_task(self.admission.done(ctx.admission.ticket, ctx.prompt_tokens))
             _RELEASES.add(task)
             task.add_done_callback(_RELEASES.discard)
 
@@ -200,16 +211,16 @@ class RequestPipeline:
         The estimate is the fingerprint's token count, else the body size over 4."""
         admission = self.admission
         assert admission is not None
-        fp = ctx.fingerprint
-        estimate = fp.estimated_tokens if fp is not None and fp.estimated_tokens else estimated_tokens(raw_bytes)
+        estimate = _prompt_estimate(ctx, raw_bytes)
         anthropic = ctx.dialect.anthropic  # Anthropic's header names, 429 and 529 shapes
-        ctx.admission = await admission.admit(ctx.tenant, estimate, anthropic)
-        if ctx.admission is not None:
-            ctx.response_headers.update(rate_headers(ctx.admission.limits, ctx.admission.verdict, anthropic))
+        note = ctx.admission
+        note.ticket = ticket = await admission.admit(ctx.tenant, estimate, anthropic)
+        if ticket is not None:
+            note.headers.update(rate_headers(ticket.limits, ticket.verdict, anthropic))
         tenant_cfg = self.settings.tenants.config_for(ctx.tenant)
         priority = _int_or(ctx.headers.get(self.settings.admission.priority_header.lower()),
                            tenant_cfg.priority)
-        ctx.placed = await admission.wait_turn(ctx.tenant, priority, self.replicas.all, ctx.model,
+        note.placed = await admission.wait_turn(ctx.tenant, priority, self.replicas.all, ctx.model,
                                                lambda: self._predicted_prefill(ctx, estimate), anthropic)
 
     async def _predicted_prefill(self, ctx: RequestContext, estimate: int) -> int:

@@ -71,7 +71,7 @@ class Forwarder:
         """Forward `body` and relay the answer. Raises (nothing sent yet) NoReplicaAvailable when no
         replica could be tried, or the last UpstreamError when every attempt failed."""
         metrics, router = self.metrics, self.router
-        headers = upstream_headers(ctx.headers, ctx.request_id, self.api_key)
+        headers = upstream_headers(ctx.upstream_headers, ctx.request_id, self.api_key)
         tried: set[str] = set()
         last_error: UpstreamError | None = None
         for _ in range(self.attempts):
@@ -114,15 +114,14 @@ class Forwarder:
                 failure = ctx.upstream_failure
                 if failure is not None:
                     metrics.upstream_errors.labels(replica.name, failure.kind).inc()
-                if resp.status >= 400 and ctx.outcome == "ok":
-                    ctx.outcome = "client_error"
+                ctx.result.settled()
                 ok = ctx.outcome == "ok"
                 return
             except UpstreamError as exc:
                 metrics.upstream_errors.labels(replica.name, exc.kind).inc()
                 self.health.mark_failure(replica, exc.kind)
                 if committed:
-                    ctx.outcome = "upstream_error"
+                    ctx.result.upstream_failed()
                     raise
                 clock.attempt_failed(time.perf_counter())
                 last_error = exc

@@ -76,7 +76,7 @@ def record_request(metrics: Metrics, ctx: RequestContext, clock: StreamClock) ->
     rate = clock.decode_rate(usage.get("completion_tokens"), len(output_text) if output_text else None)
     if rate is not None:
         child(metrics.decode_rate, route, model, backend).observe(rate)
-    ctx.content_chunks = clock.content_chunks
+    ctx.result.content_chunks = clock.content_chunks
     if isinstance(prompt_tokens, int) and prompt_tokens > 0:
         tenant = metrics.tenant_label(ctx.tenant)
         child(metrics.prompt_tokens, route, model, tenant).inc(prompt_tokens)

@@ -55,7 +55,7 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
     whole events it sent, then an error event and `[DONE]`."""
     clock = observer.clock
     out = observer.feed(first, clock.timings.first_byte or time.perf_counter())
-    ctx.status = resp.status
+    ctx.result.answered(resp.status)
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
     if out:
         await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -70,7 +70,7 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
         # final empty write), the response was delivered: keep its accounting, and say so.
         observer.finish()
         if observer.done and observer.error is None:
-            ctx.delivered_before_disconnect = True
+            ctx.result.delivered_then_left()
             take_results(ctx, observer)
         raise
     observer.finish()
@@ -80,10 +80,9 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
     elif failure is None:
         failure = UpstreamError("midstream", _backend(ctx), "upstream closed the stream before its end marker")
     if observer.error is not None and ctx.outcome == "ok":
-        ctx.outcome = "midstream_error"
+        ctx.result.broke()
     if failure is not None:
-        ctx.outcome = "midstream_error"
-        ctx.upstream_failure = failure
+        ctx.result.broke(failure)
         tail = observer.end_after_failure(ProxyError(502, str(failure), type="server_error",
                                                      code=f"upstream_{failure.kind}").body()["error"])
     await send({"type": "http.response.body", "body": tail, "more_body": False})
@@ -92,10 +91,8 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
 
 def take_results(ctx: RequestContext, observer: StreamObserver) -> None:
     """What a finished stream observed, onto the request (also the Endpoint Picker's)."""
-    ctx.usage = observer.usage
-    ctx.response_id = observer.response_id
-    if observer.collect_text:
-        ctx.output_text = observer.output_text
+    ctx.result.observed(observer.usage, observer.output_text if observer.collect_text else None,
+                        observer.response_id)
 
 
 def _backend(ctx: RequestContext) -> str:
@@ -201,7 +198,7 @@ async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send
     body = first + rest if first else rest
     if parse and resp.status == 200:
         observe_buffered(ctx, body)
-    ctx.status = resp.status
+    ctx.result.answered(resp.status)
     headers = response_headers(resp, ctx) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -217,16 +214,12 @@ def observe_buffered(ctx: RequestContext, body: bytes) -> None:
     if not isinstance(payload, dict):
         return
     answer = ctx.dialect.whole_answer(payload)
-    ctx.usage = answer.usage
-    if answer.text is not None:
-        ctx.output_text = answer.text
-    if answer.response_id is not None:
-        ctx.response_id = answer.response_id
+    ctx.result.observed(answer.usage, answer.text, answer.response_id)
 
 
 async def relay_raw(ctx: RequestContext, resp: Response, first: bytes, send: Send) -> None:
     """Pass-through relay for other /v1/* paths: bytes as they come, nothing parsed."""
-    ctx.status = resp.status
+    ctx.result.answered(resp.status)
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
     if first:
         await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -234,7 +227,7 @@ async def relay_raw(ctx: RequestContext, resp: Response, first: bytes, send: Sen
         try:
             data = await resp.content.readany()
         except (aiohttp.ClientError, TimeoutError):
-            ctx.outcome = "midstream_error"
+            ctx.result.broke()
             break
         if not data:
             break
