@@ -79,10 +79,10 @@ async def one(stage, services, i: int, content: str) -> float:
     replica = services.replicas.all()[0]
     ctx.decision = SimpleNamespace(replica=replica, matched_blocks=0, reason="bench")
     ctx.timings.upstream_sent = time.perf_counter()
-    ctx.outcome, ctx.status = "ok", 200
-    ctx.output_text = "The answer is forty-two, as computed from the document above."
+    ctx.result.answered(200)
     n = ctx.fingerprint.num_tokens if ctx.fingerprint is not None and ctx.fingerprint.num_tokens else 1
-    ctx.usage = {"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12}
+    ctx.result.observed({"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12},
+                        "The answer is forty-two, as computed from the document above.")
     stage.after_response(ctx)
     await stage.drain()
     return routed

@@ -2,10 +2,12 @@
 # `make e2e-sglang`: the real-SGLang tier. Creates .venv-sglang (SGLang 0.5.23 for CPU, ~7 GB,
 # ~10 min) when missing, writes the `sgl_kernel` stand-in, builds the tiny random Llama with the
 # project's tokenizer into .e2e-sglang/, then runs `pytest -m e2e_sglang tests/e2e_sglang`, which
-# starts real replicas on free loopback ports and stops them by PID. Exits 0 with a printed reason
-# (and runs nothing) when SGLang cannot be installed here. docs/e2e-sglang.md says why each step.
-# Env: PY (python for the venv, default python3), E2E_SKIP_INSTALL=1 (never install), PYTEST_ARGS
-# (added to both pytest sessions; a -k there replaces the session split, so both run that selection).
+# starts real replicas on free loopback ports and stops them by PID. A tier that cannot install or
+# run fails (exit 1, the reason printed): it never passes by skipping, and no test may skip inside
+# it (PREFIXGATE_E2E_REQUIRED=1). docs/e2e-sglang.md says why each step.
+# Env: PY (python for the venv, default python3), E2E_SKIP_INSTALL=1 (never install: a missing
+# .venv-sglang fails at once), PYTEST_ARGS (added to both pytest sessions; a -k there replaces the
+# session split, so both run that selection).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,9 +17,9 @@ WORK=.e2e-sglang
 STUB=$WORK/stub
 mkdir -p "$WORK"
 
-skip() {
-    echo "e2e-sglang: SKIPPED — $*"
-    exit 0
+fail() {
+    echo "e2e-sglang: FAILED, the real-SGLang tier did not run — $*" >&2
+    exit 1
 }
 
 # SGLang's declared requirements include CUDA-only packages (flashinfer, cuda-python,
@@ -65,19 +67,19 @@ PY
 }
 
 if [ ! -x "$VENV/bin/python" ]; then
-    [ "$(uname -s)" = Linux ] || skip "SGLang's wheels are for Linux only (this is $(uname -s))"
-    [ "$(uname -m)" = x86_64 ] || skip "the pinned torch/SGLang wheels are for x86_64 (this is $(uname -m))"
-    [ "${E2E_SKIP_INSTALL:-0}" = 1 ] && skip "$VENV is missing and E2E_SKIP_INSTALL=1"
+    [ "$(uname -s)" = Linux ] || fail "SGLang's wheels are for Linux only (this is $(uname -s))"
+    [ "$(uname -m)" = x86_64 ] || fail "the pinned torch/SGLang wheels are for x86_64 (this is $(uname -m))"
+    [ "${E2E_SKIP_INSTALL:-0}" = 1 ] && fail "$VENV is missing and E2E_SKIP_INSTALL=1"
     echo "e2e-sglang: creating $VENV with sglang==0.5.23 (~10 min, ~7 GB; log: $WORK/install.log)"
     if ! install_sglang > "$WORK/install.log" 2>&1; then
         rm -rf "$VENV"
         tail -5 "$WORK/install.log" | sed 's/^/  /'
-        skip "could not install sglang==0.5.23 and its CPU requirements (no network or no wheel for this platform); log: $WORK/install.log"
+        fail "could not install sglang==0.5.23 and its CPU requirements (no network or no wheel for this platform); log: $WORK/install.log"
     fi
 fi
 write_stub
 PYTHONPATH="$STUB" "$VENV/bin/python" -c "import sglang.srt.entrypoints.http_server" > "$WORK/import.log" 2>&1 \
-    || { tail -5 "$WORK/import.log" | sed 's/^/  /'; skip "$VENV exists but SGLang's server does not import; remove it and rerun make e2e-sglang"; }
+    || { tail -5 "$WORK/import.log" | sed 's/^/  /'; fail "$VENV exists but SGLang's server does not import; remove it and rerun make e2e-sglang"; }
 
 echo "e2e-sglang: building the tiny model into $WORK/model"
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" tests/e2e/tiny_model.py "$WORK/model" \
@@ -86,6 +88,7 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VENV/bin/python" tests/e2e/tiny_model.
 export PREFIXGATE_E2E_MODEL="$PWD/$WORK/model"
 export PREFIXGATE_E2E_LOGS="$PWD/$WORK/logs"
 export PREFIXGATE_SGLANG_STUB="$PWD/$STUB"
+export PREFIXGATE_E2E_REQUIRED=1
 # Two sessions, so that at most two replicas (~3 GB each) run at once: radix + noradix, then page16.
 rc=0
 for selection in "not page16" "page16"; do

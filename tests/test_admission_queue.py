@@ -248,8 +248,10 @@ def test_a_freed_replica_releases_one_queued_request_until_it_is_placed():
     assert released_before == 1 and released_after == 2 and unplaced == 1
 
 
-def test_a_queued_request_leaves_at_the_kick_of_a_first_token_not_at_its_next_poll(monkeypatch):
-    """The proxy kicks admission when a replica's prefill is done; the queue re-checks at once."""
+def test_admission_kick_makes_a_queued_request_recheck_at_once_not_at_its_next_poll(monkeypatch):
+    """`Admission.kick()` wakes the queue: a request waiting on a minute-long poll re-checks and
+    leaves at once. That the proxy kicks at a first byte is checked through the real gateway in
+    tests/test_admission_first_token_kick.py."""
     monkeypatch.setattr("app.admission.gate.POLL_S", 60.0)
 
     async def run() -> float:

@@ -1,10 +1,13 @@
 """`prefixgate serve --workers 2` (a real subprocess in front of the simulator): two workers behind
 one port are one gateway. A conversation whose turns reach different workers still gets
 prefix-affinity routing to the replica holding its prefix and one continuity history (the shared
-store), /metrics counts every worker's requests, and SIGTERM drains every worker."""
+store), a Responses chain (`previous_response_id`, `GET /v1/responses/{id}`) stays on the replica
+holding it whichever worker a turn reaches, /metrics counts every worker's requests, and SIGTERM
+drains every worker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -14,9 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.state.base import response_owner_key
+from app.state.memory import MemoryStore
+from app.state.shared import SharedStore
 from tests.gateway_process import GatewayProcess
 from tests.test_serve_drain import Stream
 
@@ -28,15 +35,39 @@ def start_workers(sim: Any, **config: Any) -> GatewayProcess:
     return GatewayProcess(cfg, args=["--workers", "2"]).start()
 
 
-def worker_sockets(gw: GatewayProcess) -> list[str]:
-    """Each worker's own-metrics socket, from the master's start-up line (app/workers.py)."""
+def run_dir(gw: GatewayProcess) -> str:
+    """The master's socket folder, from its start-up line (app/workers.py)."""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         found = re.search(r"shared store (\S+)/store\.sock", gw.log())
         if found:
-            return [os.path.join(found.group(1), f"metrics-{i}.sock") for i in range(2)]
+            return found.group(1)
         time.sleep(0.1)
     raise AssertionError(gw.log())
+
+
+def worker_sockets(gw: GatewayProcess) -> list[str]:
+    """Each worker's own-metrics socket."""
+    return [os.path.join(run_dir(gw), f"metrics-{i}.sock") for i in range(2)]
+
+
+def shared_owner(gw: GatewayProcess, response_id: str, timeout: float = 10.0) -> str | None:
+    """The replica the master's shared store holds for `response_id`, waiting for the one-way write
+    of the worker that relayed it (None past `timeout`). Read as a plain binding, the key the
+    stores share, through a client of the master's socket like a worker's."""
+    async def poll() -> str | None:
+        client = SharedStore(os.path.join(run_dir(gw), "store.sock"), MemoryStore())
+        await client.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while (owner := await client.binding_get(response_owner_key(response_id))) is None:
+                if time.monotonic() > deadline:
+                    return None
+                await asyncio.sleep(0.05)
+            return owner
+        finally:
+            await client.close()
+    return asyncio.run(poll())
 
 
 def requests_served(sock: str) -> float:
@@ -103,6 +134,38 @@ def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim
     total = sum(s.value for f in text_string_to_metric_families(httpx.get(gw.url + "/metrics", timeout=5).text)
                 if f.name == "prefixgate_requests" for s in f.samples if s.name == "prefixgate_requests_total")
     assert total == 24  # the scrape is the gateway's, whichever worker answered it
+
+
+def fresh_client(gw: GatewayProcess) -> openai.OpenAI:
+    """A client of its own, so a new connection: SO_REUSEPORT then picks a worker afresh."""
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def test_a_responses_chain_stays_on_its_replica_whichever_worker_a_turn_reaches(sim, gateways) -> None:
+    """vLLM keeps a stored response on the replica that made it: `previous_response_id` and
+    `GET /v1/responses/{id}` must reach that replica although round robin alternates and the turn
+    reached another worker than the one that relayed the response (the shared store's owner pins)."""
+    gw = start_workers(sim, routing={"policy": "round_robin", "health_interval_s": 0.5})
+    gateways.append(gw)
+    sockets = worker_sockets(gw)
+    first = fresh_client(gw).responses.with_raw_response.create(
+        model="sim", input="first question " + SYSTEM[:400], max_output_tokens=4)
+    home, previous = first.headers["x-prefixgate-backend"], first.parse().id
+    workers: set[int] = set()
+    for n in range(6):
+        owner = shared_owner(gw, previous)
+        before = [requests_served(s) for s in sockets]
+        turn = fresh_client(gw).responses.with_raw_response.create(
+            model="sim", previous_response_id=previous, input=f"follow-up {n}", max_output_tokens=4)
+        after = [requests_served(s) for s in sockets]
+        workers.update(i for i in range(2) if after[i] > before[i])
+        assert turn.status_code == 200 and turn.headers["x-prefixgate-backend"] == home, (n, turn.headers)
+        assert owner == home, (n, owner)
+        got = fresh_client(gw).responses.with_raw_response.retrieve(previous)
+        assert got.status_code == 200 and got.headers["x-prefixgate-backend"] == home
+        assert got.parse().id == previous
+        previous = turn.parse().id
+    assert workers == {0, 1}, f"every turn reached one worker {workers}: the test proves nothing"
 
 
 def test_sigterm_drains_every_worker(sim_factory, gateways) -> None:

@@ -1,7 +1,8 @@
 """The embedded shared store of `serve --workers N` (app/state/shared.py) and the merged /metrics
-(app/telemetry/merge.py): two clients of one master store see each other's writes; with the master
-gone, a client answers from local state and says it is down; merged series sum counters and
-per-worker gauges and take the largest of the other gauges."""
+(app/telemetry/merge.py): with the master gone, a client answers from local state and says it is
+down; merged series sum counters and per-worker gauges and take the largest of the other gauges.
+What a client shares with another while the master is there is the Store contract, checked with
+every other Store in tests/test_store_conformance.py."""
 
 from __future__ import annotations
 
@@ -17,52 +18,12 @@ from app.state.memory import MemoryStore
 from app.state.shared import SharedStore, StoreServer
 from app.telemetry.merge import merge_expositions
 
-BIG = 2**64 - 1  # block hashes are unsigned 64-bit
-
 
 def _listening(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(path)
     sock.listen(8)
     return sock
-
-
-async def synced(client: SharedStore) -> None:
-    await client.tenants()
-
-
-def test_two_clients_share_residency_history_bindings_and_counters() -> None:
-    async def scenario() -> None:
-        path = os.path.join(tempfile.mkdtemp(), "store.sock")
-        server = StoreServer(MemoryStore(), _listening(path))
-        await server.start()
-        a, b = SharedStore(path, MemoryStore()), SharedStore(path, MemoryStore())
-        await a.start()
-        await b.start()
-        chain = [BIG, 7, 9, 11]
-        # writes are one-way; a read on the same connection returns after them (`synced`)
-        await a.residency_add("r1", chain)
-        await synced(a)
-        assert await b.residency_lookup([BIG, 7, 9, 12], ["r1", "r2"]) == {"r1": 3, "r2": 0}
-        await a.binding_set("session:x", "r1")
-        await synced(a)
-        assert await b.binding_get("session:x") == "r1"
-        await a.history_append("t", {"seq": 1, "sample": [BIG]})
-        await synced(a)
-        await b.history_append("t", {"seq": 2})
-        await synced(b)
-        assert [r["seq"] for r in await a.history_recent("t", 10)] == [1, 2]
-        await a.counter_incr("t", "requests")
-        await b.counter_incr("t", "requests", 2.0)
-        await synced(b)
-        assert (await a.counters("t"))["requests"] == 3.0
-        assert await b.tenants() == ["t"]
-        assert a.up() and b.up()
-        await a.close()
-        await b.close()
-        await server.close()
-
-    asyncio.run(scenario())
 
 
 def test_client_answers_from_local_state_when_the_master_is_gone() -> None:

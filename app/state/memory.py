@@ -18,7 +18,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from app.routing.recent import RecentRequests
-from app.state.base import response_owner_key
+from app.state.base import Store
 
 DEFAULT_CAPACITY_BLOCKS = 4096
 DEFAULT_TTL_S = 3600.0
@@ -99,7 +99,7 @@ class _Residency:
         return lo
 
 
-class MemoryStore:
+class MemoryStore(Store):
     """Store protocol (app/state/base.py) on plain dicts; every structure is bounded."""
 
     def __init__(
@@ -236,12 +236,6 @@ class MemoryStore:
         self._bindings.move_to_end(key)
         while len(self._bindings) > self.max_bindings:
             self._bindings.popitem(last=False)
-
-    async def response_owner_get(self, response_id: str) -> str | None:
-        return await self.binding_get(response_owner_key(response_id))
-
-    async def response_owner_set(self, response_id: str, replica: str) -> None:
-        await self.binding_set(response_owner_key(response_id), replica)
 
     # ------------------------------------------------------------- tenant history and counters
     async def history_append(self, tenant: str, record: dict) -> None:

@@ -1,6 +1,6 @@
 """RedisStore: the Store protocol on one Redis, shared by every gateway pod.
 
-Semantics equal MemoryStore's (the contract suite in tests/test_state_contract.py runs both):
+Semantics equal MemoryStore's (the conformance suite, tests/test_store_conformance.py, runs every Store):
 - residency per replica is a sorted set of packed block hashes scored by last use in
   microseconds (keys.chain_scores), trimmed to the replica's capacity, with per-member TTL as a
   score cutoff and a key TTL for idle replicas. Lookup is ONE script call for all replicas: a
@@ -28,7 +28,7 @@ from redis.backoff import NoBackoff
 
 from app.routing import recent
 from app.state import ops
-from app.state.base import response_owner_key
+from app.state.base import Store
 from app.state.keys import DEFAULT_NAMESPACE, KeySpace, next_base, pack_hashes, unpack_members
 from app.state.memory import (
     DEFAULT_CAPACITY_BLOCKS,
@@ -126,7 +126,7 @@ def connect(url: str, socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S) -> aio
         health_check_interval=0)
 
 
-class RedisStore:
+class RedisStore(Store):
     """Store protocol on Redis; raises on any Redis failure (see module docstring)."""
 
     def __init__(
@@ -292,12 +292,6 @@ class RedisStore:
 
     async def binding_set(self, key: str, replica: str) -> None:
         await self.apply([ops.BindingSet(key, replica)])
-
-    async def response_owner_get(self, response_id: str) -> str | None:
-        return await self.binding_get(response_owner_key(response_id))
-
-    async def response_owner_set(self, response_id: str, replica: str) -> None:
-        await self.binding_set(response_owner_key(response_id), replica)
 
     # ------------------------------------------------------------- tenant history and counters
     async def history_append(self, tenant: str, record: dict) -> None:

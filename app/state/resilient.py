@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.state import ops
-from app.state.base import response_owner_key
+from app.state.base import Store
 from app.state.keys import pack_hashes
 from app.state.memory import MemoryStore
 from app.state.redis import RedisStore
@@ -65,7 +65,7 @@ class _Missing:
 _MISSING = _Missing()
 
 
-class ResilientStore:
+class ResilientStore(Store):
     """Store protocol: Redis when it answers within budget, the local mirror otherwise."""
 
     def __init__(
@@ -369,12 +369,6 @@ class ResilientStore:
     async def binding_set(self, key: str, replica: str) -> None:
         await self.local.binding_set(key, replica)
         self._enqueue(ops.BindingSet(key, replica))
-
-    async def response_owner_get(self, response_id: str) -> str | None:
-        return await self.binding_get(response_owner_key(response_id))
-
-    async def response_owner_set(self, response_id: str, replica: str) -> None:
-        await self.binding_set(response_owner_key(response_id), replica)
 
     # ------------------------------------------------------------- tenant history and counters
     async def history_append(self, tenant: str, record: dict) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from app.state.base import LIFECYCLE, Store, contract_methods
 from app.state.memory import MemoryStore
 
 log = logging.getLogger("prefixgate.state.shared")
@@ -38,12 +39,9 @@ HEADER = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024  # a 4M-block chain is 80 MB of JSON; anything larger is a bug
 RETRY_S = 1.0
 CALL_TIMEOUT_S = 5.0
-# the Store methods a worker may call on the master's store (nothing else is reachable)
-METHODS = frozenset({
-    "residency_lookup", "residency_add", "residency_touch", "residency_remove", "residency_clear",
-    "set_capacity", "binding_get", "binding_set", "history_append", "history_recent",
-    "counter_incr", "counters", "tenants", "recent_add", "recent_values",
-})
+# the Store methods a worker may call on the master's store (nothing else is reachable): the whole
+# contract but the lifecycle, derived from it so a method added to the contract is served too
+METHODS = contract_methods() - LIFECYCLE
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> Any:
@@ -104,7 +102,7 @@ class StoreServer:
             writer.close()
 
 
-class SharedStore:
+class SharedStore(Store):
     """A worker's Store: every call goes to the master's store over `path`; while the master is
     unreachable, a local MemoryStore with the same bounds answers (`up()` False)."""
 

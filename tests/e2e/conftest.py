@@ -8,7 +8,7 @@ and stops them all by PID at the end of the session, on failure too. Specs:
 - `nocache`: `--no-enable-prefix-caching` (the caching-enabled gauge must read 0).
 
 Per-test fixtures (`vllm_b32`, ...) empty the replica's prefix cache first, so tests are independent.
-Every test skips with the reason printed when .venv-vllm is missing. `PREFIXGATE_E2E_MODEL` (set by
+Every test skips with the reason printed when .venv-vllm is missing (fails, under scripts/e2e.sh). `PREFIXGATE_E2E_MODEL` (set by
 scripts/e2e.sh) points at a prebuilt model; otherwise it is built into a temp dir.
 """
 
@@ -32,7 +32,9 @@ from tests.e2e.vllm_server import (
 )
 
 SPECS = (
-    ReplicaSpec("b32", block_size=32, kv_events=True, cpu="0", env=AGENTS_ENV),
+    # token ids as logprob tokens: the previous_response_id test reads the ids vLLM sampled
+    ReplicaSpec("b32", block_size=32, kv_events=True, cpu="0", env=AGENTS_ENV,
+                extra_args=["--return-tokens-as-token-ids"]),
     ReplicaSpec("b128", block_size=None, cpu="1"),
     ReplicaSpec("nocache", block_size=32, prefix_caching=False, cpu="1"),
 )

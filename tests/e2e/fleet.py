@@ -2,8 +2,9 @@
 tests/e2e_sglang/conftest.py for SGLang): the tiny model, the replicas the selected tests use,
 started at once and stopped by PID whatever happens, and a per-test cache reset.
 
-- `tier_model_dir`: skips (printing why) when the engine's venv is missing; otherwise the prebuilt
-  model `PREFIXGATE_E2E_MODEL` points at (the tier's script builds it), or one built now.
+- `tier_model_dir`: skips (printing why) when the engine's venv is missing -- fails instead under
+  `PREFIXGATE_E2E_REQUIRED=1`, which the tiers' scripts set (a tier never passes by skipping);
+  otherwise the prebuilt model `PREFIXGATE_E2E_MODEL` points at (the script builds it), or one built now.
 - `selected_specs`: the specs whose fixture (`<prefix>_<name>`, or `<prefix>_replica`
   parametrized indirectly by name) some collected test uses; all of them when none matches.
 - `running_fleet`: starts them together (their ~30 s start-ups overlap) and stops every one at
@@ -31,6 +32,8 @@ def tier_model_dir(reason: str | None, tmp_path_factory: pytest.TempPathFactory,
                    python: Path) -> Path:
     if reason:
         print(f"\n{reason}")
+        if os.environ.get("PREFIXGATE_E2E_REQUIRED") == "1":
+            pytest.fail(f"{reason} (PREFIXGATE_E2E_REQUIRED=1: this tier must run)")
         pytest.skip(reason)
     given = os.environ.get("PREFIXGATE_E2E_MODEL")
     out = Path(given) if given else tmp_path_factory.mktemp(tmp_name) / "tiny-model"

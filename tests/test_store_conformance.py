@@ -1,24 +1,44 @@
-"""One contract suite for every Store: MemoryStore (the reference semantics), RedisStore on a real
-redis-server, and ResilientStore (Redis + local mirror) with Redis up. Plus a randomised
-comparison of MemoryStore and RedisStore over long op sequences."""
+"""The Store conformance suite: one contract, every implementation (app/state/base.py).
+
+Each test runs against MemoryStore (the reference semantics), the embedded shared store of
+`serve --workers N` (SharedStore clients of a StoreServer over a real UNIX socket), RedisStore on a
+real redis-server, and ResilientStore (Redis + local mirror) with Redis up. Stores that are shared
+(all but memory, whose one object stands for both) are also checked through two clients: what one
+writes the other reads. Plus: every Store subclass is in the suite, every contract method is called
+here, the contract is enforced when a class is defined, and a randomised comparison of MemoryStore
+and RedisStore over long op sequences."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
+import shutil
+import socket
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+import app.state.factory  # noqa: F401 -- imports every implementation, for the subclass census
+from app.routing.recent import RESCALE_AT, RecentRequests, growth
+from app.state.base import Store, contract_methods, contract_problems
 from app.state.memory import MemoryStore
 from app.state.redis import RedisStore
 from app.state.resilient import ResilientStore
+from app.state.shared import SharedStore, StoreServer
 from tests.redis_server import RedisServer
 
 CAPACITY = 8
 HISTORY = 4
 MAX_TENANTS = 3
 TTL_S = 30.0
+BIG = 2**64 - 1  # block hashes are unsigned 64-bit: every wire must carry this one exactly
+NAMES = ["r0", "r1", "r2", "r3"]
+IMPLEMENTATIONS = {"memory": MemoryStore, "shared": SharedStore, "redis": RedisStore, "resilient": ResilientStore}
+KINDS = list(IMPLEMENTATIONS)
 
 
 def chain(tag: int, n: int, start: int = 0) -> list[int]:
@@ -26,32 +46,110 @@ def chain(tag: int, n: int, start: int = 0) -> list[int]:
     return [(tag << 32) | i for i in range(start, start + n)]
 
 
+def bounded_memory(ttl_s: float = TTL_S) -> MemoryStore:
+    return MemoryStore(capacity_blocks=CAPACITY, ttl_s=ttl_s, history_len=HISTORY, max_tenants=MAX_TENANTS)
+
+
 def make_store(kind: str, server: RedisServer, namespace: str, ttl_s: float = TTL_S):
+    """A RedisStore or ResilientStore (the stores a test drives op by op against MemoryStore)."""
     if kind == "memory":
-        return MemoryStore(capacity_blocks=CAPACITY, ttl_s=ttl_s, history_len=HISTORY, max_tenants=MAX_TENANTS)
+        return bounded_memory(ttl_s)
     remote = RedisStore(server.url, namespace=namespace, capacity_blocks=CAPACITY, ttl_s=ttl_s,
                         key_ttl_s=ttl_s, history_len=HISTORY, max_tenants=MAX_TENANTS)
     if kind == "redis":
         return remote
-    local = MemoryStore(capacity_blocks=CAPACITY, ttl_s=ttl_s, history_len=HISTORY, max_tenants=MAX_TENANTS)
-    return ResilientStore(remote, local, timeout_s=1.0, control_timeout_s=2.0)
+    return ResilientStore(remote, bounded_memory(ttl_s), timeout_s=1.0, control_timeout_s=2.0)
 
 
-KINDS = ["memory", "redis", "resilient"]
+@contextlib.asynccontextmanager
+async def clients(kind: str, server: RedisServer, namespace: str, ttl_s: float = TTL_S) -> AsyncIterator[tuple]:
+    """Two started clients of one store of `kind` (memory: the same object twice)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if kind == "memory":
+            one = bounded_memory(ttl_s)
+            pair: tuple = (one, one)
+        elif kind == "shared":
+            folder = tempfile.mkdtemp(prefix="pg-store-")  # short: a UNIX socket path is <= 107 bytes
+            stack.callback(shutil.rmtree, folder, True)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(os.path.join(folder, "store.sock"))
+            sock.listen(8)
+            master = StoreServer(bounded_memory(ttl_s), sock)
+            await master.start()
+            stack.push_async_callback(master.close)
+            pair = tuple(SharedStore(os.path.join(folder, "store.sock"), bounded_memory(ttl_s)) for _ in range(2))
+        else:
+            pair = (make_store(kind, server, namespace, ttl_s), make_store(kind, server, namespace, ttl_s))
+        for s in dict.fromkeys(pair):
+            await s.start()
+            stack.push_async_callback(s.close)
+        yield pair
 
 
 @pytest.fixture(params=KINDS)
-async def store(request, redis_server: RedisServer, redis_namespace: str) -> AsyncIterator:
-    s = make_store(request.param, redis_server, redis_namespace)
-    await s.start()
-    yield s
-    await s.close()
+async def pair(request, redis_server: RedisServer, redis_namespace: str) -> AsyncIterator[tuple]:
+    async with clients(request.param, redis_server, redis_namespace) as both:
+        yield both
+
+
+@pytest.fixture
+def store(pair):
+    return pair[0]
 
 
 async def settle(store) -> None:
-    """Resilient writes are queued: send them so the remote side is exercised too."""
+    """Writes that are queued or one-way have reached the shared backend: the resilient store's
+    queue is flushed, a shared-store client's writes are applied (a read on its connection returns
+    after them). After this another client reads them."""
     if isinstance(store, ResilientStore):
         await store.flush()
+    elif isinstance(store, SharedStore):
+        await store.tenants()
+
+
+# ------------------------------------------------------------------ the contract itself
+
+
+def test_every_store_implementation_is_in_this_suite() -> None:
+    defined = {c for c in Store.__subclasses__() if c.__module__.startswith("app.")}  # not this file's
+    assert defined == set(IMPLEMENTATIONS.values())
+    for cls in IMPLEMENTATIONS.values():
+        assert contract_problems(cls) == [], cls
+
+
+def test_every_contract_method_is_called_in_this_suite() -> None:
+    source = Path(__file__).read_text()
+    assert sorted(m for m in contract_methods() if f".{m}(" not in source) == []
+
+
+def test_a_class_that_breaks_the_contract_fails_when_it_is_defined() -> None:
+    class Complete(MemoryStore):
+        pass  # inherits every method: fine
+
+    with pytest.raises(TypeError, match="binding_get missing"):
+        class Partial(Store):  # a Store written by hand that forgot most of the contract
+            async def binding_set(self, key: str, replica: str) -> None: ...
+
+    with pytest.raises(TypeError, match="binding_get must be async"):
+        class Sync(MemoryStore):
+            def binding_get(self, key: str) -> str | None:  # type: ignore[override]
+                return None
+
+    with pytest.raises(TypeError, match=r"counter_incr\(self, tenant, name, amount=1.0\) is not counter_incr\(self, tenant, field, amount=1.0\)"):
+        class Renamed(MemoryStore):
+            async def counter_incr(self, tenant: str, name: str, amount: float = 1.0) -> None: ...
+
+    with pytest.raises(TypeError, match=r"history_recent\(self, tenant\) is not"):
+        class NoLimit(MemoryStore):
+            async def history_recent(self, tenant: str) -> list[dict]:  # type: ignore[override]
+                return []
+
+    assert Complete().up()
+
+
+async def test_up_once_started_with_the_backend_reachable(pair) -> None:
+    a, b = pair
+    assert a.up() is True and b.up() is True
 
 
 async def test_lookup_unknown_replicas_and_empty_chain(store) -> None:
@@ -170,20 +268,76 @@ async def test_tenants_are_bounded_with_their_data(store) -> None:
     assert await store.counters("t2") == {"requests": 1.0}
 
 
+async def test_response_owners(pair) -> None:
+    a, b = pair
+    assert await a.response_owner_get("resp_1") is None
+    await a.response_owner_set("resp_1", "r0")
+    await a.binding_set("resp_1", "r9")  # a session of the same name is another key
+    assert await a.response_owner_get("resp_1") == "r0"  # read-your-writes, flushed or not
+    await settle(a)
+    assert await b.response_owner_get("resp_1") == "r0"
+    assert await b.binding_get("resp_1") == "r9"
+    await b.response_owner_set("resp_1", "r1")  # the last set wins
+    await settle(b)
+    assert await a.response_owner_get("resp_1") == "r1"
+    assert await a.response_owner_get("resp_2") is None
+
+
+async def test_two_clients_see_one_residency_index_bindings_and_history(pair) -> None:
+    a, b = pair
+    await a.residency_add("r1", [BIG, 7, 9, 11])
+    await a.binding_set("session:x", "r1")
+    await a.history_append("t", {"seq": 1, "sample": [BIG]})
+    await settle(a)
+    assert await b.residency_lookup([BIG, 7, 9, 12], ["r1", "r2"]) == {"r1": 3, "r2": 0}
+    assert await b.binding_get("session:x") == "r1"
+    await b.history_append("t", {"seq": 2})
+    await b.counter_incr("t", "requests", 2.0)
+    await settle(b)
+    await a.counter_incr("t", "requests")
+    await settle(a)
+    assert await a.history_recent("t", 10) == [{"seq": 1, "sample": [BIG]}, {"seq": 2}]
+    assert await b.counters("t") == {"requests": 3.0}
+    assert await b.tenants() == ["t"]
+
+
+async def test_recent_placements_equal_the_reference_across_a_rescale_and_are_shared(pair) -> None:
+    """The decayed counts cold prefixes are spread by (app/routing/recent.py): the numbers of
+    `RecentRequests` whichever client placed the request, past a rescale of the unit."""
+    a, b = pair
+    reference = RecentRequests()
+    rng = random.Random(7)
+    steps = 0
+    while growth() ** steps <= RESCALE_AT:
+        steps += 1
+    for i in range(steps + 50):
+        name = rng.choice(NAMES[:3]) if i % 5 else "r0"
+        reference.add(name)
+        client = a if i % 2 else b
+        await client.recent_add(name)
+        await settle(client)  # two pods' writes land in the order they were sent
+    for s in (a, b):
+        got = await s.recent_values(NAMES)
+        for name in NAMES:
+            assert got[name] == pytest.approx(reference.value(name), rel=1e-9, abs=1e-12), name
+    assert (await a.recent_values(["r3"]))["r3"] == 0.0  # never placed: none, not a default
+    assert await a.recent_values([]) == {}
+
+
 @pytest.mark.parametrize("kind", KINDS)
-async def test_residency_and_bindings_expire(kind, redis_server: RedisServer, redis_namespace: str) -> None:
-    store = make_store(kind, redis_server, redis_namespace, ttl_s=0.3)
-    await store.start()
-    try:
+async def test_residency_bindings_and_response_owners_expire(kind, redis_server: RedisServer,
+                                                             redis_namespace: str) -> None:
+    async with clients(kind, redis_server, redis_namespace, ttl_s=0.3) as (store, _):
         await store.residency_add("r", chain(1, 3))
         await store.binding_set("s", "r")
+        await store.response_owner_set("resp_1", "r")
         await settle(store)
         assert await store.residency_lookup(chain(1, 3), ["r"]) == {"r": 3}
+        assert await store.response_owner_get("resp_1") == "r"
         await asyncio.sleep(0.5)
         assert await store.residency_lookup(chain(1, 3), ["r"]) == {"r": 0}
         assert await store.binding_get("s") is None
-    finally:
-        await store.close()
+        assert await store.response_owner_get("resp_1") is None
 
 
 async def test_random_sequences_match_memory_store(redis_server: RedisServer, redis_namespace: str) -> None:
