@@ -124,8 +124,9 @@ class RequestPipeline:
         self.hooks = hooks if hooks is not None else []  # the caller's list: observers added later count
 
     async def run(self, ctx: RequestContext, raw: bytes, send: Any, clock: StreamClock) -> None:
-        """Steps 1-7 for a parsed API (chat, completions, responses, messages). Raises ProxyError (or the last upstream error) when
-        nothing was sent to the client yet; the adapter turns it into an OpenAI-shaped error."""
+        """Steps 1-7 for a parsed API (chat, completions, responses, messages). Raises ProxyError
+        (or the last upstream error) when nothing was sent to the client yet; the adapter turns it
+        into an error in the dialect's shape."""
         body, request, drop_usage = await self.prepare(ctx, raw)
         mode: Mode = "stream" if ctx.stream else "buffered"
         try:
