@@ -11,7 +11,7 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("app.server", "run the proxy in front of vLLM/SGLang replicas"),
+    "serve": ("app.serve", "run the proxy in front of vLLM/SGLang replicas"),
     "sim": ("app.sim.cli", "start N simulated vLLM-compatible replicas"),
     "demo": ("app.demo", "simulated replicas + the proxy + a multi-tenant workload, with a report"),
     "check": ("app.doctor.cli", "is this endpoint's prefix cache really working?"),

@@ -5,17 +5,15 @@
 to FastAPI (control plane, /hygiene, /ui), with the admin gate at that door (app/api/admin.py).
 The lifespan starts and stops the shared parts held in `Services` (app/services.py): the upstream
 session, the state store, background components (health checker, engine scraper) and hooks; on
-the way out it flushes their background work. `run` serves it with the SIGTERM drain of
-app/serving.py (docs/operations.md).
+the way out it flushes their background work. The `prefixgate serve` command that runs it (one
+process, or `--workers N`) is app/serve.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,22 +26,25 @@ from app.api.engines import build_engines_router
 from app.api.errors import error_body, send_error, sse_error_event
 from app.api.hygiene import build_hygiene_router
 from app.api.openai import OpenAIProxy
-from app.config import ConfigError, Settings, load_settings
+from app.config import Settings
 from app.engines.kv_events import KVEventSubscriber
 from app.engines.scrape import EngineScraper
+from app.errors import ProxyError
 from app.pipeline.hygiene_stage import build_hygiene_stage
 from app.pipeline.prefix_stage import build_prefix_stage
+from app.pipeline.request import RequestPipeline
+from app.pipeline.responses_stage import ResponseOwners
 from app.pipeline.tracing_stage import build_tracing_stage
-from app.proxy.context import ProxyError
+from app.proxy.forward import Forwarder
 from app.proxy.upstream import Upstream
 from app.routing.components import build_routing_components
 from app.routing.factory import build_residency, build_router
 from app.routing.health import HealthChecker
+from app.routing.load import ReplicaLoad
 from app.routing.replicas import ReplicaSet
 from app.services import Background, Services
 from app.state.factory import build_store
 from app.telemetry.metrics import Metrics
-from app.workers import worker_count
 
 log = logging.getLogger("prefixgate.server")
 
@@ -57,9 +58,11 @@ def build_services(settings: Settings, store_path: str | None = None) -> Service
     router = build_router(settings, replicas, store, metrics, residency)
     health = HealthChecker(replicas, metrics, settings.routing.health_interval_s)
     scraper = EngineScraper(replicas, metrics, settings)
+    admission = build_admission(settings, metrics)
+    load = ReplicaLoad(metrics, on_lighter=admission.kick if admission is not None else None)
     services = Services(settings=settings, metrics=metrics, replicas=replicas, store=store,
-                        residency=residency, router=router,
-                        upstream=Upstream(settings.limits), health=health, scraper=scraper)
+                        residency=residency, router=router, upstream=Upstream(settings.limits),
+                        health=health, scraper=scraper, load=load, admission=admission)
 
     # --- background components (started in order, stopped in reverse): one line each ---
     services.background.append(health)
@@ -71,15 +74,27 @@ def build_services(settings: Settings, store_path: str | None = None) -> Service
 
     # --- the pipeline's stages (their order is app/pipeline/request.py's): one line each ---
     services.hygiene = build_hygiene_stage(settings, metrics)
-    services.prefix = build_prefix_stage(settings, services)
+    services.prefix = build_prefix_stage(settings, metrics, replicas, store, residency, scraper,
+                                         services.upstream, services.kv_events)
     services.hygiene.system_first = services.prefix.system_first  # Messages: merged inline system
     services.tracing = build_tracing_stage(settings)
-    services.admission = build_admission(settings, metrics)
 
     # --- extra control-plane routers (/hygiene/*, /ui): one line each ---
     services.extra_routers.append(build_hygiene_router(services))
     services.extra_routers.append(build_engines_router(scraper))
     return services
+
+
+def build_pipeline(services: Services) -> RequestPipeline:
+    """The request pipeline over `services`' parts, each handed in once (the stages left None are
+    skipped). `serve`'s ASGI adapter and the Endpoint Picker each build one."""
+    settings = services.settings
+    forwarder = Forwarder(services.router, services.upstream, services.health, services.load, services.metrics,
+                          api_key=settings.upstream.api_key, max_retries=settings.routing.max_retries)
+    return RequestPipeline(settings, services.metrics, services.health, services.replicas, services.residency,
+                           forwarder, ResponseOwners(services.store, services.replicas),
+                           hygiene=services.hygiene, prefix=services.prefix, tracing=services.tracing,
+                           admission=services.admission, hooks=services.hooks)
 
 
 class PrefixgateApp:
@@ -89,7 +104,7 @@ class PrefixgateApp:
 
     def __init__(self, services: Services) -> None:
         self.services = services
-        self.openai = OpenAIProxy(services)
+        self.openai = OpenAIProxy(services, build_pipeline(services))
         self.control = _control_plane(services)
         self.gate = AdminGate(services.settings)
         self.admin: AdminApp | None = AdminApp(self.control) if self.gate.separate else None
@@ -254,60 +269,3 @@ async def _flush(services: Services) -> None:
 
 def create_app(settings: Settings, store_path: str | None = None) -> PrefixgateApp:
     return PrefixgateApp(build_services(settings, store_path))
-
-
-# ---------------------------------------------------------------- CLI: prefixgate serve
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML config file (keys: see README ## Configuration)")
-    parser.add_argument("--backend", action="append", metavar="URL",
-                        help="replica base URL (repeatable); replaces the file's backends")
-    parser.add_argument("--host", help="listen address (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, help="listen port (default 8080)")
-    parser.add_argument("--policy", choices=["round_robin", "least_load", "session", "prefix_affinity"])
-    parser.add_argument("--state", help="memory | redis://host:6379/0")
-    parser.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: built-in)")
-    parser.add_argument("--log-level", default="info")
-    parser.add_argument("--workers", type=worker_count, default=1, metavar="N",
-                        help="worker processes behind the one port (SO_REUSEPORT), sharing state through "
-                             "the store; 'auto' = the cores available (default 1; docs/performance.md)")
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    overrides: dict[str, Any] = {"state": args.state, "tokenizer": args.tokenizer}
-    if args.backend:
-        overrides["backends"] = [{"url": url} for url in args.backend]
-    listen = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    if listen:
-        overrides["listen"] = listen
-    if args.policy:
-        overrides["routing"] = {"policy": args.policy}
-    return load_settings(args.config, **overrides)
-
-
-def run(args: argparse.Namespace) -> int:
-    if getattr(args, "workers", 1) > 1:
-        from app.workers import serve_workers
-
-        return serve_workers(args, args.workers)
-    from app.proxy.gctune import tune_for_serving
-    from app.serving import serve_draining, uvicorn_config
-
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = settings_from_args(args)
-        if not settings.backends and settings.discovery is None:
-            raise ConfigError("backends: none: pass --backend URL, set backends or discovery in the config file")
-        app = create_app(settings)
-    except ValueError as exc:  # ConfigError, or a hook refusing its settings: one line naming the key
-        print(f"prefixgate: {exc}", file=sys.stderr)
-        return 2
-    log.info("prefixgate on http://%s:%d -> %s", settings.listen.host, settings.listen.port,
-             ", ".join(r.url for r in app.services.replicas.all()))
-    tune_for_serving()  # app/proxy/gctune.py: no full collections over start-up objects
-    level = args.log_level.lower()
-    configs = [uvicorn_config(app, settings.listen.host, settings.listen.port, log_level=level)]
-    admin = settings.admin.listen
-    if app.admin is not None and admin is not None:
-        log.info("admin surface on http://%s:%d", admin.host, admin.port)
-        configs.append(uvicorn_config(app.admin, admin.host, admin.port, log_level=level, lifespan="off"))
-    return serve_draining(app, *configs, accept_s=settings.shutdown.accept_s, grace_s=settings.shutdown.grace_s)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from app.proxy.upstream import Upstream
     from app.routing.base import Router
     from app.routing.health import HealthChecker
+    from app.routing.load import ReplicaLoad
     from app.routing.replicas import ReplicaSet
     from app.routing.residency import ReplicaIndex
     from app.state.base import Store
@@ -52,8 +53,10 @@ class Services:
     upstream: Upstream
     health: HealthChecker
     scraper: EngineScraper
+    load: ReplicaLoad  # the one owner of the replicas' load counters (app/routing/load.py)
     kv_events: KVEventSubscriber | None = None  # the prefix hook asks it when blocks arrived
-    # the pipeline's stages (app/pipeline/request.py runs them in its order); None: step skipped
+    # the pipeline's stages (app/pipeline/request.py runs them in its order); None: step skipped.
+    # They are read once, when app/server.py `build_pipeline` wires the pipeline.
     hygiene: HygieneStage | None = None
     prefix: PrefixStage | None = None
     tracing: TracingStage | None = None  # only with tracing.enabled

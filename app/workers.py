@@ -8,7 +8,7 @@ Redis URL (the workers are then pods of one deployment), otherwise the master's 
 store (app/state/shared.py) over a UNIX socket: the residency index, session bindings, tenant
 history and the /hygiene counters. Prometheus series are per worker and merged at scrape time:
 each worker serves its own registry on a private UNIX socket, and whichever worker a scrape
-reaches answers with all of them merged (app/telemetry/merge.py).
+reaches answers with all of them merged (app/telemetry/peers.py, app/telemetry/merge.py).
 
 Signals: SIGTERM/SIGINT to the master is forwarded to every worker (each drains as a single
 process does, docs/operations.md); a second signal is forwarded too (the workers end at once).
@@ -31,13 +31,15 @@ import socket
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.prefix.pool import set_serve_workers
 
+if TYPE_CHECKING:
+    from app.config import Settings
+
 log = logging.getLogger("prefixgate.workers")
 PR_SET_PDEATHSIG = 1
-PEER_TIMEOUT_S = 5.0
 
 
 def worker_count(value: str) -> int:
@@ -90,41 +92,12 @@ class OwnMetricsApp:
         await send({"type": "http.response.body", "body": body})
 
 
-async def gather_metrics(own: bytes, peers: list[str]) -> bytes:
-    """This worker's exposition merged with every peer's (a peer that does not answer within
-    PEER_TIMEOUT_S is left out: its series are then missing, never zeroed)."""
-    import aiohttp
-
-    from app.telemetry.merge import merge_expositions
-
-    async def fetch(path: str) -> str | None:
-        try:
-            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=path)) as session:
-                async with session.get("http://worker/metrics",
-                                       timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT_S)) as resp:
-                    return await resp.text() if resp.status == 200 else None
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return None
-
-    texts = await asyncio.gather(*(fetch(p) for p in peers))
-    return merge_expositions([own.decode(), *(t for t in texts if t is not None)])
-
-
-def serve_workers(args: argparse.Namespace, n: int) -> int:
-    """The master: validate, bind, fork `n` workers, serve the shared store, forward signals."""
-    from app.config import ConfigError
-    from app.server import settings_from_args
+def serve_workers(settings: Settings, n: int, log_level: str) -> int:
+    """The master: bind, fork `n` workers, serve the shared store, forward signals. `settings`
+    are validated by the caller (app/serve.py); each worker builds its app from them."""
     from app.state.factory import build_memory_store, is_redis_url
     from app.state.shared import StoreServer
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = settings_from_args(args)
-        if not settings.backends and settings.discovery is None:
-            raise ConfigError("backends: none: pass --backend URL, set backends or discovery in the config file")
-    except ValueError as exc:
-        print(f"prefixgate: {exc}", file=sys.stderr)
-        return 2
     rundir = tempfile.mkdtemp(prefix="prefixgate-workers-")
     try:
         data = [reuseport_socket(settings.listen.host, settings.listen.port) for _ in range(n)]
@@ -156,7 +129,7 @@ def serve_workers(args: argparse.Namespace, n: int) -> int:
                 with contextlib.suppress(Exception):
                     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
                 ctx = WorkerContext(i, store_path, metric_paths[i], [p for j, p in enumerate(metric_paths) if j != i])
-                code = _run_worker(args, ctx, data[i], admin[i] if admin else None)
+                code = _run_worker(settings, log_level, ctx, data[i], admin[i] if admin else None)
             except BaseException:  # noqa: BLE001 -- a worker never returns into the master's code
                 logging.getLogger("prefixgate.workers").exception("worker %d failed", i)
             finally:
@@ -220,19 +193,18 @@ def _wait_any() -> tuple[int, int]:
             continue
 
 
-def _run_worker(args: argparse.Namespace, ctx: WorkerContext, data: socket.socket,
+def _run_worker(settings: Settings, log_level: str, ctx: WorkerContext, data: socket.socket,
                 admin: socket.socket | None) -> int:
     from app.proxy.gctune import tune_for_serving
-    from app.server import create_app, settings_from_args
+    from app.server import create_app
     from app.serving import serve_draining, uvicorn_config
 
     for sig in (signal.SIGTERM, signal.SIGINT):  # the master's asyncio handlers are not ours
         signal.signal(sig, signal.SIG_DFL)
-    settings = settings_from_args(args)
     app = create_app(settings, store_path=ctx.store_path)
     app.services.metric_peers = ctx.peer_metrics
     tune_for_serving()
-    level = args.log_level.lower()
+    level = log_level.lower()
     configs = [uvicorn_config(app, settings.listen.host, settings.listen.port, log_level=level)]
     sockets: list[list[socket.socket] | None] = [[data]]
     if app.admin is not None and admin is not None:

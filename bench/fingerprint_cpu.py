@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench" / "peerbench"))
 
 from app.config import Settings  # noqa: E402
-from app.proxy.context import RequestContext, Timings  # noqa: E402
+from app.dialects import CHAT  # noqa: E402
+from app.proxy.context import Arrival, RequestContext, Timings  # noqa: E402
 from app.server import build_services  # noqa: E402
 
 
@@ -41,8 +42,8 @@ def _prompt(rng: random.Random, chars: int) -> str:
 def _ctx(i: int, content: str) -> RequestContext:
     body = {"model": "m", "stream": True, "messages": [
         {"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": content}]}
-    ctx = RequestContext(request_id=f"r-{i}", route="chat", path="/v1/chat/completions", tenant="default",
-                         headers={}, body=body, model="m", stream=True, timings=Timings(arrival=time.perf_counter()))
+    ctx = RequestContext(Arrival(request_id=f"r-{i}", dialect=CHAT, path="/v1/chat/completions", tenant="default",
+                         headers={}, body=body, model="m", stream=True), Timings(arrival=time.perf_counter()))
     return ctx
 
 
@@ -78,10 +79,10 @@ async def one(stage, services, i: int, content: str) -> float:
     replica = services.replicas.all()[0]
     ctx.decision = SimpleNamespace(replica=replica, matched_blocks=0, reason="bench")
     ctx.timings.upstream_sent = time.perf_counter()
-    ctx.outcome, ctx.status = "ok", 200
-    ctx.output_text = "The answer is forty-two, as computed from the document above."
+    ctx.result.answered(200)
     n = ctx.fingerprint.num_tokens if ctx.fingerprint is not None and ctx.fingerprint.num_tokens else 1
-    ctx.usage = {"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12}
+    ctx.result.observed({"prompt_tokens": n, "completion_tokens": 12, "total_tokens": n + 12},
+                        "The answer is forty-two, as computed from the document above.")
     stage.after_response(ctx)
     await stage.drain()
     return routed

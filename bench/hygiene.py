@@ -39,8 +39,9 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 
 from app.config import Settings  # noqa: E402
+from app.dialects import CHAT  # noqa: E402
 from app.pipeline.hygiene_stage import build_hygiene_stage  # noqa: E402
-from app.proxy.context import RequestContext, Timings  # noqa: E402
+from app.proxy.context import Arrival, RequestContext, Timings  # noqa: E402
 from app.server import create_app  # noqa: E402
 from app.serving import ServerThread  # noqa: E402
 from app.sim.testing import SimCluster  # noqa: E402
@@ -157,9 +158,9 @@ async def overhead(rounds: int) -> dict[str, list[float]]:
         rng = random.Random(3)
         for i in range(rounds + 5):
             body = big_body(i, rng, text)
-            ctx = RequestContext(request_id=str(i), route="chat", path="/v1/chat/completions", tenant="bench",
-                                 headers={}, body=body, model="sim", stream=False,
-                                 timings=Timings(arrival=time.perf_counter()))
+            ctx = RequestContext(Arrival(request_id=str(i), dialect=CHAT, path="/v1/chat/completions", tenant="bench",
+                                 headers={}, body=body, model="sim", stream=False),
+                                 Timings(arrival=time.perf_counter()))
             t0 = time.perf_counter()
             await hook.before_route(ctx)
             t1 = time.perf_counter()

@@ -45,12 +45,13 @@ import sys
 import uvicorn
 from app.config import Settings
 from app.proxy.gctune import tune_for_serving
-from app.server import create_app
+from app.server import PrefixgateApp, build_services
 from app.serving import uvicorn_config
 backend, port, policy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 settings = Settings(backends=[{"url": backend}], **({"routing": {"policy": policy}} if policy else {}))
-app = create_app(settings)
-app.services.hygiene = app.services.prefix = app.services.tracing = None
+services = build_services(settings)
+services.hygiene = services.prefix = services.tracing = None  # read once, when the app wires its pipeline
+app = PrefixgateApp(services)
 tune_for_serving()
 uvicorn.Server(uvicorn_config(app, "127.0.0.1", port)).run()
 """

@@ -19,11 +19,11 @@ from typing import Any
 import anthropic
 import pytest
 
+from app.dialects.responses import responses_view
 from app.hygiene.findings import LineClassifier, dynamic_lines
 from app.hygiene.rewrite import RewriteOptions
 from app.hygiene.rewrite_messages import move_system_lines
 from app.hygiene.rewrite_responses import apply_responses_rewrites
-from app.pipeline.hygiene_stage import responses_view
 from app.prefix.convert_messages import chat_view
 from tests.test_api_messages import STATIC, TOOLS, billing, breaks, client_for, prompt_of, wait_processed
 

@@ -6,8 +6,9 @@ import time
 from typing import Any
 
 from app.config import Settings
+from app.dialects import CHAT
 from app.pipeline.prefix_stage import PrefixStage
-from app.proxy.context import RequestContext, Timings
+from app.proxy.context import Arrival, RequestContext, Timings
 from app.server import build_services
 
 DOC = "".join(f"{i}. a clause of the contract, numbered\n" for i in range(3_000))  # ~110 KB
@@ -15,9 +16,9 @@ DOC = "".join(f"{i}. a clause of the contract, numbered\n" for i in range(3_000)
 
 def _ctx(content: str) -> RequestContext:
     body = {"model": "m", "messages": [{"role": "user", "content": content}]}
-    return RequestContext(request_id=f"r-{time.perf_counter_ns()}", route="chat", path="/v1/chat/completions",
-                          tenant="default", headers={}, body=body, model="m", stream=False,
-                          timings=Timings(arrival=time.perf_counter()))
+    return RequestContext(Arrival(request_id=f"r-{time.perf_counter_ns()}", dialect=CHAT, path="/v1/chat/completions",
+                          tenant="default", headers={}, body=body, model="m", stream=False),
+                          Timings(arrival=time.perf_counter()))
 
 
 def _stage(**prefix: Any) -> PrefixStage:

@@ -6,8 +6,9 @@ import time
 from typing import Any
 
 from app.config import Settings
+from app.dialects import CHAT
 from app.pipeline.prefix_stage import PrefixStage
-from app.proxy.context import RequestContext, Timings
+from app.proxy.context import Arrival, RequestContext, Timings
 from app.server import build_services
 
 HUGE_A = "".join(f"{i}. a clause of client A's contract\n" for i in range(25_000))  # ~900 KB, cold
@@ -16,9 +17,9 @@ HUGE_B = "".join(f"{i}. a line of client B's log file\n" for i in range(25_000))
 
 def _ctx(messages: list[dict[str, Any]], tenant: str = "default") -> RequestContext:
     body = {"model": "m", "messages": messages}
-    return RequestContext(request_id=f"r-{time.perf_counter_ns()}", route="chat", path="/v1/chat/completions",
-                          tenant=tenant, headers={}, body=body, model="m", stream=False,
-                          timings=Timings(arrival=time.perf_counter()))
+    return RequestContext(Arrival(request_id=f"r-{time.perf_counter_ns()}", dialect=CHAT, path="/v1/chat/completions",
+                          tenant=tenant, headers={}, body=body, model="m", stream=False),
+                          Timings(arrival=time.perf_counter()))
 
 
 def _stage(**prefix: Any) -> PrefixStage:

@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from app.api.tenant import resolve_tenant, tenant_for_key
-from app.api.validation import parse_body
 from app.config import Tenants
+from app.dialects import BY_NAME
 from app.pipeline.body import client_wants_usage, forwarded_body, splice_members
 from app.proxy.context import ProxyError
 
@@ -48,8 +48,8 @@ def test_a_rewritten_body_is_serialised_with_the_salt() -> None:
 
 
 def test_parse_body_accepts_valid_requests() -> None:
-    assert parse_body(b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}', "chat")
-    assert parse_body(b'{"model":"m","prompt":[1,2,3],"max_tokens":null}', "completions")
+    assert BY_NAME["chat"].parse(b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}')
+    assert BY_NAME["completions"].parse(b'{"model":"m","prompt":[1,2,3],"max_tokens":null}')
 
 
 @pytest.mark.parametrize("raw,param", [
@@ -62,7 +62,7 @@ def test_parse_body_accepts_valid_requests() -> None:
 ])
 def test_parse_body_rejects(raw: bytes, param: str | None) -> None:
     with pytest.raises(ProxyError) as info:
-        parse_body(raw, "chat")
+        BY_NAME["chat"].parse(raw)
     assert info.value.status == 400 and info.value.param == param
 
 

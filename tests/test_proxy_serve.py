@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from app.cli import build_parser
-from app.server import settings_from_args
+from app.serve import settings_from_args
 from app.serving import ServerThread, free_port
 
 
@@ -60,7 +60,7 @@ def test_serve_subprocess_proxies_to_a_replica(sim) -> None:
 
 
 def test_serve_without_backends_exits_2() -> None:
-    from app.server import run
+    from app.serve import run
 
     assert run(parse()) == 2
 

@@ -8,6 +8,7 @@ from app.prefix.blocks import proxy_chain
 from app.prefix.fingerprint import Fingerprint
 from app.routing.base import Replica, RouteRequest
 from app.routing.factory import build_router
+from app.routing.load import ReplicaLoad
 from app.routing.replicas import ReplicaSet
 from app.state.memory import MemoryStore
 from app.telemetry.metrics import Metrics
@@ -42,10 +43,8 @@ async def routed(r, req):
 
 
 def hold(d) -> None:
-    """What the proxy core does while the request waits for its first token."""
-    d.replica.queued_prompt_tokens += d.prefill_tokens
-    if d.lane == "long":
-        d.replica.queued_long_tokens += d.prefill_tokens
+    """What the load owner holds while the request waits for its first token (serve and EPP alike)."""
+    ReplicaLoad(Metrics()).hold(d)
 
 
 async def test_dedicated_lane_sends_cold_long_prompts_to_its_replicas_and_short_elsewhere():

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from app.config import Settings
+from app.dialects import CHAT
 from app.pipeline.prefix_stage import PrefixStageState
 from app.pipeline.tracing_stage import build_tracing_stage, response_attributes
 from app.prefix.prompt import PromptInput
-from app.proxy.context import RequestContext, Timings
+from app.proxy.context import Arrival, RequestContext, Timings
 from app.routing.base import Replica, RouteDecision
 from tests.otlp_receiver import OTLPReceiver
 
@@ -23,10 +24,10 @@ CLIENT_SPAN = "b7ad6b7169203331"
 
 def make_ctx(headers: dict[str, str] | None = None) -> RequestContext:
     now = time.perf_counter()
-    return RequestContext(
-        request_id="req-1", route="chat", path="/v1/chat/completions", tenant="team-a",
+    return RequestContext(Arrival(
+        request_id="req-1", dialect=CHAT, path="/v1/chat/completions", tenant="team-a",
         headers=dict(headers or {}), body={"model": "m1", "max_tokens": 32, "messages": []},
-        model="m1", stream=True, timings=Timings(arrival=now - 0.25))
+        model="m1", stream=True), Timings(arrival=now - 0.25))
 
 
 def finish(ctx: RequestContext) -> None:
@@ -35,11 +36,11 @@ def finish(ctx: RequestContext) -> None:
     t.first_byte = t.arrival + 0.05
     t.first_token = t.arrival + 0.08
     t.end = t.arrival + 0.2
-    ctx.status = 200
+    ctx.result.answered(200)
     ctx.decision = RouteDecision(replica=Replica(name="vllm-0", url="http://x", engine="vllm"),
                                  reason="prefix_hit", matched_blocks=12, available_blocks=14)
-    ctx.usage = {"prompt_tokens": 240, "completion_tokens": 17,
-                 "prompt_tokens_details": {"cached_tokens": 192}}
+    ctx.result.observed({"prompt_tokens": 240, "completion_tokens": 17,
+                         "prompt_tokens_details": {"cached_tokens": 192}})
     if ctx.prefix is None:
         ctx.prefix = fingerprinted()
     ctx.prefix.predicted_tokens = 176
@@ -79,12 +80,12 @@ async def test_span_exported_over_otlp_http_with_attributes(receiver: OTLPReceiv
         ctx = make_ctx({"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01", "x-tenant-id": "team-a"})
         await hook.before_route(ctx)
         # W3C context for the upstream: same trace, our span as parent, sampled
-        version, trace_id, parent_id, flags = ctx.headers["traceparent"].split("-")
+        version, trace_id, parent_id, flags = ctx.upstream_headers["traceparent"].split("-")
         assert (version, trace_id, flags) == ("00", CLIENT_TRACE, "01")
         assert parent_id != CLIENT_SPAN
         finish(ctx)
         hook.after_response(ctx)
-        assert ctx.span is None
+        assert ctx.trace is not None and ctx.trace.span is None
         (span,) = receiver.wait_for(1)
     finally:
         hook.shutdown()
@@ -118,8 +119,9 @@ async def test_new_trace_without_client_context_and_error_status(receiver: OTLPR
     try:
         ctx = make_ctx()
         await hook.before_route(ctx)
-        assert ctx.headers["traceparent"].startswith("00-")
-        ctx.outcome, ctx.status = "upstream_error", 502
+        assert ctx.upstream_headers["traceparent"].startswith("00-")
+        ctx.result.answered(502)
+        ctx.result.upstream_failed()
         ctx.timings.end = time.perf_counter()
         hook.after_response(ctx)
         hook.after_response(ctx)  # a second call must not export twice
@@ -177,7 +179,7 @@ def test_hygiene_finding_kinds_are_span_attributes() -> None:
     ctx = make_ctx()
     finish(ctx)
     assert "prefixgate.hygiene.findings" not in response_attributes(ctx)
-    ctx.hygiene_findings = [Finding(TOOL_ORDER, "tools", "order"), Finding(DYNAMIC_HEAD, "messages[0] line 1", "timestamp"),
+    ctx.hygiene.findings = [Finding(TOOL_ORDER, "tools", "order"), Finding(DYNAMIC_HEAD, "messages[0] line 1", "timestamp"),
                             Finding(DYNAMIC_HEAD, "messages[1] line 2", "uuid")]
     assert response_attributes(ctx)["prefixgate.hygiene.findings"] == ["dynamic_head", "tool_order"]
 

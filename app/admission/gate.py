@@ -17,7 +17,7 @@ per-tenant limits, then the gateway queue while every eligible replica is satura
   minus the longest prefix resident on any replica: one residency lookup, only when some
   replica is saturated) sets its lane and its rank.
 - Late binding (docs/admission.md): a released request's room counts as taken until it holds a
-  replica (`unplaced`, `RequestContext.placed`); the router places a cold prompt on a replica
+  replica (`unplaced`, `AdmissionNote.placed`); the router places a cold prompt on a replica
   with room (`room`, passed as `RouteRequest.room`); and the proxy `kick`s the queue when a first
   token or an end frees a replica, so queued requests re-check at once, not at their next poll.
 - A concurrency slot is a lease renewed while the request runs and released at its end.
@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from app.admission.limits import Limiter, Verdict
 from app.admission.queue import FairQueue
 from app.config import Settings, TenantLimits
-from app.proxy.context import ProxyError
+from app.errors import ProxyError
 from app.routing.base import Replica
 from app.routing.lanes import LongPrefillLane
 from app.telemetry.metrics import Metrics

@@ -22,8 +22,9 @@ from fastapi.responses import JSONResponse
 
 from app.api.errors import error_body, to_proxy_error
 from app.api.tenant import bearer_token, resolve_tenant
-from app.proxy.context import ProxyError
+from app.errors import ProxyError
 from app.routing.base import NoReplicaAvailable
+from app.telemetry.peers import gather_metrics
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -115,8 +116,6 @@ def build_metrics_router(services: Services) -> APIRouter:
     async def metrics() -> Response:
         body, content_type = services.metrics.render()
         if services.metric_peers:  # one gateway of N workers: every worker's series (app/workers.py)
-            from app.workers import gather_metrics
-
             body = await gather_metrics(body, services.metric_peers)
         return Response(body, media_type=content_type)
 

@@ -12,10 +12,13 @@ from typing import Any
 
 import orjson
 
-from app.proxy.context import ProxyError
+from app.dialects import PASSTHROUGH, Dialect
+from app.errors import ANTHROPIC_ERROR_TYPES, ProxyError, anthropic_error_body, error_body, sse_error_event
 from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable
 
+__all__ = ["ANTHROPIC_ERROR_TYPES", "ProxyError", "anthropic_error_body", "error_body",
+           "send_error", "sse_error_event", "to_proxy_error"]
 log = logging.getLogger("prefixgate.errors")
 
 JSON_CT = (b"content-type", b"application/json")
@@ -40,39 +43,12 @@ def to_proxy_error(exc: BaseException) -> ProxyError:
                       code="internal_error")
 
 
-def error_body(err: ProxyError) -> bytes:
-    return orjson.dumps(err.body())
-
-
-def sse_error_event(err: ProxyError | dict[str, Any]) -> bytes:
-    """A mid-stream error as vLLM/SGLang send it, followed by the stream terminator."""
-    body = err.body() if isinstance(err, ProxyError) else {"error": err}
-    return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"
-
-
-# Anthropic's error `type` for a status (docs/agents-apis.md); other statuses: api_error
-ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                         404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-                         429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
-
-
-def anthropic_error_body(err: ProxyError) -> bytes:
-    """`{"type": "error", "error": {"type", "message"}}`, what Anthropic clients parse."""
-    kind = ANTHROPIC_ERROR_TYPES.get(err.status, "api_error")
-    return orjson.dumps({"type": "error", "error": {"type": kind, "message": err.message}})
-
-
-def error_bytes(err: ProxyError, anthropic: bool = False) -> bytes:
-    """The error body a client of the route parses: Anthropic's shape on the Messages paths."""
-    return anthropic_error_body(err) if anthropic else error_body(err)
-
-
 async def send_error(send: Any, exc: BaseException, headers: list[tuple[bytes, bytes]] | None = None,
-                     anthropic: bool = False) -> ProxyError:
-    """Send a complete error response on a raw ASGI `send` (OpenAI-shaped, or Anthropic-shaped
-    for the Messages paths); returns the error."""
+                     dialect: Dialect = PASSTHROUGH) -> ProxyError:
+    """Send a complete error response on a raw ASGI `send`, in the shape `dialect`'s clients parse
+    (OpenAI's; Anthropic's for the Messages paths); returns the error."""
     err = to_proxy_error(exc)
-    body = error_bytes(err, anthropic)
+    body = dialect.error_body(err)
     out = [JSON_CT, (b"content-length", str(len(body)).encode())]
     out += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
     if headers:

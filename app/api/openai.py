@@ -1,7 +1,7 @@
 """The `/v1/*` hot path's ASGI adapter (dispatched before FastAPI, see app/server.py).
 
 It does only what needs the ASGI protocol: read the body (size limit), parse and validate it
-(chat/completions only), resolve the tenant, build the `RequestContext`, hand it to the pipeline
+(the path's dialect, app/dialects/), resolve the tenant, build the `RequestContext`, hand it to the pipeline
 (app/pipeline/request.py: the table of steps), and map every failure to an OpenAI-shaped error. A
 client disconnect cancels the pipeline (and with it the upstream request) through a watcher on
 `receive`.
@@ -23,27 +23,18 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from app.api.errors import send_error, to_proxy_error
 from app.api.tenant import resolve_tenant
-from app.api.validation import parse_body
-from app.pipeline.request import RequestPipeline
+from app.dialects import Dialect, dialect_of
 from app.proxy.clock import StreamClock
-from app.proxy.context import ProxyError, RequestContext, Timings
+from app.proxy.context import Arrival, ProxyError, RequestContext, Timings
 
 if TYPE_CHECKING:
     from app.config import Settings
+    from app.pipeline.request import RequestPipeline
     from app.services import Services
 
 
-ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
-          "/v1/messages": "messages"}
-# passthrough paths routed to a replica serving the body's `model` (the body is parsed for it only)
-MODEL_PASSTHROUGH = {"/v1/messages/count_tokens"}
-# passthrough paths whose errors the proxy answers in Anthropic's shape, like the route itself
-ANTHROPIC_PATHS = {"/v1/messages", "/v1/messages/count_tokens"}
-ROUTES["/v1/responses"] = "responses"  # OpenAI Responses API (docs/agents-responses.md)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 DRAIN_BYTES = 64 * 1024 * 1024  # an over-limit body read and dropped before its 413, at most
 DRAIN_S = 2.0
@@ -97,28 +88,18 @@ async def _too_large(receive: Any, message: str) -> ProxyError:
     return ProxyError(413, message, code="request_too_large")
 
 
-def model_of(raw: bytes) -> str | None:
-    """The `model` of a small JSON body (count_tokens: routed to a replica serving it); None when
-    the body is not a JSON object naming one (the replica then answers for itself)."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) and model else None
-
-
-def new_context(settings: Settings, request_id: str, route: str | None, path: str, headers: dict[str, str],
+def new_context(settings: Settings, request_id: str, dialect: Dialect, path: str, headers: dict[str, str],
                 body: dict[str, Any], clock: StreamClock, model: str | None = None) -> RequestContext:
     """Step 0's context for a parsed request (also the Endpoint Picker's, app/epp/exchange.py);
     raises ProxyError(401) when keys are configured and none is valid. `model`: a passthrough
-    path's model, for the paths routed by it (MODEL_PASSTHROUGH)."""
-    return RequestContext(
-        request_id=request_id, route=route or "passthrough", path=path,
+    path's model, for the paths routed by it (`Dialect.routed_by_model`)."""
+    arrival = Arrival(
+        request_id=request_id, dialect=dialect, path=path,
         tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
-        model=body.get("model") if route else model, stream=bool(body.get("stream")),
-        timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
+        model=body.get("model") if dialect.parses else model, stream=bool(body.get("stream")),
+        session_id=headers.get(settings.routing.session_header.lower()),
     )
+    return RequestContext(arrival, clock.timings)
 
 
 class ClientGone(Exception):
@@ -147,9 +128,9 @@ class _TrackedSend:
 class OpenAIProxy:
     """ASGI app for every `/v1/*` path except `/v1/models` (control plane)."""
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: Services, pipeline: RequestPipeline) -> None:
         self.services = services
-        self.pipeline = RequestPipeline(services)
+        self.pipeline = pipeline
         self.active = 0  # requests not yet finished (hooks and metrics included); tests settle on 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -163,7 +144,7 @@ class OpenAIProxy:
     async def _handle(self, scope: dict[str, Any], receive: Any, send: Any, arrival: float) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         path: str = scope["path"]
-        route = ROUTES.get(path)
+        dialect = dialect_of(path)
         request_id = request_id_from(headers)
         settings = self.services.settings
         clock = StreamClock(Timings(arrival=arrival))
@@ -173,14 +154,13 @@ class OpenAIProxy:
         send = _TrackedSend(send)
         try:
             raw = await read_body(scope, receive, headers, settings.limits.max_body_bytes)
-            if route is not None and scope["method"] != "POST":
+            if dialect.parses and scope["method"] != "POST":
                 raise ProxyError(405, f"{path} only accepts POST", code="method_not_allowed")
-            body = parse_body(raw, route) if route is not None else {}  # passthrough: bytes only
-            model = None if route else model_of(raw) if path in MODEL_PASSTHROUGH else None
-            ctx = new_context(settings, request_id, route, path, headers, body, clock, model)
+            body = dialect.parse(raw) if dialect.parses else {}  # passthrough: bytes only
+            ctx = new_context(settings, request_id, dialect, path, headers, body, clock, dialect.model_of(raw))
             watcher = asyncio.create_task(
                 _watch_disconnect(receive, asyncio.current_task(), disconnected, send))
-            if route is not None:
+            if dialect.parses:
                 await self.pipeline.run(ctx, raw, send, clock)
             else:
                 query = scope.get("query_string") or b""
@@ -188,8 +168,8 @@ class OpenAIProxy:
                 await self.pipeline.passthrough(ctx, raw, send, clock, method=scope["method"], path=target)
         except ClientGone:
             if ctx is not None:
-                ctx.outcome = "client_disconnect"
-            self.services.metrics.requests.labels(route or "passthrough", "499").inc()
+                ctx.result.client_left()
+            self.services.metrics.requests.labels(dialect.name, "499").inc()
         except asyncio.CancelledError:
             if not disconnected.is_set():
                 raise
@@ -197,20 +177,18 @@ class OpenAIProxy:
             if task is not None:
                 task.uncancel()
             if ctx is not None and not ctx.delivered_before_disconnect:
-                ctx.outcome = "client_disconnect"
-                ctx.status = ctx.status or 499
+                ctx.result.client_left()
         except Exception as exc:  # every failure becomes an OpenAI-shaped error response
             err = to_proxy_error(exc)
             if err.status == 401:
-                self.services.metrics.rejections.labels(route or "passthrough", UNAUTHENTICATED, err.code or "auth").inc()
+                self.services.metrics.rejections.labels(dialect.name, UNAUTHENTICATED, err.code or "auth").inc()
             if ctx is not None:
-                ctx.status = err.status
-                ctx.outcome = "client_error" if err.status < 500 else "upstream_error"
+                ctx.result.refused(err.status)
             id_header = [(b"x-request-id", request_id.encode("latin-1"))]
             with contextlib.suppress(Exception):
-                await send_error(send, err, id_header, anthropic=path in ANTHROPIC_PATHS)
+                await send_error(send, err, id_header, dialect)
             if ctx is None:
-                self.services.metrics.requests.labels(route or "passthrough", str(err.status)).inc()
+                self.services.metrics.requests.labels(dialect.name, str(err.status)).inc()
         finally:
             if watcher is not None:
                 watcher.cancel()

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.config import Tenants
-from app.proxy.context import ProxyError
+from app.errors import ProxyError
 
 DEFAULT_TENANT = "default"
 MAX_TENANT_LEN = 128

@@ -31,19 +31,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from app.api.errors import error_bytes, to_proxy_error
-from app.api.openai import ANTHROPIC_PATHS, ROUTES, new_context, request_id_from
-from app.api.validation import parse_body
+from app.api.errors import to_proxy_error
+from app.api.openai import new_context, request_id_from
+from app.dialects import PASSTHROUGH, Dialect, dialect_of
 from app.epp import protocol
 from app.pipeline.responses_stage import response_id_of_path
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
-from app.proxy.forward import stream_shape
 from app.proxy.observer import StreamObserver
-from app.proxy.record import child
 from app.proxy.relay import observe_buffered, proxy_headers, take_results
 from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable, RouteDecision, RouteRequest
+from app.routing.load import LoadHold
 
 if TYPE_CHECKING:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -51,7 +50,6 @@ if TYPE_CHECKING:
     from app.pipeline.request import RequestPipeline
     from app.services import Services
 
-BYTES_PER_TOKEN_ESTIMATE = 4
 MAX_BUFFERED_RESPONSE = 8 * 1024 * 1024  # a non-streamed answer parsed for usage, at most
 
 
@@ -64,6 +62,7 @@ class Exchange:
         self.pipeline = pipeline
         self.clock = StreamClock(Timings(arrival=time.perf_counter()))
         self.headers: dict[str, str] = {}
+        self.dialect: Dialect = PASSTHROUGH  # the path's API, known at the request headers
         self.parts: list[bytes] = []
         self.size = 0
         self.subset: list[str] | None = None
@@ -71,7 +70,7 @@ class Exchange:
         self.request: RouteRequest | None = None
         self.decisions: list[RouteDecision] = []
         self.active: RouteDecision | None = None  # the decision whose replica holds the request
-        self.queued = 0
+        self.hold: LoadHold | None = None  # its load on that replica (app/routing/load.py)
         self.observer: StreamObserver | None = None
         self.buffered: list[bytes] | None = None
         self.passthrough = False
@@ -98,8 +97,8 @@ class Exchange:
         self.clock.timings.arrival = time.perf_counter()
         self.headers = protocol.header_dict(msg.request_headers)
         self.subset = protocol.subset_hint(msg.metadata_context)
-        path = self.headers.get(":path", "").split("?", 1)[0]
-        if ROUTES.get(path) is None or self.headers.get(":method", "POST") != "POST":
+        self.dialect = dialect_of(self.headers.get(":path", "").split("?", 1)[0])
+        if not self.dialect.parses or self.headers.get(":method", "POST") != "POST":
             # other paths: picked without a prompt, their bytes passed on untouched
             self.passthrough = True
             return await self._pick_passthrough()
@@ -126,11 +125,10 @@ class Exchange:
         raw = b"".join(self.parts)
         self.parts.clear()
         path = self.headers.get(":path", "").split("?", 1)[0]
-        route = ROUTES[path]
         settings = self.services.settings
         try:
-            body = parse_body(raw, route)
-            self.ctx = new_context(settings, request_id_from(self.headers), route, path, self.headers, body,
+            body = self.dialect.parse(raw)
+            self.ctx = new_context(settings, request_id_from(self.headers), self.dialect, path, self.headers, body,
                                    self.clock)
             forwarded, request, drop_usage = await self.pipeline.prepare(self.ctx, raw)
             self.request = request
@@ -139,7 +137,7 @@ class Exchange:
             return self._reject(to_proxy_error(self._pinned_gone(exc)))
         ctx = self.ctx
         if ctx.stream:
-            self.observer = StreamObserver(stream_shape(ctx.route), self.clock, drop_usage,
+            self.observer = StreamObserver(ctx.dialect.stream_shape(), self.clock, drop_usage,
                                            collect_text=int(ctx.body.get("n") or 1) == 1)
         else:
             self.buffered = []
@@ -152,8 +150,8 @@ class Exchange:
         """A Responses turn pinned by `previous_response_id` whose replica cannot be picked: the
         engine's 404, as `serve` answers it (app/pipeline/request.py `run`)."""
         ctx = self.ctx
-        previous = ctx.body.get("previous_response_id") if ctx is not None and ctx.route == "responses" else None
-        if isinstance(exc, NoReplicaAvailable) and ctx is not None and ctx.pinned_replica and isinstance(previous, str):
+        previous = ctx.dialect.previous_response_id(ctx.body) if ctx is not None else None
+        if isinstance(exc, NoReplicaAvailable) and ctx is not None and ctx.pinned_replica and previous is not None:
             return self.pipeline.responses.unreachable(previous, exc)
         return exc
 
@@ -181,37 +179,20 @@ class Exchange:
         self._hold(self.decisions[0])
 
     def _hold(self, decision: RouteDecision) -> None:
-        """`decision`'s replica now holds the request (inflight, prefill backlog, decision metric)."""
-        metrics = self.services.metrics
-        replica = decision.replica
+        """`decision`'s replica now holds the request: the load owner's hold, as `serve`'s forward
+        takes it (inflight, prefill backlog and its long-lane part, decision metric)."""
         self.active = decision
+        self.hold = self.services.load.hold(decision)
         if self.ctx is not None:
             self.ctx.decision = decision
             self.ctx.attempts += 1
-        child(metrics.route_decisions, replica.name, decision.reason).inc()
-        replica.inflight += 1
-        child(metrics.backend_inflight, replica.name).set(replica.inflight)
-        self.queued = decision.prefill_tokens
-        replica.queued_prompt_tokens += self.queued
-        if self.ctx is not None:
             self.ctx.mark_placed()
 
     def _release(self) -> None:
-        decision = self.active
-        if decision is None:
-            return
-        replica = decision.replica
-        replica.inflight -= 1
-        replica.queued_prompt_tokens -= self.queued
-        self.queued = 0
-        child(self.services.metrics.backend_inflight, replica.name).set(replica.inflight)
+        if self.hold is not None:
+            self.hold.release()  # the admission queue re-checks now
+        self.hold = None
         self.active = None
-        self._kick()
-
-    def _kick(self) -> None:
-        """A replica's load went down: the admission queue re-checks now (app/admission/gate.py)."""
-        if self.services.admission is not None:
-            self.services.admission.kick()
 
     async def _pick_passthrough(self) -> list[pb.ProcessingResponse]:
         """Any replica, or for `/v1/responses/{id}` (retrieve, cancel) the one that holds the id."""
@@ -228,15 +209,12 @@ class Exchange:
 
     def _reject(self, err: ProxyError) -> list[pb.ProcessingResponse]:
         if self.ctx is not None:
-            self.ctx.status = err.status
-            self.ctx.outcome = "client_error" if err.status < 500 else "upstream_error"
+            self.ctx.result.refused(err.status)
         else:
-            route = ROUTES.get(self.headers.get(":path", "").split("?", 1)[0], "passthrough")
-            self.services.metrics.requests.labels(route, str(err.status)).inc()
+            self.services.metrics.requests.labels(self.dialect.name, str(err.status)).inc()
         request_id = self.ctx.request_id if self.ctx else request_id_from(self.headers)
         headers = [("x-request-id", request_id), *err.headers.items()]
-        anthropic = self.headers.get(":path", "").split("?", 1)[0] in ANTHROPIC_PATHS
-        out = [protocol.immediate(err.status, error_bytes(err, anthropic), headers)]
+        out = [protocol.immediate(err.status, self.dialect.error_body(err), headers)]
         self.close()
         return out
 
@@ -251,7 +229,7 @@ class Exchange:
             return [protocol.continue_headers("response_headers")]
         headers = protocol.header_dict(msg.response_headers)
         status = int(headers.get(":status", "200") or 200)
-        ctx.status = status
+        ctx.result.answered(status)
         self._follow_served(protocol.served_endpoint(msg.metadata_context))
         replica = self.active.replica if self.active else None
         if status >= 500 and replica is not None:
@@ -303,9 +281,8 @@ class Exchange:
             if self.observer is not None:
                 self.observer.finish()
                 if not self.observer.done and ctx is not None:
-                    ctx.outcome = "midstream_error"
-                    ctx.upstream_failure = UpstreamError("midstream", self._backend(),
-                                                         "upstream closed the stream before its end marker")
+                    ctx.result.broke(UpstreamError("midstream", self._backend(),
+                                                   "upstream closed the stream before its end marker"))
             self.close()
         return [protocol.streamed_body("response_body", out, eos)]
 
@@ -319,9 +296,8 @@ class Exchange:
             self.clock.first_byte(now)
             self.services.health.mark_success(decision.replica)
             self.services.router.on_routed(request, decision)
-        decision.replica.queued_prompt_tokens -= self.queued
-        self.queued = 0
-        self._kick()
+        if self.hold is not None:
+            self.hold.prefill_done()
 
     def _backend(self) -> str:
         return self.active.replica.name if self.active else "?"
@@ -336,21 +312,18 @@ class Exchange:
         if ctx is None:
             return
         if not self.ended and ctx.outcome == "ok" and ctx.status is None:
-            ctx.outcome = "client_disconnect"  # the data plane ended the exchange before any answer
-            ctx.status = 499
-        elif not self.ended and ctx.outcome == "ok":
-            ctx.outcome = "midstream_error"  # the stream stopped before its end (a replica or client gone)
-            ctx.upstream_failure = UpstreamError("midstream", self._backend(), "the response stopped before its end")
+            ctx.result.client_left()  # the data plane ended the exchange before any answer
+        elif not self.ended and ctx.outcome == "ok":  # the stream stopped before its end (a replica or client gone)
+            ctx.result.broke(UpstreamError("midstream", self._backend(), "the response stopped before its end"))
         if self.observer is not None:
             if not self.ended:
                 self.observer.finish()
             take_results(ctx, self.observer)
             if self.observer.error is not None and ctx.outcome == "ok":
-                ctx.outcome = "midstream_error"
+                ctx.result.broke()
         elif self.buffered and ctx.status == 200:
             observe_buffered(ctx, b"".join(self.buffered))
-        if ctx.status is not None and 400 <= ctx.status < 500 and ctx.outcome == "ok":
-            ctx.outcome = "client_error"
+        ctx.result.settled()
         if ctx.upstream_failure is not None and self.active is not None:
             self.services.metrics.upstream_errors.labels(self.active.replica.name, ctx.upstream_failure.kind).inc()
         decision, request = self.active, self.request

@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from app.epp.exchange import Exchange
 from app.epp.protocol import EXT_PROC_SERVICE
 from app.epp.tls import key_pair
-from app.pipeline.request import RequestPipeline
+from app.server import build_pipeline
 
 if TYPE_CHECKING:
     from app.server import PrefixgateApp
@@ -41,7 +41,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
 
     def __init__(self, services: Services) -> None:
         self.services = services
-        self.pipeline = RequestPipeline(services)
+        self.pipeline = build_pipeline(services)
         self.active = 0  # streams not yet closed (tests settle on 0)
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest],
@@ -146,7 +146,7 @@ def create_epp_app(settings: Any) -> tuple[PrefixgateApp, EppServer]:
 
 # ---------------------------------------------------------------- CLI: prefixgate epp
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from app.server import add_arguments as serve_arguments
+    from app.serve import add_arguments as serve_arguments
 
     serve_arguments(parser)
     parser.add_argument("--grpc-port", type=int, help="ext_proc gRPC port (default 9002)")
@@ -159,7 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from app.config import ConfigError
     from app.proxy.gctune import tune_for_serving
-    from app.server import settings_from_args
+    from app.serve import settings_from_args
     from app.serving import serve_draining, uvicorn_config
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

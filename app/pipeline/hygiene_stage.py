@@ -1,7 +1,9 @@
 """The hygiene stage: step 1 of the pipeline (app/pipeline/request.py), before the fingerprint.
 
 The adapter between the request and the pure hygiene cores (app/hygiene/findings.py, rewrite.py,
-salt.py). Per chat/completions/messages request:
+salt.py). Per parsed request (chat, completions, responses, messages); what is scanned and how a
+rewrite is applied is the request's dialect's (`Dialect.hygiene_scan`, `Dialect.rewrite`,
+app/dialects/), which calls back into `scan_chat` here on the chat body the engine renders:
 1. cache isolation (`tenants.cache_salt`): the tenant's salt becomes `ctx.salt`, which the
    fingerprint chain starts from and which app/pipeline/body.py splices into the forwarded bytes
    (the parsed body is not touched for it); a client's own `cache_salt` is replaced or refused.
@@ -9,7 +11,7 @@ salt.py). Per chat/completions/messages request:
 2. findings (app/hygiene/findings.py): Claude Code's billing header (chat and messages), bounded
    scan of the system/developer heads and tool order (chat, and Responses / Messages bodies as
    the chat messages the engine renders from them), inline system messages the engine merges
-   into the head (messages), kept in `ctx.hygiene_findings` (the tracing stage lists their kinds
+   into the head (messages), kept in `ctx.hygiene.findings` (the tracing stage lists their kinds
    on the span).
 3. the tenant's policy (`tenants.default` / `tenants.overrides`):
    - observe: `prefixgate_hygiene_findings_total` only;
@@ -20,8 +22,8 @@ salt.py). Per chat/completions/messages request:
      fixed are still listed in `x-prefixgate-hygiene`;
    - reject: a finding means 400, OpenAI-shaped, saying what is wrong and how to fix it, counted in
      `prefixgate_rejections_total{reason}`.
-`ctx.body` is replaced and marked changed (so the forwarded body is re-serialised) only when a
-rewrite changed it. Headers and metrics never carry prompt text.
+The rewritten body goes into the stage's note (`ctx.hygiene.body`, which `ctx.body` then reads and
+which makes the forwarded body re-serialised) only when a rewrite changed it. Headers and metrics never carry prompt text.
 """
 
 from __future__ import annotations
@@ -38,11 +40,8 @@ from app.hygiene.findings import (
     LineClassifier,
     ToolOrderMemo,
     ToolsSignature,
-    billing_header_finding,
     dynamic_findings,
     dynamic_lines,
-    inline_system_findings,
-    reusable_after_head,
     tool_findings,
     tools_signature,
 )
@@ -53,14 +52,9 @@ from app.hygiene.rewrite import (
     STRIP_BILLING,
     RewriteOptions,
     RewriteResult,
-    apply_rewrites,
     strip_billing_header,
 )
-from app.hygiene.rewrite_messages import apply_messages_rewrites
-from app.hygiene.rewrite_responses import apply_responses_rewrites
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
-from app.prefix.convert_messages import chat_view, inline_system_indexes, system_sources
-from app.prefix.convert_responses import convert
 from app.proxy.context import ProxyError, RequestContext
 
 if TYPE_CHECKING:
@@ -135,22 +129,22 @@ class HygieneStage:
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
-        if ctx.route not in ("chat", "completions", "responses", "messages"):
+        if not ctx.dialect.parses:
             return
         tenant = self.metrics.tenant_label(ctx.tenant)
-        self._isolate(ctx, tenant)  # Responses: vLLM reads the same top-level `cache_salt`
-        if ctx.route == "completions":
+        self._isolate(ctx, tenant)  # every parsed API: the engine reads the top-level `cache_salt`
+        scanned = ctx.dialect.hygiene_scan(ctx.tenant, ctx.body, self)
+        if scanned is None:
             return  # completions: salt only (a raw prompt has no system/developer messages)
-        responses = ctx.route == "responses"
-        findings, lines = self._scan(ctx, responses_view(ctx.body) if responses else ctx.body)
-        ctx.hygiene_findings = findings
+        findings, lines = scanned
+        ctx.hygiene.findings = findings
         for kind in sorted({f.kind for f in findings}):
             self.metrics.hygiene_findings.labels(ctx.route, tenant, kind).inc()
         policy = self.tenants.policy_for(ctx.tenant)
         if policy == "observe" or (not findings and policy != "rewrite"):
             return
         if policy == "warn":
-            ctx.response_headers[HYGIENE_HEADER] = _header(findings)
+            ctx.hygiene.headers[HYGIENE_HEADER] = _header(findings)
         elif policy == "reject":
             self._reject(ctx.route, findings, tenant)
         elif policy == "rewrite":
@@ -168,20 +162,12 @@ class HygieneStage:
                              param="cache_salt", code="cache_salt_not_allowed")
         if decision.action == "client" and not valid_salt(client):
             return  # the engine will refuse it with its own message; do not seed the chain with it
-        ctx.salt = decision.salt  # app/pipeline/body.py puts it into the forwarded bytes
+        ctx.hygiene.salt = decision.salt  # app/pipeline/body.py puts it into the forwarded bytes
         if decision.action == "replace":
             self.metrics.rewrites.labels(ctx.route, tenant, CLIENT_SALT).inc()
-            _add(ctx.response_headers, REWRITES_HEADER, CLIENT_SALT)
+            _add(ctx.hygiene.headers, REWRITES_HEADER, CLIENT_SALT)
 
-    def _scan(self, ctx: RequestContext, body: dict[str, Any]) -> tuple[list[Finding], list[Any]]:
-        billing = billing_header_finding(body, ctx.route)
-        head = [billing] if billing else []
-        if ctx.route == "messages":
-            return self._scan_messages(ctx.tenant, body, head)
-        findings, lines, _ = self._scan_chat(ctx.tenant, body, skip_billing_line=billing is not None)
-        return head + findings, lines
-
-    def _scan_chat(self, tenant: str, body: dict[str, Any], skip_billing_line: bool = False,
+    def scan_chat(self, tenant: str, body: dict[str, Any], skip_billing_line: bool = False,
                    places: dict[int, str] | None = None) -> tuple[list[Finding], list[Any], ToolsSignature | None]:
         """Dynamic lines and tool order of a chat body (`places`: names of its message indexes)."""
         tools = body.get("tools")
@@ -193,22 +179,6 @@ class HygieneStage:
         if sig is not None:
             findings += tool_findings(tenant, sig, self.tool_memo, self.flag_unsorted)
         return findings, lines, sig
-
-    def _scan_messages(self, tenant: str, body: dict[str, Any],
-                       head: list[Finding]) -> tuple[list[Finding], list[Any]]:
-        """A Messages body's findings (after `head`) and dynamic lines, on the chat body the
-        engine renders from it (billing blocks dropped: that header is its own finding), named
-        by their place in `body`; the lines' offsets are the rendered system text's, which
-        app/hygiene/rewrite_messages.py maps back onto the blocks."""
-        merge = self.system_first()
-        view = chat_view(body, strip_billing=True, merge_inline_system=merge)
-        system_at = [i for i, m in enumerate(view["messages"]) if m.get("role") == "system"]
-        places = dict(zip(system_at, system_sources(body, True, merge), strict=False))
-        findings, lines, sig = self._scan_chat(tenant, view, places=places)
-        if merge:
-            findings += inline_system_findings(inline_system_indexes(body),
-                                               reusable_after_head(view, sig.chars if sig else 0))
-        return head + findings, lines
 
     def _reject(self, route: str, findings: list[Finding], tenant: str) -> None:
         first = findings[0]
@@ -227,33 +197,18 @@ class HygieneStage:
             changed = strip_billing_header(body, ctx.route)
             if changed is not None:
                 body, stripped = changed, True
-        if ctx.route == "messages":
-            result = apply_messages_rewrites(body, lines, self.options)
-        elif ctx.route == "responses":
-            result = apply_responses_rewrites(body, lines, self.options)
-        else:
-            result = apply_rewrites(body, lines, self.options)
+        result = ctx.dialect.rewrite(body, lines, self.options)
         if stripped:
             result = RewriteResult(result.body, (STRIP_BILLING, *result.kinds), result.moved_lines)
         if result.changed:
-            ctx.body = result.body
-            ctx.body_changed = True
+            ctx.hygiene.body = result.body
             for kind in result.kinds:
                 self.metrics.rewrites.labels(ctx.route, tenant, kind).inc()
                 label = f"{kind}({result.moved_lines})" if kind == MOVE_DYNAMIC else kind
-                _add(ctx.response_headers, REWRITES_HEADER, label)
+                _add(ctx.hygiene.headers, REWRITES_HEADER, label)
         left = [f for f in findings if not _fixed(f, result.kinds, self.options)]
         if left:
-            ctx.response_headers[HYGIENE_HEADER] = _header(left)
-
-
-def responses_view(body: dict[str, Any]) -> dict[str, Any]:
-    """A Responses body as the chat body the engine renders (messages + tools), for the scan."""
-    converted = convert(body)
-    view: dict[str, Any] = {"messages": converted.messages}
-    if converted.tools:
-        view["tools"] = converted.tools
-    return view
+            ctx.hygiene.headers[HYGIENE_HEADER] = _header(left)
 
 
 def _header(findings: list[Finding]) -> str:

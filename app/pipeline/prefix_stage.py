@@ -35,25 +35,30 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
 from app.prefix.convert_messages import requires_system_first
-from app.prefix.convert_responses import ResponseHistory, continued_history, responses_prompt_input
-from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter, PromptInput, prompt_input
+from app.prefix.convert_responses import ResponseHistory, continued_history
+from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter
 from app.prefix.namespace import cache_namespace
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
 from app.prefix.tool_dump import ToolDump
-from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, Observation, TenantTracker
-from app.proxy.context import RequestContext
+from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, TenantTracker
+from app.proxy.context import PrefixStageState, RequestContext
 from app.state.memory import MemoryStore
 
 if TYPE_CHECKING:
     from app.config import Settings
-    from app.services import Services
+    from app.engines.kv_events import KVEventSubscriber
+    from app.engines.scrape import EngineScraper
+    from app.proxy.upstream import Upstream
+    from app.routing.replicas import ReplicaSet
+    from app.routing.residency import ReplicaIndex
+    from app.state.base import Store
+    from app.telemetry.metrics import Metrics
 
 log = logging.getLogger("prefixgate.prefix")
 MODES = ("exact", "engine", "approx")
@@ -61,19 +66,6 @@ MODES = ("exact", "engine", "approx")
 # memory.budget_mb (docs/agents-responses.md)
 RESPONSE_HISTORY_BYTES = 16 * 1024 * 1024
 INLINE_OUTPUT_CHARS = 4096  # generated text encoded inside after_response (< 1 ms)
-
-
-@dataclass
-class PrefixStageState:
-    """What the prefix stage knows about one request (ctx.prefix), written in this order."""
-
-    input: PromptInput  # the prompt as extracted from the body
-    routed_blocks: int  # leading blocks the router saw (the fingerprint may have been partial)
-    routed_complete: bool  # the router saw the whole prompt's chain
-    pending: asyncio.Task[ChainTip | None] | None = None  # finishing the chain while in flight
-    matched: int | None = None  # leading blocks resident on the chosen replica when sent
-    predicted_tokens: int | None = None  # cached tokens predicted for this request
-    observation: Observation | None = None  # the tracker's continuity/diagnosis (last)
 
 
 def routed_mode(fp: Fingerprint) -> str:
@@ -88,13 +80,19 @@ def _output_text(ctx: RequestContext) -> str:
 
 
 class PrefixStage:
-    def __init__(self, settings: Settings, services: Services, fingerprinter: Fingerprinter,
-                 tracker: TenantTracker, recent: int = 4096) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, replicas: ReplicaSet, residency: ReplicaIndex,
+                 scraper: EngineScraper, fingerprinter: Fingerprinter, tracker: TenantTracker, *,
+                 shared_index: bool, kv_events: KVEventSubscriber | None = None, recent: int = 4096) -> None:
+        """`shared_index`: the residency index is shared with other processes (Redis, `serve
+        --workers`, KV events); `kv_events`: the subscriber, in KV-event mode."""
         self.settings = settings
-        self.services = services
+        self.metrics = metrics
+        self.replicas = replicas
+        self.residency = residency
+        self.scraper = scraper
+        self.kv_events = kv_events
         self.fingerprinter = fingerprinter
         self.tracker = tracker
-        self.metrics = services.metrics
         # prefix_affinity reads the residency index at choose time and writes the routed chain
         # (and emits the available/captured reuse split); the other policies do neither
         self.router_looks_up = settings.routing.policy == "prefix_affinity"
@@ -108,7 +106,6 @@ class PrefixStage:
         self._cold: dict[str, asyncio.Task[ChainTip | None]] = {}
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         # the index may hold chains this process never walked: their next turns must not route blind
-        shared_index = settings.routing.kv_events or not isinstance(services.store, MemoryStore)
         self.blind_wait_s = settings.prefix.blind_wait_ms / 1000.0 if shared_index and self.router_looks_up else 0.0
         self._evictions_seen = 0
         self._system_first: bool | None = None  # system_first(), once probed
@@ -125,7 +122,7 @@ class PrefixStage:
 
     def block_size(self) -> int:
         """The fleet's block size: the first replica that reported one, else routing.block_size."""
-        for replica in self.services.replicas.all():
+        for replica in self.replicas.all():
             if replica.block_size:
                 return int(replica.block_size)
         return int(self.settings.routing.block_size)
@@ -155,7 +152,7 @@ class PrefixStage:
         return "sglang" if self._sglang_only() else "vllm"
 
     def _sglang_only(self) -> bool:
-        kinds = {r.engine for r in self.services.replicas.all() if r.engine in ("vllm", "sglang")}
+        kinds = {r.engine for r in self.replicas.all() if r.engine in ("vllm", "sglang")}
         return kinds == {"sglang"}
 
     def memory_bytes(self) -> dict[str, int]:
@@ -166,12 +163,7 @@ class PrefixStage:
 
     # ------------------------------------------------------------------ hot path
     async def before_route(self, ctx: RequestContext) -> None:
-        if ctx.route == "responses":  # converted as the engine converts it (app/prefix/convert_responses.py)
-            inp = responses_prompt_input(ctx.body, self.response_history)
-        else:
-            inp = prompt_input(ctx.route, ctx.body, strip_billing=self.engine_strips_billing(),
-                               merge_inline_system=ctx.route == "messages" and self.system_first(),
-                               tool_dump=self.engine_tool_dump())
+        inp = ctx.dialect.prompt_input(ctx.body, self)  # as the engine renders it (app/dialects/)
         if inp is None:
             return
         try:
@@ -255,13 +247,13 @@ class PrefixStage:
         # request are in the index, and a lookup then counts them (real vLLM: a cold 1145-token
         # prompt "predicted" 1120 cached; tests/e2e/test_e2e_kv_events.py)
         ctx.prefix.matched = await self._matched(ctx, tip.hashes, tip.node.num_tokens, fp.block_size)
-        await self.services.residency.learn_completed(replica, tip.hashes)  # a no-op in KV-event mode
+        await self.residency.learn_completed(replica, tip.hashes)  # a no-op in KV-event mode
         return tip
 
     async def _matched(self, ctx: RequestContext, chain: list[int], n: int, b: int) -> int:
         """Leading blocks of `chain` resident on the chosen replica before this request's own
         blocks count (see the module docstring)."""
-        index = self.services.residency
+        index = self.residency
         decision = ctx.decision
         assert decision is not None
         replica = decision.replica.name
@@ -274,7 +266,7 @@ class PrefixStage:
                 matched = max(matched, lookup.get(replica, 0))
             return self._resident_when_sent(ctx, replica, chain, matched)
         # other policies neither read nor write the index: look up before our own insert
-        lookup = await index.lookup(chain, self.services.replicas.names())
+        lookup = await index.lookup(chain, self.replicas.names())
         matched = self._resident_when_sent(ctx, replica, chain, lookup.get(replica, 0))
         available = max(lookup.values(), default=0)
         self.metrics.reuse_tokens.labels(stage="available").inc(predicted_hit_tokens(available, n, b))
@@ -285,7 +277,7 @@ class PrefixStage:
         """In KV-event mode the engine may report this request's own blocks before the lookup
         runs (the chain of a cold prompt is finished in a worker while the engine prefills):
         count only blocks whose BlockStored arrived before the request was sent upstream."""
-        events = self.services.kv_events
+        events = self.kv_events
         sent = ctx.timings.upstream_sent
         if self.writes_residency or events is None or sent is None or matched == 0:
             return matched
@@ -296,7 +288,7 @@ class PrefixStage:
         fp = ctx.fingerprint
         if fp is None or ctx.decision is None or ctx.outcome != "ok" or (ctx.status or 200) >= 400:
             return
-        if ctx.route == "responses" and ctx.response_id is not None and ctx.prefix is not None:
+        if ctx.dialect.stores_responses and ctx.response_id is not None and ctx.prefix is not None:
             # what a request continuing this response gets prepended by the engine
             self.response_history.put(ctx.response_id, continued_history(
                 list(ctx.prefix.input.messages), ctx.output_text))  # type: ignore[arg-type]
@@ -348,7 +340,7 @@ class PrefixStage:
         stable = len(output_ids) == produced
         full = self.fingerprinter.extend_with_output(fp, output_ids) if output_ids and stable else list(chain)
         resident_chain = full[:max(len(chain), min(resident, len(full)))]
-        await self.services.residency.learn_completed(replica, resident_chain)  # no-op with KV events
+        await self.residency.learn_completed(replica, resident_chain)  # no-op with KV events
 
         predicted = predicted_hit_tokens(matched, n, b)
         delivered = ctx.engine_cached_tokens
@@ -357,7 +349,7 @@ class PrefixStage:
         self.metrics.cached_tokens.labels(ctx.route, model, tenant, "predicted").inc(predicted)
         if isinstance(delivered, int) and delivered >= 0:
             self.metrics.reuse_tokens.labels(stage="delivered").inc(delivered)
-            self.services.scraper.record_prediction(replica, predicted, delivered)
+            self.scraper.record_prediction(replica, predicted, delivered)
         if state is not None:
             state.predicted_tokens = predicted
         self.predictions.append((ctx.request_id, ctx.tenant, predicted,
@@ -383,21 +375,24 @@ class PrefixStage:
         self.processed += 1
 
 
-def build_prefix_stage(settings: Settings, services: Services) -> PrefixStage:
+def build_prefix_stage(settings: Settings, metrics: Metrics, replicas: ReplicaSet, store: Store,
+                       residency: ReplicaIndex, scraper: EngineScraper, upstream: Upstream,
+                       kv_events: KVEventSubscriber | None = None) -> PrefixStage:
     """The fingerprint + continuity stage and its tracker (also mounted for /hygiene), each cap a
     share of `memory.budget_mb` (app/prefix/budget.py), exported as gauges."""
     caps = MemoryCaps.from_budget(settings.memory.budget_mb)
     fingerprinter = Fingerprinter.from_settings(
-        settings, services.replicas, session=lambda: services.upstream.session,
+        settings, replicas, session=lambda: upstream.session,
         token_memo_bytes=caps.token_memo_bytes, chain_memo_bytes=caps.chain_memo_bytes)
     tracker = TenantTracker(
-        services.store, max_hashes=caps.tracker_hash_bytes // HASH_ENTRY_BYTES,
+        store, max_hashes=caps.tracker_hash_bytes // HASH_ENTRY_BYTES,
         tenant_max_hashes=caps.tracker_tenant_hash_bytes // (HASH_ENTRY_BYTES + HASH_SLOT_BYTES),
         texts_bytes=caps.tracker_text_bytes, texts_per_tenant=settings.prefix.tracker_texts_per_tenant,
         max_tenants=settings.tenants.max_tenants, show_text=settings.hygiene.show_text,
         extra_patterns=settings.hygiene.dynamic_patterns, max_hash_bytes=caps.tracker_hash_bytes)
-    stage = PrefixStage(settings, services, fingerprinter, tracker, recent=caps.recent_predictions)
-    metrics = services.metrics
+    shared_index = settings.routing.kv_events or not isinstance(store, MemoryStore)
+    stage = PrefixStage(settings, metrics, replicas, residency, scraper, fingerprinter, tracker,
+                        shared_index=shared_index, kv_events=kv_events, recent=caps.recent_predictions)
     metrics.memory_budget.set(caps.budget_bytes)
     for part in stage.memory_bytes():
         metrics.memory_used.labels(part).set_function(lambda part=part: stage.memory_bytes()[part])

@@ -22,7 +22,8 @@ from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.routing.replicas import ReplicaSet
+    from app.state.base import Store
 
 log = logging.getLogger("prefixgate.responses")
 _ID_PATH = re.compile(r"^/v1/responses/([A-Za-z0-9._:\-]{1,256})(?:/cancel|/input_items)?$")
@@ -47,17 +48,18 @@ def response_id_of_path(path: str) -> str | None:
 class ResponseOwners:
     """id -> replica pins, over the Store."""
 
-    def __init__(self, services: Services) -> None:
-        self.services = services
+    def __init__(self, store: Store, replicas: ReplicaSet) -> None:
+        self.store = store
+        self.replicas = replicas
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def pin(self, response_id: str) -> str | None:
         """The replica holding `response_id`; None when the gateway never saw it. Raises
         ResponseNotFound when that replica is gone."""
-        owner = await self.services.store.response_owner_get(response_id)
+        owner = await self.store.response_owner_get(response_id)
         if owner is None:
             return None
-        replica = next((r for r in self.services.replicas.all() if r.name == owner), None)
+        replica = next((r for r in self.replicas.all() if r.name == owner), None)
         if replica is None or not replica.healthy:
             raise ResponseNotFound(response_id)
         return owner
@@ -83,7 +85,7 @@ class ResponseOwners:
 
     async def _write(self, response_id: str, replica: str) -> None:
         try:
-            await self.services.store.response_owner_set(response_id, replica)
+            await self.store.response_owner_set(response_id, replica)
         except Exception:  # the pin is an optimisation of routing; the store reports its own health
             log.warning("could not remember the owner of a response", exc_info=True)
 

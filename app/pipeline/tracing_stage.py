@@ -2,9 +2,10 @@
 
 Off by default (`tracing.enabled`); the exporter is configured only by the standard OTEL_* env
 (app/telemetry/tracing.py builds the provider). The span starts at the request's arrival
-(back-dated from `ctx.timings.arrival`) and is kept in `ctx.span` until it ends; it is a child of
-the client's W3C `traceparent` when one came in, and its context is written into `ctx.headers`
-(which the proxy forwards upstream), so vLLM/SGLang spans join the same trace. Attributes follow
+(back-dated from `ctx.timings.arrival`) and is kept in the stage's note `ctx.trace` until it ends;
+it is a child of the client's W3C `traceparent` when one came in, and its context goes into
+`ctx.trace.headers` (which the proxy adds to the headers it forwards upstream), so vLLM/SGLang
+spans join the same trace. Attributes follow
 the GenAI semantic conventions (gen_ai.*) plus prefixgate.* for what only the proxy knows. Prompt
 text never becomes an attribute.
 
@@ -29,10 +30,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from app.config import Settings
 from app.proxy.clock import overhead_of
-from app.proxy.context import RequestContext
+from app.proxy.context import RequestContext, TraceNote
 from app.telemetry.tracing import build_provider
 
-OPERATION = {"chat": "chat", "completions": "text_completion"}
 OBSERVATION_WAIT_S = 5.0
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -46,7 +46,7 @@ def _wall_ns(perf_stamp: float) -> int:
 def request_attributes(ctx: RequestContext) -> dict[str, Any]:
     """Attributes known before routing."""
     attrs: dict[str, Any] = {
-        "gen_ai.operation.name": OPERATION.get(ctx.route, ctx.route),
+        "gen_ai.operation.name": ctx.dialect.operation or ctx.route,
         "gen_ai.request.stream": ctx.stream,
         "prefixgate.tenant": ctx.tenant,
         "prefixgate.request_id": ctx.request_id,
@@ -91,8 +91,9 @@ def response_attributes(ctx: RequestContext) -> dict[str, Any]:
         attrs["prefixgate.prefix.available_blocks"] = decision.available_blocks
         if decision.replica.engine in ("vllm", "sglang"):
             attrs["gen_ai.provider.name"] = decision.replica.engine
-    if ctx.hygiene_findings:
-        attrs["prefixgate.hygiene.findings"] = sorted({f.kind for f in ctx.hygiene_findings})
+    findings = ctx.hygiene.findings
+    if findings:
+        attrs["prefixgate.hygiene.findings"] = sorted({f.kind for f in findings})
     prefix = ctx.prefix
     if prefix is not None and prefix.predicted_tokens is not None:
         attrs["prefixgate.predicted_cached_tokens"] = prefix.predicted_tokens
@@ -121,19 +122,21 @@ class TracingStage:
 
     async def before_route(self, ctx: RequestContext) -> None:
         parent = _PROPAGATOR.extract(ctx.headers)
-        name = f"{OPERATION.get(ctx.route, ctx.route)} {ctx.model}" if ctx.model else ctx.route
+        operation = ctx.dialect.operation or ctx.route
+        name = f"{operation} {ctx.model}" if ctx.model else ctx.route
         span = self.tracer.start_span(name, context=parent, kind=SpanKind.SERVER,
                                       attributes=request_attributes(ctx),
                                       start_time=_wall_ns(ctx.timings.arrival))
-        ctx.span = span
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-        ctx.headers.update(carrier)  # forwarded upstream: the engine's spans join this trace
+        ctx.trace = TraceNote(span, carrier)  # its headers go upstream: the engine's spans join this trace
 
     def after_response(self, ctx: RequestContext) -> None:
-        span, ctx.span = ctx.span, None
-        if span is None:
+        note = ctx.trace
+        span = note.span if note is not None else None
+        if note is None or span is None:
             return
+        note.span = None
         end = ctx.timings.end if ctx.timings.end is not None else time.perf_counter()
         end_ns = _wall_ns(end)
         if observation_pending(ctx):

@@ -8,16 +8,23 @@ second HTTP stack, no second connection pool to the same replicas.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
-if TYPE_CHECKING:  # app.routing.base imports the fingerprint, which imports this module
-    from app.routing.base import Replica
+
+class TokenizeTarget(Protocol):
+    """What /tokenize needs of a replica (app.routing.base.Replica has it; the prefix core does
+    not import routing, which imports the fingerprint)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def healthy(self) -> bool: ...
 
 
 class ReplicaSource(Protocol):
-    def all(self) -> list[Replica]: ...
+    def all(self) -> list[TokenizeTarget]: ...
 
 
 SessionSource = Callable[[], aiohttp.ClientSession | None]

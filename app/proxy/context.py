@@ -1,50 +1,54 @@
 """The per-request context that flows through the pipeline, and the stage seam.
 
-The steps and the fields each one writes are the table in app/pipeline/request.py (and
-docs/pipeline.md). Every note one stage leaves for another is a typed field here, owned by the
-stage named in its comment; there is no free-form dictionary.
+Three parts (docs/pipeline.md, "The request context"): the arrival facts (`Arrival`, immutable,
+written at step 0), the notes each step writes (`HygieneNote`, `PrefixStageState`, `TraceNote`,
+`AdmissionNote`, the fingerprint, the pick: one typed owner each, named in its comment), and the
+outcome the relay writes (`Outcome`, changed only through its methods). Readers use the
+`RequestContext` properties (`ctx.body`, `ctx.status`, ...), which derive from those parts; there
+is no free-form dictionary. The table of steps is in app/pipeline/request.py.
 
-`before_route` may rewrite `ctx.body` (set `ctx.body_changed`), add response headers, set
-`ctx.fingerprint`, or raise `ProxyError` to reject. It must not do work that grows with prompt
+`before_route` may write its own note (the hygiene stage may rewrite the body into its note), or
+raise `ProxyError` to reject. It must not do work that grows with prompt
 size beyond hashing. `after_response` runs once the response ended (any outcome) and must not
 block: schedule anything slow (tokenisation, Redis writes) as a task or in a worker thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.prefix.fingerprint import Fingerprint
-from app.routing.base import RouteDecision
+from app.errors import ProxyError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from app.admission.gate import Ticket
+    from app.dialects.base import Dialect
     from app.hygiene.findings import Finding
-    from app.pipeline.prefix_stage import PrefixStageState  # the stage imports this module
+    from app.prefix.fingerprint import ChainTip, Fingerprint, PromptInput
+    from app.prefix.tracker import Observation
     from app.proxy.upstream import UpstreamError
+    from app.routing.base import RouteDecision
+
+__all__ = ["AdmissionNote", "Arrival", "HygieneNote", "Outcome", "PrefixStageState", "ProxyError", "RequestContext",
+           "RequestHook", "TraceNote", "Timings"]
 
 
-class ProxyError(Exception):
-    """An error that becomes an OpenAI-shaped response: {"error": {message, type, param, code}}."""
+@dataclass
+class PrefixStageState:
+    """What the prefix stage (app/pipeline/prefix_stage.py, its only writer) knows about one
+    request (ctx.prefix), written in this order."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+    input: PromptInput  # the prompt as extracted from the body
+    routed_blocks: int  # leading blocks the router saw (the fingerprint may have been partial)
+    routed_complete: bool  # the router saw the whole prompt's chain
+    pending: asyncio.Task[ChainTip | None] | None = None  # finishing the chain while in flight
+    matched: int | None = None  # leading blocks resident on the chosen replica when sent
+    predicted_tokens: int | None = None  # cached tokens predicted for this request
+    observation: Observation | None = None  # the tracker's continuity/diagnosis (last)
 
 
 @dataclass
@@ -60,48 +64,227 @@ class Timings:
     end: float | None = None
 
 
-@dataclass
-class RequestContext:
+@dataclass(frozen=True)
+class Arrival:
+    """What the request arrived as (step 0, the API adapter or the EPP exchange); never changes."""
+
     request_id: str
-    route: str  # "chat" | "completions" | "messages" (Anthropic) | "passthrough"
+    dialect: Dialect  # the client API (app/dialects/): chat, completions, responses, messages, passthrough
     path: str
     tenant: str
-    headers: dict[str, str]  # incoming, lower-case names
-    body: dict[str, Any]
+    headers: Mapping[str, str]  # incoming, lower-case names
+    body: dict[str, Any]  # as the client sent it, parsed ({} for a passthrough)
     model: str | None
     stream: bool
-    timings: Timings
     session_id: str | None = None
-    body_changed: bool = False
+
+
+@dataclass
+class HygieneNote:
+    """Step 2's notes; written only by the hygiene stage (app/pipeline/hygiene_stage.py)."""
+
     salt: str | None = None  # cache_salt sent upstream (tenant isolation), if any
-    fingerprint: Fingerprint | None = None
-    prefix: PrefixStageState | None = None  # the prefix stage's notes (app/pipeline/prefix_stage.py)
-    decision: RouteDecision | None = None
-    admission: Ticket | None = None  # admission's hold (app/admission/gate.py), released at the end
-    # admission: called once the request holds a replica (a queued request's room stays taken until)
+    findings: list[Finding] | None = None  # the scan's findings
+    body: dict[str, Any] | None = None  # the body after a rewrite that changed it
+    headers: dict[str, str] = field(default_factory=dict)  # x-prefixgate-hygiene / -rewrites
+
+
+@dataclass
+class TraceNote:
+    """Step 3b's notes; written only by the tracing stage (app/pipeline/tracing_stage.py)."""
+
+    span: Span | None  # the request's open span, until it is ended (8b)
+    headers: dict[str, str]  # the span's context (traceparent), sent upstream with the request
+
+
+@dataclass
+class AdmissionNote:
+    """Step 3c's notes; written only by admission's step (app/pipeline/request.py `_admission`)."""
+
+    ticket: Ticket | None = None  # the tenant's limit hold (app/admission/gate.py), released at the end
+    headers: dict[str, str] = field(default_factory=dict)  # the rate-limit headers
+    # called once the request holds a replica (a queued request's room stays taken until then)
     placed: Callable[[], None] | None = None
-    attempts: int = 0
-    response_headers: dict[str, str] = field(default_factory=dict)  # x-prefixgate-* additions
+
+
+@dataclass
+class Outcome:
+    """How the request ended, as the relay saw it (app/proxy/relay.py; the EPP exchange is the
+    relay of EPP mode). Every change goes through a method here, so the rules that turn a status,
+    a broken stream or a departed client into `outcome` live in one place."""
+
     status: int | None = None
     outcome: str = "ok"  # ok | client_error | upstream_error | midstream_error | client_disconnect
-    usage: dict[str, Any] | None = None
-    content_chunks: int = 0
-    # --- per-stage notes (app/pipeline/request.py lists who writes and who reads each) ---
-    hygiene_findings: list[Finding] | None = None  # hygiene stage: the scan's findings (chat, messages)
-    prefix: PrefixStageState | None = None  # prefix stage: its notes, once the request was fingerprinted
-    span: Span | None = None  # tracing stage: the request's open span, until it is ended
-    # set by the relay (app/proxy/relay.py)
-    upstream_failure: UpstreamError | None = None  # the stream broke after its first byte
-    delivered_before_disconnect: bool = False  # the client left after it had the whole response
+    usage: dict[str, Any] | None = None  # in the chat names
     output_text: str | None = None  # choice 0's generated text (n == 1), bounded
     response_id: str | None = None  # Responses API: the id the engine gave this response
-    pinned_replica: str | None = None  # Responses API: the replica holding previous_response_id
+    upstream_failure: UpstreamError | None = None  # the stream broke after its first byte
+    delivered_before_disconnect: bool = False  # the client left after it had the whole response
+    content_chunks: int = 0  # chunks that carried generated text (the clock's count, step 9)
+
+    def answered(self, status: int) -> None:
+        """The upstream's status line (or the data plane's response headers) arrived."""
+        self.status = status
+
+    def observed(self, usage: dict[str, Any] | None, text: str | None = None, response_id: str | None = None) -> None:
+        """What the whole answer said (a stream's observer, or a buffered JSON body)."""
+        self.usage = usage
+        if text is not None:
+            self.output_text = text
+        if response_id is not None:
+            self.response_id = response_id
+
+    def settled(self) -> None:
+        """The answer ended: a 4xx the engine gave is the client's error."""
+        if self.status is not None and 400 <= self.status < 500 and self.outcome == "ok":
+            self.outcome = "client_error"
+
+    def broke(self, failure: UpstreamError | None = None) -> None:
+        """The stream stopped before its end, or said it failed (`failure`: why, when known)."""
+        self.outcome = "midstream_error"
+        if failure is not None:
+            self.upstream_failure = failure
+
+    def upstream_failed(self) -> None:
+        """The replica failed after the response was committed (nothing can be retried)."""
+        self.outcome = "upstream_error"
+
+    def refused(self, status: int) -> None:
+        """The gateway answered with its own error of `status` (nothing came from a replica)."""
+        self.status = status
+        self.outcome = "client_error" if status < 500 else "upstream_error"
+
+    def client_left(self) -> None:
+        """The client went away before the answer was whole (499 unless a status was sent)."""
+        self.outcome = "client_disconnect"
+        self.status = self.status or 499
+
+    def delivered_then_left(self) -> None:
+        """The client went away after it had the whole answer: still delivered."""
+        self.delivered_before_disconnect = True
+
+
+@dataclass
+class RequestContext:
+    """One request: its arrival facts, the notes each step writes (one owner each, listed in
+    app/pipeline/request.py), and its outcome. Readers use the properties; writers their note."""
+
+    arrival: Arrival
+    timings: Timings  # stamped by the stream clock (app/proxy/clock.py)
+    pinned_replica: str | None = None  # step 1b: the replica holding previous_response_id (Responses)
+    hygiene: HygieneNote = field(default_factory=HygieneNote)  # step 2
+    fingerprint: Fingerprint | None = None  # step 3, the prefix stage: what the router reads
+    prefix: PrefixStageState | None = None  # step 3 and 8, the prefix stage's own notes
+    trace: TraceNote | None = None  # step 3b
+    admission: AdmissionNote = field(default_factory=AdmissionNote)  # step 3c
+    decision: RouteDecision | None = None  # steps 5-7, the attempt loop: the latest attempt's pick
+    attempts: int = 0  # steps 5-7, the attempt loop
+    result: Outcome = field(default_factory=Outcome)  # step 7, the relay
+
+    # ------------------------------------------------------------------ arrival facts
+    @property
+    def request_id(self) -> str:
+        return self.arrival.request_id
+
+    @property
+    def dialect(self) -> Dialect:
+        return self.arrival.dialect
+
+    @property
+    def route(self) -> str:
+        """The `route` label of metrics and spans: the dialect's name."""
+        return self.arrival.dialect.name
+
+    @property
+    def path(self) -> str:
+        return self.arrival.path
+
+    @property
+    def tenant(self) -> str:
+        return self.arrival.tenant
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """The client's headers."""
+        return self.arrival.headers
+
+    @property
+    def model(self) -> str | None:
+        return self.arrival.model
+
+    @property
+    def stream(self) -> bool:
+        return self.arrival.stream
+
+    @property
+    def session_id(self) -> str | None:
+        return self.arrival.session_id
+
+    # ------------------------------------------------------------------ derived from the notes
+    @property
+    def body(self) -> dict[str, Any]:
+        """The body as it is forwarded: the client's, or the hygiene rewrite's."""
+        rewritten = self.hygiene.body
+        return rewritten if rewritten is not None else self.arrival.body
+
+    @property
+    def body_changed(self) -> bool:
+        return self.hygiene.body is not None
+
+    @property
+    def salt(self) -> str | None:
+        return self.hygiene.salt
+
+    @property
+    def upstream_headers(self) -> Mapping[str, str]:
+        """The client's headers plus the trace context sent upstream."""
+        if self.trace is None or not self.trace.headers:
+            return self.arrival.headers
+        return {**self.arrival.headers, **self.trace.headers}
+
+    @property
+    def response_headers(self) -> dict[str, str]:
+        """The gateway's own response headers: hygiene's, then admission's."""
+        return {**self.hygiene.headers, **self.admission.headers}
 
     def mark_placed(self) -> None:
         """The request holds a replica now (or never will): tell admission, once."""
-        placed, self.placed = self.placed, None
+        placed, self.admission.placed = self.admission.placed, None
         if placed is not None:
             placed()
+
+    # ------------------------------------------------------------------ the outcome
+    @property
+    def status(self) -> int | None:
+        return self.result.status
+
+    @property
+    def outcome(self) -> str:
+        return self.result.outcome
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        return self.result.usage
+
+    @property
+    def output_text(self) -> str | None:
+        return self.result.output_text
+
+    @property
+    def response_id(self) -> str | None:
+        return self.result.response_id
+
+    @property
+    def upstream_failure(self) -> UpstreamError | None:
+        return self.result.upstream_failure
+
+    @property
+    def delivered_before_disconnect(self) -> bool:
+        return self.result.delivered_before_disconnect
+
+    @property
+    def content_chunks(self) -> int:
+        return self.result.content_chunks
 
     @property
     def prompt_tokens(self) -> int | None:

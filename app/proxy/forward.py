@@ -16,33 +16,22 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from app.proxy.anthropic_shape import AnthropicShape
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
 from app.proxy.observer import StreamObserver
-from app.proxy.openai_shape import shape_for
-from app.proxy.record import child
 from app.proxy.relay import Response, relay_buffered, relay_raw, relay_stream
-from app.proxy.responses_shape import ResponsesShape
-from app.proxy.shape import StreamShape
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.proxy.upstream import Upstream
+    from app.routing.base import Router
+    from app.routing.health import HealthChecker
+    from app.routing.load import ReplicaLoad
+    from app.telemetry.metrics import Metrics
 
 Mode = Literal["stream", "buffered", "raw"]
 _ERROR_SNIPPET = 200
-
-
-def stream_shape(route: str) -> StreamShape:
-    """The stream shape of a route's SSE answer, one per stream (also the Endpoint Picker's,
-    app/epp/exchange.py)."""
-    if route == "responses":
-        return ResponsesShape()
-    if route == "messages":
-        return AnthropicShape()
-    return shape_for(route)
 
 
 async def _status_error(replica: Replica, resp: Response) -> UpstreamError:
@@ -63,90 +52,87 @@ async def _status_error(replica: Replica, resp: Response) -> UpstreamError:
                          status=resp.status)
 
 
-async def forward(services: Services, ctx: RequestContext, send: Any, body: bytes, request: RouteRequest,
-                  clock: StreamClock, *, method: str, path: str, mode: Mode,
-                  drop_usage: bool = False) -> None:
-    """Forward `body` and relay the answer. Raises (nothing sent yet) NoReplicaAvailable when no
-    replica could be tried, or the last UpstreamError when every attempt failed."""
-    metrics = services.metrics
-    headers = upstream_headers(ctx.headers, ctx.request_id, services.settings.upstream.api_key)
-    tried: set[str] = set()
-    last_error: UpstreamError | None = None
-    for _ in range(1 + max(0, services.settings.routing.max_retries)):
-        try:
-            decision = await services.router.choose(request, frozenset(tried))
-        except NoReplicaAvailable:
-            if last_error is not None:
-                raise last_error from None
-            raise
-        replica = decision.replica
-        tried.add(replica.name)
-        ctx.decision = decision
-        ctx.attempts += 1
-        child(metrics.route_decisions, replica.name, decision.reason).inc()
-        replica.inflight += 1
-        child(metrics.backend_inflight, replica.name).set(replica.inflight)
-        queued = decision.prefill_tokens  # prefill backlog the cost-based routers read (until first byte)
-        replica.queued_prompt_tokens += queued
-        long_queued = queued if decision.lane == "long" else 0
-        replica.queued_long_tokens += long_queued
-        ctx.mark_placed()
-        resp: Response | None = None
-        committed = ok = False
-        try:
-            clock.upstream_sent(time.perf_counter())
-            resp = await services.upstream.open(replica, method, path, body, headers)
-            if resp.status >= 500:
-                raise await _status_error(replica, resp)
-            first = b""
-            if resp.status < 400:  # 2xx/3xx: the first body byte, still retryable (bounded wait)
-                first = await services.upstream.first_chunk(replica, resp)
-                clock.first_byte(time.perf_counter())  # before routing callbacks run
-            replica.queued_prompt_tokens -= queued
-            replica.queued_long_tokens -= long_queued
-            queued = long_queued = 0
-            if services.admission is not None:
-                services.admission.kick()  # its prefill is done: a queued request may take its place
-            committed = True
-            services.health.mark_success(replica)
-            if resp.status < 400:
-                services.router.on_routed(request, decision)
-            if mode == "stream" and resp.status == 200:
-                observer = StreamObserver(stream_shape(ctx.route), clock, drop_usage,
-                                          collect_text=int(ctx.body.get("n") or 1) == 1)
-                await relay_stream(ctx, resp, first, send, observer)
-            elif mode == "raw":
-                await relay_raw(ctx, resp, first, send)
-            else:
-                await relay_buffered(ctx, resp, first, send, parse=True)
-            failure = ctx.upstream_failure
-            if failure is not None:
-                metrics.upstream_errors.labels(replica.name, failure.kind).inc()
-            if resp.status >= 400 and ctx.outcome == "ok":
-                ctx.outcome = "client_error"
-            ok = ctx.outcome == "ok"
-            return
-        except UpstreamError as exc:
-            metrics.upstream_errors.labels(replica.name, exc.kind).inc()
-            services.health.mark_failure(replica, exc.kind)
-            if committed:
-                ctx.outcome = "upstream_error"
+class Forwarder:
+    """Steps 5-7 for one request: route, send, relay, retry. Built once with what it uses."""
+
+    def __init__(self, router: Router, upstream: Upstream, health: HealthChecker, load: ReplicaLoad,
+                 metrics: Metrics, *, api_key: str | None, max_retries: int) -> None:
+        self.router = router
+        self.upstream = upstream
+        self.health = health
+        self.load = load
+        self.metrics = metrics
+        self.api_key = api_key
+        self.attempts = 1 + max(0, max_retries)
+
+    async def forward(self, ctx: RequestContext, send: Any, body: bytes, request: RouteRequest,
+                      clock: StreamClock, *, method: str, path: str, mode: Mode,
+                      drop_usage: bool = False) -> None:
+        """Forward `body` and relay the answer. Raises (nothing sent yet) NoReplicaAvailable when no
+        replica could be tried, or the last UpstreamError when every attempt failed."""
+        metrics, router = self.metrics, self.router
+        headers = upstream_headers(ctx.upstream_headers, ctx.request_id, self.api_key)
+        tried: set[str] = set()
+        last_error: UpstreamError | None = None
+        for _ in range(self.attempts):
+            try:
+                decision = await router.choose(request, frozenset(tried))
+            except NoReplicaAvailable:
+                if last_error is not None:
+                    raise last_error from None
                 raise
-            clock.attempt_failed(time.perf_counter())
-            last_error = exc
-        finally:
-            if resp is not None:
-                if ok:
-                    resp.release()
+            replica = decision.replica
+            tried.add(replica.name)
+            ctx.decision = decision
+            ctx.attempts += 1
+            hold = self.load.hold(decision)  # inflight + prefill backlog, until first byte / end
+            ctx.mark_placed()
+            resp: Response | None = None
+            committed = ok = False
+            try:
+                clock.upstream_sent(time.perf_counter())
+                resp = await self.upstream.open(replica, method, path, body, headers)
+                if resp.status >= 500:
+                    raise await _status_error(replica, resp)
+                first = b""
+                if resp.status < 400:  # 2xx/3xx: the first body byte, still retryable (bounded wait)
+                    first = await self.upstream.first_chunk(replica, resp)
+                    clock.first_byte(time.perf_counter())  # before routing callbacks run
+                hold.prefill_done()  # a queued request may take its place
+                committed = True
+                self.health.mark_success(replica)
+                if resp.status < 400:
+                    router.on_routed(request, decision)
+                if mode == "stream" and resp.status == 200:
+                    observer = StreamObserver(ctx.dialect.stream_shape(), clock, drop_usage,
+                                              collect_text=int(ctx.body.get("n") or 1) == 1)
+                    await relay_stream(ctx, resp, first, send, observer)
+                elif mode == "raw":
+                    await relay_raw(ctx, resp, first, send)
                 else:
-                    resp.close()
-            replica.inflight -= 1
-            replica.queued_prompt_tokens -= queued
-            replica.queued_long_tokens -= long_queued
-            child(metrics.backend_inflight, replica.name).set(replica.inflight)
-            if services.admission is not None:
-                services.admission.kick()
-            if committed:
-                services.router.on_finished(request, decision, ok)
-    assert last_error is not None
-    raise last_error
+                    await relay_buffered(ctx, resp, first, send, parse=True)
+                failure = ctx.upstream_failure
+                if failure is not None:
+                    metrics.upstream_errors.labels(replica.name, failure.kind).inc()
+                ctx.result.settled()
+                ok = ctx.outcome == "ok"
+                return
+            except UpstreamError as exc:
+                metrics.upstream_errors.labels(replica.name, exc.kind).inc()
+                self.health.mark_failure(replica, exc.kind)
+                if committed:
+                    ctx.result.upstream_failed()
+                    raise
+                clock.attempt_failed(time.perf_counter())
+                last_error = exc
+            finally:
+                if resp is not None:
+                    if ok:
+                        resp.release()
+                    else:
+                        resp.close()
+                hold.release()
+                if committed:
+                    router.on_finished(request, decision, ok)
+        assert last_error is not None
+        raise last_error

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from app.api.errors import sse_error_event
+from app.errors import sse_error_event
 from app.proxy.shape import Chunk
 from app.proxy.sse import SSEParser
 

@@ -15,26 +15,12 @@ from typing import Any
 
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
+from app.telemetry.child import child
 from app.telemetry.metrics import Metrics, prompt_bucket
 
 NO_BACKEND = "none"
 CLIENT_CLOSED = "499"  # nginx's convention for "client closed the request"
-CHILD_CACHE_CAP = 4096  # memoised label sets; the cache starts over beyond it
-
-_children: dict[tuple[Any, ...], Any] = {}
-
-
-def child(metric: Any, *values: str) -> Any:
-    """`metric.labels(*values)`, memoised. The key holds the metric itself (not its id), so a
-    dead registry's metric is never confused with a new one. Invariant: nothing calls
-    `metric.remove()`/`clear()` on these metrics (a removed child would stay cached)."""
-    key = (metric, *values)
-    found = _children.get(key)
-    if found is None:
-        if len(_children) >= CHILD_CACHE_CAP:
-            _children.clear()
-        found = _children[key] = metric.labels(*values)
-    return found
+__all__ = ["child", "observe_many", "record_request", "status_label"]
 
 
 def observe_many(histogram_child: Any, values: Sequence[float]) -> None:
@@ -90,7 +76,7 @@ def record_request(metrics: Metrics, ctx: RequestContext, clock: StreamClock) ->
     rate = clock.decode_rate(usage.get("completion_tokens"), len(output_text) if output_text else None)
     if rate is not None:
         child(metrics.decode_rate, route, model, backend).observe(rate)
-    ctx.content_chunks = clock.content_chunks
+    ctx.result.content_chunks = clock.content_chunks
     if isinstance(prompt_tokens, int) and prompt_tokens > 0:
         tenant = metrics.tenant_label(ctx.tenant)
         child(metrics.prompt_tokens, route, model, tenant).inc(prompt_tokens)

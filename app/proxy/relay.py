@@ -16,13 +16,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from app.proxy.anthropic_shape import openai_usage
-from app.proxy.anthropic_shape import output_text as anthropic_output_text
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.h1 import H1Response, drive, finish_driven
-from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver
-from app.proxy.responses_shape import chat_usage
-from app.proxy.responses_shape import output_text as responses_output_text
+from app.proxy.observer import StreamObserver
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
 
 Send = Any  # ASGI send callable
@@ -59,7 +55,7 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
     whole events it sent, then an error event and `[DONE]`."""
     clock = observer.clock
     out = observer.feed(first, clock.timings.first_byte or time.perf_counter())
-    ctx.status = resp.status
+    ctx.result.answered(resp.status)
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
     if out:
         await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -74,7 +70,7 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
         # final empty write), the response was delivered: keep its accounting, and say so.
         observer.finish()
         if observer.done and observer.error is None:
-            ctx.delivered_before_disconnect = True
+            ctx.result.delivered_then_left()
             take_results(ctx, observer)
         raise
     observer.finish()
@@ -84,10 +80,9 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
     elif failure is None:
         failure = UpstreamError("midstream", _backend(ctx), "upstream closed the stream before its end marker")
     if observer.error is not None and ctx.outcome == "ok":
-        ctx.outcome = "midstream_error"
+        ctx.result.broke()
     if failure is not None:
-        ctx.outcome = "midstream_error"
-        ctx.upstream_failure = failure
+        ctx.result.broke(failure)
         tail = observer.end_after_failure(ProxyError(502, str(failure), type="server_error",
                                                      code=f"upstream_{failure.kind}").body()["error"])
     await send({"type": "http.response.body", "body": tail, "more_body": False})
@@ -96,10 +91,8 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
 
 def take_results(ctx: RequestContext, observer: StreamObserver) -> None:
     """What a finished stream observed, onto the request (also the Endpoint Picker's)."""
-    ctx.usage = observer.usage
-    ctx.response_id = observer.response_id
-    if observer.collect_text:
-        ctx.output_text = observer.output_text
+    ctx.result.observed(observer.usage, observer.output_text if observer.collect_text else None,
+                        observer.response_id)
 
 
 def _backend(ctx: RequestContext) -> str:
@@ -193,19 +186,6 @@ async def _relay_pushed(ctx: RequestContext, resp: H1Response, send_more: Send,
         state.wake = None
 
 
-def output_text_of(payload: dict[str, Any], route: str) -> str | None:
-    choices = payload.get("choices")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    if route == "chat":
-        message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else None
-    else:
-        text = choice.get("text")
-    return text[:MAX_OUTPUT_CHARS] if isinstance(text, str) else None
-
-
 async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send: Send,
                          parse: bool) -> None:
     """Relay a non-streamed response (JSON) whose first body bytes (`first`) already arrived:
@@ -218,49 +198,28 @@ async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send
     body = first + rest if first else rest
     if parse and resp.status == 200:
         observe_buffered(ctx, body)
-    ctx.status = resp.status
+    ctx.result.answered(resp.status)
     headers = response_headers(resp, ctx) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def observe_buffered(ctx: RequestContext, body: bytes) -> None:
-    """Usage, output text (and a Responses id) of a whole 200 JSON answer, in the route's shape
-    (also the Endpoint Picker's, app/epp/exchange.py)."""
+    """Usage, output text (and a Responses id) of a whole 200 JSON answer, read by the request's
+    dialect (also the Endpoint Picker's, app/epp/exchange.py)."""
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
         return
     if not isinstance(payload, dict):
         return
-    if ctx.route == "responses":
-        _take_response(ctx, payload)
-    elif ctx.route == "messages":
-        ctx.usage = openai_usage(payload.get("usage"))  # Anthropic's meaning, mapped
-        text = anthropic_output_text(payload)
-        if text is not None:
-            ctx.output_text = text[:MAX_OUTPUT_CHARS]
-    else:
-        usage = payload.get("usage")
-        ctx.usage = usage if isinstance(usage, dict) else None
-        text = output_text_of(payload, ctx.route)
-        if text is not None:
-            ctx.output_text = text
-
-
-def _take_response(ctx: RequestContext, payload: dict[str, Any]) -> None:
-    """A whole Responses API object: usage under the chat names, output text, id."""
-    ctx.usage = chat_usage(payload.get("usage"))
-    text = responses_output_text(payload)
-    if text is not None:
-        ctx.output_text = text[:MAX_OUTPUT_CHARS]
-    if isinstance(payload.get("id"), str):
-        ctx.response_id = payload["id"]
+    answer = ctx.dialect.whole_answer(payload)
+    ctx.result.observed(answer.usage, answer.text, answer.response_id)
 
 
 async def relay_raw(ctx: RequestContext, resp: Response, first: bytes, send: Send) -> None:
     """Pass-through relay for other /v1/* paths: bytes as they come, nothing parsed."""
-    ctx.status = resp.status
+    ctx.result.answered(resp.status)
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
     if first:
         await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -268,7 +227,7 @@ async def relay_raw(ctx: RequestContext, resp: Response, first: bytes, send: Sen
         try:
             data = await resp.content.readany()
         except (aiohttp.ClientError, TimeoutError):
-            ctx.outcome = "midstream_error"
+            ctx.result.broke()
             break
         if not data:
             break

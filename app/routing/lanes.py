@@ -18,7 +18,8 @@ index) before it forwards, so it can sort requests into lanes:
   and never more than `max_share` of the fleet is busy with long prefills.
 
 Inside a lane the policy's own scorers still decide (affinity applies). A replica's long prefill
-in flight is `Replica.queued_long_tokens`, kept by the proxy core like `queued_prompt_tokens`.
+in flight is `Replica.queued_long_tokens`, held like `queued_prompt_tokens` by the one load owner
+(app/routing/load.py) that `serve`'s forward and the Endpoint Picker both use.
 """
 
 from __future__ import annotations

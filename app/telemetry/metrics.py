@@ -42,7 +42,7 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30
 DECODE_RATE_BUCKETS = (1, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000)
 
 OTHER_TENANT = "other"
-# the values of the `route` label: app/api/openai.py ROUTES' names, and passthrough for any other /v1 path
+# the values of the `route` label: the dialects' names (app/dialects/), passthrough for any other /v1 path
 ROUTE_LABELS = ("chat", "completions", "responses", "messages", "passthrough")
 
 
