@@ -54,9 +54,11 @@ VALUE_CHARS = frozenset("-_.:/+")
 KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that include the key's words
 ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 # a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
-# `` `name`: ...``, `<tool name="...">`, `<function ...>`, `{"name": ...}`, `## name`
+# `` `name`: ...``, `<function>{...}</function>` (Anthropic's legacy tool prompt; a case test has
+# it), `{"name": ...}`, `## name`. `<tool|command|mcp ...>` were removed: only the held-out
+# diagnosis pool uses such a form (docs/diagnosis.md, "How the split is kept apart").
 TOOL_LINE = re.compile(
-    r"""^\s*(?:<(?:tool|function|command|mcp)\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
+    r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 KEY_SIZE = 16
 
