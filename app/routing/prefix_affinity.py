@@ -108,7 +108,10 @@ class PrefixAffinityRouter(BaseRouter):
         lane = None
         if self.lane is not None:  # the lane is set by the cheapest prefill the fleet offers
             best = max((c.matched_blocks for c in costs), default=0)
-            lane = self.lane.lane_of(prompt - predicted_hit_tokens(best, prompt, block_size))
+            prefill = prompt - predicted_hit_tokens(best, prompt, block_size)
+            if not exclude:  # a retry is the same request
+                self.lane.observe(prefill)
+            lane = self.lane.lane_of(prefill)
             keep = {r.name for r in self.lane.keep([c.replica for c in costs], lane)}
             costs = [c for c in costs if c.replica.name in keep]
         best_match = max(c.matched_blocks for c in costs)
