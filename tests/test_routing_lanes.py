@@ -14,6 +14,7 @@ from app.prefix.fingerprint import Fingerprint
 from app.routing.base import Replica, RouteRequest
 from app.routing.factory import build_router
 from app.routing.replicas import ReplicaSet
+from app.server import create_app
 from app.state.memory import MemoryStore
 from app.telemetry.metrics import Metrics
 
@@ -158,3 +159,5 @@ def test_the_router_and_the_admission_queue_share_one_lane():
     r, s = auto_router(fleet())
     adm = Admission(s, LocalLimiter(), Metrics())
     assert adm.lane is r.lane
+    app = create_app(Settings(backends=[{"url": "http://127.0.0.1:9"}], routing={"lanes": {}}))
+    assert app.services.admission.lane is app.services.router.lane is not None
