@@ -186,16 +186,19 @@ async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.N
 
 
 QUEUE_METRICS = ("prefixgate_admission_wait_seconds_count", "prefixgate_admission_wait_seconds_sum",
-                 "prefixgate_proxy_overhead_seconds_count", "prefixgate_proxy_overhead_seconds_sum")
+                 "prefixgate_proxy_overhead_seconds_count", "prefixgate_proxy_overhead_seconds_sum",
+                 "prefixgate_admission_rejections_total")
 
 
 async def queue_numbers(session: aiohttp.ClientSession, base: str) -> tuple[float, float, float | None]:
     """From the gateway's /metrics: requests that waited in its queue, their summed wait (s), and
     the gateway's own mean time per request before it sent it upstream, queue wait excluded
-    (prefixgate_proxy_overhead_seconds over every route, real seconds; None when it counted nothing)."""
+    (prefixgate_proxy_overhead_seconds over every route, real seconds; None when it counted nothing,
+    or when the gateway refused some requests: a shed request's wait is in the wait histogram but it
+    has no overhead sample, so the difference is no per-request figure)."""
     found = await counters(session, base, QUEUE_METRICS)
-    wait_count, wait_sum, own_count, own_sum = (found.get(name, 0.0) for name in QUEUE_METRICS)
-    own = (own_sum - wait_sum) / own_count if own_count else None
+    wait_count, wait_sum, own_count, own_sum, refused = (found.get(name, 0.0) for name in QUEUE_METRICS)
+    own = (own_sum - wait_sum) / own_count if own_count and not refused else None
     return wait_count, wait_sum, own
 
 
