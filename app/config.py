@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -119,11 +119,16 @@ class RoutingWeights(Section):
 class Lanes(Section):
     """The long-prefill lane (app/routing/lanes.py, docs/admission.md): requests predicted to
     prefill more than `long_prefill_tokens` go to `replicas` (names) when set; otherwise the
-    fleet is shared and long prefills may hold at most `max_share` of the replicas at once."""
+    fleet is shared and long prefills may hold at most `max_share` of the replicas at once.
+    `auto` (the default) derives each from the predicted prefill of the last `window` requests."""
 
-    long_prefill_tokens: int = Field(default=8192, ge=1)
+    long_prefill_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] = "auto"
     replicas: list[str] = Field(default_factory=list)
-    max_share: float = Field(default=0.5, gt=0, le=1)
+    max_share: Annotated[float, Field(gt=0, le=1)] | Literal["auto"] = "auto"
+    window: int = Field(default=512, ge=16)  # recent requests the `auto` values are derived from
+    # `auto` never calls a prefill long below this: one engine step (max_num_batched_tokens) of it
+    # is done within a step and holds no replica long
+    min_long_prefill_tokens: int = Field(default=2048, ge=1)
 
 
 class Routing(Section):

@@ -10,8 +10,11 @@ capacity (4 x prefill_tps tokens/s over the mean uncached prompt). The simulator
 `--time-scale` (all its costs scaled by the same factor, so ratios hold); the TTFTs printed are
 divided back by it, i.e. simulated seconds (the gateway's own overhead is magnified the same way).
 
-Rows: prefixgate round_robin, prefix_affinity, prefix_affinity + long lane (shared fleet,
-max_share), + admission (lane + gateway queue), the dedicated lane as an extra row, and
+Rows: prefixgate round_robin, prefix_affinity, the self-tuning rows (`routing.lanes: {}`: threshold
+and long share derived from the recent requests, nothing from the trace; the second also sets the
+queue's room to the engine's step budget), prefix_affinity + long lane (shared fleet, hand-tuned
+to this trace: threshold between its two sizes, max_share from its mix), + admission (that lane +
+queue at one step), the dedicated lane as an extra row, and
 sglang-router 0.3.2 / vllm-router 0.1.17 `cache_aware`, started from ROUTERS_VENV (default
 .venv-routers) by bench/routing.py's `start_target`, on the same simulated fleet and trace (skipped
 when that venv is missing). The "queued" column is read from the gateway's own
@@ -63,10 +66,27 @@ QUEUE = {"queue": {"max_depth": 512, "ttl_s": 60.0}, "saturated_prefill_tokens":
 # prompts by --token-scale so the scaled fleet routes as the full-size one would
 WEIGHTS = {"waiting_request_tokens": 2048.0, "decode_tokens_per_running": 256.0, "cold_slack_tokens": 2048.0}
 
+# The self-tuning rows know nothing of the trace: `lanes: {}` is threshold and long share `auto`
+# (derived from the recent requests' predicted prefill, app/routing/lanes.py) and the gateway
+# queue keeps its defaults (max_depth 256, ttl_s 10). The second also sets the queue's room to the
+# engine's own step budget (max_num_batched_tokens, an engine flag the operator set, not a
+# property of the trace)
+AUTO = "+ auto lanes (defaults only)"
+AUTO_STEP = "+ auto lanes + queue at the engine step"
+
+
+def auto_lanes() -> dict[str, Any]:
+    """`{}` at full size; under --token-scale the engine-step floor of `auto` scales with the step."""
+    return {} if ENGINE_STEP[0] == 2048 else {"min_long_prefill_tokens": ENGINE_STEP[0]}
+
+
 def rows_config() -> dict[str, dict[str, Any]]:
     return {
         "round_robin": {"routing": {"policy": "round_robin"}},
         "prefix_affinity": {"routing": {"policy": "prefix_affinity"}},
+        AUTO: {"routing": {"policy": "prefix_affinity", "lanes": auto_lanes()}},
+        AUTO_STEP: {"routing": {"policy": "prefix_affinity", "lanes": auto_lanes()},
+                    "admission": {"saturated_prefill_tokens": ENGINE_STEP[0]}},
         f"+ long lane (max_share {LANE['max_share']:g})": {"routing": {"policy": "prefix_affinity", "lanes": LANE}},
         "+ admission (lane + queue)": {"routing": {"policy": "prefix_affinity", "lanes": LANE}, "admission": QUEUE},
         "dedicated lane r3 (extra)": {"routing": {"policy": "prefix_affinity",
@@ -94,9 +114,11 @@ def apply_token_scale(args: argparse.Namespace) -> None:
     QUEUE["saturated_prefill_tokens"] = int(QUEUE["saturated_prefill_tokens"] * s)
     args.prefill_tps *= s
     args.max_batch_tokens = int(args.max_batch_tokens * s)
+    ENGINE_STEP[0] = args.max_batch_tokens
 
 
 ROWS: dict[str, dict[str, Any]] = {}
+ENGINE_STEP = [2048]  # the simulated engine's max_num_batched_tokens, after --token-scale
 
 
 def build_trace(rng: random.Random, n: int, rate: float, tenants: list[str], long_share: float = 0.2,
@@ -164,16 +186,19 @@ async def run_cell(config: dict[str, Any], trace: list[Tenant], args: argparse.N
 
 
 QUEUE_METRICS = ("prefixgate_admission_wait_seconds_count", "prefixgate_admission_wait_seconds_sum",
-                 "prefixgate_proxy_overhead_seconds_count", "prefixgate_proxy_overhead_seconds_sum")
+                 "prefixgate_proxy_overhead_seconds_count", "prefixgate_proxy_overhead_seconds_sum",
+                 "prefixgate_admission_rejections_total")
 
 
 async def queue_numbers(session: aiohttp.ClientSession, base: str) -> tuple[float, float, float | None]:
     """From the gateway's /metrics: requests that waited in its queue, their summed wait (s), and
     the gateway's own mean time per request before it sent it upstream, queue wait excluded
-    (prefixgate_proxy_overhead_seconds over every route, real seconds; None when it counted nothing)."""
+    (prefixgate_proxy_overhead_seconds over every route, real seconds; None when it counted nothing,
+    or when the gateway refused some requests: a shed request's wait is in the wait histogram but it
+    has no overhead sample, so the difference is no per-request figure)."""
     found = await counters(session, base, QUEUE_METRICS)
-    wait_count, wait_sum, own_count, own_sum = (found.get(name, 0.0) for name in QUEUE_METRICS)
-    own = (own_sum - wait_sum) / own_count if own_count else None
+    wait_count, wait_sum, own_count, own_sum, refused = (found.get(name, 0.0) for name in QUEUE_METRICS)
+    own = (own_sum - wait_sum) / own_count if own_count and not refused else None
     return wait_count, wait_sum, own
 
 

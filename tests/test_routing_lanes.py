@@ -1,8 +1,13 @@
 """The long-prefill lane on prefix_affinity (real MemoryStore residency, no HTTP): long is decided
-by the predicted *uncached* prefill, dedicated and max_share modes, affinity inside a lane."""
+by the predicted *uncached* prefill, dedicated and max_share modes, affinity inside a lane, and
+`auto` (the defaults): threshold and long share derived from the recent requests' prefill."""
 
 from __future__ import annotations
 
+import random
+
+from app.admission.gate import Admission
+from app.admission.limits import LocalLimiter
 from app.config import Settings
 from app.prefix.blocks import proxy_chain
 from app.prefix.fingerprint import Fingerprint
@@ -10,6 +15,7 @@ from app.routing.base import Replica, RouteRequest
 from app.routing.factory import build_router
 from app.routing.load import ReplicaLoad
 from app.routing.replicas import ReplicaSet
+from app.server import create_app
 from app.state.memory import MemoryStore
 from app.telemetry.metrics import Metrics
 
@@ -98,3 +104,59 @@ async def test_without_lanes_long_prefills_spread_over_the_whole_fleet():
         hold(d)
         homes.add(d.replica.name)
     assert len(homes) == 4
+
+
+# ---- auto: the threshold and the long share derived from the window of recent requests
+def auto_router(fleet_: ReplicaSet, **lanes):
+    s = Settings(routing={"policy": "prefix_affinity", "block_size": B, "lanes": lanes})
+    return build_router(s, fleet_, MemoryStore(), Metrics()), s
+
+
+async def warm_up(r, short: int, long: int, n: int = 100, seed: int = 23) -> None:
+    """`n` cold requests, a fifth of them `long` tokens, the rest `short`; none stays in flight."""
+    rng = random.Random(seed)
+    for i in range(n):
+        await routed(r, request(doc(10_000 + i, long if rng.random() < 0.2 else short), tenant=f"w{i}"))
+
+
+async def test_auto_threshold_falls_between_the_two_prompt_sizes_of_any_trace():
+    for short, long in ((2000, 16_000), (10_000, 80_000), (600, 6000)):
+        r, _ = auto_router(fleet())
+        await warm_up(r, short, long)
+        threshold = r.lane.threshold()
+        assert threshold is not None and short < threshold < long, (short, long, threshold)
+        assert (await routed(r, request(doc(1, long), tenant="L"))).lane == "long"
+        assert (await routed(r, request(doc(2, short), tenant="S"))).lane == "short"
+
+
+async def test_auto_calls_nothing_long_before_the_window_has_samples_or_when_sizes_do_not_split():
+    r, _ = auto_router(fleet())
+    assert (await routed(r, request(doc(1, 16_000)))).lane == "short"  # nothing observed yet
+    rng = random.Random(5)
+    for i in range(100):  # one size, give or take 30%
+        await routed(r, request(doc(300 + i, rng.randint(7000, 13_000)), tenant=f"u{i}"))
+    assert r.lane.threshold() is None
+    assert (await routed(r, request(doc(2, 13_000)))).lane == "short"
+
+
+async def test_auto_share_gives_the_long_lane_its_share_of_the_prefill_tokens():
+    replicas = fleet()
+    r, _ = auto_router(replicas)
+    await warm_up(r, 2000, 16_000)  # ~67% of the prefill tokens are long
+    homes = set()
+    for i in range(6):  # all stay in flight
+        d = await routed(r, request(doc(i, 16_000), tenant=f"L{i}"))
+        assert d.lane == "long"
+        hold(d)
+        homes.add(d.replica.name)
+    assert len(homes) == 3  # ceil(0.67 x 4) of the 4 replicas; the fourth stays free for short ones
+    d = await routed(r, request(doc(99, 2000), tenant="S"))
+    assert d.lane == "short" and d.replica.name not in homes
+
+
+def test_the_router_and_the_admission_queue_share_one_lane():
+    r, s = auto_router(fleet())
+    adm = Admission(s, LocalLimiter(), Metrics())
+    assert adm.lane is r.lane
+    app = create_app(Settings(backends=[{"url": "http://127.0.0.1:9"}], routing={"lanes": {}}))
+    assert app.services.admission.lane is app.services.router.lane is not None

@@ -135,15 +135,14 @@ async def test_affinity_bounds_the_index_at_the_replica_kv_capacity():
     assert store.residency_size("r0") == 100
 
 
-async def test_affinity_records_available_and_captured_reuse():
-    metrics = Metrics()
-    router = PrefixAffinityRouter(fleet(), ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B), metrics)
+async def test_affinity_decision_carries_the_available_and_matched_blocks_the_funnel_counts():
+    # the funnel is counted after the response, on the full chain (tests/test_ui_funnel.py)
+    router = PrefixAffinityRouter(fleet(), ReplicaIndex(MemoryStore()), AffinityOptions(block_size=B))
     prompt = doc(30, 1600)
-    await routed(router, request(prompt))
-    await routed(router, request(prompt))
-    value = metrics.registry.get_sample_value
-    assert value("prefixgate_prefix_reuse_tokens_total", {"stage": "available"}) == 1600 - B
-    assert value("prefixgate_prefix_reuse_tokens_total", {"stage": "captured"}) == 1600 - B
+    first = await routed(router, request(prompt))
+    second = await routed(router, request(prompt))
+    assert (first.available_blocks, first.matched_blocks) == (0, 0)
+    assert second.available_blocks == second.matched_blocks == 1600 // B
 
 
 async def test_kv_event_mode_does_not_write_predictions():

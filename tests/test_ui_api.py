@@ -47,7 +47,8 @@ def test_overview_reports_pod_settings_and_the_funnel_unknown_until_counted(sim,
     overview = httpx.get(proxy.url + "/hygiene/overview").json()
     assert overview["pod"] == POD and overview["show_text"] is False and overview["refresh_s"] == 2
     assert overview["grafana_url"] is None  # only absolute http(s) links reach the page
-    assert overview["reuse"] == {"scope": "pod", "pod": POD, "available": None, "captured": None, "delivered": None}
+    assert overview["reuse"] == {"scope": "pod", "pod": POD, "available": None, "captured": None, "delivered": None,
+                                 "beyond_available": None}
     body = {"model": "sim", "messages": [{"role": "user", "content": "hello there " * 40}], "max_tokens": 4}
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
         for _ in range(2):

@@ -10,6 +10,7 @@ written as an artefact (tmp dir; also to $PREFIXGATE_UI_ARTEFACTS when set).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -23,7 +24,9 @@ from browser import Node, dump_dom, screenshot
 from openai import OpenAI
 
 from app.cli import main
+from app.demo import run_workload
 from app.prefix.breakview import POD
+from app.telemetry.funnel import STAGES
 
 CLOCK_STATIC = "You are the Quokka freight desk. Pallets leave Zanzibar on weekdays; refunds need a waybill.\n" * 30
 CLEAN_SYSTEM = "Marmoset archive helper. Quote catalogue shelfmarks verbatim and cite the vellum.\n" * 30
@@ -135,7 +138,7 @@ def test_ui_shows_continuity_break_and_highlight_without_prompt_text(sim_factory
     backend = dom.one("table", id="fleet").find_all("tr", where=lambda n: "data-backend" in n.attrs)
     assert caching is True  # the simulator's cache_config_info says so
     assert len(backend) == 1 and backend[0].one("span", cls="badge").text() == "ON"
-    assert {t.attrs["data-stage"] for t in dom.find_all("div", cls="track")} == {"available", "captured", "delivered"}
+    assert {t.attrs["data-stage"] for t in dom.find_all("div", cls="track")} == set(STAGES)
     assert dom.by_id("grafana").attrs["href"] == GRAFANA
 
     # private by default: not one prompt word anywhere in the DOM
@@ -229,3 +232,28 @@ def test_deep_link_sorts_and_selects_and_the_page_refreshes(sim_factory, proxy_f
     assert dom.by_id("break-tenant").text() == "tenant clean"
     assert "No break recorded" in dom.by_id("break").text()
     assert int(dom.one("body").attrs["data-renders"]) >= 3  # re-read every 0.5 s of (virtual) time
+
+
+def test_the_funnel_after_demo_traffic_has_no_share_above_available(sim_factory, proxy_factory, tmp_path) -> None:
+    """`make demo`'s fleet and workload (two replicas, five tenants' requests sent at once each
+    round, some with the same head); the page's funnel: no stage above 100% of available, the
+    engine's surplus in its own row. Its screenshot is docs/ui-explorer.png (docs/ui.md)."""
+    sim = sim_factory(replicas=2, time_scale=1.0, decode_tps=200.0)
+    proxy = proxy_factory(sim, ui={"grafana_url": GRAFANA})
+    sent = asyncio.run(run_workload(proxy.url, rounds=6))
+    proxy.settle()
+    wait_processed(proxy.services.prefix, sent)
+    wait_caching_verdict(proxy.url)
+    reuse = httpx.get(proxy.url + "/hygiene/overview").json()["reuse"]
+    engine = sum(s.value for f in proxy.services.metrics.registry.collect() if f.name == "prefixgate_cached_tokens"
+                 for s in f.samples if s.name.endswith("_total") and s.labels["source"] == "engine")
+    assert reuse["captured"] <= reuse["available"] and reuse["delivered"] <= reuse["available"]
+    assert reuse["delivered"] + reuse["beyond_available"] == engine > 0
+
+    _, dom = dump_dom(proxy.url + "/ui")
+    rows = {t.attrs["data-stage"] for t in dom.find_all("div", cls="track")}
+    assert rows == set(STAGES)
+    shares = [int(m) for m in re.findall(r"\((\d+)% of available\)", dom.by_id("funnel").text())]
+    assert len(shares) == 2 and all(s <= 100 for s in shares), shares
+    assert "past available, counted apart" in dom.by_id("funnel").text()
+    save_artefact(screenshot(proxy.url + "/ui", tmp_path / "ui-explorer.png", size=(1400, 1080)))

@@ -22,10 +22,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from app.prefix.breakview import POD
 from app.prefix.tracker import tenant_report
+from app.telemetry.funnel import STAGES as REUSE_STAGES
 from app.ui.data import tenant_summary
 from app.ui.page import ASSETS, SECURITY_HEADERS, asset
 
-REUSE_STAGES = ("available", "captured", "delivered")
 REUSE_METRIC = "prefixgate_prefix_reuse_tokens_total"
 
 
@@ -49,8 +49,8 @@ def safe_link(url: str | None) -> str | None:
 
 
 def reuse_funnel(metrics: Any) -> dict[str, Any]:
-    """This pod's reusable prompt tokens since it started, by stage; a stage never counted is
-    None (unknown), not 0."""
+    """This pod's reusable prompt tokens since it started, by stage (app/telemetry/funnel.py); a
+    stage never counted is None (unknown), not 0."""
     funnel: dict[str, Any] = {"scope": "pod", "pod": POD}
     for stage in REUSE_STAGES:
         funnel[stage] = metrics.registry.get_sample_value(REUSE_METRIC, {"stage": stage})

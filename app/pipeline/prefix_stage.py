@@ -22,6 +22,7 @@ after_response (never blocks the loop; everything slow is a task or a worker thr
 1. prediction in the engine's rule, B * min(leading resident blocks, floor((N-1)/B)), on the chosen
    replica *before* this request's own blocks count: the router's lookup
    (`decision.matched_blocks`) when the routed chain covered it, else a lookup of the full chain;
+   the reuse funnel (app/telemetry/funnel.py) counted once, on that same chain;
 2. residency: the full prompt chain plus the blocks of generated tokens the engine keeps
    (it caches full blocks of the N + out - 1 tokens it computed), written right away so the
    tenant's next turn finds them (not in KV-event mode: there the engines' events own the index);
@@ -49,6 +50,7 @@ from app.prefix.tool_dump import ToolDump
 from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, TenantTracker
 from app.proxy.context import PrefixStageState, RequestContext
 from app.state.memory import MemoryStore
+from app.telemetry.funnel import count_reuse
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -93,8 +95,8 @@ class PrefixStage:
         self.kv_events = kv_events
         self.fingerprinter = fingerprinter
         self.tracker = tracker
-        # prefix_affinity reads the residency index at choose time and writes the routed chain
-        # (and emits the available/captured reuse split); the other policies do neither
+        # prefix_affinity reads the residency index at choose time and writes the routed chain;
+        # the other policies do neither
         self.router_looks_up = settings.routing.policy == "prefix_affinity"
         # with KV events the engines' own events are the only writer of the residency index
         self.writes_residency = not settings.routing.kv_events
@@ -246,13 +248,14 @@ class PrefixStage:
         # KV-event mode too: after the response the engine's own BlockStored events for this
         # request are in the index, and a lookup then counts them (real vLLM: a cold 1145-token
         # prompt "predicted" 1120 cached; tests/e2e/test_e2e_kv_events.py)
-        ctx.prefix.matched = await self._matched(ctx, tip.hashes, tip.node.num_tokens, fp.block_size)
+        ctx.prefix.matched, ctx.prefix.available = await self._matched(ctx, tip.hashes)
         await self.residency.learn_completed(replica, tip.hashes)  # a no-op in KV-event mode
         return tip
 
-    async def _matched(self, ctx: RequestContext, chain: list[int], n: int, b: int) -> int:
+    async def _matched(self, ctx: RequestContext, chain: list[int]) -> tuple[int, int]:
         """Leading blocks of `chain` resident on the chosen replica before this request's own
-        blocks count (see the module docstring)."""
+        blocks count (see the module docstring), and the most resident on any replica in the
+        same lookup (the funnel's `available`; at least the first)."""
         index = self.residency
         decision = ctx.decision
         assert decision is not None
@@ -260,18 +263,18 @@ class PrefixStage:
         routed = ctx.prefix.routed_blocks if ctx.prefix is not None else 0
         if self.router_looks_up:
             # the router looked up the routed chain before inserting it: exact for that part
-            matched = decision.matched_blocks
-            if matched >= routed and routed < len(chain):
-                lookup = await index.lookup(chain, [replica])
-                matched = max(matched, lookup.get(replica, 0))
-            return self._resident_when_sent(ctx, replica, chain, matched)
+            matched, available = decision.matched_blocks, decision.available_blocks
+            if available >= routed and routed < len(chain):  # the chain goes on past what was routed
+                lookup = await index.lookup(chain, self.replicas.names())
+                if matched >= routed:  # else the lookup would count this request's own routed blocks
+                    matched = max(matched, lookup.get(replica, 0))
+                available = max([available] + [v for r, v in lookup.items() if r != replica])
+            matched = self._resident_when_sent(ctx, replica, chain, matched)
+            return matched, max(available, matched)
         # other policies neither read nor write the index: look up before our own insert
         lookup = await index.lookup(chain, self.replicas.names())
         matched = self._resident_when_sent(ctx, replica, chain, lookup.get(replica, 0))
-        available = max(lookup.values(), default=0)
-        self.metrics.reuse_tokens.labels(stage="available").inc(predicted_hit_tokens(available, n, b))
-        self.metrics.reuse_tokens.labels(stage="captured").inc(predicted_hit_tokens(matched, n, b))
-        return matched
+        return matched, max(max(lookup.values(), default=0), matched)
 
     def _resident_when_sent(self, ctx: RequestContext, replica: str, chain: list[int], matched: int) -> int:
         """In KV-event mode the engine may report this request's own blocks before the lookup
@@ -324,8 +327,9 @@ class PrefixStage:
         b = fp.block_size
         chain = fp.block_hashes
         matched = state.matched if state is not None else None
-        if matched is None:
-            matched = await self._matched(ctx, chain, n, b)
+        available = state.available if state is not None else None
+        if matched is None or available is None:
+            matched, available = await self._matched(ctx, chain)
         if output_ids is None:
             output_ids = await self.fingerprinter.encode_output(_output_text(ctx))
         usage = ctx.usage or {}
@@ -347,9 +351,10 @@ class PrefixStage:
         model = ctx.model or "unknown"
         tenant = self.metrics.tenant_label(ctx.tenant)
         self.metrics.cached_tokens.labels(ctx.route, model, tenant, "predicted").inc(predicted)
-        if isinstance(delivered, int) and delivered >= 0:
-            self.metrics.reuse_tokens.labels(stage="delivered").inc(delivered)
-            self.scraper.record_prediction(replica, predicted, delivered)
+        reported = delivered if isinstance(delivered, int) and delivered >= 0 else None
+        count_reuse(self.metrics.reuse_tokens, predicted_hit_tokens(available, n, b), predicted, reported)
+        if reported is not None:
+            self.scraper.record_prediction(replica, predicted, reported)
         if state is not None:
             state.predicted_tokens = predicted
         self.predictions.append((ctx.request_id, ctx.tenant, predicted,

@@ -47,6 +47,7 @@ class PrefixStageState:
     routed_complete: bool  # the router saw the whole prompt's chain
     pending: asyncio.Task[ChainTip | None] | None = None  # finishing the chain while in flight
     matched: int | None = None  # leading blocks resident on the chosen replica when sent
+    available: int | None = None  # the most leading blocks resident on any replica (with matched)
     predicted_tokens: int | None = None  # cached tokens predicted for this request
     observation: Observation | None = None  # the tracker's continuity/diagnosis (last)
 

@@ -46,6 +46,5 @@ def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics
             cold_match_ratio=routing.weights.cold_match_ratio,
             cold_slack_tokens=routing.weights.cold_slack_tokens, default_kv_blocks=routing.kv_blocks)
         lane = LongPrefillLane.from_config(routing.lanes) if routing.lanes is not None else None
-        return PrefixAffinityRouter(replicas, residency or build_residency(settings, store), options, metrics,
-                                    lane)
+        return PrefixAffinityRouter(replicas, residency or build_residency(settings, store), options, lane)
     raise ValueError(f"unknown routing policy {routing.policy!r}")

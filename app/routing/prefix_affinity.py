@@ -40,7 +40,6 @@ from app.routing.replicas import ReplicaSet
 from app.routing.residency import ReplicaIndex
 from app.routing.ring import DEFAULT_EPSILON, RingCache, first_on_ring, within_bound
 from app.routing.scorers import ReplicaCost, ScoreWeights, load_value, replica_costs
-from app.telemetry.metrics import Metrics
 
 DEFAULT_COLD_KEY_TOKENS = 4096
 DEFAULT_COLD_MATCH_RATIO = 0.25
@@ -77,12 +76,11 @@ def prompt_tokens_of(request: RouteRequest) -> int:
 
 class PrefixAffinityRouter(BaseRouter):
     def __init__(self, replicas: ReplicaSet, residency: ReplicaIndex, options: AffinityOptions | None = None,
-                 metrics: Metrics | None = None, lane: LongPrefillLane | None = None) -> None:
+                 lane: LongPrefillLane | None = None) -> None:
         self._replicas = replicas
         self.lane = lane
         self.residency = residency
         self.options = options or AffinityOptions()
-        self._metrics = metrics
         self._ring = RingCache()
         self.writes = BackgroundWrites()
         self.recent = RecentShares(residency.store)  # fleet-wide, through the Store
@@ -110,7 +108,10 @@ class PrefixAffinityRouter(BaseRouter):
         lane = None
         if self.lane is not None:  # the lane is set by the cheapest prefill the fleet offers
             best = max((c.matched_blocks for c in costs), default=0)
-            lane = self.lane.lane_of(prompt - predicted_hit_tokens(best, prompt, block_size))
+            prefill = prompt - predicted_hit_tokens(best, prompt, block_size)
+            if not exclude:  # a retry is the same request
+                self.lane.observe(prefill)
+            lane = self.lane.lane_of(prefill)
             keep = {r.name for r in self.lane.keep([c.replica for c in costs], lane)}
             costs = [c for c in costs if c.replica.name in keep]
         best_match = max(c.matched_blocks for c in costs)
@@ -160,12 +161,6 @@ class PrefixAffinityRouter(BaseRouter):
         fp = request.fingerprint
         if fp is None or not fp.block_hashes:
             return
-        if self._metrics is not None:
-            prompt = prompt_tokens_of(request)
-            self._metrics.reuse_tokens.labels(stage="available").inc(
-                predicted_hit_tokens(decision.available_blocks, prompt, fp.block_size))
-            self._metrics.reuse_tokens.labels(stage="captured").inc(
-                predicted_hit_tokens(decision.matched_blocks, prompt, fp.block_size))
         # a hit refreshes the LRU position of the resident head, as the engine does
         self.writes.spawn(self.residency.learn_routed(decision.replica.name, list(fp.block_hashes),
                                                       decision.matched_blocks))

@@ -129,8 +129,10 @@ class Metrics:
             ["route", "model", "tenant", "source"], registry=r)
         self.reuse_tokens = Counter(
             "prefixgate_prefix_reuse_tokens_total",
-            "Reusable prompt tokens: available (cached anywhere in the fleet), captured (predicted "
-            "resident on the chosen replica), delivered (reported by the engine).",
+            "Reusable prompt tokens of answered requests, each counted once on its full chain "
+            "(app/telemetry/funnel.py): available (resident anywhere in the fleet), captured "
+            "(predicted resident on the chosen replica), delivered (reported cached by the engine, "
+            "up to available), beyond_available (reported past available).",
             ["stage"], registry=r)
         self.continuity = Gauge(
             "prefixgate_prefix_continuity_ratio",

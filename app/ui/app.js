@@ -16,10 +16,13 @@
     no_queries: "0 cache queries while prompts flowed",
     assumed: "assumed: exports cache counters, no traffic yet"
   };
+  // the funnel's stages (app/telemetry/funnel.py); beyond_available is no share of available
   var STAGES = [
-    ["available", "cached anywhere in the fleet"],
-    ["captured", "predicted on the chosen replica"],
-    ["delivered", "reported by the engine"]
+    ["available", "available", "resident anywhere in the fleet when the prompt's chain was known"],
+    ["captured", "captured", "predicted resident on the replica the request was sent to"],
+    ["delivered", "delivered", "reported cached by the engine, up to what was available"],
+    ["beyond_available", "beyond available", "reported cached by the engine past what was available: " +
+      "cached after the proxy looked (an earlier request with the same head still in flight)"]
   ];
 
   var state = {
@@ -190,8 +193,10 @@
       var v = values[i];
       var fill = el("div", { cls: "fill " + s[0] });
       fill.style.width = (max > 0 && known(v) ? (v / max) * 100 : 0) + "%";
-      var share = known(v) && known(first) && first > 0 && i > 0 ? " (" + pct(v / first) + " of available)" : "";
-      box.appendChild(el("div", { title: s[1] }, s[0]));
+      var share = "";
+      if (s[0] === "beyond_available") share = known(v) ? " (past available, counted apart)" : "";
+      else if (known(v) && known(first) && first > 0 && i > 0) share = " (" + pct(v / first) + " of available)";
+      box.appendChild(el("div", { title: s[2] }, s[1]));
       box.appendChild(el("div", { cls: "track", "data-stage": s[0] }, fill));
       box.appendChild(el("div", { cls: "num", text: (known(v) ? tokens(v) + " tokens" : "not counted yet") + share }));
     });
