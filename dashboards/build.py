@@ -294,8 +294,10 @@ def prefix_cache() -> Dashboard:
         ]),
         Row("Reuse funnel", [
             Panel("Reusable tokens: available / captured / delivered",
-                  "available = cached somewhere in the fleet; captured = predicted resident on the "
-                  "replica chosen; delivered = reported cached by the engine. Gaps show what routing "
+                  "Counted once per answered request on its full chain. available = cached somewhere "
+                  "in the fleet; captured = predicted resident on the replica chosen; delivered = "
+                  "reported cached by the engine, up to available; beyond_available = what the engine "
+                  "reported past it (a request in flight with the same head). Gaps show what routing "
                   "and eviction lose.", [Target(reuse, "{{stage}}")], unit="short"),
             Panel("Cached share of prompt tokens",
                   "Cached prompt tokens over all prompt tokens, as the engine reports (engine) and as "
