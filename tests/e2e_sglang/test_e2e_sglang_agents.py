@@ -251,10 +251,11 @@ def test_codex_session_predicted_exactly(e2e_proxy: Any, sglang_radix: Any) -> N
 
 # ------------------------------------------------------------------ what SGLang does not serve by default
 
-def test_previous_response_id_is_sglangs_openai_shaped_400(e2e_proxy: Any, sglang_radix: Any) -> None:
+def test_stored_responses_are_sglangs_openai_shaped_400(e2e_proxy: Any, sglang_radix: Any) -> None:
     """SGLang keeps no responses unless started with `--enable-response-store`: a request continuing
-    one gets its 400 naming `previous_response_id`, relayed as SGLang wrote it (OpenAI's error
-    shape, which the `openai` client raises as BadRequestError), never a 5xx or a hang."""
+    one gets its 400 naming `previous_response_id`, a retrieve or cancel one naming `response_id`,
+    relayed as SGLang wrote them (OpenAI's error shape, which the `openai` client raises as
+    BadRequestError), never a 5xx or a hang."""
     proxy = e2e_proxy([sglang_radix])
     first = _openai(proxy, "sg-chain").responses.create(model="tiny", input=words("chain-task", 30),
                                                         max_output_tokens=MAX_TOKENS, store=True)
@@ -265,6 +266,12 @@ def test_previous_response_id_is_sglangs_openai_shaped_400(e2e_proxy: Any, sglan
     assert caught.value.status_code == 400
     assert error["param"] == "previous_response_id" and "--enable-response-store" in error["message"]
     assert metric_sum(proxy, "prefixgate_requests_total", route="responses", status="400") == 1
+    # GET /v1/responses/{id} and POST .../cancel (pinned to the replica that answered): the same 400
+    for call in (_openai(proxy, "sg-chain").responses.retrieve, _openai(proxy, "sg-chain").responses.cancel):
+        with pytest.raises(openai.BadRequestError) as caught:
+            call(first.id)
+        assert caught.value.body["param"] == "response_id", caught.value.body
+        assert "--enable-response-store" in caught.value.body["message"]
 
 
 # ------------------------------------------------------------------ tenant isolation by cache_salt
