@@ -31,6 +31,7 @@ from app.api.validation import parse_body
 from app.pipeline.request import RequestPipeline
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext, Timings
+from app.routing.session_keys import find_session_key
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -117,7 +118,8 @@ def new_context(settings: Settings, request_id: str, route: str | None, path: st
         request_id=request_id, route=route or "passthrough", path=path,
         tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
         model=body.get("model") if route else model, stream=bool(body.get("stream")),
-        timings=clock.timings, session_id=headers.get(settings.routing.session_header.lower()),
+        timings=clock.timings, session_id=find_session_key(settings.routing.session_keys,
+                                                           settings.routing.session_header, headers, body, route),
     )
 
 

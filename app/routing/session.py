@@ -1,4 +1,7 @@
-"""`session`: sticky placement by `x-session-id` (else the tenant), with bounded loads.
+"""Session affinity: the `session` policy, and the bindings prefix_affinity keeps for sessions.
+
+`session`: sticky placement by the request's session id (`routing.session_keys`,
+app/routing/session_keys.py; else the tenant), with bounded loads.
 
 Composition: the default filters, then consistent hashing with bounded loads (Mirrokni, Thorup,
 Zadimoghaddam) where the balls are the *keys*: a replica may hold at most
@@ -9,22 +12,80 @@ fill that replica past the bound (reason `load_override`) or it is gone (`failov
 
 The key's replica is kept in the Store (shared across gateway pods) and refreshed on every
 routed request; a new key takes the first replica on its ring walk that is within the bound.
+
+`SessionBindings`: under `prefix_affinity`, a request with a session id goes to its session's
+bound replica while that replica has room (admission's saturation, docs/admission.md); a
+saturated one, or a session not bound yet, is placed by the policy as any request (a cold prompt
+then hashes on the session key, so a session's concurrent first turns agree on a replica).
+
+Binding keys are tenant-scoped: two tenants' equal session ids never share a binding.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import quote
 
 from app.routing.background import BackgroundWrites
 from app.routing.base import BaseRouter, RouteDecision, RouteRequest
 from app.routing.filters import candidates
 from app.routing.replicas import ReplicaSet
 from app.routing.ring import DEFAULT_EPSILON, RingCache, first_on_ring, key_bound
+from app.routing.scorers import ReplicaCost
 from app.state.base import Store
 
 BINDING_PREFIX = "session:"
 
 
+def binding_key(tenant: str, session_id: str | None) -> str:
+    """The Store key of a binding: the session id within its tenant (the tenant is quoted, so it
+    holds no `:` and no two (tenant, id) pairs share a key), else the tenant itself."""
+    if session_id:
+        return f"{BINDING_PREFIX}id:{quote(tenant, safe='')}:{session_id}"
+    return f"{BINDING_PREFIX}tenant:{tenant}"
+
+
 def session_key(request: RouteRequest) -> str:
-    return f"{BINDING_PREFIX}{request.session_id}" if request.session_id else f"{BINDING_PREFIX}tenant:{request.tenant}"
+    return binding_key(request.tenant, request.session_id)
+
+
+class SessionBindings:
+    """Session -> replica bindings for a load-aware policy (prefix_affinity), in the Store so that
+    every gateway pod follows them. Only requests with a session id are bound."""
+
+    def __init__(self, store: Store, writes: BackgroundWrites) -> None:
+        self._store = store
+        self._writes = writes
+        self._ring = RingCache()
+
+    async def binding(self, request: RouteRequest) -> str | None:
+        """The replica the request's session is bound to (None: no session id, or not bound)."""
+        return await self._store.binding_get(session_key(request)) if request.session_id else None
+
+    @staticmethod
+    def keep(request: RouteRequest, bound: str | None, costs: Sequence[ReplicaCost]) -> ReplicaCost | None:
+        """The bound replica among `costs` while it has room; None when there is none, or it is
+        saturated (admission's `room` says no) or no longer a candidate."""
+        chosen = next((c for c in costs if c.replica.name == bound), None) if bound is not None else None
+        if chosen is None or (request.room is not None and not request.room(chosen.replica)):
+            return None
+        return chosen
+
+    def place(self, request: RouteRequest, costs: Sequence[ReplicaCost], names: Sequence[str]) -> ReplicaCost:
+        """A new session's cold prompt: the first replica with room on the session key's ring walk
+        (all of `costs` when none has room). A pure function of the key and the replicas' room, so
+        concurrent first turns of one session agree before any binding is written. `names`: every
+        replica's name (the ring depends on names only, as on every pod)."""
+        roomy = {c.replica.name for c in costs if request.room is None or request.room(c.replica)}
+        ring = self._ring.get(names)
+        name, _ = first_on_ring(ring, session_key(request), roomy or {c.replica.name for c in costs})
+        return next(c for c in costs if c.replica.name == name)
+
+    def bind(self, request: RouteRequest, replica: str) -> None:
+        """(Re)bind the session to where it was routed: a new or moved session gets its replica, a
+        kept one a fresh TTL. Off the hot path."""
+        if request.session_id:
+            self._writes.spawn(self._store.binding_set(session_key(request), replica))
 
 
 class ActiveSessions:
