@@ -141,7 +141,7 @@ class Metrics:
             "prefixgate_prefix_breaks_total",
             "Prefix chain breaks by diagnosed cause "
             "(dynamic_head, tool_order, front_trim, template_change, history_edit, question_first; "
-            "new_session counts new conversations, not breaks).",
+            "new_session counts new conversations and compaction agents' compacted histories, not breaks).",
             ["route", "tenant", "cause"], registry=r)
         self.tenant_evictions = Counter(
             "prefixgate_tenant_history_evictions_total",

@@ -76,12 +76,14 @@ tests.append({'interval': '1m', 'input_series': [
     {'eval_time': '3m', 'alertname': 'PrefixgatePrefixCachingDisabled', 'exp_alerts': []},
     {'eval_time': '12m', 'alertname': 'PrefixgatePrefixCachingDisabled', 'exp_alerts': [
         alert('PrefixgatePrefixCachingDisabled', {'backend': 'a'})]}]})
-# --- continuity breaks: t1 spikes after 70m; t2 is steady; t3 only starts new sessions
+# --- continuity breaks: t1 spikes after 70m; t2 is steady; t3 only starts new sessions; t4 only
+# compacts (expected, one cold turn each: no break)
 tests.append({'interval': '1m', 'input_series': [
     {'series': f'{S}prefix_breaks_total{{route="messages",tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0x69 5+5x50'},
     {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0x69 5+5x50'},
     {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t2",cause="tool_order",instance="p1"}}', 'values': '0+6x120'},
     {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t3",cause="new_session",instance="p1"}}', 'values': '0x69 10+10x50'},
+    {'series': f'{S}prefix_breaks_total{{route="messages",tenant="t4",cause="compaction",instance="p1"}}', 'values': '0x69 10+10x50'},
   ], 'alert_rule_test': [
     {'eval_time': '60m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': []},
     {'eval_time': '95m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': [
