@@ -92,6 +92,25 @@ def test_concurrent_responses_turns_with_one_prompt_cache_key_land_on_one_replic
     assert len(set(backends)) == 1, backends
 
 
+def test_new_sessions_over_a_shared_system_prompt_spread_and_then_stay(sim_factory, proxy_factory):
+    """Agents share a long system prompt: resident on the first replica that served it, it would
+    draw every new session there (a prefix hit) and the bindings would keep them all on it. New
+    sessions are placed by their own key instead; each then keeps its replica."""
+    proxy = fleet(sim_factory, proxy_factory)
+    client = openai_client(proxy)
+    system = {"role": "system", "content": "You are a coding agent. " + words(7, 1500)}
+
+    def turn(s: int, t: int) -> str:
+        raw = client.chat.completions.with_raw_response.create(
+            model="sim", messages=[system, {"role": "user", "content": f"task {s}.{t}: " + words(50 + s, 20)}],
+            max_tokens=2, extra_body={"prompt_cache_key": f"agent-session-{s}"})
+        return raw.headers["x-prefixgate-backend"]
+
+    first = [turn(s, 0) for s in range(8)]
+    assert len(set(first)) >= 3, first
+    assert [turn(s, 1) for s in range(8)] == first
+
+
 def test_two_tenants_with_the_same_key_do_not_share_a_binding(sim_factory, proxy_factory):
     """Each tenant's turns with a key keep one replica; across six keys the two tenants' replicas
     differ for some (one shared binding per key would put them together every time)."""

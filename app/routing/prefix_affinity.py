@@ -17,9 +17,9 @@ all replicas), its prefill backlog and its decode load. The lowest cost wins:
   leave the fleet unbalanced; with the gateway queue on (app/admission/gate.py), only among the
   replicas with room when any has;
 - `session`: the request carries a session id (`routing.session_keys`) and its session is bound
-  to a replica that has room, or it is a new session's cold prompt, placed on the session key's
-  ring walk (app/routing/session.py `SessionBindings`); a saturated bound replica leaves the
-  request to the rules above, and the session is rebound where it went;
+  to a replica that is not saturated, or it is a new session (or a saturated one's cold prompt),
+  placed on the session key's ring walk (app/routing/session.py `SessionBindings`); a saturated
+  bound replica leaves a warm request to the rules above, and the session is rebound where it went;
 - `failover`: a retry (the previous replicas are in `exclude`).
 
 `on_routed` tells the residency owner (app/routing/residency.py) right away (off the hot path, a
@@ -92,7 +92,7 @@ class PrefixAffinityRouter(BaseRouter):
         self._ring = RingCache()
         self.writes = BackgroundWrites()
         self.recent = RecentShares(residency.store)  # fleet-wide, through the Store
-        self.sessions = SessionBindings(residency.store, self.writes)  # routing.session_keys
+        self.sessions = SessionBindings(residency.store, self.writes, self.options.epsilon)  # routing.session_keys
 
     def _sync_capacity(self, replicas: Sequence[Replica]) -> None:
         """Bound each replica's index at its KV capacity once the scraper (or config) knows it."""
@@ -126,7 +126,7 @@ class PrefixAffinityRouter(BaseRouter):
         bound = self.sessions.keep(request, bound_name, costs)
         if bound is not None:  # the session's replica, while it has room
             chosen, reason = bound, "session"
-        elif cold and request.session_id:  # a new (or moved) session: hashed on its key
+        elif request.session_id and (bound_name is None or cold):  # a new session: hashed on its key
             chosen, reason = self.sessions.place(request, costs, self._replicas.names()), "session"
         elif cold:
             key = cold_key(hashes, block_size, self.options.cold_key_tokens, request.tenant)
@@ -155,6 +155,9 @@ class PrefixAffinityRouter(BaseRouter):
             return {}
         return await self.residency.lookup(hashes, [r.name for r in candidates(self._replicas, request)])
 
+    def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
+        self.sessions.finished(decision)
+
     def _cold_pick(self, key: str | int, costs: list[ReplicaCost], recent: dict[str, float]) -> ReplicaCost:
         """Bounded-load hashing over two loads: the work queued now (prefill-token equivalents)
         and the share of recent requests; the first replica on the key's ring walk within both
@@ -177,7 +180,7 @@ class PrefixAffinityRouter(BaseRouter):
 
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
         self.writes.spawn(self.recent.add(decision.replica.name))
-        self.sessions.bind(request, decision.replica.name)
+        self.sessions.routed(request, decision)
         fp = request.fingerprint
         if fp is None or not fp.block_hashes:
             return

@@ -14,9 +14,11 @@ The key's replica is kept in the Store (shared across gateway pods) and refreshe
 routed request; a new key takes the first replica on its ring walk that is within the bound.
 
 `SessionBindings`: under `prefix_affinity`, a request with a session id goes to its session's
-bound replica while that replica has room (admission's saturation, docs/admission.md); a
-saturated one, or a session not bound yet, is placed by the policy as any request (a cold prompt
-then hashes on the session key, so a session's concurrent first turns agree on a replica).
+bound replica while that replica is not saturated (it has room by admission's definition,
+docs/admission.md); a session not bound yet takes the first replica on its key's ring walk that
+has room and holds no more than its bounded share of the active sessions (so concurrent first
+turns agree, and new sessions spread instead of all following the shared system prompt); a
+saturated one is placed by the policy as any request.
 
 Binding keys are tenant-scoped: two tenants' equal session ids never share a binding.
 """
@@ -47,45 +49,6 @@ def binding_key(tenant: str, session_id: str | None) -> str:
 
 def session_key(request: RouteRequest) -> str:
     return binding_key(request.tenant, request.session_id)
-
-
-class SessionBindings:
-    """Session -> replica bindings for a load-aware policy (prefix_affinity), in the Store so that
-    every gateway pod follows them. Only requests with a session id are bound."""
-
-    def __init__(self, store: Store, writes: BackgroundWrites) -> None:
-        self._store = store
-        self._writes = writes
-        self._ring = RingCache()
-
-    async def binding(self, request: RouteRequest) -> str | None:
-        """The replica the request's session is bound to (None: no session id, or not bound)."""
-        return await self._store.binding_get(session_key(request)) if request.session_id else None
-
-    @staticmethod
-    def keep(request: RouteRequest, bound: str | None, costs: Sequence[ReplicaCost]) -> ReplicaCost | None:
-        """The bound replica among `costs` while it has room; None when there is none, or it is
-        saturated (admission's `room` says no) or no longer a candidate."""
-        chosen = next((c for c in costs if c.replica.name == bound), None) if bound is not None else None
-        if chosen is None or (request.room is not None and not request.room(chosen.replica)):
-            return None
-        return chosen
-
-    def place(self, request: RouteRequest, costs: Sequence[ReplicaCost], names: Sequence[str]) -> ReplicaCost:
-        """A new session's cold prompt: the first replica with room on the session key's ring walk
-        (all of `costs` when none has room). A pure function of the key and the replicas' room, so
-        concurrent first turns of one session agree before any binding is written. `names`: every
-        replica's name (the ring depends on names only, as on every pod)."""
-        roomy = {c.replica.name for c in costs if request.room is None or request.room(c.replica)}
-        ring = self._ring.get(names)
-        name, _ = first_on_ring(ring, session_key(request), roomy or {c.replica.name for c in costs})
-        return next(c for c in costs if c.replica.name == name)
-
-    def bind(self, request: RouteRequest, replica: str) -> None:
-        """(Re)bind the session to where it was routed: a new or moved session gets its replica, a
-        kept one a fresh TTL. Off the hot path."""
-        if request.session_id:
-            self._writes.spawn(self._store.binding_set(session_key(request), replica))
 
 
 class ActiveSessions:
@@ -131,6 +94,75 @@ class ActiveSessions:
 
     def is_active(self, key: str) -> bool:
         return key in self._by_key
+
+
+class SessionBindings:
+    """Session -> replica bindings for a load-aware policy (prefix_affinity), in the Store so that
+    every gateway pod follows them, with the `session` policy's bounded loads: a replica may hold
+    at most ceil((1 + epsilon) * m / n) of the m sessions with a request in flight from this pod.
+    Only requests with a session id are bound."""
+
+    def __init__(self, store: Store, writes: BackgroundWrites, epsilon: float = DEFAULT_EPSILON) -> None:
+        self._store = store
+        self._writes = writes
+        self._epsilon = epsilon
+        self._ring = RingCache()
+        self.active = ActiveSessions()
+        self._counted: dict[int, tuple[str, str]] = {}  # id(decision) -> (key, replica) until finished
+
+    async def binding(self, request: RouteRequest) -> str | None:
+        """The replica the request's session is bound to (None: no session id, or not bound)."""
+        return await self._store.binding_get(session_key(request)) if request.session_id else None
+
+    def _eligible(self, request: RouteRequest, costs: Sequence[ReplicaCost]) -> set[str]:
+        """Replicas with room (admission's saturation) and within the bound of active sessions."""
+        key = session_key(request)
+        names = [c.replica.name for c in costs]
+        sessions = self.active.total() + (0 if self.active.is_active(key) else 1)
+        bound = key_bound(sessions, len(names), self._epsilon)
+        others = self.active.others(key, names)
+        return {c.replica.name for c in costs if others[c.replica.name] + 1 <= bound
+                and (request.room is None or request.room(c.replica))}
+
+    @staticmethod
+    def keep(request: RouteRequest, bound: str | None, costs: Sequence[ReplicaCost]) -> ReplicaCost | None:
+        """The bound replica among `costs` while it is not saturated (admission's `room`). None
+        when there is none, it is saturated, or it is no longer a candidate. (The share of active
+        sessions places new sessions only: moving a long session off an idle replica would cost
+        its whole prefill.)"""
+        chosen = next((c for c in costs if c.replica.name == bound), None) if bound is not None else None
+        if chosen is None or (request.room is not None and not request.room(chosen.replica)):
+            return None
+        return chosen
+
+    def place(self, request: RouteRequest, costs: Sequence[ReplicaCost], names: Sequence[str]) -> ReplicaCost:
+        """A session without a usable binding: the first replica on its key's ring walk that has
+        room and is within the bound (with room only, when none is; any, when none has room). A
+        function of the key and the replicas' loads, so a session's concurrent first turns agree
+        before any binding is written. `names`: every replica's name (the ring, as on every pod)."""
+        ring = self._ring.get(names)
+        key = session_key(request)
+        roomy = {c.replica.name for c in costs if request.room is None or request.room(c.replica)}
+        for eligible in (self._eligible(request, costs), roomy, {c.replica.name for c in costs}):
+            name, _ = first_on_ring(ring, key, eligible)
+            if name is not None:
+                return next(c for c in costs if c.replica.name == name)
+        raise AssertionError("no candidate")  # costs is never empty
+
+    def routed(self, request: RouteRequest, decision: RouteDecision) -> None:
+        """(Re)bind the session to where it was routed (a new or moved session gets its replica,
+        a kept one a fresh TTL; off the hot path) and count it active there."""
+        if not request.session_id:
+            return
+        key = session_key(request)
+        self.active.start(key, decision.replica.name)
+        self._counted[id(decision)] = (key, decision.replica.name)
+        self._writes.spawn(self._store.binding_set(key, decision.replica.name))
+
+    def finished(self, decision: RouteDecision) -> None:
+        counted = self._counted.pop(id(decision), None)
+        if counted is not None:
+            self.active.finish(*counted)
 
 
 class SessionRouter(BaseRouter):
