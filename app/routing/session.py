@@ -25,6 +25,7 @@ Binding keys are tenant-scoped: two tenants' equal session ids never share a bin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from urllib.parse import quote
 
@@ -37,6 +38,7 @@ from app.routing.scorers import ReplicaCost
 from app.state.base import Store
 
 BINDING_PREFIX = "session:"
+PENDING_S = 30.0  # a new session's placement counts this long before its first token at most
 
 
 def binding_key(tenant: str, session_id: str | None) -> str:
@@ -109,18 +111,28 @@ class SessionBindings:
         self._ring = RingCache()
         self.active = ActiveSessions()
         self._counted: dict[int, tuple[str, str]] = {}  # id(decision) -> (key, replica) until finished
+        self._pending: dict[str, tuple[str, float]] = {}  # key -> (replica, until): placed, not routed yet
 
     async def binding(self, request: RouteRequest) -> str | None:
         """The replica the request's session is bound to (None: no session id, or not bound)."""
         return await self._store.binding_get(session_key(request)) if request.session_id else None
 
     def _eligible(self, request: RouteRequest, costs: Sequence[ReplicaCost]) -> set[str]:
-        """Replicas with room (admission's saturation) and within the bound of active sessions."""
+        """Replicas with room (admission's saturation) and within the bound of sessions: those
+        with a request in flight, and those placed in the last PENDING_S that have not reached
+        their first token yet (a long prefill: without them, sessions arriving together would all
+        see an idle fleet)."""
         key = session_key(request)
         names = [c.replica.name for c in costs]
-        sessions = self.active.total() + (0 if self.active.is_active(key) else 1)
-        bound = key_bound(sessions, len(names), self._epsilon)
         others = self.active.others(key, names)
+        now = time.monotonic()
+        self._pending = {k: v for k, v in self._pending.items() if v[1] > now and not self.active.is_active(k)}
+        for k, (name, _) in self._pending.items():
+            if k != key and name in others:
+                others[name] += 1
+        sessions = self.active.total() + len(self._pending) + \
+            (0 if self.active.is_active(key) or key in self._pending else 1)
+        bound = key_bound(sessions, len(names), self._epsilon)
         return {c.replica.name for c in costs if others[c.replica.name] + 1 <= bound
                 and (request.room is None or request.room(c.replica))}
 
@@ -146,6 +158,7 @@ class SessionBindings:
         for eligible in (self._eligible(request, costs), roomy, {c.replica.name for c in costs}):
             name, _ = first_on_ring(ring, key, eligible)
             if name is not None:
+                self._pending[key] = (name, time.monotonic() + PENDING_S)
                 return next(c for c in costs if c.replica.name == name)
         raise AssertionError("no candidate")  # costs is never empty
 
@@ -155,6 +168,7 @@ class SessionBindings:
         if not request.session_id:
             return
         key = session_key(request)
+        self._pending.pop(key, None)
         self.active.start(key, decision.replica.name)
         self._counted[id(decision)] = (key, decision.replica.name)
         self._writes.spawn(self._store.binding_set(key, decision.replica.name))
@@ -207,6 +221,7 @@ class SessionRouter(BaseRouter):
 
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
         key = session_key(request)
+        self._pending.pop(key, None)
         self.active.start(key, decision.replica.name)
         self._counted[id(decision)] = (key, decision.replica.name)
         # (re)bind on every request: a new or re-placed key gets its replica, a kept one a fresh TTL
