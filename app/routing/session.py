@@ -221,7 +221,6 @@ class SessionRouter(BaseRouter):
 
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
         key = session_key(request)
-        self._pending.pop(key, None)
         self.active.start(key, decision.replica.name)
         self._counted[id(decision)] = (key, decision.replica.name)
         # (re)bind on every request: a new or re-placed key gets its replica, a kept one a fresh TTL
