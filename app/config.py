@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.prefix.budget import DEFAULT_BUDGET_MB
+from app.routing.session_keys import DEFAULT_SESSION_KEYS, SessionKeySource
 
 TenantPolicy = Literal["observe", "warn", "rewrite", "reject"]
 RoutingPolicy = Literal["round_robin", "least_load", "session", "prefix_affinity"]
@@ -138,6 +139,9 @@ class Routing(Section):
     kv_blocks: int = 4096  # residency-index capacity per replica when the engine does not say
     index_ttl_s: float = 3600.0
     session_header: str = "x-session-id"
+    # where a session id may come from, first found wins (app/routing/session_keys.py,
+    # docs/routing.md); empty: no session affinity under prefix_affinity
+    session_keys: list[SessionKeySource] = Field(default_factory=lambda: list(DEFAULT_SESSION_KEYS))
     kv_events: bool = False  # subscribe to the replicas' ZMQ KV events (precise residency)
     kv_events_endpoints: dict[str, str] = Field(default_factory=dict)  # backend name -> tcp://host:port
     health_interval_s: float = 5.0

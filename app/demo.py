@@ -23,6 +23,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Settings
+from app.prefix.diagnose import NOT_A_PROBLEM
 from app.serving import ServerThread, free_port
 from app.telemetry.metrics import PROMPT_BUCKET_MAX, PROMPT_BUCKETS
 
@@ -91,7 +92,7 @@ def format_report(ttft: dict[str, dict[str, float | None]], hygiene: dict[str, A
     for t in hygiene.get("tenants", []):
         cont = t.get("continuity")
         causes = ", ".join(f"{k}={v}" for k, v in sorted((t.get("breaks_by_cause") or {}).items())
-                           if k != "new_session") or "-"  # a new conversation is not a break to fix
+                           if k not in NOT_A_PROBLEM) or "-"  # a new conversation or a compaction is no break to fix
         cont_s = "–" if cont is None else f"{100 * cont:.0f}%"
         lines.append(f"  {t.get('tenant', '?'):<12} {t.get('requests', 0):>8} {cont_s:>11} "
                      f"{t.get('new_sessions', 0):>8} {t.get('breaks', 0):>7}  {causes}")

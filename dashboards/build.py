@@ -319,13 +319,21 @@ def prefix_cache() -> Dashboard:
                   [Target(f"min by (tenant) (prefixgate_prefix_continuity_ratio{{{SEL_T}}})",
                           "{{tenant}}")], unit="percentunit", min=0, max=1),
             Panel("Prefix breaks by cause", "Why prompts stopped continuing their prefix: "
-                  "dynamic_head, tool_order, front_trim, template_change, new_session, other.",
+                  "dynamic_head, tool_order, front_trim, template_change, history_edit, question_first; "
+                  "and the two that are no break: new_session (a new conversation) and compaction (an "
+                  "agent replaced its history with a summary: expected, one cold turn).",
                   [Target(f"sum by (cause) (rate(prefixgate_prefix_breaks_total{{{SEL_RT}}}[{RATE}]))",
                           "{{cause}}")], unit="short", stack=True),
-            Panel("Prefix breaks by tenant (excluding new sessions)",
+            Panel("Prefix breaks by tenant (excluding new sessions and compactions)",
                   "Tenants whose prompts break their own prefix; open /hygiene/tenants/<tenant>.",
                   [Target(f'topk(10, sum by (tenant) (rate(prefixgate_prefix_breaks_total{{{SEL_RT},'
-                          f'cause!="new_session"}}[{RATE}])))', "{{tenant}}")], unit="short"),
+                          f'cause!~"new_session|compaction"}}[{RATE}])))', "{{tenant}}")], unit="short"),
+            Panel("Compactions by tenant",
+                  "Agents that compacted their context (the history replaced by a summary, the system "
+                  "prompt and tools kept). Expected: one cold turn each, then the session continues "
+                  "from the new prefix; not a break.",
+                  [Target(f'sum by (tenant) (rate(prefixgate_prefix_breaks_total{{{SEL_RT},'
+                          f'cause="compaction"}}[{RATE}]))', "{{tenant}}")], unit="short"),
             Panel("Hygiene findings by kind", "Prompt patterns that defeat prefix caching (any policy).",
                   [Target(f"sum by (kind) (rate(prefixgate_hygiene_findings_total{{{SEL_RT}}}[{RATE}]))",
                           "{{kind}}")], unit="short"),

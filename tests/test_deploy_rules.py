@@ -17,7 +17,7 @@ REQUIRED_ALERTS = {
     "PrefixgateSpecAcceptanceLengthDropped", "PrefixgateUpstreamErrors",
     "PrefixgateNoHealthyBackend", "PrefixgateStateBackendDown",
 }
-BUCKETS = {"0-1k", "1k-4k", "4k-16k", "16k-64k", "64k-128k", "128k+"}
+BUCKETS = {"0-1k", "1k-4k", "4k-16k", "16k-64k", "64k-128k", "128k-256k", "256k+"}
 
 
 def alerts() -> list[dict]:

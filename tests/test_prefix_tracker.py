@@ -165,7 +165,7 @@ async def test_report_separates_new_conversations_from_breaks() -> None:
     report = await tenant_report(store, "t")
     assert report["new_sessions"] == 2 and report["breaks"] == 1
     assert report["breaks_by_cause"] == {"new_session": 2, "dynamic_head": 1}
-    assert report["unmatched_blocks"] == {"new_session": 8, "break": 44}
+    assert report["unmatched_blocks"] == {"new_session": 8, "break": 44, "compaction": 0}
     assert [b["cause"] for b in report["last_breaks"]] == ["dynamic_head"]  # operators see only what to fix
 
 

@@ -16,7 +16,7 @@ from app.routing.prefix_affinity import AffinityOptions, PrefixAffinityRouter, c
 from app.routing.replicas import ReplicaSet
 from app.routing.residency import ReplicaIndex
 from app.routing.round_robin import RoundRobinRouter
-from app.routing.session import SessionRouter
+from app.routing.session import SessionRouter, binding_key
 from app.state.memory import MemoryStore
 from app.telemetry.metrics import Metrics
 
@@ -176,12 +176,12 @@ async def test_session_is_sticky_bounded_and_fails_over():
     for _ in range(3):
         d = await routed(router, req)
         assert d.replica.name == first.replica.name and d.reason == "session"
-    assert await store.binding_get("session:abc") == first.replica.name
+    assert await store.binding_get(binding_key("t", "abc")) == first.replica.name
     for i in range(3):  # other sessions in flight fill its replica: 3 + 1 > ceil(1.25 * 4 / 4) = 2
         router.active.start(f"session:other{i}", first.replica.name)
     moved = await routed(router, req)
     assert moved.replica.name != first.replica.name and moved.reason == "load_override"
-    assert await store.binding_get("session:abc") == moved.replica.name
+    assert await store.binding_get(binding_key("t", "abc")) == moved.replica.name
     moved.replica.healthy = False
     gone = await routed(router, req)
     assert gone.replica.name != moved.replica.name and gone.reason == "failover"

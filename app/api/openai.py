@@ -28,6 +28,7 @@ from app.api.tenant import resolve_tenant
 from app.dialects import Dialect, dialect_of
 from app.proxy.clock import StreamClock
 from app.proxy.context import Arrival, ProxyError, RequestContext, Timings
+from app.routing.session_keys import find_session_key
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -97,7 +98,8 @@ def new_context(settings: Settings, request_id: str, dialect: Dialect, path: str
         request_id=request_id, dialect=dialect, path=path,
         tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
         model=body.get("model") if dialect.parses else model, stream=bool(body.get("stream")),
-        session_id=headers.get(settings.routing.session_header.lower()),
+        session_id=find_session_key(settings.routing.session_keys, settings.routing.session_header, headers, body,
+                                    dialect.name if dialect.parses else None),
     )
     return RequestContext(arrival, clock.timings)
 

@@ -29,6 +29,12 @@ re-alignment are secondary findings):
 - `history_edit`: an earlier turn of a continuing conversation was re-sent with other text (or a
   turn inserted or removed before the last one).
 - `question_first`: the last user turn starts with variable text and static text follows it.
+- `compaction`: the agent compacted its context: the system prompt and tools are kept, at most half
+  of the history's text is left, and a message the previous history did not have stands in for
+  the dropped turns (a summary: before the newest turn, or as the newest message after the kept
+  user messages, Codex's shape). Paid once: the session continues from the new prefix. Not a
+  problem: counted apart from breaks, as `new_session` is. A history trimmed a little on every
+  turn keeps its length and stays `front_trim`.
 """
 
 from __future__ import annotations
@@ -43,8 +49,10 @@ from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, DynamicDetector, Span, g
 from app.prefix.sketch import Region, RequestSketch
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
-          "question_first", "new_session")
-NOT_A_PROBLEM = frozenset({"new_session"})
+          "question_first", "new_session", "compaction")
+NOT_A_PROBLEM = frozenset({"new_session", "compaction"})
+COMPACTED_MIN_MESSAGES = 4  # a history this long before it, at least (one exchange is no context to compact)
+COMPACTED_SHARE = 0.5  # the history after a compaction holds at most this share of the text before
 ANCHOR_CHARS = 24
 MAX_ANCHORS = 160
 NEAR_WINDOW = 512  # chars after the divergence where anchors are tried at every word start
@@ -326,6 +334,37 @@ def trimmed(pm: list[str], cm: list[str]) -> bool:
     return False
 
 
+def _history(sk: RequestSketch) -> list[tuple[str, str, int]]:
+    """(role, key, length) of each non-system message, in order."""
+    return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in sk.regions
+            if r.role not in ("system", "developer")]
+
+
+def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """Did the agent compact its context between `prev` and `cur` (module docstring)? The system
+    prompt and tools unchanged, the previous history at least COMPACTED_MIN_MESSAGES long, the
+    current one at most COMPACTED_SHARE of its text, and a new message standing in for the rest:
+    before the newest user turn, a user message, with no new reply beside it (Claude Code: the
+    summary opens the history), or as the newest
+    message when what is kept is only the latest of the earlier user messages (Codex: the user
+    messages, then the summary)."""
+    if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
+        return False
+    ph, ch = _history(prev), _history(cur)
+    if len(ph) < COMPACTED_MIN_MESSAGES or not ch:
+        return False
+    if sum(n for _, _, n in ch) > COMPACTED_SHARE * sum(n for _, _, n in ph):
+        return False
+    seen = {k for _, k, _ in ph}
+    newest = max((i for i, (role, _, _) in enumerate(ch) if role == "user"), default=len(ch) - 1)
+    added = [role for role, k, _ in ch[:newest] if k not in seen]
+    if added:  # only user messages are new (a conversation never seen before brings replies too)
+        return all(role == "user" for role in added)
+    kept = [k for _, k, _ in ch[:newest]]
+    earlier_users = [k for role, k, _ in ph if role == "user"]
+    return ch[newest][1] not in seen and bool(kept) and kept == earlier_users[len(earlier_users) - len(kept):]
+
+
 # ---------------------------------------------------------------------- the tests
 
 def _tool_change(prev: RequestSketch, cur: RequestSketch) -> tuple[bool, bool, str]:
@@ -442,6 +481,8 @@ class _Pair:
 
     def classify(self, pd: int, cd: int, realign: Realignment | None, primary: bool) -> Diagnosis:
         prev, cur = self.prev, self.cur
+        if primary and compacted(prev, cur):
+            return Diagnosis("compaction", cd, [], realign, "the history was replaced by a summary")
         first_history = cur.first_history_start()
         system_same = prev.system_text == cur.system_text
         if (system_same or not primary) and cd >= min(first_history, prev.first_history_start()) - 64 \
@@ -535,7 +576,7 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
             return Diagnosis("new_session", d, [], None, "a new conversation over the shared head")
         return Diagnosis(None, d, detail="diverges in the part expected to vary")
     diag = pair.classify(d, d, realign, primary=True)
-    if diag.cause != "new_session":
+    if diag.cause not in NOT_A_PROBLEM:  # what follows a new start is not a finding of its own
         diag.secondary = _secondary(pair, diag)
     return diag
 
@@ -591,6 +632,8 @@ def fix_for(diag: Diagnosis, text: str | None = None, show_text: bool = True) ->
         "history_edit": "re-send earlier turns byte-identical (the assistant text and tool results as received)",
         "question_first": "put the variable question after the static documents in the last turn",
         "new_session": "a new conversation: only the shared head can be reused (expected, nothing to fix)",
+        "compaction": "expected: one cold turn (the history was compacted into a summary; later turns "
+                      "continue the new prefix)",
     }.get(diag.cause, "keep everything before the last turn byte-identical between requests")
 
 
@@ -624,5 +667,5 @@ def snippet(text: str, offset: int, spans: list[Span] | None = None, show_text: 
     return redact(part, local)
 
 
-__all__ = ["CAUSES", "Diagnosis", "Finding", "Realignment", "Region", "TenantPast", "diagnose", "fix_for",
+__all__ = ["CAUSES", "Diagnosis", "compacted", "Finding", "Realignment", "Region", "TenantPast", "diagnose", "fix_for",
            "lcp", "past_of", "redact", "snippet", "span_key", "text_key", "turn_keys"]

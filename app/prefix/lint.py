@@ -6,7 +6,8 @@ proxy uses, matched against the earlier ones and diagnosed (app/prefix/diagnose.
 request has nothing to compare with, so it is checked statically: a value that is almost surely
 per-request (a clock time, a uuid, a request id...) placed before static content is reported.
 
-Exit status: 1 when a problem was found (any break but `new_session`), 0 otherwise, 2 on bad input.
+Exit status: 1 when a problem was found (any break but `new_session` or `compaction`), 0 otherwise,
+2 on bad input.
 `--json` prints one object per request: {"index", "continuity", "cause", "spans", "span_kinds",
 "fix", "secondary"}: `spans` are the changed values themselves; `secondary` lists the further
 causes after the first one, in prompt order, as {"cause", "spans", "span_kinds"}.

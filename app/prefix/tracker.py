@@ -228,7 +228,7 @@ class TenantTracker:
         if diag is not None and diag.cause is not None:
             await self.store.counter_incr(tenant, "breaks")
             await self.store.counter_incr(tenant, f"breaks:{diag.cause}")
-            reason = "new_session" if diag.cause in NOT_A_PROBLEM else "break"
+            reason = diag.cause if diag.cause in NOT_A_PROBLEM else "break"
             await self.store.counter_incr(tenant, f"unmatched:{reason}", float(total - matched))
         return Observation(tenant, seq, total, matched, continuity, diag, record)
 
@@ -465,14 +465,16 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
     causes someone can fix, `new_sessions` counts new conversations, and `unmatched_blocks` splits
     the blocks that did not continue earlier requests into those lost to a break and those of new
     conversations (so a hit ratio that is only the system prompt's share reads as what it is).
-    `breaks_by_cause` lists every diagnosed cause, `new_session` included."""
+    A compaction (`compaction`) is not a break either: `compactions` counts them, and their
+    unmatched blocks (the one cold turn) are `unmatched_blocks.compaction`.
+    `breaks_by_cause` lists every diagnosed cause, `new_session` and `compaction` included."""
     records = await store.history_recent(tenant, window)
     counters = await store.counters(tenant)
     blocks = sum(int(r.get("blocks") or 0) for r in records)
     matched = sum(int(r.get("matched") or 0) for r in records)
     breaks = [r for r in records if r.get("cause") and r.get("cause") not in NOT_A_PROBLEM]
     by_cause = {k.split(":", 1)[1]: int(v) for k, v in counters.items() if k.startswith("breaks:")}
-    new_sessions = sum(v for k, v in by_cause.items() if k in NOT_A_PROBLEM)
+    not_breaks = sum(v for k, v in by_cause.items() if k in NOT_A_PROBLEM)
     keys = ("seq", "ts", "cause", "block_index", "token_offset", "char_offset", "blocks", "matched",
             "span_kinds", "spans", "snippet", "fix", "detail", "pod", "line", "message", "structure", "view", "secondary")
     return {
@@ -481,10 +483,12 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
         "window": len(records),
         "continuity": (matched / blocks) if blocks else None,
         "continuity_total": (counters.get("matched_blocks", 0.0) / counters["blocks"]) if counters.get("blocks") else None,
-        "breaks": int(counters.get("breaks", 0)) - new_sessions,
-        "new_sessions": new_sessions,
+        "breaks": int(counters.get("breaks", 0)) - not_breaks,
+        "new_sessions": by_cause.get("new_session", 0),
+        "compactions": by_cause.get("compaction", 0),
         "breaks_by_cause": by_cause,
-        "unmatched_blocks": {reason: int(counters.get(f"unmatched:{reason}", 0)) for reason in ("break", "new_session")},
+        "unmatched_blocks": {reason: int(counters.get(f"unmatched:{reason}", 0))
+                             for reason in ("break", "new_session", "compaction")},
         "last_breaks": [{k: r.get(k) for k in keys if k in r} for r in breaks[-last_breaks:]][::-1],
         "recent": [{k: r.get(k) for k in ("seq", "continuity", "cause", "ttft_s", "prompt_tokens")} for r in records],
     }

@@ -16,6 +16,10 @@ all replicas), its prefill backlog and its decode load. The lowest cost wins:
   (app/routing/recent.py): cold traffic never piles onto one replica, and sticky tenants do not
   leave the fleet unbalanced; with the gateway queue on (app/admission/gate.py), only among the
   replicas with room when any has;
+- `session`: the request carries a session id (`routing.session_keys`) and its session is bound
+  to a replica that is not saturated, or it is a new session (or a saturated one's cold prompt),
+  placed on the session key's ring walk (app/routing/session.py `SessionBindings`); a saturated
+  bound replica leaves a warm request to the rules above, and the session is rebound where it went;
 - `failover`: a retry (the previous replicas are in `exclude`).
 
 `on_routed` tells the residency owner (app/routing/residency.py) right away (off the hot path, a
@@ -26,6 +30,7 @@ lookup found is marked used, as the engine does on a hit.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,6 +45,7 @@ from app.routing.replicas import ReplicaSet
 from app.routing.residency import ReplicaIndex
 from app.routing.ring import DEFAULT_EPSILON, RingCache, first_on_ring, within_bound
 from app.routing.scorers import ReplicaCost, ScoreWeights, load_value, replica_costs
+from app.routing.session import SessionBindings
 
 DEFAULT_COLD_KEY_TOKENS = 4096
 DEFAULT_COLD_MATCH_RATIO = 0.25
@@ -84,6 +90,7 @@ class PrefixAffinityRouter(BaseRouter):
         self._ring = RingCache()
         self.writes = BackgroundWrites()
         self.recent = RecentShares(residency.store)  # fleet-wide, through the Store
+        self.sessions = SessionBindings(residency.store, self.writes, self.options.epsilon)  # routing.session_keys
 
     def _sync_capacity(self, replicas: Sequence[Replica]) -> None:
         """Bound each replica's index at its KV capacity once the scraper (or config) knows it."""
@@ -99,10 +106,10 @@ class PrefixAffinityRouter(BaseRouter):
         hashes = fp.block_hashes if fp is not None else []
         block_size = fp.block_size if fp is not None else self.options.block_size
         prompt = prompt_tokens_of(request)
-        matched: dict[str, int] = {}
-        if hashes:
-            # every replica serving the model counts for `available`, tried ones included
-            matched = await self.residency.lookup(hashes, [r.name for r in candidates(self._replicas, request)])
+        if request.session_id:  # the residency lookup and the session's binding, side by side
+            matched, bound_name = await asyncio.gather(self._matched(request, hashes), self.sessions.binding(request))
+        else:
+            matched, bound_name = await self._matched(request, hashes), None
         available = max(matched.values(), default=0)
         costs = replica_costs(pool, matched, prompt, block_size, self.options.weights)
         lane = None
@@ -115,8 +122,14 @@ class PrefixAffinityRouter(BaseRouter):
             keep = {r.name for r in self.lane.keep([c.replica for c in costs], lane)}
             costs = [c for c in costs if c.replica.name in keep]
         best_match = max(c.matched_blocks for c in costs)
+        cold = predicted_hit_tokens(best_match, prompt, block_size) < self.options.cold_match_ratio * prompt
 
-        if predicted_hit_tokens(best_match, prompt, block_size) < self.options.cold_match_ratio * prompt:
+        bound = self.sessions.keep(request, bound_name, costs)
+        if bound is not None:  # the session's replica, while it has room
+            chosen, reason = bound, "session"
+        elif request.session_id and (bound_name is None or cold):  # a new session: hashed on its key
+            chosen, reason = self.sessions.place(request, costs, self._replicas.names()), "session"
+        elif cold:
             key = cold_key(hashes, block_size, self.options.cold_key_tokens, request.tenant)
             recent = await self.recent.values([c.replica.name for c in costs])
             # with the gateway queue on, among the replicas with room (late binding: a request it
@@ -135,6 +148,16 @@ class PrefixAffinityRouter(BaseRouter):
             available_blocks=available, scores={c.replica.name: c.total for c in costs},
             prefill_tokens=max(0, prompt - hit), lane=lane,
             explanation=f"{reason}{f' ({lane} lane)' if lane else ''}; " + chosen.explain())
+
+    async def _matched(self, request: RouteRequest, hashes: list[int]) -> dict[str, int]:
+        """Leading resident blocks per replica; every replica serving the model counts for
+        `available`, tried ones included."""
+        if not hashes:
+            return {}
+        return await self.residency.lookup(hashes, [r.name for r in candidates(self._replicas, request)])
+
+    def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
+        self.sessions.finished(decision)
 
     def _cold_pick(self, key: str | int, costs: list[ReplicaCost], recent: dict[str, float]) -> ReplicaCost:
         """Bounded-load hashing over two loads: the work queued now (prefill-token equivalents)
@@ -158,6 +181,7 @@ class PrefixAffinityRouter(BaseRouter):
 
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
         self.writes.spawn(self.recent.add(decision.replica.name))
+        self.sessions.routed(request, decision)
         fp = request.fingerprint
         if fp is None or not fp.block_hashes:
             return

@@ -1,4 +1,7 @@
-"""`session`: sticky placement by `x-session-id` (else the tenant), with bounded loads.
+"""Session affinity: the `session` policy, and the bindings prefix_affinity keeps for sessions.
+
+`session`: sticky placement by the request's session id (`routing.session_keys`,
+app/routing/session_keys.py; else the tenant), with bounded loads.
 
 Composition: the default filters, then consistent hashing with bounded loads (Mirrokni, Thorup,
 Zadimoghaddam) where the balls are the *keys*: a replica may hold at most
@@ -9,22 +12,45 @@ fill that replica past the bound (reason `load_override`) or it is gone (`failov
 
 The key's replica is kept in the Store (shared across gateway pods) and refreshed on every
 routed request; a new key takes the first replica on its ring walk that is within the bound.
+
+`SessionBindings`: under `prefix_affinity`, a request with a session id goes to its session's
+bound replica while that replica is not saturated (it has room by admission's definition,
+docs/admission.md); a session not bound yet takes the first replica on its key's ring walk that
+has room and holds no more than its bounded share of the active sessions (so concurrent first
+turns agree, and new sessions spread instead of all following the shared system prompt); a
+saturated one is placed by the policy as any request.
+
+Binding keys are tenant-scoped: two tenants' equal session ids never share a binding.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from urllib.parse import quote
 
 from app.routing.background import BackgroundWrites
 from app.routing.base import BaseRouter, RouteDecision, RouteRequest
 from app.routing.filters import candidates
 from app.routing.replicas import ReplicaSet
 from app.routing.ring import DEFAULT_EPSILON, RingCache, first_on_ring, key_bound
+from app.routing.scorers import ReplicaCost
 from app.state.base import Store
 
 BINDING_PREFIX = "session:"
+PENDING_S = 30.0  # a new session's placement counts this long before its first token at most
+
+
+def binding_key(tenant: str, session_id: str | None) -> str:
+    """The Store key of a binding: the session id within its tenant (the tenant is quoted, so it
+    holds no `:` and no two (tenant, id) pairs share a key), else the tenant itself."""
+    if session_id:
+        return f"{BINDING_PREFIX}id:{quote(tenant, safe='')}:{session_id}"
+    return f"{BINDING_PREFIX}tenant:{tenant}"
 
 
 def session_key(request: RouteRequest) -> str:
-    return f"{BINDING_PREFIX}{request.session_id}" if request.session_id else f"{BINDING_PREFIX}tenant:{request.tenant}"
+    return binding_key(request.tenant, request.session_id)
 
 
 class ActiveSessions:
@@ -70,6 +96,87 @@ class ActiveSessions:
 
     def is_active(self, key: str) -> bool:
         return key in self._by_key
+
+
+class SessionBindings:
+    """Session -> replica bindings for a load-aware policy (prefix_affinity), in the Store so that
+    every gateway pod follows them, with the `session` policy's bounded loads: a replica may hold
+    at most ceil((1 + epsilon) * m / n) of the m sessions with a request in flight from this pod.
+    Only requests with a session id are bound."""
+
+    def __init__(self, store: Store, writes: BackgroundWrites, epsilon: float = DEFAULT_EPSILON) -> None:
+        self._store = store
+        self._writes = writes
+        self._epsilon = epsilon
+        self._ring = RingCache()
+        self.active = ActiveSessions()
+        self._counted: dict[int, tuple[str, str]] = {}  # id(decision) -> (key, replica) until finished
+        self._pending: dict[str, tuple[str, float]] = {}  # key -> (replica, until): placed, not routed yet
+
+    async def binding(self, request: RouteRequest) -> str | None:
+        """The replica the request's session is bound to (None: no session id, or not bound)."""
+        return await self._store.binding_get(session_key(request)) if request.session_id else None
+
+    def _eligible(self, request: RouteRequest, costs: Sequence[ReplicaCost]) -> set[str]:
+        """Replicas with room (admission's saturation) and within the bound of sessions: those
+        with a request in flight, and those placed in the last PENDING_S that have not reached
+        their first token yet (a long prefill: without them, sessions arriving together would all
+        see an idle fleet)."""
+        key = session_key(request)
+        names = [c.replica.name for c in costs]
+        others = self.active.others(key, names)
+        now = time.monotonic()
+        self._pending = {k: v for k, v in self._pending.items() if v[1] > now and not self.active.is_active(k)}
+        for k, (name, _) in self._pending.items():
+            if k != key and name in others:
+                others[name] += 1
+        sessions = self.active.total() + len(self._pending) + \
+            (0 if self.active.is_active(key) or key in self._pending else 1)
+        bound = key_bound(sessions, len(names), self._epsilon)
+        return {c.replica.name for c in costs if others[c.replica.name] + 1 <= bound
+                and (request.room is None or request.room(c.replica))}
+
+    @staticmethod
+    def keep(request: RouteRequest, bound: str | None, costs: Sequence[ReplicaCost]) -> ReplicaCost | None:
+        """The bound replica among `costs` while it is not saturated (admission's `room`). None
+        when there is none, it is saturated, or it is no longer a candidate. (The share of active
+        sessions places new sessions only: moving a long session off an idle replica would cost
+        its whole prefill.)"""
+        chosen = next((c for c in costs if c.replica.name == bound), None) if bound is not None else None
+        if chosen is None or (request.room is not None and not request.room(chosen.replica)):
+            return None
+        return chosen
+
+    def place(self, request: RouteRequest, costs: Sequence[ReplicaCost], names: Sequence[str]) -> ReplicaCost:
+        """A session without a usable binding: the first replica on its key's ring walk that has
+        room and is within the bound (with room only, when none is; any, when none has room). A
+        function of the key and the replicas' loads, so a session's concurrent first turns agree
+        before any binding is written. `names`: every replica's name (the ring, as on every pod)."""
+        ring = self._ring.get(names)
+        key = session_key(request)
+        roomy = {c.replica.name for c in costs if request.room is None or request.room(c.replica)}
+        for eligible in (self._eligible(request, costs), roomy, {c.replica.name for c in costs}):
+            name, _ = first_on_ring(ring, key, eligible)
+            if name is not None:
+                self._pending[key] = (name, time.monotonic() + PENDING_S)
+                return next(c for c in costs if c.replica.name == name)
+        raise AssertionError("no candidate")  # costs is never empty
+
+    def routed(self, request: RouteRequest, decision: RouteDecision) -> None:
+        """(Re)bind the session to where it was routed (a new or moved session gets its replica,
+        a kept one a fresh TTL; off the hot path) and count it active there."""
+        if not request.session_id:
+            return
+        key = session_key(request)
+        self._pending.pop(key, None)
+        self.active.start(key, decision.replica.name)
+        self._counted[id(decision)] = (key, decision.replica.name)
+        self._writes.spawn(self._store.binding_set(key, decision.replica.name))
+
+    def finished(self, decision: RouteDecision) -> None:
+        counted = self._counted.pop(id(decision), None)
+        if counted is not None:
+            self.active.finish(*counted)
 
 
 class SessionRouter(BaseRouter):

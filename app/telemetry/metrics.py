@@ -25,8 +25,9 @@ PROMPT_BUCKETS: tuple[tuple[str, int], ...] = (
     ("4k-16k", 16_000),
     ("16k-64k", 64_000),
     ("64k-128k", 128_000),
+    ("128k-256k", 256_000),
 )
-PROMPT_BUCKET_MAX = "128k+"
+PROMPT_BUCKET_MAX = "256k+"
 UNKNOWN_BUCKET = "unknown"
 
 # Fine enough to read p95 anywhere from 10 ms to 60 s (and beyond, for 300k-token prefills).
@@ -142,7 +143,7 @@ class Metrics:
             "prefixgate_prefix_breaks_total",
             "Prefix chain breaks by diagnosed cause "
             "(dynamic_head, tool_order, front_trim, template_change, history_edit, question_first; "
-            "new_session counts new conversations, not breaks).",
+            "new_session counts new conversations and compaction agents' compacted histories, not breaks).",
             ["route", "tenant", "cause"], registry=r)
         self.tenant_evictions = Counter(
             "prefixgate_tenant_history_evictions_total",

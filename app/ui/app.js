@@ -203,6 +203,10 @@
   }
 
   // ------------------------------------------------------------------ tenants
+  // causes that are no break (app/prefix/diagnose.py NOT_A_PROBLEM): a new conversation, a compaction
+  var EXPECTED = { new_session: true, compaction: true };
+  function broke(r) { return !!r.cause && !EXPECTED[r.cause]; }
+
   function sparkline(recent) {
     var w = 4, gap = 1, h = 22, n = recent.length;
     var svg = document.createElementNS(SVG, "svg");
@@ -210,11 +214,11 @@
     svg.setAttribute("width", String(Math.max(1, n) * (w + gap)));
     svg.setAttribute("height", String(h));
     svg.setAttribute("role", "img");
-    var breaks = recent.filter(function (r) { return r.cause; }).length;
+    var breaks = recent.filter(broke).length;
     svg.setAttribute("aria-label", "continuity of the last " + n + " requests, " + breaks + " breaks");
     recent.forEach(function (r, i) {
       var base = document.createElementNS(SVG, "rect");
-      base.setAttribute("class", r.cause ? "base broke" : "base");
+      base.setAttribute("class", broke(r) ? "base broke" : "base");
       base.setAttribute("x", String(i * (w + gap)));
       base.setAttribute("y", "0");
       base.setAttribute("width", String(w));
@@ -223,14 +227,15 @@
       var c = r.continuity;
       var rect = document.createElementNS(SVG, "rect");
       var height = known(c) ? Math.max(2, c * h) : h;
-      rect.setAttribute("class", !known(c) ? "none" : r.cause ? "break" : "ok");
+      rect.setAttribute("class", !known(c) ? "none" : broke(r) ? "break" : "ok");
       rect.setAttribute("x", String(i * (w + gap)));
       rect.setAttribute("y", String(h - height));
       rect.setAttribute("width", String(w));
       rect.setAttribute("height", String(height));
       rect.setAttribute("data-continuity", known(c) ? c.toFixed(3) : "");
       var title = document.createElementNS(SVG, "title");
-      title.textContent = "request " + r.seq + ": continuity " + pct(c) + (r.cause ? ", break: " + r.cause : "");
+      title.textContent = "request " + r.seq + ": continuity " + pct(c) +
+        (broke(r) ? ", break: " + r.cause : r.cause ? ", " + r.cause + " (expected)" : "");
       rect.appendChild(title);
       svg.appendChild(rect);
     });

@@ -7,7 +7,8 @@ from typing import Any
 
 from app.telemetry.metrics import prompt_bucket
 
-SUMMARY_KEYS = ("tenant", "requests", "window", "continuity", "breaks", "new_sessions", "breaks_by_cause")
+SUMMARY_KEYS = ("tenant", "requests", "window", "continuity", "breaks", "new_sessions", "compactions",
+                "breaks_by_cause")
 
 
 def nearest_rank(values: list[float], q: float) -> float:

@@ -39,6 +39,16 @@ tests.append({'interval': '1m', 'input_series': [
     {'eval_time': '10m', 'alertname': 'PrefixgateTTFTP95High', 'exp_alerts': []},
     {'eval_time': '25m', 'alertname': 'PrefixgateTTFTP95High', 'exp_alerts': [
         alert('PrefixgateTTFTP95High', {'prompt_bucket': '0-1k'}, summary='1.95s')]}]})
+# --- the two longest buckets have their own thresholds: the same latencies (all between 60 s and
+# 90 s, p95 88.5 s) fire 128k-256k (> 60 s) and not 256k+ (> 120 s)
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}ttft_seconds_bucket{{route="messages",prompt_bucket="{b}",le="{le}",instance="p1"}}', 'values': v}
+    for b in ('128k-256k', '256k+')
+    for le, v in (('60', '0x30'), ('90', '0+5x30'), ('+Inf', '0+5x30'))],
+  'alert_rule_test': [
+    {'eval_time': '10m', 'alertname': 'PrefixgateTTFTP95High', 'exp_alerts': []},
+    {'eval_time': '25m', 'alertname': 'PrefixgateTTFTP95High', 'exp_alerts': [
+        alert('PrefixgateTTFTP95High', {'prompt_bucket': '128k-256k'}, summary='1m 28s')]}]})
 # --- hit ratio low: a fires; b has no traffic; c hits well
 tests.append({'interval': '1m', 'input_series': [
     {'series': f'{S}engine_prefix_cache_hit_ratio{{backend="a",instance="p1"}}', 'values': '0.1x60'},
@@ -66,12 +76,14 @@ tests.append({'interval': '1m', 'input_series': [
     {'eval_time': '3m', 'alertname': 'PrefixgatePrefixCachingDisabled', 'exp_alerts': []},
     {'eval_time': '12m', 'alertname': 'PrefixgatePrefixCachingDisabled', 'exp_alerts': [
         alert('PrefixgatePrefixCachingDisabled', {'backend': 'a'})]}]})
-# --- continuity breaks: t1 spikes after 70m; t2 is steady; t3 only starts new sessions
+# --- continuity breaks: t1 spikes after 70m; t2 is steady; t3 only starts new sessions; t4 only
+# compacts (expected, one cold turn each: no break)
 tests.append({'interval': '1m', 'input_series': [
     {'series': f'{S}prefix_breaks_total{{route="messages",tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0x69 5+5x50'},
     {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0x69 5+5x50'},
     {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t2",cause="tool_order",instance="p1"}}', 'values': '0+6x120'},
     {'series': f'{S}prefix_breaks_total{{route="chat",tenant="t3",cause="new_session",instance="p1"}}', 'values': '0x69 10+10x50'},
+    {'series': f'{S}prefix_breaks_total{{route="messages",tenant="t4",cause="compaction",instance="p1"}}', 'values': '0x69 10+10x50'},
   ], 'alert_rule_test': [
     {'eval_time': '60m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': []},
     {'eval_time': '95m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': [

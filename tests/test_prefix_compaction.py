@@ -1,0 +1,199 @@
+"""The `compaction` cause: an agent replaces its history with a summary (system prompt and tools
+kept), pays one cold turn and continues from the new prefix. Counted apart from breaks.
+
+Material written for it here (agent-shaped sessions, never the diagnosis corpora's held-out
+split): through `prefixgate lint --json` (a Claude-Code-shaped compaction; a history trimmed on
+every turn, a one-off truncation without a summary and a new conversation stay what they are),
+a Codex-shaped one on the pair, and through the gateway with the real `anthropic` client (the tenant report,
+the explorer's row and the breaks metric).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+
+from app.cli import main
+from app.prefix.diagnose import diagnose, fix_for
+from app.prefix.fingerprint import Fingerprinter, prompt_input
+from app.prefix.sketch import RequestSketch, build_sketch
+from app.prefix.tokens import SegmentTokenizer
+
+SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "do", "gu", "fe", "hi", "jo", "bu")
+
+
+def words(seed: int, n: int) -> str:
+    """`n` pseudo-random words for `seed`: unrelated seeds share no long runs (unlike arithmetic
+    sequences, which re-align and would read as static text pushed back)."""
+    rng = random.Random(seed)
+    return " ".join("".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(n))
+
+
+SYSTEM = "You are a coding agent working in a git repository. Follow the conventions below.\n" + \
+    "\n".join(f"Convention {i}: " + words(300 + i, 12) for i in range(40))
+TOOLS = [{"type": "function", "function": {
+    "name": name, "description": f"{name} a path in the repository",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+    for name in ("read_file", "shell", "write_file", "search")]
+SUMMARY = ("This session is being continued from a previous conversation that ran out of context. "
+           "The conversation is summarized below:\n" + words(900, 160))
+FIX = "expected: one cold turn"
+
+
+def user(t: int) -> dict[str, Any]:
+    return {"role": "user", "content": f"step {t}: " + words(100 + t, 40)}
+
+
+def exchange(t: int) -> list[dict[str, Any]]:
+    """The agent's side of turn `t`: a tool call, its (long) output, the reply."""
+    call = {"id": f"call_{t}", "type": "function", "function": {"name": "read_file",
+                                                                "arguments": json.dumps({"path": f"src/m{t}.py"})}}
+    return [{"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{t}", "content": words(500 + t, 220)},
+            {"role": "assistant", "content": words(700 + t, 60)}]
+
+
+def body(history: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": "m", "tools": TOOLS, "messages": [{"role": "system", "content": SYSTEM}, *history]}
+
+
+def growing(turns: int, start: int = 0, history: list[dict[str, Any]] | None = None) -> list[list[dict[str, Any]]]:
+    """The history sent at each of `turns` turns, continuing `history`."""
+    out, h = [], list(history or [])
+    for t in range(start, start + turns):
+        h = [*h, user(t)]
+        out.append(h)
+        h = [*h, *exchange(t)]
+    return out
+
+
+def sketch(history: list[dict[str, Any]]) -> RequestSketch:
+    """The sketch the gateway diagnoses, rendered with the built-in tokenizer's template."""
+    inp = prompt_input("chat", body(history))
+    fpr = Fingerprinter(SegmentTokenizer.load(None, workers=1))
+    try:
+        return build_sketch(inp, fpr.complete_sync(fpr.prepare(inp, 16)).text or "")
+    finally:
+        fpr.close()
+
+
+def lint(tmp_path: Path, capsys, histories: list[list[dict[str, Any]]]) -> tuple[int, list[dict[str, Any]]]:
+    f = tmp_path / "session.jsonl"
+    f.write_text("".join(json.dumps(body(h)) + "\n" for h in histories))
+    status = main(["lint", str(f), "--json"])
+    return status, [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_claude_code_shaped_compaction_is_named_and_no_problem(tmp_path: Path, capsys) -> None:
+    before = growing(8)
+    compacted = [{"role": "user", "content": SUMMARY}]
+    after = growing(3, start=8, history=compacted)  # the summary, then the session goes on from it
+    status, rows = lint(tmp_path, capsys, [*before, *after])
+    causes = [r["cause"] for r in rows]
+    assert causes == [None] * 8 + ["compaction", None, None], causes
+    assert rows[8]["fix"].startswith(FIX) and rows[8]["secondary"] == []
+    assert rows[9]["continuity"] > 0.5  # the next turn continues the new prefix (and adds a long tool output)
+    assert status == 0  # not a problem
+
+
+def test_codex_shaped_compaction_keeps_user_messages_then_the_summary() -> None:
+    """Codex rebuilds the history as the earlier user messages followed by the summary (a user
+    message): the summary is the newest message of the request after the compaction. Pair level:
+    the tracker compares this request with the conversation's first one (it starts like it), see
+    docs/diagnosis.md."""
+    before = growing(8)
+    users = [m for m in before[-1] if m["role"] == "user"]
+    prev, cur = sketch(before[-1]), sketch([*users, {"role": "user", "content": SUMMARY}])
+    diag = diagnose(prev, cur)
+    assert diag.cause == "compaction" and not diag.is_break and fix_for(diag).startswith(FIX)
+    # the user messages kept, but not the latest ones only (the first and a new one): no summary shape
+    assert diagnose(prev, sketch([users[0], user(8)])).cause != "compaction"
+
+
+def test_a_history_trimmed_on_every_turn_stays_front_trim(tmp_path: Path, capsys) -> None:
+    """A sliding window (the last two exchanges kept, with or without a rolling summary on top)
+    keeps the history's length: every turn is a `front_trim`, a problem to fix."""
+    full = growing(10)
+    windowed = [h[-9:] for h in full[4:]]
+    summarised = [[{"role": "user", "content": f"Summary {i}: " + words(950 + i, 160)}, *h[-9:]]
+                  for i, h in enumerate(full[4:])]
+    for sessions in (windowed, summarised):
+        status, rows = lint(tmp_path, capsys, sessions)
+        assert [r["cause"] for r in rows[1:]] == ["front_trim"] * (len(sessions) - 1)
+        assert status == 1
+
+
+def test_a_truncation_without_a_summary_is_front_trim(tmp_path: Path, capsys) -> None:
+    before = growing(8)
+    cut = [*before[-1][-4:], *exchange(7)[1:], user(8)]  # the last turn kept, nothing stands in
+    status, rows = lint(tmp_path, capsys, [*before, cut])
+    assert rows[8]["cause"] == "front_trim" and status == 1
+
+
+def test_a_new_conversation_with_its_own_replies_is_not_a_compaction(tmp_path: Path, capsys) -> None:
+    """Same system prompt and tools, a short history the tenant never sent (replies included):
+    another conversation, not a summary of this one."""
+    before = growing(8)
+    other = [{"role": "user", "content": "hello " + words(4000, 20)},
+             {"role": "assistant", "content": words(4001, 30)}, {"role": "user", "content": words(4002, 20)}]
+    status, rows = lint(tmp_path, capsys, [*before, other])
+    assert rows[8]["cause"] != "compaction"
+
+
+# ---------------------------------------------------------------------- through the gateway
+
+STATIC = "You are a coding agent. Follow the repository conventions; run the tests before you answer.\n" * 30
+MESSAGES_TOOLS = [{"name": f"tool_{i:02d}", "description": f"Tool number {i}: reads or edits files.",
+                   "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+                  for i in range(8)]
+
+
+def wait_processed(hook: Any, n: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while hook.processed < n:
+        assert time.monotonic() < deadline, f"only {hook.processed}/{n} requests processed"
+        time.sleep(0.01)
+
+
+def test_gateway_counts_a_compaction_apart_from_breaks(sim_factory, proxy_factory) -> None:
+    """A Claude-Code-shaped Messages session compacts once: the tenant report counts one
+    compaction and no break, the explorer's row carries it, the metric names it."""
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
+    proxy = proxy_factory(sim, names=["r0"])
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0)
+    hook = proxy.services.prefix
+
+    def send(n: int, messages: list[dict[str, Any]]) -> None:
+        client.messages.create(model="sim", max_tokens=4, system=STATIC, tools=MESSAGES_TOOLS, messages=messages,
+                               extra_headers={"x-tenant-id": "agent"})
+        wait_processed(hook, n)
+
+    history: list[dict[str, Any]] = []
+    n = 0
+    for t in range(6):
+        history.append({"role": "user", "content": f"step {t}: " + words(100 + t, 40)})
+        n += 1
+        send(n, history)
+        history.append({"role": "assistant", "content": words(700 + t, 160)})
+    history = [{"role": "user", "content": SUMMARY}, {"role": "user", "content": "step 6: go on"}]
+    for t in range(7, 9):
+        n += 1
+        send(n, history)
+        history = [*history, {"role": "assistant", "content": words(700 + t, 40)},
+                   {"role": "user", "content": f"step {t}: " + words(100 + t, 40)}]
+    report = httpx.get(proxy.url + "/hygiene/tenants/agent", timeout=10).json()
+    assert report["compactions"] == 1 and report["breaks"] == 0, report
+    assert report["breaks_by_cause"] == {"compaction": 1} and report["last_breaks"] == []
+    assert report["unmatched_blocks"]["compaction"] > 0 and report["unmatched_blocks"]["break"] == 0
+    row = next(t for t in httpx.get(proxy.url + "/hygiene/tenants", timeout=10).json()["tenants"]
+               if t["tenant"] == "agent")
+    assert row["compactions"] == 1 and row["breaks"] == 0
+    assert [r["cause"] for r in row["recent"]].count("compaction") == 1
+    proxy.settle()
+    assert proxy.sample("prefixgate_prefix_breaks_total", route="messages", tenant="agent", cause="compaction") == 1
