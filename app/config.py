@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.prefix.budget import DEFAULT_BUDGET_MB
-from app.routing.session_keys import DEFAULT_SESSION_KEYS, SessionKeySource
 
 TenantPolicy = Literal["observe", "warn", "rewrite", "reject"]
 RoutingPolicy = Literal["round_robin", "least_load", "session", "prefix_affinity"]
@@ -131,6 +130,13 @@ class Lanes(Section):
     # is done within a step and holds no replica long
     min_long_prefill_tokens: int = Field(default=2048, ge=1)
 
+
+
+# where a session id may come from (app/routing/session_keys.py reads each; docs/routing.md)
+SessionKeySource = Literal["header", "prompt_cache_key", "session_id_header", "claude_code_header",
+                           "metadata_user_id"]
+DEFAULT_SESSION_KEYS: tuple[SessionKeySource, ...] = (
+    "header", "prompt_cache_key", "session_id_header", "claude_code_header", "metadata_user_id")
 
 class Routing(Section):
     lanes: Lanes | None = None  # None: no long-prefill lane

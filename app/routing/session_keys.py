@@ -9,16 +9,13 @@ to the tenant (app/routing/session.py), so two tenants' equal ids never share a 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
-SessionKeySource = Literal["header", "prompt_cache_key", "session_id_header", "claude_code_header",
-                           "metadata_user_id"]
-DEFAULT_SESSION_KEYS: tuple[SessionKeySource, ...] = (
-    "header", "prompt_cache_key", "session_id_header", "claude_code_header", "metadata_user_id")
+from app.config import DEFAULT_SESSION_KEYS, SessionKeySource  # noqa: F401 (the config's names)
 
-# the routes whose body may carry OpenAI's `prompt_cache_key` (app/api/openai.py ROUTES' names)
+# the dialects whose body may carry OpenAI's `prompt_cache_key` (app/dialects/, their names)
 PROMPT_CACHE_KEY_ROUTES = frozenset({"chat", "completions", "responses"})
 SESSION_ID_HEADERS = ("session_id", "session-id")  # Codex-style clients (underscore, then hyphen)
 CLAUDE_CODE_HEADER = "x-claude-code-session-id"  # Claude Code since v2.1.86
