@@ -96,6 +96,7 @@ class RequestContext:
     output_text: str | None = None  # choice 0's generated text (n == 1), bounded
     response_id: str | None = None  # Responses API: the id the engine gave this response
     pinned_replica: str | None = None  # Responses API: the replica holding previous_response_id
+    ttft_parts: dict[str, float] | None = None  # where a stream's TTFT went (app/proxy/ledger.py)
 
     def mark_placed(self) -> None:
         """The request holds a replica now (or never will): tell admission, once."""

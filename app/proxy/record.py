@@ -83,6 +83,8 @@ def record_request(metrics: Metrics, ctx: RequestContext, clock: StreamClock) ->
     ttft = clock.ttft
     if ttft is not None:
         child(metrics.ttft, route, model, backend, prompt_bucket(prompt_tokens)).observe(ttft)
+    for part, seconds in (ctx.ttft_parts or {}).items():
+        child(metrics.ttft_part, part, prompt_bucket(prompt_tokens), route).observe(seconds)
     if clock.gaps:
         observe_many(child(metrics.inter_token, route, model, backend), clock.gaps)
     usage = ctx.usage or {}

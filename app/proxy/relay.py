@@ -16,14 +16,17 @@ from typing import Any
 import aiohttp
 import orjson
 
+from app.engines.request_metrics import client_wants_metrics, take_from_body
 from app.proxy.anthropic_shape import openai_usage
 from app.proxy.anthropic_shape import output_text as anthropic_output_text
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.h1 import H1Response, drive, finish_driven
+from app.proxy.ledger import ttft_parts
 from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver
 from app.proxy.responses_shape import chat_usage
 from app.proxy.responses_shape import output_text as responses_output_text
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
+from app.telemetry.tracing import add_ttft_parts
 
 Send = Any  # ASGI send callable
 Response = aiohttp.ClientResponse | H1Response
@@ -58,6 +61,7 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
     upstream failures: a stream that breaks before its end marker ends, for the client, with the
     whole events it sent, then an error event and `[DONE]`."""
     clock = observer.clock
+    observer.strip_metrics = not client_wants_metrics(ctx.headers)
     out = observer.feed(first, clock.timings.first_byte or time.perf_counter())
     ctx.status = resp.status
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
@@ -95,8 +99,12 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
 
 
 def take_results(ctx: RequestContext, observer: StreamObserver) -> None:
-    """What a finished stream observed, onto the request (also the Endpoint Picker's)."""
+    """What a finished stream observed, onto the request (also the Endpoint Picker's), with the
+    TTFT ledger (app/proxy/ledger.py) on the request and its span."""
     ctx.usage = observer.usage
+    ctx.ttft_parts = ttft_parts(ctx.timings, observer.engine_timing)
+    if ctx.span is not None and ctx.ttft_parts:
+        add_ttft_parts(ctx.span, ctx.ttft_parts)
     ctx.response_id = observer.response_id
     if observer.collect_text:
         ctx.output_text = observer.output_text
@@ -218,6 +226,8 @@ async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send
     body = first + rest if first else rest
     if parse and resp.status == 200:
         observe_buffered(ctx, body)
+        if ctx.route in ("chat", "completions") and not client_wants_metrics(ctx.headers):
+            body, _ = take_from_body(body, strip=True)  # vLLM's per-request metrics: not asked for
     ctx.status = resp.status
     headers = response_headers(resp, ctx) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})

@@ -94,6 +94,7 @@ class SimEngine:
             return
         req.status = "waiting"
         req.virtual_arrival = self.clock
+        req.queued_time = time.monotonic()
         self.waiting.append(req)
         if self._wake is not None:
             self._wake.set()
@@ -240,6 +241,8 @@ class SimEngine:
                     self.counters["prefix_cache_hits"] += computed
                 self.metrics.on_admitted(len(req.all_ids), computed, lookup)
             req.status = "running"
+            if req.scheduled_time is None:
+                req.scheduled_time = time.monotonic()
             self.running.append(req)
             self._cache_blocks(req, computed + n)
             out.append((req, n, False))

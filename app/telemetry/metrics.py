@@ -34,6 +34,8 @@ TTFT_BUCKETS = (
     0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0,
 )
+# The TTFT ledger's parts: sub-millisecond (the gateway's own part) up to TTFT's range.
+TTFT_PART_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, *TTFT_BUCKETS)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5, 10)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -114,6 +116,13 @@ class Metrics:
             "The gateway's own time before the request went out: arrival to the last attempt's send, "
             "minus the time failed attempts spent on their replicas.",
             ["route"], buckets=OVERHEAD_BUCKETS, registry=r)
+        self.ttft_part = Histogram(
+            "prefixgate_ttft_part_seconds",
+            "Where a streamed request's client TTFT went (docs/ttft-ledger.md): part=gateway (arrival to "
+            "request written upstream), retries (failed attempts), queue and prefill (the engine's own "
+            "report: vLLM --enable-per-request-metrics), rest (TTFT minus the others). A part that was not "
+            "measured is not observed.",
+            ["part", "prompt_bucket", "route"], buckets=TTFT_PART_BUCKETS, registry=r)
         self.requests = Counter(
             "prefixgate_requests_total", "Requests received, by route and HTTP status.",
             ["route", "status"], registry=r)
