@@ -14,6 +14,7 @@ from openai import OpenAI
 from app.engines.request_metrics import EngineTiming, parse_metrics, take_from_body, take_from_events
 from app.proxy.context import Timings
 from app.proxy.ledger import ttft_parts
+from app.telemetry.prefill_model import DEFAULT_FORGET
 
 # a vLLM 0.32 stream's final usage chunk with --enable-per-request-metrics (member order as vLLM dumps it)
 USAGE_CHUNK = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
@@ -136,3 +137,21 @@ def test_parts_on_the_request_span(proxy_factory, sim_factory, monkeypatch: pyte
         assert a[f"prefixgate.ttft.{name}_s"] >= 0
     total = sum(a[f"prefixgate.ttft.{n}_s"] for n in ("gateway", "queue", "prefill", "rest"))
     assert total == pytest.approx(a["prefixgate.ttft_s"])
+
+
+def test_prefill_model_gauges_learn_from_the_ledger(proxy_factory, sim_factory) -> None:
+    """Each streamed request with the engine's prefill time and cached tokens is one sample of its
+    replica's prefill model (app/telemetry/prefill_model.py), exported per backend."""
+    sim = sim_factory(replicas=1, time_scale=0.0, enable_per_request_metrics=True)
+    proxy = proxy_factory(sim, names=["sim-0"])
+    client = OpenAI(base_url=proxy.base_url, api_key="x")
+    for i in range(9):
+        list(client.chat.completions.create(
+            model="sim", max_tokens=2, stream=True,
+            messages=[{"role": "user", "content": PROMPT + f" question {i} " * (i + 1)}]))
+    weight = sum(DEFAULT_FORGET ** k for k in range(9))  # nine samples, exponentially forgotten
+    assert proxy.sample("prefixgate_prefill_model_samples", backend="sim-0") == pytest.approx(weight)
+    bare = sim_factory(replicas=1, time_scale=0.0)  # no engine report: no samples, no series
+    other = proxy_factory(bare, names=["bare"])
+    list(chat(other))
+    assert other.sample("prefixgate_prefill_model_samples", backend="bare") is None

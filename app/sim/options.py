@@ -28,6 +28,8 @@ class SimOptions:
     prefill_tps: float = DEFAULT_PREFILL_TPS
     decode_tps: float = DEFAULT_DECODE_TPS
     cached_tps: float = DEFAULT_CACHED_TPS  # 0 = reading cached tokens costs nothing
+    # seconds per (prefilled token x token already in context): attention that grows with new x cached
+    attention_pair_s: float = 0.0
     max_batch_tokens: int = 2048
     max_num_seqs: int = 256
     prefix_caching: bool = True

@@ -15,9 +15,13 @@ funnel the router counts, and per-tenant state (continuity) have none.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from app.telemetry.prefill_model import PrefillModels
 
 PROMPT_BUCKETS: tuple[tuple[str, int], ...] = (
     ("0-1k", 1_000),
@@ -286,6 +290,43 @@ class Metrics:
             "Time a request spent in the gateway queue before it was forwarded or shed (queued requests only).",
             buckets=WAIT_BUCKETS, registry=r)
 
+        # --- the prefill model per replica, learned from the TTFT ledger (docs/ttft-ledger.md) ---
+        self.prefill_models = PrefillModels()
+        r.register(PrefillModelCollector(self.prefill_models))
+
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class PrefillModelCollector:
+    """Each replica's fitted prefill model (app/telemetry/prefill_model.py), solved at scrape time.
+    A replica without enough samples has no series; the attention coefficient appears once it is
+    identifiable (samples that read cached tokens)."""
+
+    def __init__(self, models: PrefillModels) -> None:
+        self.models = models
+
+    def describe(self) -> list[Metric]:
+        return []  # series appear with data: nothing to check against at registration
+
+    def collect(self) -> Iterator[Metric]:
+        rate = GaugeMetricFamily(
+            "prefixgate_prefill_model_cold_tokens_per_second",
+            "Fitted cold prefill rate of a replica: 1 / the per-new-token cost of the engine's own "
+            "prefill time (vLLM per-request metrics), prefill = fixed + new/rate + cached x per_cached "
+            "+ attention x new x cached.", labels=["backend"])
+        attention = GaugeMetricFamily(
+            "prefixgate_prefill_model_attention_seconds",
+            "Fitted attention coefficient of a replica: prefill seconds per (new token x cached token).",
+            labels=["backend"])
+        samples = GaugeMetricFamily(
+            "prefixgate_prefill_model_samples",
+            "Requests behind a replica's prefill model (exponentially forgotten weight).", labels=["backend"])
+        for name, (weight, fit) in sorted(self.models.snapshot().items()):
+            samples.add_metric([name], weight)
+            if fit is not None and fit.cold_tokens_per_second is not None:
+                rate.add_metric([name], fit.cold_tokens_per_second)
+            if fit is not None and fit.attention_s is not None:
+                attention.add_metric([name], fit.attention_s)
+        yield from (rate, attention, samples)
