@@ -155,3 +155,26 @@ def test_prefill_model_gauges_learn_from_the_ledger(proxy_factory, sim_factory) 
     other = proxy_factory(bare, names=["bare"])
     list(chat(other))
     assert other.sample("prefixgate_prefill_model_samples", backend="bare") is None
+
+
+@pytest.mark.parametrize("drop_usage", [False, True])
+def test_observer_finds_the_metrics_in_a_coalesced_read(drop_usage: bool) -> None:
+    """Past the first token the observer scans bytes only: a read that carries text, the usage
+    chunk and [DONE] together still yields the engine's timing, and the client gets none of it."""
+    import time
+
+    from app.proxy.clock import StreamClock
+    from app.proxy.observer import StreamObserver
+    from app.proxy.openai_shape import shape_for
+
+    first = b'data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+    observer = StreamObserver(shape_for("chat"), StreamClock(Timings(arrival=time.perf_counter())),
+                              drop_usage=drop_usage, collect_text=True)
+    observer.strip_metrics = True
+    observer.feed(first, time.perf_counter())
+    assert observer.fast
+    out = observer.feed(CONTENT + USAGE_CHUNK + b"data: [DONE]\n\n", time.perf_counter())
+    observer.finish()
+    assert out == CONTENT + (b"" if drop_usage else PLAIN_USAGE) + b"data: [DONE]\n\n"
+    assert observer.engine_timing == EngineTiming(queue_s=0.0055, prefill_s=0.04, generation_s=0.02, mean_itl_s=0.01)
+    assert observer.usage == {"prompt_tokens": 9, "total_tokens": 12, "completion_tokens": 3}

@@ -71,24 +71,27 @@ class StreamObserver:
             events = framer.push(data)
             if not events:
                 return b""
-        for _ in range(self._generated_events(events)):
+        generated, count = self._generated_events(events)
+        for _ in range(generated):
             self.clock.content(now)  # events read together: gaps of 0 between them, as in the parser
-        if METRICS_KEY in events:
+        if generated < count and METRICS_KEY in events:  # (an event with generated text has none)
             events = self._take_metrics(events)
         self.summary.add_events(events)
         return self.shape.drop_usage(events) if self.drop_usage else events
 
-    def _generated_events(self, events: bytes) -> int:
-        """How many of the whole `events` carry generated text: a read that coalesced several
-        is counted per event, as the parsed path counts them (content chunks, inter-token gaps)."""
+    def _generated_events(self, events: bytes) -> tuple[int, int]:
+        """(How many of the whole `events` carry generated text, how many there are): a read that
+        coalesced several is counted per event, as the parsed path counts them (content chunks,
+        inter-token gaps)."""
         shape = self.shape
         if events.count(b"\n\n") <= 1 and b"\r" not in events:  # the usual read: one event
-            return 1 if shape.carries_generated(events) else 0
+            return (1, 1) if shape.carries_generated(events) else (0, 1)
         if b"\r" in events:
             raws = [ev.raw for ev in SSEParser(emit_all=True).feed(events)]
         else:
             raws = events.split(b"\n\n")
-        return sum(1 for raw in raws if raw and shape.carries_generated(raw))
+        raws = [raw for raw in raws if raw]
+        return sum(1 for raw in raws if shape.carries_generated(raw)), len(raws)
 
     def _feed_parsed(self, data: bytes, now: float) -> bytes:
         if not self.saw_cr and b"\r" in data:
@@ -106,7 +109,7 @@ class StreamObserver:
                     go_fast = shape.byte_scans and not self.saw_cr and shape.carries_generated(ev.data)
                 self.clock.content(now, len(chunk.text))
             self.summary.take(chunk)
-            raw = self._take_metrics(ev.raw) if METRICS_KEY in ev.data else ev.raw
+            raw = self._take_metrics(ev.raw) if not chunk.generated and METRICS_KEY in ev.data else ev.raw
             if not (self.drop_usage and chunk.usage_only):
                 kept.append(raw)
         if go_fast:
