@@ -178,3 +178,13 @@ def test_observer_finds_the_metrics_in_a_coalesced_read(drop_usage: bool) -> Non
     assert out == CONTENT + (b"" if drop_usage else PLAIN_USAGE) + b"data: [DONE]\n\n"
     assert observer.engine_timing == EngineTiming(queue_s=0.0055, prefill_s=0.04, generation_s=0.02, mean_itl_s=0.01)
     assert observer.usage == {"prompt_tokens": 9, "total_tokens": 12, "completion_tokens": 3}
+
+
+def test_sglang_never_reports_them_so_only_the_gateway_part(proxy_factory, sim_factory) -> None:
+    sim = sim_factory(replicas=1, time_scale=0.0, flavor="sglang", enable_per_request_metrics=True)
+    proxy = proxy_factory(sim)
+    list(chat(proxy))
+    proxy.settle()
+    text = proxy.metrics_text()
+    assert 'prefixgate_ttft_part_seconds_count{part="gateway",prompt_bucket="1k-4k",route="chat"} 1.0' in text
+    assert 'part="queue"' not in text and 'part="prefill"' not in text

@@ -55,7 +55,7 @@ class SimOptions:
     # system text's first line on every route); False: keep it, as SGLang does (docs/agents-apis.md)
     strip_billing_header: bool = True
     seed: int = 0
-    enable_per_request_metrics: bool = False  # vLLM's flag: a `metrics` object per answer (app/sim/request_metrics.py)
+    enable_per_request_metrics: bool = False  # vLLM's flag: a `metrics` object per answer (vLLM flavour only)
     responses_store: bool = True  # keep /v1/responses answers (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)
 
     def __post_init__(self) -> None:
