@@ -23,6 +23,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Settings
+from app.proxy.ledger import PARTS as LEDGER_PARTS
 from app.serving import ServerThread, free_port
 from app.telemetry.metrics import PROMPT_BUCKET_MAX, PROMPT_BUCKETS
 
@@ -72,9 +73,6 @@ def ttft_by_bucket(metrics_text: str) -> dict[str, dict[str, float | None]]:
     return out
 
 
-LEDGER_PARTS = ("gateway", "retries", "queue", "prefill", "rest")
-
-
 def ledger_by_bucket(metrics_text: str) -> dict[str, dict[str, float]]:
     """{prompt_bucket: {part: mean seconds}} of the TTFT ledger (docs/ttft-ledger.md), all routes."""
     sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -112,7 +110,7 @@ def format_report(ttft: dict[str, dict[str, float | None]], hygiene: dict[str, A
         lines.append(f"  {bucket:<10} {int(row['count'] or 0):>8} {_ms(row['p50']):>10} {_ms(row['p95']):>10}")
     lines.append("")
     if ledger:
-        parts = [p for p in LEDGER_PARTS if any(p in row for row in ledger.values())]
+        parts = [p for p in LEDGER_PARTS if any(p in row for row in ledger.values())]  # the ledger's order
         lines += ["Where the first token's time went (TTFT ledger, mean per request; engine parts from "
                   "vLLM's per-request metrics)",
                   f"  {'bucket':<10} " + " ".join(f"{p:>10}" for p in parts)]

@@ -20,7 +20,8 @@ chunk, 88 vs 82 µs dropping it). What the events mean is the stream shape's (ap
 
 vLLM's per-request metrics (the `metrics` object on the final usage chunk) are read here into
 `engine_timing`, and taken out of the client's events unless it asked for them (`strip_metrics`,
-app/engines/request_metrics.py): one bytes search per read finds the chunk.
+app/engines/request_metrics.py). Only a read holding an event without generated text (vLLM puts
+the object on the usage chunk) is searched for it: one bytes search, not a parse.
 """
 
 from __future__ import annotations
