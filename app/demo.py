@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Settings
 from app.prefix.diagnose import NOT_A_PROBLEM
+from app.proxy.ledger import PARTS as LEDGER_PARTS
 from app.serving import ServerThread, free_port
 from app.telemetry.metrics import PROMPT_BUCKET_MAX, PROMPT_BUCKETS
 
@@ -73,17 +74,50 @@ def ttft_by_bucket(metrics_text: str) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def ledger_by_bucket(metrics_text: str) -> dict[str, dict[str, float]]:
+    """{prompt_bucket: {part: mean seconds}} of the TTFT ledger (docs/ttft-ledger.md), all routes."""
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "prefixgate_ttft_part_seconds":
+            continue
+        for sample in family.samples:
+            key = (sample.labels["prompt_bucket"], sample.labels["part"])
+            if sample.name.endswith("_sum"):
+                sums[key][0] += sample.value
+            elif sample.name.endswith("_count"):
+                sums[key][1] += sample.value
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for (bucket, part), (total, count) in sums.items():
+        if count:
+            out[bucket][part] = total / count
+    return dict(out)
+
+
 def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value * 1000:.0f} ms"
 
 
-def format_report(ttft: dict[str, dict[str, float | None]], hygiene: dict[str, Any] | None) -> str:
+def _ms2(value: float | None) -> str:
+    return "–" if value is None else f"{value * 1000:.1f} ms"
+
+
+def format_report(ttft: dict[str, dict[str, float | None]], hygiene: dict[str, Any] | None,
+                  ledger: dict[str, dict[str, float]] | None = None) -> str:
+    order = lambda b: BUCKET_ORDER.index(b) if b in BUCKET_ORDER else 99  # noqa: E731
     lines = ["", "TTFT at the proxy (client-side), by prompt length",
              f"  {'bucket':<10} {'requests':>8} {'p50':>10} {'p95':>10}"]
-    for bucket in sorted(ttft, key=lambda b: BUCKET_ORDER.index(b) if b in BUCKET_ORDER else 99):
+    for bucket in sorted(ttft, key=order):
         row = ttft[bucket]
         lines.append(f"  {bucket:<10} {int(row['count'] or 0):>8} {_ms(row['p50']):>10} {_ms(row['p95']):>10}")
     lines.append("")
+    if ledger:
+        parts = [p for p in LEDGER_PARTS if any(p in row for row in ledger.values())]  # the ledger's order
+        lines += ["Where the first token's time went (TTFT ledger, mean per request; engine parts from "
+                  "vLLM's per-request metrics)",
+                  f"  {'bucket':<10} " + " ".join(f"{p:>10}" for p in parts)]
+        for bucket in sorted(ledger, key=order):
+            lines.append(f"  {bucket:<10} " + " ".join(f"{_ms2(ledger[bucket].get(p)):>10}" for p in parts))
+        lines.append("")
     if hygiene is None:
         lines.append("Per-tenant continuity: not available (GET /hygiene/tenants did not answer)")
         return "\n".join(lines)
@@ -150,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     from app.server import create_app
     from app.sim.testing import SimCluster
 
-    sim = SimCluster(replicas=2, time_scale=args.time_scale, decode_tps=200.0).start()
+    sim = SimCluster(replicas=2, time_scale=args.time_scale, decode_tps=200.0,
+                     enable_per_request_metrics=True).start()
     proxy_server: ServerThread | None = None
     try:
         settings = Settings(backends=[{"url": u, "name": f"sim-{i}"} for i, u in enumerate(sim.urls)])
@@ -166,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"workload: {sent} streamed requests from 5 tenants in {time.perf_counter() - started:.1f} s")
         metrics_text = httpx.get(url + "/metrics").text
         hygiene = _get_json(url + "/hygiene/tenants")
-        print(format_report(ttft_by_bucket(metrics_text), hygiene))
+        print(format_report(ttft_by_bucket(metrics_text), hygiene, ledger_by_bucket(metrics_text)))
         print("\nEndpoints:")
         for path, what in (("/v1/chat/completions", "OpenAI API (point your client here)"),
                            ("/metrics", "Prometheus metrics"), ("/hygiene/tenants", "per-tenant continuity"),

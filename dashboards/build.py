@@ -180,6 +180,15 @@ def ttft_by_bucket(q: float) -> Panel:
                          "{{prompt_bucket}}")], unit="s", width=8)
 
 
+def ttft_ledger(q: float) -> Panel:
+    return Panel(f"TTFT ledger p{round(q * 100)} by prompt bucket",
+                 f"{round(q * 100)}th percentile of each part of the client TTFT per prompt-length bucket "
+                 "(docs/ttft-ledger.md), stacked: percentiles of parts do not add up to the TTFT's "
+                 "percentile exactly, but show which part grows with the prompt or the load.",
+                 [Target(quantile(q, "prefixgate_ttft_part_seconds", SEL_R, "prompt_bucket, part"),
+                         "{{prompt_bucket}} {{part}}")], unit="s", width=8, stack=True)
+
+
 def gateway() -> Dashboard:
     req = f"sum(rate(prefixgate_requests_total{{{SEL_R}}}[{RATE}]))"
     return Dashboard("prefixgate-gateway", "prefixgate / Gateway",
@@ -244,6 +253,36 @@ def gateway() -> Dashboard:
             Panel("Inter-token latency p95 by backend", "Gaps between consecutive content chunks.",
                   [Target(quantile(0.95, "prefixgate_inter_token_seconds", SEL_RMB, "backend"),
                           "{{backend}}")], unit="s", width=8),
+        ]),
+        Row("TTFT ledger", [
+            ttft_ledger(0.5), ttft_ledger(0.95),
+            Panel("Mean TTFT by part",
+                  "Where the average streamed request's first-token time went (docs/ttft-ledger.md): "
+                  "gateway (arrival to request written upstream), retries (failed attempts), queue and "
+                  "prefill (the engine's own report, vLLM --enable-per-request-metrics), rest (network, "
+                  "the engine's front end and tokenisation, flush). Means stack to the mean TTFT of the "
+                  "requests with every part; an engine that does not report shows only the gateway.",
+                  [Target(f"sum by (part) (rate(prefixgate_ttft_part_seconds_sum{{{SEL_R}}}[{RATE}])) / "
+                          f"sum by (part) (rate(prefixgate_ttft_part_seconds_count{{{SEL_R}}}[{RATE}]))",
+                          "{{part}}")], unit="s", width=8, stack=True),
+        ]),
+        Row("Prefill model", [
+            Panel("Cold prefill rate by backend",
+                  "Fitted prompt tokens per second of a cold prefill on each replica, learned online from "
+                  "the engine's own prefill times: prefill = fixed + new/rate + per_cached x cached + "
+                  "attention x new x cached (least squares, recent requests weigh most).",
+                  [Target(f"max by (backend) (prefixgate_prefill_model_cold_tokens_per_second{{{SEL_B}}})",
+                          "{{backend}}")], unit="short", width=8),
+            Panel("Attention coefficient by backend",
+                  "Fitted prefill seconds per (new token x cached token): what a long cached context "
+                  "still costs each new token. Absent until requests with cached tokens were seen.",
+                  [Target(f"max by (backend) (prefixgate_prefill_model_attention_seconds{{{SEL_B}}})",
+                          "{{backend}}")], unit="s", width=8),
+            Panel("Prefill model samples by backend",
+                  "Requests behind each replica's fit (exponentially forgotten weight): a fit over a "
+                  "handful of requests is a rough one.",
+                  [Target(f"max by (backend) (prefixgate_prefill_model_samples{{{SEL_B}}})", "{{backend}}")],
+                  unit="short", width=8),
         ]),
         Row("Admission", [
             Panel("Admission rejections by tenant and reason",

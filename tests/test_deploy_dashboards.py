@@ -120,6 +120,9 @@ def populated_registry_scrape() -> str:
             child.inc()
         else:
             child.set(1)
+    for cached in (0, 0, 0, 0, 1000, 2000, 4000, 8000):  # collector-backed: the prefill model's gauges
+        for new in (100, 900):
+            m.prefill_models.add("x", new, cached, 0.001 + new / 8000 + 1e-9 * new * cached)
     return m.render()[0].decode()
 
 

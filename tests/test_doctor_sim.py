@@ -178,3 +178,17 @@ def test_ladder_through_prefixgate_sizes_without_tokenize(sim_factory: Sim, prox
     assert report["max_model_len"] == 6000
     assert report["ladder"][-1]["outcome"] == "ok"
     assert 5500 <= report["ceiling_tokens"] < 6000
+
+
+def test_reports_whether_vllm_returns_per_request_metrics(sim_factory: Sim,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The TTFT ledger needs vLLM's `metrics` object per answer: the check says whether the
+    endpoint returns it, and how to turn it on when it does not (docs/ttft-ledger.md)."""
+    flagged = sim_factory(replicas=1, time_scale=0.0, enable_per_request_metrics=True)
+    code, report = check(capsys, flagged.urls[0], "--prompt-tokens", "1000", "--no-decode")
+    assert report["per_request_metrics"] is True
+    assert not any("--enable-per-request-metrics" in w for w in report["warnings"])
+    plain = sim_factory(replicas=1, time_scale=0.0)
+    code, report = check(capsys, plain.urls[0], "--prompt-tokens", "1000", "--no-decode")
+    assert report["per_request_metrics"] is False
+    assert any("--enable-per-request-metrics" in w for w in report["warnings"])

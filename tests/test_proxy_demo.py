@@ -22,6 +22,10 @@ def test_demo_once_prints_the_report(capsys) -> None:
     assert main(["demo", "--once", "--time-scale", "0", "--rounds", "3"]) == 0
     out = capsys.readouterr().out
     assert "TTFT at the proxy" in out and "0-1k" in out
+    # the TTFT ledger by bucket: the simulated vLLMs report their queue and prefill per request
+    assert "TTFT ledger" in out
+    header = next(line.split() for line in out.splitlines() if line.strip().startswith("bucket") and "prefill" in line)
+    assert header[1:] == ["gateway", "queue", "prefill", "rest"], header
     assert "globex" in out and "dynamic_head" in out  # the timestamp tenant's breaks are diagnosed
     assert "/v1/chat/completions" in out
     # acme's stateless clients start a new conversation over one system prompt every time: counted

@@ -51,6 +51,7 @@ def openai_whole(payload: dict[str, Any], member: str) -> WholeAnswer:
 
 class Chat(Dialect):
     name = "chat"
+    engine_metrics = True
     path = "/v1/chat/completions"
     operation = "chat"
     asks_usage = True

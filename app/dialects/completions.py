@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 class Completions(Dialect):
     name = "completions"
+    engine_metrics = True
     path = "/v1/completions"
     operation = "text_completion"
     asks_usage = True

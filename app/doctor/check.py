@@ -71,6 +71,11 @@ class CheckOptions:
     timeout_s: float = 1200.0
 
 
+# The TTFT ledger's queue and prefill parts need them (docs/ttft-ledger.md).
+PER_REQUEST_METRICS_HINT = ("vLLM reports no per-request metrics: start it with --enable-per-request-metrics "
+                            "(and without --disable-log-stats) for the TTFT ledger's queue and prefill parts")
+
+
 @dataclass
 class CheckResult:
     url: str
@@ -84,6 +89,7 @@ class CheckResult:
     prompt_tokens: int | None = None  # the probe document as the engine counted it
     ttfts: list[float] = field(default_factory=list)
     cached_tokens: list[int | None] = field(default_factory=list)
+    per_request_metrics: bool | None = None  # the answers carried vLLM's `metrics` object
     cache: verdict.CacheVerdict | None = None
     counters: verdict.CacheCounters | None = None
     decode: verdict.TwoPoint | None = None
@@ -253,6 +259,7 @@ def _record_cache(result: CheckResult, probes: list[ProbeResult], before: Engine
                   after: EngineSnapshot | None) -> None:
     result.ttfts = [p.ttft_s if p.ttft_s is not None else p.total_s for p in probes]
     result.cached_tokens = [p.cached_tokens for p in probes]
+    result.per_request_metrics = any(p.engine_timing is not None for p in probes)
     result.prompt_tokens = probes[0].prompt_tokens
     counters = counters_delta(before, after)
     if counters is None and all(c is not None for c in result.cached_tokens) and probes[0].prompt_tokens:
@@ -348,6 +355,8 @@ async def _ladder_step(client: httpx.AsyncClient, endpoint: Endpoint, model: str
 
 
 def _collect_problems(result: CheckResult) -> None:
+    if result.per_request_metrics is False and result.engine == "vllm":
+        result.warnings.append(PER_REQUEST_METRICS_HINT)
     if result.cache is not None and result.cache.verdict == "off":
         result.problems.append("prefix caching is OFF")
     elif result.cache is not None and result.cache.verdict == "unclear":

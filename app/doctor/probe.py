@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from app.engines.request_metrics import EngineTiming, parse_metrics
+
 
 class ProbeError(Exception):
     """A request that did not produce a complete answer. `status` is None for transport errors."""
@@ -57,6 +59,7 @@ class ProbeResult:
     completion_tokens: int | None
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens, when the engine reports it
     text_event_times: tuple[float, ...]  # seconds since send, one per text-carrying event
+    engine_timing: EngineTiming | None = None  # vLLM --enable-per-request-metrics, when it reports them
 
 
 def _has_text(choice: dict[str, Any]) -> bool:
@@ -92,6 +95,7 @@ async def stream_chat(
     ttft: float | None = None
     times: list[float] = []
     usage: dict[str, Any] = {}
+    timing: EngineTiming | None = None
     try:
         async with client.stream("POST", endpoint.v1("/chat/completions"), json=body,
                                  headers=endpoint.headers) as response:
@@ -117,6 +121,7 @@ async def stream_chat(
                         ttft = now
                 if event.get("usage"):
                     usage = event["usage"]
+                timing = parse_metrics(event.get("metrics")) or timing
     except httpx.HTTPError as exc:
         raise ProbeError(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
     total = time.perf_counter() - t0
@@ -128,6 +133,7 @@ async def stream_chat(
         completion_tokens=usage.get("completion_tokens"),
         cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
         text_event_times=tuple(times),
+        engine_timing=timing,
     )
 
 

@@ -46,6 +46,7 @@ def to_json(result: CheckResult) -> dict[str, Any]:
         "cache_queries_tokens": counters.queries if counters else None,
         "cache_hits_tokens": counters.hits if counters else None,
         "cached_tokens": result.cached_tokens,
+        "per_request_metrics": result.per_request_metrics,
         "block_size": result.block_size,
         "prefix_caching_enabled": result.prefix_caching_enabled,
         "prompt_tokens": result.prompt_tokens,
@@ -120,6 +121,9 @@ def render(result: CheckResult, console: Console) -> None:
         config.append(f"enable_prefix_caching={result.prefix_caching_enabled}")
     if config:
         table.add_row("cache config", ", ".join(config), "")
+    if result.per_request_metrics is not None:
+        table.add_row("per-request metrics", "yes" if result.per_request_metrics else "no",
+                      "the engine's queue and prefill time per answer (vLLM --enable-per-request-metrics)")
     decode = result.decode
     if decode is not None:
         spreads = "  ".join(

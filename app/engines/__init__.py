@@ -6,6 +6,7 @@
 - rates.py    windowed counter deltas with restart handling; hit ratio, acceptance length
 - status.py   per-backend view, "is the prefix cache on?" decision, one-line verdict
 - scrape.py   EngineScraper: the background loop, gauges, Replica updates, prediction fidelity
+- request_metrics.py  vLLM's per-request `metrics` object in a response (pure; the TTFT ledger)
 """
 
 from app.engines.sample import EngineSample, detect_engine, parse_exposition

@@ -122,6 +122,7 @@ class Outcome:
     upstream_failure: UpstreamError | None = None  # the stream broke after its first byte
     delivered_before_disconnect: bool = False  # the client left after it had the whole response
     content_chunks: int = 0  # chunks that carried generated text (the clock's count, step 9)
+    ttft_parts: dict[str, float] | None = None  # where a stream's TTFT went (app/proxy/ledger.py)
 
     def answered(self, status: int) -> None:
         """The upstream's status line (or the data plane's response headers) arrived."""
@@ -159,6 +160,10 @@ class Outcome:
         """The client went away before the answer was whole (499 unless a status was sent)."""
         self.outcome = "client_disconnect"
         self.status = self.status or 499
+
+    def ledgered(self, parts: dict[str, float] | None) -> None:
+        """The stream's TTFT split into its measured parts (absent parts were not measured)."""
+        self.ttft_parts = parts
 
     def delivered_then_left(self) -> None:
         """The client went away after it had the whole answer: still delivered."""

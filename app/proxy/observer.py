@@ -17,12 +17,18 @@ with per-event parsing). Holding back incomplete events adds nothing measurable:
 ends with a blank line and is sent as is (`python bench/observer.py`, old and new observers
 interleaved in one process on the busy 2-core dev box: 61 vs 64 µs per stream keeping the usage
 chunk, 88 vs 82 µs dropping it). What the events mean is the stream shape's (app/proxy/shape.py).
+
+vLLM's per-request metrics (the `metrics` object on the final usage chunk) are read here into
+`engine_timing`, and taken out of the client's events unless it asked for them (`strip_metrics`,
+app/engines/request_metrics.py). Only a read holding an event without generated text (vLLM puts
+the object on the usage chunk) is searched for it: one bytes search, not a parse.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from app.engines.request_metrics import METRICS_KEY, EngineTiming, take_from_events
 from app.proxy.clock import StreamClock
 from app.proxy.shape import Chunk, StreamShape
 from app.proxy.sse import SSEParser, WholeEvents
@@ -33,9 +39,11 @@ DECODE_BATCH_BYTES = 256 * 1024  # whole events folded at once after the first t
 
 class StreamObserver:
     """Observer of one SSE response. `drop_usage`: the proxy added `include_usage`, so the
-    usage-only event is observed but not sent. `collect_text`: keep choice 0's text (n == 1)."""
+    usage-only event is observed but not sent. `collect_text`: keep choice 0's text (n == 1).
+    `strip_metrics` (set by the relay): the engine's per-request metrics are not sent."""
 
-    __slots__ = ("shape", "clock", "drop_usage", "summary", "parser", "framer", "saw_cr")
+    __slots__ = ("shape", "clock", "drop_usage", "summary", "parser", "framer", "saw_cr",
+                 "strip_metrics", "engine_timing")
 
     def __init__(self, shape: StreamShape, clock: StreamClock, drop_usage: bool, collect_text: bool) -> None:
         self.shape = shape
@@ -45,6 +53,8 @@ class StreamObserver:
         self.parser = SSEParser(emit_all=True)  # every event, until the first generated token
         self.framer: WholeEvents | None = None  # afterwards: byte scans over whole events
         self.saw_cr = False
+        self.strip_metrics = False
+        self.engine_timing: EngineTiming | None = None  # the engine's own report (vLLM metrics)
 
     @property
     def fast(self) -> bool:
@@ -62,22 +72,27 @@ class StreamObserver:
             events = framer.push(data)
             if not events:
                 return b""
-        for _ in range(self._generated_events(events)):
+        generated, count = self._generated_events(events)
+        for _ in range(generated):
             self.clock.content(now)  # events read together: gaps of 0 between them, as in the parser
+        if generated < count and METRICS_KEY in events:  # (an event with generated text has none)
+            events = self._take_metrics(events)
         self.summary.add_events(events)
         return self.shape.drop_usage(events) if self.drop_usage else events
 
-    def _generated_events(self, events: bytes) -> int:
-        """How many of the whole `events` carry generated text: a read that coalesced several
-        is counted per event, as the parsed path counts them (content chunks, inter-token gaps)."""
+    def _generated_events(self, events: bytes) -> tuple[int, int]:
+        """(How many of the whole `events` carry generated text, how many there are): a read that
+        coalesced several is counted per event, as the parsed path counts them (content chunks,
+        inter-token gaps)."""
         shape = self.shape
         if events.count(b"\n\n") <= 1 and b"\r" not in events:  # the usual read: one event
-            return 1 if shape.carries_generated(events) else 0
+            return (1, 1) if shape.carries_generated(events) else (0, 1)
         if b"\r" in events:
             raws = [ev.raw for ev in SSEParser(emit_all=True).feed(events)]
         else:
             raws = events.split(b"\n\n")
-        return sum(1 for raw in raws if raw and shape.carries_generated(raw))
+        raws = [raw for raw in raws if raw]
+        return sum(1 for raw in raws if shape.carries_generated(raw)), len(raws)
 
     def _feed_parsed(self, data: bytes, now: float) -> bytes:
         if not self.saw_cr and b"\r" in data:
@@ -95,11 +110,19 @@ class StreamObserver:
                     go_fast = shape.byte_scans and not self.saw_cr and shape.carries_generated(ev.data)
                 self.clock.content(now, len(chunk.text))
             self.summary.take(chunk)
+            raw = self._take_metrics(ev.raw) if not chunk.generated and METRICS_KEY in ev.data else ev.raw
             if not (self.drop_usage and chunk.usage_only):
-                kept.append(ev.raw)
+                kept.append(raw)
         if go_fast:
             self.framer = WholeEvents(self.parser.pending())
         return kept[0] if len(kept) == 1 else b"".join(kept)
+
+    def _take_metrics(self, events: bytes) -> bytes:
+        """Whole events holding an engine `metrics` object: read it, and drop it unless kept."""
+        events, timing = take_from_events(events, self.strip_metrics)
+        if timing is not None:
+            self.engine_timing = timing
+        return events
 
     def finish(self) -> None:
         """The stream ended (or was abandoned): fold what the fast path retained. Bytes of an

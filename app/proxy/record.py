@@ -69,6 +69,12 @@ def record_request(metrics: Metrics, ctx: RequestContext, clock: StreamClock) ->
     ttft = clock.ttft
     if ttft is not None:
         child(metrics.ttft, route, model, backend, prompt_bucket(prompt_tokens)).observe(ttft)
+    parts = ctx.result.ttft_parts or {}
+    for part, seconds in parts.items():
+        child(metrics.ttft_part, part, prompt_bucket(prompt_tokens), route).observe(seconds)
+    cached = ctx.engine_cached_tokens
+    if "prefill" in parts and isinstance(prompt_tokens, int) and isinstance(cached, int) and 0 <= cached <= prompt_tokens:
+        metrics.prefill_models.add(backend, prompt_tokens - cached, cached, parts["prefill"])
     if clock.gaps:
         observe_many(child(metrics.inter_token, route, model, backend), clock.gaps)
     usage = ctx.usage or {}

@@ -16,10 +16,13 @@ from typing import Any
 import aiohttp
 import orjson
 
+from app.engines.request_metrics import client_wants_metrics, take_from_body
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.h1 import H1Response, drive, finish_driven
+from app.proxy.ledger import ttft_parts
 from app.proxy.observer import StreamObserver
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
+from app.telemetry.tracing import add_ttft_parts
 
 Send = Any  # ASGI send callable
 Response = aiohttp.ClientResponse | H1Response
@@ -54,6 +57,7 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
     upstream failures: a stream that breaks before its end marker ends, for the client, with the
     whole events it sent, then an error event and `[DONE]`."""
     clock = observer.clock
+    observer.strip_metrics = not client_wants_metrics(ctx.headers)
     out = observer.feed(first, clock.timings.first_byte or time.perf_counter())
     ctx.result.answered(resp.status)
     await send({"type": "http.response.start", "status": resp.status, "headers": response_headers(resp, ctx)})
@@ -90,9 +94,14 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
 
 
 def take_results(ctx: RequestContext, observer: StreamObserver) -> None:
-    """What a finished stream observed, onto the request (also the Endpoint Picker's)."""
+    """What a finished stream observed, onto the request (also the Endpoint Picker's), with the
+    TTFT ledger (app/proxy/ledger.py) on the request and its span."""
     ctx.result.observed(observer.usage, observer.output_text if observer.collect_text else None,
                         observer.response_id)
+    ctx.result.ledgered(ttft_parts(ctx.timings, observer.engine_timing))
+    span = ctx.trace.span if ctx.trace is not None else None
+    if span is not None and ctx.result.ttft_parts:
+        add_ttft_parts(span, ctx.result.ttft_parts)
 
 
 def _backend(ctx: RequestContext) -> str:
@@ -198,6 +207,8 @@ async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send
     body = first + rest if first else rest
     if parse and resp.status == 200:
         observe_buffered(ctx, body)
+        if ctx.dialect.engine_metrics and not client_wants_metrics(ctx.headers):
+            body, _ = take_from_body(body, strip=True)  # vLLM's per-request metrics: not asked for
     ctx.result.answered(resp.status)
     headers = response_headers(resp, ctx) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})

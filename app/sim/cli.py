@@ -45,6 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-prompt-tokens-details", dest="enable_prompt_tokens_details",
                    action="store_false", help="omit usage.prompt_tokens_details.cached_tokens")
     p.add_argument("--enable-force-include-usage", dest="include_usage_always", action="store_true")
+    p.add_argument("--attention-pair-s", type=float, default=0.0,
+                   help="prefill seconds per (new token x token already in context)")
+    p.add_argument("--enable-per-request-metrics", action="store_true",
+                   help="a `metrics` object per answer, as vLLM's flag (timing in ms)")
     p.add_argument("--prefix-caching-hash-algo", choices=["sha256", "sha256_cbor"], default="sha256")
     p.add_argument("--output-tokens", type=int, default=32, help="natural completion length (EOS)")
     p.add_argument("--reasoning-tokens", type=int, default=0, help="first N output tokens are reasoning")

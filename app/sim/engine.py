@@ -9,7 +9,8 @@ One step (as vLLM's `Scheduler.schedule`):
    lookup (hits = leading resident blocks, capped at floor((N-1)/P)), then blocks for the chunk;
    a request that does not fit stays waiting;
 3. the step takes `prefill_tokens / prefill_tps` (+ `1/decode_tps` when it carries decodes,
-   + `cached_tokens / cached_tps` for requests admitted with a cache hit: the attention term),
+   + `cached_tokens / cached_tps` for requests admitted with a cache hit: the attention term,
+   + `attention_pair_s` x each prefill chunk's tokens x the tokens already in its context),
    scaled by `time_scale` (0: no sleep, same order and accounting);
 4. a request whose known tokens are all computed samples its next token(s).
 Blocks are cached as soon as they are allocated and full (vLLM caches optimistically), so
@@ -94,6 +95,7 @@ class SimEngine:
             return
         req.status = "waiting"
         req.virtual_arrival = self.clock
+        req.queued_time = time.monotonic()
         self.waiting.append(req)
         if self._wake is not None:
             self._wake.set()
@@ -179,6 +181,8 @@ class SimEngine:
         prefill = sum(n for _, n, decode in scheduled if not decode)
         decodes = any(decode for _, _, decode in scheduled)
         cached = self._step_cached_tokens / o.cached_tps if o.cached_tps > 0 else 0.0
+        if o.attention_pair_s > 0:  # before _update: num_computed is the context the chunk attends to
+            cached += o.attention_pair_s * sum(n * req.num_computed for req, n, decode in scheduled if not decode)
         return prefill / o.prefill_tps + (1.0 / o.decode_tps if decodes else 0.0) + cached
 
     # ------------------------------------------------------------------ scheduling
@@ -240,6 +244,8 @@ class SimEngine:
                     self.counters["prefix_cache_hits"] += computed
                 self.metrics.on_admitted(len(req.all_ids), computed, lookup)
             req.status = "running"
+            if req.scheduled_time is None:
+                req.scheduled_time = time.monotonic()
             self.running.append(req)
             self._cache_blocks(req, computed + n)
             out.append((req, n, False))

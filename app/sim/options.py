@@ -28,6 +28,8 @@ class SimOptions:
     prefill_tps: float = DEFAULT_PREFILL_TPS
     decode_tps: float = DEFAULT_DECODE_TPS
     cached_tps: float = DEFAULT_CACHED_TPS  # 0 = reading cached tokens costs nothing
+    # seconds per (prefilled token x token already in context): attention that grows with new x cached
+    attention_pair_s: float = 0.0
     max_batch_tokens: int = 2048
     max_num_seqs: int = 256
     prefix_caching: bool = True
@@ -53,6 +55,7 @@ class SimOptions:
     # system text's first line on every route); False: keep it, as SGLang does (docs/agents-apis.md)
     strip_billing_header: bool = True
     seed: int = 0
+    enable_per_request_metrics: bool = False  # vLLM's flag: a `metrics` object per answer (vLLM flavour only)
     responses_store: bool = True  # keep /v1/responses answers (vLLM: VLLM_ENABLE_RESPONSES_API_STORE=1)
 
     def __post_init__(self) -> None:

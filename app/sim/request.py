@@ -51,6 +51,8 @@ class SimRequest:
     preempted: bool = False
     finish_reason: str | None = None
     error: str | None = None
+    queued_time: float | None = None  # monotonic: entered the engine's waiting queue (vLLM queued_ts)
+    scheduled_time: float | None = None  # monotonic: first scheduled (vLLM scheduled_ts; preemptions ignored)
     first_token_time: float | None = None
     last_token_time: float = 0.0
     virtual_arrival: float = 0.0

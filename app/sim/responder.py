@@ -17,6 +17,7 @@ from app.sim.engine import SimEngine
 from app.sim.options import SimOptions
 from app.sim.protocol import ApiError, ParsedRequest
 from app.sim.request import SimRequest
+from app.sim.request_metrics import per_request_metrics
 from app.sim.shapes import DONE, Shaper
 
 
@@ -53,8 +54,9 @@ async def respond(engine: SimEngine, req: SimRequest, shaper: Shaper, send: Send
     r = engine.options.reasoning_tokens
     reasoning = "".join(req.output_text[:r]) if r and req.output_text else None
     content = "".join(req.output_text[r:])
+    metrics = per_request_metrics(req, streamed=False) if engine.options.enable_per_request_metrics and shaper.vllm else None
     await send_json(send, 200, shaper.full_response(content, reasoning, req.finish_reason or "stop",
-                                                    usage_for(req, shaper, engine.options, True)))
+                                                    usage_for(req, shaper, engine.options, True), metrics))
 
 
 async def stream(engine: SimEngine, parsed: ParsedRequest, req: SimRequest, shaper: Shaper, send: Send,
@@ -106,7 +108,8 @@ async def stream(engine: SimEngine, parsed: ParsedRequest, req: SimRequest, shap
                     await emit(shaper.finish_event(req.finish_reason or "stop"))
                 break
         if usage_on:
-            await emit(shaper.usage_event(usage_for(req, shaper, o)))
+            metrics = per_request_metrics(req, streamed=True) if o.enable_per_request_metrics and shaper.vllm else None
+            await emit(shaper.usage_event(usage_for(req, shaper, o), metrics))
         await emit(DONE)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except StreamDied:

@@ -106,11 +106,13 @@ class Shaper:
         """An empty delta that only closes the choice (used when no text is left to send)."""
         return self._chunk(self._choice("", False, finish_reason), usage)
 
-    def usage_event(self, usage: dict[str, Any]) -> bytes:
+    def usage_event(self, usage: dict[str, Any], metrics: dict[str, Any] | None = None) -> bytes:
         obj: dict[str, Any] = {"id": self.id, "object": self.object_chunk, "created": self.created,
                                "model": self.model, "choices": [], "usage": usage}
         if self.vllm:
             obj["system_fingerprint"] = SYSTEM_FINGERPRINT
+        if metrics is not None:
+            obj["metrics"] = metrics  # vLLM --enable-per-request-metrics: the last member
         return sse(obj)
 
     def error_event(self, message: str, code: int = 500) -> bytes:
@@ -120,7 +122,7 @@ class Shaper:
         return sse({"error": err})
 
     def full_response(self, content: str, reasoning: str | None, finish_reason: str,
-                      usage: dict[str, Any]) -> dict[str, Any]:
+                      usage: dict[str, Any], metrics: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": content, "refusal": None,
                                        "annotations": None, "audio": None, "function_call": None,
@@ -146,5 +148,5 @@ class Shaper:
                                "system_fingerprint": SYSTEM_FINGERPRINT, "usage": usage}
         if self.kind == "chat":
             out.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
-        out.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
+        out.update(kv_transfer_params=None, ec_transfer_params=None, metrics=metrics)
         return out

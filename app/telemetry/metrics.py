@@ -15,9 +15,13 @@ funnel the router counts, and per-tenant state (continuity) have none.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from app.telemetry.prefill_model import PrefillModels
 
 PROMPT_BUCKETS: tuple[tuple[str, int], ...] = (
     ("0-1k", 1_000),
@@ -35,6 +39,8 @@ TTFT_BUCKETS = (
     0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 300.0,
 )
+# The TTFT ledger's parts: sub-millisecond (the gateway's own part) up to TTFT's range.
+TTFT_PART_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, *TTFT_BUCKETS)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5, 5, 10)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -115,6 +121,13 @@ class Metrics:
             "The gateway's own time before the request went out: arrival to the last attempt's send, "
             "minus the time failed attempts spent on their replicas.",
             ["route"], buckets=OVERHEAD_BUCKETS, registry=r)
+        self.ttft_part = Histogram(
+            "prefixgate_ttft_part_seconds",
+            "Where a streamed request's client TTFT went (docs/ttft-ledger.md): part=gateway (arrival to "
+            "request written upstream), retries (failed attempts), queue and prefill (the engine's own "
+            "report: vLLM --enable-per-request-metrics), rest (TTFT minus the others). A part that was not "
+            "measured is not observed.",
+            ["part", "prompt_bucket", "route"], buckets=TTFT_PART_BUCKETS, registry=r)
         self.requests = Counter(
             "prefixgate_requests_total", "Requests received, by route and HTTP status.",
             ["route", "status"], registry=r)
@@ -280,6 +293,43 @@ class Metrics:
             "Time a request spent in the gateway queue before it was forwarded or shed (queued requests only).",
             buckets=WAIT_BUCKETS, registry=r)
 
+        # --- the prefill model per replica, learned from the TTFT ledger (docs/ttft-ledger.md) ---
+        self.prefill_models = PrefillModels()
+        r.register(PrefillModelCollector(self.prefill_models))
+
     def render(self) -> tuple[bytes, str]:
         """Prometheus text exposition and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class PrefillModelCollector:
+    """Each replica's fitted prefill model (app/telemetry/prefill_model.py), solved at scrape time.
+    A replica without enough samples has no series; the attention coefficient appears once it is
+    identifiable (samples that read cached tokens)."""
+
+    def __init__(self, models: PrefillModels) -> None:
+        self.models = models
+
+    def describe(self) -> list[Metric]:
+        return []  # series appear with data: nothing to check against at registration
+
+    def collect(self) -> Iterator[Metric]:
+        rate = GaugeMetricFamily(
+            "prefixgate_prefill_model_cold_tokens_per_second",
+            "Fitted cold prefill rate of a replica: 1 / the per-new-token cost of the engine's own "
+            "prefill time (vLLM per-request metrics), prefill = fixed + new/rate + cached x per_cached "
+            "+ attention x new x cached.", labels=["backend"])
+        attention = GaugeMetricFamily(
+            "prefixgate_prefill_model_attention_seconds",
+            "Fitted attention coefficient of a replica: prefill seconds per (new token x cached token).",
+            labels=["backend"])
+        samples = GaugeMetricFamily(
+            "prefixgate_prefill_model_samples",
+            "Requests behind a replica's prefill model (exponentially forgotten weight).", labels=["backend"])
+        for name, (weight, fit) in sorted(self.models.snapshot().items()):
+            samples.add_metric([name], weight)
+            if fit is not None and fit.cold_tokens_per_second is not None:
+                rate.add_metric([name], fit.cold_tokens_per_second)
+            if fit is not None and fit.attention_s is not None:
+                attention.add_metric([name], fit.attention_s)
+        yield from (rate, attention, samples)

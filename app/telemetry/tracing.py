@@ -9,9 +9,12 @@ demo) stay independent and shut down cleanly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Span
 
 DEFAULT_SERVICE_NAME = "prefixgate"
 
@@ -28,3 +31,9 @@ def build_provider(exporter: SpanExporter | None = None) -> TracerProvider:
         exporter = OTLPSpanExporter()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
+
+
+def add_ttft_parts(span: Span, parts: Mapping[str, float]) -> None:
+    """The TTFT ledger's measured parts on the request's span: `prefixgate.ttft.<part>_s`
+    (gateway, retries, queue, prefill, rest; docs/ttft-ledger.md). Absent parts stay absent."""
+    span.set_attributes({f"prefixgate.ttft.{part}_s": seconds for part, seconds in parts.items()})

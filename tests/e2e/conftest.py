@@ -37,6 +37,8 @@ SPECS = (
                 extra_args=["--return-tokens-as-token-ids"]),
     ReplicaSpec("b128", block_size=None, cpu="1"),
     ReplicaSpec("nocache", block_size=32, prefix_caching=False, cpu="1"),
+    # vLLM's per-request metrics (the TTFT ledger, docs/ttft-ledger.md); started only when asked for
+    ReplicaSpec("metrics", block_size=32, cpu="0", extra_args=["--enable-per-request-metrics"]),
 )
 
 
@@ -72,6 +74,11 @@ def vllm_replica(request: pytest.FixtureRequest, vllm_fleet: dict[str, VllmRepli
 @pytest.fixture
 def vllm_nocache(vllm_fleet: dict[str, VllmReplica]) -> VllmReplica:
     return fresh(vllm_fleet, "nocache")
+
+
+@pytest.fixture
+def vllm_metrics(vllm_fleet: dict[str, VllmReplica]) -> VllmReplica:
+    return fresh(vllm_fleet, "metrics")
 
 
 @pytest.fixture
