@@ -19,6 +19,7 @@ import orjson
 from app.proxy.anthropic_shape import AnthropicShape
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
+from app.proxy.migrate import Migrator, RecordingObserver
 from app.proxy.observer import StreamObserver
 from app.proxy.openai_shape import shape_for
 from app.proxy.record import child
@@ -112,16 +113,17 @@ async def forward(services: Services, ctx: RequestContext, send: Any, body: byte
             if resp.status < 400:
                 services.router.on_routed(request, decision)
             if mode == "stream" and resp.status == 200:
-                observer = StreamObserver(stream_shape(ctx.route), clock, drop_usage,
-                                          collect_text=int(ctx.body.get("n") or 1) == 1)
-                await relay_stream(ctx, resp, first, send, observer)
+                migrator = Migrator.of(services, ctx, request, body, headers, method, path, tried)
+                observer = (RecordingObserver if migrator else StreamObserver)(
+                    stream_shape(ctx.route), clock, drop_usage, collect_text=int(ctx.body.get("n") or 1) == 1)
+                await relay_stream(ctx, resp, first, send, observer, migrator)
             elif mode == "raw":
                 await relay_raw(ctx, resp, first, send)
             else:
                 await relay_buffered(ctx, resp, first, send, parse=True)
             failure = ctx.upstream_failure
             if failure is not None:
-                metrics.upstream_errors.labels(replica.name, failure.kind).inc()
+                metrics.upstream_errors.labels(failure.backend, failure.kind).inc()
             if resp.status >= 400 and ctx.outcome == "ok":
                 ctx.outcome = "client_error"
             ok = ctx.outcome == "ok"

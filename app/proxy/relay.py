@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -24,6 +24,9 @@ from app.proxy.observer import MAX_OUTPUT_CHARS, StreamObserver
 from app.proxy.responses_shape import chat_usage
 from app.proxy.responses_shape import output_text as responses_output_text
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
+
+if TYPE_CHECKING:
+    from app.proxy.migrate import Migrator, RecordingObserver
 
 Send = Any  # ASGI send callable
 Response = aiohttp.ClientResponse | H1Response
@@ -53,9 +56,10 @@ def proxy_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
 
 
 async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: Send,
-                       observer: StreamObserver) -> None:
+                       observer: StreamObserver, migrator: Migrator | None = None) -> None:
     """Relay an SSE response whose first bytes (`first`) already arrived. Never raises for
-    upstream failures: a stream that breaks before its end marker ends, for the client, with the
+    upstream failures: a stream that breaks before its end marker is continued on another
+    replica when `migrator` can (app/proxy/migrate.py), else ends, for the client, with the
     whole events it sent, then an error event and `[DONE]`."""
     clock = observer.clock
     out = observer.feed(first, clock.timings.first_byte or time.perf_counter())
@@ -83,6 +87,9 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
         failure = None  # the end marker reached the client: a transport error after it changes nothing
     elif failure is None:
         failure = UpstreamError("midstream", _backend(ctx), "upstream closed the stream before its end marker")
+    if failure is not None and migrator is not None and observer.error is None:
+        recording: RecordingObserver = observer  # type: ignore[assignment]  # forward.py pairs them
+        failure = await migrator.carry_on(failure, recording, send_more)
     if observer.error is not None and ctx.outcome == "ok":
         ctx.outcome = "midstream_error"
     if failure is not None:
