@@ -73,6 +73,8 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
             failure = await _relay_pushed(ctx, resp, send_more, observer)
         else:
             failure = await _relay_rest(ctx, resp.content, send_more, observer)
+        if migrator is not None:
+            failure = await _carry_on(ctx, observer, failure, migrator, send_more)
     except asyncio.CancelledError:
         # The client went away. If it already had the end marker (clients may close before the
         # final empty write), the response was delivered: keep its accounting, and say so.
@@ -87,9 +89,6 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
         failure = None  # the end marker reached the client: a transport error after it changes nothing
     elif failure is None:
         failure = UpstreamError("midstream", _backend(ctx), "upstream closed the stream before its end marker")
-    if failure is not None and migrator is not None and observer.error is None:
-        recording: RecordingObserver = observer  # type: ignore[assignment]  # forward.py pairs them
-        failure = await migrator.carry_on(failure, recording, send_more)
     if observer.error is not None and ctx.outcome == "ok":
         ctx.outcome = "midstream_error"
     if failure is not None:
@@ -99,6 +98,19 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
                                                      code=f"upstream_{failure.kind}").body()["error"])
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     take_results(ctx, observer)
+
+
+async def _carry_on(ctx: RequestContext, observer: StreamObserver, failure: UpstreamError | None,
+                    migrator: Migrator, send_more: Send) -> UpstreamError | None:
+    """A stream that ended without its end marker (and no error event of the upstream's own) is
+    continued elsewhere when the migrator can; the failure left to end it with, if any."""
+    observer.finish()
+    if observer.done or observer.error is not None:
+        return failure
+    if failure is None:
+        failure = UpstreamError("midstream", _backend(ctx), "upstream closed the stream before its end marker")
+    recording: RecordingObserver = observer  # type: ignore[assignment]  # forward.py pairs them
+    return await migrator.carry_on(failure, recording, send_more)
 
 
 def take_results(ctx: RequestContext, observer: StreamObserver) -> None:
