@@ -7,6 +7,7 @@ one role chunk, one finish, `[DONE]`, the text and usage of an uninterrupted str
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -184,6 +185,27 @@ def test_a_stream_that_migrates_twice_has_whole_events_only(sim_factory, proxy_f
     assert proxy.sample("prefixgate_migrations_total", route="chat", reason="midstream", outcome="failed") == 1
     assert proxy.sample("prefixgate_upstream_errors_total", backend="a", kind="midstream") == 1
     assert proxy.sample("prefixgate_upstream_errors_total", backend="c", kind="midstream") == 1
+
+
+def test_a_client_leaving_during_the_continuation_cancels_it(sim_factory, proxy_factory) -> None:
+    sim = sim_factory(replicas=2, decode_tps=20, time_scale=1.0)
+    proxy = proxy_factory(sim, names=["a", "b"], routing=MIGRATE)
+    fault(sim.urls[0], mode="die_midstream", after_chunks=3)  # round robin: the first request starts on a
+    body = {**body_for("chat"), "max_tokens": 2000, "ignore_eos": True}
+    with httpx.stream("POST", proxy.url + PATHS["chat"], json=body, timeout=30) as r:
+        assert r.headers["x-prefixgate-backend"] == "a"
+        chunks = r.iter_raw()
+        got = b""
+        while got.count(b"\n\n") < 5:  # past the break: the continuation is streaming from b
+            got += next(chunks)
+        assert httpx.get(sim.urls[1] + "/sim/state").json()["running"] == 1
+    deadline = time.monotonic() + 10
+    while httpx.get(sim.urls[1] + "/sim/state").json()["running"] != 0:
+        assert time.monotonic() < deadline, "the continuation still runs after the client left"
+        time.sleep(0.05)
+    assert proxy.sample("prefixgate_requests_total", route="chat", status="499") == 1
+    assert proxy.sample("prefixgate_backend_inflight_requests", backend="b") == 0
+    assert proxy.services.upstream.pool_stats()[0] == 0  # no leaked upstream connection
 
 
 def test_off_by_default(sim_factory, proxy_factory) -> None:
