@@ -138,7 +138,19 @@ SessionKeySource = Literal["header", "prompt_cache_key", "session_id_header", "c
 DEFAULT_SESSION_KEYS: tuple[SessionKeySource, ...] = (
     "header", "prompt_cache_key", "session_id_header", "claude_code_header", "metadata_user_id")
 
+
+class MigrateMidstream(Section):
+    """Continue a stream whose replica broke mid-answer on another replica (app/proxy/migrate.py,
+    docs/relay.md). Off by default: it needs engines that continue a final assistant message
+    (vLLM's `continue_final_message`), and the continuation is the same answer only when the
+    engine emits one token per event (how the tokens already sent are counted)."""
+
+    enabled: bool = False
+    max_attempts: int = Field(default=2, ge=1, le=8)  # continuations per request, each on a fresh replica
+
+
 class Routing(Section):
+    migrate_midstream: MigrateMidstream = Field(default_factory=MigrateMidstream)
     lanes: Lanes | None = None  # None: no long-prefill lane
     policy: RoutingPolicy = "prefix_affinity"
     block_size: int = DEFAULT_BLOCK_SIZE

@@ -90,7 +90,8 @@ def build_pipeline(services: Services) -> RequestPipeline:
     skipped). `serve`'s ASGI adapter and the Endpoint Picker each build one."""
     settings = services.settings
     forwarder = Forwarder(services.router, services.upstream, services.health, services.load, services.metrics,
-                          api_key=settings.upstream.api_key, max_retries=settings.routing.max_retries)
+                          api_key=settings.upstream.api_key, max_retries=settings.routing.max_retries,
+                          migrate=settings.routing.migrate_midstream)
     return RequestPipeline(settings, services.metrics, services.health, services.replicas, services.residency,
                            forwarder, ResponseOwners(services.store, services.replicas),
                            hygiene=services.hygiene, prefix=services.prefix, tracing=services.tracing,

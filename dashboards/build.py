@@ -216,6 +216,16 @@ def gateway() -> Dashboard:
                   "before the first byte hide some of them from clients.",
                   [Target(f"sum by (backend, kind) (rate(prefixgate_upstream_errors_total{{{SEL_B}}}[{RATE}]))",
                           "{{backend}} {{kind}}")], unit="reqps"),
+            Panel("Mid-stream migrations",
+                  "Streams whose replica broke mid-answer (routing.migrate_midstream): continued on another "
+                  "replica, failed, or skipped (reason says why).",
+                  [Target(f"sum by (reason, outcome) (rate(prefixgate_migrations_total{{{SEL_R}}}[{RATE}]))",
+                          "{{outcome}} {{reason}}")], unit="reqps"),
+            Panel("Migration pause p50 / p95",
+                  "Client-visible pause of a continued stream: the last event before the break to the "
+                  "continuation's first event.",
+                  [Target(quantile(0.5, "prefixgate_migration_pause_seconds", SEL_R), "p50"),
+                   Target(quantile(0.95, "prefixgate_migration_pause_seconds", SEL_R), "p95")], unit="s"),
             Panel("Request duration p95 by status", "End-to-end request time at the proxy per outcome.",
                   [Target(quantile(0.95, "prefixgate_request_duration_seconds", SEL_RMB, "status"),
                           "{{status}}")], unit="s"),

@@ -18,12 +18,14 @@ import orjson
 
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
+from app.proxy.migrate import Migrator, RecordingObserver
 from app.proxy.observer import StreamObserver
 from app.proxy.relay import Response, relay_buffered, relay_raw, relay_stream
 from app.proxy.upstream import UpstreamError, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
 if TYPE_CHECKING:
+    from app.config import MigrateMidstream
     from app.proxy.upstream import Upstream
     from app.routing.base import Router
     from app.routing.health import HealthChecker
@@ -56,7 +58,9 @@ class Forwarder:
     """Steps 5-7 for one request: route, send, relay, retry. Built once with what it uses."""
 
     def __init__(self, router: Router, upstream: Upstream, health: HealthChecker, load: ReplicaLoad,
-                 metrics: Metrics, *, api_key: str | None, max_retries: int) -> None:
+                 metrics: Metrics, *, api_key: str | None, max_retries: int,
+                 migrate: MigrateMidstream | None = None) -> None:
+        """`migrate`: continue a broken stream elsewhere (app/proxy/migrate.py) when enabled."""
         self.router = router
         self.upstream = upstream
         self.health = health
@@ -64,6 +68,7 @@ class Forwarder:
         self.metrics = metrics
         self.api_key = api_key
         self.attempts = 1 + max(0, max_retries)
+        self.migrate = migrate if migrate is not None and migrate.enabled else None
 
     async def forward(self, ctx: RequestContext, send: Any, body: bytes, request: RouteRequest,
                       clock: StreamClock, *, method: str, path: str, mode: Mode,
@@ -104,16 +109,17 @@ class Forwarder:
                 if resp.status < 400:
                     router.on_routed(request, decision)
                 if mode == "stream" and resp.status == 200:
-                    observer = StreamObserver(ctx.dialect.stream_shape(), clock, drop_usage,
-                                              collect_text=int(ctx.body.get("n") or 1) == 1)
-                    await relay_stream(ctx, resp, first, send, observer)
+                    migrator = Migrator.of(self, ctx, request, body, headers, method, path, tried)
+                    observer = (RecordingObserver if migrator else StreamObserver)(
+                        ctx.dialect.stream_shape(), clock, drop_usage, collect_text=int(ctx.body.get("n") or 1) == 1)
+                    await relay_stream(ctx, resp, first, send, observer, migrator)
                 elif mode == "raw":
                     await relay_raw(ctx, resp, first, send)
                 else:
                     await relay_buffered(ctx, resp, first, send, parse=True)
                 failure = ctx.upstream_failure
-                if failure is not None:
-                    metrics.upstream_errors.labels(replica.name, failure.kind).inc()
+                if failure is not None:  # the replica that broke last (a continuation's, after a migration)
+                    metrics.upstream_errors.labels(failure.backend, failure.kind).inc()
                 ctx.result.settled()
                 ok = ctx.outcome == "ok"
                 return

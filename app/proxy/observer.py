@@ -129,6 +129,14 @@ class StreamObserver:
         incomplete last event are never sent and never observed."""
         self.summary.finish()
 
+    def drop_incomplete(self) -> None:
+        """Forget the incomplete event a broken upstream left (it was never sent): another
+        upstream's events follow (app/proxy/migrate.py)."""
+        if self.framer is not None:
+            self.framer = WholeEvents()
+        else:
+            self.parser = SSEParser(emit_all=True)
+
     def end_after_failure(self, error: dict[str, Any]) -> bytes:
         """The bytes that end a stream the upstream broke (after `finish`)."""
         return self.shape.error_event(error)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -23,6 +23,9 @@ from app.proxy.ledger import ttft_parts
 from app.proxy.observer import StreamObserver
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
 from app.telemetry.tracing import add_ttft_parts
+
+if TYPE_CHECKING:
+    from app.proxy.migrate import Migrator, RecordingObserver
 
 Send = Any  # ASGI send callable
 Response = aiohttp.ClientResponse | H1Response
@@ -52,9 +55,10 @@ def proxy_headers(ctx: RequestContext) -> list[tuple[bytes, bytes]]:
 
 
 async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: Send,
-                       observer: StreamObserver) -> None:
+                       observer: StreamObserver, migrator: Migrator | None = None) -> None:
     """Relay an SSE response whose first bytes (`first`) already arrived. Never raises for
-    upstream failures: a stream that breaks before its end marker ends, for the client, with the
+    upstream failures: a stream that breaks before its end marker is continued on another
+    replica when `migrator` can (app/proxy/migrate.py), else ends, for the client, with the
     whole events it sent, then an error event and `[DONE]`."""
     clock = observer.clock
     observer.strip_metrics = not client_wants_metrics(ctx.headers)
@@ -69,6 +73,8 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
             failure = await _relay_pushed(ctx, resp, send_more, observer)
         else:
             failure = await _relay_rest(ctx, resp.content, send_more, observer)
+        if migrator is not None:
+            failure = await _carry_on(ctx, observer, failure, migrator, send_more)
     except asyncio.CancelledError:
         # The client went away. If it already had the end marker (clients may close before the
         # final empty write), the response was delivered: keep its accounting, and say so.
@@ -91,6 +97,19 @@ async def relay_stream(ctx: RequestContext, resp: Response, first: bytes, send: 
                                                      code=f"upstream_{failure.kind}").body()["error"])
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     take_results(ctx, observer)
+
+
+async def _carry_on(ctx: RequestContext, observer: StreamObserver, failure: UpstreamError | None,
+                    migrator: Migrator, send_more: Send) -> UpstreamError | None:
+    """A stream that ended without its end marker (and no error event of the upstream's own) is
+    continued elsewhere when the migrator can; the failure left to end it with, if any."""
+    observer.finish()
+    if observer.done or observer.error is not None:
+        return failure
+    if failure is None:
+        failure = UpstreamError("midstream", _backend(ctx), "upstream closed the stream before its end marker")
+    recording: RecordingObserver = observer  # type: ignore[assignment]  # forward.py pairs them
+    return await migrator.carry_on(failure, recording, send_more)
 
 
 def take_results(ctx: RequestContext, observer: StreamObserver) -> None:

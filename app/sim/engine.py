@@ -311,7 +311,7 @@ class SimEngine:
         new = 0
         for _ in range(count):
             index = len(req.output_ids)
-            token, text = self.tokenizer.output_token(index)
+            token, text = self.tokenizer.output_token(req.output_offset + index)
             req.output_ids.append(token)
             req.output_text.append(text)
             req.all_ids.append(token)
@@ -344,7 +344,8 @@ class SimEngine:
             return "length"
         if produced >= req.max_tokens:
             return "length"
-        if not req.ignore_eos and produced >= max(self.options.output_tokens, req.min_tokens):
+        natural = self.options.output_tokens - req.output_offset  # a continued answer ends where it would have
+        if not req.ignore_eos and produced >= max(natural, req.min_tokens, 1):
             return "stop"
         return None
 

@@ -6,6 +6,7 @@
 - `drop`: close the connection without any response;
 - `die_midstream`: abort the connection after K SSE events;
 - `stall`: accept, then send nothing for `delay_s` (then serve normally);
+- `stall_midstream`: send K SSE events, then nothing for `delay_s` (then carry on);
 - `slow`: multiply every engine step's time by `factor` (until `clear`; `count` is ignored);
 - `kv_gap`: the next `count` KV-event batches are not sent (their seq is used up and they stay in
   the replay buffer), so a subscriber sees a sequence gap;
@@ -19,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-MODES = ("error", "drop", "die_midstream", "stall", "slow", "kv_gap", "clear")
+MODES = ("error", "drop", "die_midstream", "stall", "stall_midstream", "slow", "kv_gap", "clear")
 
 
 @dataclass

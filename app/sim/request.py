@@ -34,6 +34,7 @@ class SimRequest:
     extra_key: str | None = None  # SGLang's radix namespace (the vLLM flavour has none)
     streaming: bool = True
     skip_prefix_cache: bool = False  # no lookup (prompt logprobs); its blocks are still cached
+    output_offset: int = 0  # a continued answer: filler tokens already in the prompt (tokens.continued_tokens)
     request_id: str = field(default_factory=lambda: f"sim-{next(_ids)}")
     arrival: float = field(default_factory=time.monotonic)
 

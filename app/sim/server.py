@@ -286,6 +286,18 @@ class SimApp:
         except (RenderError, TypeError, ValueError) as exc:  # e.g. `tool_calls: true`: vLLM says 400 too
             raise ApiError(400, str(exc)) from exc
 
+    def _continued(self, parsed: ParsedRequest) -> int:
+        """Canned output tokens a continuation request already holds (tokens.continued_tokens)."""
+        if parsed.kind == "chat":
+            if not parsed.template_kwargs.get("continue_final_message") or not parsed.messages:
+                return 0
+            final = parsed.messages[-1]
+            content = final.get("content") if final.get("role") == "assistant" else None
+            return self.tokenizer.continued_tokens(content, whole=True) if isinstance(content, str) else 0
+        if parsed.kind == "completion" and parsed.prompt_text:
+            return self.tokenizer.continued_tokens(parsed.prompt_text, whole=False)
+        return 0
+
     async def _generate(self, kind: str, receive: Receive, send: Send) -> None:
         arrival = time.monotonic()
         raw = await read_body(receive)
@@ -344,13 +356,15 @@ class SimApp:
             and parsed.extra_key else None
         req = SimRequest(ids, max_tokens, min_tokens=parsed.min_tokens, ignore_eos=parsed.ignore_eos,
                          cache_salt=parsed.cache_salt, extra_key=extra_key, streaming=parsed.stream, arrival=arrival,
-                         skip_prefix_cache=parsed.skip_prefix_cache)
+                         skip_prefix_cache=parsed.skip_prefix_cache, output_offset=self._continued(parsed))
         if len(raw) > THREAD_THRESHOLD_BYTES:
             await asyncio.to_thread(self.engine.prepare, req)
         else:
             self.engine.prepare(req)
         self.engine.add(req)
         die_after = fault.after_chunks if fault is not None and fault.mode == "die_midstream" else None
+        if fault is not None and fault.mode == "stall_midstream":
+            send = _stalling(send, fault.after_chunks, fault.delay_s)
         watcher = asyncio.get_running_loop().create_task(self._watch(receive, req))
         try:
             if kind == "responses":
@@ -406,3 +420,18 @@ def build_app(options: SimOptions | None = None, **kwargs: Any) -> SimApp:
 
 
 __all__ = ["SimApp", "build_app"]
+
+
+def _stalling(send: Send, after_events: int, delay_s: float) -> Send:
+    """`send` that pauses `delay_s` before the body chunk after the first `after_events` ones
+    (the stall_midstream fault: the replica goes silent mid-stream)."""
+    sent = 0
+
+    async def wrapped(message: Any) -> None:
+        nonlocal sent
+        if message.get("type") == "http.response.body" and message.get("body"):
+            if sent == after_events:
+                await asyncio.sleep(delay_s)
+            sent += 1
+        await send(message)
+    return wrapped

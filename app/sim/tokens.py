@@ -31,7 +31,8 @@ from app.sim.chat_template import HfChatTemplate
 
 DEFAULT_TOKENIZER_DIR = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
 MEMO_BYTES = 64 * 1024 * 1024
-MEMO_MIN_CHARS = 256  # a shorter text is encoded whole (cheaper than splitting it)
+MEMO_MIN_CHARS = 256
+CONTINUE_MAX_CHARS = 64 * 1024  # a completions continuation is looked for in the prompt's last chars  # a shorter text is encoded whole (cheaper than splitting it)
 
 FILLER = (
     " The cache is warm when the prefix is stable, and the first token arrives early because"
@@ -114,6 +115,37 @@ class SimTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
+
+    def continued_tokens(self, text: str, whole: bool) -> int:
+        """How many canned output tokens a continuation request already holds: the filler's first
+        k tokens are the whole final assistant message (`whole`, chat `continue_final_message`)
+        or the end of a completions prompt. 0 when they are not. The simulated engine continues
+        the canned answer from token k, as a greedy real engine continues its own answer."""
+        if not text:
+            return 0
+        if whole:
+            return self._filler_prefix_tokens(text)
+        first = self.filler_text[0]
+        start = text.rfind(first, max(0, len(text) - CONTINUE_MAX_CHARS))
+        best = 0
+        while start >= 0:  # leftmost filler start whose tail is all filler: the longest continuation
+            k = self._filler_prefix_tokens(text[start:])
+            if k:
+                best = k
+            start = text.rfind(first, max(0, len(text) - CONTINUE_MAX_CHARS), start)
+        return best
+
+    def _filler_prefix_tokens(self, text: str) -> int:
+        """k when `text` is exactly the canned output's first k tokens, else 0."""
+        pos = k = 0
+        n = len(self.filler_text)
+        while pos < len(text):
+            piece = self.filler_text[k % n]
+            if not text.startswith(piece, pos):
+                return 0
+            pos += len(piece)
+            k += 1
+        return k
 
     def output_token(self, index: int) -> tuple[int, str]:
         """The index-th generated token id and its text."""

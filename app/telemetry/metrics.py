@@ -232,6 +232,17 @@ class Metrics:
             "prefixgate_upstream_errors_total",
             "Upstream failures by kind (connect, status_5xx, timeout, midstream, ...).",
             ["backend", "kind"], registry=r)
+        self.migrations = Counter(
+            "prefixgate_migrations_total",
+            "Streams whose replica broke mid-answer, by what the gateway did: outcome=continued (the "
+            "continuation reached its end marker), failed (it ended with an error event), skipped "
+            "(not continued; reason says why: tool_calls, reasoning, finished, no_replica, refused, ...).",
+            ["route", "reason", "outcome"], registry=r)
+        self.migration_pause = Histogram(
+            "prefixgate_migration_pause_seconds",
+            "Client-visible pause of a continued stream: the broken replica's last relayed event (or its "
+            "failure) to the continuation's first relayed event.",
+            ["route"], buckets=WAIT_BUCKETS, registry=r)
         self.backend_healthy = Gauge(
             "prefixgate_backend_healthy", "1 when the backend passes health checks.", ["backend"], registry=r)
         self.backend_inflight = Gauge(
