@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 import orjson
@@ -35,8 +35,13 @@ from app.proxy.upstream import UpstreamError, classify_exception
 from app.routing.base import NoReplicaAvailable, RouteDecision, RouteRequest
 
 if TYPE_CHECKING:
+    from app.config import MigrateMidstream
     from app.proxy.context import RequestContext
-    from app.proxy.forward import Forwarder
+    from app.proxy.upstream import Upstream
+    from app.routing.base import Router
+    from app.routing.health import HealthChecker
+    from app.routing.load import ReplicaLoad
+    from app.telemetry.metrics import Metrics
 
 ROUTES = ("chat", "completions")  # the routes whose engines can continue an answer
 MAX_RECORDED_BYTES = 8 * 1024 * 1024  # a longer stream is not continued (what was sent is not kept)
@@ -250,11 +255,22 @@ class RecordingObserver(StreamObserver):
         return out
 
 
+class Forwarding(Protocol):
+    """The parts of the forwarder (app/proxy/forward.py `Forwarder`) a continuation uses."""
+
+    router: Router
+    upstream: Upstream
+    health: HealthChecker
+    load: ReplicaLoad
+    metrics: Metrics
+    migrate: MigrateMidstream | None
+
+
 class Migrator:
     """Continues one streamed request's broken answer elsewhere (bounded attempts), with the
     forwarder's own router, upstream, health, load owner and metrics."""
 
-    def __init__(self, forwarder: Forwarder, ctx: RequestContext, request: RouteRequest, body: bytes,
+    def __init__(self, forwarder: Forwarding, ctx: RequestContext, request: RouteRequest, body: bytes,
                  headers: dict[str, str], method: str, path: str, tried: set[str]) -> None:
         self.fw = forwarder
         self.ctx = ctx
@@ -266,7 +282,7 @@ class Migrator:
         self.tried = tried
 
     @staticmethod
-    def of(forwarder: Forwarder, ctx: RequestContext, request: RouteRequest, body: bytes,
+    def of(forwarder: Forwarding, ctx: RequestContext, request: RouteRequest, body: bytes,
            headers: dict[str, str], method: str, path: str, tried: set[str]) -> Migrator | None:
         """A migrator when the config and the route allow one (else None: end as today)."""
         if forwarder.migrate is None or ctx.route not in ROUTES:
