@@ -72,24 +72,49 @@ def test_kept_segments_stay_within_the_byte_cap() -> None:
         assert 0 <= memo.bytes <= 20_000
 
 
-def test_the_fingerprint_of_a_growing_chat_equals_a_fresh_gateways() -> None:
-    """Through the tokenizer's real template and memos: each turn's chain, from a tokenizer that
-    kept the earlier turns' segments, equals the chain of one that never saw them."""
+def _bodies(rng: random.Random) -> list[dict]:
+    """A chat with tools that grows, has an early turn edited, its tools reordered, its front
+    trimmed, then grows again (the fallbacks between the continuations)."""
+    tools = [{"type": "function", "function": {"name": f"tool_{k}", "description": "does " * 300,
+                                               "parameters": {"type": "object", "properties": {}}}} for k in range(4)]
+    messages: list[dict] = [{"role": "system", "content": "You are an agent.\n" + "rules " * 7000}]
+    out: list[dict] = []
+
+    def turn(k: int) -> None:
+        messages.extend([
+            {"role": "user", "content": f"step {k} " + " ".join(rng.choice(["a", "bc", "<|im_end|>"]) for _ in range(3000))},
+            {"role": "assistant", "content": f"done {k}"}])
+        out.append({"model": "m", "messages": list(messages), "tools": list(tools)})
+
+    for k in range(3):
+        turn(k)
+    messages[1] = {**messages[1], "content": "edited " + messages[1]["content"]}
+    turn(3)
+    tools.reverse()
+    turn(4)
+    del messages[1:3]
+    turn(5)
+    turn(6)
+    return out
+
+
+def test_the_fingerprint_of_a_changing_chat_equals_a_fresh_gateways() -> None:
+    """Through the tokenizer's real template and memos: each request's chain, from a tokenizer
+    that kept the earlier requests' segments, equals the chain of one that never saw them."""
     from app.prefix.fingerprint import Fingerprinter, prompt_input
 
     warm = Fingerprinter(SegmentTokenizer.load(), inline_chars=1 << 30, inline_hash_tokens=1 << 30)
-    rng = random.Random(5)
-    messages: list[dict] = [{"role": "system", "content": "You are an agent.\n" + "rules " * 7000}]
-    for turn in range(6):
-        messages += [{"role": "user", "content": f"step {turn} " + " ".join(rng.choice(["a", "bc", "<|im_end|>"]) for _ in range(3000))},
-                     {"role": "assistant", "content": f"done {turn}"}]
-        body = {"model": "m", "messages": messages[:-1] if turn % 2 else messages}
+    shortcuts = 0
+    for body in _bodies(random.Random(5)):
         inp = prompt_input("chat", body)
+        before = warm.tokenizer.resplit.hits
         fp = warm.prepare(inp, 16)
+        shortcuts += warm.tokenizer.resplit.hits - before
         cold = Fingerprinter(SegmentTokenizer.load(), inline_chars=1 << 30, inline_hash_tokens=1 << 30)
         ref = cold.prepare(inp, 16)
         assert fp.complete and ref.complete
         assert list(fp.block_hashes) == list(ref.block_hashes)
+        assert warm.tokenizer.split(fp.text) == cold.tokenizer.splitter.split(fp.text)
         cold.close()
-    assert warm.tokenizer.resplit.hits >= 4
+    assert shortcuts >= 3  # the continuations took the shortcut (not the edit, the reorder, the trim)
     warm.close()
