@@ -106,7 +106,7 @@ async def request(services, s: Session, seq: int) -> tuple[float, str, int]:
     stage, router = services.prefix, services.router
     ctx = RequestContext(request_id=f"r-{seq}", route="chat", path="/v1/chat/completions", tenant="agents",
                          headers={}, body=s.body(), model="m", stream=True, timings=Timings(arrival=time.perf_counter()))
-    c0 = _tree_cpu()
+    c0 = _tree_cpu(start=True)
     await stage.before_route(ctx)
     fp = ctx.fingerprint
     mode = "none" if fp is None else ("exact" if fp.complete else ("approx" if fp.mode == "approx" else "pending"))
