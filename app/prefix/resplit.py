@@ -34,7 +34,7 @@ from dataclasses import dataclass
 MIN_CHARS = 32 * 1024  # shorter prompts split in microseconds: not kept
 HEAD_CHARS = 256  # entries are found by the prompt's first characters
 PER_HEAD = 16  # conversations over one head (system prompt + tools) kept at once
-ENTRY_OVERHEAD_BYTES = 300  # the entry, its tuple's header, the index slots
+ENTRY_OVERHEAD_BYTES = 300  # the entry, its tuple's header, the LRU and head-index slots
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,12 @@ class SplitMemo:
         if i == 0:
             return
         kept = tuple(segments[:i])
-        nbytes = sum(map(sys.getsizeof, kept)) + 8 * len(kept) + ENTRY_OVERHEAD_BYTES
+        guard = text[end:end + self.lookahead]
+        nbytes = (sum(map(sys.getsizeof, kept)) + 8 * len(kept) + sys.getsizeof(head) + sys.getsizeof(guard)
+                  + ENTRY_OVERHEAD_BYTES)
         if nbytes > self.max_bytes:
             return
-        entry = _Entry(head, kept, end, text[end:end + self.lookahead], nbytes)
+        entry = _Entry(head, kept, end, guard, nbytes)
         with self._lock:
             if replaces is not None:
                 self._drop(replaces)  # the conversation's previous prompt: this one holds it
