@@ -34,6 +34,7 @@ from dataclasses import dataclass
 MIN_CHARS = 32 * 1024  # shorter prompts split in microseconds: not kept
 HEAD_CHARS = 256  # entries are found by the prompt's first characters
 PER_HEAD = 16  # conversations over one head (system prompt + tools) kept at once
+PROBE_CHARS = 32  # a long segment's tail, compared before the whole segment
 ENTRY_OVERHEAD_BYTES = 300  # the entry, its tuple's header, the LRU and head-index slots
 
 
@@ -46,14 +47,19 @@ class _Entry:
     nbytes: int
 
     def continued_by(self, text: str) -> bool:
-        """`text` holds this entry's segments, then its guard, from the start."""
+        """`text` holds this entry's segments, then its guard, from the start. A long segment's
+        last characters are compared first: the same document with another question at its end
+        fails there, not after a memcmp of the whole document."""
         if len(text) < self.cut + len(self.guard) or not text.startswith(self.guard, self.cut):
             return False
         pos = 0
         for seg in self.segments:
+            n = len(seg)
+            if n > PROBE_CHARS and not text.startswith(seg[-PROBE_CHARS:], pos + n - PROBE_CHARS):
+                return False
             if not text.startswith(seg, pos):
                 return False
-            pos += len(seg)
+            pos += n
         return True
 
 
