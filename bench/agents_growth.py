@@ -106,7 +106,7 @@ async def request(services, s: Session, seq: int) -> tuple[float, str, int]:
     stage, router = services.prefix, services.router
     ctx = RequestContext(request_id=f"r-{seq}", route="chat", path="/v1/chat/completions", tenant="agents",
                          headers={}, body=s.body(), model="m", stream=True, timings=Timings(arrival=time.perf_counter()))
-    c0 = _tree_cpu()
+    c0 = _tree_cpu(start=True)
     await stage.before_route(ctx)
     fp = ctx.fingerprint
     mode = "none" if fp is None else ("exact" if fp.complete else ("approx" if fp.mode == "approx" else "pending"))
@@ -151,12 +151,14 @@ async def run(sessions: int, turns: int, new_kb: int) -> dict:
         chain_blocks = sum(len(n.hashes) for n in fpr.chains._data.values())
         res_blocks = sum(services.store.residency_size(r.name) for r in services.replicas.all())
         tracker = services.prefix.tracker
+        split_entries = len(fpr.tokenizer.resplit._entries)
     finally:
         services.prefix.shutdown()
         await services.store.close()
     return {"cpu": cpu, "modes": modes, "sizes": sizes, "rss": (rss0, _rss()), "parts": parts,
             "memo_tokens": memo_tokens, "chain_blocks": chain_blocks, "res_blocks": res_blocks,
-            "tracker_blocks": tracker.hash_count, "block": services.prefix.block_size()}
+            "tracker_blocks": tracker.hash_count, "block": services.prefix.block_size(),
+            "split_entries": split_entries}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| part | bytes held | per |")
     print("|---|---:|---:|")
     print(f"| token memo | {parts['token_memo'] / 2**20:.1f} MB | {parts['token_memo'] / max(1, r['memo_tokens']):.1f} B a memoised token |")
+    print(f"| split memo | {parts['split_memo'] / 2**20:.1f} MB | {r['split_entries']} conversations kept |")
     print(f"| chain memo | {parts['chain_memo'] / 2**20:.1f} MB | {parts['chain_memo'] / max(1, r['chain_blocks'] * r['block']):.2f} B a token of its blocks |")
     print(f"| tracker hashes | {parts['tracker_hashes'] / 2**20:.2f} MB | {parts['tracker_hashes'] / max(1, r['tracker_blocks']):.1f} B a block |")
     print(f"| residency index | {parts['residency'] / 2**20:.2f} MB | {parts['residency'] / max(1, r['res_blocks']):.1f} B a block |")

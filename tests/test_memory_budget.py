@@ -58,7 +58,7 @@ def _held(build: Callable[[], Any]) -> tuple[Any, int]:
 def test_every_cap_is_a_share_of_the_one_budget() -> None:
     for mb in (8, 256, 4096):
         caps = MemoryCaps.from_budget(mb)
-        parts = (caps.token_memo_bytes + caps.chain_memo_bytes + caps.tracker_hash_bytes
+        parts = (caps.token_memo_bytes + caps.split_memo_bytes + caps.chain_memo_bytes + caps.tracker_hash_bytes
                  + caps.tracker_text_bytes)
         assert caps.budget_bytes == mb * MB and parts <= caps.budget_bytes
         assert caps.tracker_tenant_hash_bytes < caps.tracker_hash_bytes
@@ -130,7 +130,7 @@ def test_budget_and_usage_are_exported(proxy_factory: Callable[..., Any], sim: A
     asyncio.run_coroutine_threadsafe(stage.drain(), proxy.server.loop).result(10)
     assert proxy.sample("prefixgate_memory_budget_bytes") == budget_mb * MB
     held = stage.memory_bytes()
-    assert set(held) == {"token_memo", "chain_memo", "tracker_hashes", "tracker_texts", "recent"}
+    assert set(held) == {"token_memo", "split_memo", "chain_memo", "tracker_hashes", "tracker_texts", "recent"}
     for part, value in held.items():
         assert proxy.sample("prefixgate_memory_used_bytes", part=part) == value
     assert held["token_memo"] > 0 and held["chain_memo"] > 0 and held["tracker_hashes"] > 0

@@ -21,7 +21,8 @@ DEFAULT_BUDGET_MB = 256  # memory.budget_mb's default (app/config.py): 512Mi Hel
 # diagnosis, which needs the last few prompts per tenant. The tracker's hashes sit in packed
 # arrays (8 bytes a block, app/prefix/runs.py): 15 % holds ~4.8M blocks at the default budget, so
 # the memos get the rest (32 distinct 1 MB heads fit in both at the default budget, docs/memory.md).
-TOKEN_MEMO_SHARE = 0.40
+TOKEN_MEMO_SHARE = 0.37
+SPLIT_MEMO_SHARE = 0.03  # the segments of recent long prompts, one entry per conversation (resplit.py)
 CHAIN_MEMO_SHARE = 0.25
 TRACKER_HASHES_SHARE = 0.15
 TRACKER_TEXTS_SHARE = 0.15
@@ -38,6 +39,7 @@ class MemoryCaps:
 
     budget_bytes: int
     token_memo_bytes: int
+    split_memo_bytes: int
     chain_memo_bytes: int
     tracker_hash_bytes: int
     tracker_tenant_hash_bytes: int
@@ -51,6 +53,7 @@ class MemoryCaps:
         return cls(
             budget_bytes=budget,
             token_memo_bytes=int(budget * TOKEN_MEMO_SHARE),
+            split_memo_bytes=int(budget * SPLIT_MEMO_SHARE),
             chain_memo_bytes=int(budget * CHAIN_MEMO_SHARE),
             tracker_hash_bytes=hashes,
             tracker_tenant_hash_bytes=hashes // TENANT_HASHES_FRACTION,

@@ -135,7 +135,10 @@ def span_key(role: str, text: str, start: int, end: int, before: str | None = No
 
 def turn_keys(sketch: RequestSketch) -> list[str]:
     """One key per user turn: the turn with the message before it (two conversations that share a
-    question such as "thanks" still differ in what preceded it)."""
+    question such as "thanks" still differ in what preceded it). Computed once per sketch."""
+    memo = sketch.turn_keys_memo
+    if memo is not None and memo[0] == len(sketch.regions):
+        return list(memo[1])
     out: list[str] = []
     text = sketch.text
     prev = (0, 0)  # the message before, as a span
@@ -146,7 +149,8 @@ def turn_keys(sketch: RequestSketch) -> list[str]:
             before = text[max(prev[0], prev[1] - 512):prev[1]]
             out.append(span_key("user", text, region.start, region.end, before))
         prev = (region.start, region.end)
-    return out
+    sketch.turn_keys_memo = (len(sketch.regions), out)
+    return list(out)
 
 
 def last_turn_key(sketch: RequestSketch) -> str | None:

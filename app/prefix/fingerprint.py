@@ -135,22 +135,22 @@ class Fingerprinter:
             if replicas is None or session is None:
                 raise ValueError("engine mode needs the replica set and the upstream session")
             try:
-                tokenizer = SegmentTokenizer.load(settings.tokenizer, memo, opts.workers)
+                tokenizer = SegmentTokenizer.load(settings.tokenizer, memo, opts.workers, caps.split_memo_bytes)
             except Exception:  # noqa: BLE001 - text for diagnosis only: the default template will do
-                tokenizer = SegmentTokenizer.load(None, memo, opts.workers)
+                tokenizer = SegmentTokenizer.load(None, memo, opts.workers, caps.split_memo_bytes)
             return cls(tokenizer, "engine", chains, opts.inline_chars, opts.inline_hash_tokens,
                        EngineTokenize(replicas, session, settings.limits.connect_timeout_s + 5.0))
         if mode in ("auto", "exact"):
             try:
-                tokenizer = SegmentTokenizer.load(settings.tokenizer, memo, opts.workers)
+                tokenizer = SegmentTokenizer.load(settings.tokenizer, memo, opts.workers, caps.split_memo_bytes)
                 mode = "exact"
             except Exception:  # noqa: BLE001 - any load failure (missing dir, bad json) means approx
                 if opts.mode == "exact":
                     raise
-                tokenizer = ApproxTokenizer.load(None, memo, opts.workers)
+                tokenizer = ApproxTokenizer.load(None, memo, opts.workers, caps.split_memo_bytes)
                 mode = "approx"
         else:
-            tokenizer = ApproxTokenizer.load(None, memo, opts.workers)
+            tokenizer = ApproxTokenizer.load(None, memo, opts.workers, caps.split_memo_bytes)
         if mode == "exact" and tokenizer.tokenizer_json is not None:
             size = opts.cold_pool_workers
             workers = spare_cores() if size == "auto" else int(size)
@@ -164,7 +164,8 @@ class Fingerprinter:
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held by each memo, as the memos count them (docs/memory.md)."""
-        return {"token_memo": self.tokenizer.memo.bytes, "chain_memo": self.chains.bytes}
+        return {"token_memo": self.tokenizer.memo.bytes, "split_memo": self.tokenizer.resplit.bytes,
+                "chain_memo": self.chains.bytes}
 
     def render(self, inp: PromptInput) -> str:
         return render_prompt(self.tokenizer.template, inp)

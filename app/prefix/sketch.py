@@ -40,6 +40,9 @@ class RequestSketch:
     tools_raw: list[str] = field(default_factory=list)  # each tool as sent (key order kept)
     tools_canon: list[str] = field(default_factory=list)  # each tool with sorted keys
     tail_start: int = 0  # where the content that is expected to vary (the last turn) begins
+    # diagnose.turn_keys of this sketch, kept once computed (it is read several times per request
+    # and again for each kept sketch by later requests); with the region count it was computed at
+    turn_keys_memo: tuple[int, list[str]] | None = field(default=None, repr=False, compare=False)
 
     def region_at(self, offset: int) -> Region | None:
         for region in self.regions:
@@ -56,14 +59,17 @@ class RequestSketch:
 
 
 REGION_BYTES = 120  # a frozen Region (4 slots + GC header) and its list slot
+TURN_KEY_BYTES = 90  # a kept turn key (32 hex chars) and its list slot; at most one per region
 
 
 def sketch_bytes(sketch: RequestSketch) -> int:
     """Bytes a kept sketch holds: its strings as stored (sys.getsizeof: 1-4 bytes a character plus
-    a header) and its regions. The text is usually the only big part."""
+    a header) and its regions, each with room for its turn key (`turn_keys_memo`, counted whether
+    or not it was computed yet, so the count does not change while the sketch is kept). The text is
+    usually the only big part."""
     strings = (sketch.text, sketch.system_text or "", *sketch.message_keys, *sketch.tools_raw,
                *sketch.tools_canon)
-    return sum(map(sys.getsizeof, strings)) + REGION_BYTES * len(sketch.regions) + 200
+    return sum(map(sys.getsizeof, strings)) + (REGION_BYTES + TURN_KEY_BYTES) * len(sketch.regions) + 200
 
 
 def content_text(content: Any) -> str:

@@ -41,9 +41,11 @@ from tokenizers import Tokenizer
 
 from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
 from app.prefix.pool import ColdPool
+from app.prefix.resplit import SplitMemo
 from app.prefix.template import ChatTemplate, load_chat_template
 
 DEFAULT_MEMO_BYTES = 128 * 1024 * 1024
+DEFAULT_SPLIT_MEMO_BYTES = 8 * 1024 * 1024  # resplit.py; the server's is a share of memory.budget_mb
 DEFAULT_WORKERS = 2
 APPROX_CHARS = 4  # approx mode: one pseudo-token per 4 characters
 
@@ -287,7 +289,7 @@ class SegmentTokenizer:
 
     def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None, specials: Sequence[str],
                  memo_bytes: int = DEFAULT_MEMO_BYTES, workers: int = DEFAULT_WORKERS,
-                 source: str = "default") -> None:
+                 source: str = "default", split_memo_bytes: int = DEFAULT_SPLIT_MEMO_BYTES) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self.source = source
@@ -295,6 +297,7 @@ class SegmentTokenizer:
         self.cold: ColdPool | None = None  # cold tokenisations in a process pool (app/prefix/pool.py)
         self.splitter = SegmentSplitter(specials)
         self.memo = TokenMemo(memo_bytes)
+        self.resplit = SplitMemo(self.splitter.split, self.splitter.specials, split_memo_bytes)
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="prefixgate-tok")
         self._special_ids: dict[str, int] = {}
         for s in self.splitter.specials:
@@ -307,7 +310,7 @@ class SegmentTokenizer:
 
     @classmethod
     def load(cls, path: str | Path | None = None, memo_bytes: int = DEFAULT_MEMO_BYTES,
-             workers: int = DEFAULT_WORKERS) -> SegmentTokenizer:
+             workers: int = DEFAULT_WORKERS, split_memo_bytes: int = DEFAULT_SPLIT_MEMO_BYTES) -> SegmentTokenizer:
         """Load `tokenizer.json` (+ chat template) from a HF tokenizer directory; None = built-in."""
         directory = Path(path) if path is not None else DEFAULT_TOKENIZER_DIR
         if not (directory / "tokenizer.json").is_file():
@@ -322,7 +325,7 @@ class SegmentTokenizer:
             if added.special:
                 specials.append(added.content)
         out = cls(tokenizer, template, specials, memo_bytes, workers,
-                  source=str(directory) if path is not None else "default")
+                  source=str(directory) if path is not None else "default", split_memo_bytes=split_memo_bytes)
         out.tokenizer_json = directory / "tokenizer.json"
         return out
 
@@ -349,7 +352,7 @@ class SegmentTokenizer:
         """Segments of `text` (a single segment when segmentation is not exact)."""
         if not self.segmented:
             return [text] if text else []
-        return self.splitter.split(text)
+        return self.resplit.split(text)  # == self.splitter.split(text) (app/prefix/resplit.py)
 
     def encode(self, text: str) -> Ids:
         """The tokenizer's own single encode (add_special_tokens=False, as engines do for chat)."""

@@ -177,8 +177,8 @@ class Metrics:
             "(memos, tenant history); every such cap is a share of it (docs/memory.md).", registry=r)
         self.memory_used = Gauge(
             "prefixgate_memory_used_bytes",
-            "Bytes held now by each budgeted part (part=token_memo, chain_memo, tracker_hashes, "
-            "tracker_texts, recent), as each part counts its entries (docs/memory.md).",
+            "Bytes held now by each budgeted part (part=token_memo, split_memo, chain_memo, "
+            "tracker_hashes, tracker_texts, recent), as each part counts its entries (docs/memory.md).",
             ["part"], registry=r)
 
         # --- engine (scraped from replicas' /metrics) ---
