@@ -153,6 +153,14 @@ SGLANG_CASES: list[tuple[str, dict[str, Any]]] = [
         {"role": "user", "content": "q"}, {"role": "assistant", "content": "partial"}]}),
     ("sglang-tool-choice-none", {"messages": [{"role": "user", "content": "q"}], "tool_choice": "none",
                                  "tools": [{"type": "function", "function": {"name": "f"}}]}),
+    ("sglang-named-tool-choice", {"messages": [{"role": "user", "content": "q"}],
+                                  "tool_choice": {"type": "function", "function": {"name": "g"}},
+                                  "tools": [{"type": "function", "function": {"name": "f"}},
+                                            {"type": "function", "function": {"name": "g", "description": "d"}}]}),
+    ("sglang-final-assistant-parts", {"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "p"}, {"type": "text", "text": "q"}]}],
+        "add_generation_prompt": False}),
 ]
 
 
@@ -163,9 +171,6 @@ def sglang_sim() -> Iterator[str]:
         yield sim.urls[0]
 
 
-@pytest.mark.xfail(strict=True, reason="finding for the lead: the gateway prepares an SGLang replica's chat "
-                   "messages as vLLM does; SGLang 0.5.23 joins text parts with a space, turns a final assistant "
-                   "message into a user one and drops tools for tool_choice none (docs/testing-oracles.md)")
 @pytest.mark.parametrize(("name", "body"), SGLANG_CASES, ids=[c[0] for c in SGLANG_CASES])
 def test_gateway_ids_equal_the_sglang_simulators(sglang_sim: str, name: str, body: dict[str, Any]) -> None:
     inp = prompt_input("chat", body, strip_billing=False, tool_dump="sglang")

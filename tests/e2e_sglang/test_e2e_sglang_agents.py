@@ -18,7 +18,8 @@ openai/serving_responses.py). The proxy renders both routes by vLLM 0.32's rules
 - `previous_response_id`, which SGLang refuses unless started with `--enable-response-store`,
   comes back as SGLang's OpenAI-shaped 400, relayed as it is;
 - the tenant's `cache_salt` isolates tenants on `/v1/responses` (SGLang's Responses request
-  carries it to the radix cache) but not on `/v1/messages`, whose request model has no such field.
+  carries it to the radix cache) but not on `/v1/messages`, whose request model has no such field
+  (a strict xfail); the proxy predicts the cache SGLang shares there.
 """
 
 from __future__ import annotations
@@ -316,4 +317,21 @@ def test_messages_cache_salt_isolates_tenants(e2e_proxy: Any, sglang_radix: Any,
 
     rows = _two_tenants(proxy, send)
     assert [r[2] or 0 for r in rows] == [0, 0, rows[0][1] - 1], "globex read acme's cached tokens"
+    assert [r[3] for r in rows] == [r[2] or 0 for r in rows]
+
+
+def test_messages_cache_salt_prediction_follows_sglang(e2e_proxy: Any, sglang_radix: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang caches a Messages request unsalted whatever salt it carries, so the proxy predicts
+    the shared cache it gets (app/prefix/namespace.py `request_namespace`), not an isolation it
+    does not: globex reads acme's tokens, and each prediction equals SGLang's count."""
+    monkeypatch.setenv(SECRET_ENV, "s" * 32)
+    proxy = e2e_proxy([sglang_radix], tenants={"cache_salt": {"enabled": True, "secret_env": SECRET_ENV}})
+
+    def send(tenant: str, rid: str) -> tuple[int, int | None]:
+        usage = _message(proxy, tenant, rid, **_plain_messages(0, []))
+        return prompt_of(usage), usage.cache_read_input_tokens
+
+    rows = _two_tenants(proxy, send)
+    assert (rows[1][2] or 0) > 0.5 * rows[1][1], "SGLang shares the tenants' cache on /v1/messages"
     assert [r[3] for r in rows] == [r[2] or 0 for r in rows]
