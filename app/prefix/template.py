@@ -164,8 +164,7 @@ def sglang_prepare(messages: Sequence[Mapping[str, Any]], content_format: str) -
     (`process_content_for_template_format`, `normalize_tool_content`, `_handle_last_assistant_message`):
     null members dropped, a null content is ""; with the "string" format a list content is the
     texts of its `text` / `input_text` parts joined with a space (vLLM: a newline); with "openai"
-    those parts are `{"type": "text", "text"}` (other parts dropped, a tool message's all-text list
-    joined with a space); assistant tool-call arguments parsed to objects; then a final assistant
+    the parts `_sglang_part` keeps (a tool message's all-text list joined with a space); assistant tool-call arguments parsed to objects; then a final assistant
     message with string content becomes a user message (the template still asks for the
     generation prompt: SGLang's chat route always does)."""
     out: list[dict[str, Any]] = []
@@ -173,14 +172,12 @@ def sglang_prepare(messages: Sequence[Mapping[str, Any]], content_format: str) -
         msg = {k: v for k, v in message.items() if v is not None}
         content = msg.get("content", "")
         if isinstance(content, list):
-            texts = [p["text"] for p in content if isinstance(p, Mapping) and p.get("type") in ("text", "input_text")
-                     and isinstance(p.get("text"), str)]
-            if content_format == "string":
-                msg["content"] = " ".join(texts)
-            elif msg.get("role") == "tool" and len(texts) == len(content):
+            parts = [q for p in content if (q := _sglang_part(p)) is not None]
+            texts = [p["text"] for p in parts if p.get("type") == "text"]
+            if content_format == "string" or (msg.get("role") == "tool" and len(texts) == len(parts)):
                 msg["content"] = " ".join(texts)
             else:
-                msg["content"] = [{"type": "text", "text": t} for t in texts]
+                msg["content"] = parts
         else:
             msg["content"] = content
         calls = msg.get("tool_calls")
@@ -190,6 +187,20 @@ def sglang_prepare(messages: Sequence[Mapping[str, Any]], content_format: str) -
     if out and out[-1].get("role") == "assistant" and isinstance(out[-1].get("content"), str):
         out[-1] = {"role": "user", "content": out[-1]["content"]}
     return out
+
+
+_SGLANG_MEDIA = {"image_url": "image", "input_image": "image", "video_url": "video", "audio_url": "audio"}
+
+
+def _sglang_part(part: Any) -> dict[str, Any] | None:
+    """A content part as SGLang keeps it: text as `{"type": "text"}`, media as its bare type, a
+    `tool_reference` as sent; anything else dropped."""
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    if kind in ("text", "input_text") and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if kind in _SGLANG_MEDIA:
+        return {"type": _SGLANG_MEDIA[kind]}
+    return dict(part) if kind == "tool_reference" else None
 
 
 def developer_as_system(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
