@@ -51,7 +51,7 @@ class Responses(Dialect):
 
     def prompt_input(self, body: dict[str, Any], engine: EngineFacts) -> PromptInput | None:
         # converted as the engine converts it (app/prefix/convert_responses.py)
-        return responses_prompt_input(body, engine.response_history)
+        return responses_prompt_input(body, engine.response_history, engine.engine_tool_dump())
 
     def hygiene_scan(self, tenant: str, body: dict[str, Any],
                      scanner: ChatScanner) -> tuple[list[Finding], list[DynamicLine]]:

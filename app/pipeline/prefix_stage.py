@@ -43,7 +43,7 @@ from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
 from app.prefix.convert_messages import requires_system_first
 from app.prefix.convert_responses import ResponseHistory, continued_history
 from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter
-from app.prefix.namespace import cache_namespace
+from app.prefix.namespace import request_namespace
 from app.prefix.sketch import build_sketch
 from app.prefix.template import TemplateError
 from app.prefix.tool_dump import ToolDump
@@ -169,7 +169,8 @@ class PrefixStage:
         if inp is None:
             return
         try:
-            fp = self.fingerprinter.prepare(inp, self.block_size(), cache_namespace(ctx.salt, ctx.body.get("extra_key")))
+            namespace = request_namespace(ctx.route, self.engine_tool_dump(), ctx.salt, ctx.body.get("extra_key"))
+            fp = self.fingerprinter.prepare(inp, self.block_size(), namespace)
         except TemplateError as exc:
             log.debug("no fingerprint for %s: %s", ctx.request_id, type(exc).__name__)
             return

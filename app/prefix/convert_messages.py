@@ -265,15 +265,72 @@ def strip_billing_lines(messages: list[Any]) -> list[Any]:
     return out
 
 
-def chat_view(body: Mapping[str, Any], strip_billing: bool = True, merge_inline_system: bool = False) -> dict[str, Any]:
+def sglang_tools(tools: Any) -> list[dict[str, Any]] | None:
+    """Anthropic tools as SGLang 0.5.23 hands them to the template (`anthropic/serving.py` builds
+    a chat `Tool` per tool, dumped by the chat route): `{"type": "function", "function": {name,
+    description ("" when absent), parameters, strict (its Anthropic model's default: false)},
+    "defer_loading": <the tool's, null when unset>}`."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        schema = tool.get("input_schema")
+        function = {"name": tool.get("name", ""), "description": tool.get("description") or "",
+                    "parameters": dict(schema) if isinstance(schema, Mapping) else {},
+                    "strict": tool.get("strict", False)}
+        if function["strict"] is None:
+            del function["strict"]
+        out.append({"type": "function", "function": function, "defer_loading": tool.get("defer_loading")})
+    return out or None
+
+
+def sglang_tool_choice(choice: Any) -> Any:
+    """An Anthropic `tool_choice` as SGLang's chat request carries it: "none", a named function,
+    "required" (`any`), else "auto"."""
+    kind = choice.get("type") if isinstance(choice, Mapping) else None
+    if kind == "none":
+        return "none"
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return "required" if kind == "any" else "auto"
+
+
+def _sglang_system(messages: list[dict[str, Any]], body: Mapping[str, Any], strip_billing: bool,
+                   merge_inline_system: bool) -> list[dict[str, Any]]:
+    """SGLang joins the leading system texts (the top-level ones, then the merged inline ones)
+    with "\n" (vLLM: no separator) and skips a blank system string: the leading message rebuilt so."""
+    top = _system_texts(body.get("system"), strip_billing)
+    inline: list[str] = []
+    if merge_inline_system:
+        for i in inline_system_indexes(body, strip_billing):
+            inline.append(_inline_system_text(body["messages"][i].get("content"), strip_billing))
+    if not (top or inline):
+        return messages  # no leading system message was built
+    system = body.get("system")
+    if isinstance(system, str) and not system.strip():
+        top = []
+    parts = top + inline
+    rest = messages[1:]
+    return [{"role": "system", "content": "\n".join(parts)}, *rest] if parts else rest
+
+
+def chat_view(body: Mapping[str, Any], strip_billing: bool = True, merge_inline_system: bool = False,
+              engine: str = "vllm") -> dict[str, Any]:
     """The chat-completions body the engine builds from a Messages body: the keys that shape the
-    prompt (messages, tools, chat_template_kwargs, model)."""
+    prompt (messages, tools, chat_template_kwargs, model; for SGLang its `tool_choice` too, and
+    its own system join and tool dump)."""
     messages = convert_messages(body, strip_billing, merge_inline_system)
+    if engine == "sglang":
+        messages = _sglang_system(messages, body, strip_billing, merge_inline_system)
     view: dict[str, Any] = {"model": body.get("model"),
                             "messages": strip_billing_lines(messages) if strip_billing else messages}
-    tools = convert_tools(body.get("tools"))
+    tools = sglang_tools(body.get("tools")) if engine == "sglang" else convert_tools(body.get("tools"))
     if tools:
         view["tools"] = tools
+        if engine == "sglang":
+            view["tool_choice"] = sglang_tool_choice(body.get("tool_choice"))
     kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, Mapping):
         view["chat_template_kwargs"] = dict(kwargs)

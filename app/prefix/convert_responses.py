@@ -26,8 +26,8 @@ from typing import Any
 
 import orjson
 
-from app.prefix.prompt import PromptInput
-from app.prefix.tool_dump import vllm_function
+from app.prefix.prompt import PromptInput, sglang_tools
+from app.prefix.tool_dump import ToolDump, vllm_function
 
 DEFAULT_HISTORY_BYTES = 32 * 1024 * 1024
 _TEXT_PART_TYPES = ("input_text", "output_text", "text")
@@ -122,9 +122,47 @@ def _item_message(item: Mapping[str, Any], prev: dict[str, Any] | None) -> dict[
     return None
 
 
-def input_messages(instructions: Any, items: Any, history: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+DEVELOPER_LABEL = "Developer instructions:"
+
+
+def _sglang_content(content: Any) -> Any:
+    """A message item's content as SGLang passes it on: a string as it is, else its text parts
+    (the template step joins them with a space, app/prefix/template.py)."""
+    if isinstance(content, str) or not isinstance(content, list):
+        return content if isinstance(content, str) else ""
+    return [{"type": "text", "text": p["text"]} for p in content
+            if isinstance(p, Mapping) and p.get("type") in _TEXT_PART_TYPES and isinstance(p.get("text"), str)]
+
+
+def _sglang_developer(content: Any) -> Any:
+    """SGLang's `label_developer_content`: the first text opens with "Developer instructions:\n"
+    (a list without text gets the label as its own first part)."""
+    if isinstance(content, str):
+        return f"{DEVELOPER_LABEL}\n{content}"
+    if content:
+        return [{**content[0], "text": f"{DEVELOPER_LABEL}\n{content[0]['text']}"}, *content[1:]]
+    return [{"type": "text", "text": DEVELOPER_LABEL}]
+
+
+def _sglang_message(item: Mapping[str, Any], prev: dict[str, Any] | None) -> dict[str, Any] | None:
+    """SGLang 0.5.23 (`openai/serving_responses.py`): a user / system message keeps its text
+    parts; a developer message stays in place as a labelled system message (vLLM merges it into
+    the leading system message); other items as vLLM converts them."""
+    role = item.get("role")
+    if item.get("type") in (None, "message") and role in ("user", "system", "developer"):
+        content = _sglang_content(item.get("content"))
+        if role == "developer":
+            return {"role": "system", "content": _sglang_developer(content)}
+        return {"role": role, "content": content}
+    return _item_message(item, prev)
+
+
+def input_messages(instructions: Any, items: Any, history: list[dict[str, Any]] | None = None,
+                   engine: str = "vllm") -> list[dict[str, Any]]:
     """`instructions` (a system message), then `history` (the previous response's messages
-    without system ones, and its output), then the `input` (a string is one user message)."""
+    without system ones, and its output), then the `input` (a string is one user message);
+    each item converted by `engine`'s rules."""
+    convert_item = _sglang_message if engine == "sglang" else _item_message
     messages: list[dict[str, Any]] = []
     if isinstance(instructions, str) and instructions:
         messages.append({"role": "system", "content": instructions})
@@ -136,21 +174,26 @@ def input_messages(instructions: Any, items: Any, history: list[dict[str, Any]] 
         for item in items:
             if not isinstance(item, Mapping):
                 continue
-            message = _item_message(item, messages[-1] if messages else None)
+            message = convert_item(item, messages[-1] if messages else None)
             if message is not None:
                 messages.append(message)
     return messages
 
 
-def convert(body: Mapping[str, Any], history: list[dict[str, Any]] | None = None) -> Converted:
-    """The chat messages + tools the engine renders for `body` (with `history` prepended)."""
-    return Converted(input_messages(body.get("instructions"), body.get("input"), history),
-                     convert_tools(body.get("tools")))
+def convert(body: Mapping[str, Any], history: list[dict[str, Any]] | None = None, engine: ToolDump = "vllm") -> Converted:
+    """The chat messages + tools `engine` renders for `body` (with `history` prepended); SGLang
+    leaves the tools out under `tool_choice: "none"` and keeps only the named one under a named
+    choice (app/prefix/prompt.py `sglang_tools`)."""
+    tools = convert_tools(body.get("tools"))
+    if engine == "sglang":
+        tools = sglang_tools(tools, body.get("tool_choice"))
+    return Converted(input_messages(body.get("instructions"), body.get("input"), history, engine), tools)
 
 
-def responses_prompt_input(body: Mapping[str, Any], history: ResponseHistory) -> PromptInput | None:
-    """The prompt of a Responses body as a chat PromptInput; None when it cannot be known: a
-    Harmony-rendered model, or a `previous_response_id` this process did not relay."""
+def responses_prompt_input(body: Mapping[str, Any], history: ResponseHistory,
+                           engine: ToolDump = "vllm") -> PromptInput | None:
+    """The prompt of a Responses body as a chat PromptInput, rendered for `engine`; None when it
+    cannot be known: a Harmony-rendered model, or a `previous_response_id` this process did not relay."""
     if harmony_model(body.get("model")):
         return None
     previous = body.get("previous_response_id")
@@ -159,14 +202,15 @@ def responses_prompt_input(body: Mapping[str, Any], history: ResponseHistory) ->
         prior = history.get(previous)
         if prior is None:
             return None
-    converted = convert(body, prior)
+    converted = convert(body, prior, engine)
     if not converted.messages:
         return None
     chat_body: dict[str, Any] = {"model": body.get("model"), "messages": converted.messages}
     if converted.tools:
         chat_body["tools"] = converted.tools
     return PromptInput("chat", messages=converted.messages, tools=converted.tools,
-                       template_kwargs={"add_generation_prompt": True}, model=body.get("model"), body=chat_body)
+                       template_kwargs={"add_generation_prompt": True}, model=body.get("model"), body=chat_body,
+                       engine=engine)
 
 
 def continued_history(messages: list[dict[str, Any]], output_text: str | None) -> list[dict[str, Any]]:

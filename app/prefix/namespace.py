@@ -5,6 +5,10 @@ SGLang (0.5.23) keys its radix tree by the token ids *and* the request's `extra_
 (docs/e2e-sglang.md). vLLM has no `extra_key`; a client that sends one to vLLM gets a prediction
 that is too low, never too high. Both the gateway's fingerprint and the simulator's SGLang flavour
 derive their namespace here, so they cannot drift apart.
+
+SGLang's `/v1/messages` request model has neither field and drops unknown ones: a salt (or an
+`extra_key`) sent there never reaches its radix cache, so a Messages request in front of SGLang
+lives in the unsalted namespace (`request_namespace`), and tenants share its cached tokens.
 """
 
 from __future__ import annotations
@@ -18,3 +22,11 @@ def cache_namespace(cache_salt: str | None, extra_key: Any) -> str | None:
     if not isinstance(extra_key, str) or not extra_key:
         return cache_salt
     return f"\x00extra_key={extra_key}\x00cache_salt={cache_salt or ''}"
+
+
+def request_namespace(route: str, engine: str, cache_salt: str | None, extra_key: Any) -> str | None:
+    """The namespace the engine actually caches a request under: `cache_namespace`, except on
+    SGLang's `/v1/messages`, which ignores both (None: unsalted)."""
+    if engine == "sglang" and route == "messages":
+        return None
+    return cache_namespace(cache_salt, extra_key)

@@ -34,6 +34,7 @@ class PromptInput:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
     body: Mapping[str, Any] | None = None  # the request body (engine mode sends it to /tokenize)
+    engine: ToolDump = "vllm"  # whose rules render the chat messages (app/prefix/template.py)
 
 
 def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True,
@@ -45,31 +46,58 @@ def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True
     header block there (vLLM does, SGLang does not); `merge_inline_system`: the template needs
     system-first ordering, so inline system messages join the leading one; `tool_dump`: whose
     request model the chat `tools` go through before rendering (app/prefix/tool_dump.py; None:
-    as sent, for tools already converted to the engine's form)."""
+    as sent, for tools already converted to the engine's form) and so which engine the prompt is
+    rendered for: "sglang" renders by SGLang 0.5.23's rules (docs/agents-apis.md), else vLLM's."""
+    engine: ToolDump = tool_dump or "vllm"
     if route == "messages":
-        return prompt_input("chat", chat_view(body, strip_billing, merge_inline_system), strip_billing=False,
-                            tool_dump=None)
+        return _chat_input(chat_view(body, strip_billing, merge_inline_system, engine), False, None, engine)
     if route == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return None
-        if strip_billing:  # vLLM's chat renderer drops a system text's billing-header first line
-            stripped = strip_billing_lines(messages)
-            if stripped is not messages:
-                messages, body = stripped, {**body, "messages": stripped}
-        kwargs: dict[str, Any] = {}
-        extra = body.get("chat_template_kwargs")
-        if isinstance(extra, Mapping):
-            kwargs.update(extra)
-        for key in ("documents", "continue_final_message", "reasoning_effort"):
-            if body.get(key) is not None:
-                kwargs[key] = body[key]
-        kwargs["add_generation_prompt"] = bool(body.get("add_generation_prompt", True))
-        tools = body.get("tools")
-        if tools and isinstance(tools, list) and tool_dump is not None:
-            tools = engine_tools(tools, tool_dump)  # the engine renders its model's dump, not the JSON sent
-        return PromptInput("chat", messages=messages, tools=tools if tools else None, template_kwargs=kwargs,
-                           model=body.get("model"), body=body)
+        return _chat_input(body, strip_billing, tool_dump, engine)
+    return _completion_input(body)
+
+
+def sglang_tools(tools: list[Any] | None, tool_choice: Any) -> list[Any] | None:
+    """The tools SGLang 0.5.23 hands the template (`openai/serving_chat.py`): none under
+    `tool_choice: "none"`, only the named one under a named choice, else all (vLLM: always all)."""
+    if not tools or tool_choice == "none":
+        return None
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else tool_choice.get("name")
+        return [t for t in tools if isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)
+                and t["function"].get("name") == name] or None
+    return tools
+
+
+def _chat_input(body: Mapping[str, Any], strip_billing: bool, tool_dump: ToolDump | None,
+                engine: ToolDump) -> PromptInput | None:
+    """A chat body's prompt as `engine` renders it (`tool_dump` as in `prompt_input`)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    if strip_billing:  # vLLM's chat renderer drops a system text's billing-header first line
+        stripped = strip_billing_lines(messages)
+        if stripped is not messages:
+            messages, body = stripped, {**body, "messages": stripped}
+    kwargs: dict[str, Any] = {}
+    extra = body.get("chat_template_kwargs")
+    if isinstance(extra, Mapping):
+        kwargs.update(extra)
+    for key in ("documents", "continue_final_message", "reasoning_effort"):
+        if body.get(key) is not None:
+            kwargs[key] = body[key]
+    kwargs["add_generation_prompt"] = bool(body.get("add_generation_prompt", True))
+    tools = body.get("tools")
+    if tools and isinstance(tools, list) and tool_dump is not None:
+        tools = engine_tools(tools, tool_dump)  # the engine renders its model's dump, not the JSON sent
+    if engine == "sglang" and isinstance(tools, list):
+        tools = sglang_tools(tools, body.get("tool_choice"))
+    return PromptInput("chat", messages=messages, tools=tools if tools else None, template_kwargs=kwargs,
+                       model=body.get("model"), body=body, engine=engine)
+
+
+def _completion_input(body: Mapping[str, Any]) -> PromptInput | None:
+    """A completion body's prompt: a string (a batch of one too) or token ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
@@ -90,7 +118,7 @@ def render_prompt(template: ChatTemplate | None, inp: PromptInput) -> str:
             raise ValueError("tokenizer has no chat template")
         kwargs = dict(inp.template_kwargs)
         agp = kwargs.pop("add_generation_prompt", True)
-        return template.render(inp.messages, tools=inp.tools, add_generation_prompt=agp, **kwargs)
+        return template.render(inp.messages, tools=inp.tools, add_generation_prompt=agp, engine=inp.engine, **kwargs)
     return inp.prompt
 
 

@@ -150,6 +150,59 @@ def _openai_parts(content: Any) -> list[Any]:
     return out
 
 
+_SGLANG_ITERATES_CONTENT = re.compile(r"for\s+\w+\s+in\s+(?:message|msg|m)(?:\.content\b|\[\s*['\"]content['\"]\s*\])")
+
+
+def sglang_content_format(source: str) -> str:
+    """SGLang 0.5.23's detection (`parser/jinja_template_utils.py`): "openai" when a `for` loop
+    iterates the content of a message named `message`, `msg` or `m`, else "string"."""
+    return "openai" if _SGLANG_ITERATES_CONTENT.search(source) else "string"
+
+
+def sglang_prepare(messages: Sequence[Mapping[str, Any]], content_format: str) -> list[dict[str, Any]]:
+    """Messages as SGLang 0.5.23's chat route hands them to the template
+    (`process_content_for_template_format`, `normalize_tool_content`, `_handle_last_assistant_message`):
+    null members dropped, a null content is ""; with the "string" format a list content is the
+    texts of its `text` / `input_text` parts joined with a space (vLLM: a newline); with "openai"
+    the parts `_sglang_part` keeps (a tool message's all-text list joined with a space); assistant tool-call arguments parsed to objects; then a final assistant
+    message with string content becomes a user message (the template still asks for the
+    generation prompt: SGLang's chat route always does)."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        msg = {k: v for k, v in message.items() if v is not None}
+        content = msg.get("content", "")
+        if isinstance(content, list):
+            parts = [q for p in content if (q := _sglang_part(p)) is not None]
+            texts = [p["text"] for p in parts if p.get("type") == "text"]
+            if content_format == "string" or (msg.get("role") == "tool" and len(texts) == len(parts)):
+                msg["content"] = " ".join(texts)
+            else:
+                msg["content"] = parts
+        else:
+            msg["content"] = content
+        calls = msg.get("tool_calls")
+        if isinstance(calls, list):
+            msg["tool_calls"] = [_parse_call(c) for c in calls]
+        out.append(msg)
+    if out and out[-1].get("role") == "assistant" and isinstance(out[-1].get("content"), str):
+        out[-1] = {"role": "user", "content": out[-1]["content"]}
+    return out
+
+
+_SGLANG_MEDIA = {"image_url": "image", "input_image": "image", "video_url": "video", "audio_url": "audio"}
+
+
+def _sglang_part(part: Any) -> dict[str, Any] | None:
+    """A content part as SGLang keeps it: text as `{"type": "text"}`, media as its bare type, a
+    `tool_reference` as sent; anything else dropped."""
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    if kind in ("text", "input_text") and isinstance(part.get("text"), str):
+        return {"type": "text", "text": part["text"]}
+    if kind in _SGLANG_MEDIA:
+        return {"type": _SGLANG_MEDIA[kind]}
+    return dict(part) if kind == "tool_reference" else None
+
+
 def developer_as_system(messages: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     """vLLM 0.32's step for a template that never names the `developer` role (renderers/hf.py,
     after the content-format step): every developer message becomes a system message (its `tools`
@@ -233,10 +286,15 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None,
                add_generation_prompt: bool = True, documents: Sequence[Any] | None = None,
-               **kwargs: Any) -> str:
-        """The prompt text the engine tokenizes (then encoded with add_special_tokens=False)."""
+               engine: str = "vllm", **kwargs: Any) -> str:
+        """The prompt text `engine` ("vllm" or "sglang") tokenizes (then encoded with
+        add_special_tokens=False): the messages prepared by that engine's rules."""
         variables: dict[str, Any] = dict(self.special_token_vars)
         continue_final = bool(kwargs.pop("continue_final_message", False))
+        if engine == "sglang" and continue_final:
+            # SGLang appends the final message's ids after the generation prompt, encoded on
+            # their own: not a text this renderer can produce, so no prediction rather than a wrong one
+            raise TemplateError("continue_final_message is not predicted for SGLang")
         if continue_final and add_generation_prompt:
             raise TemplateError("continue_final_message and add_generation_prompt are not compatible")
         variables.update(kwargs)
@@ -244,7 +302,11 @@ class ChatTemplate:
         if tools is not None and self.tool_source is not None:  # transformers' get_chat_template
             source, template = self.tool_source, _compile(self.tool_source)
             content_format = detect_content_format(source)
-        prepared = developer_as_system(prepare_messages(messages, content_format), source)
+        if engine == "sglang":
+            prepared = sglang_prepare(messages, sglang_content_format(source))
+            add_generation_prompt = True
+        else:
+            prepared = developer_as_system(prepare_messages(messages, content_format), source)
         variables.update(messages=prepared, tools=list(tools) if tools else None,
                          documents=list(documents) if documents else None,
                          add_generation_prompt=add_generation_prompt)

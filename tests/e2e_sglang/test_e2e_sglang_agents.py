@@ -4,21 +4,22 @@ the proxy, with the real `anthropic` and `openai` clients, streamed.
 SGLang 0.5.23 serves both (sglang/srt/entrypoints/http_server.py; docs/e2e-sglang.md): it converts
 either body to a chat-completions request and renders that with the chat template, as vLLM does,
 but with its own conversion rules (sglang/srt/entrypoints/anthropic/serving.py,
-openai/serving_responses.py). The proxy renders both routes by vLLM 0.32's rules
-(app/prefix/convert_messages.py, convert_responses.py), so:
+openai/serving_responses.py), which the proxy follows in front of SGLang replicas
+(app/prefix/convert_messages.py, convert_responses.py, template.py), so:
 
 - a conversation whose bodies both engines convert alike (string system / instructions, string
   turns, no tools) is predicted exactly: predicted == SGLang's `cache_read_input_tokens` /
   `input_tokens_details.cached_tokens` on every turn, usage lands in the metrics;
 - the agents' own shapes (a Claude-Code session: system blocks, multi-block user turns, tools under
   `tool_choice` none or auto; a Codex session: a developer message, function tools, function calls)
-  are rendered differently by SGLang, and the proxy's prediction is wrong there: those tests are
-  strict xfails naming the differences (remove the mark once the proxy renders SGLang's way);
-  with Claude Code's billing block SGLang reuses only the text before it, which is predicted;
+  are rendered differently by SGLang, and the proxy, in front of an SGLang-only fleet, renders them
+  SGLang's way: predicted exactly on every turn; with Claude Code's billing block SGLang reuses only
+  the text before it, which is predicted;
 - `previous_response_id`, which SGLang refuses unless started with `--enable-response-store`,
   comes back as SGLang's OpenAI-shaped 400, relayed as it is;
 - the tenant's `cache_salt` isolates tenants on `/v1/responses` (SGLang's Responses request
-  carries it to the radix cache) but not on `/v1/messages`, whose request model has no such field.
+  carries it to the radix cache) but not on `/v1/messages`, whose request model has no such field
+  (a strict xfail); the proxy predicts the cache SGLang shares there.
 """
 
 from __future__ import annotations
@@ -164,23 +165,11 @@ def test_messages_count_tokens_is_sglangs_own_count(e2e_proxy: Any, sglang_radix
 
 # ------------------------------------------------------------------ the agents' shapes
 
-CC_JOINS = ("joins the system text blocks with '\\n' (vLLM: nothing) and a message's text parts with ' ' "
-            "(vLLM: '\\n')")
-CC_NONE = (
-    "SGLang 0.5.23 converts a Messages body unlike vLLM 0.32, whose rules the proxy renders: under tool_choice "
-    "none it leaves the tools out of the template (vLLM renders them: 1,629 of the proxy's 2,275 tokens on turn "
-    f"0) and {CC_JOINS}; the proxy's render with these changes gives SGLang's prompt_tokens on every turn "
-    "(the proxy over-predicts by the tools block)")
-CC_AUTO = (
-    "SGLang 0.5.23 converts a Messages body unlike vLLM 0.32, whose rules the proxy renders: it dumps each tool "
-    "as {type, function: {name, description, parameters, strict: false}, defer_loading: null} (vLLM: no strict, "
-    f"no defer_loading) and {CC_JOINS}; the proxy's render with these changes gives SGLang's prompt_tokens on "
-    "every turn (the proxy under-predicts by 273 tokens)")
-CODEX_DIFFERENCES = (
-    "SGLang 0.5.23 converts a Responses body unlike vLLM 0.32, whose rules the proxy renders: under tool_choice "
-    "none it leaves the tools out of the template (vLLM renders them), and it keeps a developer message in place "
-    "as a system message opening with 'Developer instructions:\\n' (vLLM merges it into the leading system "
-    "message); the proxy's render with these changes gives SGLang's prompt_tokens on every turn")
+# SGLang 0.5.23 converts these shapes unlike vLLM 0.32: the tools left out under tool_choice none,
+# each Messages tool dumped with `strict: false` and `defer_loading: null`, system blocks joined with
+# "\n" and text parts with " ", a Responses developer message kept in place labelled
+# "Developer instructions:\n". The proxy renders by SGLang's rules in front of an SGLang-only fleet
+# (docs/agents-apis.md), so its prediction must equal SGLang's count on every turn.
 
 
 def _claude_code(billing: bool, tool_choice: dict[str, Any] | None = None) -> Any:
@@ -214,8 +203,7 @@ def test_claude_code_billing_header_leaves_sglang_only_the_head_predicted_exactl
 
 
 @pytest.mark.parametrize("tool_choice", [
-    pytest.param({"type": "none"}, id="none", marks=pytest.mark.xfail(strict=True, reason=CC_NONE)),
-    pytest.param(None, id="auto", marks=pytest.mark.xfail(strict=True, reason=CC_AUTO))])
+    pytest.param({"type": "none"}, id="none"), pytest.param(None, id="auto")])
 def test_claude_code_session_predicted_exactly(e2e_proxy: Any, sglang_radix: Any,
                                                tool_choice: dict[str, Any] | None) -> None:
     """The same session without the billing block (as under `hygiene` rewrite's strip): the history
@@ -228,7 +216,6 @@ def test_claude_code_session_predicted_exactly(e2e_proxy: Any, sglang_radix: Any
     assert [r[3] for r in rows[1:]] == [r[2] for r in rows[1:]]
 
 
-@pytest.mark.xfail(strict=True, reason=CODEX_DIFFERENCES)
 def test_codex_session_predicted_exactly(e2e_proxy: Any, sglang_radix: Any) -> None:
     proxy = e2e_proxy([sglang_radix])
 
@@ -316,4 +303,21 @@ def test_messages_cache_salt_isolates_tenants(e2e_proxy: Any, sglang_radix: Any,
 
     rows = _two_tenants(proxy, send)
     assert [r[2] or 0 for r in rows] == [0, 0, rows[0][1] - 1], "globex read acme's cached tokens"
+    assert [r[3] for r in rows] == [r[2] or 0 for r in rows]
+
+
+def test_messages_cache_salt_prediction_follows_sglang(e2e_proxy: Any, sglang_radix: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang caches a Messages request unsalted whatever salt it carries, so the proxy predicts
+    the shared cache it gets (app/prefix/namespace.py `request_namespace`), not an isolation it
+    does not: globex reads acme's tokens, and each prediction equals SGLang's count."""
+    monkeypatch.setenv(SECRET_ENV, "s" * 32)
+    proxy = e2e_proxy([sglang_radix], tenants={"cache_salt": {"enabled": True, "secret_env": SECRET_ENV}})
+
+    def send(tenant: str, rid: str) -> tuple[int, int | None]:
+        usage = _message(proxy, tenant, rid, **_plain_messages(0, []))
+        return prompt_of(usage), usage.cache_read_input_tokens
+
+    rows = _two_tenants(proxy, send)
+    assert (rows[1][2] or 0) > 0.5 * rows[1][1], "SGLang shares the tenants' cache on /v1/messages"
     assert [r[3] for r in rows] == [r[2] or 0 for r in rows]
