@@ -18,14 +18,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from app.config import Settings, deep_merge
 from app.server import PrefixgateApp, create_app
 from app.services import Services
 from app.serving import ServerThread
 
-# redis_server (session), redis_proc (per test, killable), redis_namespace: a real redis-server
-pytest_plugins = ["tests.redis_server"]
+# redis_server (session), redis_proc (per test, killable), redis_namespace: a real redis-server;
+# tests.parallel: the `exclusive` mark (a timing test runs alone under pytest-xdist)
+pytest_plugins = ["tests.redis_server", "tests.parallel"]
+
+# Hypothesis' default 200 ms deadline per example is a timing assertion: a loaded machine (or a
+# neighbouring xdist worker) fails a correct test with it. Property tests assert behaviour only.
+settings.register_profile("prefixgate", deadline=None)
+settings.load_profile("prefixgate")
 
 
 @dataclass

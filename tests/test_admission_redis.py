@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 import redis as redis_lib
 
 from app.admission.redis_limits import RedisLimiter
@@ -73,6 +74,7 @@ def _admitted_vs_limit(statuses: list[int], first: float, last: float, rate: flo
     return admitted, rate + rate * (last - first)
 
 
+@pytest.mark.exclusive  # a rate held within 10% of wall-clock time
 def test_global_requests_per_s_holds_within_10_percent_across_two_gateway_processes(
         sim, redis_server, redis_namespace):
     rate = 20.0
@@ -121,6 +123,7 @@ def test_redis_killed_mid_run_loses_no_request_and_falls_back_to_pod_share(
     assert 2 <= burst.count(200) <= 2 + 2 * elapsed and burst.count(429) >= 4, (burst, elapsed)
 
 
+@pytest.mark.exclusive  # sleeps of 0.2-0.4 s against a 0.3 s lease
 def test_lease_of_a_crashed_pod_expires_and_frees_the_slot(redis_server, redis_namespace):
     async def run() -> None:
         client = connect(redis_server.url)
@@ -140,6 +143,7 @@ def test_lease_of_a_crashed_pod_expires_and_frees_the_slot(redis_server, redis_n
     asyncio.run(run())
 
 
+@pytest.mark.exclusive  # a 1 s lease timed on the wall clock
 def test_pod_killed_mid_stream_frees_its_slot_after_the_lease_ttl(sim_factory, redis_server, redis_namespace):
     """Pod a holds the tenant's one concurrent slot with a stream that outlives the lease TTL (it
     renews), then is SIGKILLed: pod b refuses until the lease expires, then admits."""
