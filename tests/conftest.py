@@ -93,8 +93,16 @@ def build_settings(backends: Any, names: list[str] | None = None, **sections: An
     return Settings(**deep_merge({"backends": entries}, sections))
 
 
+def begin_shutdown(servers: list[ServerThread]) -> None:
+    """Tell every server to exit at once: each then takes its ~0.2 s of uvicorn shutdown ticks in
+    parallel with the others, and the `stop()` calls that follow only join them."""
+    for server in servers:
+        server.server.should_exit = True
+
+
 @pytest.fixture
 def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
+    handles: list[ProxyHandle] = []
     with contextlib.ExitStack() as started:  # stops them in reverse order at teardown
 
         def make(backends: Any, names: list[str] | None = None, **sections: Any) -> ProxyHandle:
@@ -102,24 +110,29 @@ def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
             app = create_app(settings)
             handle = ProxyHandle(app, ServerThread(app).start(), settings)
             started.callback(handle.stop)
+            handles.append(handle)
             return handle
 
         yield make
+        begin_shutdown([h.server for h in handles])
 
 
 @pytest.fixture
 def sim_factory() -> Iterator[Callable[..., Any]]:
     from app.sim.testing import SimCluster
 
+    clusters: list[SimCluster] = []
     with contextlib.ExitStack() as started:  # stops them in reverse order at teardown
 
         def make(replicas: int = 2, **options: Any) -> Any:
             cluster = SimCluster(replicas=replicas, **options)
             cluster.start()
             started.callback(cluster.stop)
+            clusters.append(cluster)
             return cluster
 
         yield make
+        begin_shutdown([server for cluster in clusters for server in cluster.servers])
 
 
 @pytest.fixture

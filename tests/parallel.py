@@ -23,6 +23,14 @@ import pytest
 
 MARK = "exclusive"
 
+# The files that take longest (10-40 s each, serially on the 2-core box): handed out to the workers
+# first, so that none of them starts last while the other workers sit idle (longest first). Files
+# with an exclusive test go last: they run alone anyway, in the time the others would idle.
+LONG_FILES = ("test_ui_browser.py", "test_fuzz_proxy.py", "test_doctor_decode.py", "test_proxy_whole_events.py",
+              "test_prefix_integration.py", "test_proxy_faults.py", "test_prefix_pool.py",
+              "test_serve_workers.py", "test_state_proxies.py", "test_admission_routes.py",
+              "test_diagnosis_pods.py", "test_epp_agents.py", "test_api_responses.py", "test_api_messages.py")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -49,6 +57,21 @@ def turn(shared_dir: Path, exclusive: bool) -> Iterator[None]:
                                   fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH))
     with held:
         yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist: long files first, files with an exclusive test last (the same order in every
+    worker, as xdist requires); a plain run keeps the collection order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    alone = {item.path for item in items if item.get_closest_marker(MARK) is not None}
+
+    def rank(item: pytest.Item) -> int:
+        if item.path.name in LONG_FILES:
+            return LONG_FILES.index(item.path.name)
+        return len(LONG_FILES) + (1 if item.path in alone else 0)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
 
 
 def _shared_dir(config: pytest.Config) -> Path | None:

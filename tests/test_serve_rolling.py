@@ -159,6 +159,7 @@ def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.exclusive  # a client that must see /readyz turn 503 within the 3 s accept window
 def test_rolling_restart_under_load_loses_nothing(sim_process, redis_server, redis_namespace) -> None:
     config: dict[str, Any] = {
         "backends": [{"url": u} for u in sim_process], "routing": {"health_interval_s": 0.5},
