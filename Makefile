@@ -24,9 +24,10 @@ tools:
 demo: venv
 	$(BIN)/prefixgate demo
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist), a file's tests in one process; a test
-# marked `exclusive` (it times the wall clock) runs while no other does (tests/parallel.py).
-TEST_WORKERS ?= auto
+# The suite runs in TEST_WORKERS processes (pytest-xdist; 0: in this one), a file's tests in one
+# process; a test marked `exclusive` (it times the wall clock) runs while no other does. Four even
+# on 2 cores: most tests wait rather than compute (docs/testing-parallel.md).
+TEST_WORKERS ?= 4
 
 test: venv tools
 	$(BIN)/ruff check -q app tests bench dashboards deploy
