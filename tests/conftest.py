@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
@@ -65,6 +66,13 @@ class ProxyHandle:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.app.openai.active} request(s) still active after {timeout}s")
             time.sleep(0.005)
+
+    def drain(self, timeout: float = 20.0) -> None:
+        """settle(), then wait for the prefix stage's after-response work (residency learned,
+        continuity tracked): the next turn is routed on what this one left, however loaded the CPU."""
+        self.settle(timeout)
+        if self.services.prefix is not None:
+            asyncio.run_coroutine_threadsafe(self.services.prefix.drain(), self.server.loop).result(timeout)
 
     def sample(self, name: str, **labels: str) -> float | None:
         """The value of one sample in the proxy's registry (None when absent), once settled."""
