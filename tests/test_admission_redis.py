@@ -17,7 +17,7 @@ import redis as redis_lib
 from app.admission.redis_limits import RedisLimiter
 from app.config import TenantLimits
 from app.state.redis import connect
-from tests.gateway_process import GatewayProcess
+from tests.gateway_process import GatewayProcess, started
 
 CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -78,8 +78,8 @@ def _admitted_vs_limit(statuses: list[int], first: float, last: float, rate: flo
 def test_global_requests_per_s_holds_within_10_percent_across_two_gateway_processes(
         sim, redis_server, redis_namespace):
     rate = 20.0
-    with _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate) as a, \
-            _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate) as b:
+    with started(_pod(sim, redis_server.url, redis_namespace, requests_per_s=rate),
+                 _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate)) as (a, b):
         (on_a, on_b), first, last = _hammer([a.url, b.url], 3.0, workers=6)
         admitted, allowed = _admitted_vs_limit(on_a + on_b, first, last, rate)
         assert abs(admitted - allowed) <= 0.1 * allowed, (admitted, allowed)
@@ -151,8 +151,8 @@ def test_pod_killed_mid_stream_frees_its_slot_after_the_lease_ttl(sim_factory, r
     slow = sim_factory(replicas=1, time_scale=1.0, decode_tps=10.0)
     ttl = 1.0
     stream_body = {**CHAT, "stream": True, "max_tokens": 60, "ignore_eos": True}  # ~6 s of decode
-    with _pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1) as a, \
-            _pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1) as b:
+    with started(_pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1),
+                 _pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1)) as (a, b):
         streaming = threading.Event()
 
         def hold() -> None:
