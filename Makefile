@@ -24,9 +24,14 @@ tools:
 demo: venv
 	$(BIN)/prefixgate demo
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; 0: in this one), a file's tests in one
+# process; a test marked `exclusive` (it times the wall clock) runs while no other does. Four even
+# on 2 cores: most tests wait rather than compute (docs/testing-parallel.md).
+TEST_WORKERS ?= 4
+
 test: venv tools
 	$(BIN)/ruff check -q app tests bench dashboards deploy
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/python -m pytest -q -p no:cacheprovider
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 lint: venv
 	$(BIN)/ruff check app tests bench

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
@@ -18,14 +19,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from app.config import Settings, deep_merge
 from app.server import PrefixgateApp, create_app
 from app.services import Services
 from app.serving import ServerThread
 
-# redis_server (session), redis_proc (per test, killable), redis_namespace: a real redis-server
-pytest_plugins = ["tests.redis_server"]
+# redis_server (session), redis_proc (per test, killable), redis_namespace: a real redis-server;
+# tests.parallel: the `exclusive` mark (a timing test runs alone under pytest-xdist)
+pytest_plugins = ["tests.redis_server", "tests.parallel"]
+
+# Hypothesis' default 200 ms deadline per example is a timing assertion: a loaded machine (or a
+# neighbouring xdist worker) fails a correct test with it. Property tests assert behaviour only.
+settings.register_profile("prefixgate", deadline=None)
+settings.load_profile("prefixgate")
 
 
 @dataclass
@@ -59,6 +67,13 @@ class ProxyHandle:
                 raise TimeoutError(f"{self.app.openai.active} request(s) still active after {timeout}s")
             time.sleep(0.005)
 
+    def drain(self, timeout: float = 20.0) -> None:
+        """settle(), then wait for the prefix stage's after-response work (residency learned,
+        continuity tracked): the next turn is routed on what this one left, however loaded the CPU."""
+        self.settle(timeout)
+        if self.services.prefix is not None:
+            asyncio.run_coroutine_threadsafe(self.services.prefix.drain(), self.server.loop).result(timeout)
+
     def sample(self, name: str, **labels: str) -> float | None:
         """The value of one sample in the proxy's registry (None when absent), once settled."""
         self.settle()
@@ -86,8 +101,16 @@ def build_settings(backends: Any, names: list[str] | None = None, **sections: An
     return Settings(**deep_merge({"backends": entries}, sections))
 
 
+def begin_shutdown(servers: list[ServerThread]) -> None:
+    """Tell every server to exit at once: each then takes its ~0.2 s of uvicorn shutdown ticks in
+    parallel with the others, and the `stop()` calls that follow only join them."""
+    for server in servers:
+        server.server.should_exit = True
+
+
 @pytest.fixture
 def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
+    handles: list[ProxyHandle] = []
     with contextlib.ExitStack() as started:  # stops them in reverse order at teardown
 
         def make(backends: Any, names: list[str] | None = None, **sections: Any) -> ProxyHandle:
@@ -95,24 +118,29 @@ def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
             app = create_app(settings)
             handle = ProxyHandle(app, ServerThread(app).start(), settings)
             started.callback(handle.stop)
+            handles.append(handle)
             return handle
 
         yield make
+        begin_shutdown([h.server for h in handles])
 
 
 @pytest.fixture
 def sim_factory() -> Iterator[Callable[..., Any]]:
     from app.sim.testing import SimCluster
 
+    clusters: list[SimCluster] = []
     with contextlib.ExitStack() as started:  # stops them in reverse order at teardown
 
         def make(replicas: int = 2, **options: Any) -> Any:
             cluster = SimCluster(replicas=replicas, **options)
             cluster.start()
             started.callback(cluster.stop)
+            clusters.append(cluster)
             return cluster
 
         yield make
+        begin_shutdown([server for cluster in clusters for server in cluster.servers])
 
 
 @pytest.fixture

@@ -3,12 +3,14 @@ start it from a config dict, wait for readiness, signal it, read its exit status
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +38,19 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> GatewayProcess:
+        return self.spawn().wait_ready(timeout)
+
+    def spawn(self) -> GatewayProcess:
+        """Start the process without waiting for it (see `started`: several start side by side)."""
         self._config_path.write_text(yaml.safe_dump(self.config))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app", "serve", "--config", str(self._config_path), "--log-level", "info", *self.args],
             cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYTHONPATH": str(ROOT), **self.env})
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> GatewayProcess:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.proc.poll() is not None:
@@ -78,3 +88,17 @@ class GatewayProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def started(*gateways: GatewayProcess) -> Iterator[tuple[GatewayProcess, ...]]:
+    """Start every gateway at once (their imports overlap), wait until each is ready, stop them all."""
+    try:
+        for g in gateways:
+            g.spawn()
+        for g in gateways:
+            g.wait_ready()
+        yield gateways
+    finally:
+        for g in gateways:
+            g.stop()

@@ -99,7 +99,10 @@ def test_saturated_fleet_queues_then_sheds_through_the_gateway(proxy_factory, si
         done.set()
 
     threading.Thread(target=occupy).start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while not slow.engine(0).running:  # the first request holds the one replica
+        assert time.monotonic() < deadline, "the first request never reached the replica"
+        time.sleep(0.01)
     with httpx.Client(base_url=proxy.url, timeout=30) as http:
         start = time.monotonic()
         shed = http.post("/v1/chat/completions", json={**body, "stream": False})

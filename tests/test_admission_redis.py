@@ -11,12 +11,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 import redis as redis_lib
 
 from app.admission.redis_limits import RedisLimiter
 from app.config import TenantLimits
 from app.state.redis import connect
-from tests.gateway_process import GatewayProcess
+from tests.gateway_process import GatewayProcess, started
 
 CHAT = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
@@ -73,11 +74,12 @@ def _admitted_vs_limit(statuses: list[int], first: float, last: float, rate: flo
     return admitted, rate + rate * (last - first)
 
 
+@pytest.mark.exclusive  # a rate held within 10% of wall-clock time
 def test_global_requests_per_s_holds_within_10_percent_across_two_gateway_processes(
         sim, redis_server, redis_namespace):
     rate = 20.0
-    with _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate) as a, \
-            _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate) as b:
+    with started(_pod(sim, redis_server.url, redis_namespace, requests_per_s=rate),
+                 _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate)) as (a, b):
         (on_a, on_b), first, last = _hammer([a.url, b.url], 3.0, workers=6)
         admitted, allowed = _admitted_vs_limit(on_a + on_b, first, last, rate)
         assert abs(admitted - allowed) <= 0.1 * allowed, (admitted, allowed)
@@ -92,6 +94,7 @@ def test_global_requests_per_s_holds_within_10_percent_across_two_gateway_proces
     assert redis_lib.Redis.from_url(redis_server.url).keys(f"{redis_namespace}:v1:adm:*")
 
 
+@pytest.mark.exclusive  # a 3 s load with Redis killed at 1 s, timed on the wall clock
 def test_redis_killed_mid_run_loses_no_request_and_falls_back_to_pod_share(
         proxy_factory, sim, redis_proc, redis_namespace):
     small = {"small": {"limits": {"requests_per_s": 4}}}
@@ -121,6 +124,7 @@ def test_redis_killed_mid_run_loses_no_request_and_falls_back_to_pod_share(
     assert 2 <= burst.count(200) <= 2 + 2 * elapsed and burst.count(429) >= 4, (burst, elapsed)
 
 
+@pytest.mark.exclusive  # sleeps of 0.2-0.4 s against a 0.3 s lease
 def test_lease_of_a_crashed_pod_expires_and_frees_the_slot(redis_server, redis_namespace):
     async def run() -> None:
         client = connect(redis_server.url)
@@ -140,14 +144,15 @@ def test_lease_of_a_crashed_pod_expires_and_frees_the_slot(redis_server, redis_n
     asyncio.run(run())
 
 
+@pytest.mark.exclusive  # a 1 s lease timed on the wall clock
 def test_pod_killed_mid_stream_frees_its_slot_after_the_lease_ttl(sim_factory, redis_server, redis_namespace):
     """Pod a holds the tenant's one concurrent slot with a stream that outlives the lease TTL (it
     renews), then is SIGKILLed: pod b refuses until the lease expires, then admits."""
     slow = sim_factory(replicas=1, time_scale=1.0, decode_tps=10.0)
     ttl = 1.0
     stream_body = {**CHAT, "stream": True, "max_tokens": 60, "ignore_eos": True}  # ~6 s of decode
-    with _pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1) as a, \
-            _pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1) as b:
+    with started(_pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1),
+                 _pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1)) as (a, b):
         streaming = threading.Event()
 
         def hold() -> None:

@@ -15,6 +15,7 @@ import pytest
 from app.cli import main
 
 
+@pytest.mark.exclusive  # a decode rate within 10% of the wall clock's 50 tok/s
 def test_two_point_decode_is_immune_to_batched_deltas(sim_factory: Callable[..., Any],
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     decode_tps, time_scale = 200.0, 4.0

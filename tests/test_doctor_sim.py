@@ -119,6 +119,7 @@ def test_busy_replica_refuses_to_measure(sim_factory: Sim, long_request: Callabl
     assert any("busy" in w for w in report["warnings"])
 
 
+@pytest.mark.exclusive  # a ladder of timed requests at time_scale 1
 def test_ladder_stops_at_the_context_limit(sim_factory: Sim, capsys: pytest.CaptureFixture[str]) -> None:
     sim = sim_factory(replicas=1, time_scale=1.0, decode_tps=1000, max_model_len=6000)
     code, report = check(capsys, sim.urls[0], "--prompt-tokens", "1000", "--no-decode", "--ladder")

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import orjson
+import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from tests.epp_dataplane import DataPlane, Result, _headers
@@ -41,6 +42,7 @@ def leases(epp: EppHandle, tenant: str) -> int:
     return max(len(held), len(admission._active))
 
 
+@pytest.mark.exclusive  # two requests within one second of a 1/s bucket
 def test_over_a_limit_is_an_immediate_429_with_serves_body_and_headers(sim_factory, epp_factory, proxy_factory):
     sim = sim_factory(replicas=1, time_scale=0.0)
     epp = epp_factory(sim, **limits(requests_per_s=1))

@@ -36,6 +36,7 @@ class KubeApi:
         self.pods = pods
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.selectors: list[str] = []
+        self.closed = False  # ends the watch stream, so the server's shutdown need not wait it out
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -48,13 +49,14 @@ class KubeApi:
             await self._json(send, {"kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": self.pods})
         elif path == f"/api/v1/namespaces/{NS}/pods":
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-            while True:
+            while not self.closed:
                 try:
                     event = self.events.get_nowait()
                 except queue.Empty:
                     await asyncio.sleep(0.02)
                     continue
                 await send({"type": "http.response.body", "body": orjson.dumps(event) + b"\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
         else:
             await self._json(send, {"kind": "Status", "code": 404}, 404)
 
@@ -85,6 +87,7 @@ def test_the_pool_watch_follows_pods_and_the_epp_routes_to_them() -> None:
                 follow_pods(epp, api, f"127.0.0.1:{port}", f"127.0.0.2:{port}")
             finally:
                 epp.server.stop()
+                api.closed = True
 
 
 def follow_pods(epp: EppHandle, api: KubeApi, ea: str, eb: str) -> None:

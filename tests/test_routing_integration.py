@@ -80,12 +80,14 @@ def test_load_overrides_affinity_when_the_replica_is_saturated(sim_factory, prox
     turns = conversation(3, 3)
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
         home = chat(client, "t3", turns[0]).headers["x-prefixgate-backend"]
+        proxy.drain()  # turn 1's prefix is resident on home before turn 2 is routed
         replica = proxy.services.replicas.get(home)
         replica.queued_prompt_tokens += 1_000_000  # a deep prefill queue, as a flood would leave it
         try:
             resp = chat(client, "t3", turns[1])
         finally:
             replica.queued_prompt_tokens -= 1_000_000
+        proxy.drain()
         other = resp.headers["x-prefixgate-backend"]
         assert other != home
         assert proxy.sample("prefixgate_route_decisions_total", backend=other, reason="load_override") == 1

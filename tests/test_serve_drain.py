@@ -70,6 +70,7 @@ def started() -> Iterator[list[GatewayProcess]]:
         p.stop()
 
 
+@pytest.mark.exclusive  # three requests inside a 1.5 s accept window
 def test_stream_in_flight_survives_sigterm_and_readiness_drops_first(slow_sim, started) -> None:
     gw = gateway(slow_sim, accept_s=1.5, grace_s=60).start()
     started.append(gw)

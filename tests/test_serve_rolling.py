@@ -159,12 +159,15 @@ def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.exclusive  # a client that must see /readyz turn 503 within the 3 s accept window
 def test_rolling_restart_under_load_loses_nothing(sim_process, redis_server, redis_namespace) -> None:
     config: dict[str, Any] = {
         "backends": [{"url": u} for u in sim_process], "routing": {"health_interval_s": 0.5},
         "state": redis_server.url, "state_options": {"namespace": redis_namespace},
         "shutdown": {"accept_s": ACCEPT_S, "grace_s": 60}}
-    gateways = [GatewayProcess(config).start(), GatewayProcess(config).start()]
+    gateways = [GatewayProcess(config).spawn(), GatewayProcess(config).spawn()]  # their imports overlap
+    for g in gateways:
+        g.wait_ready()
     counts = Counts()
 
     async def scenario(rr: RoundRobin) -> None:

@@ -6,6 +6,7 @@ import json
 import time
 
 import httpx
+import pytest
 
 from app.sim.testing import SimCluster
 from tests.test_sim_http import metric, raw_events
@@ -29,6 +30,7 @@ def test_deltas_per_chunk_batches_tokens():
         assert parsed[-1]["usage"]["completion_tokens"] == 9
 
 
+@pytest.mark.exclusive  # a ratio of wall-clock arrival times
 def test_role_chunk_early_arrives_before_prefill_ends():
     with SimCluster(time_scale=1.0, role_chunk_early=True, prefill_tps=2000.0) as sim:
         body = {**CHAT, "messages": [{"role": "user", "content": "word " * 1600}], "max_tokens": 1}

@@ -7,6 +7,8 @@ import asyncio
 import logging
 import time
 
+import pytest
+
 from app.config import Settings
 from app.state.factory import build_store
 from app.state.memory import MemoryStore
@@ -16,6 +18,7 @@ from app.telemetry.metrics import Metrics
 from tests.redis_server import RedisServer
 
 BUDGET_S = 0.05
+pytestmark = pytest.mark.exclusive  # every test times calls against a 50 ms budget
 
 
 def make(url: str, metrics: Metrics | None = None, namespace: str = "f") -> ResilientStore:
