@@ -4,8 +4,8 @@ vLLM 0.32 does not tokenise a Responses request directly: it converts `instructi
 history of `previous_response_id` and the `input` items to chat messages and the flat
 Responses `tools` to chat tools, then applies the chat template (docs/agents-responses.md lists
 the rules this module mirrors). The proxy must render the same prompt to predict the engine's
-cache, so the rules are mirrored here, and only here (the simulator uses this module as its
-engine-side conversion too).
+cache, so the rules are mirrored here (the simulator has its own conversion, written apart as
+an independent oracle: app/sim/responses_convert.py, docs/testing-oracles.md).
 
 `previous_response_id`: the engine prepends the stored messages of that response (minus system
 messages) and its output text. The proxy knows them only when it relayed that response itself:

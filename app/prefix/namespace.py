@@ -3,8 +3,8 @@
 SGLang (0.5.23) keys its radix tree by the token ids *and* the request's `extra_key` and
 `cache_salt`, so two requests with the same prompt but different `extra_key` share nothing there
 (docs/e2e-sglang.md). vLLM has no `extra_key`; a client that sends one to vLLM gets a prediction
-that is too low, never too high. Both the gateway's fingerprint and the simulator's SGLang flavour
-derive their namespace here, so they cannot drift apart.
+that is too low, never too high. The simulator's SGLang flavour derives its namespace with its
+own code (app/sim/hashing.py), so the two are checked against each other, not shared.
 
 SGLang's `/v1/messages` request model has neither field and drops unknown ones: a salt (or an
 `extra_key`) sent there never reaches its radix cache, so a Messages request in front of SGLang
