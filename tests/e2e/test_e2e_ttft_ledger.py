@@ -33,7 +33,7 @@ def test_ledger_against_real_vllm(vllm_metrics: Any, e2e_proxy: Any) -> None:
     assert isinstance(kept.events[-1][1].get("metrics"), dict)  # asked for: kept
     proxy.settle()
     (ctx, _) = sorted(proxy.recorder.contexts.values(), key=lambda c: c.timings.arrival)[:2]
-    parts = ctx.ttft_parts
+    parts = ctx.result.ttft_parts
     assert {"gateway", "queue", "prefill", "rest"} <= set(parts), parts
     ttft = ctx.timings.first_token - ctx.timings.arrival
     engine_ttft = parts["queue"] + parts["prefill"]
