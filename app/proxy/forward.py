@@ -21,7 +21,7 @@ from app.proxy.context import RequestContext
 from app.proxy.migrate import Migrator, RecordingObserver
 from app.proxy.observer import StreamObserver
 from app.proxy.relay import Response, relay_buffered, relay_raw, relay_stream
-from app.proxy.upstream import UpstreamError, upstream_headers
+from app.proxy.upstream import UpstreamError, let_go, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest
 
 if TYPE_CHECKING:
@@ -133,10 +133,7 @@ class Forwarder:
                 last_error = exc
             finally:
                 if resp is not None:
-                    if ok:
-                        resp.release()
-                    else:
-                        resp.close()
+                    let_go(resp, ok)
                 hold.release()
                 if committed:
                     router.on_finished(request, decision, ok)

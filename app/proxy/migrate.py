@@ -31,7 +31,7 @@ from app.proxy.clock import StreamClock
 from app.proxy.observer import StreamObserver
 from app.proxy.shape import StreamShape
 from app.proxy.sse import SSEParser
-from app.proxy.upstream import UpstreamError, classify_exception
+from app.proxy.upstream import UpstreamError, classify_exception, let_go
 from app.routing.base import NoReplicaAvailable, RouteDecision, RouteRequest
 
 if TYPE_CHECKING:
@@ -384,10 +384,7 @@ class Migrator:
             return None
         finally:
             if resp is not None:
-                if ok:
-                    resp.release()
-                else:
-                    resp.close()
+                let_go(resp, ok)
             hold.release()
             if routed:
                 fw.router.on_finished(self.request, decision, ok)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from yarl import URL
@@ -63,6 +63,15 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str, api_key: str 
     if api_key:
         out["authorization"] = f"Bearer {api_key}"
     return out
+
+
+def let_go(resp: Any, reusable: bool) -> None:
+    """Hand an upstream response's connection back: to the pool when the answer was read to its
+    end (`reusable`), else closed (a half-read stream must never serve another request)."""
+    if reusable:
+        resp.release()
+    else:
+        resp.close()
 
 
 def classify_exception(exc: BaseException) -> str:
