@@ -130,16 +130,23 @@ def _convert_blocks(role: str, blocks: list[Any], message: dict[str, Any], out: 
         message["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
 
 
+def _anthropic_tools(tools: Any) -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
+    """The well-formed entries of an Anthropic `tools` list, each with a copy of its input
+    schema ({} when it has none); [] when there are none."""
+    if not isinstance(tools, list):
+        return []
+    out = []
+    for tool in tools:
+        if isinstance(tool, Mapping):
+            schema = tool.get("input_schema")
+            out.append((tool, dict(schema) if isinstance(schema, Mapping) else {}))
+    return out
+
+
 def convert_tools(tools: Any) -> list[dict[str, Any]] | None:
     """Anthropic tools as the chat tools vLLM hands the template (None when there are none)."""
-    if not isinstance(tools, list) or not tools:
-        return None
     out: list[dict[str, Any]] = []
-    for tool in tools:
-        if not isinstance(tool, Mapping):
-            continue
-        schema = tool.get("input_schema")
-        schema = dict(schema) if isinstance(schema, Mapping) else {}
+    for tool, schema in _anthropic_tools(tools):
         schema.setdefault("type", "object")
         function: dict[str, Any] = {"name": tool.get("name", ""), "description": tool.get("description"),
                                     "parameters": schema}
@@ -270,16 +277,10 @@ def sglang_tools(tools: Any) -> list[dict[str, Any]] | None:
     a chat `Tool` per tool, dumped by the chat route): `{"type": "function", "function": {name,
     description ("" when absent), parameters, strict (its Anthropic model's default: false)},
     "defer_loading": <the tool's, null when unset>}`."""
-    if not isinstance(tools, list) or not tools:
-        return None
     out: list[dict[str, Any]] = []
-    for tool in tools:
-        if not isinstance(tool, Mapping):
-            continue
-        schema = tool.get("input_schema")
+    for tool, schema in _anthropic_tools(tools):
         function = {"name": tool.get("name", ""), "description": tool.get("description") or "",
-                    "parameters": dict(schema) if isinstance(schema, Mapping) else {},
-                    "strict": tool.get("strict", False)}
+                    "parameters": schema, "strict": tool.get("strict", False)}
         if function["strict"] is None:
             del function["strict"]
         out.append({"type": "function", "function": function, "defer_loading": tool.get("defer_loading")})

@@ -289,11 +289,8 @@ def test_responses_cache_salt_isolates_tenants(e2e_proxy: Any, sglang_radix: Any
     assert [r[3] for r in rows] == [r[2] for r in rows]
 
 
-@pytest.mark.xfail(strict=True, reason="SGLang 0.5.23's AnthropicMessagesRequest has no cache_salt (nor extra_key) "
-                                       "field and ignores unknown ones: the salt the gateway splices in never "
-                                       "reaches the radix cache, so two tenants share the prompt's cached tokens")
-def test_messages_cache_salt_isolates_tenants(e2e_proxy: Any, sglang_radix: Any,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def _salted_plain_messages(e2e_proxy: Any, sglang_radix: Any, monkeypatch: pytest.MonkeyPatch) -> list:
+    """Two tenants' plain Messages turns through a proxy with cache salting on (`_two_tenants` rows)."""
     monkeypatch.setenv(SECRET_ENV, "s" * 32)
     proxy = e2e_proxy([sglang_radix], tenants={"cache_salt": {"enabled": True, "secret_env": SECRET_ENV}})
 
@@ -301,7 +298,15 @@ def test_messages_cache_salt_isolates_tenants(e2e_proxy: Any, sglang_radix: Any,
         usage = _message(proxy, tenant, rid, **_plain_messages(0, []))
         return prompt_of(usage), usage.cache_read_input_tokens
 
-    rows = _two_tenants(proxy, send)
+    return _two_tenants(proxy, send)
+
+
+@pytest.mark.xfail(strict=True, reason="SGLang 0.5.23's AnthropicMessagesRequest has no cache_salt (nor extra_key) "
+                                       "field and ignores unknown ones: the salt the gateway splices in never "
+                                       "reaches the radix cache, so two tenants share the prompt's cached tokens")
+def test_messages_cache_salt_isolates_tenants(e2e_proxy: Any, sglang_radix: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = _salted_plain_messages(e2e_proxy, sglang_radix, monkeypatch)
     assert [r[2] or 0 for r in rows] == [0, 0, rows[0][1] - 1], "globex read acme's cached tokens"
     assert [r[3] for r in rows] == [r[2] or 0 for r in rows]
 
@@ -311,13 +316,6 @@ def test_messages_cache_salt_prediction_follows_sglang(e2e_proxy: Any, sglang_ra
     """SGLang caches a Messages request unsalted whatever salt it carries, so the proxy predicts
     the shared cache it gets (app/prefix/namespace.py `request_namespace`), not an isolation it
     does not: globex reads acme's tokens, and each prediction equals SGLang's count."""
-    monkeypatch.setenv(SECRET_ENV, "s" * 32)
-    proxy = e2e_proxy([sglang_radix], tenants={"cache_salt": {"enabled": True, "secret_env": SECRET_ENV}})
-
-    def send(tenant: str, rid: str) -> tuple[int, int | None]:
-        usage = _message(proxy, tenant, rid, **_plain_messages(0, []))
-        return prompt_of(usage), usage.cache_read_input_tokens
-
-    rows = _two_tenants(proxy, send)
+    rows = _salted_plain_messages(e2e_proxy, sglang_radix, monkeypatch)
     assert (rows[1][2] or 0) > 0.5 * rows[1][1], "SGLang shares the tenants' cache on /v1/messages"
     assert [r[3] for r in rows] == [r[2] or 0 for r in rows]
