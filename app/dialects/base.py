@@ -70,6 +70,7 @@ class Dialect:
     asks_usage: bool = False  # a stream reports usage only when the client asks (stream_options)
     stores_responses: bool = False  # the engine may store the answer; later turns name it by id
     engine_metrics: bool = False  # vLLM may add its per-request `metrics` to the answer (docs/ttft-ledger.md)
+    continues_answers: bool = False  # the engine can continue a broken answer (app/proxy/migrate.py)
     routed_by_model: bool = False  # a passthrough routed to a replica serving the body's `model`
 
     # ------------------------------------------------------------------ request

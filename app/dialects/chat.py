@@ -52,6 +52,7 @@ def openai_whole(payload: dict[str, Any], member: str) -> WholeAnswer:
 class Chat(Dialect):
     name = "chat"
     engine_metrics = True
+    continues_answers = True
     path = "/v1/chat/completions"
     operation = "chat"
     asks_usage = True

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 class Completions(Dialect):
     name = "completions"
     engine_metrics = True
+    continues_answers = True
     path = "/v1/completions"
     operation = "text_completion"
     asks_usage = True

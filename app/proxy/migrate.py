@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from app.routing.load import ReplicaLoad
     from app.telemetry.metrics import Metrics
 
-ROUTES = ("chat", "completions")  # the routes whose engines can continue an answer
 MAX_RECORDED_BYTES = 8 * 1024 * 1024  # a longer stream is not continued (what was sent is not kept)
 _DONE = b"[DONE]"
 _CHAT_EXTRA = ("reasoning", "reasoning_content")
@@ -285,7 +284,7 @@ class Migrator:
     def of(forwarder: Forwarding, ctx: RequestContext, request: RouteRequest, body: bytes,
            headers: dict[str, str], method: str, path: str, tried: set[str]) -> Migrator | None:
         """A migrator when the config and the route allow one (else None: end as today)."""
-        if forwarder.migrate is None or ctx.route not in ROUTES:
+        if forwarder.migrate is None or not ctx.dialect.continues_answers:
             return None
         return Migrator(forwarder, ctx, request, body, headers, method, path, tried)
 
