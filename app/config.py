@@ -142,8 +142,9 @@ DEFAULT_SESSION_KEYS: tuple[SessionKeySource, ...] = (
 class MigrateMidstream(Section):
     """Continue a stream whose replica broke mid-answer on another replica (app/proxy/migrate.py,
     docs/relay.md). Off by default: it needs engines that continue a final assistant message
-    (vLLM's `continue_final_message`), and the continuation is the same answer only when the
-    engine emits one token per event (how the tokens already sent are counted)."""
+    (vLLM's `continue_final_message`); a stream that may be continued is asked for usage on every
+    chunk (`continuous_usage_stats`, the count of tokens already sent), which the client does not
+    see unless it asked for it."""
 
     enabled: bool = False
     max_attempts: int = Field(default=2, ge=1, le=8)  # continuations per request, each on a fresh replica

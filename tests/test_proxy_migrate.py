@@ -144,6 +144,42 @@ def test_the_openai_client_reads_a_continued_stream_as_one_answer(sim_factory, p
             (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
 
 
+@pytest.mark.parametrize("asks_usage", [True, False])
+def test_tokens_merged_into_one_event_are_counted_and_the_budget_holds(sim_factory, proxy_factory,
+                                                                      asks_usage: bool) -> None:
+    """An engine that puts several tokens in one event (vLLM when its output outruns the stream,
+    speculative decoding): the continuation gets exactly the budget left, so an answer cut by
+    `max_tokens` ends where the uninterrupted one does; the per-chunk usage the gateway asked for
+    to count them never reaches a client that did not ask for it."""
+    sim = sim_factory(replicas=2, time_scale=0.0, output_tokens=32, deltas_per_chunk=3)
+    proxy = proxy_factory(sim, names=["a", "b"], routing=MIGRATE)
+    body = {**body_for("chat"), "max_tokens": 10}
+    if not asks_usage:
+        del body["stream_options"]
+    with httpx.stream("POST", sim.urls[1] + PATHS["chat"], json=body, timeout=30) as r:
+        expected = view("chat", r.read())  # the uninterrupted answer: 10 tokens in events of 3, 3, 3, 1
+    last = 0
+    for k in range(2, 5):  # after the role chunk and 1-3 content events
+        for url in sim.urls:
+            fault(url, mode="clear")
+        fault(sim.urls[0], mode="die_midstream", after_chunks=k)
+        with httpx.stream("POST", proxy.url + PATHS["chat"], json=body, timeout=30) as r:
+            assert r.headers["x-prefixgate-backend"] == "a"
+            blob = r.read()
+        got = view("chat", blob)
+        assert got["errors"] == 0 and got["done"] and got["finishes"] == 1 and got["roles"] == 1, k
+        assert got["text"] == expected["text"], k
+        assert got["usage"] == expected["usage"], k
+        with_usage = [orjson.loads(d) for d in events_of(blob) if d != b"[DONE]" and b'"usage"' in d]
+        assert all(not obj["choices"] for obj in with_usage), k  # only the usage-only chunk
+        assert len(with_usage) == (1 if asks_usage else 0), k
+        last = k
+    assert last == 4
+    assert proxy.sample("prefixgate_migrations_total", route="chat", reason="midstream", outcome="continued") == 3
+    if asks_usage:
+        assert expected["usage"]["completion_tokens"] == 10
+
+
 def test_a_stall_past_the_read_timeout_is_continued(sim_factory, proxy_factory) -> None:
     sim = sim_factory(replicas=2, time_scale=0.0, output_tokens=OUTPUT_TOKENS)
     proxy = proxy_factory(sim, names=["a", "b"], routing=MIGRATE, limits={"read_timeout_s": 0.5})

@@ -127,7 +127,7 @@ class RequestPipeline:
         """Steps 1-7 for a parsed API (chat, completions, responses, messages). Raises ProxyError
         (or the last upstream error) when nothing was sent to the client yet; the adapter turns it
         into an error in the dialect's shape."""
-        body, request, drop_usage = await self.prepare(ctx, raw)
+        body, request, drop_usage = await self.prepare(ctx, raw, chunk_usage=self.forwarder.may_continue(ctx))
         mode: Mode = "stream" if ctx.stream else "buffered"
         try:
             await self.forwarder.forward(ctx, send, body, request, clock, method="POST", path=ctx.path,  # 5-7
@@ -138,10 +138,13 @@ class RequestPipeline:
                 raise
             raise self.responses.unreachable(previous, exc) from exc
 
-    async def prepare(self, ctx: RequestContext, raw: bytes) -> tuple[bytes, RouteRequest, bool]:
+    async def prepare(self, ctx: RequestContext, raw: bytes, *,
+                      chunk_usage: bool = False) -> tuple[bytes, RouteRequest, bool]:
         """Steps 1-4: the bytes to send upstream, what the router reads, and whether the usage
         chunk the gateway asked for must be dropped from the stream. Shared by `run` and the
-        Endpoint Picker (app/epp/exchange.py), whose data plane does steps 5-7's transport."""
+        Endpoint Picker (app/epp/exchange.py), whose data plane does steps 5-7's transport.
+        `chunk_usage`: ask for usage on every chunk (a stream the forwarder may continue elsewhere
+        counts the tokens already sent with it; the forwarder takes it out again)."""
         self._admit(ctx)  # 1
         previous = ctx.dialect.previous_response_id(ctx.body)
         if previous is not None:  # 1b: the replica that holds it, or its 404
@@ -160,7 +163,7 @@ class RequestPipeline:
         # message_delta), so nothing is added to, or dropped from, it
         drop_usage = ctx.stream and ctx.dialect.asks_usage and not client_wants_usage(ctx.body)
         body = forwarded_body(raw, ctx.body, changed=ctx.body_changed, salt=ctx.salt,  # 4
-                              include_usage=drop_usage)
+                              include_usage=drop_usage, chunk_usage=chunk_usage)
         fp = ctx.fingerprint
         estimate = _prompt_estimate(ctx, len(body))
         room = self.admission.room if self.admission is not None and self.admission.queueing else None

@@ -18,7 +18,7 @@ import orjson
 
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
-from app.proxy.migrate import Migrator, RecordingObserver
+from app.proxy.migrate import Migrator, RecordingObserver, client_wants_chunk_usage
 from app.proxy.observer import StreamObserver
 from app.proxy.relay import Response, relay_buffered, relay_raw, relay_stream
 from app.proxy.upstream import UpstreamError, let_go, upstream_headers
@@ -70,6 +70,10 @@ class Forwarder:
         self.attempts = 1 + max(0, max_retries)
         self.migrate = migrate if migrate is not None and migrate.enabled else None
 
+    def may_continue(self, ctx: RequestContext) -> bool:
+        """Whether a break of this request's stream would be continued on another replica."""
+        return self.migrate is not None and ctx.stream and ctx.dialect.continues_answers
+
     async def forward(self, ctx: RequestContext, send: Any, body: bytes, request: RouteRequest,
                       clock: StreamClock, *, method: str, path: str, mode: Mode,
                       drop_usage: bool = False) -> None:
@@ -109,9 +113,12 @@ class Forwarder:
                 if resp.status < 400:
                     router.on_routed(request, decision)
                 if mode == "stream" and resp.status == 200:
-                    migrator = Migrator.of(self, ctx, request, body, headers, method, path, tried)
-                    observer = (RecordingObserver if migrator else StreamObserver)(
-                        ctx.dialect.stream_shape(), clock, drop_usage, collect_text=int(ctx.body.get("n") or 1) == 1)
+                    collect_text = int(ctx.body.get("n") or 1) == 1
+                    migrator = Migrator(self, ctx, request, body, headers, method, path, tried) \
+                        if self.may_continue(ctx) else None
+                    observer = RecordingObserver(ctx.dialect.stream_shape(), clock, drop_usage, collect_text,
+                                                 strip_chunk_usage=not client_wants_chunk_usage(ctx.body)) \
+                        if migrator else StreamObserver(ctx.dialect.stream_shape(), clock, drop_usage, collect_text)
                     await relay_stream(ctx, resp, first, send, observer, migrator)
                 elif mode == "raw":
                     await relay_raw(ctx, resp, first, send)

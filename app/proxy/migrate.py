@@ -12,10 +12,13 @@ same stream (`Splicer`: no second role chunk, the original id/created/model, usa
 (app/proxy/forward.py) already holds, and feeds the continuation through the same stream
 observer, so the client still gets whole events only and one end.
 
-Tokens already sent: the engine's own count when the stream carries it (continuous usage
-stats); otherwise the number of content events, which is exact when the engine sends one token
-per event (vLLM and SGLang without speculative decoding or a stream interval) and a lower bound
-otherwise.
+Tokens already sent: the engine's own count. A stream that may be continued is asked for usage on
+every chunk (`stream_options.continuous_usage_stats`, vLLM and SGLang; app/pipeline/body.py), and
+the `RecordingObserver` takes it out of the client's events again unless the client asked for it
+(`drop_chunk_usage`). Counting events instead is only a lower bound: vLLM merges tokens into one
+event when its output outruns the stream, speculative decoding sends several, and an answer
+continued with too large a budget runs past the client's `max_tokens`. A stream without the
+count (an engine that ignores the option) falls back to counting events with generated text.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import orjson
 
 from app.proxy.clock import StreamClock
 from app.proxy.observer import StreamObserver
+from app.proxy.openai_shape import drop_chunk_usage
 from app.proxy.shape import StreamShape
 from app.proxy.sse import SSEParser
 from app.proxy.upstream import UpstreamError, classify_exception, let_go
@@ -46,6 +50,13 @@ if TYPE_CHECKING:
 MAX_RECORDED_BYTES = 8 * 1024 * 1024  # a longer stream is not continued (what was sent is not kept)
 _DONE = b"[DONE]"
 _CHAT_EXTRA = ("reasoning", "reasoning_content")
+
+
+def client_wants_chunk_usage(body: dict[str, Any]) -> bool:
+    """The client asked for usage on every chunk itself (`continuous_usage_stats` with `include_usage`)."""
+    options = body.get("stream_options")
+    return (isinstance(options, dict) and bool(options.get("include_usage"))
+            and bool(options.get("continuous_usage_stats")))
 
 
 @dataclass
@@ -195,11 +206,12 @@ class Splicer:
         return orjson.dumps(obj)
 
     def _keep_chat(self, obj: dict[str, Any]) -> bool:
-        """Drop the continuation's role (the client had it); an event left with nothing goes."""
+        """Drop the continuation's role (the client had it); an event left with nothing goes (its
+        per-chunk usage included: the next event carries the same count)."""
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices:
             return True
-        keep = obj.get("usage") is not None
+        keep = False
         for choice in choices:
             if not isinstance(choice, dict):
                 return True
@@ -231,16 +243,20 @@ class Splicer:
 
 
 class RecordingObserver(StreamObserver):
-    """A stream observer that keeps what it handed the client (to know what to continue) and
-    when it last did (the client-visible pause)."""
+    """A stream observer that keeps what it handed the client (to know what to continue; with the
+    per-chunk usage the gateway asked for, to count the tokens sent) and when it last did (the
+    client-visible pause). `strip_chunk_usage`: the client did not ask for per-chunk usage, so it
+    is taken out of the events it is handed."""
 
-    __slots__ = ("sent", "sent_len", "last_sent")
+    __slots__ = ("sent", "sent_len", "last_sent", "strip_chunk_usage")
 
-    def __init__(self, shape: StreamShape, clock: StreamClock, drop_usage: bool, collect_text: bool) -> None:
+    def __init__(self, shape: StreamShape, clock: StreamClock, drop_usage: bool, collect_text: bool, *,
+                 strip_chunk_usage: bool = False) -> None:
         super().__init__(shape, clock, drop_usage, collect_text)
         self.sent: list[bytes] | None = []
         self.sent_len = 0
         self.last_sent: float | None = None
+        self.strip_chunk_usage = strip_chunk_usage
 
     def feed(self, data: bytes, now: float) -> bytes:
         out = super().feed(data, now)
@@ -251,6 +267,8 @@ class RecordingObserver(StreamObserver):
                 self.sent_len += len(out)
                 if self.sent_len > MAX_RECORDED_BYTES:
                     self.sent = None
+            if self.strip_chunk_usage:
+                out = drop_chunk_usage(out)
         return out
 
 
@@ -279,14 +297,6 @@ class Migrator:
         self.method = method
         self.path = path
         self.tried = tried
-
-    @staticmethod
-    def of(forwarder: Forwarding, ctx: RequestContext, request: RouteRequest, body: bytes,
-           headers: dict[str, str], method: str, path: str, tried: set[str]) -> Migrator | None:
-        """A migrator when the config and the route allow one (else None: end as today)."""
-        if forwarder.migrate is None or not ctx.dialect.continues_answers:
-            return None
-        return Migrator(forwarder, ctx, request, body, headers, method, path, tried)
 
     def _count(self, reason: str, outcome: str) -> None:
         self.fw.metrics.migrations.labels(self.ctx.route, reason, outcome).inc()

@@ -132,6 +132,23 @@ def drop_usage_events(events: bytes, route: str) -> bytes:
     return b"".join([raw for raw in raws if USAGE_ONLY not in raw or not _usage_only(raw, route)])
 
 
+# a chunk's usage member in compact JSON: counts and at most one level of nested counts
+# (`prompt_tokens_details`); usage holds no strings but its keys, so no brace hides in one
+_CHUNK_USAGE = re.compile(rb',"usage":\{(?:[^{}]|\{[^{}]*\})*\}')
+
+
+def drop_chunk_usage(events: bytes) -> bytes:
+    """`events` (whole events) without the `usage` member of chunks that carry choices
+    (`continuous_usage_stats`); the usage-only chunk keeps its usage. Byte-exact otherwise: one
+    regex pass over the read (an event that is not compact JSON keeps its usage)."""
+    if _USAGE not in events:
+        return events
+    if USAGE_ONLY not in events:
+        return _CHUNK_USAGE.sub(b"", events)
+    parts = events.split(_EVENT_END)
+    return _EVENT_END.join([p if USAGE_ONLY in p else _CHUNK_USAGE.sub(b"", p) for p in parts])
+
+
 def _usage_only(event: bytes, route: str) -> bool:
     parsed = SSEParser().feed(event)
     return bool(parsed) and parsed[0].data is not None and classify(parsed[0].data, route).usage_only
