@@ -8,8 +8,8 @@ import json
 import orjson
 import pytest
 
-from app.hygiene.findings import BILLING_HEADER, DYNAMIC_HEAD, billing_header_finding
-from app.hygiene.rewrite import strip_billing_header
+from app.dialects import CHAT, MESSAGES
+from app.hygiene.findings import BILLING_HEADER, DYNAMIC_HEAD, billing_block_finding, billing_header_finding
 from app.prefix.convert_messages import chat_view, convert_messages, convert_tools, strip_billing_lines
 from app.proxy.anthropic_shape import AnthropicShape, openai_usage
 from app.proxy.clock import StreamClock
@@ -143,17 +143,17 @@ def test_conversion_follows_the_engine() -> None:
 def test_billing_header_finding_and_rewrite_on_both_routes() -> None:
     messages_body = {"system": [{"type": "text", "text": BILLING}, {"type": "text", "text": "static"}],
                      "messages": [{"role": "user", "content": "q"}]}
-    finding = billing_header_finding(messages_body, "messages")
+    finding = billing_block_finding(messages_body)
     assert finding is not None and (finding.kind, finding.detail) == (DYNAMIC_HEAD, BILLING_HEADER)
-    assert strip_billing_header(messages_body, "messages")["system"] == [{"type": "text", "text": "static"}]
+    assert MESSAGES.strip_billing(messages_body)["system"] == [{"type": "text", "text": "static"}]
     chat_body = {"messages": [{"role": "system", "content": BILLING + "\nYou are a coding agent."},
                               {"role": "user", "content": "q"}]}
-    assert billing_header_finding(chat_body, "chat").detail == BILLING_HEADER
-    assert strip_billing_header(chat_body, "chat")["messages"][0]["content"] == "You are a coding agent."
+    assert billing_header_finding(chat_body).detail == BILLING_HEADER
+    assert CHAT.strip_billing(chat_body)["messages"][0]["content"] == "You are a coding agent."
     assert strip_billing_lines(chat_body["messages"])[0]["content"] == "You are a coding agent."
     parts = [{"role": "system", "content": [{"type": "text", "text": BILLING}, {"type": "text", "text": "x"}]}]
     assert strip_billing_lines(parts) == [{"role": "system", "content": [{"type": "text", "text": "x"}]}]
     clean = {"messages": [{"role": "system", "content": "You are a coding agent."}]}
     assert strip_billing_lines(clean["messages"]) is clean["messages"]  # no copy when nothing to strip
-    assert billing_header_finding(clean, "chat") is None and strip_billing_header(clean, "chat") is None
-    assert billing_header_finding({"system": "static " + BILLING, "messages": []}, "messages") is None
+    assert billing_header_finding(clean) is None and CHAT.strip_billing(clean) is None
+    assert billing_block_finding({"system": "static " + BILLING, "messages": []}) is None

@@ -10,8 +10,9 @@ import re
 import orjson
 import pytest
 
-from app.dialects import BY_NAME, DIALECTS, PASSTHROUGH, dialect_of
+from app.dialects import BY_NAME, DIALECTS, MESSAGES, PASSTHROUGH, dialect_of
 from app.errors import ProxyError
+from app.prefix.namespace import request_namespace
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -56,3 +57,13 @@ def test_the_request_core_asks_the_dialect_instead_of_comparing_route_names() ->
     found = [f"{p.relative_to(ROOT)}:{i}" for p in files
              for i, line in enumerate(p.read_text().splitlines(), 1) if ROUTE_BRANCH.search(line)]
     assert not found, found
+
+
+def test_only_sglangs_messages_api_drops_the_salt() -> None:
+    """SGLang's /v1/messages request model has no `cache_salt` nor `extra_key`: a Messages request
+    in front of SGLang lives in the unsalted namespace (app/prefix/namespace.py); every other API,
+    and every API on vLLM, keeps the salt."""
+    for dialect in (d for d in DIALECTS if d.parses):
+        expected = None if dialect is MESSAGES else "s"
+        assert request_namespace(dialect.sglang_salts, "sglang", "s", None) == expected, dialect
+        assert request_namespace(dialect.sglang_salts, "vllm", "s", None) == "s", dialect

@@ -15,6 +15,7 @@ import openai
 import orjson
 import pytest
 
+from app.dialects import CHAT, COMPLETIONS
 from app.proxy.migrate import Partial, Splicer, continuation_body, read_partial
 from app.proxy.sse import SSEParser
 
@@ -266,32 +267,32 @@ def chat_chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -
 
 
 def test_read_partial_counts_what_the_client_got_and_says_what_blocks() -> None:
-    p = read_partial("chat", sse(chat_chunk({"role": "assistant", "content": ""}), chat_chunk({"content": "Hel"}),
+    p = read_partial(CHAT, sse(chat_chunk({"role": "assistant", "content": ""}), chat_chunk({"content": "Hel"}),
                                  chat_chunk({"content": "lo"})))
     assert (p.text, p.tokens, p.blocker, p.ids["id"]) == ("Hello", 2, None, "chatcmpl-1")
     with_usage = chat_chunk({"content": "Hi"}, usage={"prompt_tokens": 5, "completion_tokens": 3})
-    assert read_partial("chat", sse(with_usage)).tokens == 3  # the engine's count wins
+    assert read_partial(CHAT, sse(with_usage)).tokens == 3  # the engine's count wins
     tool = chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]})
-    assert read_partial("chat", sse(tool)).blocker == "tool_calls"
-    assert read_partial("chat", sse(chat_chunk({"reasoning": "hmm"}))).blocker == "reasoning"
-    assert read_partial("chat", sse(chat_chunk({"content": "x"}, "stop"))).blocker == "finished"
+    assert read_partial(CHAT, sse(tool)).blocker == "tool_calls"
+    assert read_partial(CHAT, sse(chat_chunk({"reasoning": "hmm"}))).blocker == "reasoning"
+    assert read_partial(CHAT, sse(chat_chunk({"content": "x"}, "stop"))).blocker == "finished"
 
 
 def test_continuation_body_per_route() -> None:
     partial = Partial(text="Hello", tokens=2)
-    chat, _ = continuation_body("chat", {"messages": [{"role": "user", "content": "q"}], "max_tokens": 10,
+    chat, _ = continuation_body(CHAT, {"messages": [{"role": "user", "content": "q"}], "max_tokens": 10,
                                          "max_completion_tokens": 5}, partial)
     assert chat["messages"][-1] == {"role": "assistant", "content": "Hello"}
     assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False
     assert (chat["max_tokens"], chat["max_completion_tokens"]) == (8, 3)
-    comp, _ = continuation_body("completions", {"prompt": "Say", "max_tokens": 3}, partial)
+    comp, _ = continuation_body(COMPLETIONS, {"prompt": "Say", "max_tokens": 3}, partial)
     assert comp == {"prompt": "SayHello", "max_tokens": 1}
-    assert continuation_body("completions", {"prompt": "Say", "max_tokens": 2}, partial) == (None, "budget")
-    assert continuation_body("completions", {"prompt": [1, 2]}, partial) == (None, "prompt_shape")
+    assert continuation_body(COMPLETIONS, {"prompt": "Say", "max_tokens": 2}, partial) == (None, "budget")
+    assert continuation_body(COMPLETIONS, {"prompt": [1, 2]}, partial) == (None, "prompt_shape")
 
 
 def test_splicer_drops_the_role_keeps_the_ids_and_sums_usage() -> None:
-    splicer = Splicer("chat", Partial(text="Hello", tokens=2, ids={"id": "chatcmpl-1", "created": 7, "model": "m"}))
+    splicer = Splicer(CHAT, Partial(text="Hello", tokens=2, ids={"id": "chatcmpl-1", "created": 7, "model": "m"}))
     other = {"id": "chatcmpl-2", "created": 9, "model": "m"}
     out = splicer.feed(sse({**chat_chunk({"role": "assistant", "content": ""}), **other},
                            {**chat_chunk({"content": " you"}, "stop"), **other},

@@ -21,6 +21,7 @@ import anthropic
 import openai
 import pytest
 
+from app.dialects import CHAT, COMPLETIONS, MESSAGES, PASSTHROUGH, RESPONSES
 from app.routing.session_keys import DEFAULT_SESSION_KEYS, find_session_key, metadata_session
 from tests.chat_history import words
 
@@ -170,15 +171,20 @@ def test_a_bound_session_leaves_its_saturated_replica(sim_factory, proxy_factory
 def test_first_source_found_wins_in_the_configured_order():
     headers = {"x-session-id": "h", "session_id": "codex", "x-claude-code-session-id": "cc"}
     body = {"prompt_cache_key": "pck", "metadata": {"user_id": "user_a_account__session_meta"}}
-    assert find_session_key(DEFAULT_SESSION_KEYS, "x-session-id", headers, body, "chat") == "h"
-    assert find_session_key(DEFAULT_SESSION_KEYS, "x-session-id", {}, body, "chat") == "pck"
-    assert find_session_key(DEFAULT_SESSION_KEYS, "x-session-id", {"session-id": "c2"}, {}, "responses") == "c2"
-    assert find_session_key(["metadata_user_id", "header"], "x-session-id", headers, body, "messages") == "meta"
+
+    def key(sources, hdrs, b, dialect):
+        return find_session_key(sources, "x-session-id", hdrs, b, dialect.body_session_keys)
+
+    assert key(DEFAULT_SESSION_KEYS, headers, body, CHAT) == "h"
+    assert key(DEFAULT_SESSION_KEYS, {}, body, CHAT) == "pck"
+    assert key(DEFAULT_SESSION_KEYS, {"session-id": "c2"}, {}, RESPONSES) == "c2"
+    assert key(["prompt_cache_key"], {}, body, COMPLETIONS) == key(["prompt_cache_key"], {}, body, RESPONSES) == "pck"
+    assert key(["metadata_user_id", "header"], headers, body, MESSAGES) == "meta"
     # prompt_cache_key is an OpenAI field; metadata.user_id is read on Messages only
-    assert find_session_key(["prompt_cache_key"], "x-session-id", {}, body, "messages") is None
-    assert find_session_key(["metadata_user_id"], "x-session-id", {}, body, "chat") is None
-    assert find_session_key([], "x-session-id", headers, body, "chat") is None
-    assert find_session_key(DEFAULT_SESSION_KEYS, "x-session-id", {}, {}, None) is None
+    assert key(["prompt_cache_key"], {}, body, MESSAGES) is None
+    assert key(["metadata_user_id"], {}, body, CHAT) is None
+    assert key([], headers, body, CHAT) is None
+    assert key(DEFAULT_SESSION_KEYS, {}, {}, PASSTHROUGH) is None
 
 
 def test_metadata_user_id_shapes():

@@ -30,7 +30,7 @@ import pytest
 
 from app.prefix.convert_messages import requires_system_first
 from app.prefix.convert_responses import ResponseHistory, responses_prompt_input
-from app.prefix.prompt import prompt_input, render_prompt
+from app.prefix.prompt import messages_prompt_input, prompt_input, render_prompt
 from app.prefix.tokens import SegmentTokenizer
 from app.sim.testing import SimCluster
 from tests.e2e.workload import wait_processed
@@ -119,8 +119,10 @@ def _sim_ids(url: str, route: str, body: dict[str, Any]) -> list[int]:
 def _gateway_ids(tok: SegmentTokenizer, route: str, body: dict[str, Any]) -> list[int]:
     if route == "responses":
         inp = responses_prompt_input(body, ResponseHistory())
+    elif route == "messages":
+        inp = messages_prompt_input(body, merge_inline_system=requires_system_first(tok.template))
     else:
-        inp = prompt_input(route, body, merge_inline_system=requires_system_first(tok.template))
+        inp = prompt_input("chat", body)
     assert inp is not None
     return [i for ids in tok.encode_segments(tok.split(render_prompt(tok.template, inp))) for i in ids]
 

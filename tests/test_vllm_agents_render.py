@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from app.prefix.convert_responses import ResponseHistory, responses_prompt_input
-from app.prefix.prompt import prompt_input, render_prompt
+from app.prefix.prompt import messages_prompt_input, render_prompt
 from app.prefix.tokens import SegmentTokenizer
 
 CASES = json.loads((Path(__file__).parent / "fixtures" / "real_vllm_agents" / "render.json").read_text())
@@ -30,7 +30,7 @@ def tokenizer() -> SegmentTokenizer:
 
 
 def _ids(tokenizer: SegmentTokenizer, route: str, body: dict[str, Any]) -> list[int]:
-    inp = prompt_input("messages", body) if route == "messages" else responses_prompt_input(body, ResponseHistory())
+    inp = messages_prompt_input(body) if route == "messages" else responses_prompt_input(body, ResponseHistory())
     assert inp is not None
     text = render_prompt(tokenizer.template, inp)
     return [i for ids in tokenizer.encode_segments(tokenizer.split(text)) for i in ids]

@@ -99,7 +99,7 @@ def new_context(settings: Settings, request_id: str, dialect: Dialect, path: str
         tenant=resolve_tenant(headers, body, settings.tenants), headers=headers, body=body,
         model=body.get("model") if dialect.parses else model, stream=bool(body.get("stream")),
         session_id=find_session_key(settings.routing.session_keys, settings.routing.session_header, headers, body,
-                                    dialect.name if dialect.parses else None),
+                                    dialect.body_session_keys),
     )
     return RequestContext(arrival, clock.timings)
 

@@ -21,6 +21,7 @@ from app.dialects.validation import check_common, parse_object
 from app.errors import ProxyError, error_body
 
 if TYPE_CHECKING:
+    from app.config import SessionKeySource
     from app.hygiene.findings import DynamicLine, Finding, ToolsSignature
     from app.hygiene.rewrite import RewriteOptions, RewriteResult
     from app.prefix.convert_responses import ResponseHistory
@@ -72,6 +73,13 @@ class Dialect:
     engine_metrics: bool = False  # vLLM may add its per-request `metrics` to the answer (docs/ttft-ledger.md)
     continues_answers: bool = False  # the engine can continue a broken answer (app/proxy/migrate.py)
     routed_by_model: bool = False  # a passthrough routed to a replica serving the body's `model`
+    # its OpenAI choices are chat messages (`delta`/`message`: a role chunk, tool calls, reasoning),
+    # not completion `text`: what migration reads back and continues (app/proxy/migrate.py)
+    chat_choices: bool = False
+    # SGLang's request model for it keeps `cache_salt` and `extra_key` (app/prefix/namespace.py)
+    sglang_salts: bool = True
+    # the `routing.session_keys` body sources its bodies carry (app/routing/session_keys.py)
+    body_session_keys: frozenset[SessionKeySource] = frozenset()
 
     # ------------------------------------------------------------------ request
     def parse(self, raw: bytes) -> dict[str, Any]:
@@ -98,6 +106,10 @@ class Dialect:
 
     def rewrite(self, body: dict[str, Any], lines: Sequence[DynamicLine], options: RewriteOptions) -> RewriteResult:
         raise NotImplementedError(f"{self.name} has no hygiene rewrite")
+
+    def strip_billing(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """`body` without Claude Code's billing header where its body carries it; None: unchanged."""
+        return None
 
     # ------------------------------------------------------------------ answer
     def stream_shape(self) -> StreamShape:

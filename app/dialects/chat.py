@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from app.dialects.base import ChatScanner, Dialect, EngineFacts, WholeAnswer
 from app.dialects.validation import check_messages
 from app.hygiene.findings import billing_header_finding
-from app.hygiene.rewrite import apply_rewrites
+from app.hygiene.rewrite import apply_rewrites, strip_billing_header
 from app.prefix.prompt import prompt_input
 from app.proxy.observer import MAX_OUTPUT_CHARS
 from app.proxy.openai_shape import shape_for
@@ -20,11 +20,9 @@ if TYPE_CHECKING:
     from app.proxy.shape import StreamShape
 
 
-def scan_chat_body(tenant: str, body: dict[str, Any], scanner: ChatScanner,
-                   label: str) -> tuple[list[Finding], list[DynamicLine]]:
-    """The billing header, dynamic head lines and tool order of a chat body (`label`: the API
-    whose billing rule applies, as app/hygiene/findings.py names it)."""
-    billing = billing_header_finding(body, label)
+def scan_chat_body(tenant: str, body: dict[str, Any], scanner: ChatScanner) -> tuple[list[Finding], list[DynamicLine]]:
+    """The billing header, dynamic head lines and tool order of a chat body."""
+    billing = billing_header_finding(body)
     findings, lines, _ = scanner.scan_chat(tenant, body, skip_billing_line=billing is not None)
     return ([billing] if billing else []) + findings, lines
 
@@ -53,6 +51,8 @@ class Chat(Dialect):
     name = "chat"
     engine_metrics = True
     continues_answers = True
+    chat_choices = True
+    body_session_keys = frozenset({"prompt_cache_key"})
     path = "/v1/chat/completions"
     operation = "chat"
     asks_usage = True
@@ -66,10 +66,13 @@ class Chat(Dialect):
 
     def hygiene_scan(self, tenant: str, body: dict[str, Any],
                      scanner: ChatScanner) -> tuple[list[Finding], list[DynamicLine]]:
-        return scan_chat_body(tenant, body, scanner, self.name)
+        return scan_chat_body(tenant, body, scanner)
 
     def rewrite(self, body: dict[str, Any], lines: Sequence[DynamicLine], options: RewriteOptions) -> RewriteResult:
         return apply_rewrites(body, lines, options)
+
+    def strip_billing(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        return strip_billing_header(body)
 
     def stream_shape(self) -> StreamShape:
         return shape_for("chat")

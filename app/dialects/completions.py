@@ -19,6 +19,7 @@ class Completions(Dialect):
     name = "completions"
     engine_metrics = True
     continues_answers = True
+    body_session_keys = frozenset({"prompt_cache_key"})
     path = "/v1/completions"
     operation = "text_completion"
     asks_usage = True

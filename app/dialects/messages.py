@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any
 from app.dialects.base import ChatScanner, Dialect, EngineFacts, Passthrough, WholeAnswer
 from app.dialects.validation import bad, check_messages
 from app.errors import ProxyError, anthropic_error_body
-from app.hygiene.findings import billing_header_finding, inline_system_findings, reusable_after_head
+from app.hygiene.findings import billing_block_finding, inline_system_findings, reusable_after_head
+from app.hygiene.rewrite import strip_billing_block
 from app.hygiene.rewrite_messages import apply_messages_rewrites
 from app.prefix.convert_messages import chat_view, inline_system_indexes, system_sources
-from app.prefix.prompt import prompt_input
+from app.prefix.prompt import messages_prompt_input
 from app.proxy.anthropic_shape import AnthropicShape, openai_usage, output_text
 from app.proxy.observer import MAX_OUTPUT_CHARS
 
@@ -28,6 +29,8 @@ class Messages(Dialect):
     name = "messages"
     path = "/v1/messages"
     anthropic = True
+    sglang_salts = False  # SGLang's Messages request model has neither field and drops them
+    body_session_keys = frozenset({"metadata_user_id"})
 
     def validate(self, body: dict[str, Any]) -> None:
         check_messages(body)
@@ -36,8 +39,8 @@ class Messages(Dialect):
             raise bad("'system' must be a string or a list of content blocks", "system")
 
     def prompt_input(self, body: dict[str, Any], engine: EngineFacts) -> PromptInput | None:
-        return prompt_input("messages", body, strip_billing=engine.engine_strips_billing(),
-                            merge_inline_system=engine.system_first(), tool_dump=engine.engine_tool_dump())
+        return messages_prompt_input(body, strip_billing=engine.engine_strips_billing(),
+                                     merge_inline_system=engine.system_first(), tool_dump=engine.engine_tool_dump())
 
     def hygiene_scan(self, tenant: str, body: dict[str, Any],
                      scanner: ChatScanner) -> tuple[list[Finding], list[DynamicLine]]:
@@ -45,7 +48,7 @@ class Messages(Dialect):
         dropped: that header is its own finding), named by their place in `body`; the lines'
         offsets are the rendered system text's, which app/hygiene/rewrite_messages.py maps back
         onto the blocks."""
-        billing = billing_header_finding(body, self.name)
+        billing = billing_block_finding(body)
         merge = scanner.system_first()
         view = chat_view(body, strip_billing=True, merge_inline_system=merge)
         system_at = [i for i, m in enumerate(view["messages"]) if m.get("role") == "system"]
@@ -58,6 +61,9 @@ class Messages(Dialect):
 
     def rewrite(self, body: dict[str, Any], lines: Sequence[DynamicLine], options: RewriteOptions) -> RewriteResult:
         return apply_messages_rewrites(body, lines, options)
+
+    def strip_billing(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        return strip_billing_block(body)
 
     def stream_shape(self) -> StreamShape:
         return AnthropicShape()

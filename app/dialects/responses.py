@@ -34,6 +34,7 @@ class Responses(Dialect):
     name = "responses"
     path = "/v1/responses"
     stores_responses = True
+    body_session_keys = frozenset({"prompt_cache_key"})
 
     def validate(self, body: dict[str, Any]) -> None:
         items = body.get("input")
@@ -55,7 +56,7 @@ class Responses(Dialect):
 
     def hygiene_scan(self, tenant: str, body: dict[str, Any],
                      scanner: ChatScanner) -> tuple[list[Finding], list[DynamicLine]]:
-        return scan_chat_body(tenant, responses_view(body), scanner, self.name)
+        return scan_chat_body(tenant, responses_view(body), scanner)
 
     def rewrite(self, body: dict[str, Any], lines: Sequence[DynamicLine], options: RewriteOptions) -> RewriteResult:
         return apply_responses_rewrites(body, lines, options)

@@ -248,13 +248,16 @@ def dynamic_lines(body: dict[str, Any], classifier: LineClassifier, tools_chars:
     return out
 
 
-def billing_header_finding(body: dict[str, Any], route: str) -> Finding | None:
-    """The billing-header finding of a Messages (`route="messages"`) or chat body, if any."""
-    if route == "messages":
-        system = body.get("system")
-        if isinstance(system, list) and system and is_billing_block(system[0]):
-            return Finding(DYNAMIC_HEAD, "system[0]", BILLING_HEADER)
-        return None
+def billing_block_finding(body: dict[str, Any]) -> Finding | None:
+    """The billing-header finding of a Messages body (its `system[0]` block), if any."""
+    system = body.get("system")
+    if isinstance(system, list) and system and is_billing_block(system[0]):
+        return Finding(DYNAMIC_HEAD, "system[0]", BILLING_HEADER)
+    return None
+
+
+def billing_header_finding(body: dict[str, Any]) -> Finding | None:
+    """The billing-header finding of a chat body (the first line of `messages[0]`), if any."""
     messages = body.get("messages")
     if isinstance(messages, list) and messages and isinstance(messages[0], dict) \
             and messages[0].get("role") in SCANNED_ROLES:

@@ -13,9 +13,10 @@ same output, hence the same bytes upstream: a rewrite must never introduce varia
   paragraph (not movable), nothing moves: a partial move would change the prompt without making
   its head stable.
 - `strip_billing_header`: Claude Code's billing header leaves the prompt: the whole first `system`
-  block on /v1/messages (what vLLM 0.32 drops itself), the first line of the first system
-  message on chat. It carries no meaning for the model, and its per-request `cch=` hash would
-  otherwise break the prefix at position 0 on every engine that keeps it.
+  block on /v1/messages (`strip_billing_block`; what vLLM 0.32 drops itself), the first line of
+  the first system message on chat (`strip_billing_header`); each dialect says which applies
+  (`Dialect.strip_billing`). It carries no meaning for the model, and its per-request `cch=`
+  hash would otherwise break the prefix at position 0 on every engine that keeps it.
 - `sort_tools`: tools by function name; Python's sort is stable, so tools with equal names keep
   their relative order.
 - `canonical_json`: every key of every tool (wrapper and JSON schema) sorted, recursively. A
@@ -152,14 +153,18 @@ def canonical_json(body: dict[str, Any]) -> dict[str, Any] | None:
     return {**body, "tools": orjson.loads(sorted_bytes)}
 
 
-def strip_billing_header(body: dict[str, Any], route: str) -> dict[str, Any] | None:
-    """`body` without Claude Code's billing header (see the module docstring); None when the
-    body does not open with one."""
-    if route == "messages":
-        system = body.get("system")
-        if not (isinstance(system, list) and system and is_billing_block(system[0])):
-            return None
-        return {**body, "system": system[1:]}
+def strip_billing_block(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A Messages body without its billing-header `system[0]` block (see the module docstring);
+    None when its system does not open with one."""
+    system = body.get("system")
+    if not (isinstance(system, list) and system and is_billing_block(system[0])):
+        return None
+    return {**body, "system": system[1:]}
+
+
+def strip_billing_header(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A chat body without the billing header line opening `messages[0]` (see the module
+    docstring); None when the body does not open with one."""
     messages = body.get("messages")
     if not (isinstance(messages, list) and messages and isinstance(messages[0], dict)):
         return None

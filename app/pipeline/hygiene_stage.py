@@ -52,7 +52,6 @@ from app.hygiene.rewrite import (
     STRIP_BILLING,
     RewriteOptions,
     RewriteResult,
-    strip_billing_header,
 )
 from app.hygiene.salt import TenantSalts, decide_salt, load_secret, valid_salt
 from app.proxy.context import ProxyError, RequestContext
@@ -194,7 +193,7 @@ class HygieneStage:
     def _rewrite(self, ctx: RequestContext, tenant: str, findings: list[Finding], lines: list[Any]) -> None:
         body, stripped = ctx.body, False
         if self.strip_billing and any(f.detail == BILLING_HEADER for f in findings):
-            changed = strip_billing_header(body, ctx.route)
+            changed = ctx.dialect.strip_billing(body)  # where its body carries the header
             if changed is not None:
                 body, stripped = changed, True
         result = ctx.dialect.rewrite(body, lines, self.options)

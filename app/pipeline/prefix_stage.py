@@ -169,7 +169,8 @@ class PrefixStage:
         if inp is None:
             return
         try:
-            namespace = request_namespace(ctx.route, self.engine_tool_dump(), ctx.salt, ctx.body.get("extra_key"))
+            namespace = request_namespace(ctx.dialect.sglang_salts, self.engine_tool_dump(), ctx.salt,
+                                          ctx.body.get("extra_key"))
             fp = self.fingerprinter.prepare(inp, self.block_size(), namespace)
         except TemplateError as exc:
             log.debug("no fingerprint for %s: %s", ctx.request_id, type(exc).__name__)

@@ -79,8 +79,7 @@ async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, bl
     results: list[dict[str, Any]] = []
     material = max(64, 6 * block_size)
     for index, body in enumerate(bodies):
-        route = "chat" if "messages" in body else "completions"
-        inp = prompt_input(route, body)
+        inp = prompt_input("chat" if "messages" in body else "completions", body)
         if inp is None:
             results.append({"index": index, "continuity": None, "cause": None, "spans": [],
                             "fix": None, "error": "no messages or prompt"})

@@ -24,9 +24,9 @@ def cache_namespace(cache_salt: str | None, extra_key: Any) -> str | None:
     return f"\x00extra_key={extra_key}\x00cache_salt={cache_salt or ''}"
 
 
-def request_namespace(route: str, engine: str, cache_salt: str | None, extra_key: Any) -> str | None:
-    """The namespace the engine actually caches a request under: `cache_namespace`, except on
-    SGLang's `/v1/messages`, which ignores both (None: unsalted)."""
-    if engine == "sglang" and route == "messages":
+def request_namespace(sglang_salts: bool, engine: str, cache_salt: str | None, extra_key: Any) -> str | None:
+    """The namespace the engine actually caches a request under: `cache_namespace`, except on an
+    SGLang API that ignores both (`sglang_salts` False, its dialect's: `/v1/messages`; None: unsalted)."""
+    if engine == "sglang" and not sglang_salts:
         return None
     return cache_namespace(cache_salt, extra_key)

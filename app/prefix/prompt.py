@@ -37,23 +37,29 @@ class PromptInput:
     engine: ToolDump = "vllm"  # whose rules render the chat messages (app/prefix/template.py)
 
 
-def prompt_input(route: str, body: Mapping[str, Any], strip_billing: bool = True,
-                 merge_inline_system: bool = False, tool_dump: ToolDump | None = "vllm") -> PromptInput | None:
-    """Extract the prompt from a request body (None when there is nothing to fingerprint).
+def prompt_input(kind: Literal["chat", "completions"], body: Mapping[str, Any], strip_billing: bool = True,
+                 tool_dump: ToolDump | None = "vllm") -> PromptInput | None:
+    """Extract the prompt from an OpenAI body (None when there is nothing to fingerprint).
 
-    `route="messages"` (Anthropic) is read as the chat body the engine converts it to
-    (app/prefix/convert_messages.py); `strip_billing`: the engine drops Claude Code's billing
-    header block there (vLLM does, SGLang does not); `merge_inline_system`: the template needs
-    system-first ordering, so inline system messages join the leading one; `tool_dump`: whose
-    request model the chat `tools` go through before rendering (app/prefix/tool_dump.py; None:
-    as sent, for tools already converted to the engine's form) and so which engine the prompt is
-    rendered for: "sglang" renders by SGLang 0.5.23's rules (docs/agents-apis.md), else vLLM's."""
-    engine: ToolDump = tool_dump or "vllm"
-    if route == "messages":
-        return _chat_input(chat_view(body, strip_billing, merge_inline_system, engine), False, None, engine)
-    if route == "chat":
-        return _chat_input(body, strip_billing, tool_dump, engine)
+    `kind` says how the body holds it: "chat", `messages` (+`tools`) the chat template renders;
+    "completions", a `prompt` used as sent (or token ids). `strip_billing`: the engine drops
+    Claude Code's billing header line (vLLM does, SGLang does not); `tool_dump`: whose request
+    model the chat `tools` go through before rendering (app/prefix/tool_dump.py; None: as sent,
+    for tools already converted to the engine's form) and so which engine the prompt is rendered
+    for: "sglang" renders by SGLang 0.5.23's rules (docs/agents-apis.md), else vLLM's."""
+    if kind == "chat":
+        return _chat_input(body, strip_billing, tool_dump, tool_dump or "vllm")
     return _completion_input(body)
+
+
+def messages_prompt_input(body: Mapping[str, Any], strip_billing: bool = True, merge_inline_system: bool = False,
+                          tool_dump: ToolDump | None = "vllm") -> PromptInput | None:
+    """The prompt of an Anthropic Messages body, read as the chat body the engine converts it to
+    (app/prefix/convert_messages.py); `strip_billing`: the engine drops the billing header block
+    there; `merge_inline_system`: the template needs system-first ordering, so inline system
+    messages join the leading one; `tool_dump` as in `prompt_input`."""
+    engine: ToolDump = tool_dump or "vllm"
+    return _chat_input(chat_view(body, strip_billing, merge_inline_system, engine), False, None, engine)
 
 
 def sglang_tools(tools: list[Any] | None, tool_choice: Any) -> list[Any] | None:

@@ -40,6 +40,7 @@ from app.routing.base import NoReplicaAvailable, RouteDecision, RouteRequest
 
 if TYPE_CHECKING:
     from app.config import MigrateMidstream
+    from app.dialects.base import Dialect
     from app.proxy.context import RequestContext
     from app.proxy.upstream import Upstream
     from app.routing.base import Router
@@ -71,7 +72,7 @@ class Partial:
     blocker: str | None = None  # why it cannot be continued (a metric reason), None when it can
 
 
-def read_partial(route: str, sent: bytes) -> Partial:
+def read_partial(dialect: Dialect, sent: bytes) -> Partial:
     """Read the whole events the client got (chat or completions) into a `Partial`."""
     p = Partial()
     for event in SSEParser().feed(sent):
@@ -98,7 +99,7 @@ def read_partial(route: str, sent: bytes) -> Partial:
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             p.usage = usage
         for choice in obj.get("choices") or []:
-            _read_choice(route, choice, p)
+            _read_choice(dialect.chat_choices, choice, p)
     if p.usage is not None:
         p.tokens = p.usage["completion_tokens"]
     else:
@@ -106,13 +107,13 @@ def read_partial(route: str, sent: bytes) -> Partial:
     return p
 
 
-def _read_choice(route: str, choice: Any, p: Partial) -> None:
+def _read_choice(chat: bool, choice: Any, p: Partial) -> None:
     if not isinstance(choice, dict) or choice.get("index", 0) != 0:
         p.blocker = "n"
         return
     if choice.get("finish_reason") is not None:
         p.blocker = "finished"
-    if route == "completions":
+    if not chat:
         text = choice.get("text")
     else:
         delta = choice.get("delta")
@@ -128,12 +129,12 @@ def _read_choice(route: str, choice: Any, p: Partial) -> None:
         p.content_events += 1
 
 
-def continuation_body(route: str, body: dict[str, Any], partial: Partial) -> tuple[dict[str, Any] | None, str]:
+def continuation_body(dialect: Dialect, body: dict[str, Any], partial: Partial) -> tuple[dict[str, Any] | None, str]:
     """The request that continues `partial` on another replica, or (None, why not)."""
     if partial.blocker is not None:
         return None, partial.blocker
     out = dict(body)
-    if partial.text and route == "chat":
+    if partial.text and dialect.chat_choices:
         messages = list(body.get("messages") or [])
         last = messages[-1] if messages else None
         if (body.get("continue_final_message") and isinstance(last, dict) and last.get("role") == "assistant"
@@ -168,8 +169,8 @@ class Splicer:
     engine's own figure when the first attempt reported one; `prompt_tokens_details` dropped:
     the first attempt's cache hit is unknown)."""
 
-    def __init__(self, route: str, partial: Partial) -> None:
-        self.route = route
+    def __init__(self, dialect: Dialect, partial: Partial) -> None:
+        self.chat = dialect.chat_choices
         self.partial = partial
         self.parser = SSEParser()
         self.events = 0  # events handed on
@@ -201,7 +202,7 @@ class Splicer:
         usage = obj.get("usage")
         if isinstance(usage, dict):
             obj["usage"] = self.summed(usage)
-        if self.route == "chat" and not self._keep_chat(obj):
+        if self.chat and not self._keep_chat(obj):
             return None
         return orjson.dumps(obj)
 
@@ -305,7 +306,7 @@ class Migrator:
         """Continue the stream after `failure`; None once a continuation reached its end marker,
         else the failure to end the stream with, as without migration (the caller counts that
         one in prefixgate_upstream_errors_total; the failures continued past are counted here)."""
-        route = self.ctx.route
+        dialect = self.ctx.dialect
         assert self.fw.migrate is not None
         attempts = self.fw.migrate.max_attempts
         for _ in range(attempts):
@@ -313,7 +314,7 @@ class Migrator:
             if observer.sent is None or not observer.collect_text:
                 self._count("too_long" if observer.sent is None else "n", "skipped")
                 return failure
-            partial = read_partial(route, b"".join(observer.sent))
+            partial = read_partial(dialect, b"".join(observer.sent))
             body, why = self._body(partial)
             if body is None:
                 self._count(why, "skipped")
@@ -343,7 +344,7 @@ class Migrator:
             original = None
         if not isinstance(original, dict):
             return None, "not_json"
-        return continuation_body(self.ctx.route, original, partial)
+        return continuation_body(self.ctx.dialect, original, partial)
 
     async def _attempt(self, decision: RouteDecision, body: bytes, partial: Partial, observer: RecordingObserver,
                        send_more: Any) -> UpstreamError | str | None:
@@ -369,7 +370,7 @@ class Migrator:
             hold.prefill_done()
             fw.router.on_routed(self.request, decision)
             routed = True
-            splicer = Splicer(ctx.route, partial)
+            splicer = Splicer(ctx.dialect, partial)
             observer.drop_incomplete()
             broke_at = observer.last_sent
             data = first

@@ -44,21 +44,22 @@ _TEXT_STRINGS = {"chat": re.compile(rb'"content":' + _JSON_STRING),
 
 
 class OpenAIShape:
-    """`route` is "chat" (`/v1/chat/completions`) or "completions" (`/v1/completions`)."""
+    """`route` is "chat" (`/v1/chat/completions`) or "completions" (`/v1/completions`); `chat`:
+    its choices carry chat deltas (a role chunk first, tool calls, reasoning), not `text`."""
 
-    __slots__ = ("route", "byte_scans", "_markers", "_tool_calls")
+    __slots__ = ("route", "chat", "byte_scans", "_markers")
 
-    def __init__(self, route: str) -> None:
+    def __init__(self, route: str, chat: bool) -> None:
         self.route = route
+        self.chat = chat
         self.byte_scans = True
         self._markers = _GENERATED_MARKERS[route]
-        self._tool_calls = route == "chat"
 
     def classify(self, data: bytes, event: str | None = None) -> Chunk:
         return classify(data, self.route)
 
     def certainly_empty(self, data: bytes) -> bool:
-        return self.route == "chat" and is_role_only(data)
+        return self.chat and is_role_only(data)
 
     def carries_generated(self, events: bytes) -> bool:
         """Whether compact-JSON SSE bytes hold a non-empty generated string (chat `content`,
@@ -71,7 +72,7 @@ class OpenAIShape:
                 if j >= len(events) or events[j] != _QUOTE:
                     return True
                 i = events.find(marker, j)
-        return self._tool_calls and _TOOL_CALLS in events
+        return self.chat and _TOOL_CALLS in events
 
     def drop_usage(self, events: bytes) -> bytes:
         return drop_usage_events(events, self.route) if USAGE_ONLY in events else events
@@ -101,7 +102,7 @@ class OpenAIShape:
         return sse_error_event(error)
 
 
-SHAPES = {"chat": OpenAIShape("chat"), "completions": OpenAIShape("completions")}
+SHAPES = {"chat": OpenAIShape("chat", chat=True), "completions": OpenAIShape("completions", chat=False)}
 
 
 def shape_for(route: str) -> OpenAIShape:
@@ -188,10 +189,11 @@ def classify_obj(obj: Any, route: str) -> Chunk:
     if not choices:
         chunk.usage_only = chunk.usage is not None
         return chunk
+    chat = SHAPES[route].chat
     for choice in choices:
         if not isinstance(choice, dict):
             continue
-        text, generated = _choice_text(choice, route)
+        text, generated = _choice_text(choice, chat)
         if generated:
             chunk.generated = True
         if text and choice.get("index", 0) == 0:
@@ -199,9 +201,9 @@ def classify_obj(obj: Any, route: str) -> Chunk:
     return chunk
 
 
-def _choice_text(choice: dict[str, Any], route: str) -> tuple[str, bool]:
+def _choice_text(choice: dict[str, Any], chat: bool) -> tuple[str, bool]:
     """(choice's content text, whether it carries any generated output)."""
-    if route != "chat":
+    if not chat:
         text = choice.get("text")
         return (text, True) if isinstance(text, str) and text else ("", False)
     delta = choice.get("delta")

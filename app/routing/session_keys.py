@@ -1,22 +1,21 @@
 """Where a request's session id comes from: `routing.session_keys`, an ordered list of sources,
 first found wins (docs/routing.md lists the clients that send each).
 
-A pure function of the request's headers (lower-cased names), its parsed JSON body and its API
-route; it never reads prompt text. The id it returns is the client's own; the router scopes it
-to the tenant (app/routing/session.py), so two tenants' equal ids never share a binding.
+A pure function of the request's headers (lower-cased names), its parsed JSON body and the body
+sources its API carries (its dialect's `body_session_keys`); it never reads prompt text. The id
+it returns is the client's own; the router scopes it to the tenant (app/routing/session.py), so
+two tenants' equal ids never share a binding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from app.config import DEFAULT_SESSION_KEYS, SessionKeySource  # noqa: F401 (the config's names)
 
-# the dialects whose body may carry OpenAI's `prompt_cache_key` (app/dialects/, their names)
-PROMPT_CACHE_KEY_ROUTES = frozenset({"chat", "completions", "responses"})
 SESSION_ID_HEADERS = ("session_id", "session-id")  # Codex-style clients (underscore, then hyphen)
 CLAUDE_CODE_HEADER = "x-claude-code-session-id"  # Claude Code since v2.1.86
 LEGACY_SESSION_MARK = "_session_"  # user_<hash>_account_<uuid or empty>_session_<uuid>
@@ -24,28 +23,29 @@ MAX_KEY_CHARS = 256  # a longer value is no session id a client sends; not bound
 
 
 def find_session_key(sources: Sequence[SessionKeySource], session_header: str, headers: Mapping[str, str],
-                     body: Mapping[str, Any], route: str | None) -> str | None:
+                     body: Mapping[str, Any], body_sources: Collection[SessionKeySource]) -> str | None:
     """The first session id found in `sources`' order, or None. `session_header`: the configured
-    header (`header` source); `route`: the API route's name, None for a passthrough path."""
+    header (`header` source); `body_sources`: the body sources the request's API carries
+    (`Dialect.body_session_keys`: OpenAI's `prompt_cache_key`, Anthropic's `metadata_user_id`)."""
     for source in sources:
-        key = _from_source(source, session_header, headers, body, route)
+        key = _from_source(source, session_header, headers, body, body_sources)
         if key:
             return key
     return None
 
 
 def _from_source(source: SessionKeySource, session_header: str, headers: Mapping[str, str],
-                 body: Mapping[str, Any], route: str | None) -> str | None:
+                 body: Mapping[str, Any], body_sources: Collection[SessionKeySource]) -> str | None:
     if source == "header":
         return _usable(headers.get(session_header.lower()))
     if source == "prompt_cache_key":
-        return _usable(body.get("prompt_cache_key")) if route in PROMPT_CACHE_KEY_ROUTES else None
+        return _usable(body.get("prompt_cache_key")) if source in body_sources else None
     if source == "session_id_header":
         return next((v for v in (_usable(headers.get(h)) for h in SESSION_ID_HEADERS) if v), None)
     if source == "claude_code_header":
         return _usable(headers.get(CLAUDE_CODE_HEADER))
     if source == "metadata_user_id":
-        return metadata_session(body) if route == "messages" else None
+        return metadata_session(body) if source in body_sources else None
     return None
 
 

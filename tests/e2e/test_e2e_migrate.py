@@ -19,6 +19,7 @@ import httpx
 import orjson
 import pytest
 
+from app.dialects import CHAT
 from app.proxy.migrate import Splicer, continuation_body, read_partial
 from app.proxy.sse import SSEParser
 from tests.e2e.vllm_server import ReplicaSpec, start_replicas, stop_all
@@ -55,11 +56,11 @@ def test_greedy_answer_cut_after_k_events_and_continued_elsewhere_is_the_same(vl
     whole = events(vllm_b32.url, body)
     expected_text, expected_usage = text_and_usage(whole)
     sent = b"".join(whole[:k])  # what the client had when the first replica died
-    partial = read_partial("chat", sent)
+    partial = read_partial(CHAT, sent)
     assert partial.blocker is None and partial.tokens == k - 1  # the role chunk, then one token per event
-    continued, why = continuation_body("chat", body, partial)
+    continued, why = continuation_body(CHAT, body, partial)
     assert continued is not None, why
-    splicer = Splicer("chat", partial)
+    splicer = Splicer(CHAT, partial)
     spliced = [splicer.feed(raw) for raw in events(vllm_b128.url, continued)]
     got_text, got_usage = text_and_usage([e for e in spliced if e])
     print(f"\nk={k}: partial {partial.text!r} + continuation -> {len(got_text)} chars; usage {got_usage}")
