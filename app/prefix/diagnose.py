@@ -354,11 +354,12 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     messages, then the summary)."""
     if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
         return False
+    # lengths first, keys (a hash of each message's ends) only for a pair that can be one
+    pn = [r.end - r.start for r in prev.regions if r.role not in ("system", "developer")]
+    cn = [r.end - r.start for r in cur.regions if r.role not in ("system", "developer")]
+    if len(pn) < COMPACTED_MIN_MESSAGES or not cn or sum(cn) > COMPACTED_SHARE * sum(pn):
+        return False
     ph, ch = _history(prev), _history(cur)
-    if len(ph) < COMPACTED_MIN_MESSAGES or not ch:
-        return False
-    if sum(n for _, _, n in ch) > COMPACTED_SHARE * sum(n for _, _, n in ph):
-        return False
     seen = {k for _, k, _ in ph}
     newest = max((i for i, (role, _, _) in enumerate(ch) if role == "user"), default=len(ch) - 1)
     added = [role for role, k, _ in ch[:newest] if k not in seen]
