@@ -1,13 +1,16 @@
 """Diagnosis on request sequences of one tenant, one test per failure kind of issue 20: new
 conversations, values no pattern knows, tools listed in system text, nested and adjacent tool
 reorders, several causes at once, a trailing system message, edits that only look dynamic and
-static look-alikes. Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+static look-alikes; and of issue 29 (agents' patterns, material written here, not from any
+held-out split): a sliding window that keeps the first messages, tool schemas written as JSON
+into the prompt text and reordered, a per-request value in the first user message. Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
 diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -97,6 +100,55 @@ def test_pinned_first_exchange_then_start_over(fpr) -> None:
     assert causes(fpr, bodies) == [None, "new_session", None]
 
 
+# ------------------------------------------------------------------ agents' sliding windows (issue 29)
+TASK = "Migrate the billing module to the new invoice API; keep the public functions and their tests. " * 3
+
+
+def agent_history(exchanges: int) -> list[dict[str, str]]:
+    """The task, then `exchanges` (reply, user message) pairs of distinct text."""
+    msgs = [{"role": "user", "content": TASK}]
+    for k in range(1, exchanges + 1):
+        msgs += [{"role": "assistant", "content": f"Reply {k}: " + " ".join(f"r{k}w{i}" for i in range(40))},
+                 {"role": "user", "content": " ".join(f"u{k}w{i}" for i in range(30))}]
+    return msgs
+
+
+@pytest.mark.parametrize("pinned", [1, 2], ids=["first-user-message", "first-exchange"])
+def test_sliding_window_that_keeps_the_first_messages_is_a_front_trim(fpr, pinned: int) -> None:
+    """A window over the latest turns that keeps the task (the first user message, or the first
+    exchange) pinned: every request drops turns after what is pinned, a front trim."""
+    msgs = agent_history(9)
+    bodies = [Gen.body(CODER, msgs[:n] if n == 7 else [*msgs[:pinned], *msgs[:n][-5:]], None, None)
+              for n in (7, 9, 11, 13, 15)]
+    assert causes(fpr, bodies) == ["front_trim"] * 4
+
+
+def test_the_first_user_message_edited_in_place_is_a_history_edit(fpr) -> None:
+    """Nothing dropped: only the first message differs (not by a value) and the rest follow in place."""
+    msgs = agent_history(3)
+    edited = [{"role": "user", "content": TASK.replace("keep the public functions", "rename the public functions")},
+              *msgs[1:]]
+    assert causes(fpr, [Gen.body(CODER, msgs[:5], None, None), Gen.body(CODER, edited, None, None)]) == ["history_edit"]
+
+
+@pytest.mark.parametrize(("key", "values"), [
+    ("Session started:", ["2026-04-14T09:31:07Z", "2026-04-14T09:32:55Z", "2026-04-14T09:40:01Z", "2026-04-14T10:02:13Z"]),
+    ("Aktuelle Uhrzeit:", ["14.04.2026 09:31", "14.04.2026 09:32", "14.04.2026 09:40", "14.04.2026 10:02"]),
+    ("request_id:", ["8c1f0e2a4b6d", "1d9e7f3a5c2b", "6a0b4c8d2e1f", "f3e2d1c0b9a8"]),
+])
+def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values: list[str]) -> None:
+    """An agent opens the conversation with a context block that carries a per-request value: every
+    request of the conversation re-renders it, so every turn breaks there (dynamic_head, the value
+    its span), whatever the history after it looks like."""
+    def first(value: str) -> str:
+        return f"<context>\nWorking directory: /repo\n{key} {value}\nBranch: main\n</context>\n" + TASK
+
+    bodies = [body(CODER, [first(v), *t[1:]]) for v, t in zip(values, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head"] * 3, got
+    assert [r["spans"] for r in got] == [[v] for v in values[1:]]
+
+
 # ------------------------------------------------------------------ values no pattern knows
 @pytest.mark.parametrize(("line", "values", "kind"), [
     ("Request received at {} (unix).", ["1776000000", "1776000042", "1776000107"], "epoch"),
@@ -146,6 +198,45 @@ def test_tool_entries_swapped_whose_names_look_like_flags(fpr) -> None:
     bodies = [body("<functions>\n" + "\n".join(o) + f"\n</functions>\n{SYSTEM}", t)
               for o, t in zip(orders, conversation(2), strict=True)]
     assert causes(fpr, bodies) == ["tool_order"]
+
+
+def schemas_in_text(order: list[dict], form: str) -> str:
+    if form == "indented":
+        return "# Tools\nYou may call these functions:\n" + "\n".join(json.dumps(t, indent=2) for t in order)
+    if form == "one-line-array":
+        return "Available tools (JSON): " + json.dumps(order)
+    return "<tools>\n" + "\n".join(json.dumps({"name": t["function"]["name"], "description": t["function"]["description"],
+                                                "input_schema": t["function"]["parameters"]}) for t in order) + "\n</tools>"
+
+
+@pytest.mark.parametrize("form", ["indented", "one-line-array", "anthropic-lines"])
+def test_tool_schemas_serialised_into_the_system_text_in_another_order(fpr, form: str) -> None:
+    """A client that writes its tool schemas as JSON into the system text (not `tools`) and
+    reorders them: a tool-order break wherever the schemas sit."""
+    convo = conversation(3)
+    swapped = [TOOLS[2], TOOLS[0], TOOLS[1], TOOLS[3]]
+    bodies = [body(f"{CODER}\n{schemas_in_text(o, form)}\n{SYSTEM}", t)
+              for o, t in zip([TOOLS, swapped, swapped], convo, strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_tool_schemas_serialised_into_the_first_user_message_in_another_order(fpr) -> None:
+    convo = conversation(3)
+    swapped = [TOOLS[1], TOOLS[0], *TOOLS[2:]]
+    bodies = [body(CODER, [f"{schemas_in_text(o, 'indented')}\n\n{TASK}", *t[1:]])
+              for o, t in zip([TOOLS, swapped, swapped], convo, strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_a_json_config_reordered_in_the_system_text_is_a_template_change(fpr) -> None:
+    """Reordered JSON objects that are no tool schemas (no parameter schema) are an edit."""
+    teams = [{"name": n, "owner": f"{n}-lead", "channel": f"#{n}"} for n in ("billing", "search", "infra")]
+
+    def system(order: list[dict]) -> str:
+        return f"{CODER}\nTeams:\n" + "\n".join(json.dumps(t, indent=2) for t in order) + f"\n{SYSTEM}"
+
+    convo = conversation(2)
+    assert causes(fpr, [body(system(teams), convo[0]), body(system(teams[::-1]), convo[1])]) == ["template_change"]
 
 
 def test_rules_reordered_in_system_text_are_a_template_change(fpr) -> None:

@@ -14,7 +14,17 @@ from typing import Any
 import httpx
 from openai import OpenAI
 
+from tests.fixtures.diagnosis_v2.build import Gen
 from tests.redis_server import RedisServer
+from tests.test_diagnosis_cases import (
+    CODER,
+    SYSTEM,
+    TOOLS,
+    agent_history,
+    body,
+    conversation,
+    schemas_in_text,
+)
 from tests.test_state_proxies import settle
 
 TUNE = Path(__file__).parent / "fixtures" / "diagnosis_v2" / "tune.jsonl"
@@ -45,6 +55,33 @@ def verdicts(pod, tenant: str) -> list[tuple]:
     records = asyncio.run_coroutine_threadsafe(pod.services.store.history_recent(tenant, 64), pod.server.loop).result()
     return [(r.get("cause"), tuple(r.get("spans") or ()), tuple(f["cause"] for f in r.get("secondary") or ()))
             for r in records]
+
+
+def agent_scenarios() -> list[tuple[str, list[dict]]]:
+    """Issue 29's agent patterns the digest can follow (tests/test_diagnosis_cases.py): a sliding
+    window that keeps the first user message, tool schemas written as indented JSON into the
+    system text and reordered. (A value in the first user message is not: the digest keys a
+    history message whole, so another pod reads it as a `history_edit`; docs/diagnosis.md.)"""
+    msgs = agent_history(9)
+    window = [Gen.body(CODER, msgs[:n] if n == 7 else [msgs[0], *msgs[:n][-5:]], None, None) for n in (7, 9, 11, 13)]
+    swapped = [TOOLS[2], TOOLS[0], TOOLS[1], TOOLS[3]]
+    schemas = [body(f"{CODER}\n{schemas_in_text(o, 'indented')}\n{SYSTEM}", t)
+               for o, t in zip([TOOLS, swapped, swapped], conversation(3), strict=True)]
+    return [("agent-window", window), ("agent-schemas", schemas)]
+
+
+def test_two_pods_agree_on_agents_patterns(sim_factory, proxy_factory, redis_proc: RedisServer) -> None:
+    sim = sim_factory(replicas=2, time_scale=0.0)
+    alone = proxy_factory(sim)
+    pods = [proxy_factory(sim, state=redis_proc.url) for _ in range(2)]
+    expected = {"agent-window": [None, "front_trim", "front_trim", "front_trim"],
+                "agent-schemas": [None, "tool_order", None]}
+    for tenant, bodies in agent_scenarios():
+        send([alone], tenant, bodies)
+        send(pods, tenant, bodies)
+        one, two = verdicts(alone, tenant), verdicts(pods[0], tenant)
+        assert [v[0] for v in one] == expected[tenant], one
+        assert one == two, (tenant, one, two)
 
 
 def test_two_pods_alternating_give_the_answers_of_one(sim_factory, proxy_factory, redis_proc: RedisServer) -> None:

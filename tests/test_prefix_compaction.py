@@ -5,7 +5,8 @@ Material written for it here (agent-shaped sessions, never the diagnosis corpora
 split): through `prefixgate lint --json` (a Claude-Code-shaped compaction; a history trimmed on
 every turn, a one-off truncation without a summary and a new conversation stay what they are),
 a Codex-shaped one on the pair, and through the gateway with the real `anthropic` client (the tenant report,
-the explorer's row and the breaks metric).
+the explorer's row and the breaks metric) and the real `openai` client on `/v1/responses` (a Codex-shaped
+compaction, whose history starts like the conversation's first request).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
+import pytest
 
 from app.cli import main
 from app.prefix.diagnose import diagnose, fix_for
@@ -104,9 +107,8 @@ def test_claude_code_shaped_compaction_is_named_and_no_problem(tmp_path: Path, c
 
 def test_codex_shaped_compaction_keeps_user_messages_then_the_summary() -> None:
     """Codex rebuilds the history as the earlier user messages followed by the summary (a user
-    message): the summary is the newest message of the request after the compaction. Pair level:
-    the tracker compares this request with the conversation's first one (it starts like it), see
-    docs/diagnosis.md."""
+    message): the summary is the newest message of the request after the compaction. Pair level;
+    the gateway test below checks that the tracker picks this pair (docs/diagnosis.md)."""
     before = growing(8)
     users = [m for m in before[-1] if m["role"] == "user"]
     prev, cur = sketch(before[-1]), sketch([*users, {"role": "user", "content": SUMMARY}])
@@ -114,6 +116,18 @@ def test_codex_shaped_compaction_keeps_user_messages_then_the_summary() -> None:
     assert diag.cause == "compaction" and not diag.is_break and fix_for(diag).startswith(FIX)
     # the user messages kept, but not the latest ones only (the first and a new one): no summary shape
     assert diagnose(prev, sketch([users[0], user(8)])).cause != "compaction"
+
+
+def test_lint_names_a_codex_shaped_compaction(tmp_path: Path, capsys) -> None:
+    """Through `prefixgate lint --json` (the tracker's choice of the pair): the compacted history
+    starts like the session's first request, and is still named against the request it compacted."""
+    before = growing(8)
+    users = [m for m in before[-1] if m["role"] == "user"]
+    compacted = [*users, {"role": "user", "content": SUMMARY}]
+    after = growing(1, start=8, history=[*compacted, *exchange(8)[1:]])
+    status, rows = lint(tmp_path, capsys, [*before, compacted, *after])
+    assert [r["cause"] for r in rows] == [None] * 8 + ["compaction", None], rows
+    assert rows[8]["fix"].startswith(FIX) and status == 0
 
 
 def test_a_history_trimmed_on_every_turn_stays_front_trim(tmp_path: Path, capsys) -> None:
@@ -197,3 +211,73 @@ def test_gateway_counts_a_compaction_apart_from_breaks(sim_factory, proxy_factor
     assert [r["cause"] for r in row["recent"]].count("compaction") == 1
     proxy.settle()
     assert proxy.sample("prefixgate_prefix_breaks_total", route="messages", tenant="agent", cause="compaction") == 1
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["alone", "beside-another-session"])
+def test_gateway_names_a_codex_shaped_compaction_on_the_responses_route(sim_factory, proxy_factory,
+                                                                        interleaved: bool) -> None:
+    """A Codex-shaped Responses session compacts once: its input becomes the user messages so far
+    followed by the summary. That history starts like the conversation's first request (the same
+    first user message), yet the tracker compares it with the session's newest request and names
+    it `compaction`: one compaction, no break, and the turns after it continue the new prefix.
+    Beside another agent's session on the same tenant (a turn of it before each of this one's, so
+    the tenant's newest request is never this session's) it is named the same."""
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
+    proxy = proxy_factory(sim, names=["r0"])
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0,
+                           default_headers={"x-tenant-id": "codex"})
+    hook = proxy.services.prefix
+    tools = [{"type": "function", "name": name, "description": f"{name} a path in the repository",
+              "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+             for name in ("read_file", "shell", "write_file", "search")]
+    sent = 0
+
+    def message(text: str) -> dict[str, Any]:
+        return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+    def tool_round(t: int, seed: int = 500) -> list[dict[str, Any]]:
+        return [{"type": "function_call", "call_id": f"call_{t}", "name": "read_file",
+                 "arguments": json.dumps({"path": f"src/m{t}.py"})},
+                {"type": "function_call_output", "call_id": f"call_{t}", "output": words(seed + t, 220)}]
+
+    def send(items: list[dict[str, Any]], key: str = "codex-session-1", agent: tuple[str, list] = (SYSTEM, tools)) -> None:
+        nonlocal sent
+        client.responses.create(model="sim", instructions=agent[0], tools=agent[1], input=items,
+                                max_output_tokens=4, store=False, prompt_cache_key=key)
+        sent += 1
+        wait_processed(hook, sent)
+
+    other: list[dict[str, Any]] = []
+    reviewer = ("You review pull requests.\n" + words(2100, 300),
+                [{"type": "function", "name": "comment", "description": "comment on a pull request",
+                  "parameters": {"type": "object", "properties": {"body": {"type": "string"}}}}])
+
+    def other_turn(t: int) -> None:  # the tenant's other session (another agent): a turn before each of this one's
+        nonlocal other
+        if interleaved:
+            other = [*other, message(f"task {t}: " + words(2000 + t, 40))]
+            send(other, key="codex-session-2", agent=reviewer)
+            other = [*other, *tool_round(t, seed=2500)]
+
+    items: list[dict[str, Any]] = []
+    users: list[dict[str, Any]] = []
+    for t in range(6):
+        users.append(message(f"step {t}: " + words(100 + t, 40)))
+        items.append(users[-1])
+        other_turn(t)
+        send(items)
+        items += tool_round(t)
+    items = [*users, message(SUMMARY)]  # Codex's compacted history: the user messages, then the summary
+    for t in range(6, 8):
+        other_turn(t)
+        send(items)
+        items = [*items, *tool_round(t), message(f"step {t}: " + words(100 + t, 40))]
+    report = httpx.get(proxy.url + "/hygiene/tenants/codex", timeout=10).json()
+    assert report["breaks_by_cause"] == ({"compaction": 1, "new_session": 1} if interleaved else {"compaction": 1}), report
+    assert report["compactions"] == 1 and report["breaks"] == 0 and report["last_breaks"] == []
+    mine = report["recent"][1::2] if interleaved else report["recent"]
+    causes = [r["cause"] for r in mine]
+    first = "new_session" if interleaved else None  # the tenant's other session came first
+    assert causes == [first] + [None] * 5 + ["compaction", None], causes
+    assert mine[-1]["continuity"] > 0.5  # the turn after it continues the compacted prefix
+    assert report["unmatched_blocks"]["compaction"] > 0 and report["unmatched_blocks"]["break"] == 0

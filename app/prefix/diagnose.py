@@ -14,10 +14,12 @@ A divergence costs reusable content (a *break*) when
 Causes (the first divergence in prompt order is the primary one; the next divergences after each
 re-alignment are secondary findings):
 - `front_trim`: the system part is unchanged and the history starts later (early turns dropped or
-  summarised).
+  summarised), possibly after the first message or exchange kept pinned (a sliding window that
+  keeps the task).
 - `tool_order`: the same tools in another order, or the same tool with its (nested) keys in
   another order, where the divergence lies in the rendered tools; or tool entries listed in the
-  system text in another order. Tools added or removed at the same time are a secondary
+  system text in another order; or JSON tool schemas written into the message where the prompts
+  diverge, in another order. Tools added or removed at the same time are a secondary
   `template_change`.
 - `dynamic_head`: the divergence is a changed per-request value (app/prefix/dynamic.py: a known
   pattern, or a changed token whose shape or key marks it as per-request); the span is that value.
@@ -40,6 +42,7 @@ re-alignment are secondary findings):
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -52,6 +55,7 @@ CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "histor
           "question_first", "new_session", "compaction")
 NOT_A_PROBLEM = frozenset({"new_session", "compaction"})
 COMPACTED_MIN_MESSAGES = 4  # a history this long before it, at least (one exchange is no context to compact)
+PINNED_MESSAGES = 2  # a front trim may keep this many first history messages (the task, its first reply)
 COMPACTED_SHARE = 0.5  # the history after a compaction holds at most this share of the text before
 ANCHOR_CHARS = 24
 MAX_ANCHORS = 160
@@ -69,6 +73,11 @@ TOOL_LINE = re.compile(
     r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 KEY_SIZE = 16
+# JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
+# with a name and one of these parameter-schema keys (OpenAI, Anthropic, MCP)
+_OBJECT_START = re.compile(r'\{\s*"')
+SCHEMA_KEYS = frozenset({"parameters", "input_schema", "inputSchema"})
+SCHEMA_SCAN_CHARS = 512 * 1024
 
 
 @dataclass
@@ -327,8 +336,21 @@ def _front_trimmed(prev: RequestSketch, cur: RequestSketch) -> bool:
 
 
 def trimmed(pm: list[str], cm: list[str]) -> bool:
-    """Do the history keys `cm` continue `pm` with its first turns dropped or summarised?"""
-    if not pm or not cm or cm[0] == pm[0]:
+    """Do the history keys `cm` continue `pm` with its first turns dropped or summarised, after at
+    most PINNED_MESSAGES messages that stay (a sliding window that keeps the task: the first user
+    message, or the first exchange)? Not when only the first of the remaining messages differs and
+    all the others follow in place: that message was edited (a value in it changed), nothing was
+    dropped."""
+    for pinned in range(min(PINNED_MESSAGES, len(pm), len(cm)) + 1):
+        if pinned and pm[pinned - 1] != cm[pinned - 1]:
+            return False
+        if _trimmed_front(pm[pinned:], cm[pinned:]):
+            return True
+    return False
+
+
+def _trimmed_front(pm: list[str], cm: list[str]) -> bool:
+    if not pm or not cm or cm[0] == pm[0] or (len(cm) >= len(pm) and cm[1:len(pm)] == pm[1:]):
         return False
     for j in range(min(3, len(cm) - 1)):  # a summary (one turn, or a user/assistant pair) may replace the dropped ones
         for k in range(j if j >= 2 else j + 1, len(pm)):
@@ -354,11 +376,12 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     messages, then the summary)."""
     if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
         return False
+    # lengths first, keys (a hash of each message's ends) only for a pair that can be one
+    pn = [r.end - r.start for r in prev.regions if r.role not in ("system", "developer")]
+    cn = [r.end - r.start for r in cur.regions if r.role not in ("system", "developer")]
+    if len(pn) < COMPACTED_MIN_MESSAGES or not cn or sum(cn) > COMPACTED_SHARE * sum(pn):
+        return False
     ph, ch = _history(prev), _history(cur)
-    if len(ph) < COMPACTED_MIN_MESSAGES or not ch:
-        return False
-    if sum(n for _, _, n in ch) > COMPACTED_SHARE * sum(n for _, _, n in ph):
-        return False
     seen = {k for _, k, _ in ph}
     newest = max((i for i, (role, _, _) in enumerate(ch) if role == "user"), default=len(ch) - 1)
     added = [role for role, k, _ in ch[:newest] if k not in seen]
@@ -410,6 +433,48 @@ def _lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
         return False, False
     tool_like = sum(1 for ln in cw if TOOL_LINE.match(ln)) * 2 >= len(cw)
     return True, tool_like
+
+
+def schema_tools(text: str, start: int = 0, end: int | None = None) -> list[tuple[str, str, int, int]]:
+    """The JSON tool schemas written into `text[start:end]` (a client that serialises its tools into
+    the system prompt or a message rather than `tools`), in order, each as (canonical JSON, JSON as
+    written, where the object it is in starts and ends): an object with a `name` and a parameter schema, OpenAI's `{"type": "function",
+    "function": {...}}` wrapper and a `{"tools": [...]}` list included. One decode per object
+    start that is not inside a decoded object; nothing past SCHEMA_SCAN_CHARS."""
+    end = min(len(text) if end is None else end, start + SCHEMA_SCAN_CHARS)
+    out: list[tuple[str, str, int, int]] = []
+    decoder = json.JSONDecoder()
+    pos = start
+    while (m := _OBJECT_START.search(text, pos, end)) is not None:
+        try:
+            obj, stop = decoder.raw_decode(text, m.start())
+        except ValueError:
+            pos = m.start() + 1
+            continue
+        if stop > end:
+            break
+        items = obj.get("tools") if isinstance(obj, dict) and isinstance(obj.get("tools"), list) else [obj]
+        raw = text[m.start():stop]
+        for item in items:
+            fn = item.get("function") if isinstance(item, dict) and isinstance(item.get("function"), dict) else item
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str) and SCHEMA_KEYS & fn.keys():
+                written = raw if len(items) == 1 else json.dumps(item, ensure_ascii=False)
+                out.append((json.dumps(item, sort_keys=True, ensure_ascii=False), written, m.start(), stop))
+        pos = stop
+    return out
+
+
+def _schemas_reordered(prev: RequestSketch, cur: RequestSketch, pd: int, region: Region) -> bool:
+    """Do the messages where the prompts diverge (same role) carry the same JSON tool schemas in
+    another order, or one of them with its keys in another order? (A reorder keeps the message's
+    length: other messages are not scanned.)"""
+    other = prev.region_at(pd)
+    if other is None or other.role != region.role or other.end - other.start != region.end - region.start:
+        return False
+    ps = schema_tools(prev.text, other.start, other.end)
+    cs = schema_tools(cur.text, region.start, region.end)
+    pw, cw = [(c, w) for c, w, _, _ in ps], [(c, w) for c, w, _, _ in cs]
+    return len(cw) >= 2 and sorted(c for c, _ in pw) == sorted(c for c, _ in cw) and pw != cw
 
 
 def sentence_end(text: str, start: int, end: int) -> int:
@@ -503,12 +568,15 @@ class _Pair:
             return Diagnosis("tool_order", cd, [], realign, tool_detail, extra)
         region = cur.region_at(cd)
         in_system = region is not None and region.role in ("system", "developer")
+        permuted = False
         if in_system and prev.system_text is not None and cur.system_text is not None:
             permuted, tool_like = _lines_permuted(prev.system_text, cur.system_text)
-            if permuted:  # before values: swapped entries differ in a name that may look like one
-                if tool_like:
-                    return Diagnosis("tool_order", cd, [], realign, "tools listed in the system text, other order")
-                return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
+            if permuted and tool_like:  # before values: swapped entries differ in a name that may look like one
+                return Diagnosis("tool_order", cd, [], realign, "tools listed in the system text, other order")
+        if region is not None and _schemas_reordered(prev, cur, pd, region):
+            return Diagnosis("tool_order", cd, [], realign, "tool schemas written in the prompt text, other order")
+        if permuted:
+            return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
         value = changed_value(self.detector, prev.text, cur.text, pd, cd)
         if value is not None:  # realigned right after the value: later findings are searched from there
             span, pend = value  # (also inside a tool's description: a date put there per request)

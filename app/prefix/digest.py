@@ -26,6 +26,7 @@ from app.prefix.diagnose import (
     _tools_span,
     continues,
     dynamic_kind,
+    schema_tools,
     sentence_end,
     span_key,
     tail_start,
@@ -247,6 +248,8 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
             cur_lines = [cur.text[a:b] for a, b in bounds[i:i + len(wc)]]
             if sum(1 for ln in cur_lines if TOOL_LINE.match(ln)) * 2 >= len(cur_lines):
                 return Diagnosis("tool_order", cd, [], None, "tools listed in the system text, other order")
+            if i < len(bounds) and _within_schemas(cur, bounds[i][0], bounds[min(i + len(wc), len(bounds)) - 1][1]):
+                return Diagnosis("tool_order", cd, [], None, "tool schemas written in the prompt text, other order")
             return Diagnosis("template_change", cd, [], None, "system prompt lines reordered")
         same_shape = len(prev.lines) == len(mine.lines) and prev.lines[i + 1:i + 2] == mine.lines[i + 1:i + 2]
         if same_shape and i < len(bounds):
@@ -287,6 +290,13 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     if tail_start(cur) - cd < material:
         return Diagnosis(None, cd, detail="diverges in the part expected to vary")
     return Diagnosis("history_edit", cd, [], None, "an earlier turn was re-sent with other text")
+
+
+def _within_schemas(cur: RequestSketch, start: int, end: int) -> bool:
+    """Do the reordered lines `cur.text[start:end]` lie within JSON tool schemas written into the
+    head (at least two of them there)?"""
+    schemas = schema_tools(cur.text, 0, head_end(cur))
+    return len(schemas) >= 2 and min(a for _, _, a, _ in schemas) <= start and end <= max(b for _, _, _, b in schemas)
 
 
 def _last_turn_pushed(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch, detector: DynamicDetector,

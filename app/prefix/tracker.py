@@ -37,6 +37,7 @@ from app.prefix.diagnose import (
     NOT_A_PROBLEM,
     Diagnosis,
     TenantPast,
+    compacted,
     continues,
     diagnose,
     fix_for,
@@ -307,7 +308,7 @@ class TenantTracker:
         if sketch is None:
             return None
         kw = {"material": material, "extra_patterns": self.extra_patterns, "past": past}
-        target = self._target_record(sketch, past, records)
+        target = self._target_record(state, sketch, past, records, best_seq)
         if target is not None:
             rid = str(target.get("rid") or "")
             pod, _, seq = rid.partition(":")
@@ -320,15 +321,31 @@ class TenantTracker:
         prev, own = self._compare_with(state, sketch, best_seq, past)
         return partial(diagnose, prev, sketch, **kw, own_conversation=own) if prev is not None else None
 
-    @staticmethod
-    def _target_record(sketch: RequestSketch, past: TenantPast, records: list[dict]) -> dict | None:
-        """The newest record of the conversation `sketch` continues, or the tenant's newest one."""
+    def _target_record(self, state: _Tenant, sketch: RequestSketch, past: TenantPast, records: list[dict],
+                       best_seq: int | None) -> dict | None:
+        """The newest record of the conversation `sketch` continues, or the tenant's newest one.
+        A compaction is compared with the request it compacted: the tenant's newest one or the
+        newest through the tree's match (`best_seq`, this conversation's latest here), when this
+        pod holds it and `compacted` says so. A Codex-shaped compacted history starts like its
+        conversation's first request (the same first user message) and would otherwise be
+        compared with that one, and found to continue it. O(records + messages)."""
         if not records:
             return None
-        if continues(sketch, past):
-            turns = set(turn_keys(sketch))
-            return next((r for r in reversed(records) if r.get("turn") in turns), None)
-        return records[-1]
+        newest = records[-1]
+        if not continues(sketch, past):
+            return newest
+        turns = set(turn_keys(sketch))
+        found = next((r for r in reversed(records) if r.get("turn") in turns), None)
+        if found is newest:
+            return found
+        through_match = f"{self.pod}:{best_seq}"
+        candidates = [newest, *(r for r in records if r is not newest and r.get("rid") == through_match)]
+        for rec in candidates:
+            pod, _, seq = str(rec.get("rid") or "").partition(":")
+            prev = state.sketches.get(int(seq)) if pod == self.pod and seq.isdigit() else None
+            if prev is not None and compacted(prev, sketch):
+                return rec
+        return found
 
     def _compare_with(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,
                       past: TenantPast) -> tuple[RequestSketch | None, bool]:
