@@ -197,3 +197,5 @@ def test_gateway_counts_a_compaction_apart_from_breaks(sim_factory, proxy_factor
     assert [r["cause"] for r in row["recent"]].count("compaction") == 1
     proxy.settle()
     assert proxy.sample("prefixgate_prefix_breaks_total", route="messages", tenant="agent", cause="compaction") == 1
+    # nor billed (docs/ttft-ledger.md): its one cold turn is the price of a shorter context, not a break
+    assert report["bill"] == {} and "prefixgate_break_recomputed_tokens_total{" not in proxy.metrics_text()
