@@ -140,6 +140,11 @@ def test_seconds_come_from_the_replicas_prefill_model(sim_factory, proxy_factory
     assert proxy.sample("prefixgate_break_prefill_seconds_total", tenant="clock",
                         cause="dynamic_head") == pytest.approx(bill["seconds"])
     assert proxy.sample("prefixgate_tenant_prefill_seconds_total", tenant="clock") > bill["seconds"]
+    # a non-streamed answer's engine prefill counts too (the alert's denominator covers both)
+    with httpx.Client(base_url=proxy.url, timeout=30) as gw:
+        chat(gw, [{"role": "user", "content": "Is parcel 5 late?"}], "solo")
+    proxy.settle()
+    assert proxy.sample("prefixgate_tenant_prefill_seconds_total", tenant="solo") > 0
 
 
 def test_price_arithmetic() -> None:
@@ -154,3 +159,28 @@ def test_price_arithmetic() -> None:
     assert price_break(10, 16, 1000, 16, PrefillFit(0.01, 1e-4, None, None, 9)).seconds is None  # cold fit only
     assert price_break(70, 16, 1024, 0, fit).tokens == 1008  # the last token is always computed
     assert price_break(10, 16, 1000, 16, PrefillFit(0.01, -1e-4, 1e-6, 0.0, 9)).seconds is None  # negative: unknown
+
+
+async def test_a_pod_that_never_saw_the_previous_request_bills_from_its_record() -> None:
+    """Two gateway pods on one Store: pod b diagnoses against pod a's record (its digest) and bills
+    what that record says the previous chain held (prompt and generated blocks)."""
+    from app.prefix.bill import BreakBill
+    from app.prefix.tracker import TenantTracker
+    from app.state.memory import MemoryStore
+    from tests.test_prefix_tracker import POLICY, _chat_sketch
+
+    store = MemoryStore()
+    pod_a, pod_b = TenantTracker(store), TenantTracker(store)
+    turns = ["Where is my parcel?", "It left the depot.", "When will it arrive?"]
+    priced: list[int] = []
+
+    def price(blocks: int) -> BreakBill:
+        priced.append(blocks)
+        return BreakBill(blocks * 16, None)
+
+    await pod_a.observe("t", [1] * 30, _chat_sketch("Heute ist der 14.04.2026.\n" + POLICY, turns[0]), 16,
+                        extra_chain=[2, 3], price=price)  # 30 prompt blocks + 2 generated
+    obs = await pod_b.observe("t", [9] * 40, _chat_sketch("Heute ist der 15.04.2026.\n" + POLICY, *turns), 16,
+                              price=price)
+    assert obs.diagnosis is not None and obs.diagnosis.cause == "dynamic_head"
+    assert priced == [32] and obs.bill == BreakBill(512, None)
