@@ -388,8 +388,8 @@ class PrefixStage:
             state.observation = obs
         self.processed += 1
 
-
-    def _pricer(self, replica: str, block_size: int, prompt_tokens: int, cached_tokens: int) -> Callable[[int], BreakBill]:
+    def _pricer(self, replica: str, block_size: int, prompt_tokens: int,
+                cached_tokens: int) -> Callable[[int], BreakBill]:
         """The tracker's `price` for this request: its break's recomputed blocks -> the bill, with
         the serving replica's prefill model as it stands (solved only when a break is billed)."""
         def price(blocks: int) -> BreakBill:
