@@ -130,7 +130,27 @@ def format_report(ttft: dict[str, dict[str, float | None]], hygiene: dict[str, A
         cont_s = "–" if cont is None else f"{100 * cont:.0f}%"
         lines.append(f"  {t.get('tenant', '?'):<12} {t.get('requests', 0):>8} {cont_s:>11} "
                      f"{t.get('new_sessions', 0):>8} {t.get('breaks', 0):>7}  {causes}")
-    return "\n".join(lines)
+    return "\n".join(lines + format_bill(hygiene))
+
+
+def format_bill(hygiene: dict[str, Any]) -> list[str]:
+    """Per tenant and cause, what its breaks cost so far (the tenant report's `bill`): recomputed
+    tokens, their prefill seconds by the replicas' fitted models and the TTFT one break added;
+    seconds only over the breaks a model could price ("–": none could)."""
+    lines = ["", "The bill for prefix breaks (recomputed tokens; prefill seconds from each replica's fitted "
+             "prefill model; new conversations and compactions are not billed)",
+             f"  {'tenant':<12} {'cause':<16} {'breaks':>6} {'recomputed':>11} {'prefill':>9} {'TTFT/break':>11}  priced"]
+    rows = 0
+    for t in hygiene.get("tenants", []):
+        for cause, b in sorted((t.get("bill") or {}).items()):
+            rows += 1
+            seconds, added = b.get("seconds"), b.get("added_ttft_s")
+            lines.append(f"  {t.get('tenant', '?'):<12} {cause:<16} {b.get('breaks', 0):>6} {b.get('tokens', 0):>11,} "
+                         f"{'–' if seconds is None else f'{seconds:.3f} s':>9} {_ms(added):>11}  "
+                         f"{b.get('timed', 0)} of {b.get('breaks', 0)}")
+    if not rows:
+        lines.append("  no break billed")
+    return lines
 
 
 async def _chat(client: httpx.AsyncClient, tenant: str, messages: list[dict[str, str]], max_tokens: int = 12) -> str:

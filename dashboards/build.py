@@ -387,6 +387,29 @@ def prefix_cache() -> Dashboard:
                   [Target(f"sum by (kind) (rate(prefixgate_hygiene_findings_total{{{SEL_RT}}}[{RATE}]))",
                           "{{kind}}")], unit="short"),
         ]),
+        Row("What hygiene costs", [
+            Panel("Recomputed tokens by tenant and cause",
+                  "Prompt tokens per second the replicas recomputed because a request broke its tenant's "
+                  "previous chain (docs/ttft-ledger.md): the whole blocks that chain held past the break "
+                  "point, up to the prompt's length. Compactions and new sessions are not billed.",
+                  [Target(f"topk(10, sum by (tenant, cause) (rate(prefixgate_break_recomputed_tokens_total"
+                          f"{{{SEL_T}}}[{RATE}])))", "{{tenant}} {{cause}}")], unit="short", width=8),
+            Panel("Break prefill seconds by tenant and cause",
+                  "Prefill seconds per second those recomputed tokens cost, by each serving replica's "
+                  "fitted prefill model (the Prefill model row of the Gateway dashboard). Breaks on a "
+                  "replica without a full fit are not priced: this line can be below the true cost, "
+                  "never above what the model says.",
+                  [Target(f"topk(10, sum by (tenant, cause) (rate(prefixgate_break_prefill_seconds_total"
+                          f"{{{SEL_T}}}[{RATE}])))", "{{tenant}} {{cause}}")], unit="s", width=8),
+            Panel("Break share of prefill seconds by tenant",
+                  "Break prefill seconds (modelled) over the prefill seconds the engines reported for the "
+                  "tenant's requests (vLLM --enable-per-request-metrics): what the alert "
+                  "PrefixgateBreakPrefillShareHigh compares with its share. Absent for a tenant without "
+                  "reported prefill (SGLang, vLLM without the flag, the Messages and Responses APIs).",
+                  [Target(f"sum by (tenant) (rate(prefixgate_break_prefill_seconds_total{{{SEL_T}}}[{RATE}])) "
+                          f"/ (sum by (tenant) (rate(prefixgate_tenant_prefill_seconds_total{{{SEL_T}}}"
+                          f"[{RATE}])) > 0)", "{{tenant}}")], unit="percentunit", min=0, width=8),
+        ]),
     ], variables=("route", "model", "backend", "tenant"))
 
 

@@ -89,7 +89,8 @@ def test_schema_rejects_bad_values() -> None:
 def test_prometheus_rule_is_the_rules_file_with_thresholds_from_values(tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"prometheusRule": {"enabled": True,
-                                                         "ttftP95Thresholds": {"0-1k": 0.25}}}))
+                                                         "ttftP95Thresholds": {"0-1k": 0.25},
+                                                         "breakPrefillShare": 0.4}}))
     docs = template("-f", str(values))
     (rule,) = by_kind(docs, "PrometheusRule")
     groups = rule["spec"]["groups"]
@@ -102,6 +103,7 @@ def test_prometheus_rule_is_the_rules_file_with_thresholds_from_values(tmp_path:
              for g in groups for r in g["rules"]}
     assert exprs[("PrefixgateTTFTP95High", "0-1k")].endswith("> 0.25")
     assert exprs[("PrefixgateTTFTP95High", "1k-4k")].endswith("> 2")
+    assert exprs[("PrefixgateBreakPrefillShareHigh", None)].endswith("> 0.4")
     # annotations keep Prometheus' own templating (not eaten by Helm)
     assert "{{ $labels.backend }}" in yaml.safe_dump(groups, width=1000)
 

@@ -15,7 +15,7 @@ REQUIRED_ALERTS = {
     "PrefixgateTTFTP95High", "PrefixgateEnginePrefixCacheHitRatioLow",
     "PrefixgatePrefixCachingDisabled", "PrefixgateContinuityBreaksSpiking",
     "PrefixgateSpecAcceptanceLengthDropped", "PrefixgateUpstreamErrors",
-    "PrefixgateNoHealthyBackend", "PrefixgateStateBackendDown",
+    "PrefixgateNoHealthyBackend", "PrefixgateStateBackendDown", "PrefixgateBreakPrefillShareHigh",
 }
 BUCKETS = {"0-1k", "1k-4k", "4k-16k", "16k-64k", "64k-128k", "128k-256k", "256k+"}
 

@@ -211,6 +211,8 @@ def test_gateway_counts_a_compaction_apart_from_breaks(sim_factory, proxy_factor
     assert [r["cause"] for r in row["recent"]].count("compaction") == 1
     proxy.settle()
     assert proxy.sample("prefixgate_prefix_breaks_total", route="messages", tenant="agent", cause="compaction") == 1
+    # nor billed (docs/ttft-ledger.md): its one cold turn is the price of a shorter context, not a break
+    assert report["bill"] == {} and "prefixgate_break_recomputed_tokens_total{" not in proxy.metrics_text()
 
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["alone", "beside-another-session"])
@@ -281,3 +283,4 @@ def test_gateway_names_a_codex_shaped_compaction_on_the_responses_route(sim_fact
     assert causes == [first] + [None] * 5 + ["compaction", None], causes
     assert mine[-1]["continuity"] > 0.5  # the turn after it continues the compacted prefix
     assert report["unmatched_blocks"]["compaction"] > 0 and report["unmatched_blocks"]["break"] == 0
+    assert report["bill"] == {}  # a compaction is not billed

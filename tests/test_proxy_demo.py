@@ -27,6 +27,11 @@ def test_demo_once_prints_the_report(capsys) -> None:
     header = next(line.split() for line in out.splitlines() if line.strip().startswith("bucket") and "prefill" in line)
     assert header[1:] == ["gateway", "queue", "prefill", "rest"], header
     assert "globex" in out and "dynamic_head" in out  # the timestamp tenant's breaks are diagnosed
+    # and billed: the tokens the replicas recomputed because of them (no other tenant breaks)
+    bill = out[out.index("The bill for prefix breaks"):].splitlines()
+    (globex,) = [line.split() for line in bill if line.strip().startswith("globex")]
+    assert globex[1:3] == ["dynamic_head", "2"] and int(globex[3].replace(",", "")) > 0, globex
+    assert not [line for line in bill if line.strip().startswith(("acme", "initech", "hooli"))]
     assert "/v1/chat/completions" in out
     # acme's stateless clients start a new conversation over one system prompt every time: counted
     # as new conversations, never listed as a break cause to fix

@@ -99,7 +99,8 @@ def test_ui_shows_continuity_break_and_highlight_without_prompt_text(sim_factory
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
     proxy = proxy_factory(sim, ui={"grafana_url": GRAFANA})
     send_workload(proxy)
-    record = httpx.get(proxy.url + "/hygiene/tenants/clock").json()["last_breaks"][0]
+    report = httpx.get(proxy.url + "/hygiene/tenants/clock").json()
+    record = report["last_breaks"][0]
     caching = wait_caching_verdict(proxy.url)
 
     html, dom = dump_dom(proxy.url + "/ui")
@@ -116,6 +117,12 @@ def test_ui_shows_continuity_break_and_highlight_without_prompt_text(sim_factory
     assert len(bars) == TURNS and sum("break" in r.classes() for r in bars) == TURNS - 1
     assert not [r for r in clean.find_all("rect") if "break" in r.classes()]
     assert clock.one("span", data_cause="dynamic_head").text() == f"dynamic_head {TURNS - 1}"
+    # cost so far: the tokens its breaks made the replica recompute; no prefill model (the simulator
+    # reports no per-request metrics here), so the seconds are unknown, not zero
+    cost = clock.one("div", data_bill_cause="dynamic_head")
+    assert cost.attrs["data-tokens"] == str(report["bill"]["dynamic_head"]["tokens"]) != "0"
+    assert cost.attrs["data-seconds"] == "" and cost.text().endswith("tokens, seconds unknown")
+    assert clean.one("td", cls="bill").text() == "none"
     for row in (clock, clean):  # streamed requests: TTFT p50/p95 in their prompt bucket
         buckets = row.find_all("div", where=lambda n: "data-bucket" in n.attrs)
         assert buckets and all(re.search(r"p?\d.* / .*\(n=\d+\)", b.text()) for b in buckets)
@@ -126,6 +133,7 @@ def test_ui_shows_continuity_break_and_highlight_without_prompt_text(sim_factory
     assert view.attrs["data-block-index"] == str(record["block_index"]) == dom.by_id("break-block").text()
     assert record["block_index"] <= 1
     assert dom.by_id("break-where").text() == "message #0 (system), line 1"
+    assert dom.by_id("break-bill").text() == f"{record['bill_tokens']:,} tokens"
     assert dom.by_id("break-kind").text() == "timestamp"
     for side in ("prev", "cur"):
         marks = highlighted(dom, side)

@@ -35,9 +35,10 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
+from app.prefix.bill import BreakBill, price_break
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
 from app.prefix.convert_messages import requires_system_first
@@ -367,12 +368,19 @@ class PrefixStage:
         t = ctx.timings  # client-side TTFT and engine prompt tokens: /hygiene's TTFT by prompt bucket
         facts = {"ttft_s": None if t.first_token is None else t.first_token - t.arrival,
                  "prompt_tokens": ctx.prompt_tokens}
+        prompt_tokens = ctx.prompt_tokens if isinstance(ctx.prompt_tokens, int) else n
         obs = await self.tracker.observe(ctx.tenant, chain, sketch, b,
-                                         extra_chain=resident_chain[len(chain):], facts=facts)
+                                         extra_chain=resident_chain[len(chain):], facts=facts,
+                                         price=self._pricer(replica, b, prompt_tokens,
+                                                            predicted if reported is None else reported))
         if obs.continuity is not None:
             self.metrics.continuity.labels(tenant).set(obs.continuity)
         if obs.diagnosis is not None and obs.diagnosis.cause is not None:
             self.metrics.breaks.labels(ctx.route, tenant, obs.diagnosis.cause).inc()
+            if obs.bill is not None:
+                self.metrics.break_recomputed_tokens.labels(tenant, obs.diagnosis.cause).inc(obs.bill.tokens)
+                if obs.bill.seconds is not None:
+                    self.metrics.break_prefill_seconds.labels(tenant, obs.diagnosis.cause).inc(obs.bill.seconds)
         evicted = self.tracker.evictions - self._evictions_seen
         if evicted > 0:
             self.metrics.tenant_evictions.inc(evicted)
@@ -380,6 +388,15 @@ class PrefixStage:
         if state is not None:
             state.observation = obs
         self.processed += 1
+
+    def _pricer(self, replica: str, block_size: int, prompt_tokens: int,
+                cached_tokens: int) -> Callable[[int], BreakBill]:
+        """The tracker's `price` for this request: its break's recomputed blocks -> the bill, with
+        the serving replica's prefill model as it stands (solved only when a break is billed)."""
+        def price(blocks: int) -> BreakBill:
+            fit = self.metrics.prefill_models.snapshot().get(replica, (0.0, None))[1]
+            return price_break(blocks, block_size, prompt_tokens, cached_tokens, fit)
+        return price
 
 
 def build_prefix_stage(settings: Settings, metrics: Metrics, replicas: ReplicaSet, store: Store,

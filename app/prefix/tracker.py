@@ -26,12 +26,13 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from app.prefix.bill import BreakBill, recomputed_blocks
 from app.prefix.breakview import break_view
 from app.prefix.diagnose import (
     NOT_A_PROBLEM,
@@ -82,6 +83,7 @@ class Observation:
     continuity: float | None  # matched / total full blocks; None for prompts under one block
     diagnosis: Diagnosis | None
     record: dict[str, Any] = field(default_factory=dict)
+    bill: BreakBill | None = None  # a break's recomputed tokens and seconds (not a compaction, new session)
 
 
 @dataclass
@@ -93,8 +95,9 @@ class _Tenant:
     # requests (bounded, oldest first)
     turns: OrderedDict[str, int] = field(default_factory=OrderedDict)
     systems: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    # seq -> (its prompt's blocks, its last user turn's key) of recent requests
-    prompts: OrderedDict[int, tuple[int, str | None]] = field(default_factory=OrderedDict)
+    # seq -> (its prompt's blocks, its last user turn's key, the blocks remembered with it: prompt
+    # and generated) of recent requests
+    prompts: OrderedDict[int, tuple[int, str | None, int]] = field(default_factory=OrderedDict)
 
 
 def _never() -> float:
@@ -186,10 +189,12 @@ class TenantTracker:
     # ------------------------------------------------------------------ observe
     async def observe(self, tenant: str, chain: Sequence[int], sketch: RequestSketch | None,
                       block_size: int, extra_chain: Sequence[int] = (),
-                      facts: dict[str, Any] | None = None) -> Observation:
+                      facts: dict[str, Any] | None = None,
+                      price: Callable[[int], BreakBill] | None = None) -> Observation:
         """Match `chain` (a complete prompt chain) against the tenant's history, diagnose a break,
         then remember `chain` + `extra_chain` (blocks of generated tokens that follow it).
-        `facts` (TTFT, prompt tokens) are stored with the request's record for the reports."""
+        `facts` (TTFT, prompt tokens) are stored with the request's record for the reports.
+        `price` turns a diagnosed break's recomputed blocks into its bill (app/prefix/bill.py)."""
         state = self._tenant(tenant)
         total = len(chain)
         matched, run = state.tree.match(chain)  # a step per run on the path, not per block
@@ -204,6 +209,7 @@ class TenantTracker:
         diag: Diagnosis | None = None
         fields: dict[str, Any] = {}
         prev: RequestSketch | None = None
+        call: partial | None = None
         if sketch is not None and not self._continues_known(state, sketch, local, best_seq, records):
             past = self._past(state, records)
             call = self._diagnosis(state, sketch, best_seq, past, records, max(64, 6 * block_size))
@@ -215,13 +221,21 @@ class TenantTracker:
                     fields["diagnosed"] = False
                 else:
                     diag, fields = done
+        bill = None
+        if price is not None and diag is not None and diag.cause is not None and diag.cause not in NOT_A_PROBLEM:
+            bill = self._bill(state, call.args[0] if call is not None else None, records, total, matched, price)
+            if bill is not None:
+                fields["bill_tokens"] = bill.tokens
+                if bill.seconds is not None:
+                    fields["bill_s"] = bill.seconds
         seq = state.last_seq + 1
         state.last_seq = seq
         record = self._record(seq, tenant, total, matched, continuity, diag, sketch, chain)
         record.update(fields)
         record.update(facts or {})
+        record["held"] = total + len(extra_chain)
         self._remember(tenant, state, seq, [*chain, *extra_chain] if extra_chain else chain, sketch)
-        self._remember_keys(state, record, seq, total)
+        self._remember_keys(state, record, seq, total, record["held"])
         await self.store.history_append(tenant, record)
         await self.store.counter_incr(tenant, "requests")
         await self.store.counter_incr(tenant, "blocks", float(total))
@@ -231,7 +245,35 @@ class TenantTracker:
             await self.store.counter_incr(tenant, f"breaks:{diag.cause}")
             reason = diag.cause if diag.cause in NOT_A_PROBLEM else "break"
             await self.store.counter_incr(tenant, f"unmatched:{reason}", float(total - matched))
-        return Observation(tenant, seq, total, matched, continuity, diag, record)
+        if bill is not None and diag is not None:
+            await self._count_bill(tenant, str(diag.cause), bill)
+        return Observation(tenant, seq, total, matched, continuity, diag, record, bill)
+
+    def _bill(self, state: _Tenant, against: Any, records: list[dict], total: int, matched: int,
+              price: Callable[[int], BreakBill]) -> BreakBill | None:
+        """The bill of a break diagnosed against `against` (a sketch held here, or the digest of
+        another pod's record): what that request's chain held past the break point, up to this
+        prompt's length. None when how much it held is not known (a record from an older pod)."""
+        held: Any = None
+        if isinstance(against, RequestSketch):
+            seq = next((s for s, sk in state.sketches.items() if sk is against), None)
+            known = state.prompts.get(seq) if seq is not None else None
+            held = known[2] if known is not None else None
+        elif isinstance(against, RequestDigest):
+            wanted = against.to_record()
+            rec = next((r for r in reversed(records) if r.get("digest") == wanted), None)
+            held = rec.get("held") if rec is not None else None
+        if not isinstance(held, int) or isinstance(held, bool):
+            return None
+        return price(recomputed_blocks(held, total, matched))
+
+    async def _count_bill(self, tenant: str, cause: str, bill: BreakBill) -> None:
+        """The explorer's "cost so far" (tenant_report's `bill`): tokens and seconds per cause."""
+        await self.store.counter_incr(tenant, f"bill_breaks:{cause}")
+        await self.store.counter_incr(tenant, f"bill_tokens:{cause}", float(bill.tokens))
+        if bill.seconds is not None:
+            await self.store.counter_incr(tenant, f"bill_timed:{cause}")
+            await self.store.counter_incr(tenant, f"bill_s:{cause}", bill.seconds)
 
     def _continues_known(self, state: _Tenant, sketch: RequestSketch, matched: int,
                          best_seq: int | None, records: list[dict]) -> bool:
@@ -381,10 +423,10 @@ class TenantTracker:
                 past.systems.add(rec["sys"])
         return past
 
-    def _remember_keys(self, state: _Tenant, record: dict[str, Any], seq: int, blocks: int) -> None:
+    def _remember_keys(self, state: _Tenant, record: dict[str, Any], seq: int, blocks: int, held: int) -> None:
         before = len(state.turns) + len(state.systems) + len(state.prompts)
         for keys, key, value in ((state.turns, record.get("turn"), seq), (state.systems, record.get("sys"), None),
-                                 (state.prompts, seq, (blocks, record.get("turn")))):
+                                 (state.prompts, seq, (blocks, record.get("turn"), held))):
             if key:
                 keys[key] = value
                 keys.move_to_end(key)
@@ -484,7 +526,8 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
     conversations (so a hit ratio that is only the system prompt's share reads as what it is).
     A compaction (`compaction`) is not a break either: `compactions` counts them, and their
     unmatched blocks (the one cold turn) are `unmatched_blocks.compaction`.
-    `breaks_by_cause` lists every diagnosed cause, `new_session` and `compaction` included."""
+    `breaks_by_cause` lists every diagnosed cause, `new_session` and `compaction` included.
+    `bill` is each cause's cost so far (bill_by_cause); compactions and new sessions have none."""
     records = await store.history_recent(tenant, window)
     counters = await store.counters(tenant)
     blocks = sum(int(r.get("blocks") or 0) for r in records)
@@ -493,7 +536,8 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
     by_cause = {k.split(":", 1)[1]: int(v) for k, v in counters.items() if k.startswith("breaks:")}
     not_breaks = sum(v for k, v in by_cause.items() if k in NOT_A_PROBLEM)
     keys = ("seq", "ts", "cause", "block_index", "token_offset", "char_offset", "blocks", "matched",
-            "span_kinds", "spans", "snippet", "fix", "detail", "pod", "line", "message", "structure", "view", "secondary")
+            "span_kinds", "spans", "snippet", "fix", "detail", "pod", "line", "message", "structure", "view", "secondary",
+            "bill_tokens", "bill_s")
     return {
         "tenant": tenant,
         "requests": int(counters.get("requests", 0)),
@@ -506,6 +550,25 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
         "breaks_by_cause": by_cause,
         "unmatched_blocks": {reason: int(counters.get(f"unmatched:{reason}", 0))
                              for reason in ("break", "new_session", "compaction")},
+        "bill": bill_by_cause(counters),
         "last_breaks": [{k: r.get(k) for k in keys if k in r} for r in breaks[-last_breaks:]][::-1],
         "recent": [{k: r.get(k) for k in ("seq", "continuity", "cause", "ttft_s", "prompt_tokens")} for r in records],
     }
+
+
+def bill_by_cause(counters: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """cause -> the cost so far of a tenant's billed breaks: `breaks` billed, `tokens` recomputed,
+    `seconds` of prefill they took by the serving replicas' models, and `added_ttft_s`, the mean
+    seconds one break added to its request's first token. Seconds cover only the `timed` breaks
+    (a replica's model could price them): None, not 0, when none could."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, count in counters.items():
+        if not key.startswith("bill_breaks:"):
+            continue
+        cause = key.split(":", 1)[1]
+        timed = int(counters.get(f"bill_timed:{cause}", 0))
+        seconds = counters.get(f"bill_s:{cause}") if timed else None
+        out[cause] = {"breaks": int(count), "tokens": int(counters.get(f"bill_tokens:{cause}", 0)),
+                      "timed": timed, "seconds": seconds,
+                      "added_ttft_s": (seconds / timed) if seconds is not None else None}
+    return out

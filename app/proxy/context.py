@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from app.admission.gate import Ticket
     from app.dialects.base import Dialect
+    from app.engines.request_metrics import EngineTiming
     from app.hygiene.findings import Finding
     from app.prefix.fingerprint import ChainTip, Fingerprint, PromptInput
     from app.prefix.tracker import Observation
@@ -123,6 +124,7 @@ class Outcome:
     delivered_before_disconnect: bool = False  # the client left after it had the whole response
     content_chunks: int = 0  # chunks that carried generated text (the clock's count, step 9)
     ttft_parts: dict[str, float] | None = None  # where a stream's TTFT went (app/proxy/ledger.py)
+    engine_prefill_s: float | None = None  # the engine's own prefill time (vLLM per-request metrics), streamed or not
 
     def answered(self, status: int) -> None:
         """The upstream's status line (or the data plane's response headers) arrived."""
@@ -164,6 +166,10 @@ class Outcome:
     def ledgered(self, parts: dict[str, float] | None) -> None:
         """The stream's TTFT split into its measured parts (absent parts were not measured)."""
         self.ttft_parts = parts
+
+    def engine_timed(self, timing: EngineTiming | None) -> None:
+        """The engine's own report of this request (None: it sent none)."""
+        self.engine_prefill_s = timing.prefill_s if timing is not None else None
 
     def delivered_then_left(self) -> None:
         """The client went away after it had the whole answer: still delivered."""

@@ -75,6 +75,9 @@ def record_request(metrics: Metrics, ctx: RequestContext, clock: StreamClock) ->
     cached = ctx.engine_cached_tokens
     if "prefill" in parts and isinstance(prompt_tokens, int) and isinstance(cached, int) and 0 <= cached <= prompt_tokens:
         metrics.prefill_models.add(backend, prompt_tokens - cached, cached, parts["prefill"])
+    engine_prefill = ctx.result.engine_prefill_s
+    if engine_prefill is not None:
+        child(metrics.tenant_prefill_seconds, metrics.tenant_label(ctx.tenant)).inc(engine_prefill)
     if clock.gaps:
         observe_many(child(metrics.inter_token, route, model, backend), clock.gaps)
     usage = ctx.usage or {}

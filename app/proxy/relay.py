@@ -118,6 +118,7 @@ def take_results(ctx: RequestContext, observer: StreamObserver) -> None:
     ctx.result.observed(observer.usage, observer.output_text if observer.collect_text else None,
                         observer.response_id)
     ctx.result.ledgered(ttft_parts(ctx.timings, observer.engine_timing))
+    ctx.result.engine_timed(observer.engine_timing)
     span = ctx.trace.span if ctx.trace is not None else None
     if span is not None and ctx.result.ttft_parts:
         add_ttft_parts(span, ctx.result.ttft_parts)
@@ -226,8 +227,9 @@ async def relay_buffered(ctx: RequestContext, resp: Response, first: bytes, send
     body = first + rest if first else rest
     if parse and resp.status == 200:
         observe_buffered(ctx, body)
-        if ctx.dialect.engine_metrics and not client_wants_metrics(ctx.headers):
-            body, _ = take_from_body(body, strip=True)  # vLLM's per-request metrics: not asked for
+        if ctx.dialect.engine_metrics:  # vLLM's per-request metrics: read, and removed unless asked for
+            body, timing = take_from_body(body, strip=not client_wants_metrics(ctx.headers))
+            ctx.result.engine_timed(timing)
     ctx.result.answered(resp.status)
     headers = response_headers(resp, ctx) + [(b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": resp.status, "headers": headers})

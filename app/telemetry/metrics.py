@@ -304,6 +304,24 @@ class Metrics:
             "Time a request spent in the gateway queue before it was forwarded or shed (queued requests only).",
             buckets=WAIT_BUCKETS, registry=r)
 
+        # --- the bill for every break (docs/ttft-ledger.md) ---
+        self.break_recomputed_tokens = Counter(
+            "prefixgate_break_recomputed_tokens_total",
+            "Prompt tokens replicas recomputed because a request broke its tenant's previous chain: the "
+            "blocks that chain held past the break point, up to the prompt's length, in whole blocks, at "
+            "most the tokens the engine computed. Diagnosed breaks only; compactions and new sessions "
+            "are not billed.", ["tenant", "cause"], registry=r)
+        self.break_prefill_seconds = Counter(
+            "prefixgate_break_prefill_seconds_total",
+            "Prefill seconds those recomputed tokens took, by the serving replica's fitted prefill model "
+            "(prefixgate_prefill_model_*). A break whose replica has no full fit yet adds nothing here.",
+            ["tenant", "cause"], registry=r)
+        self.tenant_prefill_seconds = Counter(
+            "prefixgate_tenant_prefill_seconds_total",
+            "The engine's own prefill seconds (the TTFT ledger's prefill part: vLLM "
+            "--enable-per-request-metrics) of each tenant's streamed requests. Requests without the "
+            "engine's report add nothing.", ["tenant"], registry=r)
+
         # --- the prefill model per replica, learned from the TTFT ledger (docs/ttft-ledger.md) ---
         self.prefill_models = PrefillModels()
         r.register(PrefillModelCollector(self.prefill_models))

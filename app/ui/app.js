@@ -254,6 +254,23 @@
     return cell;
   }
 
+  function billCell(bill) {
+    // per cause: recomputed tokens, their prefill seconds and the mean TTFT a break added
+    // (seconds only where a replica's prefill model could price them: "–" is unknown, not zero)
+    var cell = el("td", { cls: "bill" });
+    var causes = Object.keys(bill || {}).sort();
+    if (!causes.length) { cell.appendChild(el("span", { cls: "muted", text: "none" })); return cell; }
+    causes.forEach(function (c) {
+      var b = bill[c];
+      var priced = known(b.seconds) ? secs(b.seconds) + " prefill, +" + secs(b.added_ttft_s) + " TTFT a break" +
+        (b.timed < b.breaks ? " (" + b.timed + " of " + b.breaks + " priced)" : "") : "seconds unknown";
+      cell.appendChild(el("div", { "data-bill-cause": c, "data-tokens": String(b.tokens),
+        "data-seconds": known(b.seconds) ? String(b.seconds) : "",
+        text: c + ": " + tokens(b.tokens) + " tokens, " + priced }));
+    });
+    return cell;
+  }
+
   function renderTenants() {
     var table = $("tenants");
     Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) {
@@ -262,7 +279,7 @@
     });
     var body = clear(table.tBodies[0]);
     var rows = sortedTenants();
-    if (!rows.length) body.appendChild(el("tr", null, el("td", { colspan: "7", cls: "empty", text: "no tenant traffic yet" })));
+    if (!rows.length) body.appendChild(el("tr", null, el("td", { colspan: "8", cls: "empty", text: "no tenant traffic yet" })));
     rows.forEach(function (t) {
       var causes = el("div", { cls: "chips" });
       Object.keys(t.breaks_by_cause || {}).sort().forEach(function (c) {
@@ -277,6 +294,7 @@
         el("td", null, sparkline(t.recent || [])),
         el("td", { cls: "num", text: String(t.breaks) }),
         el("td", null, causes),
+        billCell(t.bill),
         ttftCell(t.ttft_by_bucket));
       tr.addEventListener("click", function () {
         state.selected = t.tenant;
@@ -342,7 +360,9 @@
       fact("prompt line", known(b.line) ? String(b.line) : "–"),
       fact("value kind", (b.span_kinds && b.span_kinds.length) ? b.span_kinds.join(", ") : "no dynamic value", { id: "break-kind" }),
       fact("continuity", known(b.blocks) && b.blocks ? b.matched + " of " + b.blocks + " blocks" : "–"),
-      fact("diagnosed by", b.pod ? "pod " + b.pod : "–"));
+      fact("diagnosed by", b.pod ? "pod " + b.pod : "–"),
+      fact("recomputed", known(b.bill_tokens) ? tokens(b.bill_tokens) + " tokens" +
+        (known(b.bill_s) ? ", +" + secs(b.bill_s) + " TTFT" : "") : "–", { id: "break-bill" }));
     root.appendChild(facts);
     if (b.fix) root.appendChild(el("div", { cls: "fix", id: "break-fix" }, el("span", { cls: "k", text: "Fix:" }), b.fix));
     if (!view) {

@@ -8,7 +8,7 @@ from typing import Any
 from app.telemetry.metrics import prompt_bucket
 
 SUMMARY_KEYS = ("tenant", "requests", "window", "continuity", "breaks", "new_sessions", "compactions",
-                "breaks_by_cause")
+                "breaks_by_cause", "bill")
 
 
 def nearest_rank(values: list[float], q: float) -> float:

@@ -88,6 +88,22 @@ tests.append({'interval': '1m', 'input_series': [
     {'eval_time': '60m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': []},
     {'eval_time': '95m', 'alertname': 'PrefixgateContinuityBreaksSpiking', 'exp_alerts': [
         alert('PrefixgateContinuityBreaksSpiking', {'tenant': 't1'}, description='0.17')]}]})
+# --- what hygiene costs: t1's breaks (two causes, two pods) cost 30% of its reported prefill
+# seconds; t2's 10%; t3 has no reported prefill (no ratio) and t4 a zero one: neither fires
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}break_prefill_seconds_total{{tenant="t1",cause="dynamic_head",instance="p1"}}', 'values': '0+2x60'},
+    {'series': f'{S}break_prefill_seconds_total{{tenant="t1",cause="tool_order",instance="p2"}}', 'values': '0+1x60'},
+    {'series': f'{S}tenant_prefill_seconds_total{{tenant="t1",instance="p1"}}', 'values': '0+5x60'},
+    {'series': f'{S}tenant_prefill_seconds_total{{tenant="t1",instance="p2"}}', 'values': '0+5x60'},
+    {'series': f'{S}break_prefill_seconds_total{{tenant="t2",cause="dynamic_head",instance="p1"}}', 'values': '0+1x60'},
+    {'series': f'{S}tenant_prefill_seconds_total{{tenant="t2",instance="p1"}}', 'values': '0+10x60'},
+    {'series': f'{S}break_prefill_seconds_total{{tenant="t3",cause="dynamic_head",instance="p1"}}', 'values': '0+5x60'},
+    {'series': f'{S}break_prefill_seconds_total{{tenant="t4",cause="dynamic_head",instance="p1"}}', 'values': '0+5x60'},
+    {'series': f'{S}tenant_prefill_seconds_total{{tenant="t4",instance="p1"}}', 'values': '0x60'},
+  ], 'alert_rule_test': [
+    {'eval_time': '10m', 'alertname': 'PrefixgateBreakPrefillShareHigh', 'exp_alerts': []},
+    {'eval_time': '40m', 'alertname': 'PrefixgateBreakPrefillShareHigh', 'exp_alerts': [
+        alert('PrefixgateBreakPrefillShareHigh', {'tenant': 't1'}, summary='30%')]}]})
 # --- speculative acceptance: a drops from 3 to 1.5 at 400m; b stays at 3
 tests.append({'interval': '1m', 'input_series': [
     {'series': f'{S}engine_spec_acceptance_length{{backend="a",instance="p1"}}', 'values': '3x400 1.5x60'},
