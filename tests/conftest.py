@@ -160,8 +160,8 @@ def fake_upstream_factory() -> Iterator[Callable[..., Any]]:
 
     servers: list[FakeUpstream] = []
 
-    def make(script: Any, model: str = "fake") -> FakeUpstream:
-        server = FakeUpstream(script, model).start()
+    def make(script: Any, model: str = "fake", **options: Any) -> FakeUpstream:
+        server = FakeUpstream(script, model, **options).start()
         servers.append(server)
         return server
 

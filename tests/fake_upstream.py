@@ -40,9 +40,10 @@ def sse(obj: object) -> bytes:
 
 
 class FakeUpstream:
-    def __init__(self, script: Script, model: str = "fake") -> None:
+    def __init__(self, script: Script, model: str = "fake", health_delay_s: float = 0.0) -> None:
         self.script = script
         self.model = model
+        self.health_delay_s = health_delay_s  # /health answers this late (a busy engine's probe)
         self.requests: list[SeenRequest] = []
         self.sent: list[tuple[bytes, float]] = []  # (chunk, perf_counter right after sendall)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -112,6 +113,8 @@ class FakeUpstream:
 
     def _respond(self, conn: socket.socket, req: SeenRequest) -> bool:
         if req.path == "/health":
+            if self.health_delay_s:
+                time.sleep(self.health_delay_s)
             conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
             return True
         if req.path == "/v1/models":

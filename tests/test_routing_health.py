@@ -1,8 +1,14 @@
-"""Active health checks: a slow /health is tolerated once, a refused connection is not."""
+"""Active health checks: a slow /health is tolerated once (and not at all while the replica answers
+proxied traffic), a refused connection is not."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+
+import httpx
+import orjson
+from fake_upstream import FakeResponse
 
 from app.routing.base import Replica
 from app.routing.health import PROBE_TIMEOUTS_TO_FAIL, HealthChecker
@@ -47,3 +53,24 @@ async def test_refused_connection_fails_at_once() -> None:
         assert not replica.healthy
     finally:
         await checker.stop()
+
+
+def test_a_replica_answering_traffic_stays_in_rotation_while_its_health_probes_time_out(
+        fake_upstream_factory, proxy_factory) -> None:
+    """SGLang's /health generates a token behind the running batch: on busy cores it answers late
+    exactly while the replica serves. Probes that time out (2 s) between answered requests do not
+    take it out of rotation; without traffic two in a row would (the test above)."""
+    completion = {"id": "c", "object": "chat.completion", "created": 1, "model": "fake",
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+    up = fake_upstream_factory(lambda _: FakeResponse(headers={"content-type": "application/json"},
+                                                      chunks=[(0, orjson.dumps(completion))]), health_delay_s=2.5)
+    proxy = proxy_factory([up.url], names=["busy"], routing={"policy": "round_robin", "health_interval_s": 0.5})
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+    statuses = []
+    deadline = time.monotonic() + 7.0  # past three probe timeouts
+    while time.monotonic() < deadline:
+        statuses.append(httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=10).status_code)
+        time.sleep(0.3)
+    assert set(statuses) == {200}, statuses
+    assert proxy.sample("prefixgate_backend_healthy", backend="busy") == 1

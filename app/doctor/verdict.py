@@ -105,8 +105,9 @@ def cache_verdict(
 
     Counters outrank timing: zero queries (or queries but zero hits on an identical prompt) is a
     cache that did not run, whatever the clock says. With hits, the timing must also show the
-    step; hits without a faster warm call is "unclear" (prefill too short to matter, or hits too
-    small). Without counters the timing alone decides, and a noisy trace is "unclear".
+    step, or every warm call must be a clear step (`STEP_RATIO`) faster than the cold one when the
+    warm calls jitter among themselves; hits without that is "unclear" (prefill too short to
+    matter, or hits too small). Without counters the timing alone decides, and a noisy trace is "unclear".
     """
     cold = ttfts[0] if ttfts else None
     warm = statistics.median(ttfts[1:]) if len(ttfts) > 1 else None
@@ -132,6 +133,12 @@ def cache_verdict(
         rate = counters.hit_rate or 0.0
         reasons.insert(0, f"engine hit rate over the probe {rate:.1%}")
         if shape == "step":
+            return CacheVerdict("on", cold, warm, ratio, shape, tuple(reasons))
+        if shape == "noisy" and cold is not None and max(ttfts[1:]) * STEP_RATIO <= cold:
+            # the engine counted the hits and every warm call was a clear step faster: the warm
+            # calls disagree with each other (a busy machine), not with the cache
+            reasons.append(f"every warm call at least {STEP_RATIO:g}x faster than the cold one; "
+                           "the engine's counters confirm the hits")
             return CacheVerdict("on", cold, warm, ratio, shape, tuple(reasons))
         reasons.append("the engine reports hits but the clock shows no clear gain: use a longer --prompt-tokens")
         return CacheVerdict("unclear", cold, warm, ratio, shape, tuple(reasons))

@@ -44,6 +44,7 @@ class HealthChecker:
         self.probe_timeouts: dict[str, int] = {}
         self.models: dict[str, list[dict]] = {}  # replica -> its /v1/models `data`
         self._last_probe: dict[str, float] = {}
+        self._answered_at: dict[str, float] = {}  # replica -> when it last answered proxied traffic
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -74,6 +75,8 @@ class HealthChecker:
             self._wake.set()
 
     def mark_success(self, replica: Replica) -> None:
+        """A proxied request got its answer's first byte from `replica`."""
+        self._answered_at[replica.name] = time.monotonic()
         if self.failures.get(replica.name):
             self.failures[replica.name] = 0
 
@@ -100,6 +103,7 @@ class HealthChecker:
 
     async def check(self, replica: Replica) -> bool:
         assert self._session is not None
+        previous_probe = self._last_probe.get(replica.name)
         self._last_probe[replica.name] = time.monotonic()
         ok = False
         try:
@@ -117,8 +121,13 @@ class HealthChecker:
             self.probe_timeouts[replica.name] = 0
         except TimeoutError:
             # A busy engine (hundreds of streams, a long prefill) can answer /health late; one slow
-            # probe is not an outage. Refused connections and non-200s still count at once.
-            timeouts = self.probe_timeouts.get(replica.name, 0) + 1
+            # probe is not an outage. Refused connections and non-200s still count at once. A slow
+            # probe of a replica that answered proxied traffic since the previous probe does not
+            # count at all: it is serving (SGLang's /health generates a token behind the running
+            # batch, so on busy cores it is late exactly while the replica works).
+            answered = self._answered_at.get(replica.name)
+            serving = answered is not None and previous_probe is not None and answered >= previous_probe
+            timeouts = self.probe_timeouts.get(replica.name, 0) + (0 if serving else 1)
             self.probe_timeouts[replica.name] = timeouts
             ok = replica.healthy and timeouts < PROBE_TIMEOUTS_TO_FAIL
         except (aiohttp.ClientError, ValueError):
