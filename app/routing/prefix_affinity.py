@@ -14,10 +14,10 @@ fitted prefill model where it has one (app/routing/prefill_cost.py). The lowest 
   lands on the same replica across turns and gateway pods, among the replicas whose queued work
   plus its own cold prefill there is within one prefill chunk of the least (a cold prompt pays its
   whole prefill, so waiting is TTFT; with fitted prefill models a slower replica's prefill counts
-  more, so a long cold prompt goes to a faster one) and whose share of recent requests is within (1 + epsilon) x the mean
-  (app/routing/recent.py): cold traffic never piles onto one replica, and sticky tenants do not
-  leave the fleet unbalanced; with the gateway queue on (app/admission/gate.py), only among the
-  replicas with room when any has;
+  more, so a long cold prompt goes to a faster one) and whose share of recent requests is within
+  (1 + epsilon) x the mean (app/routing/recent.py): cold traffic never piles onto one replica,
+  and sticky tenants do not leave the fleet unbalanced; with the gateway queue on
+  (app/admission/gate.py), only among the replicas with room when any has;
 - `session`: the request carries a session id (`routing.session_keys`) and its session is bound
   to a replica that is not saturated, or it is a new session (or a saturated one's cold prompt),
   placed on the session key's ring walk (app/routing/session.py `SessionBindings`); a saturated

@@ -65,8 +65,8 @@ class ReplicaCost:
 
 def uncached_prompt(prompt_tokens: int, matched_blocks: int, block_size: int, weight: float = 1.0, *,
                     replica: str = "", prices: PrefillPrices = TOKEN_PRICES) -> Score:
-    """The prompt's own prefill on `replica`: its uncached tokens after `cached` hit tokens, priced
-    by the replica's fitted model when it has one."""
+    """The prompt's own prefill on `replica`: its uncached tokens after the predicted hit, priced
+    by the replica's fitted model (which also counts the hit and the attention term) when it has one."""
     hit = predicted_hit_tokens(matched_blocks, prompt_tokens, block_size)
     uncached = max(0, prompt_tokens - hit)
     value, seconds = prices.prefill(replica, uncached, hit)
