@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.routing.base import Replica
-from app.routing.prefill_cost import TOKEN_PRICES, PrefillPrices
+from app.routing.prefill_cost import MIN_TOKEN_PRICE, TOKEN_PRICES, PrefillPrices
 from app.routing.scorers import ScoreWeights, replica_costs
 from app.telemetry.prefill_model import MIN_SAMPLES, PrefillModels
 
@@ -74,3 +74,15 @@ def test_scores_order_the_replicas_by_fitted_cost() -> None:
                                                        PrefillPrices(models))}
     assert priced["fast"].total < priced["slow"].total  # 5000 tokens at 8k/s beat 2000 at 2k/s
     assert "fitted 1000 ms" in priced["slow"].explain()
+
+
+def test_a_barely_determined_slope_never_makes_a_replica_free() -> None:
+    """A near-zero fitted per-token cost (the fixed cost dominated its samples) is priced at
+    MIN_TOKEN_PRICE reference tokens per new token, backlog included."""
+    models = PrefillModels(forget=1.0)
+    cold_samples(models, "normal", 4000.0)
+    cold_samples(models, "flat", 4e7, fixed=0.05)  # 50 ms whatever the size: slope ~0
+    prices = PrefillPrices(models)
+    assert prices.backlog("flat", 10_000.0) == pytest.approx(10_000 * MIN_TOKEN_PRICE)
+    value, _ = prices.prefill("flat", 10_000, 0)
+    assert value >= 10_000 * MIN_TOKEN_PRICE

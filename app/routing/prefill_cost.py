@@ -17,6 +17,10 @@ to prefill at the reference rate. With no fit anywhere every price is the token 
 before. The other constants in tokens (decode load, waiting requests, the cold slack, the admission
 threshold) keep their meaning: tokens at the fleet's (reference) rate.
 
+A fitted new token is never priced below `MIN_TOKEN_PRICE` reference tokens: a slope the samples
+barely determine (a replica that only saw short prompts, where the fixed cost dominates) must not
+make a replica look free, or its backlog would never count and every long prompt would pile there.
+
 Cost per candidate: two dictionary lookups (the fits are solved at most once per sample).
 """
 
@@ -25,6 +29,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from app.telemetry.prefill_model import PrefillFit
+
+MIN_TOKEN_PRICE = 0.125  # a fitted new token costs at least this many reference tokens (8x the mean rate)
 
 
 class PrefillFits(Protocol):
@@ -61,7 +67,7 @@ class PrefillPrices:
             return float(new), None
         fit, reference = priced
         seconds = max(0.0, fit.predict(new, cached))
-        return seconds / reference, seconds
+        return max(seconds / reference, MIN_TOKEN_PRICE * new), seconds
 
     def backlog(self, replica: str, tokens: float) -> float:
         """Reference tokens of `tokens` uncached prompt tokens queued on `replica`."""
@@ -69,7 +75,7 @@ class PrefillPrices:
         if priced is None:
             return tokens
         fit, reference = priced
-        return tokens * fit.per_new_token_s / reference
+        return tokens * max(fit.per_new_token_s / reference, MIN_TOKEN_PRICE)
 
 
 TOKEN_PRICES = PrefillPrices()  # no fit source: a token costs a token everywhere (the old estimate)
