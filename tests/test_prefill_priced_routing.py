@@ -26,8 +26,9 @@ def stream_chat(client: httpx.Client, text: str) -> str:
 
 @pytest.fixture
 def fitted(sim_factory, proxy_factory):
-    """A proxy whose two replicas' prefill models are both fitted from short cold prompts of
-    varied sizes (short enough that the cold spread still hashes them across both)."""
+    """A proxy whose two replicas' prefill models are both fitted from cold prompts of varied sizes
+    (~250-2500 tokens; until both are fitted, routing still prices in tokens and hashes them across
+    both)."""
     fast = sim_factory(replicas=1, time_scale=1.0, prefill_tps=FAST_TPS, enable_per_request_metrics=True)
     slow = sim_factory(replicas=1, time_scale=1.0, prefill_tps=SLOW_TPS, enable_per_request_metrics=True)
     proxy = proxy_factory([fast.urls[0], slow.urls[0]], names=NAMES,
@@ -39,7 +40,7 @@ def fitted(sim_factory, proxy_factory):
         for i in range(80):
             if all(samples(n) >= MIN_SAMPLES for n in NAMES):
                 break
-            stream_chat(client, f"warm-up {i}: " + words(1000 + i, 60 + 45 * (i % 8)))
+            stream_chat(client, f"warm-up {i}: " + words(1000 + i, 60 + 80 * (i % 8)))
     assert all(samples(n) >= MIN_SAMPLES for n in NAMES)
     return proxy
 
@@ -62,13 +63,17 @@ def test_cold_long_prompts_go_to_the_faster_prefill_replica(fitted) -> None:
 def test_admission_prices_the_backlog_at_the_replicas_fitted_rate(fitted) -> None:
     """`saturated_prefill_tokens` counts a replica's queued prefill at its fitted rate: the same
     queued tokens saturate the slow replica and leave the fast one room."""
+    rates = {n: fitted.sample("prefixgate_prefill_model_cold_tokens_per_second", backend=n) for n in NAMES}
+    # with fast > 2 x slow the reference prices slow's token above 4/3 and fast's below 2/3
+    assert rates["fast"] > 2 * rates["slow"]
     admission = fitted.services.admission
     replicas = {n: fitted.services.replicas.get(n) for n in NAMES}
+    queued = 3600  # below the 4096 threshold at token prices
     for r in replicas.values():
-        r.queued_prompt_tokens += 3000  # below the 4096 threshold at token prices
+        r.queued_prompt_tokens += queued
     try:
         assert admission.room(replicas["fast"])
         assert not admission.room(replicas["slow"])
     finally:
         for r in replicas.values():
-            r.queued_prompt_tokens -= 3000
+            r.queued_prompt_tokens -= queued
