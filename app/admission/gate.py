@@ -8,7 +8,9 @@ per-tenant limits, then the gateway queue while every eligible replica is satura
   count, or the body-size estimate while it is pending) and settled on the engine's `usage`.
 - Queue (`admission.queue`): when every healthy replica serving the model that the request's
   lane may use is saturated (its engine reports more than `saturated_waiting` waiting requests,
-  or this gateway has `saturated_inflight` requests in flight on it), the request waits in a
+  or this gateway has `saturated_inflight` requests in flight on it, or more than
+  `saturated_prefill_tokens` of prefill wait for their first token there, the tokens priced by the
+  replica's fitted prefill model as the router prices them), the request waits in a
   bounded fair queue (app/admission/queue.py); a full queue or a wait past `ttl_s` is a 503 with
   `Retry-After` (on /v1/messages Anthropic's 529 `overloaded_error`). Under `routing.lanes` the
   lane and its replica set are the router's own (app/routing/lanes.py), so a short request is
@@ -42,6 +44,7 @@ from app.config import Settings, TenantLimits
 from app.errors import ProxyError
 from app.routing.base import Replica
 from app.routing.lanes import LongPrefillLane
+from app.routing.prefill_cost import PrefillPrices
 from app.telemetry.metrics import Metrics
 
 POLL_S = 0.02  # a queued request re-checks saturation this often, and at every kick()
@@ -139,6 +142,8 @@ class Admission:
         self.options = settings.admission
         self.limiter = limiter
         self.metrics = metrics
+        # the router's prices (app/routing/prefill_cost.py): a slower replica's queued token weighs more
+        self.prices = PrefillPrices(metrics.prefill_models)
         # a request that waited half the TTL leaves before cheaper ones (app/admission/queue.py)
         self.queue = FairQueue(self.options.queue.max_depth, age_s=self.options.queue.ttl_s / 2)
         # requests released from the queue that hold no replica yet: each will take one of the
@@ -205,7 +210,7 @@ class Admission:
         if waiting is not None and waiting > self.options.saturated_waiting:
             return True
         backlog = self.options.saturated_prefill_tokens
-        if backlog is not None and replica.queued_prompt_tokens > backlog:
+        if backlog is not None and self.prices.backlog(replica.name, replica.queued_prompt_tokens) > backlog:
             return True
         return replica.inflight >= self.options.saturated_inflight
 

@@ -6,6 +6,7 @@ from app.config import RoutingWeights, Settings
 from app.routing.base import Router
 from app.routing.lanes import LongPrefillLane
 from app.routing.least_load import LeastLoadRouter
+from app.routing.prefill_cost import PrefillPrices
 from app.routing.prefix_affinity import AffinityOptions, PrefixAffinityRouter
 from app.routing.replicas import ReplicaSet
 from app.routing.residency import ReplicaIndex
@@ -33,10 +34,11 @@ def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics
     after-response stage); built here from `store` when the caller has none."""
     routing = settings.routing
     weights = score_weights(routing.weights)
+    prices = PrefillPrices(metrics.prefill_models)  # each replica's fitted prefill model prices its work
     if routing.policy == "round_robin":
         return RoundRobinRouter(replicas)
     if routing.policy == "least_load":
-        return LeastLoadRouter(replicas, weights)
+        return LeastLoadRouter(replicas, weights, prices)
     if routing.policy == "session":
         return SessionRouter(replicas, store, epsilon=routing.weights.load_epsilon)
     if routing.policy == "prefix_affinity":
@@ -46,5 +48,5 @@ def build_router(settings: Settings, replicas: ReplicaSet, store: Store, metrics
             cold_match_ratio=routing.weights.cold_match_ratio,
             cold_slack_tokens=routing.weights.cold_slack_tokens, default_kv_blocks=routing.kv_blocks)
         lane = LongPrefillLane.from_config(routing.lanes) if routing.lanes is not None else None
-        return PrefixAffinityRouter(replicas, residency or build_residency(settings, store), options, lane)
+        return PrefixAffinityRouter(replicas, residency or build_residency(settings, store), options, lane, prices)
     raise ValueError(f"unknown routing policy {routing.policy!r}")

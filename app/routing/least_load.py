@@ -11,21 +11,24 @@ from __future__ import annotations
 from app.routing.base import BaseRouter, RouteDecision, RouteRequest
 from app.routing.filters import candidates
 from app.routing.pickers import Turns
+from app.routing.prefill_cost import TOKEN_PRICES, PrefillPrices
 from app.routing.replicas import ReplicaSet
 from app.routing.scorers import ScoreWeights, load_scores
 
 
 class LeastLoadRouter(BaseRouter):
-    def __init__(self, replicas: ReplicaSet, weights: ScoreWeights | None = None) -> None:
+    def __init__(self, replicas: ReplicaSet, weights: ScoreWeights | None = None,
+                 prices: PrefillPrices = TOKEN_PRICES) -> None:
         self._replicas = replicas
         self._weights = weights or ScoreWeights()
+        self._prices = prices  # the backlog priced by each replica's fitted prefill model
         self._turns = Turns()
 
     async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         pool = candidates(self._replicas, request, exclude)
         scored = []
         for r, offset in zip(pool, self._turns.offsets(len(pool)), strict=True):
-            parts = load_scores(r, self._weights)
+            parts = load_scores(r, self._weights, self._prices)
             scored.append((sum(p.value for p in parts), r.inflight, offset, r, parts))
         total, _, _, replica, parts = min(scored, key=lambda t: t[:3])
         why = " + ".join(f"{p.name} {p.why}" for p in parts)

@@ -5,17 +5,19 @@ Composition: the default filters (healthy, serves the model, not tried), the res
 the scorers, then one of two pickers (lowest cost, or bounded-load hashing for cold prompts).
 Per candidate replica the cost is the sum of the scorers (app/routing/scorers.py), all in prefill
 tokens: the prompt tokens not resident there (from the residency index, one Store round trip for
-all replicas), its prefill backlog and its decode load. The lowest cost wins:
+all replicas), its prefill backlog and its decode load; the first two priced by the replica's
+fitted prefill model where it has one (app/routing/prefill_cost.py). The lowest cost wins:
 - `prefix_hit`: the winner holds the longest resident prefix among the candidates;
 - `load_override`: another replica holds more of the prefix, but its load outweighs the saving;
 - `cold_spread`: no candidate holds a meaningful share of the prompt (< `cold_match_ratio`), so
   the request is placed by bounded-load consistent hashing of its first blocks: the same prefix
   lands on the same replica across turns and gateway pods, among the replicas whose queued work
-  is within one prefill chunk of the least loaded one (a cold prompt pays its whole prefill, so
-  waiting is TTFT) and whose share of recent requests is within (1 + epsilon) x the mean
-  (app/routing/recent.py): cold traffic never piles onto one replica, and sticky tenants do not
-  leave the fleet unbalanced; with the gateway queue on (app/admission/gate.py), only among the
-  replicas with room when any has;
+  plus its own cold prefill there is within one prefill chunk of the least (a cold prompt pays its
+  whole prefill, so waiting is TTFT; with fitted prefill models a slower replica's prefill counts
+  more, so a long cold prompt goes to a faster one) and whose share of recent requests is within
+  (1 + epsilon) x the mean (app/routing/recent.py): cold traffic never piles onto one replica,
+  and sticky tenants do not leave the fleet unbalanced; with the gateway queue on
+  (app/admission/gate.py), only among the replicas with room when any has;
 - `session`: the request carries a session id (`routing.session_keys`) and its session is bound
   to a replica that is not saturated, or it is a new session (or a saturated one's cold prompt),
   placed on the session key's ring walk (app/routing/session.py `SessionBindings`); a saturated
@@ -40,6 +42,7 @@ from app.routing.base import BaseRouter, Replica, RouteDecision, RouteRequest
 from app.routing.filters import candidates
 from app.routing.lanes import LongPrefillLane
 from app.routing.pickers import lowest_cost
+from app.routing.prefill_cost import TOKEN_PRICES, PrefillPrices
 from app.routing.recent import RecentShares
 from app.routing.replicas import ReplicaSet
 from app.routing.residency import ReplicaIndex
@@ -82,9 +85,10 @@ def prompt_tokens_of(request: RouteRequest) -> int:
 
 class PrefixAffinityRouter(BaseRouter):
     def __init__(self, replicas: ReplicaSet, residency: ReplicaIndex, options: AffinityOptions | None = None,
-                 lane: LongPrefillLane | None = None) -> None:
+                 lane: LongPrefillLane | None = None, prices: PrefillPrices = TOKEN_PRICES) -> None:
         self._replicas = replicas
         self.lane = lane
+        self.prices = prices
         self.residency = residency
         self.options = options or AffinityOptions()
         self._ring = RingCache()
@@ -111,7 +115,7 @@ class PrefixAffinityRouter(BaseRouter):
         else:
             matched, bound_name = await self._matched(request, hashes), None
         available = max(matched.values(), default=0)
-        costs = replica_costs(pool, matched, prompt, block_size, self.options.weights)
+        costs = replica_costs(pool, matched, prompt, block_size, self.options.weights, self.prices)
         lane = None
         if self.lane is not None:  # the lane is set by the cheapest prefill the fleet offers
             best = max((c.matched_blocks for c in costs), default=0)
@@ -135,7 +139,7 @@ class PrefixAffinityRouter(BaseRouter):
             # with the gateway queue on, among the replicas with room (late binding: a request it
             # released goes where the room is, not behind the backlog it waited out)
             roomy = [c for c in costs if request.room(c.replica)] if request.room is not None else []
-            chosen = self._cold_pick(key, roomy or costs, recent)
+            chosen = self._cold_pick(key, roomy or costs, recent, prompt)
             reason = "cold_spread"
         else:
             chosen = lowest_cost(costs)
@@ -159,16 +163,21 @@ class PrefixAffinityRouter(BaseRouter):
     def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
         self.sessions.finished(decision)
 
-    def _cold_pick(self, key: str | int, costs: list[ReplicaCost], recent: dict[str, float]) -> ReplicaCost:
-        """Bounded-load hashing over two loads: the work queued now (prefill-token equivalents)
-        and the share of recent requests; the first replica on the key's ring walk within both
-        bounds wins (within the first alone if none is, else the least loaded now).
+    def _cold_pick(self, key: str | int, costs: list[ReplicaCost], recent: dict[str, float],
+                   prompt: int) -> ReplicaCost:
+        """Bounded-load hashing over two loads: the work before the prompt's first token (the work
+        queued now plus the prompt's whole prefill, in prefill-token equivalents) and the share of
+        recent requests; the first replica on the key's ring walk within both bounds wins (within
+        the first alone if none is, else the one that would start it soonest).
 
-        The bound on the work queued now is tight (the least loaded replica plus one prefill
-        chunk): a cold prompt pays its whole prefill, so waiting behind another one shows up
-        directly in its TTFT; hashing only decides between replicas that are about as idle."""
+        The bound on the work is tight (the least plus one prefill chunk): a cold prompt pays its
+        whole prefill, so waiting behind another one shows up directly in its TTFT; hashing only
+        decides between replicas that are about as idle. The prompt's own prefill is the same
+        everywhere at token prices; a replica's fitted model makes a slow replica's dearer."""
         eps = self.options.epsilon
-        now = {c.replica.name: load_value(c.replica, self.options.weights) for c in costs}
+        weights, prices = self.options.weights, self.prices
+        now = {c.replica.name: load_value(c.replica, weights, prices)
+               + weights.uncached * prices.prefill(c.replica.name, prompt, 0)[0] for c in costs}
         least = min(now.values())
         ok_now = {n for n, v in now.items() if v <= least + self.options.cold_slack_tokens}
         ring = self._ring.get(self._replicas.names())

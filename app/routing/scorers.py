@@ -10,6 +10,10 @@ them (llm-d's filters -> scorers -> picker shape, docs/routing.md); the lowest t
   (`replica.queued_prompt_tokens`, kept by the proxy), or the engine's own waiting queue when that
   says more (other gateway pods share the replica).
 - `decode_load`: running decodes slow every prefill step (chunked prefill shares the batch).
+
+The first two are priced by `PrefillPrices` (app/routing/prefill_cost.py): with a replica's fitted
+prefill model, its work in reference tokens (a slower replica's token costs more); without one, the
+token count itself.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 from app.prefix.blocks import predicted_hit_tokens
 from app.routing.base import Replica
+from app.routing.prefill_cost import TOKEN_PRICES, PrefillPrices
 
 # A waiting engine request we know nothing about costs about this many prefill tokens.
 DEFAULT_WAITING_REQUEST_TOKENS = 2048
@@ -58,18 +63,29 @@ class ReplicaCost:
         return f"{self.replica.name}: {self.total:.0f} = " + " + ".join(f"{p.name} {p.why}" for p in self.parts)
 
 
-def uncached_prompt(prompt_tokens: int, matched_blocks: int, block_size: int, weight: float = 1.0) -> Score:
+def uncached_prompt(prompt_tokens: int, matched_blocks: int, block_size: int, weight: float = 1.0, *,
+                    replica: str = "", prices: PrefillPrices = TOKEN_PRICES) -> Score:
+    """The prompt's own prefill on `replica`: its uncached tokens after the predicted hit, priced
+    by the replica's fitted model (which also counts the hit and the attention term) when it has one."""
     hit = predicted_hit_tokens(matched_blocks, prompt_tokens, block_size)
     uncached = max(0, prompt_tokens - hit)
-    return Score("uncached", weight * uncached, f"{uncached} of {prompt_tokens} prompt tokens not resident")
+    value, seconds = prices.prefill(replica, uncached, hit)
+    fitted = f", fitted {seconds * 1000:.0f} ms" if seconds is not None else ""
+    return Score("uncached", weight * value, f"{uncached} of {prompt_tokens} prompt tokens not resident{fitted}")
 
 
-def prefill_backlog(replica: Replica, waiting_request_tokens: float, weight: float = 1.0) -> Score:
+def prefill_backlog(replica: Replica, waiting_request_tokens: float, weight: float = 1.0, *,
+                    prices: PrefillPrices = TOKEN_PRICES) -> Score:
     own = float(replica.queued_prompt_tokens)
     engine = (replica.engine_waiting or 0.0) * waiting_request_tokens
     if engine > own:
-        return Score("backlog", weight * engine, f"{replica.engine_waiting:g} waiting in engine")
-    return Score("backlog", weight * own, f"{own:.0f} queued prompt tokens")
+        value, why = engine, f"{replica.engine_waiting:g} waiting in engine"
+    else:
+        value, why = own, f"{own:.0f} queued prompt tokens"
+    priced = prices.backlog(replica.name, value)
+    if priced != value:
+        why += f" (x{priced / value:.2f} at its fitted rate)"
+    return Score("backlog", weight * priced, why)
 
 
 def decode_load(replica: Replica, tokens_per_running: float, weight: float = 1.0) -> Score:
@@ -77,10 +93,10 @@ def decode_load(replica: Replica, tokens_per_running: float, weight: float = 1.0
     return Score("decode", weight * running * tokens_per_running, f"{running:g} running")
 
 
-def load_scores(replica: Replica, weights: ScoreWeights) -> tuple[Score, ...]:
+def load_scores(replica: Replica, weights: ScoreWeights, prices: PrefillPrices = TOKEN_PRICES) -> tuple[Score, ...]:
     """The load part of the cost (everything but the prompt's own uncached tokens)."""
     return (
-        prefill_backlog(replica, weights.waiting_request_tokens, weights.backlog),
+        prefill_backlog(replica, weights.waiting_request_tokens, weights.backlog, prices=prices),
         decode_load(replica, weights.decode_tokens_per_running, weights.decode),
     )
 
@@ -91,15 +107,17 @@ def replica_costs(
     prompt_tokens: int,
     block_size: int,
     weights: ScoreWeights,
+    prices: PrefillPrices = TOKEN_PRICES,
 ) -> list[ReplicaCost]:
     """Cost of sending a `prompt_tokens` request to each replica, given its leading resident blocks."""
     out = []
     for r in replicas:
         m = matched.get(r.name, 0)
-        parts = (uncached_prompt(prompt_tokens, m, block_size, weights.uncached), *load_scores(r, weights))
+        parts = (uncached_prompt(prompt_tokens, m, block_size, weights.uncached, replica=r.name, prices=prices),
+                 *load_scores(r, weights, prices))
         out.append(ReplicaCost(r, m, parts))
     return out
 
 
-def load_value(replica: Replica, weights: ScoreWeights) -> float:
-    return sum(s.value for s in load_scores(replica, weights))
+def load_value(replica: Replica, weights: ScoreWeights, prices: PrefillPrices = TOKEN_PRICES) -> float:
+    return sum(s.value for s in load_scores(replica, weights, prices))

@@ -71,7 +71,7 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
 class PrefillModel:
     """One replica's online fit. `add` per observed request; `fit()` solves on demand."""
 
-    __slots__ = ("forget", "xtx", "xty", "weight", "cached_weight")
+    __slots__ = ("forget", "xtx", "xty", "weight", "cached_weight", "_fit", "_stale")
 
     def __init__(self, forget: float = DEFAULT_FORGET) -> None:
         if not 0 < forget <= 1:
@@ -81,6 +81,8 @@ class PrefillModel:
         self.xty = [0.0] * 4
         self.weight = 0.0
         self.cached_weight = 0.0  # weight of samples that read cached tokens
+        self._fit: PrefillFit | None = None  # `current()`'s solve, kept until the next sample
+        self._stale = True
 
     def add(self, new: int, cached: int, seconds: float) -> None:
         """One request's engine prefill time with `new` computed and `cached` reused tokens."""
@@ -95,6 +97,13 @@ class PrefillModel:
                 row[j] = lam * row[j] + x[i] * x[j]
         self.weight = lam * self.weight + 1.0
         self.cached_weight = lam * self.cached_weight + (1.0 if cached > 0 else 0.0)
+        self._stale = True
+
+    def current(self) -> PrefillFit | None:
+        """`fit()`, solved at most once per sample (the router reads it on every request)."""
+        if self._stale:
+            self._fit, self._stale = self.fit(), False
+        return self._fit
 
     def fit(self) -> PrefillFit | None:
         if self.weight < MIN_SAMPLES:
@@ -118,6 +127,8 @@ class PrefillModels:
         self.forget = forget
         self._models: dict[str, PrefillModel] = {}
         self._lock = threading.Lock()  # fed on the event loop, read by the /metrics scrape
+        self._reference: float | None = None  # `reference_per_token_s()`, kept until the next sample
+        self._reference_stale = True
 
     def add(self, replica: str, new: int, cached: int, seconds: float) -> None:
         with self._lock:
@@ -125,8 +136,27 @@ class PrefillModels:
             if model is None:
                 model = self._models[replica] = PrefillModel(self.forget)
             model.add(new, cached, seconds)
+            self._reference_stale = True
 
     def snapshot(self) -> dict[str, tuple[float, PrefillFit | None]]:
         """Every replica's sample weight and current fit (None: not enough to fit yet)."""
         with self._lock:
             return {name: (model.weight, model.fit()) for name, model in self._models.items()}
+
+    def fit_of(self, replica: str) -> PrefillFit | None:
+        """`replica`'s current fit (None: too few samples, or none), solved at most once per sample:
+        what routing and admission price prefill work with (app/routing/prefill_cost.py)."""
+        with self._lock:
+            model = self._models.get(replica)
+            return model.current() if model is not None else None
+
+    def reference_per_token_s(self) -> float | None:
+        """The mean per-new-token seconds over the replicas with a usable fit (a positive
+        per-token cost); None when none has one. Recomputed at most once per sample."""
+        with self._lock:
+            if self._reference_stale:
+                costs = [f.per_new_token_s for f in (m.current() for m in self._models.values())
+                         if f is not None and f.per_new_token_s > 0]
+                self._reference = sum(costs) / len(costs) if costs else None
+                self._reference_stale = False
+            return self._reference
