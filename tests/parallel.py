@@ -1,14 +1,18 @@
 """Running the suite in parallel processes (pytest-xdist, as `make test` does) without timing flakes.
 
-A test marked `@pytest.mark.exclusive` runs while no other worker runs a test: it asserts on wall-clock
-time (a 50 ms budget, a rate over a second, a TTFT ratio) that a busy neighbour on a 2-core machine
-would stretch. Every other test runs side by side with the other workers' tests.
+A test marked `@pytest.mark.exclusive` runs its body while no other worker runs any part of a test:
+it asserts on wall-clock time (a 50 ms budget, a rate over a second, a TTFT ratio) that a busy
+neighbour on a 2-core machine would stretch. Every other test runs side by side with the other
+workers' tests.
 
 How: one readers-writer lock across the workers, two `flock`ed files in the run's shared temp dir.
-An ordinary test holds the lock shared, an exclusive one holds it exclusively; a turnstile taken
-first by both keeps a waiting exclusive test from being overtaken forever by the others. The lock
-covers the whole run protocol of a test (its fixtures' set-up and tear-down included). Without
-xdist (a plain `pytest tests/test_x.py`) nothing is locked.
+Every test holds the lock shared for its whole run protocol (its fixtures' set-up and tear-down
+included); an exclusive test trades it for the exclusive lock around its call (the timed part), so
+its own set-up and tear-down (starting and stopping servers) overlap the other workers' tests
+instead of adding to the serial part of the run. A turnstile, taken before every shared or
+exclusive acquisition (never for an exclusive test's return to shared, which would deadlock with a
+waiting one), keeps a waiting exclusive test from being overtaken forever. Without xdist (a plain
+`pytest tests/test_x.py`) nothing is locked.
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ def pytest_configure(config: pytest.Config) -> None:
                    "(tests/parallel.py)")
 
 
+TURNSTILE = "prefixgate-turnstile.lock"
+TESTS = "prefixgate-tests.lock"
+HELD = pytest.StashKey[int]()  # the descriptor holding this test's lock on TESTS
+
+
 @contextlib.contextmanager
 def _flock(path: Path, mode: int) -> Iterator[None]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -48,15 +57,34 @@ def _flock(path: Path, mode: int) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases its lock
 
 
+def _through_turnstile(shared_dir: Path, fd: int, mode: int) -> None:
+    with _flock(shared_dir / TURNSTILE, fcntl.LOCK_EX):
+        fcntl.flock(fd, mode)
+
+
 @contextlib.contextmanager
-def turn(shared_dir: Path, exclusive: bool) -> Iterator[None]:
-    """Hold the run's readers-writer lock: shared for an ordinary test, exclusive for a marked one."""
-    with _flock(shared_dir / "prefixgate-turnstile.lock", fcntl.LOCK_EX):
-        held = contextlib.ExitStack()
-        held.enter_context(_flock(shared_dir / "prefixgate-tests.lock",
-                                  fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH))
-    with held:
+def turn(shared_dir: Path) -> Iterator[int]:
+    """Hold the run's readers-writer lock shared (for one test's whole protocol); yields the descriptor."""
+    fd = os.open(shared_dir / TESTS, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        _through_turnstile(shared_dir, fd, fcntl.LOCK_SH)
+        yield fd
+    finally:
+        os.close(fd)  # closing the descriptor releases its lock
+
+
+@contextlib.contextmanager
+def alone(shared_dir: Path, fd: int) -> Iterator[None]:
+    """Trade the shared hold on `fd` for the exclusive one, and back. The shared hold is let go
+    before queueing at the turnstile: two exclusive tests each waiting for the other's shared hold
+    would wait forever. The way back takes no turnstile: a waiting exclusive test holds it."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    _through_turnstile(shared_dir, fd, fcntl.LOCK_EX)
+    try:
         yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        fcntl.flock(fd, fcntl.LOCK_SH)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -87,5 +115,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if shared is None:
         yield
         return
-    with turn(shared, item.get_closest_marker(MARK) is not None):
+    with turn(shared) as fd:
+        item.stash[HELD] = fd
+        try:
+            yield
+        finally:
+            del item.stash[HELD]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    shared = _shared_dir(item.config)
+    if shared is None or item.get_closest_marker(MARK) is None:
+        yield
+        return
+    with alone(shared, item.stash[HELD]):
         yield
