@@ -6,12 +6,11 @@ fields dropped, extra fields added, the JSON cut short, made invalid UTF-8, nest
 made megabytes long; headers get duplicates, non-UTF-8 bytes, wrong content types and lengths that
 lie.
 
-How the work is split, for speed (5,000 cases in `make test`, more with PREFIXGATE_FUZZ_EXAMPLES)
-and variety: each hypothesis example draws a `Pool` of values (JSON values, message lists,
-extra-field sets, header lists, prompts), and `batch()` assembles BATCH cases from it with a
-seeded `random.Random` that picks the route, the mix of pool values and every structural
-mutation. Hypothesis alone draws ~100 choices (~5 ms) per case and repeats most of them (~17 %
-distinct in a derandomized run of small cases); the Random
+How the work is split, for speed (10,000 cases in a CI run) and variety: each hypothesis example
+draws a `Pool` of values (JSON values, message lists, extra-field sets, header lists, prompts), and
+`batch()` assembles BATCH cases from it with a seeded `random.Random` that picks the route, the
+mix of pool values and every structural mutation. Hypothesis alone draws ~100 choices (~5 ms) per
+case and repeats most of them (~17 % distinct in a derandomized run of small cases); the Random
 is seeded from the example's own draws plus a per-run case counter, and makes no hypothesis draw,
 so the data generation stays deterministic for hypothesis and the run reproducible.
 

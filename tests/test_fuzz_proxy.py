@@ -23,8 +23,8 @@ What must hold over the whole run (the figures are printed, then asserted):
 - the simulators (no faults configured) answer no 5xx and their engine loops stay alive: a dead
   loop used to leave every later request to that replica waiting (the "hangs" of slow runs).
 
-`PREFIXGATE_FUZZ_EXAMPLES` (default 200, i.e. 5,000 requests, ~20 s of CPU in `make test`; 400 or
-more for a deeper run) hypothesis examples x BATCH (25) requests per run, derandomized: the same cases every run and in every process (their sha256 is printed; a second
+`PREFIXGATE_FUZZ_EXAMPLES` (default 400) hypothesis examples x BATCH (25) requests per run,
+derandomized: the same cases every run and in every process (their sha256 is printed; a second
 test checks it), so a failure reproduces. tests/fuzz_cases.py says how a batch is built and why
 it is drawn in a process of its own. The figures also give the client-side latency and the
 slowest requests, so a slow run shows where its time went; to see inside the servers while it
@@ -55,7 +55,7 @@ from tests.fuzz_cases import case_key
 from tests.fuzz_cases import cases as fuzz_cases
 from tests.fuzz_client import Outcome, RawRequest, send
 
-EXAMPLES = int(os.environ.get("PREFIXGATE_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("PREFIXGATE_FUZZ_EXAMPLES", "400"))
 BATCH = 25
 REQUEST_TIMEOUT_S = 20.0
 IN_FLIGHT_BATCHES = 4  # batches in flight while the generator process draws the next ones
