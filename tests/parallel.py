@@ -7,12 +7,12 @@ workers' tests.
 
 How: one readers-writer lock across the workers, two `flock`ed files in the run's shared temp dir.
 Every test holds the lock shared for its whole run protocol (its fixtures' set-up and tear-down
-included); an exclusive test trades it for the exclusive lock around its call (the timed part), so
-its own set-up and tear-down (starting and stopping servers) overlap the other workers' tests
-instead of adding to the serial part of the run. A turnstile, taken before every shared or
-exclusive acquisition (never for an exclusive test's return to shared, which would deadlock with a
-waiting one), keeps a waiting exclusive test from being overtaken forever. Without xdist (a plain
-`pytest tests/test_x.py`) nothing is locked.
+included); an exclusive test trades it for the exclusive lock between its set-up and its tear-down
+(around the timed call), so its own set-up and tear-down (starting and stopping servers) overlap
+the other workers' tests instead of adding to the serial part of the run. A turnstile, taken
+before every shared or exclusive acquisition (never for an exclusive test's return to shared,
+which would deadlock with a waiting one), keeps a waiting exclusive test from being overtaken
+forever. Without xdist (a plain `pytest tests/test_x.py`) nothing is locked.
 """
 
 from __future__ import annotations
@@ -27,13 +27,17 @@ import pytest
 
 MARK = "exclusive"
 
-# The files that take longest (10-40 s each, serially on the 2-core box): handed out to the workers
-# first, so that none of them starts last while the other workers sit idle (longest first). Files
-# with an exclusive test go last: they run alone anyway, in the time the others would idle.
-LONG_FILES = ("test_ui_browser.py", "test_fuzz_proxy.py", "test_doctor_decode.py", "test_proxy_whole_events.py",
-              "test_prefix_integration.py", "test_proxy_faults.py", "test_prefix_pool.py",
-              "test_serve_workers.py", "test_state_proxies.py", "test_admission_routes.py",
-              "test_diagnosis_pods.py", "test_epp_agents.py", "test_api_responses.py", "test_api_messages.py")
+# The files that take longest (10-50 s each under a 4-worker run on the 2-core box, longest first):
+# handed out to the workers first, so that none of them starts last while the other workers sit
+# idle. Files with an exclusive test go last whatever their length: an exclusive test handed out
+# early waits at the turnstile for the other workers' running tests (a 40 s one, at the start)
+# while the workers behind it idle; at the end the others have only short files left.
+LONG_FILES = ("test_proxy_whole_events.py", "test_fuzz_proxy.py", "test_ui_browser.py",
+              "test_routing_session_keys.py", "test_prefix_integration.py", "test_sim_oracle_render.py",
+              "test_sim_oracle_kv_events.py", "test_serve_workers.py", "test_diagnosis_pods.py",
+              "test_proxy_faults.py", "test_api_messages.py", "test_epp_agents.py", "test_proxy_migrate.py",
+              "test_api_responses.py", "test_prefix_pool.py", "test_state_proxies.py", "test_proxy_openai.py",
+              "test_ui_funnel.py", "test_deploy_prometheus.py", "test_admission_routes.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,6 +49,7 @@ def pytest_configure(config: pytest.Config) -> None:
 TURNSTILE = "prefixgate-turnstile.lock"
 TESTS = "prefixgate-tests.lock"
 HELD = pytest.StashKey[int]()  # the descriptor holding this test's lock on TESTS
+ALONE = pytest.StashKey[contextlib.ExitStack]()  # an exclusive test's exclusive hold, set-up to tear-down
 
 
 @contextlib.contextmanager
@@ -95,9 +100,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     alone = {item.path for item in items if item.get_closest_marker(MARK) is not None}
 
     def rank(item: pytest.Item) -> int:
+        if item.path in alone:
+            return len(LONG_FILES) + 1
         if item.path.name in LONG_FILES:
             return LONG_FILES.index(item.path.name)
-        return len(LONG_FILES) + (1 if item.path in alone else 0)
+        return len(LONG_FILES)
 
     items.sort(key=rank)  # stable: a file's tests keep their order
 
@@ -124,10 +131,22 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """An exclusive test's set-up done, wait to be alone (the wait counts as set-up time in
+    --durations, not as the test's)."""
+    outcome = yield
     shared = _shared_dir(item.config)
-    if shared is None or item.get_closest_marker(MARK) is None:
-        yield
+    if shared is None or item.get_closest_marker(MARK) is None or outcome.exception is not None:
         return
-    with alone(shared, item.stash[HELD]):
-        yield
+    held = contextlib.ExitStack()
+    held.enter_context(alone(shared, item.stash[HELD]))
+    item.stash[ALONE] = held
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    held = item.stash.get(ALONE, None)
+    if held is not None:
+        del item.stash[ALONE]
+        held.close()  # back to shared before the tear-down, which runs beside the others' tests
+    yield
