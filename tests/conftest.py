@@ -36,6 +36,30 @@ settings.register_profile("prefixgate", deadline=None)
 settings.load_profile("prefixgate")
 
 
+def _one_default_tls_context() -> None:
+    """Every httpx client (the openai and anthropic clients are httpx clients, and so is the engine
+    scraper of each in-process proxy) builds a TLS context for its default `verify=True`, loading
+    certifi's CA bundle: ~30 ms of CPU each, ~1,000 times a run (a client per request or per poll),
+    for connections that are plain HTTP on loopback. A test process builds that default context
+    once; any other `verify`/`cert` still gets its own. Child processes are not affected."""
+    import functools
+
+    import httpx._transports.default as transports
+
+    build = transports.create_ssl_context
+    default = functools.cache(lambda: build())
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is True and cert is None and trust_env:
+            return default()
+        return build(verify=verify, cert=cert, trust_env=trust_env)
+
+    transports.create_ssl_context = create_ssl_context
+
+
+_one_default_tls_context()
+
+
 @dataclass
 class ProxyHandle:
     app: PrefixgateApp

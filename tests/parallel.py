@@ -1,14 +1,18 @@
 """Running the suite in parallel processes (pytest-xdist, as `make test` does) without timing flakes.
 
-A test marked `@pytest.mark.exclusive` runs while no other worker runs a test: it asserts on wall-clock
-time (a 50 ms budget, a rate over a second, a TTFT ratio) that a busy neighbour on a 2-core machine
-would stretch. Every other test runs side by side with the other workers' tests.
+A test marked `@pytest.mark.exclusive` runs its body while no other worker runs any part of a test:
+it asserts on wall-clock time (a 50 ms budget, a rate over a second, a TTFT ratio) that a busy
+neighbour on a 2-core machine would stretch. Every other test runs side by side with the other
+workers' tests.
 
 How: one readers-writer lock across the workers, two `flock`ed files in the run's shared temp dir.
-An ordinary test holds the lock shared, an exclusive one holds it exclusively; a turnstile taken
-first by both keeps a waiting exclusive test from being overtaken forever by the others. The lock
-covers the whole run protocol of a test (its fixtures' set-up and tear-down included). Without
-xdist (a plain `pytest tests/test_x.py`) nothing is locked.
+Every test holds the lock shared for its whole run protocol (its fixtures' set-up and tear-down
+included); an exclusive test trades it for the exclusive lock between its set-up and its tear-down
+(around the timed call), so its own set-up and tear-down (starting and stopping servers) overlap
+the other workers' tests instead of adding to the serial part of the run. A turnstile, taken
+before every shared or exclusive acquisition (never for an exclusive test's return to shared,
+which would deadlock with a waiting one), keeps a waiting exclusive test from being overtaken
+forever. Without xdist (a plain `pytest tests/test_x.py`) nothing is locked.
 """
 
 from __future__ import annotations
@@ -23,19 +27,29 @@ import pytest
 
 MARK = "exclusive"
 
-# The files that take longest (10-40 s each, serially on the 2-core box): handed out to the workers
-# first, so that none of them starts last while the other workers sit idle (longest first). Files
-# with an exclusive test go last: they run alone anyway, in the time the others would idle.
-LONG_FILES = ("test_ui_browser.py", "test_fuzz_proxy.py", "test_doctor_decode.py", "test_proxy_whole_events.py",
-              "test_prefix_integration.py", "test_proxy_faults.py", "test_prefix_pool.py",
-              "test_serve_workers.py", "test_state_proxies.py", "test_admission_routes.py",
-              "test_diagnosis_pods.py", "test_epp_agents.py", "test_api_responses.py", "test_api_messages.py")
+# The files that take longest (10-50 s each under a 4-worker run on the 2-core box, longest first):
+# handed out to the workers first, so that none of them starts last while the other workers sit
+# idle. Files with an exclusive test go last whatever their length: an exclusive test handed out
+# early waits at the turnstile for the other workers' running tests (a 40 s one, at the start)
+# while the workers behind it idle; at the end the others have only short files left.
+LONG_FILES = ("test_proxy_whole_events.py", "test_fuzz_proxy.py", "test_ui_browser.py",
+              "test_routing_session_keys.py", "test_prefix_integration.py", "test_sim_oracle_render.py",
+              "test_sim_oracle_kv_events.py", "test_serve_workers.py", "test_diagnosis_pods.py",
+              "test_proxy_faults.py", "test_api_messages.py", "test_epp_agents.py", "test_proxy_migrate.py",
+              "test_api_responses.py", "test_prefix_pool.py", "test_state_proxies.py", "test_proxy_openai.py",
+              "test_ui_funnel.py", "test_deploy_prometheus.py", "test_admission_routes.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARK}: asserts on wall-clock timing: runs while no other xdist worker runs a test "
                    "(tests/parallel.py)")
+
+
+TURNSTILE = "prefixgate-turnstile.lock"
+TESTS = "prefixgate-tests.lock"
+HELD = pytest.StashKey[int]()  # the descriptor holding this test's lock on TESTS
+ALONE = pytest.StashKey[contextlib.ExitStack]()  # an exclusive test's exclusive hold, set-up to tear-down
 
 
 @contextlib.contextmanager
@@ -48,15 +62,34 @@ def _flock(path: Path, mode: int) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases its lock
 
 
+def _through_turnstile(shared_dir: Path, fd: int, mode: int) -> None:
+    with _flock(shared_dir / TURNSTILE, fcntl.LOCK_EX):
+        fcntl.flock(fd, mode)
+
+
 @contextlib.contextmanager
-def turn(shared_dir: Path, exclusive: bool) -> Iterator[None]:
-    """Hold the run's readers-writer lock: shared for an ordinary test, exclusive for a marked one."""
-    with _flock(shared_dir / "prefixgate-turnstile.lock", fcntl.LOCK_EX):
-        held = contextlib.ExitStack()
-        held.enter_context(_flock(shared_dir / "prefixgate-tests.lock",
-                                  fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH))
-    with held:
+def turn(shared_dir: Path) -> Iterator[int]:
+    """Hold the run's readers-writer lock shared (for one test's whole protocol); yields the descriptor."""
+    fd = os.open(shared_dir / TESTS, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        _through_turnstile(shared_dir, fd, fcntl.LOCK_SH)
+        yield fd
+    finally:
+        os.close(fd)  # closing the descriptor releases its lock
+
+
+@contextlib.contextmanager
+def alone(shared_dir: Path, fd: int) -> Iterator[None]:
+    """Trade the shared hold on `fd` for the exclusive one, and back. The shared hold is let go
+    before queueing at the turnstile: two exclusive tests each waiting for the other's shared hold
+    would wait forever. The way back takes no turnstile: a waiting exclusive test holds it."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    _through_turnstile(shared_dir, fd, fcntl.LOCK_EX)
+    try:
         yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        fcntl.flock(fd, fcntl.LOCK_SH)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -67,9 +100,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     alone = {item.path for item in items if item.get_closest_marker(MARK) is not None}
 
     def rank(item: pytest.Item) -> int:
+        if item.path in alone:
+            return len(LONG_FILES) + 1
         if item.path.name in LONG_FILES:
             return LONG_FILES.index(item.path.name)
-        return len(LONG_FILES) + (1 if item.path in alone else 0)
+        return len(LONG_FILES)
 
     items.sort(key=rank)  # stable: a file's tests keep their order
 
@@ -87,5 +122,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if shared is None:
         yield
         return
-    with turn(shared, item.get_closest_marker(MARK) is not None):
-        yield
+    with turn(shared) as fd:
+        item.stash[HELD] = fd
+        try:
+            yield
+        finally:
+            del item.stash[HELD]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """An exclusive test's set-up done, wait to be alone (the wait counts as set-up time in
+    --durations, not as the test's)."""
+    outcome = yield
+    shared = _shared_dir(item.config)
+    if shared is None or item.get_closest_marker(MARK) is None or outcome.exception is not None:
+        return
+    held = contextlib.ExitStack()
+    held.enter_context(alone(shared, item.stash[HELD]))
+    item.stash[ALONE] = held
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    held = item.stash.get(ALONE, None)
+    if held is not None:
+        del item.stash[ALONE]
+        held.close()  # back to shared before the tear-down, which runs beside the others' tests
+    yield

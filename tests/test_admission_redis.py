@@ -8,6 +8,7 @@ import asyncio
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -74,23 +75,33 @@ def _admitted_vs_limit(statuses: list[int], first: float, last: float, rate: flo
     return admitted, rate + rate * (last - first)
 
 
+RATE = 20.0  # requests/s, global across the two pods of rate_pods
+
+
+@pytest.fixture
+def rate_pods(sim, redis_server, redis_namespace) -> Iterator[tuple[GatewayProcess, ...]]:
+    """Two pods sharing a global RATE/s limit, started in the set-up: it runs beside the other
+    workers' tests, only the timed body runs alone (tests/parallel.py)."""
+    with started(_pod(sim, redis_server.url, redis_namespace, requests_per_s=RATE),
+                 _pod(sim, redis_server.url, redis_namespace, requests_per_s=RATE)) as pods:
+        yield pods
+
+
 @pytest.mark.exclusive  # a rate held within 10% of wall-clock time
 def test_global_requests_per_s_holds_within_10_percent_across_two_gateway_processes(
-        sim, redis_server, redis_namespace):
-    rate = 20.0
-    with started(_pod(sim, redis_server.url, redis_namespace, requests_per_s=rate),
-                 _pod(sim, redis_server.url, redis_namespace, requests_per_s=rate)) as (a, b):
-        (on_a, on_b), first, last = _hammer([a.url, b.url], 3.0, workers=6)
-        admitted, allowed = _admitted_vs_limit(on_a + on_b, first, last, rate)
-        assert abs(admitted - allowed) <= 0.1 * allowed, (admitted, allowed)
-        assert on_a.count(429) and on_b.count(429) and on_a.count(200) and on_b.count(200)
-        time.sleep(1.5)  # the bucket refills
-        # pod a alone takes the whole global limit: per-pod shares (admission.pods = 2, what a pod
-        # enforces without Redis) would give it half
-        (alone,), first, last = _hammer([a.url], 3.0, workers=3)
-        admitted, allowed = _admitted_vs_limit(alone, first, last, rate)
-        assert abs(admitted - allowed) <= 0.1 * allowed, (admitted, allowed)
-        assert FALLBACK_LOG not in a.log() + b.log()  # every decision was Redis's
+        rate_pods, redis_server, redis_namespace):
+    a, b = rate_pods
+    (on_a, on_b), first, last = _hammer([a.url, b.url], 3.0, workers=6)
+    admitted, allowed = _admitted_vs_limit(on_a + on_b, first, last, RATE)
+    assert abs(admitted - allowed) <= 0.1 * allowed, (admitted, allowed)
+    assert on_a.count(429) and on_b.count(429) and on_a.count(200) and on_b.count(200)
+    time.sleep(1.5)  # the bucket refills
+    # pod a alone takes the whole global limit: per-pod shares (admission.pods = 2, what a pod
+    # enforces without Redis) would give it half
+    (alone,), first, last = _hammer([a.url], 3.0, workers=3)
+    admitted, allowed = _admitted_vs_limit(alone, first, last, RATE)
+    assert abs(admitted - allowed) <= 0.1 * allowed, (admitted, allowed)
+    assert FALLBACK_LOG not in a.log() + b.log()  # every decision was Redis's
     assert redis_lib.Redis.from_url(redis_server.url).keys(f"{redis_namespace}:v1:adm:*")
 
 
@@ -144,40 +155,51 @@ def test_lease_of_a_crashed_pod_expires_and_frees_the_slot(redis_server, redis_n
     asyncio.run(run())
 
 
+LEASE_TTL_S = 1.0  # the lease of leased_pods
+
+
+@pytest.fixture
+def leased_pods(sim_factory, redis_server, redis_namespace) -> Iterator[tuple[GatewayProcess, ...]]:
+    """Two pods sharing one concurrent slot per tenant (a LEASE_TTL_S lease) in front of a slow
+    replica (10 tokens/s), started in the set-up, beside the other workers' tests."""
+    slow = sim_factory(replicas=1, time_scale=1.0, decode_tps=10.0)
+    with started(_pod(slow, redis_server.url, redis_namespace, lease_ttl_s=LEASE_TTL_S, concurrent=1),
+                 _pod(slow, redis_server.url, redis_namespace, lease_ttl_s=LEASE_TTL_S, concurrent=1)) as pods:
+        yield pods
+
+
 @pytest.mark.exclusive  # a 1 s lease timed on the wall clock
-def test_pod_killed_mid_stream_frees_its_slot_after_the_lease_ttl(sim_factory, redis_server, redis_namespace):
+def test_pod_killed_mid_stream_frees_its_slot_after_the_lease_ttl(leased_pods):
     """Pod a holds the tenant's one concurrent slot with a stream that outlives the lease TTL (it
     renews), then is SIGKILLed: pod b refuses until the lease expires, then admits."""
-    slow = sim_factory(replicas=1, time_scale=1.0, decode_tps=10.0)
-    ttl = 1.0
+    ttl = LEASE_TTL_S
     stream_body = {**CHAT, "stream": True, "max_tokens": 60, "ignore_eos": True}  # ~6 s of decode
-    with started(_pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1),
-                 _pod(slow, redis_server.url, redis_namespace, lease_ttl_s=ttl, concurrent=1)) as (a, b):
-        streaming = threading.Event()
+    a, b = leased_pods
+    streaming = threading.Event()
 
-        def hold() -> None:
-            try:
-                with httpx.Client(base_url=a.url, timeout=30) as http, \
-                        http.stream("POST", "/v1/chat/completions", json=stream_body) as r:
-                    for _ in r.iter_bytes():
-                        streaming.set()
-            except httpx.HTTPError:
-                pass  # the pod died under it
+    def hold() -> None:
+        try:
+            with httpx.Client(base_url=a.url, timeout=30) as http, \
+                    http.stream("POST", "/v1/chat/completions", json=stream_body) as r:
+                for _ in r.iter_bytes():
+                    streaming.set()
+        except httpx.HTTPError:
+            pass  # the pod died under it
 
-        holder = threading.Thread(target=hold)
-        holder.start()
-        assert streaming.wait(10)
-        with httpx.Client(base_url=b.url, timeout=30) as http:
-            time.sleep(2 * ttl)  # past one TTL: only pod a's renewals keep the slot
-            assert http.post("/v1/chat/completions", json=CHAT).status_code == 429
-            a.signal(signal.SIGKILL)
-            a.wait(10)
-            killed = time.monotonic()
-            assert http.post("/v1/chat/completions", json=CHAT).status_code == 429  # still leased
-            while http.post("/v1/chat/completions", json=CHAT).status_code == 429:
-                assert time.monotonic() - killed < ttl + 1.0, "the crashed pod's lease did not expire"
-                time.sleep(0.05)
-        freed_after = time.monotonic() - killed
-        holder.join(10)
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert streaming.wait(10)
+    with httpx.Client(base_url=b.url, timeout=30) as http:
+        time.sleep(2 * ttl)  # past one TTL: only pod a's renewals keep the slot
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 429
+        a.signal(signal.SIGKILL)
+        a.wait(10)
+        killed = time.monotonic()
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 429  # still leased
+        while http.post("/v1/chat/completions", json=CHAT).status_code == 429:
+            assert time.monotonic() - killed < ttl + 1.0, "the crashed pod's lease did not expire"
+            time.sleep(0.05)
+    freed_after = time.monotonic() - killed
+    holder.join(10)
     # its last renewal was at most ttl/3 before the kill: nothing but the expiry freed the slot
     assert 0.5 * ttl <= freed_after <= ttl + 1.0

@@ -168,6 +168,7 @@ def test_through_prefixgate_itself(sim_factory: Sim, proxy_factory: Callable[...
     assert report["cached_tokens"][0] == 0 and report["hit_rate"] == pytest.approx(2 / 3, abs=0.03)
 
 
+@pytest.mark.exclusive  # the same ladder of timed requests at time_scale 1, through the gateway
 def test_ladder_through_prefixgate_sizes_without_tokenize(sim_factory: Sim, proxy_factory: Callable[..., Any],
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     # prefixgate serves no /tokenize: documents are sized from usage.prompt_tokens alone, and the

@@ -70,10 +70,18 @@ def started() -> Iterator[list[GatewayProcess]]:
         p.stop()
 
 
-@pytest.mark.exclusive  # three requests inside a 1.5 s accept window
-def test_stream_in_flight_survives_sigterm_and_readiness_drops_first(slow_sim, started) -> None:
+@pytest.fixture
+def accepting_gateway(slow_sim, started) -> GatewayProcess:
+    """A gateway that keeps accepting for 1.5 s after SIGTERM, started in the set-up: it runs beside
+    other workers' tests, only the timed body runs alone (tests/parallel.py)."""
     gw = gateway(slow_sim, accept_s=1.5, grace_s=60).start()
     started.append(gw)
+    return gw
+
+
+@pytest.mark.exclusive  # three requests inside a 1.5 s accept window
+def test_stream_in_flight_survives_sigterm_and_readiness_drops_first(accepting_gateway: GatewayProcess) -> None:
+    gw = accepting_gateway
     stream = Stream(gw.url, tokens=60)  # ~3 s of decode
     stream.start()
     assert stream.first.wait(30) and stream.error is None

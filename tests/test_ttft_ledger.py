@@ -70,6 +70,7 @@ def chat(proxy, headers: dict[str, str] | None = None):  # type: ignore[no-untyp
                                           messages=[{"role": "user", "content": PROMPT}])
 
 
+@pytest.mark.exclusive  # the simulator's queue and prefill seconds on the wall clock (queue <= a 50 ms prefill)
 def test_ledger_through_the_gateway_with_a_vllm_reporting_metrics(proxy_factory, sim_factory) -> None:
     sim = sim_factory(replicas=1, time_scale=1.0, prefill_tps=20_000.0, enable_per_request_metrics=True)
     proxy = proxy_factory(sim, names=["sim-0"])
