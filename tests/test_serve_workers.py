@@ -31,8 +31,22 @@ SYSTEM = "You are a careful assistant who answers in full sentences and cites th
 
 
 def start_workers(sim: Any, **config: Any) -> GatewayProcess:
+    """A `--workers 2` gateway whose two workers both serve: /readyz answers once one of them does
+    (one polling client keeps one connection, so one worker), and these tests read each worker."""
     cfg = {"backends": [{"url": u} for u in sim.urls], "routing": {"health_interval_s": 0.5}, **config}
-    return GatewayProcess(cfg, args=["--workers", "2"]).start()
+    gw = GatewayProcess(cfg, args=["--workers", "2"]).start()
+    deadline = time.monotonic() + 30
+    for sock in worker_sockets(gw):
+        while True:
+            try:
+                requests_served(sock)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    gw.stop()
+                    raise AssertionError(f"worker socket {sock} not serving:\n{gw.log()}") from None
+                time.sleep(0.05)
+    return gw
 
 
 def run_dir(gw: GatewayProcess) -> str:
