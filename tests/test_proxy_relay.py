@@ -4,6 +4,7 @@ client disconnect, retries before the first byte."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import statistics
 import time
@@ -140,6 +141,9 @@ def test_refused_replica_is_retried_on_another(fake_upstream_factory, proxy_fact
     while replica.healthy:  # the start-up probe finds it dead; pretend it was not probed yet
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    # no more probes (an open breaker is re-probed every second, which on a loaded box could take
+    # it out again before the first request): only the passive marking under test may
+    asyncio.run_coroutine_threadsafe(proxy.services.health.stop(), proxy.server.loop).result(10)
     replica.healthy = True
     replica.models = proxy.services.replicas.get("live").models  # as if it had served the same list
     for _ in range(3):

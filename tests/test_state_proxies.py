@@ -62,7 +62,10 @@ def warm_up(pods: list) -> tuple[str, str]:
 
 def settle(proxy) -> None:
     """Wait until the pod's after-response work and queued state writes have left it: what a
-    client thinking for a few milliseconds between turns gives it anyway."""
+    client thinking for a few milliseconds between turns gives it anyway. First the requests
+    themselves must have ended: a client reads the answer's end just before its after-response
+    work is queued, and draining before that finds nothing to wait for."""
+    proxy.settle()
     loop = proxy.server.loop
 
     async def drain() -> None:
