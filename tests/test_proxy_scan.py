@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from app.proxy.clock import StreamClock
@@ -193,6 +193,10 @@ texts = st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categorie
 @settings(max_examples=150, deadline=None)
 @given(texts, st.sampled_from([b"\n", b"\r\n"]), st.lists(st.integers(1, 60), max_size=30), st.booleans(),
        st.booleans())
+# found by this test (2026-12-03): a read ending in the CR of an event's closing CR LF, the next
+# starting with its LF and the usage chunk the gateway drops; the LF went with the dropped event
+@example(words=["000\x1f\x80\x80\x80\x80\U00010000\U00010000"] * 2, eol=b"\r\n",
+         cuts=[1] * 16 + [2, 22] + [60] * 12, drop_usage=True, comment=True)
 def test_any_split_forwards_the_same_bytes_and_observes_the_same(
         words: list[str], eol: bytes, cuts: list[int], drop_usage: bool, comment: bool) -> None:
     events = chat_stream(words, eol=eol)

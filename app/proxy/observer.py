@@ -31,7 +31,7 @@ from typing import Any
 from app.engines.request_metrics import METRICS_KEY, EngineTiming, take_from_events
 from app.proxy.clock import StreamClock
 from app.proxy.shape import Chunk, StreamShape
-from app.proxy.sse import SSEParser, WholeEvents
+from app.proxy.sse import SSEParser, WholeEvents, line_ends_before
 
 MAX_OUTPUT_CHARS = 4 * 1024 * 1024  # cap on the collected output text (RequestContext.output_text)
 DECODE_BATCH_BYTES = 256 * 1024  # whole events folded at once after the first token; bounds memory
@@ -113,6 +113,8 @@ class StreamObserver:
             raw = self._take_metrics(ev.raw) if not chunk.generated and METRICS_KEY in ev.data else ev.raw
             if not (self.drop_usage and chunk.usage_only):
                 kept.append(raw)
+            elif raw[:1] in (b"\r", b"\n"):
+                kept.append(line_ends_before(raw))  # not the dropped event's bytes
         if go_fast:
             self.framer = WholeEvents(self.parser.pending())
         return kept[0] if len(kept) == 1 else b"".join(kept)

@@ -22,7 +22,7 @@ import orjson
 
 from app.errors import sse_error_event
 from app.proxy.shape import Chunk
-from app.proxy.sse import SSEParser
+from app.proxy.sse import SSEParser, line_ends_before
 
 DONE = b"[DONE]"
 USAGE_ONLY = b'"choices":[]'  # the include_usage chunk (and only it, in compact JSON)
@@ -130,7 +130,9 @@ def drop_usage_events(events: bytes, route: str) -> bytes:
         raws = [ev.raw for ev in SSEParser(emit_all=True).feed(events)]
     else:
         raws = [p + _EVENT_END for p in events.split(_EVENT_END)[:-1]]
-    return b"".join([raw for raw in raws if USAGE_ONLY not in raw or not _usage_only(raw, route)])
+    return b"".join([raw if USAGE_ONLY not in raw or not _usage_only(raw, route) else line_ends_before(raw)
+                     for raw in raws])
+
 
 
 # a chunk's usage member in compact JSON: counts and at most one level of nested counts

@@ -142,3 +142,9 @@ class WholeEvents:
             self.plain = False
             data, self.held = self.held + data, b""
         return b"".join([ev.raw for ev in self._parser.feed(data)])
+
+
+def line_ends_before(raw: bytes) -> bytes:
+    """The line ends a parsed event's raw bytes start with, which are not the event's: the LF of a
+    CR LF whose CR ended the previous read, or blank lines. Dropping an event keeps them."""
+    return raw[:len(raw) - len(raw.lstrip(b"\r\n"))]
