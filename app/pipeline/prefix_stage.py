@@ -394,8 +394,8 @@ class PrefixStage:
         """The tracker's `price` for this request: its break's recomputed blocks -> the bill, with
         the serving replica's prefill model as it stands (solved only when a break is billed)."""
         def price(blocks: int) -> BreakBill:
-            fit = self.metrics.prefill_models.snapshot().get(replica, (0.0, None))[1]
-            return price_break(blocks, block_size, prompt_tokens, cached_tokens, fit)
+            return price_break(blocks, block_size, prompt_tokens, cached_tokens,
+                               self.metrics.prefill_models.fit_of(replica))
         return price
 
 

@@ -113,12 +113,15 @@ class Forwarder:
                 if resp.status < 400:
                     router.on_routed(request, decision)
                 if mode == "stream" and resp.status == 200:
-                    collect_text = int(ctx.body.get("n") or 1) == 1
-                    migrator = Migrator(self, ctx, request, body, headers, method, path, tried) \
-                        if self.may_continue(ctx) else None
-                    observer = RecordingObserver(ctx.dialect.stream_shape(), clock, drop_usage, collect_text,
-                                                 strip_chunk_usage=not client_wants_chunk_usage(ctx.body)) \
-                        if migrator else StreamObserver(ctx.dialect.stream_shape(), clock, drop_usage, collect_text)
+                    shape, collect_text = ctx.dialect.stream_shape(), int(ctx.body.get("n") or 1) == 1
+                    migrator: Migrator | None = None
+                    observer: StreamObserver
+                    if self.may_continue(ctx):
+                        migrator = Migrator(self, ctx, request, body, headers, method, path, tried)
+                        observer = RecordingObserver(shape, clock, drop_usage, collect_text,
+                                                     strip_chunk_usage=not client_wants_chunk_usage(ctx.body))
+                    else:
+                        observer = StreamObserver(shape, clock, drop_usage, collect_text)
                     await relay_stream(ctx, resp, first, send, observer, migrator)
                 elif mode == "raw":
                     await relay_raw(ctx, resp, first, send)

@@ -113,8 +113,8 @@ class StreamObserver:
             raw = self._take_metrics(ev.raw) if not chunk.generated and METRICS_KEY in ev.data else ev.raw
             if not (self.drop_usage and chunk.usage_only):
                 kept.append(raw)
-            elif raw[:1] in (b"\r", b"\n"):
-                kept.append(line_ends_before(raw))  # not the dropped event's bytes
+            else:
+                kept.append(line_ends_before(raw))  # not the dropped event's bytes (usually none)
         if go_fast:
             self.framer = WholeEvents(self.parser.pending())
         return kept[0] if len(kept) == 1 else b"".join(kept)

@@ -134,7 +134,6 @@ def drop_usage_events(events: bytes, route: str) -> bytes:
                      for raw in raws])
 
 
-
 # a chunk's usage member in compact JSON: counts and at most one level of nested counts
 # (`prompt_tokens_details`); usage holds no strings but its keys, so no brace hides in one
 _CHUNK_USAGE = re.compile(rb',"usage":\{(?:[^{}]|\{[^{}]*\})*\}')
