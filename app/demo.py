@@ -33,6 +33,8 @@ BUCKET_ORDER = [label for label, _ in PROMPT_BUCKETS] + [PROMPT_BUCKET_MAX, "unk
 STABLE_SYSTEM = ("You are the support assistant of Acme Corp. Answer briefly and politely. "
                  "Policies follow. " + " ".join(f"Policy {i}: refunds within {i % 30 + 1} days of purchase "
                                                 f"for product line {i}." for i in range(120)))
+HELPDESK_SYSTEM = ("You are Initech's IT helpdesk. Ask for the asset tag first. " + " ".join(
+    f"Step {i}: for printer model {i}, restart the spooler and wait {i % 7 + 1} minutes." for i in range(120)))
 CLOCK_SYSTEM_TAIL = ("You are Globex's scheduling assistant. " + " ".join(
     f"Rule {i}: meetings in room {i} need {i % 5 + 1} attendees." for i in range(120)))
 QUESTIONS = ["How do refunds work?", "Can I return a gift?", "What about damaged items?",
@@ -153,6 +155,25 @@ def format_bill(hygiene: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_configured_cost(hygiene: dict[str, Any] | None, prefill_tps: float, cached_tps: float,
+                           time_scale: float) -> list[str]:
+    """What a break costs by the simulated replicas' own configuration, to hold the fitted models'
+    bill against: a recomputed token is computed at `prefill_tps` instead of read at `cached_tps`,
+    in wall seconds at `time_scale` (the simulator's batching and chunking make a real step
+    longer: this is the floor)."""
+    per_token = (1.0 / prefill_tps - (1.0 / cached_tps if cached_tps > 0 else 0.0)) * time_scale
+    lines = [f"  (the simulated replicas compute {prefill_tps:,.0f} prompt tokens/s and read cached ones at "
+             f"{cached_tps:,.0f}/s, time scale {time_scale:g}: a recomputed token costs them "
+             f"{1000 * per_token:.3f} ms)"]
+    for t in (hygiene or {}).get("tenants", []):
+        for cause, b in sorted((t.get("bill") or {}).items()):
+            if b.get("breaks"):
+                per_break = b.get("tokens", 0) / b["breaks"] * per_token
+                lines.append(f"  by that configuration one {t.get('tenant', '?')} {cause} break costs "
+                             f"{1000 * per_break:.0f} ms of prefill")
+    return lines
+
+
 async def _chat(client: httpx.AsyncClient, tenant: str, messages: list[dict[str, str]], max_tokens: int = 12) -> str:
     body = {"model": "sim", "messages": messages, "max_tokens": max_tokens, "stream": True}
     text = []
@@ -170,7 +191,7 @@ async def run_workload(base_url: str, rounds: int = 6) -> int:
     """The multi-tenant workload; returns the number of requests sent."""
     sent = 0
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
-        history: list[dict[str, str]] = [{"role": "system", "content": STABLE_SYSTEM}]
+        history: list[dict[str, str]] = [{"role": "system", "content": HELPDESK_SYSTEM}]
         for i in range(rounds):
             now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
             clock_system = f"Current time: {now}\n{CLOCK_SYSTEM_TAIL}"
@@ -194,7 +215,7 @@ async def run_workload(base_url: str, rounds: int = 6) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="proxy port (default: a free port)")
-    parser.add_argument("--rounds", type=int, default=6, help="workload rounds (4-5 requests each)")
+    parser.add_argument("--rounds", type=int, default=10, help="workload rounds (4-5 requests each)")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="simulator time scale (0 = no simulated delays)")
     parser.add_argument("--once", action="store_true", help="exit after the report (for tests and CI)")
@@ -222,6 +243,9 @@ def run(args: argparse.Namespace) -> int:
         metrics_text = httpx.get(url + "/metrics").text
         hygiene = _get_json(url + "/hygiene/tenants")
         print(format_report(ttft_by_bucket(metrics_text), hygiene, ledger_by_bucket(metrics_text)))
+        if hygiene is not None and args.time_scale > 0:
+            print("\n".join(format_configured_cost(hygiene, sim.options.prefill_tps, sim.options.cached_tps,
+                                                    args.time_scale)))
         print("\nEndpoints:")
         for path, what in (("/v1/chat/completions", "OpenAI API (point your client here)"),
                            ("/metrics", "Prometheus metrics"), ("/hygiene/tenants", "per-tenant continuity"),

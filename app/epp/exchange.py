@@ -298,6 +298,7 @@ class Exchange:
             self.services.router.on_routed(request, decision)
         if self.hold is not None:
             self.hold.prefill_done()
+            self.ctx.result.prefilled_beside(self.hold.shared_prefill_tokens)
 
     def _backend(self) -> str:
         return self.active.replica.name if self.active else "?"

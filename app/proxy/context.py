@@ -125,6 +125,7 @@ class Outcome:
     content_chunks: int = 0  # chunks that carried generated text (the clock's count, step 9)
     ttft_parts: dict[str, float] | None = None  # where a stream's TTFT went (app/proxy/ledger.py)
     engine_prefill_s: float | None = None  # the engine's own prefill time (vLLM per-request metrics), streamed or not
+    shared_prefill_tokens: int | None = None  # others' predicted prefill beside this one's (app/routing/load.py)
 
     def answered(self, status: int) -> None:
         """The upstream's status line (or the data plane's response headers) arrived."""
@@ -166,6 +167,11 @@ class Outcome:
     def ledgered(self, parts: dict[str, float] | None) -> None:
         """The stream's TTFT split into its measured parts (absent parts were not measured)."""
         self.ttft_parts = parts
+
+    def prefilled_beside(self, tokens: int) -> None:
+        """The first byte came; `tokens`: the other requests' predicted prefill tokens on the same
+        replica whose wait for a first byte overlapped this one's."""
+        self.shared_prefill_tokens = tokens
 
     def engine_timed(self, timing: EngineTiming | None) -> None:
         """The engine's own report of this request (None: it sent none)."""

@@ -108,6 +108,7 @@ class Forwarder:
                     first = await self.upstream.first_chunk(replica, resp)
                     clock.first_byte(time.perf_counter())  # before routing callbacks run
                 hold.prefill_done()  # a queued request may take its place
+                ctx.result.prefilled_beside(hold.shared_prefill_tokens)
                 committed = True
                 self.health.mark_success(replica)
                 if resp.status < 400:

@@ -74,7 +74,8 @@ def record_request(metrics: Metrics, ctx: RequestContext, clock: StreamClock) ->
         child(metrics.ttft_part, part, prompt_bucket(prompt_tokens), route).observe(seconds)
     cached = ctx.engine_cached_tokens
     if "prefill" in parts and isinstance(prompt_tokens, int) and isinstance(cached, int) and 0 <= cached <= prompt_tokens:
-        metrics.prefill_models.add(backend, prompt_tokens - cached, cached, parts["prefill"])
+        metrics.prefill_models.add(backend, prompt_tokens - cached, cached, parts["prefill"],
+                                   ctx.result.shared_prefill_tokens or 0)
     engine_prefill = ctx.result.engine_prefill_s
     if engine_prefill is not None:
         child(metrics.tenant_prefill_seconds, metrics.tenant_label(ctx.tenant)).inc(engine_prefill)

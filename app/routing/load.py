@@ -8,6 +8,12 @@ one `hold` when it is routed there, gives its queued prefill back at its first b
 sets `prefixgate_backend_inflight` and calls `on_lighter` (the admission queue's `kick`) once,
 whichever data plane carried the bytes: `serve`'s forward (app/proxy/forward.py) or the EPP's
 ext_proc exchange (app/epp/exchange.py).
+
+It also keeps, per replica, the holds still waiting for their first byte, so each hold knows the
+predicted prefill tokens of the other requests whose prefill overlapped its own
+(`shared_prefill_tokens`): an engine step computes every scheduled request's prompt tokens, so a
+request prefilled beside a long one takes the long one's time too. The prefill model
+(app/telemetry/prefill_model.py) takes that term apart from the request's own cost.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class ReplicaLoad:
     def __init__(self, metrics: Metrics, on_lighter: Callable[[], None] | None = None) -> None:
         self.metrics = metrics
         self.on_lighter = on_lighter  # a replica's load went down (the admission queue re-checks)
+        self._prefilling: dict[str, set[LoadHold]] = {}  # per replica: holds before their first byte
 
     def hold(self, decision: RouteDecision) -> LoadHold:
         """`decision`'s replica now holds the request: one routing decision counted, one more in
@@ -47,7 +54,20 @@ class ReplicaLoad:
         long_queued = queued if decision.lane == LONG else 0
         replica.queued_prompt_tokens += queued
         replica.queued_long_tokens += long_queued
-        return LoadHold(self, replica, queued, long_queued)
+        hold = LoadHold(self, replica, queued, long_queued)
+        prefilling = self._prefilling.setdefault(replica.name, set())
+        for other in prefilling:  # their prefill and this one overlap: each counts the other's
+            other.shared_prefill_tokens += queued
+            hold.shared_prefill_tokens += other.queued
+        prefilling.add(hold)
+        return hold
+
+    def _prefilled(self, hold: LoadHold) -> None:
+        prefilling = self._prefilling.get(hold.replica.name)
+        if prefilling is not None:
+            prefilling.discard(hold)
+            if not prefilling:
+                del self._prefilling[hold.replica.name]
 
     def _lighter(self) -> None:
         if self.on_lighter is not None:
@@ -57,7 +77,7 @@ class ReplicaLoad:
 class LoadHold:
     """One request's load on one replica, given back once: `prefill_done`, then `release`."""
 
-    __slots__ = ("load", "replica", "queued", "long_queued", "released")
+    __slots__ = ("load", "replica", "queued", "long_queued", "released", "shared_prefill_tokens")
 
     def __init__(self, load: ReplicaLoad, replica: Replica, queued: int, long_queued: int) -> None:
         self.load = load
@@ -65,8 +85,12 @@ class LoadHold:
         self.queued = queued
         self.long_queued = long_queued
         self.released = False
+        # the predicted prefill tokens of other requests on this replica whose wait for a first
+        # byte overlapped this one's (final once `prefill_done` or `release` ran)
+        self.shared_prefill_tokens = 0
 
     def _unqueue(self) -> None:
+        self.load._prefilled(self)
         self.replica.queued_prompt_tokens -= self.queued
         self.replica.queued_long_tokens -= self.long_queued
         self.queued = self.long_queued = 0

@@ -3,11 +3,22 @@
 The seed-002 form: prefill seconds = fixed + per_new x new + per_cached x cached +
 attention x new x cached, where `new` are the prompt tokens the engine computed (prompt - cached)
 and `cached` the tokens it read from its prefix cache. The attention term is the new tokens
-attending to the cached context. Fitted by least squares over exponentially forgotten normal
+attending to the cached context.
+
+One more term keeps batching out of those coefficients: an engine step computes the prompt tokens
+of every request it schedules, so a short request prefilled beside a long one reports the long
+one's time too. `shared` are the other requests' predicted prefill tokens whose wait for a first
+byte overlapped this one's on the same replica (app/routing/load.py); its coefficient absorbs
+that, and every estimate (`predict`) is of a request prefilled alone (shared = 0). It is an
+approximation (an overlapping request may have been queued, or only partly in the same steps), so
+its coefficient is a share of the cold per-token cost, never reported as a rate.
+
+Fitted by least squares over exponentially forgotten normal
 equations (`forget` < 1 keeps ~1/(1-forget) recent samples' weight), solved on demand; the
-features are in kilo-tokens so the 4x4 system stays well conditioned. Until the cached columns
+features are in kilo-tokens and the system is solved standardised (`_solve`). Until the cached columns
 are identifiable (fewer than two samples with cached tokens) only fixed + per-new is fitted and
-the attention coefficient is unknown (None), never a guess. Pure: no clock, no I/O.
+the attention coefficient is unknown (None), never a guess; the shared term likewise joins
+once two samples overlapped another request's prefill. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -17,7 +28,7 @@ from dataclasses import dataclass
 
 K = 1000.0  # feature unit: kilo-tokens
 MIN_SAMPLES = 8  # fewer: no estimate at all
-PIVOT_EPS = 1e-9  # relative pivot below which a system is taken as singular
+UNEXPLAINED_MIN = 1e-4  # a standardised column at most this unexplained by the others: not identifiable
 DEFAULT_FORGET = 0.999
 
 
@@ -28,6 +39,7 @@ class PrefillFit:
     per_cached_token_s: float | None  # None: not identifiable yet
     attention_s: float | None  # seconds per (new token x cached token); None: not identifiable yet
     samples: float  # the (forgotten) weight behind the fit
+    per_shared_token_s: float | None = None  # seconds per token prefilled beside; None: not fitted
 
     @property
     def cold_tokens_per_second(self) -> float | None:
@@ -43,60 +55,71 @@ class PrefillFit:
         return t
 
 
-def _features(new: int, cached: int) -> list[float]:
+FEATURES = 5  # fixed, new, cached, new x cached, shared
+COLD, CACHED, SHARED = (0, 1), (2, 3), (4,)  # the columns of each group
+
+
+def _features(new: int, cached: int, shared: int) -> list[float]:
     n, c = new / K, cached / K
-    return [1.0, n, c, n * c]
+    return [1.0, n, c, n * c, shared / K]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting; None when (near) singular."""
+    """The normal equations `a x = b`, solved on the standardised system (unit diagonal) by
+    elimination; None when a column is (nearly) a combination of the others: its pivot, the
+    share of it the columns before it leave unexplained, is at most UNEXPLAINED_MIN. Without
+    that test a near-collinear pair (cached = 16 on every cached sample makes new x cached track
+    cached) solves to huge opposite coefficients that predict nonsense away from the samples."""
     size = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    scale = max((abs(m[i][i]) for i in range(size)), default=0.0) or 1.0
+    if any(a[i][i] <= 0 for i in range(size)):
+        return None
+    d = [a[i][i] ** 0.5 for i in range(size)]
+    m = [[a[i][j] / (d[i] * d[j]) for j in range(size)] + [b[i] / d[i]] for i in range(size)]
     for col in range(size):
-        pivot = max(range(col, size), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) <= PIVOT_EPS * scale:
+        if m[col][col] <= UNEXPLAINED_MIN:
             return None
-        m[col], m[pivot] = m[pivot], m[col]
         for r in range(col + 1, size):
             f = m[r][col] / m[col][col]
             for k in range(col, size + 1):
                 m[r][k] -= f * m[col][k]
-    x = [0.0] * size
+    y = [0.0] * size
     for r in range(size - 1, -1, -1):
-        x[r] = (m[r][size] - sum(m[r][k] * x[k] for k in range(r + 1, size))) / m[r][r]
-    return x
+        y[r] = (m[r][size] - sum(m[r][k] * y[k] for k in range(r + 1, size))) / m[r][r]
+    return [y[i] / d[i] for i in range(size)]
 
 
 class PrefillModel:
     """One replica's online fit. `add` per observed request; `fit()` solves on demand."""
 
-    __slots__ = ("forget", "xtx", "xty", "weight", "cached_weight", "_fit", "_stale")
+    __slots__ = ("forget", "xtx", "xty", "weight", "cached_weight", "shared_weight", "_fit", "_stale")
 
     def __init__(self, forget: float = DEFAULT_FORGET) -> None:
         if not 0 < forget <= 1:
             raise ValueError("forget must be in (0, 1]")
         self.forget = forget
-        self.xtx = [[0.0] * 4 for _ in range(4)]
-        self.xty = [0.0] * 4
+        self.xtx = [[0.0] * FEATURES for _ in range(FEATURES)]
+        self.xty = [0.0] * FEATURES
         self.weight = 0.0
         self.cached_weight = 0.0  # weight of samples that read cached tokens
+        self.shared_weight = 0.0  # weight of samples prefilled beside other requests
         self._fit: PrefillFit | None = None  # `current()`'s solve, kept until the next sample
         self._stale = True
 
-    def add(self, new: int, cached: int, seconds: float) -> None:
-        """One request's engine prefill time with `new` computed and `cached` reused tokens."""
-        if new < 0 or cached < 0 or seconds < 0:
+    def add(self, new: int, cached: int, seconds: float, shared: int = 0) -> None:
+        """One request's engine prefill time with `new` computed and `cached` reused tokens,
+        `shared` other requests' prefill tokens beside it."""
+        if new < 0 or cached < 0 or seconds < 0 or shared < 0:
             return
-        x = _features(new, cached)
+        x = _features(new, cached, shared)
         lam = self.forget
-        for i in range(4):
+        for i in range(FEATURES):
             self.xty[i] = lam * self.xty[i] + x[i] * seconds
             row = self.xtx[i]
-            for j in range(4):
+            for j in range(FEATURES):
                 row[j] = lam * row[j] + x[i] * x[j]
         self.weight = lam * self.weight + 1.0
         self.cached_weight = lam * self.cached_weight + (1.0 if cached > 0 else 0.0)
+        self.shared_weight = lam * self.shared_weight + (1.0 if shared > 0 else 0.0)
         self._stale = True
 
     def current(self) -> PrefillFit | None:
@@ -108,16 +131,23 @@ class PrefillModel:
     def fit(self) -> PrefillFit | None:
         if self.weight < MIN_SAMPLES:
             return None
-        if self.cached_weight >= 2:  # cached samples: the full form, or nothing (a cold fit would be biased)
-            full = _solve(self.xtx, self.xty)
-            if full is None:
-                return None
-            a, b, c, d = full
-            return PrefillFit(a, b / K, c / K, d / (K * K), self.weight)
-        cold = _solve([row[:2] for row in self.xtx[:2]], self.xty[:2])
-        if cold is None:
+        cols = COLD + (CACHED if self.cached_weight >= 2 else ())  # cached samples: the full form,
+        # or nothing (a cold fit would be biased)
+        if self.shared_weight >= 2:
+            solved = self._solve(cols + SHARED)
+            if solved is not None:
+                return solved
+        return self._solve(cols)  # the shared term collinear with the rest: fitted without it
+
+    def _solve(self, cols: tuple[int, ...]) -> PrefillFit | None:
+        x = _solve([[self.xtx[i][j] for j in cols] for i in cols], [self.xty[i] for i in cols])
+        if x is None:
             return None
-        return PrefillFit(cold[0], cold[1] / K, None, None, self.weight)
+        coef = dict(zip(cols, x, strict=True))
+        cached = CACHED[0] in coef
+        return PrefillFit(coef[0], coef[1] / K, coef[2] / K if cached else None,
+                          coef[3] / (K * K) if cached else None, self.weight,
+                          coef[4] / K if SHARED[0] in coef else None)
 
 
 class PrefillModels:
@@ -130,18 +160,24 @@ class PrefillModels:
         self._reference: float | None = None  # `reference_per_token_s()`, kept until the next sample
         self._reference_stale = True
 
-    def add(self, replica: str, new: int, cached: int, seconds: float) -> None:
+    def add(self, replica: str, new: int, cached: int, seconds: float, shared: int = 0) -> None:
         with self._lock:
             model = self._models.get(replica)
             if model is None:
                 model = self._models[replica] = PrefillModel(self.forget)
-            model.add(new, cached, seconds)
+            model.add(new, cached, seconds, shared)
             self._reference_stale = True
 
     def snapshot(self) -> dict[str, tuple[float, PrefillFit | None]]:
         """Every replica's sample weight and current fit (None: not enough to fit yet)."""
         with self._lock:
             return {name: (model.weight, model.fit()) for name, model in self._models.items()}
+
+    def shared_samples(self, replica: str) -> float:
+        """The (forgotten) weight of `replica`'s samples prefilled beside other requests."""
+        with self._lock:
+            model = self._models.get(replica)
+            return model.shared_weight if model is not None else 0.0
 
     def fit_of(self, replica: str) -> PrefillFit | None:
         """`replica`'s current fit (None: too few samples, or none), solved at most once per sample:
