@@ -26,10 +26,14 @@ ERROR = json.dumps({"error": {"message": "request body too large", "type": "inva
 
 
 async def early_answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """413 without reading the body (as an app answers from the declared length); GET: 200."""
+    """413 without reading the body (as an app answers from the declared length); GET: 200 (BIG
+    bytes on /big)."""
     if scope["type"] != "http":
         return
-    status, body = (200, b"ok") if scope["method"] == "GET" else (413, ERROR)
+    if scope["method"] == "GET":
+        status, body = 200, (b"y" * BIG if scope["path"] == "/big" else b"ok")
+    else:
+        status, body = 413, ERROR
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]})
     await send({"type": "http.response.body", "body": body})
@@ -113,6 +117,15 @@ def test_keep_alive_connections_stay_open_and_serve_the_next_request() -> None:
                 got += chunk
             assert got.startswith(b"HTTP/1.1 200 ")
         assert len(server.server.server_state.connections) == 1
+
+
+def test_a_large_answer_on_a_closing_connection_arrives_whole_to_a_slow_reader() -> None:
+    """The half-close waits for the response bytes still buffered (the client reads late)."""
+    with ServerThread(early_answer) as server, socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        time.sleep(0.5)  # the server has closed (lingering) with most of the answer still buffered
+        got, error = _read_all(sock)
+    assert error == "" and got.endswith(b"\r\n\r\n" + b"y" * BIG), (error, len(got))
 
 
 class _LongLinger(LingeringAutoProtocol):
