@@ -3,12 +3,15 @@
 A server that answers before it has read what the client is still sending, then closes, had the
 kernel reset the connection and the client lost the response (ECONNRESET). These tests send a
 large body after a request the server answers at once, in both of uvicorn's HTTP/1.1 parsers, and
-through the gateway (the fuzz suite's finding: a Content-Length declaring half the body, a 413).
+through the gateway (the fuzz suite's finding: a Content-Length declaring half the body, a 413);
+then that keep-alive and large answers are unaffected, and that a linger ends at the client's
+close or its bound, so a SIGTERM drain still finishes.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -18,6 +21,7 @@ import pytest
 
 from app.lingering import LingeringAutoProtocol, LingeringH11Protocol
 from app.serving import ServerThread
+from tests.gateway_process import GatewayProcess
 
 BIG = 24 * 1024 * 1024  # more than loopback's socket buffers hold: still being sent when the server closes
 LIMIT = 262_144
@@ -136,13 +140,14 @@ class _ShortLinger(LingeringAutoProtocol):
     linger_s = 0.2
 
 
-def _answered_then_held(port: int) -> socket.socket:
+def _answered_then_held(port: int, path: bytes = b"/") -> socket.socket:
     """A connection-close request whose client sent a few bytes past it and read the answer and
     the server's FIN (its half-close) but keeps its own side open."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(b"POST / HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 1000000\r\n\r\n" + b"x" * 1000)
+    sock.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 1000000\r\n\r\n" % path
+                 + b"x" * 1000)
     got, error = _read_all(sock)  # returns at the server's FIN: it half-closed and still reads
-    assert error == "" and got.endswith(ERROR), (error, got[:200])
+    assert error == "" and got.startswith(b"HTTP/1.1 413 "), (error, got[:200])
     return sock
 
 
@@ -162,5 +167,20 @@ def test_the_linger_is_bounded_when_the_client_never_closes() -> None:
         sock = _answered_then_held(server.port)
         try:
             assert _wait_until(lambda: not connections), "the linger did not end on its own"
+        finally:
+            sock.close()
+
+
+def test_a_lingering_connection_does_not_hold_up_the_drain(sim: Any) -> None:
+    """`prefixgate serve` (a subprocess) with a client that got its 413 and never closes: SIGTERM
+    still ends in a clean exit, long before shutdown.grace_s (uvicorn waits for every open
+    connection, so an unbounded linger would hold the drain until its backstop)."""
+    config = {"backends": [{"url": sim.urls[0]}], "limits": {"max_body_bytes": LIMIT},
+              "shutdown": {"accept_s": 0.2, "grace_s": 600}}
+    with GatewayProcess(config) as gateway:
+        sock = _answered_then_held(gateway.port, b"/v1/completions")
+        try:
+            gateway.signal(signal.SIGTERM)
+            assert gateway.wait(60) == 0, gateway.log()
         finally:
             sock.close()
