@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import uvicorn
 
+from app.lingering import LingeringAutoProtocol
+
 log = logging.getLogger("prefixgate.serving")
 CUT_BACKSTOP_S = 10.0  # after the deadline's cut, uvicorn cancels whatever still has not ended
 
@@ -74,10 +76,12 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 def uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
-    """The production settings: uvloop + httptools when installed, no access log."""
+    """The production settings: uvloop + httptools when installed, lingering close
+    (app/lingering.py), no access log."""
     kwargs.setdefault("log_level", "warning")
     kwargs.setdefault("lifespan", "on")
-    return uvicorn.Config(app, host=host, port=port, loop="auto", http="auto",
+    kwargs.setdefault("http", LingeringAutoProtocol)
+    return uvicorn.Config(app, host=host, port=port, loop="auto",
                           access_log=False, timeout_keep_alive=75, **kwargs)
 
 
