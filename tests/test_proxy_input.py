@@ -8,8 +8,9 @@ import pytest
 from app.api.tenant import resolve_tenant, tenant_for_key
 from app.config import Tenants
 from app.dialects import BY_NAME
-from app.pipeline.body import client_wants_usage, forwarded_body, splice_members
+from app.pipeline.body import forwarded_body, splice_members
 from app.proxy.context import ProxyError
+from app.proxy.openai_shape import client_wants_usage
 
 
 def include_usage(raw: bytes, body: dict) -> bytes:

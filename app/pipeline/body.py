@@ -44,11 +44,6 @@ def splice_members(raw: bytes, members: Mapping[str, Any]) -> bytes | None:
     return b"".join((view[:close], added if empty else b"," + added, view[close:]))
 
 
-def client_wants_usage(body: Mapping[str, Any]) -> bool:
-    options = body.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
-
-
 def forwarded_body(raw: bytes, body: dict[str, Any], *, changed: bool, salt: str | None,
                    include_usage: bool, chunk_usage: bool = False) -> bytes:
     """The request bytes for the engine.

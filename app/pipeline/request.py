@@ -61,12 +61,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from app.admission.gate import rate_headers
-from app.pipeline.body import client_wants_usage, forwarded_body
+from app.pipeline.body import forwarded_body
 from app.pipeline.responses_stage import ResponseOwners, response_id_of_path
 from app.prefix.blocks import predicted_hit_tokens
 from app.proxy.clock import StreamClock
 from app.proxy.context import ProxyError, RequestContext
 from app.proxy.forward import Forwarder, Mode
+from app.proxy.openai_shape import client_wants_usage
 from app.proxy.record import record_request
 from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable, RouteRequest

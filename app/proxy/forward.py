@@ -18,8 +18,9 @@ import orjson
 
 from app.proxy.clock import StreamClock
 from app.proxy.context import RequestContext
-from app.proxy.migrate import Migrator, RecordingObserver, client_wants_chunk_usage
+from app.proxy.migrate import Migrator, RecordingObserver
 from app.proxy.observer import StreamObserver
+from app.proxy.openai_shape import client_wants_chunk_usage
 from app.proxy.relay import Response, relay_buffered, relay_raw, relay_stream
 from app.proxy.upstream import UpstreamError, let_go, upstream_headers
 from app.routing.base import NoReplicaAvailable, Replica, RouteRequest

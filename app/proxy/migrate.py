@@ -53,13 +53,6 @@ _DONE = b"[DONE]"
 _CHAT_EXTRA = ("reasoning", "reasoning_content")
 
 
-def client_wants_chunk_usage(body: dict[str, Any]) -> bool:
-    """The client asked for usage on every chunk itself (`continuous_usage_stats` with `include_usage`)."""
-    options = body.get("stream_options")
-    return (isinstance(options, dict) and bool(options.get("include_usage"))
-            and bool(options.get("continuous_usage_stats")))
-
-
 @dataclass
 class Partial:
     """What the client got of a broken stream."""

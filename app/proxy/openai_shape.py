@@ -16,6 +16,7 @@ content event fails `carries_generated`), and `fold` declines any batch that is 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -103,6 +104,21 @@ class OpenAIShape:
 
 
 SHAPES = {"chat": OpenAIShape("chat", chat=True), "completions": OpenAIShape("completions", chat=False)}
+
+
+def _stream_option(body: Mapping[str, Any], name: str) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get(name))
+
+
+def client_wants_usage(body: Mapping[str, Any]) -> bool:
+    """The client asked for the stream's usage event (`include_usage`)."""
+    return _stream_option(body, "include_usage")
+
+
+def client_wants_chunk_usage(body: Mapping[str, Any]) -> bool:
+    """The client asked for usage on every chunk itself (`continuous_usage_stats` with `include_usage`)."""
+    return client_wants_usage(body) and _stream_option(body, "continuous_usage_stats")
 
 
 def shape_for(route: str) -> OpenAIShape:
