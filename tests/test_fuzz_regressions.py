@@ -89,6 +89,19 @@ def test_messages_the_chat_template_cannot_render_are_a_400_from_the_simulator(p
     assert resp.json()["error"]["message"]
 
 
+def test_responses_tools_that_are_not_tool_objects_are_a_400_from_the_simulator(proxy_factory: Any, sim: Any) -> None:
+    """A Responses body whose `tools` nests lists ~250 deep passed the proxy (orjson serialises
+    254 levels) but the simulator echoed it inside the response object, deeper than that: a 500
+    (relayed as 502). vLLM's request model takes a list of tool objects and answers anything else
+    with a validation 400, and so does the simulator now (found at PREFIXGATE_FUZZ_EXAMPLES=1000)."""
+    proxy = proxy_factory(sim)
+    body = b'{"model": "sim", "input": "hi", "max_output_tokens": 2, "tools": ' + _nested(250) + b"}"
+    resp = httpx.post(proxy.url + "/v1/responses", content=body, headers={"content-type": "application/json"},
+                      timeout=30)
+    assert resp.status_code == 400, resp.text
+    assert "tools" in resp.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("prompt", [
     [-1, 5, 7],    # shorter than a block: hashed only once generated tokens filled the block, inside the engine loop
     [-3] * 20,     # a full block: hashed while the request was prepared

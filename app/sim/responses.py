@@ -51,6 +51,11 @@ class ResponsesStore:
             # the request model types it dict[str, str]: anything else is vLLM's validation 400
             raise ApiError(400, "[{'type': 'dict_type', 'loc': ('body', 'metadata'), "
                                 "'msg': 'Input should be a valid dictionary of strings'}]", "metadata")
+        tools = body.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            # a list of tool objects (a union of pydantic models): anything else is vLLM's validation 400
+            raise ApiError(400, "[{'type': 'model_type', 'loc': ('body', 'tools'), "
+                                "'msg': 'Input should be a list of valid tool objects'}]", "tools")
         previous = body.get("previous_response_id")
         history = None
         if isinstance(previous, str):
