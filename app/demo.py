@@ -239,6 +239,9 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.monotonic() + 10
         while app.openai.active and time.monotonic() < deadline:
             time.sleep(0.01)
+        if app.services.prefix is not None:  # the last turns' continuity and diagnosis, off the loop
+            assert proxy_server.loop is not None
+            asyncio.run_coroutine_threadsafe(app.services.prefix.drain(), proxy_server.loop).result(30)
         print(f"workload: {sent} streamed requests from 5 tenants in {time.perf_counter() - started:.1f} s")
         metrics_text = httpx.get(url + "/metrics").text
         hygiene = _get_json(url + "/hygiene/tenants")
