@@ -6,13 +6,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv demo test tools lint e2e e2e-sglang soak bench check-deploy sync-deploy clean
 
+# uv installs the dependencies in seconds where pip takes ~40 s on the 2-core box; pip is the
+# fallback when uv cannot be installed. xds-protos (prefixgate epp) bundles an older copy of
+# opentelemetry/proto/*: the real opentelemetry-proto is reinstalled over it, so tracing's OTLP
+# exporter finds the names it imports.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[test]'
-	# xds-protos (prefixgate epp) bundles an older copy of opentelemetry/proto/*: reinstall the
-	# real opentelemetry-proto over it, so tracing's OTLP exporter finds the names it imports
-	$(BIN)/pip install -q --force-reinstall --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
+	if $(BIN)/pip install -q uv; then \
+	  install="$(BIN)/uv pip install -q --python $(BIN)/python"; again="--reinstall"; \
+	else \
+	  $(BIN)/pip install -q -U pip; install="$(BIN)/pip install -q"; again="--force-reinstall"; \
+	fi; \
+	$$install -e '.[test]' && \
+	$$install $$again --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 venv: $(STAMP)
