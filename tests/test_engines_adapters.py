@@ -14,6 +14,7 @@ from app.engines.sample import (
     CACHE_QUERIES,
     HIT_ALIGNMENT,
     KV_BLOCKS,
+    KV_RESERVED_BLOCKS,
     KV_USAGE,
     PROMPT_TOKENS,
     RUNNING,
@@ -88,6 +89,7 @@ def test_vllm_data_parallel_engines_are_summed() -> None:
     assert sample.gauges[KV_USAGE] == pytest.approx(0.3)
     assert sample.counters[CACHE_QUERIES] == 150
     assert sample.gauges[KV_BLOCKS] == 2000
+    assert sample.gauges[KV_RESERVED_BLOCKS] == 2  # each engine's pool keeps its null block
 
 
 def real_sglang(name: str):

@@ -35,6 +35,7 @@ KV_USAGE = "kv_usage"  # 0..1
 BLOCK_SIZE = "block_size"  # engine block / page size, tokens
 HIT_ALIGNMENT = "hit_alignment"  # tokens a cache hit is a multiple of (vLLM cache_hit_alignment_tokens)
 KV_BLOCKS = "kv_blocks"  # KV capacity in engine blocks
+KV_RESERVED_BLOCKS = "kv_reserved_blocks"  # of those, never cached (vLLM: one null block per engine)
 SPEC_ACCEPT_LENGTH = "spec_accept_length"  # SGLang's own windowed gauge
 
 PROCESS_START = "process_start_time_seconds"  # the default prometheus_client process collector

@@ -9,8 +9,9 @@ then falls back to its own in-flight counts) and keeps the windowed figures with
 
 The scraper also teaches the rest of the proxy the engine's real geometry: `Replica.block_size`
 becomes the token granularity cache hits land on (vLLM `cache_hit_alignment_tokens`, else the
-block size; SGLang the page size) and `Replica.kv_blocks` the KV capacity in those units, unless
-the backend's config pinned them.
+block size; SGLang the page size) and `Replica.kv_blocks` the blocks the engine can cache, in
+those units (vLLM: num_gpu_blocks less each pool's null block), unless the backend's config pinned
+them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from app.engines.sample import (
     CACHE_QUERIES,
     HIT_ALIGNMENT,
     KV_BLOCKS,
+    KV_RESERVED_BLOCKS,
     KV_USAGE,
     PROMPT_TOKENS,
     RUNNING,
@@ -338,7 +340,8 @@ class EngineScraper:
             replica.block_size = unit
         engine_blocks, engine_block = _int(sample.gauges.get(KV_BLOCKS)), _int(sample.gauges.get(BLOCK_SIZE))
         if track.pinned_kv_blocks is None and engine_blocks and engine_block and replica.block_size:
-            replica.kv_blocks = engine_blocks * engine_block // replica.block_size
+            cacheable = engine_blocks - (_int(sample.gauges.get(KV_RESERVED_BLOCKS)) or 0)
+            replica.kv_blocks = cacheable * engine_block // replica.block_size
         replica.engine_waiting = sample.gauges.get(WAITING)
         replica.engine_running = sample.gauges.get(RUNNING)
         replica.engine_kv_usage = sample.gauges.get(KV_USAGE)

@@ -14,6 +14,7 @@ from app.engines.sample import (
     CACHE_QUERIES,
     HIT_ALIGNMENT,
     KV_BLOCKS,
+    KV_RESERVED_BLOCKS,
     KV_USAGE,
     PROCESS_START,
     PROMPT_TOKENS,
@@ -51,15 +52,14 @@ def _first_total(samples: Samples, names: tuple[str, ...]) -> float | None:
     return None
 
 
-def _kv_capacity(samples: Samples) -> int | None:
-    """num_gpu_blocks summed over data-parallel engines (each has its own pool)."""
-    rows = samples.get(CACHE_CONFIG_INFO) or []
+def _kv_pools(samples: Samples) -> dict[str, int]:
+    """num_gpu_blocks per data-parallel engine (each has its own pool)."""
     per_engine: dict[str, int] = {}
-    for labels, _ in rows:
+    for labels, _ in samples.get(CACHE_CONFIG_INFO) or []:
         blocks = parse_int(labels.get("num_gpu_blocks"))
         if blocks is not None:
             per_engine[labels.get("engine", "0")] = blocks
-    return sum(per_engine.values()) if per_engine else None
+    return per_engine
 
 
 def adapt(samples: Samples) -> EngineSample:
@@ -81,7 +81,11 @@ def adapt(samples: Samples) -> EngineSample:
                  or parse_int(config.get("hash_block_size")) or block_size)
     put(gauges, BLOCK_SIZE, block_size)
     put(gauges, HIT_ALIGNMENT, alignment)
-    put(gauges, KV_BLOCKS, _kv_capacity(samples))
+    pools = _kv_pools(samples)
+    if pools:
+        put(gauges, KV_BLOCKS, sum(pools.values()))
+        # each pool's block 0 is vLLM's null block (BlockPool): never handed out, never cached
+        put(gauges, KV_RESERVED_BLOCKS, len(pools))
 
     algo = config.get("prefix_caching_hash_algo")
     return EngineSample(
