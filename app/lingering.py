@@ -25,12 +25,27 @@ LINGER_S = 2.0  # bounds a linger in time: a drain's shutdown waits at most this
 LINGER_MAX_BYTES = 64 * 1024 * 1024  # ... and in bytes read and dropped (none are kept)
 
 
+def _nothing(*_: Any) -> None:
+    return None
+
+
+def _yes() -> bool:
+    return True
+
+
 class LingeringTransport:
     """The connection's transport as uvicorn's protocol sees it: `close()` lingers (see the module
-    docstring); everything else goes to the real transport."""
+    docstring); everything else goes to the real transport. The calls uvicorn makes per response
+    (`write`, `is_closing`, flow control) are the real transport's bound methods, set on the
+    instance, so the hot path costs no Python frame; a linger swaps them for its own."""
 
     def __init__(self, transport: asyncio.Transport, seconds: float, max_bytes: int) -> None:
         self._transport = transport
+        self.write = transport.write
+        self.is_closing = transport.is_closing
+        self.pause_reading = transport.pause_reading
+        self.resume_reading = transport.resume_reading
+        self.get_extra_info = transport.get_extra_info
         self._seconds = seconds
         self._max_bytes = max_bytes
         self._timer: asyncio.TimerHandle | None = None
@@ -42,9 +57,6 @@ class LingeringTransport:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
-    def is_closing(self) -> bool:
-        return self.lingering or self._transport.is_closing()
-
     def close(self) -> None:
         if self.lingering:
             return
@@ -53,6 +65,9 @@ class LingeringTransport:
             real.close()  # (TLS cannot half-close: it closes as before)
             return
         self.lingering = True
+        self.is_closing = _yes
+        self.write = _nothing  # after write_eof the real transport would raise; a closed one drops
+        self.pause_reading = _nothing  # what arrives while lingering is dropped, never buffered
         real.write_eof()  # FIN once the response bytes are out; reading goes on
         real.resume_reading()  # uvicorn may have paused it while a request body was buffered
         self._timer = asyncio.get_running_loop().call_later(self._seconds, self.finish)
@@ -70,14 +85,6 @@ class LingeringTransport:
             self._timer.cancel()
             self._timer = None
         self._transport.close()
-
-    def write(self, data: bytes) -> None:
-        if not self.lingering:  # after write_eof the real transport would raise; a closed one drops
-            self._transport.write(data)
-
-    def pause_reading(self) -> None:
-        if not self.lingering:  # what arrives while lingering is dropped, never buffered
-            self._transport.pause_reading()
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._plain = True  # a WebSocket upgrade: its protocol reads the connection from now on
