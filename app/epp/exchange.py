@@ -29,6 +29,7 @@ served-endpoint metadata names a decision the router made and the accounting fol
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.api.errors import to_proxy_error
@@ -47,19 +48,49 @@ from app.routing.load import LoadHold
 if TYPE_CHECKING:
     from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+    from app.config import Settings
     from app.pipeline.request import RequestPipeline
+    from app.routing.base import Router
+    from app.routing.health import HealthChecker
+    from app.routing.load import ReplicaLoad
+    from app.routing.replicas import ReplicaSet
     from app.services import Services
+    from app.telemetry.metrics import Metrics
 
 MAX_BUFFERED_RESPONSE = 8 * 1024 * 1024  # a non-streamed answer parsed for usage, at most
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeParts:
+    """What every exchange works with, handed over once when the EPP is built (app/epp/server.py)
+    rather than looked up in `Services` while a stream runs."""
+
+    settings: Settings
+    pipeline: RequestPipeline  # the steps `serve` runs (app/pipeline/request.py)
+    replicas: ReplicaSet
+    router: Router
+    load: ReplicaLoad  # the one owner of the replicas' load counters
+    health: HealthChecker
+    metrics: Metrics
+
+    @classmethod
+    def of(cls, services: Services, pipeline: RequestPipeline) -> ExchangeParts:
+        return cls(services.settings, pipeline, services.replicas, services.router, services.load,
+                   services.health, services.metrics)
 
 
 class Exchange:
     """The state of one ext_proc stream. `handle` answers each message; `close` ends the request
     (idempotent), whatever the point the stream stopped at."""
 
-    def __init__(self, services: Services, pipeline: RequestPipeline) -> None:
-        self.services = services
-        self.pipeline = pipeline
+    def __init__(self, parts: ExchangeParts) -> None:
+        self.settings = parts.settings
+        self.pipeline = parts.pipeline
+        self.replicas = parts.replicas
+        self.router = parts.router
+        self.load = parts.load
+        self.health = parts.health
+        self.metrics = parts.metrics
         self.clock = StreamClock(Timings(arrival=time.perf_counter()))
         self.headers: dict[str, str] = {}
         self.dialect: Dialect = PASSTHROUGH  # the path's API, known at the request headers
@@ -112,7 +143,7 @@ class Exchange:
             return [protocol.streamed_body("request_body", body.body, body.end_of_stream)]
         if body.body:
             self.size += len(body.body)
-            limit = self.services.settings.limits.max_body_bytes
+            limit = self.settings.limits.max_body_bytes
             if self.size > limit:
                 return self._reject(ProxyError(413, f"request body exceeds the limit of {limit} bytes",
                                                code="request_too_large"))
@@ -125,7 +156,7 @@ class Exchange:
         raw = b"".join(self.parts)
         self.parts.clear()
         path = self.headers.get(":path", "").split("?", 1)[0]
-        settings = self.services.settings
+        settings = self.settings
         try:
             body = self.dialect.parse(raw)
             self.ctx = new_context(settings, request_id_from(self.headers), self.dialect, path, self.headers, body,
@@ -160,14 +191,14 @@ class Exchange:
         if self.subset is None:
             return frozenset()
         allowed = set(self.subset)
-        return frozenset(r.name for r in self.services.replicas.all()
+        return frozenset(r.name for r in self.replicas.all()
                          if protocol.endpoint_of(r.url) not in allowed)
 
     async def _pick(self, request: RouteRequest) -> None:
         """The primary and up to `routing.max_retries` fallbacks, each the router's own choice."""
-        router = self.services.router
+        router = self.router
         excluded = set(self._allowed())
-        for i in range(1 + max(0, self.services.settings.routing.max_retries)):
+        for i in range(1 + max(0, self.settings.routing.max_retries)):
             try:
                 decision = await router.choose(request, frozenset(excluded))
             except NoReplicaAvailable:
@@ -182,7 +213,7 @@ class Exchange:
         """`decision`'s replica now holds the request: the load owner's hold, as `serve`'s forward
         takes it (inflight, prefill backlog and its long-lane part, decision metric)."""
         self.active = decision
-        self.hold = self.services.load.hold(decision)
+        self.hold = self.load.hold(decision)
         if self.ctx is not None:
             self.ctx.decision = decision
             self.ctx.attempts += 1
@@ -200,7 +231,7 @@ class Exchange:
         try:
             pinned = await self.pipeline.responses.pin(response_id) if response_id is not None else None
             request = RouteRequest("passthrough", None, None, None, 0, pinned=pinned)
-            decision = await self.services.router.choose(request, self._allowed())
+            decision = await self.router.choose(request, self._allowed())
         except Exception as exc:
             if response_id is not None:
                 exc = self.pipeline.responses.unreachable(response_id, exc)
@@ -211,7 +242,7 @@ class Exchange:
         if self.ctx is not None:
             self.ctx.result.refused(err.status)
         else:
-            self.services.metrics.requests.labels(self.dialect.name, str(err.status)).inc()
+            self.metrics.requests.labels(self.dialect.name, str(err.status)).inc()
         request_id = self.ctx.request_id if self.ctx else request_id_from(self.headers)
         headers = [("x-request-id", request_id), *err.headers.items()]
         out = [protocol.immediate(err.status, self.dialect.error_body(err), headers)]
@@ -225,7 +256,7 @@ class Exchange:
             if self.passthrough:  # counted as serve counts it: by the status the replica answered
                 status = protocol.header_dict(msg.response_headers).get(":status", "")
                 if len(status) == 3 and status.isdigit():
-                    self.services.metrics.requests.labels("passthrough", status).inc()
+                    self.metrics.requests.labels("passthrough", status).inc()
             return [protocol.continue_headers("response_headers")]
         headers = protocol.header_dict(msg.response_headers)
         status = int(headers.get(":status", "200") or 200)
@@ -233,8 +264,8 @@ class Exchange:
         self._follow_served(protocol.served_endpoint(msg.metadata_context))
         replica = self.active.replica if self.active else None
         if status >= 500 and replica is not None:
-            self.services.health.mark_failure(replica, "status_5xx")
-            self.services.metrics.upstream_errors.labels(replica.name, "status_5xx").inc()
+            self.health.mark_failure(replica, "status_5xx")
+            self.metrics.upstream_errors.labels(replica.name, "status_5xx").inc()
         if status != 200:
             self.observer = None
             self.buffered = None
@@ -255,8 +286,8 @@ class Exchange:
         for decision in self.decisions:
             if protocol.endpoint_of(decision.replica.url) == served:
                 failed = self.active.replica
-                self.services.health.mark_failure(failed, "connect")
-                self.services.metrics.upstream_errors.labels(failed.name, "connect").inc()
+                self.health.mark_failure(failed, "connect")
+                self.metrics.upstream_errors.labels(failed.name, "connect").inc()
                 self._release()
                 self.clock.attempt_failed(time.perf_counter())
                 self.clock.upstream_sent(time.perf_counter())
@@ -294,8 +325,8 @@ class Exchange:
         status = self.ctx.status or 200
         if status < 400:
             self.clock.first_byte(now)
-            self.services.health.mark_success(decision.replica)
-            self.services.router.on_routed(request, decision)
+            self.health.mark_success(decision.replica)
+            self.router.on_routed(request, decision)
         if self.hold is not None:
             self.hold.prefill_done()
             self.ctx.result.prefilled_beside(self.hold.shared_prefill_tokens)
@@ -326,10 +357,10 @@ class Exchange:
             observe_buffered(ctx, b"".join(self.buffered))
         ctx.result.settled()
         if ctx.upstream_failure is not None and self.active is not None:
-            self.services.metrics.upstream_errors.labels(self.active.replica.name, ctx.upstream_failure.kind).inc()
+            self.metrics.upstream_errors.labels(self.active.replica.name, ctx.upstream_failure.kind).inc()
         decision, request = self.active, self.request
         self._release()
         if decision is not None and request is not None and self.got_first:
-            self.services.router.on_finished(request, decision, ctx.outcome == "ok")
+            self.router.on_finished(request, decision, ctx.outcome == "ok")
         self.clock.end(time.perf_counter())
         self.pipeline.finish(ctx, self.clock)

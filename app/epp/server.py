@@ -22,7 +22,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from app.epp.exchange import Exchange
+from app.epp.exchange import Exchange, ExchangeParts
 from app.epp.protocol import EXT_PROC_SERVICE
 from app.epp.tls import key_pair
 from app.server import build_pipeline
@@ -40,13 +40,12 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
     """`Process`: one bidirectional stream per HTTP request, answered by an `Exchange`."""
 
     def __init__(self, services: Services) -> None:
-        self.services = services
-        self.pipeline = build_pipeline(services)
+        self.parts = ExchangeParts.of(services, build_pipeline(services))
         self.active = 0  # streams not yet closed (tests settle on 0)
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessingResponse]:
-        exchange = Exchange(self.services, self.pipeline)
+        exchange = Exchange(self.parts)
         self.active += 1
         try:
             async for message in request_iterator:
