@@ -319,7 +319,7 @@ class Metrics:
         self.tenant_prefill_seconds = Counter(
             "prefixgate_tenant_prefill_seconds_total",
             "The engine's own prefill seconds (the TTFT ledger's prefill part: vLLM "
-            "--enable-per-request-metrics) of each tenant's streamed requests. Requests without the "
+            "--enable-per-request-metrics) of each tenant's requests, streamed or not. Requests without the "
             "engine's report add nothing.", ["tenant"], registry=r)
 
         # --- the prefill model per replica, learned from the TTFT ledger (docs/ttft-ledger.md) ---

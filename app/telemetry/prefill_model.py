@@ -13,12 +13,12 @@ that, and every estimate (`predict`) is of a request prefilled alone (shared = 0
 approximation (an overlapping request may have been queued, or only partly in the same steps), so
 its coefficient is a share of the cold per-token cost, never reported as a rate.
 
-Fitted by least squares over exponentially forgotten normal
-equations (`forget` < 1 keeps ~1/(1-forget) recent samples' weight), solved on demand; the
-features are in kilo-tokens and the system is solved standardised (`_solve`). Until the cached columns
-are identifiable (fewer than two samples with cached tokens) only fixed + per-new is fitted and
-the attention coefficient is unknown (None), never a guess; the shared term likewise joins
-once two samples overlapped another request's prefill. Pure: no clock, no I/O.
+Fitted by least squares over exponentially forgotten normal equations (`forget` < 1 keeps
+~1/(1-forget) recent samples' weight), solved on demand; the features are in kilo-tokens and the
+system is solved standardised (`_solve`). Until the cached columns are identifiable (fewer than
+two samples with cached tokens) only fixed + per-new is fitted and the attention coefficient is
+unknown (None), never a guess; the shared term likewise joins once two samples overlapped another
+request's prefill. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -131,15 +131,16 @@ class PrefillModel:
     def fit(self) -> PrefillFit | None:
         if self.weight < MIN_SAMPLES:
             return None
-        cols = COLD + (CACHED if self.cached_weight >= 2 else ())  # cached samples: the full form,
-        # or nothing (a cold fit would be biased)
+        # cached samples: the full form, or nothing (a cold fit would be biased)
+        cols = COLD + (CACHED if self.cached_weight >= 2 else ())
         if self.shared_weight >= 2:
-            solved = self._solve(cols + SHARED)
+            solved = self._fit_columns(cols + SHARED)
             if solved is not None:
                 return solved
-        return self._solve(cols)  # the shared term collinear with the rest: fitted without it
+        return self._fit_columns(cols)  # the shared term collinear with the rest: fitted without it
 
-    def _solve(self, cols: tuple[int, ...]) -> PrefillFit | None:
+    def _fit_columns(self, cols: tuple[int, ...]) -> PrefillFit | None:
+        """The fit over the feature columns `cols` (None: they are not identifiable)."""
         x = _solve([[self.xtx[i][j] for j in cols] for i in cols], [self.xty[i] for i in cols])
         if x is None:
             return None
@@ -169,9 +170,10 @@ class PrefillModels:
             self._reference_stale = True
 
     def snapshot(self) -> dict[str, tuple[float, PrefillFit | None]]:
-        """Every replica's sample weight and current fit (None: not enough to fit yet)."""
+        """Every replica's sample weight and current fit (None: not enough to fit yet), each solved
+        at most once per sample (the scrape and the router share `current()`'s solve)."""
         with self._lock:
-            return {name: (model.weight, model.fit()) for name, model in self._models.items()}
+            return {name: (model.weight, model.current()) for name, model in self._models.items()}
 
     def shared_samples(self, replica: str) -> float:
         """The (forgotten) weight of `replica`'s samples prefilled beside other requests."""
