@@ -108,9 +108,20 @@ def moves(homes: dict[str, list[str]]) -> int:
 def two_pods(proxy_factory, sim, state: str, namespace: str = "pg") -> list:
     # blind_wait_ms 0: a pod routes a prompt it never tokenised without waiting for its chain, so
     # the warm-up can place the system prompt apart (with the default a Redis pod fingerprints it
-    # first and finds the other pod's placement: tests/test_routing_restart.py)
-    return [proxy_factory(sim, names=NAMES, state=state, routing={"policy": "prefix_affinity"},
-                          prefix={"blind_wait_ms": 0}, state_options={"namespace": namespace}) for _ in range(2)]
+    # first and finds the other pod's placement: tests/test_routing_restart.py).
+    # One engine scrape per pod, before any traffic, and none during it: a scrape that lands while
+    # the other pod's request waits in a replica's queue reports `waiting 1` there until the next
+    # scrape, a backlog the cost policy rightly weighs above a few blocks of prefix (a load
+    # override), which is not what these tests measure.
+    pods = [proxy_factory(sim, names=NAMES, state=state, routing={"policy": "prefix_affinity"},
+                          prefix={"blind_wait_ms": 0}, state_options={"namespace": namespace},
+                          scrape={"interval_s": 3600.0}) for _ in range(2)]
+    deadline = time.monotonic() + 10
+    for pod in pods:
+        while any(r.kv_blocks is None for r in pod.services.replicas.all()):  # the first scrape
+            assert time.monotonic() < deadline, "no engine scrape"
+            time.sleep(0.02)
+    return pods
 
 
 def test_alternating_turns_keep_affinity_with_redis_and_lose_it_with_memory(
