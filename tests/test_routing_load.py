@@ -66,3 +66,49 @@ def test_requests_prefilled_together_reach_the_prefill_model_as_shared(proxy_fac
         long.join()
     proxy.settle()
     assert models.shared_samples("sim-0") == pytest.approx(4, rel=0.01)  # both of each pair (forgetting)
+
+
+def test_a_request_finished_since_the_last_scrape_does_not_weigh_on_its_replica(proxy_factory, sim_factory) -> None:
+    """The engine's running count is read at a scrape and counts the gateway's own requests too;
+    the scorers count those live instead (Replica.engine_foreign). A scrape taken while one of
+    its requests decoded on r0, read after that request finished, leaves r0 as idle as r1: the
+    least-loaded pick spreads over both. Counted from the gauge, every pick went to r1 until the
+    next scrape."""
+    import asyncio
+
+    sim = sim_factory(replicas=2, time_scale=1.0, decode_tps=20.0)
+    proxy = proxy_factory(sim, names=["r0", "r1"], routing={"policy": "least_load"},
+                          scrape={"interval_s": 3600.0})  # one scrape now, the next one forced
+    replicas = [proxy.services.replicas.get(n) for n in ("r0", "r1")]
+    deadline = time.monotonic() + 20
+    while any(r is None or r.engine_running is None for r in replicas):  # the first scrape
+        assert time.monotonic() < deadline, "no engine scrape"
+        time.sleep(0.02)
+    client = OpenAI(base_url=proxy.base_url, api_key="x")
+
+    def scrape() -> None:
+        loop = proxy.server.loop
+        assert loop is not None
+        asyncio.run_coroutine_threadsafe(proxy.services.scraper.scrape_once(), loop).result(timeout=10)
+
+    raw = client.chat.completions.with_raw_response.create(
+        model="sim", max_tokens=30, stream=True, messages=[{"role": "user", "content": SHORT}])
+    busy = raw.headers["x-prefixgate-backend"]
+    chunks = iter(raw.parse())
+    next(chunks)  # decoding now (~1.5 s at 20 tok/s)
+    scrape()
+    for _ in chunks:
+        pass
+    replica = proxy.services.replicas.get(busy)
+    assert replica is not None
+    deadline = time.monotonic() + 10
+    while replica.inflight:  # released once the relay has finished
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert replica.engine_running == 1  # the gauge still says what the scrape saw
+    picked = set()
+    for i in range(8):
+        raw = client.chat.completions.with_raw_response.create(
+            model="sim", max_tokens=1, messages=[{"role": "user", "content": f"{SHORT} {i}"}])
+        picked.add(raw.headers["x-prefixgate-backend"])
+    assert picked == {"r0", "r1"}

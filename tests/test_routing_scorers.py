@@ -23,19 +23,25 @@ def test_uncached_prompt_follows_vllm_hit_formula():
     assert "4 of 100" in uncached_prompt(100, 10, 16).why
 
 
-def test_backlog_takes_engine_queue_when_it_says_more():
+def test_backlog_adds_the_engines_waiting_requests_that_are_not_this_gateways():
     r = Replica("a", "http://a", queued_prompt_tokens=1000)
     assert prefill_backlog(r, 2048).value == 1000
-    r.engine_waiting = 3
+    r.engine_waiting = 3  # scraped with none of this gateway's requests in flight: all others'
     s = prefill_backlog(r, 2048)
-    assert s.value == 3 * 2048 and "waiting in engine" in s.why
+    assert s.value == 1000 + 3 * 2048 and "3 others' waiting in engine" in s.why
+    r.engine_running, r.inflight_at_scrape = 1, 3  # 3 of its own then: 1 running, 2 of the waiting
+    assert prefill_backlog(r, 2048).value == 1000 + 1 * 2048
 
 
-def test_decode_load_uses_the_larger_of_inflight_and_engine_running():
+def test_decode_load_counts_its_own_live_and_the_engines_other_running_requests():
     r = Replica("a", "http://a", inflight=2)
     assert decode_load(r, 256).value == 512
-    r.engine_running = 5
-    assert decode_load(r, 256).value == 5 * 256
+    r.engine_running, r.inflight_at_scrape = 5, 2  # 2 of the 5 were this gateway's
+    assert decode_load(r, 256).value == (2 + 3) * 256
+    r.inflight = 0  # its own finished since the scrape: only the others' still count
+    assert decode_load(r, 256).value == 3 * 256
+    r.engine_running = 1  # the scrape saw only its own request, which has finished
+    assert decode_load(r, 256).value == 0
 
 
 def test_costs_prefer_resident_prefix_until_backlog_outweighs_it():

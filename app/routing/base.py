@@ -34,7 +34,19 @@ class Replica:
     engine_waiting: float | None = None
     engine_running: float | None = None
     engine_kv_usage: float | None = None
+    inflight_at_scrape: int = 0  # this gateway's `inflight` when engine_waiting/running were read
     models: frozenset[str] | None = None  # ids in its own /v1/models (health checker); None: unknown
+
+    def engine_foreign(self) -> tuple[float, float]:
+        """(running, waiting): the engine's requests at the last scrape that were not this
+        gateway's (its `inflight_at_scrape`, taken as running first). The scrape is up to an
+        interval old, so this gateway's own requests are counted live (`inflight`,
+        `queued_prompt_tokens`) instead: read from the gauges, a request that finished after the
+        scrape would weigh on the replica until the next one."""
+        running, waiting = self.engine_running or 0.0, self.engine_waiting or 0.0
+        own_running = min(float(self.inflight_at_scrape), running)
+        own_waiting = min(self.inflight_at_scrape - own_running, waiting)
+        return running - own_running, waiting - own_waiting
 
 
 @dataclass

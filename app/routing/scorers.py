@@ -7,9 +7,14 @@ them (llm-d's filters -> scorers -> picker shape, docs/routing.md); the lowest t
 
 - `uncached_prompt`: prompt tokens the replica would have to prefill (the engine's hit rule, docs/routing.md).
 - `prefill_backlog`: prompt tokens already routed there and not yet past their first token
-  (`replica.queued_prompt_tokens`, kept by the proxy), or the engine's own waiting queue when that
-  says more (other gateway pods share the replica).
-- `decode_load`: running decodes slow every prefill step (chunked prefill shares the batch).
+  (`replica.queued_prompt_tokens`, kept by the proxy), plus the engine's waiting requests that
+  are not this gateway's (other gateway pods share the replica: `Replica.engine_foreign`).
+- `decode_load`: running decodes slow every prefill step (chunked prefill shares the batch): this
+  gateway's in flight plus the engine's running requests that are not its own.
+
+This gateway's own requests are counted live, the others' from the last engine scrape: counted
+from the scrape, a request of its own that finished since would keep weighing on the replica for
+up to a scrape interval and push the next request away from its prefix.
 
 The first two are priced by `PrefillPrices` (app/routing/prefill_cost.py): with a replica's fitted
 prefill model, its work in reference tokens (a slower replica's token costs more); without one, the
@@ -76,12 +81,12 @@ def uncached_prompt(prompt_tokens: int, matched_blocks: int, block_size: int, we
 
 def prefill_backlog(replica: Replica, waiting_request_tokens: float, weight: float = 1.0, *,
                     prices: PrefillPrices = TOKEN_PRICES) -> Score:
+    """Prompt tokens queued ahead of a new request: this gateway's own (live) and, at
+    `waiting_request_tokens` each, the engine's waiting requests that are not this gateway's."""
     own = float(replica.queued_prompt_tokens)
-    engine = (replica.engine_waiting or 0.0) * waiting_request_tokens
-    if engine > own:
-        value, why = engine, f"{replica.engine_waiting:g} waiting in engine"
-    else:
-        value, why = own, f"{own:.0f} queued prompt tokens"
+    foreign = replica.engine_foreign()[1]
+    value = own + foreign * waiting_request_tokens
+    why = f"{own:.0f} queued prompt tokens" + (f" + {foreign:g} others' waiting in engine" if foreign else "")
     priced = prices.backlog(replica.name, value)
     if priced != value:
         why += f" (x{priced / value:.2f} at its fitted rate)"
@@ -89,7 +94,8 @@ def prefill_backlog(replica: Replica, waiting_request_tokens: float, weight: flo
 
 
 def decode_load(replica: Replica, tokens_per_running: float, weight: float = 1.0) -> Score:
-    running = max(float(replica.inflight), replica.engine_running or 0.0)
+    """This gateway's requests in flight (live) and the engine's running ones that are not its own."""
+    running = replica.inflight + replica.engine_foreign()[0]
     return Score("decode", weight * running * tokens_per_running, f"{running:g} running")
 
 
