@@ -53,7 +53,8 @@ def test_cold_long_prompts_go_to_the_faster_prefill_replica(fitted) -> None:
     assert rates["fast"] > 2 * rates["slow"]  # the models learned which replica is slower
     with httpx.Client(base_url=fitted.url, timeout=60) as client:
         backends = [stream_chat(client, f"long {i}: " + words(5000 + i, 2500)) for i in range(6)]
-    assert backends == ["fast"] * 6
+    fits = {n: fitted.services.metrics.prefill_models.fit_of(n) for n in NAMES}
+    assert backends == ["fast"] * 6, (fits, fitted.services.replicas.all())  # what priced them, if not
     # the short ones still spread: the slow replica is dearer by less than the cold slack
     with httpx.Client(base_url=fitted.url, timeout=60) as client:
         short = {stream_chat(client, f"short {i}: " + words(7000 + i, 40)) for i in range(12)}
