@@ -42,7 +42,7 @@ TEST_ENV := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/.tools/bin:$$PATH"
 test: venv tools
 	$(BIN)/ruff check -q app tests bench dashboards deploy
 	$(TEST_ENV) $(BIN)/python -m compileall -q -j 0 app tests
-	$(TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: venv
 	$(BIN)/ruff check app tests bench
