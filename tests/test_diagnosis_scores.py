@@ -35,7 +35,9 @@ FLOORS = {
     "heldout": (1.0, 1.0, 1.0),  # the first held-out split, tune side since heldout2 exists
     "tune2": (1.0, 1.0, 1.0),
 }
-# issue 29's goal on the held-out split (heldout2), measured once after the detector work: MEASURED
+# issue 29's goal on the held-out split (heldout2). Measured once, after the detector work on the tune
+# side (`bench/diagnosis.py --split heldout2`, 2026-12-03): accuracy 0.889, macro-F1 0.768, span
+# exact-match F1 0.766 -- neither goal is met (docs/diagnosis.md, *Scoring*).
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
@@ -72,15 +74,22 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms == 0, s.errors[:10]
 
 
-def test_heldout_span_f1_meets_the_goal_with_no_lookalike_alarm(heldout: Scores) -> None:
+def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
-    assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split: macro-F1 0.842 once the words and "
-                                       "the tool-line form only it uses were taken out of the detector (issue 28); strict, so it "
-                                       "turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout2: span exact-match F1 0.766 "
+                                       "(values in formats and after keys the detector was not developed on); "
+                                       "strict, so it turns red when the goal is reached and this mark must go")
+def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
+    assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
+
+
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout2: macro-F1 0.768 (flags after "
+                                       "keys no tune-side material uses, slash-command tool lists, compact ISO "
+                                       "timestamps read as edits); strict, so it turns red when the goal is "
+                                       "reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
