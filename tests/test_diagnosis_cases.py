@@ -123,6 +123,31 @@ def test_sliding_window_that_keeps_the_first_messages_is_a_front_trim(fpr, pinne
     assert causes(fpr, bodies) == ["front_trim"] * 4
 
 
+def test_sliding_window_that_keeps_an_agents_first_exchange_with_its_tool_calls_is_a_front_trim(fpr) -> None:
+    """The pinned first exchange of an agent is longer than two messages (the task, a tool call, its
+    result, the reply): the window still drops the turns after it, a front trim."""
+    call = {"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "billing.py"}'}}
+    first = [{"role": "user", "content": TASK}, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_0", "content": "def invoice(order):\n    return legacy(order)\n" * 4},
+             {"role": "assistant", "content": "The module calls the legacy API in one place."}]
+    later = agent_history(9)[1:]  # (reply, user message) pairs
+    later = [later[1], *later[2:]]  # start at a user message
+    bodies = [Gen.body(CODER, [*first, *later[:n]], None, None) if n == 5 else
+              Gen.body(CODER, [*first, *later[:n][-5:]], None, None) for n in (5, 7, 9, 11)]
+    assert causes(fpr, bodies) == ["front_trim"] * 3
+
+
+def test_a_compaction_that_leaves_too_little_to_be_a_break_is_still_a_compaction(fpr) -> None:
+    """Codex's shape kept short: the newest user message, then the summary. Less than a block's worth
+    of text follows the divergence, so it costs no reusable content, yet it is what it is: the
+    history was compacted (not a new conversation)."""
+    history = [*agent_history(4)[:-1], {"role": "user", "content": "Continue."}]
+    compacted = [history[-1], {"role": "user", "content": "Summary: invoices half migrated."}]
+    bodies = [Gen.body(CODER, history[:7], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, compacted, None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
 def test_the_first_user_message_edited_in_place_is_a_history_edit(fpr) -> None:
     """Nothing dropped: only the first message differs (not by a value) and the rest follow in place."""
     msgs = agent_history(3)
@@ -156,6 +181,8 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Nonce: {}", ["q8ZtR2mXw0Lp", "Hc41vNk9sTbE", "x7Yq0PaL2mWd"], "nonce"),
     ("Experiment group: {}", ["control", "treatment", "control"], "flag"),
     ("Variante: {}", ["A", "B", "A"], "flag"),
+    ("Gruppe: {}", ["Kontrolle", "Test", "Kontrolle"], "flag"),  # any two words after a flag key
+    ("dark_mode={}", ["on", "off", "on"], "flag"),
     ("Planning week: {}", ["2026-W15", "2026-W16", "2026-W17"], "week"),
     ("Aktuelle Kalenderwoche: KW {}", ["15", "16", "17"], "week"),
     ("Today is {}.", ["Tuesday", "Wednesday", "Thursday"], "date"),
@@ -190,6 +217,42 @@ def test_tools_listed_in_system_text_in_another_order(fpr) -> None:
     bodies = [body(f"{CODER}\nYou can call these tools:\n" + "\n".join(o), t)
               for o, t in zip(orders, conversation(3), strict=True)]
     assert causes(fpr, bodies) == ["tool_order", None]
+
+
+TAGGED_TOOLS = {
+    "tag-with-name": ['<tool name="orders.lookup">Find an order by number.</tool>',
+                      '<tool name="orders.cancel">Cancel an order that has not shipped.</tool>',
+                      '<tool name="returns.open">Open a return.</tool>',
+                      '<tool name="shipping.track">Tracking events of a parcel.</tool>'],
+    "self-closing-with-id": ['<command id="refund" args="order, amount"/>', '<command id="resend" args="order"/>',
+                             '<command id="address_change" args="order, address"/>', '<command id="note" args="text"/>'],
+    "tag-blocks": [f"<tool_description>\n<tool_name>{n}</tool_name>\n<description>{d}</description>\n</tool_description>"
+                   for n, d in (("lookup_order", "Find an order."), ("create_return", "Open a return."),
+                                ("track_shipment", "Track a parcel."), ("update_address", "Change the address."))],
+    "bold-names": ["- **lookup_order**: find an order by number", "- **create_return**: open a return",
+                   "- **track_shipment**: tracking events", "- **update_address**: change the address"],
+    "table-rows": ["| `lookup_order` | find an order |", "| `create_return` | open a return |",
+                   "| `track_shipment` | tracking events |", "| `update_address` | change the address |"],
+}
+
+
+@pytest.mark.parametrize("form", sorted(TAGGED_TOOLS))
+def test_tools_listed_in_system_text_as_tags_or_markdown_in_another_order(fpr, form: str) -> None:
+    """Whatever markup sets the tool's name apart (a tag's attribute, a tag of its own, bold, a table
+    cell), entries reordered in the system text are a tool reorder, also when an entry spans lines."""
+    entries = TAGGED_TOOLS[form]
+    orders = [entries, [entries[2], entries[0], entries[1], entries[3]], [entries[2], entries[0], entries[1], entries[3]]]
+    bodies = [body(f"{SYSTEM}\nTools:\n" + "\n".join(o) + "\nAnswer briefly.", t)
+              for o, t in zip(orders, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_rules_with_bold_headings_reordered_are_a_template_change(fpr) -> None:
+    rules = ["- **Tone**: friendly and precise, never pushy.", "- **Length**: at most three sentences per answer.",
+             "- **Returns**: accepted within 60 days for unused items.", "- **Escalation**: warranty disputes go to a human."]
+    convo = conversation(2)
+    bodies = [body(f"{SYSTEM}\n" + "\n".join(o), t) for o, t in zip([rules, rules[::-1]], convo, strict=True)]
+    assert causes(fpr, bodies) == ["template_change"]
 
 
 def test_tool_entries_swapped_whose_names_look_like_flags(fpr) -> None:

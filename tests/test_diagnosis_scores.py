@@ -1,11 +1,12 @@
 """Diagnosis accuracy on the committed corpora (bench/diagnosis.py scores them the same way and
 prints the tables), and the wall between the detector and the held-out split.
 
-The first corpus and the tune split are what the detector was developed against: their scores may
-rise, never fall below the floors. The held-out split is measured, not tuned for: its test asserts
-issue 20's goal (macro-F1 >= 0.95, span exact-match F1 >= 0.85), never the score it happens to
-reach, and a second test fails when a value or key that only the held-out pool uses enters the
-detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
+The tune side (the first corpus, `tune`, `tune2` and `heldout`, the first held-out split, which
+joined the tune side when `heldout2` was written) is what the detector is developed against: its
+scores may rise, never fall below the floors. The held-out split `heldout2` is measured, not tuned
+for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+score it happens to reach, and a further test fails when a value or key that only the held-out pool
+uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
 from __future__ import annotations
 
@@ -25,18 +26,22 @@ from material import POOLS  # noqa: E402
 from app.prefix import dynamic  # noqa: E402
 from app.prefix.fingerprint import Fingerprinter  # noqa: E402
 from app.prefix.tokens import SegmentTokenizer  # noqa: E402
-from bench.diagnosis import CORPORA, Scores, score  # noqa: E402
+from bench.diagnosis import CORPORA, HELDOUT, TUNE_SIDE, Scores, score  # noqa: E402
 
-# corpus -> (accuracy, macro-F1, span exact-match F1), as reached when these floors were set
+# tune-side corpus -> (accuracy, macro-F1, span exact-match F1), as reached when these floors were set
 FLOORS = {
     "old": (1.0, 1.0, 1.0),
     "tune": (1.0, 1.0, 1.0),
+    "heldout": (1.0, 1.0, 1.0),  # the first held-out split, tune side since heldout2 exists
+    "tune2": (1.0, 1.0, 1.0),
 }
-# issue 20's goal on the held-out split. Measured with the held-out-only words and tool-line form
-# removed (issue 28): accuracy 0.911, macro-F1 0.842, span exact-match F1 0.925 -- the macro-F1 goal
-# is not met.
-HELDOUT_GOAL_MACRO_F1 = 0.95
-HELDOUT_GOAL_SPAN_F1 = 0.85
+# issue 29's goal on the held-out split (heldout2). Measured once, after the detector work on the tune
+# side (`bench/diagnosis.py --split heldout2`, 2026-12-03): accuracy 0.889, macro-F1 0.768, span
+# exact-match F1 0.766 -- neither goal is met (docs/diagnosis.md, *Scoring*).
+HELDOUT_GOAL_MACRO_F1 = 0.97
+HELDOUT_GOAL_SPAN_F1 = 0.92
+# the pools whose material the detector may have been developed against
+TUNE_POOLS = ("tune", "heldout", "tune2")
 
 # the detector's word lists: every frozenset of words in app/prefix/dynamic.py, and the regexes
 # that recognise a key or a "now" cue by its words (the value-format patterns are not word lists)
@@ -52,7 +57,11 @@ def fpr() -> Fingerprinter:
 
 @pytest.fixture(scope="module")
 def heldout(fpr) -> Scores:
-    return score(CORPORA["heldout"], fpr)
+    return score(CORPORA[HELDOUT], fpr)
+
+
+def test_floors_cover_the_tune_side_and_not_the_heldout_split() -> None:
+    assert sorted(FLOORS) == sorted(TUNE_SIDE) and HELDOUT not in FLOORS
 
 
 @pytest.mark.parametrize("corpus", sorted(FLOORS))
@@ -65,15 +74,22 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms == 0, s.errors[:10]
 
 
-def test_heldout_span_f1_meets_the_goal_with_no_lookalike_alarm(heldout: Scores) -> None:
-    assert heldout.transitions >= 500
-    assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
+def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
+    assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split: macro-F1 0.842 once the words and "
-                                       "the tool-line form only it uses were taken out of the detector (issue 28); strict, so it "
-                                       "turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout2: span exact-match F1 0.766 "
+                                       "(values in formats and after keys the detector was not developed on); "
+                                       "strict, so it turns red when the goal is reached and this mark must go")
+def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
+    assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
+
+
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout2: macro-F1 0.768 (flags after "
+                                       "keys no tune-side material uses, slash-command tool lists, compact ISO "
+                                       "timestamps read as edits); strict, so it turns red when the goal is "
+                                       "reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -89,28 +105,36 @@ def _corpus_values(split: str) -> set[str]:
 
 
 def _tune_side_text() -> str:
-    """Everything the detector may have been developed against: the tune pool and both tune-side corpora."""
-    return "\n".join([json.dumps(POOLS["tune"], ensure_ascii=False), CORPORA["tune"].read_text(encoding="utf-8"),
-                      CORPORA["old"].read_text(encoding="utf-8")]).lower()
+    """Everything the detector may have been developed against: the tune-side pools and corpora."""
+    return "\n".join([json.dumps(POOLS[p], ensure_ascii=False) for p in TUNE_POOLS]
+                     + [CORPORA[c].read_text(encoding="utf-8") for c in TUNE_SIDE]).lower()
 
 
-def _recognised_by(word: str) -> list[str]:
-    """The word lists that recognise `word` (as a member, or as a key/cue their regexes match)."""
+def _recognised_by(word: str, tune_text: str) -> list[str]:
+    """The word lists that recognise `word` by something the tune side does not contain: as a
+    member, or as a key/cue their regexes match in it (`Sprintwoche` by `woche`, a part of the
+    tune pool's `Kalenderwoche`, is the detector generalising, not a held-out word in it)."""
     hits = [name for name, words in WORD_SETS.items() if word.lower() in words]
-    return hits + [name for name, pattern in KEY_PATTERNS.items() if pattern.search(word)]
+    return hits + [name for name, pattern in KEY_PATTERNS.items()
+                   if (m := pattern.search(word)) and m.group(0).lower() not in tune_text]
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    heldout_only = _corpus_values("heldout") - _corpus_values("tune") - _corpus_values("old")
-    words = {v for v in heldout_only if re.fullmatch(r"[^\W\d_]+", v)}  # flag values: on, off, test, ...
-    assert words, "the held-out corpus names no word values: the check below would prove nothing"
-    leaked = {v: _recognised_by(v) for v in words if _recognised_by(v)}
-    leaked |= {v: hits for v in heldout_only - words if (hits := [n for n, ws in WORD_SETS.items() if v in ws])}
-    # the keys: words of the held-out pool's dynamic lines that no tune-side material contains
+    """The held-out pool is `heldout2`: a value its labels name that no tune-side label names and
+    (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
+    the first user message's context block's) that no tune-side text contains, must not be
+    recognised by any word list of the detector."""
     tune_text = _tune_side_text()
-    key_words = {w.lower() for _, line, _ in sum(POOLS["heldout"]["dynamic"].values(), [])
-                 for w in re.findall(r"[^\W\d_]+", line.replace("{v}", " "))}
+    heldout_only = _corpus_values(HELDOUT) - set().union(*(_corpus_values(c) for c in TUNE_SIDE))
+    words = {v for v in heldout_only if re.fullmatch(r"[^\W\d_]+", v) and v not in tune_text}
+    assert {"canary", "regelbetrieb"} <= words, "the check below would not see the held-out pool's own flag values"
+    leaked = {v: hits for v in words if (hits := _recognised_by(v, tune_text))}
+    leaked |= {v: hits for v in heldout_only - words if (hits := [n for n, ws in WORD_SETS.items() if v in ws])
+               and v not in tune_text}
+    pool = POOLS[HELDOUT]
+    lines = [line for table in ("dynamic", "context_dynamic") for _, line, _ in sum(pool[table].values(), [])]
+    key_words = {w.lower() for line in lines for w in re.findall(r"[^\W\d_]+", line.replace("{v}", " "))}
     held_keys = {w for w in key_words if w not in tune_text}
-    assert {"buster", "gruppe"} <= held_keys  # the check sees the held-out pool's own keys
-    leaked |= {w: hits for w in held_keys if (hits := _recognised_by(w))}
+    assert {"idempotency", "ausspielung"} <= held_keys  # the check sees the held-out pool's own keys
+    leaked |= {w: hits for w in held_keys if (hits := _recognised_by(w, tune_text))}
     assert not leaked, f"held-out-only words in the detector's word lists: {leaked}"

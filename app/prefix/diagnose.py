@@ -56,6 +56,7 @@ CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "histor
 NOT_A_PROBLEM = frozenset({"new_session", "compaction"})
 COMPACTED_MIN_MESSAGES = 4  # a history this long before it, at least (one exchange is no context to compact)
 PINNED_MESSAGES = 2  # a front trim may keep this many first history messages (the task, its first reply)
+MAX_PINNED_EXCHANGE = 32  # ... or the whole first exchange (an agent's: its tool calls too), up to this long
 COMPACTED_SHARE = 0.5  # the history after a compaction holds at most this share of the text before
 ANCHOR_CHARS = 24
 MAX_ANCHORS = 160
@@ -67,11 +68,22 @@ KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that inc
 ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 # a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
 # `` `name`: ...``, `<function>{...}</function>` (Anthropic's legacy tool prompt; a case test has
-# it), `{"name": ...}`, `## name`. `<tool|command|mcp ...>` were removed: only the held-out
-# diagnosis pool uses such a form (docs/diagnosis.md, "How the split is kept apart").
+# it), `{"name": ...}`, `## name`
 TOOL_LINE = re.compile(
     r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
+# a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
+# with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name
+# (`<tool_name>x</tool_name>`), a bold, code or table-cell name (`**x**`, `` `x` ``, `| x |`). Outside
+# an attribute or code the name must read as an identifier (lower-case first, or with `_ . : /`
+# inside): `- **Tone**: friendly` is a rule with a bold heading, not a tool.
+_NAME = r"[A-Za-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*"
+_IDENT = r"(?:[a-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*|[A-Za-z][A-Za-z\d]*(?:[_.:/][A-Za-z\d][\w\-]*)+)"
+NAMED_LINE = re.compile(
+    rf"""^\s*(?:[-*•+>]|\d+[.)])?\s*(?:<[\w:\-]+\s[^>]*?\b(?:name|id)\s*=\s*["']?{_NAME}"""
+    rf"""|<([\w:\-]+)>\s*(?:`{_NAME}`|{_IDENT})\s*</\1>\s*$|\*\*(?:`{_NAME}`|{_IDENT})\*\*|`{_NAME}`"""
+    rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|)""")
+_SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 KEY_SIZE = 16
 # JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
 # with a name and one of these parameter-schema keys (OpenAI, Anthropic, MCP)
@@ -332,21 +344,33 @@ def _tools_span(sketch: RequestSketch) -> tuple[int, int] | None:
 def _front_trimmed(prev: RequestSketch, cur: RequestSketch) -> bool:
     pm = [k for k in prev.message_keys if not k.startswith(("system:", "developer:"))]
     cm = [k for k in cur.message_keys if not k.startswith(("system:", "developer:"))]
-    return trimmed(pm, cm)
+    return trimmed(pm, cm, first_exchange(pm))
 
 
-def trimmed(pm: list[str], cm: list[str]) -> bool:
+def trimmed(pm: list[str], cm: list[str], first_exchange: int = 0) -> bool:
     """Do the history keys `cm` continue `pm` with its first turns dropped or summarised, after at
     most PINNED_MESSAGES messages that stay (a sliding window that keeps the task: the first user
-    message, or the first exchange)? Not when only the first of the remaining messages differs and
-    all the others follow in place: that message was edited (a value in it changed), nothing was
-    dropped."""
-    for pinned in range(min(PINNED_MESSAGES, len(pm), len(cm)) + 1):
-        if pinned and pm[pinned - 1] != cm[pinned - 1]:
+    message, or the first exchange), or after the whole first exchange (`first_exchange` messages,
+    when the caller knows the roles: an agent's first exchange holds its tool calls and results)?
+    Not when only the first of the remaining messages differs and all the others follow in place:
+    that message was edited (a value in it changed), nothing was dropped."""
+    pins = list(range(min(PINNED_MESSAGES, len(pm), len(cm)) + 1))
+    if PINNED_MESSAGES < first_exchange <= min(MAX_PINNED_EXCHANGE, len(pm), len(cm)):
+        pins.append(first_exchange)
+    for pinned in pins:
+        if pm[:pinned] != cm[:pinned]:
             return False
         if _trimmed_front(pm[pinned:], cm[pinned:]):
             return True
     return False
+
+
+def first_exchange(keys: list[str]) -> int:
+    """How many history messages the first exchange holds, from message keys that name their role
+    (`user:…`, the sketch's): up to the second user message; 0 when there is none within
+    MAX_PINNED_EXCHANGE + 1 messages."""
+    users = [i for i, k in enumerate(keys[:MAX_PINNED_EXCHANGE + 1]) if k.startswith("user:")]
+    return users[1] if len(users) > 1 else 0
 
 
 def _trimmed_front(pm: list[str], cm: list[str]) -> bool:
@@ -431,8 +455,29 @@ def _lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     pw, cw = p[i:len(p) - s], c[i:len(c) - s]
     if len(pw) < 2 or sorted(pw) != sorted(cw) or pw == cw:
         return False, False
-    tool_like = sum(1 for ln in cw if TOOL_LINE.match(ln)) * 2 >= len(cw)
-    return True, tool_like
+    return True, tool_entries(cw)
+
+
+def tool_entries(lines: list[str]) -> bool:
+    """Do these reordered lines of a system text read as a list of tool entries? Each entry names
+    its tool on a line of its own (`TOOL_LINE`, `NAMED_LINE`): at least half of the lines do, or,
+    for entries of several lines (a tag block, a heading and its text), at least two do, all in
+    one shape (same indentation and opening markup), and no other shape occurs more often than
+    once per entry (plus one for a block cut at the window's edge). Prose rules reordered name
+    nothing and stay a `template_change`."""
+    named = [ln for ln in lines if TOOL_LINE.match(ln) or NAMED_LINE.match(ln)]
+    if len(named) * 2 >= len(lines):
+        return True
+    if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:
+        return False
+    rest = Counter(_shape(ln) for ln in lines if not (TOOL_LINE.match(ln) or NAMED_LINE.match(ln)))
+    return max(rest.values(), default=0) <= len(named) + 1
+
+
+def _shape(line: str) -> str:
+    """A line's indentation and opening markup (`  <id`, `* **`, `###`): what entries share."""
+    m = _SHAPE.match(line)
+    return m.group(0) if m else ""
 
 
 def schema_tools(text: str, start: int = 0, end: int | None = None) -> list[tuple[str, str, int, int]]:
@@ -644,6 +689,8 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
         if at is not None and at[0] - 32 <= d <= at[1] and _tool_change(prev, cur)[0]:
             lost = True
     if not lost:
+        if cur.kind == "chat" and compacted(prev, cur):  # a short compacted history loses little, and is one
+            return Diagnosis("compaction", d, [], None, "the history was replaced by a summary")
         if cur.kind == "chat" and cur.regions and not continues(cur, past):
             return Diagnosis("new_session", d, [], None, "a new conversation over the shared head")
         return Diagnosis(None, d, detail="diverges in the part expected to vary")

@@ -18,7 +18,6 @@ from typing import Any
 
 from app.prefix.diagnose import (
     KEYED_KINDS,
-    TOOL_LINE,
     Diagnosis,
     Finding,
     TenantPast,
@@ -30,6 +29,7 @@ from app.prefix.diagnose import (
     sentence_end,
     span_key,
     tail_start,
+    tool_entries,
     trimmed,
 )
 from app.prefix.dynamic import DynamicDetector, Span, get_detector, value_kind
@@ -246,7 +246,7 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         wp, wc = rest_p[:len(rest_p) - tail_p], rest_c[:len(rest_c) - tail_p]
         if len(wc) >= 2 and sorted(wp) == sorted(wc) and wp != wc:
             cur_lines = [cur.text[a:b] for a, b in bounds[i:i + len(wc)]]
-            if sum(1 for ln in cur_lines if TOOL_LINE.match(ln)) * 2 >= len(cur_lines):
+            if tool_entries(cur_lines):
                 return Diagnosis("tool_order", cd, [], None, "tools listed in the system text, other order")
             if i < len(bounds) and _within_schemas(cur, bounds[i][0], bounds[min(i + len(wc), len(bounds)) - 1][1]):
                 return Diagnosis("tool_order", cd, [], None, "tool schemas written in the prompt text, other order")

@@ -193,8 +193,9 @@ _VERSION = re.compile(r"(?i)v?\d+(?:\.\d+){1,3}(?:[-+.]?[a-z]+\d*)?")
 _FLAG_WORDS = frozenset({
     "a", "b", "c", "d", "true", "false", "yes", "no", "enabled", "disabled", "control",
     "treatment", "variant", "baseline", "ja", "nein", "an", "aus", "aktiv", "inaktiv",
-    "oui", "non", "si", "sí"})
-_FLAG_KEY = re.compile(r"(?i)(group|variant|variante|bucket|cohort|arm|experiment|flag|ab\b)")
+    "oui", "non", "si", "sí", "on", "off"})
+_FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
+_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}")  # one word: after a flag key, whichever two it flips between
 _WEEKDAY_WORDS = frozenset(_WEEKDAYS.split("|"))
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
 _KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":)\s*[\"']?$")
@@ -244,6 +245,8 @@ def value_kind(line_prefix: str, old: str, new: str) -> str | None:
     if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS and (
             len(new) > 1 and len(old) > 1 or _FLAG_KEY.search(key.group(1))):
         return "flag"  # a single letter only after a group/variant key ("name": "a" is no flag)
+    if _FLAG_KEY.search(key.group(1)) and _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
+        return "flag"  # `Gruppe: Kontrolle` -> `Test`, `dark_mode=on` -> `off`: any two words after a flag key
     if _DYNAMIC_KEY.search(key.group(1)) and not (new.isalpha() and old.isalpha() and len(new) > 3):
         return "value"
     return None
