@@ -347,7 +347,10 @@ class PrefixStage:
         stable = len(output_ids) == produced
         full = self.fingerprinter.extend_with_output(fp, output_ids) if output_ids and stable else list(chain)
         resident_chain = full[:max(len(chain), min(resident, len(full)))]
-        await self.residency.learn_completed(replica, resident_chain)  # no-op with KV events
+        # vLLM leaves the block its last computed token (prompt + output - 1) only partly fills
+        # uncached in its free queue (ReplicaIndex.learn_completed); SGLang frees such a page at once
+        partial = bool(n) and (n + produced - 1) % b != 0 and ctx.decision.replica.engine == "vllm"  # type: ignore[union-attr]
+        await self.residency.learn_completed(replica, resident_chain, anonymous_tail=partial)  # no-op with KV events
 
         predicted = predicted_hit_tokens(matched, n, b)
         delivered = ctx.engine_cached_tokens

@@ -23,6 +23,8 @@ Redis script), so a hole would make it report blocks the engine cannot hit. It h
 
 from __future__ import annotations
 
+import random
+
 from app.state.base import Store
 
 DEFAULT_MAX_LINKS = 4_000_000  # per replica, as the event indexer's engine-hash map
@@ -124,9 +126,18 @@ class ReplicaIndex:
         elif matched > 0:
             await self.store.residency_touch(replica, chain[:matched])
 
-    async def learn_completed(self, replica: str, chain: list[int]) -> None:
-        """The whole chain a finished request left on `replica` (predictive mode only)."""
-        if not self.events_own_presence and chain:
+    async def learn_completed(self, replica: str, chain: list[int], anonymous_tail: bool = False) -> None:
+        """The whole chain a finished request left on `replica` (predictive mode only), and, with
+        `anonymous_tail`, the partial block after it. vLLM frees a finished request's blocks tail
+        first into its free queue, the partial one uncached: it takes a slot there, just older
+        than the request's own blocks, until an allocation pops it in LRU order. The index holds
+        it the same way, as a block of its own under a random hash that no chain has (a lookup
+        never reaches it): it counts against the replica's capacity and leaves in LRU order."""
+        if self.events_own_presence:
+            return
+        if anonymous_tail:
+            await self.store.residency_add(replica, [random.getrandbits(64)])
+        if chain:
             await self.store.residency_add(replica, chain)
 
     async def learn_stored(self, replica: str, blocks: list[int], parent: int | None) -> bool:
