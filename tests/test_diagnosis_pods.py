@@ -28,15 +28,22 @@ from tests.test_diagnosis_cases import (
 from tests.test_state_proxies import settle
 
 TUNE = Path(__file__).parent / "fixtures" / "diagnosis_v2" / "tune.jsonl"
+TUNE2 = TUNE.with_name("tune2.jsonl")
+# issue 29's agent patterns that need more than whole-message keys in the digest: its roles (an
+# agent's pinned first exchange), its history's size and last keys (a compaction), the lines of
+# the first user message (a per-request value in a context block)
+AGENT_FAMILIES = ("pinned_window", "context_id", "context_date", "context_nonce", "context_timestamp",
+                  "compaction_claude", "compaction_codex")
 
 
-def scenarios() -> list[dict[str, Any]]:
-    """The first tenant of every family of the tuning corpus (~25 tenants, ~80 requests)."""
+def scenarios(path: Path = TUNE, families: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """The first tenant of every family (of `families`) of a tuning corpus (tune: ~25 tenants, ~80
+    requests)."""
     seen: set[str] = set()
     out = []
-    for line in TUNE.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
-        if row["family"] not in seen:
+        if row["family"] not in seen and (families is None or row["family"] in families):
             seen.add(row["family"])
             out.append(row)
     return out
@@ -60,8 +67,7 @@ def verdicts(pod, tenant: str) -> list[tuple]:
 def agent_scenarios() -> list[tuple[str, list[dict]]]:
     """Issue 29's agent patterns the digest can follow (tests/test_diagnosis_cases.py): a sliding
     window that keeps the first user message, tool schemas written as indented JSON into the
-    system text and reordered. (A value in the first user message is not: the digest keys a
-    history message whole, so another pod reads it as a `history_edit`; docs/diagnosis.md.)"""
+    system text and reordered."""
     msgs = agent_history(9)
     window = [Gen.body(CODER, msgs[:n] if n == 7 else [msgs[0], *msgs[:n][-5:]], None, None) for n in (7, 9, 11, 13)]
     swapped = [TOOLS[2], TOOLS[0], TOOLS[1], TOOLS[3]]
@@ -104,3 +110,21 @@ def test_two_pods_alternating_give_the_answers_of_one(sim_factory, proxy_factory
         report = httpx.get(f"{pod.url}/hygiene/tenants/{stateless['name']}", timeout=10).json()
         assert report["new_sessions"] == len(stateless["requests"]) - 1 and report["breaks"] == 0
         assert report["last_breaks"] == []
+
+
+def test_two_pods_agree_on_compactions_pinned_exchanges_and_context_block_values(
+        sim_factory, proxy_factory, redis_proc: RedisServer) -> None:
+    """The second tuning pool's agent patterns, each answered as labelled by one proxy and by two
+    pods alternating (the second pod diagnoses against the first one's digest)."""
+    sim = sim_factory(replicas=2, time_scale=0.0)
+    alone = proxy_factory(sim, hygiene={"show_text": True})
+    pods = [proxy_factory(sim, state=redis_proc.url, hygiene={"show_text": True}) for _ in range(2)]
+    rows = scenarios(TUNE2, AGENT_FAMILIES)
+    assert {r["family"] for r in rows} == set(AGENT_FAMILIES)
+    for row in rows:
+        tenant = row["name"]
+        send([alone], tenant, row["requests"])
+        send(pods, tenant, row["requests"])
+        one, two = verdicts(alone, tenant), verdicts(pods[0], tenant)
+        assert [v[0] for v in one] == row["labels"], (tenant, one)
+        assert one == two, (tenant, one, two)

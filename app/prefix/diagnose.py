@@ -45,7 +45,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, DynamicDetector, Span, get_detector, value_kind
@@ -344,7 +344,7 @@ def _tools_span(sketch: RequestSketch) -> tuple[int, int] | None:
 def _front_trimmed(prev: RequestSketch, cur: RequestSketch) -> bool:
     pm = [k for k in prev.message_keys if not k.startswith(("system:", "developer:"))]
     cm = [k for k in cur.message_keys if not k.startswith(("system:", "developer:"))]
-    return trimmed(pm, cm, first_exchange(pm))
+    return trimmed(pm, cm, first_exchange([k.startswith("user:") for k in pm]))
 
 
 def trimmed(pm: list[str], cm: list[str], first_exchange: int = 0) -> bool:
@@ -365,11 +365,11 @@ def trimmed(pm: list[str], cm: list[str], first_exchange: int = 0) -> bool:
     return False
 
 
-def first_exchange(keys: list[str]) -> int:
-    """How many history messages the first exchange holds, from message keys that name their role
-    (`user:…`, the sketch's): up to the second user message; 0 when there is none within
-    MAX_PINNED_EXCHANGE + 1 messages."""
-    users = [i for i, k in enumerate(keys[:MAX_PINNED_EXCHANGE + 1]) if k.startswith("user:")]
+def first_exchange(is_user: Sequence[bool]) -> int:
+    """How many history messages the first exchange holds, given which history messages are the
+    user's: up to the second user message; 0 when there is none within MAX_PINNED_EXCHANGE + 1
+    messages."""
+    users = [i for i, user in enumerate(is_user[:MAX_PINNED_EXCHANGE + 1]) if user]
     return users[1] if len(users) > 1 else 0
 
 
@@ -393,27 +393,38 @@ def _history(sk: RequestSketch) -> list[tuple[str, str, int]]:
 def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     """Did the agent compact its context between `prev` and `cur` (module docstring)? The system
     prompt and tools unchanged, the previous history at least COMPACTED_MIN_MESSAGES long, the
-    current one at most COMPACTED_SHARE of its text, and a new message standing in for the rest:
-    before the newest user turn, a user message, with no new reply beside it (Claude Code: the
-    summary opens the history), or as the newest
-    message when what is kept is only the latest of the earlier user messages (Codex: the user
-    messages, then the summary)."""
+    current one at most COMPACTED_SHARE of its text, and a new message standing in for the rest
+    (`summary_stands_in`)."""
     if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
         return False
     # lengths first, keys (a hash of each message's ends) only for a pair that can be one
     pn = [r.end - r.start for r in prev.regions if r.role not in ("system", "developer")]
     cn = [r.end - r.start for r in cur.regions if r.role not in ("system", "developer")]
-    if len(pn) < COMPACTED_MIN_MESSAGES or not cn or sum(cn) > COMPACTED_SHARE * sum(pn):
+    if not history_shrunk(len(pn), sum(pn), len(cn), sum(cn)):
         return False
-    ph, ch = _history(prev), _history(cur)
-    seen = {k for _, k, _ in ph}
-    newest = max((i for i, (role, _, _) in enumerate(ch) if role == "user"), default=len(ch) - 1)
-    added = [role for role, k, _ in ch[:newest] if k not in seen]
+    ph = [(role == "user", k) for role, k, _ in _history(prev)]
+    return summary_stands_in(ph, {k for _, k in ph}, [(role == "user", k) for role, k, _ in _history(cur)])
+
+
+def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_chars: int) -> bool:
+    """A history long enough to compact, and the current one at most COMPACTED_SHARE of its text."""
+    return prev_messages >= COMPACTED_MIN_MESSAGES and cur_messages > 0 and cur_chars <= COMPACTED_SHARE * prev_chars
+
+
+def summary_stands_in(prev: list[tuple[bool, str]], seen: set[str], cur: list[tuple[bool, str]]) -> bool:
+    """Does a new message stand in for the dropped turns? `prev` and `cur` are (a user message?,
+    key) of the history messages in order (`prev` may be only its last ones: what is kept is at
+    its end), `seen` every key of the previous history that is known. A new message before the
+    newest user turn, a user message, with no new reply beside it (Claude Code: the summary opens
+    the history), or as the newest message when what is kept is only the latest of the earlier
+    user messages (Codex: the user messages, then the summary)."""
+    newest = max((i for i, (user, _) in enumerate(cur) if user), default=len(cur) - 1)
+    added = [user for user, k in cur[:newest] if k not in seen]
     if added:  # only user messages are new (a conversation never seen before brings replies too)
-        return all(role == "user" for role in added)
-    kept = [k for _, k, _ in ch[:newest]]
-    earlier_users = [k for role, k, _ in ph if role == "user"]
-    return ch[newest][1] not in seen and bool(kept) and kept == earlier_users[len(earlier_users) - len(kept):]
+        return all(added)
+    kept = [k for _, k in cur[:newest]]
+    earlier_users = [k for user, k in prev if user]
+    return cur[newest][1] not in seen and bool(kept) and kept == earlier_users[len(earlier_users) - len(kept):]
 
 
 # ---------------------------------------------------------------------- the tests

@@ -25,9 +25,12 @@ from app.prefix.diagnose import (
     _tools_span,
     continues,
     dynamic_kind,
+    first_exchange,
+    history_shrunk,
     schema_tools,
     sentence_end,
     span_key,
+    summary_stands_in,
     tail_start,
     tool_entries,
     trimmed,
@@ -37,6 +40,8 @@ from app.prefix.sketch import RequestSketch
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
 MAX_TURNS = 64  # turn keys per request (the first ones: where trims and edits show)
+LAST_TURNS = 16  # and the last ones past those (what a compaction keeps is at the end)
+FIRST_TURN_MAX_CHARS = 64 * 1024  # a first user message longer than this is not keyed line by line
 TAIL_LINES = 64  # lines of the last user turn keyed (a question placed before pasted documents)
 LINE_KEY_BYTES = 6
 SHORT_LINE = 120  # only a unit this short is read as `key: value` when no pattern matches
@@ -96,7 +101,16 @@ def _sep(text: str, end: int) -> str:
 
 def last_turn_lines(sk: RequestSketch) -> list[tuple[int, int]]:
     """(start, end) of the first TAIL_LINES lines of the last user turn (documents pasted there)."""
-    region = next((r for r in reversed(sk.regions) if r.role == "user"), None)
+    return _region_lines(sk, next((r for r in reversed(sk.regions) if r.role == "user"), None))
+
+
+def first_turn_lines(sk: RequestSketch) -> list[tuple[int, int]]:
+    """(start, end) of the first TAIL_LINES lines of the first user message (an agent's context
+    block: a per-request value there is a dynamic value, not an edited turn)."""
+    return _region_lines(sk, next((r for r in sk.regions if r.role == "user"), None))
+
+
+def _region_lines(sk: RequestSketch, region: Any) -> list[tuple[int, int]]:
     if region is None:
         return []
     out: list[tuple[int, int]] = []
@@ -115,32 +129,57 @@ class RequestDigest:
     turns: list[str] = field(default_factory=list)  # every non-system message, in order
     tools: list[list[str]] = field(default_factory=list)  # [canonical key, as-sent key] per tool
     last: list[str] = field(default_factory=list)  # lines of the last user turn
+    first: list[str] = field(default_factory=list)  # lines of the first user message
     seps: str = ""  # what ends each head unit: n(ewline), s(pace), e(nd of a message or the head)
+    users: str = ""  # per turn: "u" a user message, "-" another role (an agent's pinned first exchange)
+    # the whole history: its messages and characters, and its last LAST_TURNS keys and roles (the
+    # first MAX_TURNS are in `turns`) -- what a compaction is told by
+    history: list[int] = field(default_factory=lambda: [0, 0])
+    last_turns: list[str] = field(default_factory=list)
+    last_users: str = ""
 
     @classmethod
     def of(cls, sk: RequestSketch) -> RequestDigest:
         text = sk.text
         units = head_lines(sk)
+        history = [r for r in sk.regions if r.role not in ("system", "developer")]
+        users = [r for r in history if r.role == "user"]
+        first_user, last_user = (users[0], users[-1]) if users else (None, None)
+        last = [_key(text[a:b]) for a, b in last_turn_lines(sk)]
         return cls(
             lines=[_key(text[a:b]) for a, b in units],
             seps="".join(_sep(text, b) for _, b in units),
-            turns=[span_key(r.role, text, r.start, r.end) for r in sk.regions
-                   if r.role not in ("system", "developer")][:MAX_TURNS],
+            turns=[span_key(r.role, text, r.start, r.end) for r in history[:MAX_TURNS]],
+            users="".join("u" if r.role == "user" else "-" for r in history[:MAX_TURNS]),
+            history=[len(history), sum(r.end - r.start for r in history)],
+            last_turns=[span_key(r.role, text, r.start, r.end) for r in history[MAX_TURNS:][-LAST_TURNS:]],
+            last_users="".join("u" if r.role == "user" else "-" for r in history[MAX_TURNS:][-LAST_TURNS:]),
             tools=[[_key(c), _key(r)] for c, r in zip(sk.tools_canon, sk.tools_raw, strict=True)],
-            last=[_key(text[a:b]) for a, b in last_turn_lines(sk)],
+            last=last,
+            # a single-turn request's first user message is its last one: keyed once (1 MB: ~1 ms);
+            # a long one (a pasted document, not a context block) is not keyed on every turn
+            first=last if first_user is last_user else [] if first_user is None
+            or first_user.end - first_user.start > FIRST_TURN_MAX_CHARS
+            else [_key(text[a:b]) for a, b in first_turn_lines(sk)],
         )
 
     def to_record(self) -> dict[str, Any]:
-        return {"lines": self.lines, "turns": self.turns, "tools": self.tools, "last": self.last, "seps": self.seps}
+        return {"lines": self.lines, "turns": self.turns, "tools": self.tools, "last": self.last, "seps": self.seps,
+                "users": self.users, "history": self.history, "last_turns": self.last_turns,
+                "last_users": self.last_users, "first": self.first}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any] | None) -> RequestDigest | None:
         if not isinstance(rec, dict):
             return None
         try:
-            return cls([str(x) for x in rec.get("lines") or []], [str(x) for x in rec.get("turns") or []],
-                       [[str(a), str(b)] for a, b in rec.get("tools") or []],
-                       [str(x) for x in rec.get("last") or []], str(rec.get("seps") or ""))
+            return cls(lines=[str(x) for x in rec.get("lines") or []], turns=[str(x) for x in rec.get("turns") or []],
+                       tools=[[str(a), str(b)] for a, b in rec.get("tools") or []],
+                       last=[str(x) for x in rec.get("last") or []], seps=str(rec.get("seps") or ""),
+                       # absent in a record from an older pod: no pinned exchange, compaction or context block
+                       users=str(rec.get("users") or ""), history=[int(x) for x in rec.get("history") or [0, 0]][:2],
+                       last_turns=[str(x) for x in rec.get("last_turns") or []],
+                       last_users=str(rec.get("last_users") or ""), first=[str(x) for x in rec.get("first") or []])
         except (TypeError, ValueError):
             return None
 
@@ -277,7 +316,9 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     pm, cm = prev.turns, mine.turns
     if len(cm) >= len(pm) and cm[:len(pm)] == pm:
         return Diagnosis(None, head_end(cur), detail="continues the previous prompt")
-    if trimmed(pm, cm):
+    if not (reordered or set_changed) and _compacted(prev, cur):
+        return Diagnosis("compaction", head_end(cur), [], None, "the history was replaced by a summary")
+    if trimmed(pm, cm, first_exchange([u == "u" for u in prev.users])):
         return Diagnosis("front_trim", head_end(cur), [], None, "history was cut or summarised at the front")
     if not continues(cur, past):
         pushed = _last_turn_pushed(prev, mine, cur, detector, material)
@@ -289,7 +330,45 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     cd = turns[m].start if m < len(turns) else len(cur.text)
     if tail_start(cur) - cd < material:
         return Diagnosis(None, cd, detail="diverges in the part expected to vary")
+    if m < len(turns) and turns[m] is next((r for r in turns if r.role == "user"), None) \
+            and len(cm) >= len(pm) and cm[m + 1:len(pm)] == pm[m + 1:]:  # the rest follows in place
+        value = _first_turn_value(prev, mine, cur, detector, material)
+        if value is not None:
+            return value
     return Diagnosis("history_edit", cd, [], None, "an earlier turn was re-sent with other text")
+
+
+def _first_turn_value(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch, detector: DynamicDetector,
+                      material: int) -> Diagnosis | None:
+    """Only the first user message changed, in one line followed by the same lines: a per-request
+    value in the agent's context block when that line holds one and static text follows it."""
+    if len(prev.first) != len(mine.first) or not mine.first:
+        return None
+    i = next((k for k, (a, b) in enumerate(zip(prev.first, mine.first, strict=True)) if a != b), None)
+    if i is None or prev.first[i + 1:] != mine.first[i + 1:]:
+        return None
+    bounds = first_turn_lines(cur)
+    if i >= len(bounds) or tail_start(cur) - bounds[i][1] < material:
+        return None
+    spans = dynamic_candidates(detector, cur.text, *bounds[i])
+    if not spans:
+        return None
+    return Diagnosis("dynamic_head", spans[0].start, spans[:1], None,
+                     "a per-request value in the first user message precedes static content (line level)")
+
+
+def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
+    """`compacted` against a digest, whose head and tools the caller found unchanged: its history's
+    size, and the keys it holds (the first MAX_TURNS and the last LAST_TURNS), for the kept user
+    messages at its end."""
+    history = [r for r in cur.regions if r.role not in ("system", "developer")]
+    if len(prev.history) != 2 or not history_shrunk(prev.history[0], prev.history[1], len(history),
+                                                    sum(r.end - r.start for r in history)):
+        return False
+    first = list(zip((u == "u" for u in prev.users), prev.turns, strict=False))
+    ph = first + list(zip((u == "u" for u in prev.last_users), prev.last_turns, strict=False))
+    ch = [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
+    return summary_stands_in(ph, {k for _, k in ph}, ch)
 
 
 def _within_schemas(cur: RequestSketch, start: int, end: int) -> bool:
