@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,39 @@ def test_a_full_pool_means_approx_for_that_request_not_a_queue(sim_factory, prox
         _ask(client, f"{_doc(3)}\nQuestion: room again?")
         _wait_processed(hook, 2)
     assert _count(proxy, "pending") == 1 and pool.encoded == 1 and pool.inflight == 0
+
+
+def test_a_chain_refused_by_a_full_pool_is_learned_after_the_response(sim_factory, proxy_factory) -> None:
+    """A burst of cold prompts fills the pool: the one refused is routed approx, and once its
+    response is done (the burst passed) its chain is tokenised after all, so the conversation's
+    next turn is predicted exactly. Refused for good, that turn predicted none of the document
+    the engine had cached."""
+    sim = sim_factory(replicas=1, time_scale=1.0, prefill_tps=50_000.0, kv_blocks=200_000)
+    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_inflight": 1})
+    hook = proxy.services.prefix
+    pool = hook.fingerprinter.tokenizer.cold
+    assert pool.try_reserve()  # another cold prompt holds the one slot
+    doc = _doc(4)
+    first: dict[str, Any] = {}
+    with httpx.Client(base_url=proxy.url, timeout=60) as client:
+        asking = threading.Thread(target=lambda: first.update(_ask(client, f"{doc}\nQuestion: one?")))
+        asking.start()
+        deadline = time.monotonic() + 20
+        while pool.refused < 1:  # refused the pool, so routed approx (the engine prefills it for ~0.5 s)
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        pool.release()  # the burst passed before its response ended
+        asking.join()
+        _wait_processed(hook, 1)
+        assert pool.encoded == 1 and pool.refused == 1 and pool.inflight == 0
+        answer = first["choices"][0]["message"]["content"]
+        body = {"model": "sim", "max_tokens": 8, "messages": [
+            {"role": "system", "content": "You read documents."}, {"role": "user", "content": f"{doc}\nQuestion: one?"},
+            {"role": "assistant", "content": answer}, {"role": "user", "content": "And two?"}]}
+        second = client.post("/v1/chat/completions", json=body).json()
+        _wait_processed(hook, 2)
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 20_000 and hook.predictions[-1][2:] == (cached, cached)
 
 
 def test_the_pool_stops_with_the_server(sim_factory, proxy_factory) -> None:

@@ -90,6 +90,9 @@ class Fingerprint:
     node: ChainNode | None = field(default=None, repr=False, compare=False)
     pending: PendingWork | None = field(default=None, repr=False, compare=False)
     cold_reserved: bool = field(default=False, repr=False, compare=False)  # holds a cold-pool slot
+    # What a full cold-prompt pool refused to tokenise before routing (`admit`): tried once more
+    # after the response (`readmit`), so the chain the engine cached is still learned.
+    deferred: PendingWork | None = field(default=None, repr=False, compare=False)
 
     @property
     def complete(self) -> bool:
@@ -304,8 +307,20 @@ class Fingerprinter:
             fp.cold_reserved = True
             return True
         fp.mode = "approx"
-        fp.pending = None
+        fp.deferred, fp.pending = work, None
         return False
+
+    def readmit(self, fp: Fingerprint) -> bool:
+        """After the response, the work `admit` refused: take a free cold-pool slot for it now
+        (the burst that filled the pool has usually passed by then; never waits), making it
+        pending again. The request stays `mode` "approx" (it was routed so); only its chain is
+        learned. False, and the work dropped, when the pool is still full."""
+        work, fp.deferred = fp.deferred, None
+        pool = self.tokenizer.cold
+        if work is None or pool is None or fp.complete or not pool.try_reserve(counted=False):
+            return False
+        fp.pending, fp.cold_reserved = work, True
+        return True
 
     def cold_head(self, fp: Fingerprint) -> str | None:
         """The head (first HEAD_CHARS) of the first long segment `fp` still has to tokenise: a

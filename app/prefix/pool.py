@@ -105,14 +105,15 @@ class ColdPool:
         self._executor: ProcessPoolExecutor | None = None
         self._closed = False
 
-    def try_reserve(self) -> bool:
-        """Admit one cold tokenisation, or refuse at once when `capacity` are in flight."""
+    def try_reserve(self, counted: bool = True) -> bool:
+        """Admit one cold tokenisation, or refuse at once when `capacity` are in flight. `counted`:
+        a request's admission (`admitted`, `refused`); a second try for refused work is not."""
         with self._lock:
             if self._closed or self.inflight >= self.capacity:
-                self.refused += 1
+                self.refused += counted
                 return False
             self.inflight += 1
-            self.admitted += 1
+            self.admitted += counted
             return True
 
     def release(self) -> None:
