@@ -163,9 +163,11 @@ def test_engine_mode_uses_replica_tokenize(sim_factory, proxy_factory) -> None:
 
 def test_cold_big_prompt_is_known_by_the_next_turn(sim_factory, proxy_factory) -> None:
     """A system prompt too big to encode inline is tokenised while the first request is in
-    flight, and its blocks are in the index before the next turn is routed."""
+    flight, and its blocks are in the index before the next turn is routed. The next turn waits
+    for that tokenisation (`prefix.pending_wait_ms`): at the default 50 ms a loaded box can take
+    longer, and the turn is then routed cold, away from the replica the first one went to."""
     sim = sim_factory(replicas=3, time_scale=0.0)
-    proxy = proxy_factory(sim)
+    proxy = proxy_factory(sim, prefix={"pending_wait_ms": 5000.0})
     system = "Reference manual, chapter on returns and refunds, paragraph. " * 400  # ~25 KB
     msgs = [{"role": "system", "content": system}]
     homes, headers = set(), []
@@ -178,7 +180,7 @@ def test_cold_big_prompt_is_known_by_the_next_turn(sim_factory, proxy_factory) -
             homes.add(r.headers["x-prefixgate-backend"])
             headers.append(r.headers["x-prefixgate-prefix"])
             if turn:
-                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 3000
+                assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 3000, (turn, homes, headers)
             msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
     assert len(homes) == 1, homes
     assert headers[0].startswith("0/")  # cold: nothing known on the hot path
