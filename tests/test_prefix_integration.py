@@ -241,21 +241,28 @@ def test_chat_tools_predict_exactly_as_the_engine_dumps_them(sim_factory, proxy_
     assert sum(d for _, _, _, d in rows) > 1000  # the engine really served the head from cache
 
 
+def _scraped_64_block_replica(sim_factory: Any, proxy_factory: Any) -> Any:
+    """A gateway in front of one simulated vLLM replica that can cache 64 blocks, once its first
+    scrape has told the gateway so."""
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=65)  # less vLLM's null block
+    proxy = proxy_factory(sim)
+    replica = proxy.services.replicas.get(proxy.services.replicas.names()[0])
+    assert replica is not None
+    deadline = time.monotonic() + 10
+    while replica.kv_blocks is None or replica.engine != "vllm":  # the first scrape
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert replica.kv_blocks == 64
+    return proxy
+
+
 def test_predictions_stay_exact_when_the_replica_evicts(sim_factory, proxy_factory) -> None:
     """A replica short of KV blocks evicts; the index, bounded at what the engine can cache (vLLM's
     num_gpu_blocks less its null block, learned from the scrape), evicts the same blocks. The
     prompts are whole blocks and generate one token, so no request leaves a partial block in the
-    engine's free queue (an anonymous block the index does not hold: docs/routing.md)."""
-    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=65)  # 64 blocks the engine can cache
-    proxy = proxy_factory(sim)
+    engine's free queue (the next test has those)."""
+    proxy = _scraped_64_block_replica(sim_factory, proxy_factory)
     hook = proxy.services.prefix
-    replica = proxy.services.replicas.get(proxy.services.replicas.names()[0])
-    assert replica is not None
-    deadline = time.monotonic() + 10
-    while replica.kv_blocks is None:  # the first scrape
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert replica.kv_blocks == 64
 
     def ids(seed: int, blocks: int) -> list[int]:
         return [(seed * 7919 + i * 31) % 30_000 + 100 for i in range(16 * blocks)]
@@ -278,15 +285,8 @@ def test_predictions_stay_exact_when_requests_leave_partial_blocks_and_the_repli
     an allocation pops it. The index holds such a block as an anonymous one of its own
     (ReplicaIndex.learn_completed); without it, with two sessions taking turns on a replica that
     evicts, it predicted one block more than the engine read on every turn that evicted."""
-    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=65)  # 64 blocks the engine can cache
-    proxy = proxy_factory(sim)
+    proxy = _scraped_64_block_replica(sim_factory, proxy_factory)
     hook = proxy.services.prefix
-    replica = proxy.services.replicas.get(proxy.services.replicas.names()[0])
-    assert replica is not None
-    deadline = time.monotonic() + 10
-    while replica.kv_blocks is None or replica.engine != "vllm":  # the first scrape
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
 
     def ids(seed: int, tokens: int) -> list[int]:
         return [(seed * 7919 + i * 31) % 30_000 + 100 for i in range(tokens)]
