@@ -71,11 +71,11 @@ def server() -> Iterator[ExpositionServer]:
     s.thread.stop()
 
 
-def make(url: str, name: str = "b0", timeout_s: float = 2.0, **replica: Any):
+def make(url: str, name: str = "b0", timeout_s: float = 2.0, window_s: float = 3600, **replica: Any):
     replicas = ReplicaSet([Replica(name=name, url=url, **replica)])
     metrics = Metrics()
     clock = FakeClock()
-    settings = Settings(scrape={"interval_s": 0.05, "timeout_s": timeout_s, "window_s": 3600})
+    settings = Settings(scrape={"interval_s": 0.05, "timeout_s": timeout_s, "window_s": window_s})
     return EngineScraper(replicas, metrics, settings, clock=clock), replicas, metrics, clock
 
 
@@ -177,6 +177,29 @@ async def test_hybrid_model_prompts_without_queries_flip_to_off_with_one_warning
     assert replica is not None
     assert replica.block_size == 528  # hits land on cache_hit_alignment_tokens
     assert replica.kv_blocks == (1850 - 1) * 1056 // 528  # the same cacheable KV memory, in 528-token units
+
+
+async def test_a_long_prefill_ending_in_a_window_without_new_requests_is_not_cache_off(
+        server: ExpositionServer, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM counts a request's cache queries when it is scheduled and its prompt tokens when its
+    prefill ends: a scrape window in which a long prefill ended and nothing new was scheduled has
+    prompt tokens and no queries, with the cache on (the query counter has moved before). Seen
+    with 8 agent sessions of 57k-token turns on the simulator: a false "prefix cache OFF"."""
+    scraper, _, metrics, clock = make(server.thread.url, window_s=5)  # a window of one scrape interval
+    caplog.set_level(logging.WARNING, logger="app.engines.scrape")
+    spec_b = (FIXTURES / "vllm-0.33-spec-b.txt").read_text()
+    assert 'vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 133000.0' in spec_b
+    try:
+        await two_scrapes(scraper, server, clock, "vllm-0.33-spec-a.txt", "vllm-0.33-spec-b.txt")
+        assert gauge(metrics, "engine_prefix_caching_enabled") == 1.0
+        clock.t += 5  # the next window: a 57k-token prefill ends, no new request is scheduled
+        server.text = spec_b.replace('vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 133000.0',
+                                     'vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 190000.0')
+        await scraper.scrape_once()
+    finally:
+        await scraper.stop()
+    assert gauge(metrics, "engine_prefix_caching_enabled") == 1.0
+    assert not [r for r in caplog.records if "prefix cache OFF" in r.getMessage()]
 
 
 async def test_config_off_and_absent_spec_family(server: ExpositionServer) -> None:

@@ -27,6 +27,13 @@ def test_config_off_wins_over_traffic() -> None:
 
 def test_prompts_without_queries_mean_off() -> None:
     assert decide_caching(True, window(0, 6000), None, None) == (False, BY_NO_QUERIES)
+    assert decide_caching(True, window(0, 6000), None, None, queries_total=0.0) == (False, BY_NO_QUERIES)
+
+
+def test_prompts_without_queries_in_one_window_of_an_engine_that_has_queried_keep_the_verdict() -> None:
+    """A long prefill that ended in a window where nothing new was scheduled (vLLM counts queries
+    at scheduling, prompt tokens at the end of the prefill)."""
+    assert decide_caching(True, window(0, 57_000), True, BY_QUERIES, queries_total=120_000.0) == (True, BY_QUERIES)
 
 
 def test_queries_mean_on() -> None:

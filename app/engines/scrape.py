@@ -318,7 +318,7 @@ class EngineScraper:
     @staticmethod
     def _update_caching(backend: str, view: EngineView, sample: EngineSample, window: Any) -> None:
         enabled, reason = decide_caching(sample.prefix_caching_configured, window, view.caching_enabled,
-                                         view.caching_reason)
+                                         view.caching_reason, sample.counters.get(CACHE_QUERIES))
         if enabled is False and reason == BY_NO_QUERIES and window is not None:
             view.off_prompt_tokens_per_s = prompt_tokens_per_s(window)
         flipped_off = enabled is False and view.caching_enabled is not False

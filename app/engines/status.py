@@ -69,18 +69,25 @@ class EngineView:
 
 
 def decide_caching(configured: bool | None, window: WindowDeltas | None,
-                   previous: bool | None, previous_reason: str | None) -> tuple[bool | None, str | None]:
+                   previous: bool | None, previous_reason: str | None,
+                   queries_total: float | None = None) -> tuple[bool | None, str | None]:
     """Is the prefix cache on? Config wins when it says off; otherwise traffic decides; with no
     traffic the previous verdict stands, then the config's "on"; with no evidence the answer is
     unknown (None), which the gauge exports as absent: an engine that merely exports cache
-    counters has not shown that they move."""
+    counters has not shown that they move.
+
+    Off by traffic: prompt tokens flowed in the window, its cache queries did not, and the
+    engine's query counter (`queries_total`) has never moved. vLLM counts a request's queries when
+    it is scheduled and its prompt tokens when its prefill ends, so a window in which a long
+    prefill ended and no new request was scheduled has prompt tokens and no queries with the cache
+    on; a cache that is off never counts a query."""
     if configured is False:
         return False, BY_CONFIG
     if window is not None:
         queried, prompt = window.get(CACHE_QUERIES), window.get(PROMPT_TOKENS)
         if queried:
             return True, BY_QUERIES
-        if queried == 0 and prompt:
+        if queried == 0 and prompt and not queries_total:
             return False, BY_NO_QUERIES
     if previous is not None and previous_reason != BY_CONFIG:
         return previous, previous_reason
