@@ -386,8 +386,7 @@ def _trimmed_front(pm: list[str], cm: list[str]) -> bool:
 
 def _history(sk: RequestSketch) -> list[tuple[str, str, int]]:
     """(role, key, length) of each non-system message, in order."""
-    return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in sk.regions
-            if r.role not in ("system", "developer")]
+    return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in sk.history_regions()]
 
 
 def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
@@ -398,8 +397,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
         return False
     # lengths first, keys (a hash of each message's ends) only for a pair that can be one
-    pn = [r.end - r.start for r in prev.regions if r.role not in ("system", "developer")]
-    cn = [r.end - r.start for r in cur.regions if r.role not in ("system", "developer")]
+    pn = [r.end - r.start for r in prev.history_regions()]
+    cn = [r.end - r.start for r in cur.history_regions()]
     if not history_shrunk(len(pn), sum(pn), len(cn), sum(cn)):
         return False
     ph = [(role == "user", k) for role, k, _ in _history(prev)]
@@ -476,13 +475,15 @@ def tool_entries(lines: list[str]) -> bool:
     one shape (same indentation and opening markup), and no other shape occurs more often than
     once per entry (plus one for a block cut at the window's edge). Prose rules reordered name
     nothing and stay a `template_change`."""
-    named = [ln for ln in lines if TOOL_LINE.match(ln) or NAMED_LINE.match(ln)]
+    named: list[str] = []
+    rest: list[str] = []
+    for ln in lines:
+        (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:
         return False
-    rest = Counter(_shape(ln) for ln in lines if not (TOOL_LINE.match(ln) or NAMED_LINE.match(ln)))
-    return max(rest.values(), default=0) <= len(named) + 1
+    return max(Counter(map(_shape, rest)).values(), default=0) <= len(named) + 1
 
 
 def _shape(line: str) -> str:

@@ -142,7 +142,8 @@ class RequestDigest:
     def of(cls, sk: RequestSketch) -> RequestDigest:
         text = sk.text
         units = head_lines(sk)
-        history = [r for r in sk.regions if r.role not in ("system", "developer")]
+        history = sk.history_regions()
+        tail = history[MAX_TURNS:][-LAST_TURNS:]
         users = [r for r in history if r.role == "user"]
         first_user, last_user = (users[0], users[-1]) if users else (None, None)
         last = [_key(text[a:b]) for a, b in last_turn_lines(sk)]
@@ -152,8 +153,8 @@ class RequestDigest:
             turns=[span_key(r.role, text, r.start, r.end) for r in history[:MAX_TURNS]],
             users="".join("u" if r.role == "user" else "-" for r in history[:MAX_TURNS]),
             history=[len(history), sum(r.end - r.start for r in history)],
-            last_turns=[span_key(r.role, text, r.start, r.end) for r in history[MAX_TURNS:][-LAST_TURNS:]],
-            last_users="".join("u" if r.role == "user" else "-" for r in history[MAX_TURNS:][-LAST_TURNS:]),
+            last_turns=[span_key(r.role, text, r.start, r.end) for r in tail],
+            last_users="".join("u" if r.role == "user" else "-" for r in tail),
             tools=[[_key(c), _key(r)] for c, r in zip(sk.tools_canon, sk.tools_raw, strict=True)],
             last=last,
             # a single-turn request's first user message is its last one: keyed once (1 MB: ~1 ms);
@@ -326,7 +327,7 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
             return pushed
         return Diagnosis("new_session", head_end(cur), [], None, "a new conversation over the shared head")
     m = next((k for k, (a, b) in enumerate(zip(pm, cm, strict=False)) if a != b), min(len(pm), len(cm)))
-    turns = [r for r in cur.regions if r.role not in ("system", "developer")]
+    turns = cur.history_regions()
     cd = turns[m].start if m < len(turns) else len(cur.text)
     if tail_start(cur) - cd < material:
         return Diagnosis(None, cd, detail="diverges in the part expected to vary")
@@ -361,7 +362,7 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
     """`compacted` against a digest, whose head and tools the caller found unchanged: its history's
     size, and the keys it holds (the first MAX_TURNS and the last LAST_TURNS), for the kept user
     messages at its end."""
-    history = [r for r in cur.regions if r.role not in ("system", "developer")]
+    history = cur.history_regions()
     if len(prev.history) != 2 or not history_shrunk(prev.history[0], prev.history[1], len(history),
                                                     sum(r.end - r.start for r in history)):
         return False

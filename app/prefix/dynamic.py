@@ -242,11 +242,10 @@ def value_kind(line_prefix: str, old: str, new: str) -> str | None:
     key = _KEY.search(line_prefix)
     if key is None:
         return None
-    if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS and (
-            len(new) > 1 and len(old) > 1 or _FLAG_KEY.search(key.group(1))):
-        return "flag"  # a single letter only after a group/variant key ("name": "a" is no flag)
+    if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS and len(new) > 1 and len(old) > 1:
+        return "flag"  # two flag words after any key (a single letter only after a flag key: "name": "a" is no flag)
     if _FLAG_KEY.search(key.group(1)) and _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
-        return "flag"  # `Gruppe: Kontrolle` -> `Test`, `dark_mode=on` -> `off`: any two words after a flag key
+        return "flag"  # `Gruppe: Kontrolle` -> `Test`, `dark_mode=on` -> `off`, `a` -> `b`: any two words after a flag key
     if _DYNAMIC_KEY.search(key.group(1)) and not (new.isalpha() and old.isalpha() and len(new) > 3):
         return "value"
     return None

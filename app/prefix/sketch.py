@@ -50,6 +50,10 @@ class RequestSketch:
                 return region
         return None
 
+    def history_regions(self) -> list[Region]:
+        """The regions of the history: every message but the system and developer ones, in order."""
+        return [r for r in self.regions if r.role not in ("system", "developer")]
+
     def first_history_start(self) -> int:
         """Start of the first non-system message's content (len(text) when none)."""
         for region in self.regions:
