@@ -98,6 +98,14 @@ class ProxyHandle:
         if self.services.prefix is not None:
             asyncio.run_coroutine_threadsafe(self.services.prefix.drain(), self.server.loop).result(timeout)
 
+    def wait_scraped(self, timeout: float = 10.0) -> None:
+        """Wait for the engine scraper's first pass over every replica (which sets its engine,
+        capacity and load gauges together)."""
+        deadline = time.monotonic() + timeout
+        while any(r.kv_blocks is None or r.engine_running is None for r in self.services.replicas.all()):
+            assert time.monotonic() < deadline, "no engine scrape"
+            time.sleep(0.02)
+
     def sample(self, name: str, **labels: str) -> float | None:
         """The value of one sample in the proxy's registry (None when absent), once settled."""
         self.settle()

@@ -246,13 +246,9 @@ def _scraped_64_block_replica(sim_factory: Any, proxy_factory: Any) -> Any:
     scrape has told the gateway so."""
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=65)  # less vLLM's null block
     proxy = proxy_factory(sim)
+    proxy.wait_scraped()
     replica = proxy.services.replicas.get(proxy.services.replicas.names()[0])
-    assert replica is not None
-    deadline = time.monotonic() + 10
-    while replica.kv_blocks is None or replica.engine != "vllm":  # the first scrape
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert replica.kv_blocks == 64
+    assert replica is not None and replica.engine == "vllm" and replica.kv_blocks == 64
     return proxy
 
 

@@ -79,11 +79,7 @@ def test_a_request_finished_since_the_last_scrape_does_not_weigh_on_its_replica(
     sim = sim_factory(replicas=2, time_scale=1.0, decode_tps=20.0)
     proxy = proxy_factory(sim, names=["r0", "r1"], routing={"policy": "least_load"},
                           scrape={"interval_s": 3600.0})  # one scrape now, the next one forced
-    replicas = [proxy.services.replicas.get(n) for n in ("r0", "r1")]
-    deadline = time.monotonic() + 20
-    while any(r is None or r.engine_running is None for r in replicas):  # the first scrape
-        assert time.monotonic() < deadline, "no engine scrape"
-        time.sleep(0.02)
+    proxy.wait_scraped(20.0)
     client = OpenAI(base_url=proxy.base_url, api_key="x")
 
     def scrape() -> None:

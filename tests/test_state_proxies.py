@@ -116,11 +116,8 @@ def two_pods(proxy_factory, sim, state: str, namespace: str = "pg") -> list:
     pods = [proxy_factory(sim, names=NAMES, state=state, routing={"policy": "prefix_affinity"},
                           prefix={"blind_wait_ms": 0}, state_options={"namespace": namespace},
                           scrape={"interval_s": 3600.0}) for _ in range(2)]
-    deadline = time.monotonic() + 10
     for pod in pods:
-        while any(r.kv_blocks is None for r in pod.services.replicas.all()):  # the first scrape
-            assert time.monotonic() < deadline, "no engine scrape"
-            time.sleep(0.02)
+        pod.wait_scraped()
     return pods
 
 
