@@ -3,7 +3,9 @@ conversations, values no pattern knows, tools listed in system text, nested and 
 reorders, several causes at once, a trailing system message, edits that only look dynamic and
 static look-alikes; and of issue 29 (agents' patterns, material written here, not from any
 held-out split): a sliding window that keeps the first messages, tool schemas written as JSON
-into the prompt text and reordered, a per-request value in the first user message. Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+into the prompt text and reordered, a per-request value in the first user message; and of its
+round 3 (values told by their line's form or their shape, dates that roll over without a cue,
+slash-command tool lists). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
 diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations

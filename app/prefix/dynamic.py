@@ -9,7 +9,7 @@ not a cause. The hygiene rewrite (`move_dynamic`) reuses `dynamic_lines` to move
 the static content.
 
 Patterns are plain regexes, compiled once; extra ones come from `hygiene.dynamic_patterns`.
-Covered: ISO/RFC timestamps, numeric dates (Y-M-D, D.M.Y, M/D/Y), written dates in English,
+Covered: ISO/RFC timestamps (ISO 8601 basic format too), numeric dates (Y-M-D, D.M.Y, M/D/Y), written dates in English,
 German, French, Spanish, Italian, Portuguese and Dutch, CJK dates, clock times, Unix epochs,
 UUIDs, ULIDs, long hex ids, Claude Code's billing-header hash (`cch=`), request/session/trace ids, prefixed ids (req_…, sess_…), emails,
 user-name lines and counters (turn 7, request #123).
