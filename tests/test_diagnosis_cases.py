@@ -3,7 +3,9 @@ conversations, values no pattern knows, tools listed in system text, nested and 
 reorders, several causes at once, a trailing system message, edits that only look dynamic and
 static look-alikes; and of issue 29 (agents' patterns, material written here, not from any
 held-out split): a sliding window that keeps the first messages, tool schemas written as JSON
-into the prompt text and reordered, a per-request value in the first user message. Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+into the prompt text and reordered, a per-request value in the first user message; and of its
+round 3 (values told by their line's form or their shape, dates that roll over without a cue,
+slash-command tool lists). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
 diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
@@ -191,9 +193,16 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Request arrived {} (time.time()).", ["1776000000.123456", "1776000042.5", "1776000107.25"], "epoch"),
     ("Generated on {} by the context builder.", ["Tue Apr 14 09:31:07 UTC 2026", "Tue Apr 14 09:32:55 UTC 2026",
                                                  "Tue Apr 14 09:40:01 UTC 2026"], "timestamp"),
+    # by shape or by their line's form, whatever the key's words (issue 29, round 3)
+    ("release channel: {}", ["beta", "stable", "beta"], "flag"),  # one word, the whole value of a key line
+    ("Auslieferung: {}", ["Vorschau", "Standard", "Vorschau"], "flag"),
+    ("Upstream ref: {}", ["edge-pqtrmxwz", "edge-kfhsdlqa", "edge-znwbcyre"], "value"),  # an id, whatever its key
+    ("Snapshot taken {}", ["20260414T093107Z", "20260414T093255Z", "20260414T094001Z"], "timestamp"),  # ISO basic
+    ("The local time is {}.", ["09:31", "09:32", "09:40"], "time"),  # a clock time that ends a sentence
+    ("Retry token: {}", ["q8ZtR2mXw0Lp-", "Hc41vNk9sTbE_", "x7Yq0PaL2mW-"], "nonce"),  # an id ending in `-`
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
-    system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde")) else SYSTEM
+    system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
     bodies = [body(f"{line.format(v)}\n{system}", turns) for v, turns in zip(values, conversation(3), strict=True)]
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
@@ -207,6 +216,40 @@ def test_date_rolling_over_at_midnight(fpr) -> None:
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == [None, "dynamic_head"]
     assert got[1]["spans"] == ["15.04.2026"] and got[1]["span_kinds"] == ["date"]
+
+
+def test_a_value_that_ends_the_system_text_is_read_to_the_end_of_its_message(fpr) -> None:
+    """A flag on the last line of the system text: its line ends with the message, not with the
+    template text that follows it (the conversation starts one exchange in: a value there costs
+    only when reusable text followed it)."""
+    values = ["beta", "stable", "beta"]
+    bodies = [body(f"{SYSTEM}release channel: {v}", t) for v, t in zip(values, conversation(4)[1:], strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"] and [r["spans"] for r in got] == [["stable"], ["beta"]]
+
+
+def test_a_date_without_a_cue_that_moves_on_by_a_day_is_a_clock(fpr) -> None:
+    """No "today" cue, but the date moved forward by a day between two requests: a clock's date,
+    in any numeric or written form; moved by months, or edited into no date, it is an edit."""
+    for dates in (["04/14/2026", "04/14/2026", "04/15/2026"], ["14 April 2026", "14 April 2026", "15 April 2026"]):
+        bodies = [body(f"Prices as listed on {d}, all taxes included.\n{SYSTEM}", t)
+                  for d, t in zip(dates, conversation(3), strict=True)]
+        got = run(fpr, bodies)
+        assert [r["cause"] for r in got] == [None, "dynamic_head"] and got[1]["spans"] == [dates[2]], got
+    for new in ("2024-06-15", "3135-14-12"):
+        bodies = [body(f"Prices valid from {d}, all taxes included.\n{SYSTEM}", t)
+                  for d, t in zip(["2024-03-01", new, new], conversation(3), strict=True)]
+        assert causes(fpr, bodies) == ["template_change", None]
+
+
+def test_a_number_or_a_sentence_after_a_key_edited_once_is_no_value(fpr) -> None:
+    """Only one word or an id is read as a key's per-request value: a bare number (a limit), a
+    version or a value of several words changed after a key is an edit."""
+    for old, new in (("Max results: 5", "Max results: 10"), ("Catalogue: v7", "Catalogue: v8"),
+                     ("Tone: friendly and brief", "Tone: formal and brief")):
+        convo = conversation(3)
+        bodies = [body(f"{old}\n{SYSTEM}", convo[0]), body(f"{new}\n{SYSTEM}", convo[1]), body(f"{new}\n{SYSTEM}", convo[2])]
+        assert causes(fpr, bodies) == ["template_change", None], (old, new)
 
 
 # ------------------------------------------------------------------ tools
@@ -233,6 +276,8 @@ TAGGED_TOOLS = {
                    "- **track_shipment**: tracking events", "- **update_address**: change the address"],
     "table-rows": ["| `lookup_order` | find an order |", "| `create_return` | open a return |",
                    "| `track_shipment` | tracking events |", "| `update_address` | change the address |"],
+    "slash-commands": ["/refund <order> <amount> - refund an order", "/resend <order> - send the parcel again",
+                       "/address <order> - change the delivery address", "/note <text> - add a note to the case"],
 }
 
 

@@ -45,3 +45,27 @@ def test_a_compaction_is_told_by_the_digest_and_an_older_record_reads_without_it
     older = RequestDigest.from_record({key: v for key, v in record.items() if key not in NEW_FIELDS})
     assert older is not None and (older.users, older.history, older.last_turns, older.first) == ("", [0, 0], [], [])
     assert diagnose_digest(older, sks[k]).cause != "compaction"  # what a pod read before these fields
+
+
+def test_a_date_that_rolls_over_is_told_by_the_digests_day_numbers_and_an_older_record_reads_without_them(
+        fingerprinter: Fingerprinter) -> None:
+    """A date without a "today" cue that moved on by a day is a per-request value only against the
+    previous date: the digest keeps that date's day numbers for the other pods."""
+    rule = "\n- Returns are accepted within 60 days for unused items; shipping takes 4 to 7 business days." * 3
+    sks = []
+    for day, question in (("04/14/2026", "Where is my order?"), ("04/15/2026", "Can I return boots?")):
+        inp = prompt_input("chat", {"model": "m", "messages": [
+            {"role": "system", "content": f"Prices as listed on {day}, all taxes included.{rule}"},
+            {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi, how can I help?"},
+            {"role": "user", "content": question}]})
+        fp = fingerprinter.complete_sync(fingerprinter.prepare(inp, 16))
+        sks.append(build_sketch(inp, fp.text or ""))
+    record = json.loads(json.dumps(RequestDigest.of(sks[0]).to_record()))
+    assert record["dates"] and all(entry.startswith("h") for entry in record["dates"])
+    full = RequestDigest.from_record(record)
+    assert full is not None
+    got = diagnose_digest(full, sks[1])
+    assert got.cause == "dynamic_head" and [s.text for s in got.spans] == ["04/15/2026"]
+    older = RequestDigest.from_record({key: v for key, v in record.items() if key != "dates"})
+    assert older is not None and older.dates == []
+    assert diagnose_digest(older, sks[1]).cause == "template_change"  # what a pod read before the field

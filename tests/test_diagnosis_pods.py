@@ -19,6 +19,7 @@ from tests.redis_server import RedisServer
 from tests.test_diagnosis_cases import (
     CODER,
     SYSTEM,
+    TASK,
     TOOLS,
     agent_history,
     body,
@@ -127,4 +128,45 @@ def test_two_pods_agree_on_compactions_pinned_exchanges_and_context_block_values
         send(pods, tenant, row["requests"])
         one, two = verdicts(alone, tenant), verdicts(pods[0], tenant)
         assert [v[0] for v in one] == row["labels"], (tenant, one)
+        assert one == two, (tenant, one, two)
+
+
+def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
+    """Values told by their line's form or their shape, not their key's words (tests/
+    test_diagnosis_cases.py): one word or an id as a key line's whole value, an id ending in `-`, a
+    date without a cue that moves on by a day (in the system text, and in the first user message's
+    context block), and such a date moved by months (an edit)."""
+    convo = conversation(4)
+
+    def sys_line(line: str, values: list[str]) -> list[dict]:
+        return [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, convo, strict=False)]
+
+    def context(line: str, values: list[str]) -> list[dict]:
+        return [body(CODER, [f"<context>\nWorking directory: /repo\n{line.format(v)}\nBranch: main\n</context>\n{TASK}",
+                             *t[1:]]) for v, t in zip(values, convo, strict=False)]
+
+    days = ["04/14/2026", "04/14/2026", "04/15/2026", "04/15/2026"]
+    return [
+        ("key-word", sys_line("release channel: {}", ["beta", "stable", "beta"]), [None, "dynamic_head", "dynamic_head"]),
+        ("key-id", sys_line("Retry token: {}", ["q8ZtR2mXw0Lp-", "Hc41vNk9sTbE_", "x7Yq0PaL2mW-"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("rolled-date", sys_line("Prices as listed on {}, all taxes included.", days), [None, None, "dynamic_head", None]),
+        ("moved-date", sys_line("Prices as listed on {}, all taxes included.", ["03/01/2024", "06/15/2024", "06/15/2024"]),
+         [None, "template_change", None]),
+        ("context-date", context("Listed on {}", days), [None, None, "dynamic_head", None]),
+    ]
+
+
+def test_two_pods_agree_on_values_told_by_shape_and_dates_that_roll_over(
+        sim_factory, proxy_factory, redis_proc: RedisServer) -> None:
+    """The second pod has only the first one's digest: it reads the value from the current prompt
+    and the previous date from the day numbers the digest keeps."""
+    sim = sim_factory(replicas=2, time_scale=0.0)
+    alone = proxy_factory(sim, hygiene={"show_text": True})
+    pods = [proxy_factory(sim, state=redis_proc.url, hygiene={"show_text": True}) for _ in range(2)]
+    for tenant, bodies, labels in shape_scenarios():
+        send([alone], tenant, bodies)
+        send(pods, tenant, bodies)
+        one, two = verdicts(alone, tenant), verdicts(pods[0], tenant)
+        assert [v[0] for v in one] == labels, (tenant, one)
         assert one == two, (tenant, one, two)

@@ -48,7 +48,15 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, DynamicDetector, Span, get_detector, value_kind
+from app.prefix.dynamic import (
+    NOW_CUE,
+    VOLATILE_KINDS,
+    DynamicDetector,
+    Span,
+    get_detector,
+    rolled_over,
+    value_kind,
+)
 from app.prefix.sketch import Region, RequestSketch
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
@@ -78,11 +86,15 @@ TOOL_LINE = re.compile(
 # an attribute or code the name must read as an identifier (lower-case first, or with `_ . : /`
 # inside): `- **Tone**: friendly` is a rule with a bold heading, not a tool.
 _NAME = r"[A-Za-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*"
+# a command named by a sign glued to it, whatever the sign (`/status`, a bot's `!cmd`, `@name`):
+# punctuation that is not a bullet, a quote, a bracket or other markup handled above
+_SIGIL = r"""[^\w\s"'`(\[{<|*#>•+\-.,:;]"""
 _IDENT = r"(?:[a-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*|[A-Za-z][A-Za-z\d]*(?:[_.:/][A-Za-z\d][\w\-]*)+)"
 NAMED_LINE = re.compile(
     rf"""^\s*(?:[-*•+>]|\d+[.)])?\s*(?:<[\w:\-]+\s[^>]*?\b(?:name|id)\s*=\s*["']?{_NAME}"""
     rf"""|<([\w:\-]+)>\s*(?:`{_NAME}`|{_IDENT})\s*</\1>\s*$|\*\*(?:`{_NAME}`|{_IDENT})\*\*|`{_NAME}`"""
-    rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|)""")
+    rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|"""
+    rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 KEY_SIZE = 16
 # JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
@@ -304,7 +316,7 @@ def _token(text: str, at: int) -> tuple[int, int]:
     end = at
     while end < len(text) and _is_value_char(text[end]):
         end += 1
-    while end > start and text[end - 1] in ".:,;/-":
+    while end > start and text[end - 1] in ".:,;":  # a clause's end, not an id's last `-` or `/`
         end -= 1
     return start, max(end, start)
 
@@ -553,9 +565,11 @@ def dynamic_kind(text: str, line0: int, span: Span) -> str | None:
     return None
 
 
-def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int) -> tuple[Span, int] | None:
+def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int,
+                  stop: int | None = None) -> tuple[Span, int] | None:
     """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
-    key or line), and where it ends in `prev`; None when what differs is not such a value."""
+    key or line), and where it ends in `prev`; None when what differs is not such a value. `stop`:
+    where the message holding `cd` ends (its line ends there, not in the template text after it)."""
     cs, ce = _token(cur, cd)
     ps, pe = _token(prev, pd)
     line0 = cur.rfind("\n", 0, cs) + 1
@@ -568,6 +582,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     pspan = next((s for s in detector.find(prev, pline0, pline1) if s.start <= pd <= s.end), None)
     if span is not None and pspan is not None and span.start - line0 == pspan.start - pline0:
         kind = dynamic_kind(cur, line0, span)
+        if kind is None and span.kind == pspan.kind == "date" and rolled_over(pspan.text, span.text):
+            kind = "date"  # no "today" cue, but it moved on by a day: a clock's date, not an edit
         if kind is not None:
             start, end, pend = span.start, span.end, pspan.end
             trim = end - sentence_end(cur, start, end)
@@ -582,7 +598,7 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         return None
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         return None  # more than one token changed: an edit, not a value
-    kind = value_kind(cur[line0:cs], prev[ps:pe], cur[cs:ce])
+    kind = value_kind(cur[line0:cs], prev[ps:pe], cur[cs:ce], cur[ce:line1 if stop is None else min(line1, stop)])
     if kind is None:
         return None
     return Span(cs, ce, kind, cur[cs:ce]), pe
@@ -634,7 +650,7 @@ class _Pair:
             return Diagnosis("tool_order", cd, [], realign, "tool schemas written in the prompt text, other order")
         if permuted:
             return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
-        value = changed_value(self.detector, prev.text, cur.text, pd, cd)
+        value = changed_value(self.detector, prev.text, cur.text, pd, cd, region.end if region is not None else None)
         if value is not None:  # realigned right after the value: later findings are searched from there
             span, pend = value  # (also inside a tool's description: a date put there per request)
             after = Realignment(pend, span.end, lcp(prev.text, cur.text, pend, span.end))

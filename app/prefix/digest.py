@@ -35,7 +35,7 @@ from app.prefix.diagnose import (
     tool_entries,
     trimmed,
 )
-from app.prefix.dynamic import DynamicDetector, Span, get_detector, value_kind
+from app.prefix.dynamic import DynamicDetector, Span, date_days, get_detector, rolled_from, value_kind
 from app.prefix.sketch import RequestSketch
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
@@ -45,6 +45,8 @@ FIRST_TURN_MAX_CHARS = 64 * 1024  # a first user message longer than this is not
 TAIL_LINES = 64  # lines of the last user turn keyed (a question placed before pasted documents)
 LINE_KEY_BYTES = 6
 SHORT_LINE = 120  # only a unit this short is read as `key: value` when no pattern matches
+MAX_DATES = 32  # units whose date (without a "today" cue) a record keeps, as day numbers
+_YEARISH = re.compile(r"(?<!\d)(?:19|20)\d\d(?!\d)|\d\.\d{1,2}\.\d\d(?!\d)")  # cheap: may a date be here?
 
 
 def _key(text: str) -> str:
@@ -137,6 +139,9 @@ class RequestDigest:
     history: list[int] = field(default_factory=lambda: [0, 0])
     last_turns: list[str] = field(default_factory=list)
     last_users: str = ""
+    # "h<unit>:<day>,<day>" / "f<line>:..." for head units and first-user-message lines holding a
+    # date without a "today" cue: another pod tells a date that rolled over by a day from an edit
+    dates: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, sk: RequestSketch) -> RequestDigest:
@@ -147,7 +152,10 @@ class RequestDigest:
         users = [r for r in history if r.role == "user"]
         first_user, last_user = (users[0], users[-1]) if users else (None, None)
         last = [_key(text[a:b]) for a, b in last_turn_lines(sk)]
+        first_lines = [] if first_user is None or first_user is last_user \
+            or first_user.end - first_user.start > FIRST_TURN_MAX_CHARS else first_turn_lines(sk)
         return cls(
+            dates=(_unit_dates(text, units, "h") + _unit_dates(text, first_lines, "f"))[:MAX_DATES],
             lines=[_key(text[a:b]) for a, b in units],
             seps="".join(_sep(text, b) for _, b in units),
             turns=[span_key(r.role, text, r.start, r.end) for r in history[:MAX_TURNS]],
@@ -167,7 +175,7 @@ class RequestDigest:
     def to_record(self) -> dict[str, Any]:
         return {"lines": self.lines, "turns": self.turns, "tools": self.tools, "last": self.last, "seps": self.seps,
                 "users": self.users, "history": self.history, "last_turns": self.last_turns,
-                "last_users": self.last_users, "first": self.first}
+                "last_users": self.last_users, "first": self.first, "dates": self.dates}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any] | None) -> RequestDigest | None:
@@ -180,7 +188,8 @@ class RequestDigest:
                        # absent in a record from an older pod: no pinned exchange, compaction or context block
                        users=str(rec.get("users") or ""), history=[int(x) for x in rec.get("history") or [0, 0]][:2],
                        last_turns=[str(x) for x in rec.get("last_turns") or []],
-                       last_users=str(rec.get("last_users") or ""), first=[str(x) for x in rec.get("first") or []])
+                       last_users=str(rec.get("last_users") or ""), first=[str(x) for x in rec.get("first") or []],
+                       dates=[str(x) for x in rec.get("dates") or []])
         except (TypeError, ValueError):
             return None
 
@@ -205,14 +214,41 @@ def _value_start(text: str, span: Span) -> int:
     return span.start
 
 
-def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: int) -> list[Span]:
+def _unit_dates(text: str, units: list[tuple[int, int]], tag: str) -> list[str]:
+    """`tag<index>:<day numbers>` for the units holding a date that counts only with a "today" cue
+    and has none (`As of 07/16/2026, ...`): the first such date of each."""
+    out = []
+    detector = get_detector()
+    for i, (a, b) in enumerate(units):
+        if _YEARISH.search(text, a, b) is None:
+            continue
+        span = next((s for s in detector.find(text, a, b) if s.kind == "date" and dynamic_kind(text, a, s) is None),
+                    None)
+        days = date_days(span.text) if span is not None else set()
+        if days:
+            out.append(f"{tag}{i}:" + ",".join(map(str, sorted(days))))
+    return out
+
+
+def _dates_of(digest: RequestDigest, tag: str, index: int) -> list[int]:
+    """The day numbers `_unit_dates` kept for a unit of the digest's request (none: [])."""
+    prefix = f"{tag}{index}:"
+    entry = next((e for e in digest.dates if e.startswith(prefix)), "")
+    return [int(x) for x in entry[len(prefix):].split(",") if x.isdigit()]
+
+
+def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: int,
+                       earlier_days: list[int] | None = None) -> list[Span]:
     """The per-request values one line holds, judged from that line alone: detected values of the
-    kinds the text diagnosis counts (volatile patterns, dates after a "today" cue), else, on a
-    short `key: value` line, an epoch, nonce, week or flag token. Without the previous text the
-    changed token is unknown, so prose lines never yield a guessed token."""
+    kinds the text diagnosis counts (volatile patterns, dates after a "today" cue, a date a day or
+    a few after `earlier_days`, the previous request's date there), else, on a short `key: value`
+    line, an epoch, nonce, week, flag or id token, or a weekday after a "today" cue. Without the
+    previous text the changed token is unknown, so prose lines never yield a guessed token."""
     out: list[Span] = []
     for span in detector.find(text, start, end):
         kind = dynamic_kind(text, start, span)
+        if kind is None and span.kind == "date" and earlier_days and rolled_from(earlier_days, span.text):
+            kind = "date"
         if kind is not None:
             s0 = _value_start(text, span) if kind in KEYED_KINDS else span.start
             e = sentence_end(text, s0, span.end)
@@ -225,9 +261,9 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             a, b = _token(text, pos)
             b = min(b, end)
             tok = text[a:b]
-            kind = value_kind(text[start:a], tok, tok) if tok else None
+            kind = value_kind(text[start:a], tok, tok, text[b:end]) if tok else None
             keyed = text[start:a].rstrip().endswith((":", "="))
-            if kind is not None and (keyed or kind in ("epoch", "week")
+            if kind is not None and (keyed or kind in ("epoch", "week", "date")
                                      or (kind == "nonce" and any(c.isdigit() for c in tok))):
                 out.append(Span(a, b, kind, tok))
             pos = max(b, pos + 1)
@@ -293,7 +329,7 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
             return Diagnosis("template_change", cd, [], None, "system prompt lines reordered")
         same_shape = len(prev.lines) == len(mine.lines) and prev.lines[i + 1:i + 2] == mine.lines[i + 1:i + 2]
         if same_shape and i < len(bounds):
-            spans = dynamic_candidates(detector, cur.text, *bounds[i])
+            spans = dynamic_candidates(detector, cur.text, *bounds[i], _dates_of(prev, "h", i))
             if spans:
                 later: list[Finding] = []
                 for j in range(i + 1, min(len(mine.lines), len(bounds))):
@@ -351,7 +387,7 @@ def _first_turn_value(prev: RequestDigest, mine: RequestDigest, cur: RequestSket
     bounds = first_turn_lines(cur)
     if i >= len(bounds) or tail_start(cur) - bounds[i][1] < material:
         return None
-    spans = dynamic_candidates(detector, cur.text, *bounds[i])
+    spans = dynamic_candidates(detector, cur.text, *bounds[i], _dates_of(prev, "f", i))
     if not spans:
         return None
     return Diagnosis("dynamic_head", spans[0].start, spans[:1], None,

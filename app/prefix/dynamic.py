@@ -9,7 +9,7 @@ not a cause. The hygiene rewrite (`move_dynamic`) reuses `dynamic_lines` to move
 the static content.
 
 Patterns are plain regexes, compiled once; extra ones come from `hygiene.dynamic_patterns`.
-Covered: ISO/RFC timestamps, numeric dates (Y-M-D, D.M.Y, M/D/Y), written dates in English,
+Covered: ISO/RFC timestamps (ISO 8601 basic format too), numeric dates (Y-M-D, D.M.Y, M/D/Y), written dates in English,
 German, French, Spanish, Italian, Portuguese and Dutch, CJK dates, clock times, Unix epochs,
 UUIDs, ULIDs, long hex ids, Claude Code's billing-header hash (`cch=`), request/session/trace ids, prefixed ids (req_…, sess_…), emails,
 user-name lines and counters (turn 7, request #123).
@@ -52,8 +52,13 @@ _MON = r"(?:0?[1-9]|1[0-2])"
 _YEAR = r"(?:19|20)\d{2}"
 
 # (kind, pattern). Order matters only for ties; overlapping matches are merged by start/length.
+# ISO 8601 basic format (`20260504T220037Z`), recognised by its shape: two-digit fields in range
+_BASIC_TS = (r"\b(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])T(?:[01]\d|2[0-3])[0-5]\d"
+             r"(?:[0-5]\d(?:[.,]\d{1,9})?)?(?:Z|[+-](?:[01]\d|2[0-3]):?[0-5]\d)?\b")
+
 BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"\b{_YEAR}-{_MON}-{_DAY}[T ]{_TIME}{_TZ}"),
+    ("timestamp", _BASIC_TS),
     ("timestamp", rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}"),  # RFC 2822
     ("timestamp", rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b"),  # asctime, `date`
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
@@ -67,7 +72,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b"),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
-    ("time", rf"(?<![\w.:/-]){_TIME}{_TZ}(?![\w.:/-])"),
+    ("time", rf"(?<![\w.:/-]){_TIME}{_TZ}(?![\w:/-]|\.\w)"),  # a full stop may end the sentence
     ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
     ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
@@ -221,9 +226,13 @@ def random_looking(token: str) -> bool:
     return _mixing(token) >= max(3, len(alnum) // 4)
 
 
-def value_kind(line_prefix: str, old: str, new: str) -> str | None:
+def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = None) -> str | None:
     """The kind of a changed token `old` -> `new` that no pattern matched, or None when the change
-    looks like an edit. `line_prefix`: the text of the line before the token (its key, if any)."""
+    looks like an edit. `line_prefix`: the text of the line before the token (its key, if any);
+    `line_rest`: the text of the line after it (None: unknown). A token that is the whole value of a
+    `key: value` line is a per-request value whatever the key's words when it reads as one: a single
+    word (a flag: `rollout stage: canary` -> `stable`) or an id (letters and digits or separators,
+    `Correlation: web-…`), never a version or a bare number (`limit: 5` -> `10` is an edit)."""
     if not new or not old or len(new) > 64 or len(old) > 64:
         return None
     if _EPOCH.fullmatch(new) and _EPOCH.fullmatch(old):
@@ -248,4 +257,69 @@ def value_kind(line_prefix: str, old: str, new: str) -> str | None:
         return "flag"  # `Gruppe: Kontrolle` -> `Test`, `dark_mode=on` -> `off`, `a` -> `b`: any two words after a flag key
     if _DYNAMIC_KEY.search(key.group(1)) and not (new.isalpha() and old.isalpha() and len(new) > 3):
         return "value"
+    if line_rest is not None and not line_rest.strip(" \t.,;\"'"):  # the whole value of a `key: value` line
+        if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
+            return "flag"
+        if _id_like(new) and _id_like(old):
+            return "value"
     return None
+
+
+def _id_like(token: str) -> bool:
+    """An id rather than a word, a number or a version: 6+ characters, letters with digits or
+    with a separator inside (`web-k3x9`, `a1b2c3`)."""
+    return (len(token) >= 6 and not _VERSION.fullmatch(token) and any(c.isalpha() for c in token)
+            and (any(c.isdigit() for c in token) or any(c in "-_.:/+" for c in token[1:-1])))
+
+
+# ------------------------------------------------------------------ a date that rolled over
+_MONTH_NAMES = (
+    "january february march april may june july august september october november december",
+    "januar februar märz april mai juni juli august september oktober november dezember",
+    "janvier février mars avril mai juin juillet août septembre octobre novembre décembre",
+    "enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre",
+    "janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro",
+    "gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre dicembre",
+    "januari februari maart april mei juni juli augustus september oktober november december",
+)
+_MONTH_NUMBER = {name[:3] if len(name) > 3 else name: i + 1 for names in _MONTH_NAMES
+                 for i, name in enumerate(names.split())}
+_MONTH_NUMBER.update({name: i + 1 for names in _MONTH_NAMES for i, name in enumerate(names.split())})
+ROLLOVER_DAYS = 3  # a "today" moves forward by a day or a weekend between two requests of a tenant
+
+
+def date_days(text: str) -> set[int]:
+    """The day numbers (proleptic ordinals) a date text may mean: numeric forms read both as
+    day-month and month-day, written months by name; empty when it is no date."""
+    from datetime import date
+
+    year = re.search(r"(?<!\d)(?:19|20)\d{2}(?!\d)", text)
+    nums = [int(n) for n in re.findall(r"(?<!\d)\d{1,2}(?!\d)", text if year is None
+                                       else text[:year.start()] + " " + text[year.end():])]
+    if year is None:  # a two-digit year ends a numeric date (`04.05.26`)
+        if len(nums) < 3:
+            return set()
+        y, nums = 2000 + nums[2], nums[:2]
+    else:
+        y = int(year.group(0))
+    words = [w.lower().rstrip(".") for w in re.findall(r"[^\W\d_]+\.?", text)]
+    month = next((_MONTH_NUMBER[w] for w in words if w in _MONTH_NUMBER), None)
+    pairs = [(month, n) for n in nums[:1]] if month else [(a, b) for a, b in (nums[:2], nums[1::-1]) if len(nums) >= 2]
+    out = set()
+    for m, d in pairs:
+        try:
+            out.add(date(y, m, d).toordinal())
+        except ValueError:
+            continue
+    return out
+
+
+def rolled_over(old: str, new: str) -> bool:
+    """Did a date move forward by a day or a few (a clock's "today"), rather than being edited?"""
+    return rolled_from(date_days(old), new)
+
+
+def rolled_from(days: Iterable[int], new: str) -> bool:
+    """Is the date `new` a day or a few after one of `days` (`date_days` of the earlier date)?"""
+    later = date_days(new)
+    return any(0 < b - a <= ROLLOVER_DAYS for a in days for b in later)
