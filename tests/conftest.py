@@ -37,24 +37,30 @@ settings.load_profile("prefixgate")
 
 
 def _one_default_tls_context() -> None:
-    """Every httpx client (the openai and anthropic clients are httpx clients, and so is the engine
-    scraper of each in-process proxy) builds a TLS context for its default `verify=True`, loading
-    certifi's CA bundle: ~30 ms of CPU each, ~1,000 times a run (a client per request or per poll),
-    for connections that are plain HTTP on loopback. A test process builds that default context
-    once; any other `verify`/`cert` still gets its own. Child processes are not affected."""
+    """Every httpx client (the engine scraper of each in-process proxy, `httpx.get`) and every
+    openai and anthropic client (clients of `httpx2`, the fork those SDKs ship with) builds a TLS
+    context for its default `verify=True`, loading the CA bundle: ~30 ms of CPU each, over a
+    thousand times a run (a client per request or per poll), for connections that are plain HTTP
+    on loopback. A test process builds that default context once per library; any other
+    `verify`/`cert` still gets its own. Child processes are not affected."""
     import functools
+    import importlib
 
-    import httpx._transports.default as transports
+    for name in ("httpx._transports.default", "httpx2._transports.default"):
+        try:
+            transports = importlib.import_module(name)
+        except ImportError:
+            continue
+        build = transports.create_ssl_context
+        default = functools.cache(lambda build=build: build())
 
-    build = transports.create_ssl_context
-    default = functools.cache(lambda: build())
+        def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True,
+                               build: Any = build, default: Any = default) -> Any:
+            if verify is True and cert is None and trust_env:
+                return default()
+            return build(verify=verify, cert=cert, trust_env=trust_env)
 
-    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
-        if verify is True and cert is None and trust_env:
-            return default()
-        return build(verify=verify, cert=cert, trust_env=trust_env)
-
-    transports.create_ssl_context = create_ssl_context
+        transports.create_ssl_context = create_ssl_context
 
 
 _one_default_tls_context()
