@@ -17,9 +17,11 @@ forever. Without xdist (a plain `pytest tests/test_x.py`) nothing is locked.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +46,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{MARK}: asserts on wall-clock timing: runs while no other xdist worker runs a test "
                    "(tests/parallel.py)")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        atexit.register(_exit_unfinalized)  # registered first, so it runs after every other exit handler
+
+
+def _exit_unfinalized() -> None:
+    """End a worker process without the interpreter's finalisation. By the time the exit handlers
+    run, the worker has reported every result and torn down its fixtures, and every other exit
+    handler has run (this one was registered first); what is left is freeing the objects of a few
+    hundred tests (dozens of in-process gateways, each with its event-loop thread), which took the
+    workers 3-4 s at the end of every run while the controller waited for them to exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 TURNSTILE = "prefixgate-turnstile.lock"
