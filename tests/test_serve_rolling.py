@@ -1,7 +1,9 @@
-"""A rolling restart loses nothing: two `prefixgate serve` processes sharing a real Redis, behind a
+"""A rolling update loses nothing: two `prefixgate serve` processes sharing a real Redis, behind a
 tiny round-robin client that routes only to gateways whose /readyz says 200 (what a Service's
-endpoints do), restarted one after the other while a closed-loop client keeps 64 streams open.
-Every stream must end with all its tokens and [DONE]: 0 failed, 0 truncated."""
+endpoints do), replaced one after the other while a closed-loop client keeps 64 streams open, the
+way a Deployment rolls (its default surge): a new pod, ready on its own address, joins the
+endpoints, then an old one gets SIGTERM, turns unready, drains and exits. Every stream must end
+with all its tokens and [DONE]: 0 failed, 0 truncated."""
 
 from __future__ import annotations
 
@@ -22,12 +24,12 @@ import httpx
 import pytest
 
 from app.serving import consecutive_free_ports, stop_process
-from tests.gateway_process import ROOT, GatewayProcess
+from tests.gateway_process import ROOT, GatewayProcess, started
 
 STREAMS = 64
 TOKENS = 16
 POLL_S = 0.1  # the client's readiness poll: the Service's endpoint propagation, compressed
-ACCEPT_S = 3.0  # shutdown.accept_s: longer than the client takes to see the 503 on a loaded CPU
+ACCEPT_S = 2.0  # shutdown.accept_s: over 10x the slowest readiness poll seen under this load (0.08-0.14 s)
 
 
 @dataclass
@@ -37,6 +39,7 @@ class Counts:
     failed: int = 0
     truncated: int = 0
     examples: list[str] = field(default_factory=list)
+    served: set[str] = field(default_factory=set)  # the gateways that completed a stream
 
     def bad(self, kind: str, detail: str) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
@@ -46,12 +49,13 @@ class Counts:
 
 class RoundRobin:
     """Sends each request to the next gateway that answered its last /readyz with 200. Readiness is
-    polled from a thread of its own (like kube-proxy, it does not wait on the client's event loop)."""
+    polled from a thread of its own (like kube-proxy, it does not wait on the client's event loop).
+    `join`/`leave` change the endpoints (a list replaced whole, so the poller reads one or the other)."""
 
     def __init__(self, urls: list[str]) -> None:
-        self.urls = urls
+        self.urls = list(urls)
         self.ready = dict.fromkeys(urls, False)
-        self._next = itertools.cycle(urls)
+        self._turn = itertools.count()
         self.slowest_poll_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True, name="readiness-poll")
@@ -63,6 +67,12 @@ class RoundRobin:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(10)
+
+    def join(self, url: str) -> None:
+        self.urls = [*self.urls, url]
+
+    def leave(self, url: str) -> None:
+        self.urls = [u for u in self.urls if u != url]
 
     def _poll(self) -> None:
         with httpx.Client(timeout=0.5) as client:
@@ -78,9 +88,10 @@ class RoundRobin:
 
     async def pick(self) -> str:
         while True:
-            for _ in self.urls:
-                url = next(self._next)
-                if self.ready[url]:
+            urls = self.urls
+            for _ in urls:
+                url = urls[next(self._turn) % len(urls)]
+                if self.ready.get(url):
                     return url
             await asyncio.sleep(0.01)
 
@@ -115,6 +126,7 @@ async def one_stream(client: httpx.AsyncClient, url: str, counts: Counts, n: int
         counts.bad("truncated", f"{url} done={done} tokens={tokens}")
     else:
         counts.ok += 1
+        counts.served.add(url)
 
 
 async def closed_loop(rr: RoundRobin, clients: dict[str, httpx.AsyncClient], counts: Counts,
@@ -126,11 +138,10 @@ async def closed_loop(rr: RoundRobin, clients: dict[str, httpx.AsyncClient], cou
         await one_stream(clients[url], url, counts, worker * 100_000 + n)
 
 
-def restart(gw: GatewayProcess) -> GatewayProcess:
+def terminate(gw: GatewayProcess) -> None:
+    """What the kubelet does to an old pod: SIGTERM, then wait for it to drain and exit."""
     gw.signal(signal.SIGTERM)
     assert gw.wait(60) == 0, gw.log()
-    gw.stop()
-    return GatewayProcess(gw.config, port=gw.port).start()
 
 
 @pytest.fixture
@@ -160,53 +171,57 @@ def _answers(client: httpx.Client, url: str) -> bool:
         return False
 
 
+@dataclass
+class Rollout:
+    old: list[GatewayProcess]  # serving when the update starts
+    new: list[GatewayProcess]  # their replacements, ready on addresses of their own
+
+
 @pytest.fixture
-def gateways(sim_process, redis_server, redis_namespace) -> Iterator[list[GatewayProcess]]:
-    """Two ready gateways on one Redis. Started in the set-up, which runs beside other workers' tests
-    (only the test's body runs alone, tests/parallel.py); the test replaces the ones it restarts in
-    this list, and whatever it holds at the end is stopped."""
+def rollout(sim_process, redis_server, redis_namespace) -> Iterator[Rollout]:
+    """Four gateways on one Redis, all started and ready in the set-up, which runs beside other
+    workers' tests (only the test's body runs alone, tests/parallel.py): a new pod's start-up is not
+    what this test times, its drain and hand-over are. Whatever is still running at the end is stopped."""
     config: dict[str, Any] = {
         "backends": [{"url": u} for u in sim_process], "routing": {"health_interval_s": 0.5},
         "state": redis_server.url, "state_options": {"namespace": redis_namespace},
         "shutdown": {"accept_s": ACCEPT_S, "grace_s": 60}}
-    started = [GatewayProcess(config).spawn(), GatewayProcess(config).spawn()]  # their imports overlap
-    try:
-        for g in started:
-            g.wait_ready()
-        yield started
-    finally:
-        for g in started:
-            g.stop()
+    with started(*(GatewayProcess(config) for _ in range(4))) as gateways:  # their imports overlap
+        yield Rollout(old=list(gateways[:2]), new=list(gateways[2:]))
 
 
-@pytest.mark.exclusive  # a client that must see /readyz turn 503 within the 3 s accept window
-def test_rolling_restart_under_load_loses_nothing(gateways: list[GatewayProcess]) -> None:
+@pytest.mark.exclusive  # a client that must see /readyz turn 503 within the 2 s accept window
+def test_rolling_update_under_load_loses_nothing(rollout: Rollout) -> None:
     counts = Counts()
+    urls = [g.url for g in rollout.old + rollout.new]
 
     async def scenario(rr: RoundRobin) -> None:
         # a pool per gateway, each large enough for every stream: a request never queues for a
         # connection slot (it would then connect seconds after it picked a gateway that was ready)
         limits = httpx.Limits(max_connections=STREAMS + 8, max_keepalive_connections=STREAMS + 8)
         async with contextlib.AsyncExitStack() as stack:
-            clients = {g.url: await stack.enter_async_context(httpx.AsyncClient(limits=limits)) for g in gateways}
+            clients = {url: await stack.enter_async_context(httpx.AsyncClient(limits=limits)) for url in urls}
             stop = asyncio.Event()
             await asyncio.sleep(3 * POLL_S)
             workers = [asyncio.create_task(closed_loop(rr, clients, counts, stop, w)) for w in range(STREAMS)]
-            await asyncio.sleep(2.0)
-            for i in range(len(gateways)):
+            await asyncio.sleep(1.0)
+            for old, new in zip(rollout.old, rollout.new, strict=True):
+                rr.join(new.url)
                 before = counts.requests
-                gateways[i] = await asyncio.to_thread(restart, gateways[i])
-                assert counts.requests > before  # load kept flowing during the restart
+                await asyncio.to_thread(terminate, old)
+                rr.leave(old.url)
+                assert counts.requests > before  # load kept flowing while the old pod drained
                 await asyncio.sleep(1.0)
             stop.set()
             await asyncio.gather(*workers)
 
     t0 = time.monotonic()
-    with RoundRobin([g.url for g in gateways]) as rr:
+    with RoundRobin([g.url for g in rollout.old]) as rr:
         asyncio.run(scenario(rr))
     print(f"\nslowest readiness poll {rr.slowest_poll_s:.2f}s")
-    print(f"rolling restart of 2 gateways under {STREAMS} closed-loop streams in "
+    print(f"rolling update of 2 gateways under {STREAMS} closed-loop streams in "
           f"{time.monotonic() - t0:.1f}s: requests={counts.requests} ok={counts.ok} "
           f"failed={counts.failed} truncated={counts.truncated}")
     assert counts.failed == 0 and counts.truncated == 0, counts.examples
     assert counts.ok == counts.requests > STREAMS
+    assert counts.served == set(urls), f"every gateway, old and new, completes streams: {counts.served}"
