@@ -10,12 +10,15 @@ STAMP := $(VENV)/.installed
 # fallback when uv cannot be installed. xds-protos (prefixgate epp) bundles an older copy of
 # opentelemetry/proto/*: the real opentelemetry-proto is reinstalled over it, so tracing's OTLP
 # exporter finds the names it imports.
+# The venv is made without pip (its ensurepip takes ~5 s) and the outer pip puts uv in it (`pip
+# --python`, pip >= 22.3); where that fails, the venv gets its own pip.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	if $(BIN)/pip install -q uv; then \
+	test -x $(BIN)/python || $(PY) -m venv --without-pip $(VENV)
+	if $(PY) -m pip --python $(BIN)/python install -q uv || \
+	   { $(BIN)/python -m ensurepip -q && $(BIN)/pip install -q uv; }; then \
 	  install="$(BIN)/uv pip install -q --python $(BIN)/python"; again="--reinstall"; \
 	else \
-	  $(BIN)/pip install -q -U pip; install="$(BIN)/pip install -q"; again="--force-reinstall"; \
+	  $(BIN)/python -m ensurepip -q; $(BIN)/pip install -q -U pip; install="$(BIN)/pip install -q"; again="--force-reinstall"; \
 	fi; \
 	$$install -e '.[test]' && \
 	$$install $$again --no-deps "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
@@ -41,7 +44,10 @@ TEST_WORKERS ?= 4
 # do itself.
 TEST_ENV := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/.tools/bin:$$PATH"
 
-test: venv tools
+# The virtualenv and the tools are independent: set up side by side (from a clean clone the tools'
+# download overlaps the install).
+test:
+	@$(MAKE) --no-print-directory -j2 venv tools
 	$(BIN)/ruff check -q app tests bench dashboards deploy
 	$(TEST_ENV) $(BIN)/python -m compileall -q -j 0 app tests
 	$(TEST_ENV) $(BIN)/python tests/rewrite_cache.py
