@@ -85,6 +85,29 @@ def uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Con
                           access_log=False, timeout_keep_alive=75, **kwargs)
 
 
+class _PromptServer(uvicorn.Server):
+    """uvicorn's server whose main loop ends as soon as `wake()` is called from another thread,
+    rather than at its next 0.1 s tick: the test suite stops a few thousand of these, one or more a
+    test, and each stop waited for that tick."""
+
+    _exit_now: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._exit_now = asyncio.Event()
+        counter = 0
+        while not await self.on_tick(counter):  # what uvicorn's loop does each tick (date header, limits)
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit_now.wait(), 0.1)
+
+    def wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Thread-safe: end the main loop now (after `should_exit` is set)."""
+        event = self._exit_now
+        if event is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: it has exited anyway
+                loop.call_soon_threadsafe(event.set)
+
+
 class ServerThread:
     """A uvicorn server on its own event loop in a daemon thread. `start()` returns when the
     server accepts connections; `stop()` shuts it down gracefully."""
@@ -92,7 +115,7 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, **kwargs: Any) -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.server = uvicorn.Server(uvicorn_config(app, host, self.port, **kwargs))
+        self.server = _PromptServer(uvicorn_config(app, host, self.port, **kwargs))
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"uvicorn:{self.port}")
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -118,8 +141,14 @@ class ServerThread:
             time.sleep(0.01)
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def request_stop(self) -> None:
+        """Begin the graceful shutdown without waiting for it (several servers then stop side by side)."""
         self.server.should_exit = True
+        if self.loop is not None:
+            self.server.wake(self.loop)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.request_stop()
         self._thread.join(timeout)
 
     def __enter__(self) -> ServerThread:

@@ -140,10 +140,24 @@ def build_settings(backends: Any, names: list[str] | None = None, **sections: An
 
 
 def begin_shutdown(servers: list[ServerThread]) -> None:
-    """Tell every server to exit at once: each then takes its ~0.2 s of uvicorn shutdown ticks in
-    parallel with the others, and the `stop()` calls that follow only join them."""
+    """Tell every server to exit at once: each then takes its ~0.1 s of uvicorn shutdown in parallel
+    with the others, and the `stop()` calls that follow only join them."""
     for server in servers:
-        server.server.should_exit = True
+        server.request_stop()
+
+
+# The in-process servers the running test's factories started (proxies and simulated replicas):
+# all are told to stop when its tear-down begins, so the proxies' and the replicas' shutdowns
+# overlap instead of running one fixture after the other (~0.1 s each, a thousand tests).
+_TEST_SERVERS: list[ServerThread] = []
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    servers = list(_TEST_SERVERS)
+    _TEST_SERVERS.clear()
+    begin_shutdown(servers)
+    yield
 
 
 @pytest.fixture
@@ -155,6 +169,7 @@ def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
             settings = build_settings(backends, names, **sections)
             app = create_app(settings)
             handle = ProxyHandle(app, ServerThread(app).start(), settings)
+            _TEST_SERVERS.append(handle.server)
             started.callback(handle.stop)
             handles.append(handle)
             return handle
@@ -173,6 +188,7 @@ def sim_factory() -> Iterator[Callable[..., Any]]:
         def make(replicas: int = 2, **options: Any) -> Any:
             cluster = SimCluster(replicas=replicas, **options)
             cluster.start()
+            _TEST_SERVERS.extend(cluster.servers)
             started.callback(cluster.stop)
             clusters.append(cluster)
             return cluster
