@@ -355,9 +355,9 @@ class TenantTracker:
             rid = str(target.get("rid") or "")
             pod, _, seq = rid.partition(":")
             local = state.sketches.get(int(seq)) if pod == self.pod and seq.isdigit() else None
-            digest = RequestDigest.from_record(target.get("digest"))
             if local is not None:
                 return partial(diagnose, local, sketch, **kw)
+            digest = RequestDigest.from_record(target.get("digest"))  # parsed only when needed
             if digest is not None:
                 return partial(diagnose_digest, digest, sketch, **kw)
         prev, own = self._compare_with(state, sketch, best_seq, past)
