@@ -87,7 +87,7 @@ async def one(stage, services, i: int, content: str) -> float:
     await stage.before_route(ctx)
     routed = time.process_time() - c0
     replica = services.replicas.all()[0]
-    ctx.decision = SimpleNamespace(replica=replica, matched_blocks=0, reason="bench")
+    ctx.decision = SimpleNamespace(replica=replica, matched_blocks=0, available_blocks=0, reason="bench")
     ctx.timings.upstream_sent = time.perf_counter()
     ctx.result.answered(200)
     n = ctx.fingerprint.num_tokens if ctx.fingerprint is not None and ctx.fingerprint.num_tokens else 1

@@ -144,6 +144,16 @@ def test_redaction_hides_text() -> None:
     assert "Secret" not in snippet(text, 14, spans, show_text=False)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=0x3000), max_size=80) | st.text(max_size=80))
+def test_redaction_keeps_the_shape_of_any_text(text: str) -> None:
+    """Letters become x and digits 9 by Unicode's definitions, whatever path a text takes (an
+    ASCII text is mapped by a translation table, anything else character by character)."""
+    shape = "".join("9" if ch.isdigit() else "x" if ch.isalpha() else ch for ch in text)
+    assert redact(text) == shape
+    assert redact(text + "é") == shape + "x" and redact(text + "٣") == shape + "9"
+
+
 
 
 def _realignment_per_anchor(prev: str, cur: str, d: int, material: int, pd: int | None = None):

@@ -71,3 +71,15 @@ def test_non_segmentable_tokenizer_falls_back(tok: SegmentTokenizer) -> None:
     fake = SegmentTokenizer(tok.tokenizer, tok.template, ["in"])
     assert not fake.segmented
     assert fake.split("a in b") == ["a in b"]
+
+
+_PIECES = st.one_of(st.sampled_from(SPECIALS), st.text(max_size=40),
+                    st.text(alphabet=" \n\t", max_size=6), st.sampled_from(["don't", " 2026-12-03", "日本語", "  x"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(_PIECES, max_size=10).map("".join), min_size=1, max_size=6))
+def test_batch_encoding_gives_the_single_encodes_ids(tok: SegmentTokenizer, texts: list[str]) -> None:
+    """The batch path (worker threads and the cold pool: the tokenizer's batch encode without
+    character offsets) gives exactly the ids of the tokenizer's own single encode."""
+    assert tok.encode_many(texts) == [tok.encode(t) for t in texts]

@@ -51,6 +51,7 @@ from app.prefix.tool_dump import ToolDump
 from app.prefix.tracker import HASH_ENTRY_BYTES, HASH_SLOT_BYTES, TenantTracker
 from app.proxy.context import PrefixStageState, RequestContext
 from app.state.memory import MemoryStore
+from app.telemetry.child import child
 from app.telemetry.funnel import count_reuse
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ class PrefixStage:
             if self._blind(fp):
                 await self._finish_before_routing(fp, task)
         ctx.fingerprint = fp
-        self.metrics.fingerprint_requests.labels(routed_mode(fp)).inc()
+        child(self.metrics.fingerprint_requests, routed_mode(fp)).inc()
         state = ctx.prefix = PrefixStageState(inp, len(fp.block_hashes), fp.complete)
         if not fp.complete:
             state.pending = task
@@ -361,7 +362,7 @@ class PrefixStage:
         delivered = ctx.engine_cached_tokens
         model = ctx.model or "unknown"
         tenant = self.metrics.tenant_label(ctx.tenant)
-        self.metrics.cached_tokens.labels(ctx.route, model, tenant, "predicted").inc(predicted)
+        child(self.metrics.cached_tokens, ctx.route, model, tenant, "predicted").inc(predicted)
         reported = delivered if isinstance(delivered, int) and delivered >= 0 else None
         count_reuse(self.metrics.reuse_tokens, predicted_hit_tokens(available, n, b), predicted, reported)
         if reported is not None:
@@ -382,13 +383,13 @@ class PrefixStage:
                                          price=self._pricer(replica, b, prompt_tokens,
                                                             predicted if reported is None else reported))
         if obs.continuity is not None:
-            self.metrics.continuity.labels(tenant).set(obs.continuity)
+            child(self.metrics.continuity, tenant).set(obs.continuity)
         if obs.diagnosis is not None and obs.diagnosis.cause is not None:
-            self.metrics.breaks.labels(ctx.route, tenant, obs.diagnosis.cause).inc()
+            child(self.metrics.breaks, ctx.route, tenant, obs.diagnosis.cause).inc()
             if obs.bill is not None:
-                self.metrics.break_recomputed_tokens.labels(tenant, obs.diagnosis.cause).inc(obs.bill.tokens)
+                child(self.metrics.break_recomputed_tokens, tenant, obs.diagnosis.cause).inc(obs.bill.tokens)
                 if obs.bill.seconds is not None:
-                    self.metrics.break_prefill_seconds.labels(tenant, obs.diagnosis.cause).inc(obs.bill.seconds)
+                    child(self.metrics.break_prefill_seconds, tenant, obs.diagnosis.cause).inc(obs.bill.seconds)
         evicted = self.tracker.evictions - self._evictions_seen
         if evicted > 0:
             self.metrics.tenant_evictions.inc(evicted)

@@ -72,6 +72,7 @@ from app.proxy.record import record_request
 from app.proxy.upstream import UpstreamError
 from app.routing.base import NoReplicaAvailable, RouteRequest
 from app.routing.load import estimated_tokens
+from app.telemetry.child import child
 
 if TYPE_CHECKING:
     from app.admission.gate import Admission
@@ -202,7 +203,7 @@ class RequestPipeline:
         try:
             record_request(self.metrics, ctx, clock)  # 9
             if ctx.decision is not None and ctx.dialect.parses:
-                self.metrics.prefill_tokens.labels(ctx.route, self.metrics.tenant_label(ctx.tenant)).observe(
+                child(self.metrics.prefill_tokens, ctx.route, self.metrics.tenant_label(ctx.tenant)).observe(
                     ctx.decision.prefill_tokens)
         except Exception:
             log.exception("recording metrics failed")

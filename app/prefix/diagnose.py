@@ -798,7 +798,16 @@ def redact(text: str, spans: list[Span] | None = None) -> str:
     return "".join(out)
 
 
+# ASCII's digits and letters are exactly its characters for which str.isdigit / str.isalpha hold
+_ASCII_MASK = str.maketrans({**{c: "9" for c in "0123456789"},
+                             **{c: "x" for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"}})
+
+
 def _mask(s: str) -> str:
+    """Digits become 9, letters x, the rest stays (Unicode's definitions). An ASCII text, the
+    common case, is mapped at C speed (a step per character in Python was ~0.1 ms a diagnosis)."""
+    if s.isascii():
+        return s.translate(_ASCII_MASK)
     return "".join("9" if ch.isdigit() else "x" if ch.isalpha() else ch for ch in s)
 
 

@@ -54,6 +54,14 @@ def spare_cores(serve_workers: int | None = None) -> int:
     return max(1, (cores - n) // n)
 
 
+def batch_encode(tokenizer: Any, texts: list[str]) -> list[Any]:
+    """`tokenizer.encode_batch(texts, add_special_tokens=False)` without the character offsets
+    (`encode_batch_fast`, tokenizers >= 0.21): the same ids, and ~30% less CPU on a long text,
+    which is most of a cold prompt's cost. Older tokenizers: `encode_batch`."""
+    fast = getattr(tokenizer, "encode_batch_fast", None)
+    return (fast or tokenizer.encode_batch)(texts, add_special_tokens=False)
+
+
 # ---------------------------------------------------------------------- in the child process
 _TOKENIZER: Any = None
 
@@ -80,7 +88,7 @@ def _exit_with_parent(parent: int) -> None:
 def _encode_child(texts: list[str]) -> list[bytes]:
     """ids of each text (add_special_tokens=False, as engines encode chat), as raw uint32 bytes:
     the parent rebuilds the arrays with one copy, no per-id objects on either side."""
-    return [array("I", e.ids).tobytes() for e in _TOKENIZER.encode_batch(texts, add_special_tokens=False)]
+    return [array("I", e.ids).tobytes() for e in batch_encode(_TOKENIZER, texts)]
 
 
 def _ping() -> int:

@@ -40,7 +40,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
-from app.prefix.pool import ColdPool
+from app.prefix.pool import ColdPool, batch_encode
 from app.prefix.resplit import SplitMemo
 from app.prefix.template import ChatTemplate, load_chat_template
 
@@ -360,7 +360,7 @@ class SegmentTokenizer:
 
     def encode_many(self, texts: list[str]) -> list[Ids]:
         """Several texts at once, without holding the GIL (see encode_segments)."""
-        return [array("I", e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        return [array("I", e.ids) for e in batch_encode(self.tokenizer, texts)]
 
     def lookup(self, segment: str) -> Ids | None:
         """Known ids of a segment without encoding (specials are always known)."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
+from app.telemetry.child import child
+
 STAGES = ("available", "captured", "delivered", "beyond_available")
 
 
@@ -38,4 +40,4 @@ def reuse_parts(available: int, captured: int, delivered: int | None) -> dict[st
 def count_reuse(counter: Counter, available: int, captured: int, delivered: int | None) -> None:
     """Add one request to the funnel's counter."""
     for stage, tokens in reuse_parts(available, captured, delivered).items():
-        counter.labels(stage=stage).inc(tokens)
+        child(counter, stage).inc(tokens)  # the counter's one label
