@@ -106,7 +106,9 @@ def test_retry_to_the_second_endpoint_follows_the_served_metadata(sim_factory, e
                       routing={"policy": "round_robin", "max_retries": 1, "health_interval_s": 3600})
     gone, live = map(endpoint, sim.urls)
     deadline = time.monotonic() + 5
-    while not epp.epp.ready():  # the first health round saw both replicas up
+    # the first health round saw both replicas up (`ready()` is true once one of them is: the
+    # other's probe may still be in flight, and would then see it dead)
+    while not all(r.healthy for r in epp.app.services.replicas.all()):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     sim.servers[0].stop()  # dies after the health check: the EPP still lists it
