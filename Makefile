@@ -40,7 +40,7 @@ TEST_WORKERS ?= 4
 # Bytecode is written even where the environment says PYTHONDONTWRITEBYTECODE: every worker and
 # every child process (`prefixgate serve`, the simulator) would otherwise compile app/ and rewrite
 # the tests' asserts anew on every run. app/ is compiled once up front, in parallel, and so are the
-# test modules as pytest rewrites them (tests/rewrite_cache.py), which each worker would otherwise
+# test modules as pytest rewrites them (tests/warm_bytecode.py), which each worker would otherwise
 # do itself.
 TEST_ENV := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/.tools/bin:$$PATH"
 
@@ -50,7 +50,7 @@ test:
 	@$(MAKE) --no-print-directory -j2 venv tools
 	$(BIN)/ruff check -q app tests bench dashboards deploy
 	$(TEST_ENV) $(BIN)/python -m compileall -q -j 0 app tests
-	$(TEST_ENV) $(BIN)/python tests/rewrite_cache.py
+	$(TEST_ENV) $(BIN)/python tests/warm_bytecode.py
 	$(TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: venv
