@@ -40,8 +40,8 @@ TEST_WORKERS ?= 4
 # Bytecode is written even where the environment says PYTHONDONTWRITEBYTECODE: every worker and
 # every child process (`prefixgate serve`, the simulator) would otherwise compile app/ and rewrite
 # the tests' asserts anew on every run. app/ is compiled once up front, in parallel, and so are the
-# test modules as pytest rewrites them (tests/warm_bytecode.py), which each worker would otherwise
-# do itself.
+# test modules as pytest rewrites them and the client SDKs the tests import (tests/warm_bytecode.py),
+# which each worker would otherwise do itself.
 TEST_ENV := PYTHONDONTWRITEBYTECODE= PATH="$(CURDIR)/.tools/bin:$$PATH"
 
 # The virtualenv and the tools are independent: set up side by side (from a clean clone the tools'

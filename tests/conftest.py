@@ -131,6 +131,14 @@ class ProxyHandle:
             assert time.monotonic() < deadline, "no engine scrape"
             time.sleep(0.02)
 
+    def wait_models(self, timeout: float = 10.0) -> None:
+        """Wait until the health checker has read every replica's model list: until then a replica
+        whose list is unknown does not serve the model (the `serves_model` filter)."""
+        deadline = time.monotonic() + timeout
+        while any(r.models is None for r in self.services.replicas.all()):
+            assert time.monotonic() < deadline, "a replica's model list is still unknown"
+            time.sleep(0.01)
+
     def sample(self, name: str, **labels: str) -> float | None:
         """The value of one sample in the proxy's registry (None when absent), once settled."""
         self.settle()
@@ -181,8 +189,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture
 def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
-    handles: list[ProxyHandle] = []
-    with contextlib.ExitStack() as started:  # stops them in reverse order at teardown
+    """Started proxies; told to stop when the test's tear-down begins (`pytest_runtest_teardown`),
+    joined in reverse order."""
+    with contextlib.ExitStack() as started:
 
         def make(backends: Any, names: list[str] | None = None, **sections: Any) -> ProxyHandle:
             settings = build_settings(backends, names, **sections)
@@ -190,30 +199,25 @@ def proxy_factory() -> Iterator[Callable[..., ProxyHandle]]:
             handle = ProxyHandle(app, ServerThread(app).start(), settings)
             _TEST_SERVERS.append(handle.server)
             started.callback(handle.stop)
-            handles.append(handle)
             return handle
 
         yield make
-        begin_shutdown([h.server for h in handles])
 
 
 @pytest.fixture
 def sim_factory() -> Iterator[Callable[..., Any]]:
     from app.sim.testing import SimCluster
 
-    clusters: list[SimCluster] = []
-    with contextlib.ExitStack() as started:  # stops them in reverse order at teardown
+    with contextlib.ExitStack() as started:  # told to stop as proxy_factory's are, joined in reverse order
 
         def make(replicas: int = 2, **options: Any) -> Any:
             cluster = SimCluster(replicas=replicas, **options)
             cluster.start()
             _TEST_SERVERS.extend(cluster.servers)
             started.callback(cluster.stop)
-            clusters.append(cluster)
             return cluster
 
         yield make
-        begin_shutdown([server for cluster in clusters for server in cluster.servers])
 
 
 @pytest.fixture

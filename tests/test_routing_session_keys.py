@@ -43,10 +43,7 @@ def fleet(sim_factory, proxy_factory, **routing):
     and passed 8 of 8 with this wait."""
     sim = sim_factory(replicas=4, time_scale=1.0, decode_tps=100.0)
     proxy = proxy_factory(sim, names=NAMES, routing=routing) if routing else proxy_factory(sim, names=NAMES)
-    deadline = time.monotonic() + 10
-    while any(r.models is None for r in proxy.services.replicas.all()):
-        assert time.monotonic() < deadline, "the first health round did not finish"
-        time.sleep(0.01)
+    proxy.wait_models()
     return proxy
 
 

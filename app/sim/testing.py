@@ -58,6 +58,8 @@ class SimCluster:
         return self
 
     def stop(self) -> None:
+        for server in self.servers:  # every replica shuts down at once; then each is joined
+            server.request_stop()
         for server in self.servers:
             server.stop()
         for app in self.apps:
