@@ -167,9 +167,7 @@ class RequestDigest:
             last=last,
             # a single-turn request's first user message is its last one: keyed once (1 MB: ~1 ms);
             # a long one (a pasted document, not a context block) is not keyed on every turn
-            first=last if first_user is last_user else [] if first_user is None
-            or first_user.end - first_user.start > FIRST_TURN_MAX_CHARS
-            else [_key(text[a:b]) for a, b in first_turn_lines(sk)],
+            first=last if first_user is last_user else [_key(text[a:b]) for a, b in first_lines],
         )
 
     def to_record(self) -> dict[str, Any]:

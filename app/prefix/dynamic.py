@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import date
 from functools import lru_cache
 
 _MONTHS = (
@@ -291,8 +292,6 @@ ROLLOVER_DAYS = 3  # a "today" moves forward by a day or a weekend between two r
 def date_days(text: str) -> set[int]:
     """The day numbers (proleptic ordinals) a date text may mean: numeric forms read both as
     day-month and month-day, written months by name; empty when it is no date."""
-    from datetime import date
-
     year = re.search(r"(?<!\d)(?:19|20)\d{2}(?!\d)", text)
     nums = [int(n) for n in re.findall(r"(?<!\d)\d{1,2}(?!\d)", text if year is None
                                        else text[:year.start()] + " " + text[year.end():])]
