@@ -65,12 +65,14 @@ def build_services(settings: Settings, store_path: str | None = None) -> Service
                         health=health, scraper=scraper, load=load, admission=admission)
 
     # --- background components (started in order, stopped in reverse): one line each ---
-    services.background.append(health)
-    services.background.append(scraper)
+    # endpoint sources first: the health checker's first pass (in its start) then probes every
+    # replica they found before the gateway serves
     for component in build_routing_components(settings, replicas, residency, metrics):
         services.background.append(component)
         if isinstance(component, KVEventSubscriber):
             services.kv_events = component
+    services.background.append(health)
+    services.background.append(scraper)
 
     # --- the pipeline's stages (their order is app/pipeline/request.py's): one line each ---
     services.hygiene = build_hygiene_stage(settings, metrics)

@@ -31,9 +31,10 @@ async def test_probe_timeouts_must_repeat_before_a_replica_leaves_rotation() -> 
     server, port = await _hanging_server()
     replica = Replica(name="slow", url=f"http://127.0.0.1:{port}")
     checker = HealthChecker(ReplicaSet([replica]), Metrics(), interval_s=60, probe_timeout_s=0.2)
-    await checker.start()
+    await checker.start()  # its first pass is the first timed-out probe
     try:
-        for _ in range(PROBE_TIMEOUTS_TO_FAIL - 1):
+        assert replica.healthy
+        for _ in range(PROBE_TIMEOUTS_TO_FAIL - 2):
             assert await checker.check(replica) is True
             assert replica.healthy
         assert await checker.check(replica) is False
@@ -47,8 +48,9 @@ async def test_refused_connection_fails_at_once() -> None:
     port = free_port()  # closed again: nothing listens there
     replica = Replica(name="gone", url=f"http://127.0.0.1:{port}")
     checker = HealthChecker(ReplicaSet([replica]), Metrics(), interval_s=60, probe_timeout_s=0.5)
-    await checker.start()
+    await checker.start()  # its first pass probes once
     try:
+        assert not replica.healthy
         assert await checker.check(replica) is False
         assert not replica.healthy
     finally:
@@ -74,3 +76,24 @@ def test_a_replica_answering_traffic_stays_in_rotation_while_its_health_probes_t
         time.sleep(0.3)
     assert set(statuses) == {200}, statuses
     assert proxy.sample("prefixgate_backend_healthy", backend="busy") == 1
+
+
+def test_the_gateway_starts_serving_once_every_replica_s_model_list_is_known(
+        fake_upstream_factory, proxy_factory) -> None:
+    """Start-up waits for the first probe pass: a request sent the moment the gateway is up must not
+    find one replica's model list known and another's still unknown (the serves-the-model filter
+    would leave out a replica that serves the model; CI saw round robin skip its first replica)."""
+    completion = {"id": "c", "object": "chat.completion", "created": 1, "model": "fake",
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+    script = lambda _: FakeResponse(headers={"content-type": "application/json"},  # noqa: E731
+                                    chunks=[(0, orjson.dumps(completion))])
+    slow_list = fake_upstream_factory(script, models_delay_s=0.6)
+    quick_list = fake_upstream_factory(script)
+    proxy = proxy_factory([slow_list.url, quick_list.url], names=["a", "b"],
+                          routing={"policy": "round_robin", "health_interval_s": 3600})
+    assert httpx.get(proxy.url + "/readyz", timeout=5).json()["healthy_backends"] == ["a", "b"]
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
+    backends = [httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=10).headers["x-prefixgate-backend"]
+                for _ in range(2)]
+    assert backends == ["a", "b"]

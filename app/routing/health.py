@@ -51,9 +51,14 @@ class HealthChecker:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        """Probe every replica once before returning, so the gateway starts serving (and /readyz
+        answers) knowing which replicas are up and which models each serves. Without it a request
+        in the first pass's window saw some lists known and others not, and the serves-the-model
+        filter left out a replica that serves it. The pass is bounded by the probe timeout."""
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.probe_timeout_s))
         for replica in self.replicas.all():
             self._publish(replica)
+        await self._check_all_logged()
         self._task = asyncio.create_task(self._loop(), name="prefixgate-health")
 
     async def stop(self) -> None:
@@ -143,12 +148,16 @@ class HealthChecker:
     def _publish(self, replica: Replica) -> None:
         self.metrics.backend_healthy.labels(replica.name).set(1 if replica.healthy else 0)
 
+    async def _check_all_logged(self) -> None:
+        try:
+            await self.check_all()
+        except Exception:  # a bug in one pass must not end health checking
+            log.exception("health check pass failed")
+
     async def _loop(self) -> None:
+        """Wait an interval (probing open breakers every `OPEN_PROBE_S`), then probe every replica;
+        start() ran the first pass."""
         while True:
-            try:
-                await self.check_all()
-            except Exception:  # a bug in one pass must not end health checking
-                log.exception("health check pass failed")
             deadline = time.monotonic() + self.interval_s
             while (remaining := deadline - time.monotonic()) > 0:
                 self._wake.clear()
@@ -157,3 +166,4 @@ class HealthChecker:
                 unhealthy = [r for r in self.replicas.all() if not r.healthy]
                 if unhealthy:
                     await asyncio.gather(*(self.check(r) for r in unhealthy))
+            await self._check_all_logged()
