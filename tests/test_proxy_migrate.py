@@ -305,3 +305,17 @@ def test_splicer_drops_the_role_keeps_the_ids_and_sums_usage() -> None:
     first, usage = orjson.loads(events[0]), orjson.loads(events[1])
     assert (first["id"], first["created"], first["choices"][0]["delta"]) == ("chatcmpl-1", 7, {"content": " you"})
     assert usage["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+
+
+def test_splicer_keeps_an_empty_text_event_that_carries_token_ids() -> None:
+    """vLLM sends a token whose bytes do not end a character as `"content": ""` with its
+    `token_ids`; dropped, the client's ids would miss it (real vLLM: 294 of 300, tests/e2e)."""
+    splicer = Splicer(CHAT, Partial(text="Hello", tokens=2, ids={"id": "chatcmpl-1", "created": 7, "model": "m"}))
+    role = chat_chunk({"role": "assistant", "content": ""})
+    byte_token = {**chat_chunk({"content": ""}), "id": "chatcmpl-2"}
+    byte_token["choices"][0]["token_ids"] = [246]
+    out = splicer.feed(sse(role, byte_token, b"[DONE]"))
+    events = events_of(out)
+    assert len(events) == 2 and events[-1] == b"[DONE]"
+    kept = orjson.loads(events[0])["choices"][0]
+    assert (kept["delta"], kept["token_ids"]) == ({"content": ""}, [246])

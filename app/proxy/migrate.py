@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 MAX_RECORDED_BYTES = 8 * 1024 * 1024  # a longer stream is not continued (what was sent is not kept)
 _DONE = b"[DONE]"
 _CHAT_EXTRA = ("reasoning", "reasoning_content")
+_EMPTY: tuple[Any, ...] = (None, "", [], {})
 
 
 @dataclass
@@ -201,7 +202,9 @@ class Splicer:
 
     def _keep_chat(self, obj: dict[str, Any]) -> bool:
         """Drop the continuation's role (the client had it); an event left with nothing goes (its
-        per-chunk usage included: the next event carries the same count)."""
+        per-chunk usage included: the next event carries the same count). An event whose text is
+        empty but that carries anything else on a choice stays: vLLM sends a token whose bytes do
+        not end a character as `"content": ""` with its `token_ids` (`return_token_ids`)."""
         choices = obj.get("choices")
         if not isinstance(choices, list) or not choices:
             return True
@@ -212,9 +215,9 @@ class Splicer:
             delta = choice.get("delta")
             if isinstance(delta, dict):
                 delta.pop("role", None)
-                if any(v not in (None, "", [], {}) for v in delta.values()):
+                if any(v not in _EMPTY for v in delta.values()):
                     keep = True
-            if choice.get("finish_reason") is not None or choice.get("logprobs"):
+            if any(v not in _EMPTY for k, v in choice.items() if k not in ("index", "delta")):
                 keep = True
         return keep
 

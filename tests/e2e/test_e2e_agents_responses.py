@@ -168,20 +168,28 @@ def test_previous_response_id_chain_predicted_from_what_the_proxy_relayed(e2e_pr
             retok = encode(previous.output_text)  # the reply as the next prompt holds it
             framing = encode(f"<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
             n_prev = previous.usage.input_tokens
-            assert len(sampled) == previous.usage.output_tokens, (rid, len(sampled), previous.usage.output_tokens)
+            out_tokens = previous.usage.output_tokens  # what the proxy compares its re-tokenised ids with
+            # vLLM 0.32's Responses logprobs can leave a sampled token out (seen: one of a random model's
+            # odd tokens, where the re-tokenised text has three byte tokens); then the sampled ids, and
+            # so the engine's figure, are not known to the test, and only the proxy's own rule is checked
+            ids_known = len(sampled) == out_tokens
+            assert len(sampled) <= out_tokens, (rid, len(sampled), out_tokens)
             # the next prompt is the previous one, the re-tokenised reply, then the new user turn
             assert n == n_prev + len(retok) + len(framing), (rid, n, n_prev, len(retok), len(framing))
-            agreed = _agreed(sampled[:-1], retok + framing)  # the last sampled id was never computed
-            assert engine == (n_prev + agreed) // block * block, (rid, engine, n_prev, agreed, sampled, retok)
-            if sampled == retok:
+            agreed = _agreed(sampled[:-1], retok + framing) if ids_known else None  # the last id was never computed
+            if agreed is not None:
+                assert engine == (n_prev + agreed) // block * block, (rid, engine, n_prev, agreed, sampled, retok)
+            if ids_known and sampled == retok:
                 assert predicted == engine, f"{rid}: the reply re-tokenised to its own ids: exact"
-            elif len(retok) != len(sampled):  # the proxy takes only the previous prompt's blocks
+            elif len(retok) != out_tokens:  # the proxy takes only the previous prompt's blocks
                 assert predicted == n_prev // block * block, (rid, predicted, n_prev)
-                assert engine - predicted == (n_prev + agreed) // block * block - n_prev // block * block
+                if agreed is not None:
+                    assert engine - predicted == (n_prev + agreed) // block * block - n_prev // block * block
             else:  # as many ids, other ones: the proxy trusts them (and would over-predict)
-                assert predicted == (n_prev + len(sampled) - 1) // block * block, (rid, predicted)
+                assert predicted == (n_prev + out_tokens - 1) // block * block, (rid, predicted)
             assert predicted <= engine, f"{rid}: over-predicted"
-            rows.append((rid, n, engine, predicted, len(sampled), len(retok), agreed, sampled == retok))
+            rows.append((rid, n, engine, predicted, f"{len(sampled)} of {out_tokens}", len(retok),
+                         "?" if agreed is None else agreed, sampled == retok))
         previous = response
     equal = sum(1 for r in rows if r[2] == r[3])
     print(f"\n/v1/responses previous_response_id chain (store true), real vLLM (block 32): {equal}/{TURNS} predicted "
