@@ -148,7 +148,8 @@ _line = st.lists(_piece, min_size=1, max_size=12).map("".join)
 @given(lines=st.lists(_line, min_size=3, max_size=30), edit=st.floats(0.0, 1.0), tail=_text)
 def test_reused_prefix_ids_equal_the_full_encode(tok: SegmentTokenizer, lines: list[str], edit: float,
                                                  tail: str) -> None:
-    base = "\n".join(lines)
+    # a segment never holds an added token (the splitter cuts them out): encode_segment's input
+    base, tail = "\n".join(lines).replace("<|im_end|>", ""), tail.replace("<|im_end|>", "")
     base = (base + "\nx\n") * (INCREMENTAL_MIN_CHARS // len(base) + 2)
     tok.memo = TokenMemo(64 * 1024 * 1024)
     assert tok.encode_segment(base) == tok.encode(base)

@@ -5,6 +5,8 @@ something (docs/testing-oracles.md)."""
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from app.prefix.blocks import low64, none_hash, proxy_chain, proxy_digest, vllm_chain, vllm_chain_from
@@ -83,3 +85,12 @@ def test_sim_sglang_pages_chain_and_namespaces_share_nothing():
     keyed = [set(sglang_page_keys(tokens, 1, namespace=n)) for n in spaces]
     assert all(not (a & b) for i, a in enumerate(keyed) for b in keyed[i + 1:])
     assert all(-(2**63) <= sglang_event_hash(k) < 2**63 for k in plain)
+
+
+def test_proxy_chain_vectors():
+    """The gateway's own 64-bit chain is a stored format (Redis residency, KV-event indexes, other
+    pods): these values were recorded from its first implementation and must never change."""
+    assert proxy_chain(TOKENS, 16) == [7239153517877980863, 16364453105938386585]
+    assert proxy_chain(TOKENS, 16, salt="tenant-a") == [15212082539226047956, 615786302009226236]
+    ids = array("I", TOKENS * 3)  # the gateway's packed ids, a tuple, a list: one chain
+    assert proxy_chain(ids, 16) == proxy_chain(tuple(TOKENS * 3), 16) == proxy_chain(TOKENS * 3, 16)

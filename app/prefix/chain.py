@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.prefix.blocks import proxy_chain, proxy_digest
+from app.prefix.blocks import proxy_chain_packed, proxy_digest
 
 POLITE_BLOCKS = 512  # blocks hashed between two GIL releases in a worker thread (~0.6 ms)
 POLITE_PAUSE_S = 0.0001
@@ -66,16 +66,16 @@ def extend_node(node: ChainNode, ids: Sequence[int], polite: bool = False) -> Ch
     tokens = node.tail + array("I", ids) if node.tail else array("I", ids)
     b = node.block_size
     if not polite or len(tokens) <= POLITE_BLOCKS * b:
-        hashes = array("Q", proxy_chain(tokens, b, salt=node.salt, parent=node.digest))
+        hashes = proxy_chain_packed(tokens, b, salt=node.salt, parent=node.digest)
     else:
-        out: list[int] = []
+        hashes = array("Q")
         digest = node.digest
         for start in range(0, len(tokens) // b, POLITE_BLOCKS):
-            part = proxy_chain(tokens[start * b:(start + POLITE_BLOCKS) * b], b, salt=node.salt, parent=digest)
-            out.extend(part)
+            part = proxy_chain_packed(tokens[start * b:(start + POLITE_BLOCKS) * b], b, salt=node.salt,
+                                      parent=digest)
+            hashes.extend(part)
             digest = proxy_digest(part[-1])
             time.sleep(POLITE_PAUSE_S)  # releases the GIL long enough for a waiting event loop
-        hashes = array("Q", out)
     used = len(hashes) * b
     digest = proxy_digest(hashes[-1]) if hashes else node.digest
     return ChainNode(next(_keys), hashes, tokens[used:], digest, node.salt, b,

@@ -158,8 +158,9 @@ class Fingerprinter:
             size = opts.cold_pool_workers
             workers = spare_cores() if size == "auto" else int(size)
             if workers > 0:
+                fast = list(tokenizer.splitter.specials) if tokenizer.fast is not None else None
                 tokenizer.cold = ColdPool(tokenizer.tokenizer_json, workers, opts.cold_pool_inflight,
-                                          opts.cold_pool_min_chars)
+                                          opts.cold_pool_min_chars, fast_split_at=fast)
         return cls(tokenizer, mode, chains, opts.inline_chars, opts.inline_hash_tokens)
 
     def close(self) -> None:
@@ -449,5 +450,5 @@ class Fingerprinter:
         out = array("I")
         for segment in self.tokenizer.split(text):
             ids = self.tokenizer.lookup(segment)
-            out.extend(ids if ids is not None else self.tokenizer.encode(segment))
+            out.extend(ids if ids is not None else self.tokenizer.encode_plain(segment))
         return out

@@ -64,15 +64,21 @@ def batch_encode(tokenizer: Any, texts: list[str]) -> list[Any]:
 
 # ---------------------------------------------------------------------- in the child process
 _TOKENIZER: Any = None
+_FAST: Any = None  # the child's FastBPE when the parent uses one (app/prefix/fast_bpe.py)
 
 
-def _init_child(tokenizer_json: str) -> None:
-    """Load the tokenizer once per child; one thread each (the pool is sized to the cores)."""
-    global _TOKENIZER
+def _init_child(tokenizer_json: str, fast_split_at: list[str] | None = None) -> None:
+    """Load the tokenizer once per child; one thread each (the pool is sized to the cores). With
+    `fast_split_at` (the parent encodes through the fast BPE encoder), the child builds and checks
+    its own; one that fails its checks leaves the child on the tokenizer's encoder (the same ids)."""
+    global _TOKENIZER, _FAST
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     from tokenizers import Tokenizer
     _TOKENIZER = Tokenizer.from_file(tokenizer_json)
+    if fast_split_at is not None:
+        from app.prefix.fast_bpe import build
+        _FAST = build(_TOKENIZER, fast_split_at)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -88,6 +94,8 @@ def _exit_with_parent(parent: int) -> None:
 def _encode_child(texts: list[str]) -> list[bytes]:
     """ids of each text (add_special_tokens=False, as engines encode chat), as raw uint32 bytes:
     the parent rebuilds the arrays with one copy, no per-id objects on either side."""
+    if _FAST is not None:
+        return [ids.tobytes() for ids in _FAST.encode_many(texts)]
     return [array("I", e.ids).tobytes() for e in batch_encode(_TOKENIZER, texts)]
 
 
@@ -100,8 +108,9 @@ class ColdPool:
     """A budgeted process pool that encodes texts with the same `tokenizer.json` as the gateway."""
 
     def __init__(self, tokenizer_json: str | Path, workers: int, inflight: int = 2,
-                 min_chars: int = DEFAULT_MIN_CHARS) -> None:
+                 min_chars: int = DEFAULT_MIN_CHARS, fast_split_at: list[str] | None = None) -> None:
         self.tokenizer_json = str(tokenizer_json)
+        self.fast_split_at = fast_split_at  # the children encode through the fast BPE encoder too
         self.min_chars = min_chars  # smaller cold work stays in the worker threads
         self.workers = max(1, workers)
         self.capacity = self.workers * max(1, inflight)
@@ -135,7 +144,7 @@ class ColdPool:
             if self._executor is None:
                 self._executor = ProcessPoolExecutor(
                     self.workers, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_child, initargs=(self.tokenizer_json,))
+                    initializer=_init_child, initargs=(self.tokenizer_json, self.fast_split_at))
             return self._executor
 
     def encode(self, texts: list[str]) -> list[array]:

@@ -40,6 +40,8 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
+from app.prefix.fast_bpe import FastBPE
+from app.prefix.fast_bpe import build as build_fast_bpe
 from app.prefix.pool import ColdPool, batch_encode
 from app.prefix.resplit import SplitMemo
 from app.prefix.template import ChatTemplate, load_chat_template
@@ -304,9 +306,12 @@ class SegmentTokenizer:
             tid = tokenizer.token_to_id(s)
             if tid is not None:
                 self._special_ids[s] = tid
+        self.fast: FastBPE | None = None  # set below, once the tokenizer's own encodes verified the rest
         self.segmented = verify_segmentation(self)
         self.incremental = self.segmented and not _added_tokens_span_cuts(tokenizer, self.splitter) \
             and verify_cuts(self)
+        if self.segmented and type(self).encode is SegmentTokenizer.encode:
+            self.fast = build_fast_bpe(tokenizer, self.splitter.specials)  # segments hold no added token
 
     @classmethod
     def load(cls, path: str | Path | None = None, memo_bytes: int = DEFAULT_MEMO_BYTES,
@@ -358,8 +363,16 @@ class SegmentTokenizer:
         """The tokenizer's own single encode (add_special_tokens=False, as engines do for chat)."""
         return array("I", self.tokenizer.encode(text, add_special_tokens=False).ids)
 
+    def encode_plain(self, text: str) -> Ids:
+        """Ids of text without added tokens (a segment or a piece of one): the same as `encode`,
+        through the fast BPE encoder when the tokenizer has one (app/prefix/fast_bpe.py)."""
+        return self.fast.encode(text) if self.fast is not None else self.encode(text)
+
     def encode_many(self, texts: list[str]) -> list[Ids]:
-        """Several texts at once, without holding the GIL (see encode_segments)."""
+        """Several texts without added tokens at once: the fast encoder (which releases the GIL
+        while it encodes), else `encode_batch`, without holding the GIL (see encode_segments)."""
+        if self.fast is not None:
+            return self.fast.encode_many(texts)
         return [array("I", e.ids) for e in batch_encode(self.tokenizer, texts)]
 
     def lookup(self, segment: str) -> Ids | None:
@@ -432,7 +445,7 @@ class SegmentTokenizer:
             return ids
         start = reuse.chars if reuse is not None else 0
         cuts = self.pieces(segment, start)
-        encoded = [self.encode(piece) for piece in self._split_at(segment, start, cuts)]
+        encoded = [self.encode_plain(piece) for piece in self._split_at(segment, start, cuts)]
         ids, memo_cuts = self._assemble(segment, start, cuts, encoded, reuse)
         if reuse is not None:
             self.memo.reuses += 1
