@@ -19,6 +19,9 @@ import httpx
 from app.prefix.pool import ColdPool, spare_cores
 from tests.gateway_process import GatewayProcess
 
+# these tests send 100 KB cold prompts: below the "auto" threshold with the fast encoder (256 KiB),
+# so they set the pool's threshold to the one without it
+POOL_MIN = 64 * 1024
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
@@ -70,7 +73,7 @@ def _wait_dead(pids: list[int], timeout: float = 15.0) -> None:
 
 def test_cold_prompt_is_tokenised_in_the_pool_and_predictions_stay_exact(sim_factory, proxy_factory) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=200_000)
-    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1})
+    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_min_chars": POOL_MIN})
     hook = proxy.services.prefix
     pool = hook.fingerprinter.tokenizer.cold
     assert isinstance(pool, ColdPool) and pool.pids() == []  # nothing spawned before a cold prompt
@@ -91,7 +94,7 @@ def test_cold_prompt_is_tokenised_in_the_pool_and_predictions_stay_exact(sim_fac
 
 def test_a_full_pool_means_approx_for_that_request_not_a_queue(sim_factory, proxy_factory) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=200_000)
-    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_inflight": 1})
+    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_inflight": 1, "cold_pool_min_chars": POOL_MIN})
     hook = proxy.services.prefix
     pool = hook.fingerprinter.tokenizer.cold
     assert pool.capacity == 1 and pool.try_reserve()  # the one slot is taken (a long cold prompt)
@@ -114,7 +117,7 @@ def test_a_chain_refused_by_a_full_pool_is_learned_after_the_response(sim_factor
     next turn is predicted exactly. Refused for good, that turn predicted none of the document
     the engine had cached."""
     sim = sim_factory(replicas=1, time_scale=1.0, prefill_tps=50_000.0, kv_blocks=200_000)
-    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_inflight": 1})
+    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_inflight": 1, "cold_pool_min_chars": POOL_MIN})
     hook = proxy.services.prefix
     pool = hook.fingerprinter.tokenizer.cold
     assert pool.try_reserve()  # another cold prompt holds the one slot
@@ -143,7 +146,7 @@ def test_a_chain_refused_by_a_full_pool_is_learned_after_the_response(sim_factor
 
 def test_the_pool_stops_with_the_server(sim_factory, proxy_factory) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0)
-    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1})
+    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_min_chars": POOL_MIN})
     hook = proxy.services.prefix
     pool = hook.fingerprinter.tokenizer.cold
     with httpx.Client(base_url=proxy.url, timeout=60) as client:
@@ -183,7 +186,7 @@ def _descendants(pid: int) -> set[int]:
 
 def test_serve_workers_each_run_a_pool_that_stops_on_sigterm(sim_factory) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0)
-    cfg = {"backends": [{"url": u} for u in sim.urls], "prefix": {"cold_pool_workers": 1},
+    cfg = {"backends": [{"url": u} for u in sim.urls], "prefix": {"cold_pool_workers": 1, "cold_pool_min_chars": POOL_MIN},
            "shutdown": {"accept_s": 0, "grace_s": 2}}
     with GatewayProcess(cfg, args=["--workers", "2"]) as gw:
         assert gw.proc is not None

@@ -32,7 +32,7 @@ import aiohttp
 from app.prefix.budget import DEFAULT_BUDGET_MB, MemoryCaps
 from app.prefix.chain import ChainMemo, ChainNode, extend_node, extend_reusing
 from app.prefix.engine_tokenize import EngineTokenize, ReplicaSource
-from app.prefix.pool import ColdPool, spare_cores
+from app.prefix.pool import ColdPool, min_chars_for, spare_cores
 from app.prefix.prompt import PromptInput, engine_payload, prompt_input, render_prompt
 from app.prefix.tokens import HEAD_CHARS, INCREMENTAL_MIN_CHARS, ApproxTokenizer, Ids, Reuse, SegmentTokenizer
 
@@ -160,7 +160,8 @@ class Fingerprinter:
             if workers > 0:
                 fast = list(tokenizer.splitter.specials) if tokenizer.fast is not None else None
                 tokenizer.cold = ColdPool(tokenizer.tokenizer_json, workers, opts.cold_pool_inflight,
-                                          opts.cold_pool_min_chars, fast_split_at=fast)
+                                          min_chars_for(opts.cold_pool_min_chars, fast is not None),
+                                          fast_split_at=fast)
         return cls(tokenizer, mode, chains, opts.inline_chars, opts.inline_hash_tokens)
 
     def close(self) -> None:
