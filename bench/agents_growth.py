@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from fingerprint_cpu import _tree_cpu  # noqa: E402
 
 from app.config import Settings  # noqa: E402
-from app.proxy.context import RequestContext, Timings  # noqa: E402
+from app.dialects import CHAT  # noqa: E402
+from app.proxy.context import Arrival, RequestContext, Timings  # noqa: E402
 from app.routing.base import RouteRequest  # noqa: E402
 from app.server import build_services  # noqa: E402
 
@@ -104,8 +105,9 @@ def _rss() -> int:
 async def request(services, s: Session, seq: int) -> tuple[float, str, int]:
     """One turn through stage and router; returns (CPU seconds, routed mode, prompt tokens)."""
     stage, router = services.prefix, services.router
-    ctx = RequestContext(request_id=f"r-{seq}", route="chat", path="/v1/chat/completions", tenant="agents",
-                         headers={}, body=s.body(), model="m", stream=True, timings=Timings(arrival=time.perf_counter()))
+    ctx = RequestContext(Arrival(request_id=f"r-{seq}", dialect=CHAT, path="/v1/chat/completions", tenant="agents",
+                                 headers={}, body=s.body(), model="m", stream=True),
+                         Timings(arrival=time.perf_counter()))
     c0 = _tree_cpu(start=True)
     await stage.before_route(ctx)
     fp = ctx.fingerprint
@@ -113,12 +115,11 @@ async def request(services, s: Session, seq: int) -> tuple[float, str, int]:
     decision = await router.choose(RouteRequest("agents", "m", None, fp, fp.estimated_tokens if fp else 0))
     ctx.decision = decision
     ctx.timings.upstream_sent = time.perf_counter()
-    ctx.outcome, ctx.status = "ok", 200
+    ctx.result.answered(200)
     s.reply = " ".join(s.rng.choice(WORDS) for _ in range(60))
-    ctx.output_text = s.reply
     n = fp.num_tokens if fp is not None and fp.num_tokens else 1
-    ctx.usage = {"prompt_tokens": n, "completion_tokens": len(stage.fingerprinter.encode_small(s.reply)),
-                 "total_tokens": n}
+    ctx.result.observed({"prompt_tokens": n, "completion_tokens": len(stage.fingerprinter.encode_small(s.reply)),
+                         "total_tokens": n}, s.reply)
     stage.after_response(ctx)
     await stage.drain()
     if hasattr(router, "writes"):

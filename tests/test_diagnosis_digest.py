@@ -69,3 +69,30 @@ def test_a_date_that_rolls_over_is_told_by_the_digests_day_numbers_and_an_older_
     older = RequestDigest.from_record({key: v for key, v in record.items() if key != "dates"})
     assert older is not None and older.dates == []
     assert diagnose_digest(older, sks[1]).cause == "template_change"  # what a pod read before the field
+
+
+def test_the_head_part_is_read_once_per_head_and_equals_a_fresh_reading(fingerprinter: Fingerprinter) -> None:
+    """Every turn repeats the system prompt: its part of the digest is memoised by the head's text,
+    the character after it and its message ends, so a digest from the memo equals one read afresh,
+    and heads that differ anywhere (a date in the system prompt) are read apart."""
+    from app.prefix import digest
+
+    def sketch(system: str, turns: int) -> RequestSketch:
+        messages = [{"role": "system", "content": system}]
+        for i in range(turns):
+            messages += [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]
+        messages.append({"role": "user", "content": "and now?"})
+        inp = prompt_input("chat", {"messages": messages})
+        return build_sketch(inp, fingerprinter.complete_sync(fingerprinter.prepare(inp, 16)).text or "")
+
+    system = "You are terse.\nAs of 07/16/2026, the build is green.\nRequest ID: 7f3a9c\n"
+    later = sketch(system, 5)
+    digest._head_memo.clear()
+    fresh = RequestDigest.of(later).to_record()
+    RequestDigest.of(sketch(system, 1))  # the same head, read at an earlier turn
+    digest._head_memo.clear()
+    RequestDigest.of(sketch(system, 1))
+    assert len(digest._head_memo) == 1
+    assert RequestDigest.of(later).to_record() == fresh  # from the memo
+    other = RequestDigest.of(sketch(system.replace("07/16", "07/17"), 5))
+    assert len(digest._head_memo) == 2 and other.dates != RequestDigest.of(later).dates

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +127,47 @@ def _region_lines(sk: RequestSketch, region: Any) -> list[tuple[int, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class _Head:
+    """The digest's part that only the head (system prompt, tools) decides: its units' keys, what
+    ends each, the dates they hold without a cue."""
+
+    lines: list[str]
+    seps: str
+    dates: list[str]
+
+
+HEAD_MEMO_ENTRIES = 256  # heads read once per process: ~10 KB each (256 unit keys), ~2.5 MB at most
+_head_memo: OrderedDict[bytes, _Head] = OrderedDict()
+_head_lock = threading.Lock()
+
+
+def _head_part(sk: RequestSketch) -> _Head:
+    """The head's part of the digest, read once per distinct head: every turn of a conversation
+    repeats its system prompt and tools, and reading them (line keys, the date detector on each
+    unit) was ~1.7 ms a request in bench/agents_growth.py. Keyed by a hash of the head's text, the
+    character after it (what ends the last unit) and the message ends inside it: the inputs of
+    `head_lines`, `_sep` and `_unit_dates`."""
+    text = sk.text
+    end = head_end(sk)
+    cuts = sorted(r.end for r in sk.regions if r.end < end)
+    key = hashlib.blake2b(text[:end + 1].encode("utf-8", "surrogatepass"), digest_size=16,
+                          person=b"pg-head").digest() + repr(cuts).encode()
+    with _head_lock:
+        hit = _head_memo.get(key)
+        if hit is not None:
+            _head_memo.move_to_end(key)
+            return hit
+    units = head_lines(sk)
+    head = _Head([_key(text[a:b]) for a, b in units], "".join(_sep(text, b) for _, b in units),
+                 _unit_dates(text, units, "h"))
+    with _head_lock:
+        _head_memo[key] = head
+        while len(_head_memo) > HEAD_MEMO_ENTRIES:
+            _head_memo.popitem(last=False)
+    return head
+
+
 @dataclass
 class RequestDigest:
     lines: list[str] = field(default_factory=list)
@@ -146,7 +189,7 @@ class RequestDigest:
     @classmethod
     def of(cls, sk: RequestSketch) -> RequestDigest:
         text = sk.text
-        units = head_lines(sk)
+        head = _head_part(sk)
         history = sk.history_regions()
         tail = history[MAX_TURNS:][-LAST_TURNS:]
         users = [r for r in history if r.role == "user"]
@@ -155,9 +198,9 @@ class RequestDigest:
         first_lines = [] if first_user is None or first_user is last_user \
             or first_user.end - first_user.start > FIRST_TURN_MAX_CHARS else first_turn_lines(sk)
         return cls(
-            dates=(_unit_dates(text, units, "h") + _unit_dates(text, first_lines, "f"))[:MAX_DATES],
-            lines=[_key(text[a:b]) for a, b in units],
-            seps="".join(_sep(text, b) for _, b in units),
+            dates=(head.dates + _unit_dates(text, first_lines, "f"))[:MAX_DATES],
+            lines=head.lines,
+            seps=head.seps,
             turns=[span_key(r.role, text, r.start, r.end) for r in history[:MAX_TURNS]],
             users="".join("u" if r.role == "user" else "-" for r in history[:MAX_TURNS]),
             history=[len(history), sum(r.end - r.start for r in history)],
