@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import threading
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +116,7 @@ class Fingerprinter:
                  inline_hash_tokens: int = 16_384, engine: EngineTokenize | None = None) -> None:
         self.tokenizer = tokenizer
         self.mode = mode
+        self._release_lock = threading.Lock()
         self.engine = engine if mode == "engine" else None
         self.inline_chars = inline_chars
         self.inline_hash_tokens = inline_hash_tokens
@@ -336,9 +338,12 @@ class Fingerprinter:
         return None
 
     def release(self, fp: Fingerprint) -> None:
-        """Give back `fp`'s cold-pool slot (its tokenisation ended, however)."""
-        if fp.cold_reserved and self.tokenizer.cold is not None:
-            fp.cold_reserved = False
+        """Give back `fp`'s cold-pool slot (its tokenisation ended, however). Called by the worker
+        thread once the pool has encoded (the slot bounds the pool's work, not the hashing after
+        it) and again when the request's chain task ends: the first call gives it back."""
+        with self._release_lock:
+            reserved, fp.cold_reserved = fp.cold_reserved, False
+        if reserved and self.tokenizer.cold is not None:
             self.tokenizer.cold.release()
 
     @staticmethod
@@ -364,7 +369,9 @@ class Fingerprinter:
             hashes.extend(node.hashes)
             return ChainTip(node, hashes)
         node = work.node
-        for seg, ids in zip(work.segments, self.tokenizer.encode_segments(work.segments), strict=True):
+        encoded = self.tokenizer.encode_segments(work.segments)
+        self.release(fp)  # the pool's part is done
+        for seg, ids in zip(work.segments, encoded, strict=True):
             child = self.chains.get(node, seg)
             if child is None:
                 reuse = self.tokenizer.reuse(seg)
