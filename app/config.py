@@ -279,7 +279,7 @@ class Prefix(Section):
     cold_pool_inflight: int = Field(default=2, ge=1)  # admitted per process; past it: approx
     # smaller cold work stays in the worker threads; auto: 256 KiB with the fast BPE encoder, which
     # holds the GIL ~1 ms per 100 KB, else 64 KiB (app/prefix/pool.py)
-    cold_pool_min_chars: int | Literal["auto"] = "auto"
+    cold_pool_min_chars: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     pending_wait_ms: float = 50.0  # a prompt continuing one still being tokenised waits at most this for it
     # a prompt the hot path could not fingerprint far enough to route (a long conversation this
     # process never walked) waits at most this for its tokenisation when the residency index is
