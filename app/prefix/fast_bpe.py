@@ -156,8 +156,7 @@ def build(tokenizer: Any, split_at: Iterable[str]) -> FastBPE | None:
         ranks, pattern, nfc = structure
         fast = FastBPE(tiktoken.Encoding("prefixgate-bpe", pat_str=pattern, mergeable_ranks=ranks,
                                          special_tokens={}), nfc)
-        strings = [tokenizer.decode([tid]) for tid in range(min(tokenizer.get_vocab_size(), 1 << 17))
-                   if tokenizer.id_to_token(tid) is not None]
+        strings = tokenizer.decode_batch([[tid] for tid in range(min(tokenizer.get_vocab_size(), 1 << 17))])
         probes = [p for p in _probes([s for s in strings if s not in added]) if not any(a in p for a in added)]
         expected = [e.ids for e in tokenizer.encode_batch(probes, add_special_tokens=False)]
         for text, ids in zip(probes, expected, strict=True):
