@@ -132,9 +132,9 @@ class _Head:
     """The digest's part that only the head (system prompt, tools) decides: its units' keys, what
     ends each, the dates they hold without a cue."""
 
-    lines: list[str]
+    lines: tuple[str, ...]
     seps: str
-    dates: list[str]
+    dates: tuple[str, ...]
 
 
 HEAD_MEMO_ENTRIES = 256  # heads read once per process: ~10 KB each (256 unit keys), ~2.5 MB at most
@@ -159,8 +159,8 @@ def _head_part(sk: RequestSketch) -> _Head:
             _head_memo.move_to_end(key)
             return hit
     units = head_lines(sk)
-    head = _Head([_key(text[a:b]) for a, b in units], "".join(_sep(text, b) for _, b in units),
-                 _unit_dates(text, units, "h"))
+    head = _Head(tuple(_key(text[a:b]) for a, b in units), "".join(_sep(text, b) for _, b in units),
+                 tuple(_unit_dates(text, units, "h")))
     with _head_lock:
         _head_memo[key] = head
         while len(_head_memo) > HEAD_MEMO_ENTRIES:
@@ -198,8 +198,8 @@ class RequestDigest:
         first_lines = [] if first_user is None or first_user is last_user \
             or first_user.end - first_user.start > FIRST_TURN_MAX_CHARS else first_turn_lines(sk)
         return cls(
-            dates=(head.dates + _unit_dates(text, first_lines, "f"))[:MAX_DATES],
-            lines=head.lines,
+            dates=[*head.dates, *_unit_dates(text, first_lines, "f")][:MAX_DATES],
+            lines=list(head.lines),  # the digest's own list: the memo's entry stays as it was
             seps=head.seps,
             turns=[span_key(r.role, text, r.start, r.end) for r in history[:MAX_TURNS]],
             users="".join("u" if r.role == "user" else "-" for r in history[:MAX_TURNS]),
