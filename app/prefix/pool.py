@@ -73,6 +73,15 @@ def batch_encode(tokenizer: Any, texts: list[str]) -> list[Any]:
     return (fast or tokenizer.encode_batch)(texts, add_special_tokens=False)
 
 
+def encode_texts(tokenizer: Any, fast: Any, texts: list[str]) -> list[array]:
+    """ids of texts without added tokens, as arrays: through `fast` (a FastBPE,
+    app/prefix/fast_bpe.py) when there is one, else the tokenizer's batch encode. The serving
+    process's worker threads and the pool's children encode through this one choice."""
+    if fast is not None:
+        return fast.encode_many(texts)
+    return [array("I", e.ids) for e in batch_encode(tokenizer, texts)]
+
+
 # ---------------------------------------------------------------------- in the child process
 _TOKENIZER: Any = None
 _FAST: Any = None  # the child's FastBPE when the parent uses one (app/prefix/fast_bpe.py)
@@ -105,9 +114,7 @@ def _exit_with_parent(parent: int) -> None:
 def _encode_child(texts: list[str]) -> list[bytes]:
     """ids of each text (add_special_tokens=False, as engines encode chat), as raw uint32 bytes:
     the parent rebuilds the arrays with one copy, no per-id objects on either side."""
-    if _FAST is not None:
-        return [ids.tobytes() for ids in _FAST.encode_many(texts)]
-    return [array("I", e.ids).tobytes() for e in batch_encode(_TOKENIZER, texts)]
+    return [ids.tobytes() for ids in encode_texts(_TOKENIZER, _FAST, texts)]
 
 
 def _ping() -> int:

@@ -42,7 +42,7 @@ from tokenizers import Tokenizer
 from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
 from app.prefix.fast_bpe import FastBPE
 from app.prefix.fast_bpe import build as build_fast_bpe
-from app.prefix.pool import ColdPool, batch_encode
+from app.prefix.pool import ColdPool, encode_texts
 from app.prefix.resplit import SplitMemo
 from app.prefix.template import ChatTemplate, load_chat_template
 
@@ -289,6 +289,8 @@ class TokenMemo:
 class SegmentTokenizer:
     """A `tokenizers.Tokenizer` plus its chat template, splitter, memo and worker pool."""
 
+    TOKENIZER_IDS = True  # its ids are the tokenizer's own, so the fast BPE encoder may give them
+
     def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None, specials: Sequence[str],
                  memo_bytes: int = DEFAULT_MEMO_BYTES, workers: int = DEFAULT_WORKERS,
                  source: str = "default", split_memo_bytes: int = DEFAULT_SPLIT_MEMO_BYTES) -> None:
@@ -310,7 +312,7 @@ class SegmentTokenizer:
         self.segmented = verify_segmentation(self)
         self.incremental = self.segmented and not _added_tokens_span_cuts(tokenizer, self.splitter) \
             and verify_cuts(self)
-        if self.segmented and type(self).encode is SegmentTokenizer.encode:
+        if self.segmented and self.TOKENIZER_IDS:
             self.fast = build_fast_bpe(tokenizer, self.splitter.specials)  # segments hold no added token
 
     @classmethod
@@ -371,9 +373,7 @@ class SegmentTokenizer:
     def encode_many(self, texts: list[str]) -> list[Ids]:
         """Several texts without added tokens at once: the fast encoder (which releases the GIL
         while it encodes), else `encode_batch`, without holding the GIL (see encode_segments)."""
-        if self.fast is not None:
-            return self.fast.encode_many(texts)
-        return [array("I", e.ids) for e in batch_encode(self.tokenizer, texts)]
+        return encode_texts(self.tokenizer, self.fast, texts)
 
     def lookup(self, segment: str) -> Ids | None:
         """Known ids of a segment without encoding (specials are always known)."""
@@ -512,6 +512,8 @@ class SegmentTokenizer:
 class ApproxTokenizer(SegmentTokenizer):
     """Character-block pseudo-tokens (one per 4 chars, crc32): the last-resort mode when no
     tokenizer matches the engine. Consistent with itself only; predictions are approximate."""
+
+    TOKENIZER_IDS = False  # pseudo-tokens of its own: no fast encoder
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
