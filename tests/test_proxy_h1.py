@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import socket
 import time
+from types import SimpleNamespace
 
 import httpx
 import orjson
 from fake_upstream import FakeResponse, sse
 
+import app.proxy.h1 as h1
 import app.proxy.relay as relay
 
 CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "stream": True}
@@ -111,3 +113,36 @@ def test_pooled_connection_the_replica_closed_is_not_reused(fake_upstream_factor
     backend = proxy.services.replicas.names()[0]
     for kind in ("disconnect", "connect", "midstream", "timeout"):
         assert proxy.sample("prefixgate_upstream_errors_total", backend=backend, kind=kind) is None
+
+
+
+def test_a_connection_idle_past_the_engines_keep_alive_is_not_reused(fake_upstream_factory, proxy_factory,
+                                                                    monkeypatch) -> None:
+    """vLLM's and SGLang's uvicorn close a connection idle for 5 s. Reused at that moment, the
+    request would be written as the replica closes it: no answer, a disconnect counted against a
+    healthy replica and the request failed over, away from its prefix. So a connection idle 4.5 s
+    is not handed out: the next request opens a new one (and one idle 1 s is still reused)."""
+    events = _events(3, 5)
+    up = fake_upstream_factory(lambda req: _stream(events))
+    proxy = proxy_factory([up.url])
+    shift = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(h1, "time", SimpleNamespace(monotonic=lambda: real() + shift[0]))
+    pool = proxy.services.upstream.h1
+    assert pool is not None
+    used: list[object] = []  # the connection each request left in the pool
+
+    def post() -> None:
+        r = httpx.post(proxy.url + "/v1/chat/completions", json=CHAT, timeout=30)
+        assert r.status_code == 200 and r.content.endswith(b"data: [DONE]\n\n")
+        proxy.settle()
+        (conn,) = [c for conns in pool.idle.values() for c in conns]
+        used.append(conn)
+
+    post()
+    shift[0] += 1.0  # idle 1 s: reused
+    post()
+    shift[0] += 4.5  # idle 4.5 s: past the bound, closed instead
+    post()
+    assert used[0] is used[1] and used[2] is not used[1]
+    assert used[1].closed and not used[2].closed

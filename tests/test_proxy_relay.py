@@ -271,6 +271,7 @@ def test_fast_path_over_real_sockets_split_usage_and_tricky_text(fake_upstream_f
     proxy.services.hooks.append(Capture())
     _, received = stream_chunks(proxy.url, CHAT)
     assert b"".join(c for c, _ in received) == role() + token("a") + tricky + token("c") + sse(b"[DONE]")
+    proxy.settle()  # the hooks run after the last byte went out: the client can see [DONE] first
     assert seen == ['a{"choices":[],"usage":{}}c']
     assert proxy.sample("prefixgate_prompt_tokens_total", route="chat", model="fake", tenant="default") == 1500
     # gaps between the token reads only (2; 1 if a stall merged two reads), none for usage/[DONE]

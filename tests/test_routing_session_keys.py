@@ -18,6 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -177,6 +178,32 @@ def test_a_bound_session_leaves_its_saturated_replica(sim_factory, proxy_factory
         assert long_turn.result(timeout=30) == home
     assert moved != home
     assert chat_backend(client, 3, "busy-session") == moved  # rebound where it went
+
+
+def test_an_older_turn_s_late_first_byte_does_not_move_its_session_back(sim_factory, proxy_factory):
+    """The binding follows the session's newest routed turn. Turn 1 waits on the session's replica
+    before its first byte (a long prefill: the replica is saturated meanwhile), turn 2 goes
+    elsewhere and is bound there, then turn 1's first byte comes: the session stays where turn 2
+    went. (Bound at each first byte, turn 1's late write moved it back: CI saw this order once.)"""
+    sim = sim_factory(replicas=4, time_scale=1.0, decode_tps=100.0)
+    proxy = proxy_factory(sim, names=NAMES, admission={"saturated_inflight": 1})
+    proxy.wait_models()
+    client = openai_client(proxy)
+    home = chat_backend(client, 0, "late-session", max_tokens=4)
+    httpx.post(sim.urls[NAMES.index(home)] + "/sim/faults", json={"mode": "stall", "delay_s": 3.0}).raise_for_status()
+    with ThreadPoolExecutor(1) as pool:
+        stalled = pool.submit(chat_backend, client, 1, "late-session", 4)
+        replica = proxy.services.replicas.get(home)
+        deadline = time.monotonic() + 10
+        while replica.inflight < 1:
+            assert time.monotonic() < deadline and not stalled.done(), "turn 1 never was in flight"
+            time.sleep(0.005)
+        moved = chat_backend(client, 2, "late-session", max_tokens=4)
+        assert not stalled.done(), "turn 1 got its first byte before turn 2 ended: the order under test did not happen"
+        assert stalled.result(timeout=30) == home
+    assert moved != home
+    proxy.drain()
+    assert chat_backend(client, 3, "late-session", max_tokens=4) == moved
 
 
 def test_first_source_found_wins_in_the_configured_order():

@@ -34,7 +34,8 @@ def start_workers(sim: Any, **config: Any) -> GatewayProcess:
     """A `--workers 2` gateway whose two workers both serve: /readyz answers once one of them does
     (one polling client keeps one connection, so one worker), and these tests read each worker."""
     cfg = {"backends": [{"url": u} for u in sim.urls], "routing": {"health_interval_s": 0.5}, **config}
-    gw = GatewayProcess(cfg, args=["--workers", "2"]).start()
+    # debug: each attempt's routing decision and costs are logged (prefixgate.route), for failures
+    gw = GatewayProcess(cfg, args=["--workers", "2", "--log-level", "debug"]).start()
     deadline = time.monotonic() + 30
     for sock in worker_sockets(gw):
         while True:
@@ -84,11 +85,21 @@ def shared_owner(gw: GatewayProcess, response_id: str, timeout: float = 10.0) ->
     return asyncio.run(poll())
 
 
-def requests_served(sock: str) -> float:
+def worker_metrics(sock: str) -> str:
     with httpx.Client(transport=httpx.HTTPTransport(uds=sock), timeout=5) as client:
-        text = client.get("http://worker/metrics").text
-    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "prefixgate_requests"
+        return client.get("http://worker/metrics").text
+
+
+def requests_served(sock: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(worker_metrics(sock)) if f.name == "prefixgate_requests"
                for s in f.samples if s.name == "prefixgate_requests_total")
+
+
+def route_decisions(sock: str) -> dict[tuple[str, str], float]:
+    """(backend, reason) -> the worker's routing decisions so far (what a failure message shows)."""
+    return {(s.labels["backend"], s.labels["reason"]): s.value
+            for f in text_string_to_metric_families(worker_metrics(sock)) if f.name == "prefixgate_route_decisions"
+            for s in f.samples if s.name == "prefixgate_route_decisions_total"}
 
 
 def turn(url: str, tenant: str, messages: list[dict[str, str]]) -> httpx.Response:
@@ -112,6 +123,7 @@ def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim
     gateways.append(gw)
     sockets = worker_sockets(gw)
     crossed = 0  # turns served by another worker than their conversation's first turn
+    history: list[str] = []  # every turn's worker, replica and routing reason, for a failure's message
     for conv in range(6):
         tenant = f"conv{conv}"
         messages = [{"role": "system", "content": SYSTEM + f" Conversation {conv}."}]
@@ -119,16 +131,22 @@ def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim
         for n in range(4):
             messages.append({"role": "user", "content": f"question {n} of conversation {conv}"})
             before = [requests_served(s) for s in sockets]
+            decided = [route_decisions(s) for s in sockets]
             resp = turn(gw.url, tenant, messages)
             after = [requests_served(s) for s in sockets]
             (worker,) = [i for i in range(2) if after[i] > before[i]]
             backend = resp.headers["x-prefixgate-backend"]
             matched, total = (int(x) for x in resp.headers["x-prefixgate-prefix"].split("/"))
+            reasons = {k: v - decided[worker].get(k, 0) for k, v in route_decisions(sockets[worker]).items()
+                       if v > decided[worker].get(k, 0)}  # this turn's decision(s): a failover shows two
+            history.append(f"conv {conv} turn {n}: worker {worker}, {backend}, prefix {matched}/{total}, {reasons}")
             if n == 0:
                 first_worker, first_backend = worker, backend
             else:
-                assert backend == first_backend, (conv, n)
-                assert matched > 0, (conv, n, matched, total)  # the other worker knew the prefix
+                why = "\n".join(history) + "\n--- gateway log (routing and warnings) ---\n" + "\n".join(
+                    line for line in gw.log().splitlines() if "prefixgate.route" in line or "WARNING" in line)
+                assert backend == first_backend, why
+                assert matched > 0, why  # the other worker knew the prefix
                 crossed += worker != first_worker
             messages.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
     assert crossed > 0, "no turn reached another worker than its conversation's first: the test proves nothing"

@@ -11,6 +11,7 @@ failed one says so, so the proxy overhead never includes a failed attempt's wait
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 Mode = Literal["stream", "buffered", "raw"]
 _ERROR_SNIPPET = 200
+# every attempt's routing decision in one line (`--log-level debug`): replica names and token
+# counts, never prompt text
+route_log = logging.getLogger("prefixgate.route")
 
 
 async def _status_error(replica: Replica, resp: Response) -> UpstreamError:
@@ -92,6 +96,9 @@ class Forwarder:
                     raise last_error from None
                 raise
             replica = decision.replica
+            if route_log.isEnabledFor(logging.DEBUG):
+                route_log.debug("%s attempt %d: %s (costs %s)", ctx.request_id, len(tried) + 1, decision.explanation,
+                                ", ".join(f"{name} {cost:.0f}" for name, cost in decision.scores.items()))
             tried.add(replica.name)
             ctx.decision = decision
             ctx.attempts += 1

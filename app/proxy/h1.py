@@ -39,7 +39,10 @@ from yarl import URL
 from app.config import Limits
 
 HIGH_WATER = 256 * 1024  # buffered, unread body bytes before the replica is paused (readany mode)
-IDLE_S = 75.0  # a pooled connection idle longer than this is closed, not reused
+# A pooled connection idle longer than this is closed, not reused: below the engines' own
+# keep-alive (vLLM's and SGLang's uvicorn close an idle connection after 5 s), so the gateway
+# never hands out a connection the replica is closing at that moment (docs/relay.md).
+IDLE_S = 4.0
 _Key = collections.namedtuple("_Key", "host port is_ssl ssl proxy proxy_auth proxy_headers_hash")
 
 Sink = Callable[[bytes], None]

@@ -23,7 +23,7 @@ import aiohttp
 from yarl import URL
 
 from app.config import Limits
-from app.proxy.h1 import H1Pool, H1Response, plain_http
+from app.proxy.h1 import IDLE_S, H1Pool, H1Response, plain_http
 from app.routing.base import Replica
 
 # Request headers never forwarded upstream: hop-by-hop ones, those aiohttp sets itself, and
@@ -96,7 +96,8 @@ class Upstream:
         self._plain: dict[str, bool] = {}
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=75,
+        # idle connections go before the engines' 5 s keep-alive closes them (app/proxy/h1.py, IDLE_S)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=IDLE_S,
                                          enable_cleanup_closed=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.limits.connect_timeout_s,
                                         sock_read=self.limits.read_timeout_s)

@@ -10,6 +10,7 @@ docs/routing.md describes each.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -76,6 +77,9 @@ class RouteDecision:
     prefill_tokens: int = 0
     lane: str | None = None  # "long" | "short" with routing.lanes (app/routing/lanes.py); None: no lanes
     explanation: str = ""  # one line a person can read: why this replica (no prompt text)
+    # when the policy decided (time.monotonic): a session's binding follows its newest decision,
+    # whichever request's first byte comes first (app/routing/session.py, `NewestFirst`)
+    decided_at: float = field(default_factory=time.monotonic)
 
 
 class Router(Protocol):

@@ -39,6 +39,7 @@ from app.state.base import Store
 
 BINDING_PREFIX = "session:"
 PENDING_S = 30.0  # a new session's placement counts this long before its first token at most
+FIRST_BYTE_BOUND_S = 600.0  # limits.first_byte_timeout_s's default: no routed request is older
 
 
 def binding_key(tenant: str, session_id: str | None) -> str:
@@ -98,6 +99,32 @@ class ActiveSessions:
         return key in self._by_key
 
 
+class NewestFirst:
+    """Which routed request's replica is its session's: the newest decision's. A binding is
+    written when a request's first byte arrives, and an older request can get its first byte
+    after a newer one (its long prefill is why its replica was saturated and the newer request
+    went elsewhere); its late write must not move the session back. Entries older than
+    `FIRST_BYTE_BOUND_S` are dropped once there are many: no first byte comes that late."""
+
+    MAX_KEYS = 65_536
+
+    def __init__(self) -> None:
+        self._newest: dict[str, tuple[float, str]] = {}  # key -> (decided_at, replica) of the newest
+
+    def admit(self, key: str, decided_at: float, replica: str) -> tuple[bool, bool]:
+        """(newest, counts): whether this decision is the session's newest (it binds), and whether
+        its request counts as the session's activity (the newest's replica: an older request
+        elsewhere does not move the session's count back)."""
+        newest = self._newest.get(key)
+        if newest is not None and decided_at < newest[0]:
+            return False, replica == newest[1]
+        self._newest[key] = (decided_at, replica)
+        if len(self._newest) > self.MAX_KEYS:
+            horizon = time.monotonic() - FIRST_BYTE_BOUND_S
+            self._newest = {k: v for k, v in self._newest.items() if v[0] >= horizon}
+        return True, True
+
+
 class SessionBindings:
     """Session -> replica bindings for a load-aware policy (prefix_affinity), in the Store so that
     every gateway pod follows them, with the `session` policy's bounded loads: a replica may hold
@@ -112,6 +139,7 @@ class SessionBindings:
         self.active = ActiveSessions()
         self._counted: dict[int, tuple[str, str]] = {}  # id(decision) -> (key, replica) until finished
         self._pending: dict[str, tuple[str, float]] = {}  # key -> (replica, until): placed, not routed yet
+        self._newest = NewestFirst()
 
     async def binding(self, request: RouteRequest) -> str | None:
         """The replica the request's session is bound to (None: no session id, or not bound)."""
@@ -168,10 +196,13 @@ class SessionBindings:
         if not request.session_id:
             return
         key = session_key(request)
-        self._pending.pop(key, None)
-        self.active.start(key, decision.replica.name)
-        self._counted[id(decision)] = (key, decision.replica.name)
-        self._writes.spawn(self._store.binding_set(key, decision.replica.name))
+        newest, counts = self._newest.admit(key, decision.decided_at, decision.replica.name)
+        if counts:
+            self._pending.pop(key, None)
+            self.active.start(key, decision.replica.name)
+            self._counted[id(decision)] = (key, decision.replica.name)
+        if newest:  # not an older request whose first byte came after a newer one's
+            self._writes.spawn(self._store.binding_set(key, decision.replica.name))
 
     def finished(self, decision: RouteDecision) -> None:
         counted = self._counted.pop(id(decision), None)
@@ -188,6 +219,7 @@ class SessionRouter(BaseRouter):
         self.writes = BackgroundWrites()
         self.active = ActiveSessions()
         self._counted: dict[int, tuple[str, str]] = {}  # id(decision) -> (key, replica) until finished
+        self._newest = NewestFirst()
 
     async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         pool = candidates(self._replicas, request, exclude)
@@ -221,10 +253,14 @@ class SessionRouter(BaseRouter):
 
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
         key = session_key(request)
-        self.active.start(key, decision.replica.name)
-        self._counted[id(decision)] = (key, decision.replica.name)
-        # (re)bind on every request: a new or re-placed key gets its replica, a kept one a fresh TTL
-        self.writes.spawn(self._store.binding_set(key, decision.replica.name))
+        newest, counts = self._newest.admit(key, decision.decided_at, decision.replica.name)
+        if counts:
+            self.active.start(key, decision.replica.name)
+            self._counted[id(decision)] = (key, decision.replica.name)
+        if newest:
+            # (re)bind on every request: a new or re-placed key gets its replica, a kept one a
+            # fresh TTL; not an older request whose first byte came after a newer one's
+            self.writes.spawn(self._store.binding_set(key, decision.replica.name))
 
     def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
         counted = self._counted.pop(id(decision), None)

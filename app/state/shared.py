@@ -95,8 +95,10 @@ class StoreServer:
                     reply = [call_id, False, f"{type(exc).__name__}: {exc}"]
                 if call_id:
                     writer.write(_frame(reply))
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
-            pass
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the worker went away
+        except ValueError as exc:  # an oversized or unreadable frame: the stream cannot be trusted
+            log.warning("shared store: dropped a worker's connection (%s)", exc)
         finally:
             self._clients.discard(writer)
             writer.close()
@@ -124,8 +126,9 @@ class SharedStore(Store):
         await self._connect()
 
     async def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
+        writer, self._writer = self._writer, None  # a closing store's connection is not "lost"
+        if writer is not None:
+            writer.close()
         if self._reader_task is not None:
             self._reader_task.cancel()
             with contextlib.suppress(BaseException):
@@ -174,6 +177,7 @@ class SharedStore(Store):
 
     def _lost(self) -> None:
         if self._writer is not None:
+            log.warning("shared store %s: connection lost; local state answers until it is back", self.path)
             self._writer.close()
         self._writer = None
         self.report_up(0)
