@@ -115,7 +115,6 @@ def test_pooled_connection_the_replica_closed_is_not_reused(fake_upstream_factor
         assert proxy.sample("prefixgate_upstream_errors_total", backend=backend, kind=kind) is None
 
 
-
 def test_a_connection_idle_past_the_engines_keep_alive_is_not_reused(fake_upstream_factory, proxy_factory,
                                                                     monkeypatch) -> None:
     """vLLM's and SGLang's uvicorn close a connection idle for 5 s. Reused at that moment, the

@@ -90,16 +90,27 @@ def worker_metrics(sock: str) -> str:
         return client.get("http://worker/metrics").text
 
 
+def worker_counts(sock: str) -> tuple[float, dict[tuple[str, str], float]]:
+    """From one scrape of the worker: its requests served, and (backend, reason) -> its routing
+    decisions so far (what a failure message shows)."""
+    served, decisions = 0.0, {}
+    for family in text_string_to_metric_families(worker_metrics(sock)):
+        for s in family.samples:
+            if s.name == "prefixgate_requests_total":
+                served += s.value
+            elif s.name == "prefixgate_route_decisions_total":
+                decisions[(s.labels["backend"], s.labels["reason"])] = s.value
+    return served, decisions
+
+
 def requests_served(sock: str) -> float:
-    return sum(s.value for f in text_string_to_metric_families(worker_metrics(sock)) if f.name == "prefixgate_requests"
-               for s in f.samples if s.name == "prefixgate_requests_total")
+    return worker_counts(sock)[0]
 
 
-def route_decisions(sock: str) -> dict[tuple[str, str], float]:
-    """(backend, reason) -> the worker's routing decisions so far (what a failure message shows)."""
-    return {(s.labels["backend"], s.labels["reason"]): s.value
-            for f in text_string_to_metric_families(worker_metrics(sock)) if f.name == "prefixgate_route_decisions"
-            for s in f.samples if s.name == "prefixgate_route_decisions_total"}
+def failure_report(history: list[str], gw: GatewayProcess) -> str:
+    """Every turn so far, then the gateway's routing lines and warnings (built only on failure)."""
+    log = [line for line in gw.log().splitlines() if "prefixgate.route" in line or "WARNING" in line]
+    return "\n".join([*history, "--- gateway log (routing and warnings) ---", *log])
 
 
 def turn(url: str, tenant: str, messages: list[dict[str, str]]) -> httpx.Response:
@@ -137,23 +148,21 @@ def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim
         first_worker = first_backend = None
         for n in range(4):
             messages.append({"role": "user", "content": f"question {n} of conversation {conv}"})
-            before = [requests_served(s) for s in sockets]
-            decided = [route_decisions(s) for s in sockets]
+            before = [worker_counts(s) for s in sockets]
             resp = turn(gw.url, tenant, messages)
-            after = [requests_served(s) for s in sockets]
-            (worker,) = [i for i in range(2) if after[i] > before[i]]
+            after = [worker_counts(s) for s in sockets]
+            (worker,) = [i for i in range(2) if after[i][0] > before[i][0]]
             backend = resp.headers["x-prefixgate-backend"]
             matched, total = (int(x) for x in resp.headers["x-prefixgate-prefix"].split("/"))
-            reasons = {k: v - decided[worker].get(k, 0) for k, v in route_decisions(sockets[worker]).items()
-                       if v > decided[worker].get(k, 0)}  # this turn's decision(s): a failover shows two
+            decided = before[worker][1]
+            reasons = {k: v - decided.get(k, 0) for k, v in after[worker][1].items()
+                       if v > decided.get(k, 0)}  # this turn's decision(s): a failover shows two
             history.append(f"conv {conv} turn {n}: worker {worker}, {backend}, prefix {matched}/{total}, {reasons}")
             if n == 0:
                 first_worker, first_backend = worker, backend
             else:
-                why = "\n".join(history) + "\n--- gateway log (routing and warnings) ---\n" + "\n".join(
-                    line for line in gw.log().splitlines() if "prefixgate.route" in line or "WARNING" in line)
-                assert backend == first_backend, why
-                assert matched > 0, why  # the other worker knew the prefix
+                assert backend == first_backend, failure_report(history, gw)
+                assert matched > 0, failure_report(history, gw)  # the other worker knew the prefix
                 crossed += worker != first_worker
             messages.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
     assert crossed > 0, "no turn reached another worker than its conversation's first: the test proves nothing"

@@ -78,7 +78,7 @@ class RouteDecision:
     lane: str | None = None  # "long" | "short" with routing.lanes (app/routing/lanes.py); None: no lanes
     explanation: str = ""  # one line a person can read: why this replica (no prompt text)
     # when the policy decided (time.monotonic): a session's binding follows its newest decision,
-    # whichever request's first byte comes first (app/routing/session.py, `NewestFirst`)
+    # whichever request's first byte comes first (app/routing/session.py, `ActiveSessions.routed`)
     decided_at: float = field(default_factory=time.monotonic)
 
 

@@ -26,6 +26,7 @@ Binding keys are tenant-scoped: two tenants' equal session ids never share a bin
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from urllib.parse import quote
 
@@ -55,11 +56,52 @@ def session_key(request: RouteRequest) -> str:
 
 
 class ActiveSessions:
-    """Sessions with requests in flight, per replica: key -> (replica, requests in flight)."""
+    """Sessions with requests in flight, per replica: key -> (replica, requests in flight); and
+    which routed request is its session's newest.
+
+    A binding is written when a request's first byte arrives, and an older request can get its
+    first byte after a newer one (its long prefill is why its replica was saturated and the newer
+    request went elsewhere): only the newest decision (`RouteDecision.decided_at`) rebinds the
+    session, and an older request counts as its activity only on the newest's replica. Entries
+    of that map older than `FIRST_BYTE_BOUND_S` are dropped once there are more than `MAX_KEYS`:
+    no first byte comes that late."""
+
+    MAX_KEYS = 65_536
 
     def __init__(self) -> None:
         self._by_key: dict[str, tuple[str, int]] = {}
         self._per_replica: dict[str, int] = {}
+        self._counted: dict[int, tuple[str, str]] = {}  # id(decision) -> (key, replica) until done
+        # key -> (decided_at, replica) of its newest routed decision, least recently routed first
+        self._newest: OrderedDict[str, tuple[float, str]] = OrderedDict()
+
+    def routed(self, key: str, decision: RouteDecision) -> bool:
+        """A request of session `key` got its first byte: count it where it belongs; True when it
+        is the session's newest decision (the caller rebinds the session to its replica)."""
+        replica = decision.replica.name
+        newest = self._newest.get(key)
+        if newest is not None and decision.decided_at < newest[0]:
+            if replica == newest[1]:
+                self._count(key, decision)
+            return False
+        self._newest[key] = (decision.decided_at, replica)
+        self._newest.move_to_end(key)
+        if len(self._newest) > self.MAX_KEYS:
+            horizon = time.monotonic() - FIRST_BYTE_BOUND_S
+            while self._newest and next(iter(self._newest.values()))[0] < horizon:
+                self._newest.popitem(last=False)
+        self._count(key, decision)
+        return True
+
+    def done(self, decision: RouteDecision) -> None:
+        """The request of `decision` finished (counted or not)."""
+        counted = self._counted.pop(id(decision), None)
+        if counted is not None:
+            self.finish(*counted)
+
+    def _count(self, key: str, decision: RouteDecision) -> None:
+        self.start(key, decision.replica.name)
+        self._counted[id(decision)] = (key, decision.replica.name)
 
     def start(self, key: str, replica: str) -> None:
         held, count = self._by_key.get(key, (replica, 0))
@@ -99,32 +141,6 @@ class ActiveSessions:
         return key in self._by_key
 
 
-class NewestFirst:
-    """Which routed request's replica is its session's: the newest decision's. A binding is
-    written when a request's first byte arrives, and an older request can get its first byte
-    after a newer one (its long prefill is why its replica was saturated and the newer request
-    went elsewhere); its late write must not move the session back. Entries older than
-    `FIRST_BYTE_BOUND_S` are dropped once there are many: no first byte comes that late."""
-
-    MAX_KEYS = 65_536
-
-    def __init__(self) -> None:
-        self._newest: dict[str, tuple[float, str]] = {}  # key -> (decided_at, replica) of the newest
-
-    def admit(self, key: str, decided_at: float, replica: str) -> tuple[bool, bool]:
-        """(newest, counts): whether this decision is the session's newest (it binds), and whether
-        its request counts as the session's activity (the newest's replica: an older request
-        elsewhere does not move the session's count back)."""
-        newest = self._newest.get(key)
-        if newest is not None and decided_at < newest[0]:
-            return False, replica == newest[1]
-        self._newest[key] = (decided_at, replica)
-        if len(self._newest) > self.MAX_KEYS:
-            horizon = time.monotonic() - FIRST_BYTE_BOUND_S
-            self._newest = {k: v for k, v in self._newest.items() if v[0] >= horizon}
-        return True, True
-
-
 class SessionBindings:
     """Session -> replica bindings for a load-aware policy (prefix_affinity), in the Store so that
     every gateway pod follows them, with the `session` policy's bounded loads: a replica may hold
@@ -137,9 +153,7 @@ class SessionBindings:
         self._epsilon = epsilon
         self._ring = RingCache()
         self.active = ActiveSessions()
-        self._counted: dict[int, tuple[str, str]] = {}  # id(decision) -> (key, replica) until finished
         self._pending: dict[str, tuple[str, float]] = {}  # key -> (replica, until): placed, not routed yet
-        self._newest = NewestFirst()
 
     async def binding(self, request: RouteRequest) -> str | None:
         """The replica the request's session is bound to (None: no session id, or not bound)."""
@@ -196,18 +210,12 @@ class SessionBindings:
         if not request.session_id:
             return
         key = session_key(request)
-        newest, counts = self._newest.admit(key, decision.decided_at, decision.replica.name)
-        if counts:
+        if self.active.routed(key, decision):  # not an older request whose first byte came late
             self._pending.pop(key, None)
-            self.active.start(key, decision.replica.name)
-            self._counted[id(decision)] = (key, decision.replica.name)
-        if newest:  # not an older request whose first byte came after a newer one's
             self._writes.spawn(self._store.binding_set(key, decision.replica.name))
 
     def finished(self, decision: RouteDecision) -> None:
-        counted = self._counted.pop(id(decision), None)
-        if counted is not None:
-            self.active.finish(*counted)
+        self.active.done(decision)
 
 
 class SessionRouter(BaseRouter):
@@ -218,8 +226,6 @@ class SessionRouter(BaseRouter):
         self._ring = RingCache()
         self.writes = BackgroundWrites()
         self.active = ActiveSessions()
-        self._counted: dict[int, tuple[str, str]] = {}  # id(decision) -> (key, replica) until finished
-        self._newest = NewestFirst()
 
     async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:
         pool = candidates(self._replicas, request, exclude)
@@ -253,16 +259,10 @@ class SessionRouter(BaseRouter):
 
     def on_routed(self, request: RouteRequest, decision: RouteDecision) -> None:
         key = session_key(request)
-        newest, counts = self._newest.admit(key, decision.decided_at, decision.replica.name)
-        if counts:
-            self.active.start(key, decision.replica.name)
-            self._counted[id(decision)] = (key, decision.replica.name)
-        if newest:
-            # (re)bind on every request: a new or re-placed key gets its replica, a kept one a
-            # fresh TTL; not an older request whose first byte came after a newer one's
+        # (re)bind on every request: a new or re-placed key gets its replica, a kept one a fresh
+        # TTL; not an older request whose first byte came after a newer one's
+        if self.active.routed(key, decision):
             self.writes.spawn(self._store.binding_set(key, decision.replica.name))
 
     def on_finished(self, request: RouteRequest, decision: RouteDecision, ok: bool) -> None:
-        counted = self._counted.pop(id(decision), None)
-        if counted is not None:
-            self.active.finish(*counted)
+        self.active.done(decision)
