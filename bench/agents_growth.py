@@ -127,8 +127,10 @@ async def request(services, s: Session, seq: int) -> tuple[float, str, int]:
     return _tree_cpu() - c0, mode, fp.num_tokens or 0 if fp is not None else 0
 
 
-async def run(sessions: int, turns: int, new_kb: int) -> dict:
-    services = build_services(Settings(backends=[{"url": "http://127.0.0.1:9"}, {"url": "http://127.0.0.1:10"}]))
+async def run(sessions: int, turns: int, new_kb: int, kv_blocks: int = 65_536) -> dict:
+    # each replica's KV capacity as its engine would report it (never contacted here)
+    services = build_services(Settings(backends=[{"url": "http://127.0.0.1:9", "kv_blocks": kv_blocks},
+                                                 {"url": "http://127.0.0.1:10", "kv_blocks": kv_blocks}]))
     await services.store.start()
     group = [Session(k, new_kb) for k in range(sessions)]
     cpu: dict[int, list[float]] = {}

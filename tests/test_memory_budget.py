@@ -16,9 +16,11 @@ from openai import OpenAI
 
 from app.config import Settings
 from app.prefix.budget import MB, MemoryCaps
-from app.prefix.chain import ChainMemo, extend_node
+from app.prefix.chain import ChainMemo, extend_node, root_node
+from app.prefix.fingerprint import WALK_BLOCK_BYTES, WALK_RECORD_BYTES, WalkRecord
+from app.prefix.resplit import SplitMemo
 from app.prefix.sketch import RequestSketch
-from app.prefix.tokens import TokenMemo
+from app.prefix.tokens import SegmentSplitter, TokenMemo
 from app.prefix.tracker import TenantTracker
 
 # ASCII, Latin-1, CJK and emoji text: CPython stores 1, 1, 2 and 4 bytes a character
@@ -94,6 +96,33 @@ def test_chain_memo_counts_the_bytes_it_holds() -> None:
         return memo
 
     memo, held = _held(build)
+    assert 0.8 <= memo.bytes / held <= 1.25, (memo.bytes, held)
+
+
+def test_split_memo_counts_the_bytes_it_holds_walk_records_included() -> None:
+    """Kept segments and the walk records attached to them (as Fingerprinter._record attaches
+    them: a list of the walk's block hashes, each a fresh int), against what is allocated."""
+    rng = random.Random(6)
+    splitter = SegmentSplitter(["<|im_start|>", "<|im_end|>"])
+    node = root_node(None, 16)  # the chain memo's (counted there), shared by every record here
+
+    def build() -> SplitMemo:
+        memo = SplitMemo(splitter.split, splitter.specials, max_bytes=1 << 40, min_chars=1)
+        for conversation in range(40):
+            text = f"<|im_start|>system {conversation} " + _text(rng, 2000) + "<|im_end|>"
+            for _turn in range(6):
+                text += "<|im_start|>user " + _text(rng, rng.randrange(100, 3000)) + "<|im_end|>\n"
+                _segments, _continued, keep = memo.split_walk(text)
+                if keep is not None:
+                    blocks = array("Q", (rng.getrandbits(64) for _ in range(len(text) // 40)))
+                    hashes: list[int] = []
+                    hashes.extend(blocks)  # the walk's list: new int objects
+                    memo.attach(keep, (None, 16), WalkRecord(node, hashes[:]),
+                                WALK_BLOCK_BYTES * len(hashes) + WALK_RECORD_BYTES)
+        return memo
+
+    memo, held = _held(build)
+    assert memo.hits >= 150  # the continuations were kept as one entry per conversation
     assert 0.8 <= memo.bytes / held <= 1.25, (memo.bytes, held)
 
 

@@ -118,3 +118,91 @@ def test_the_fingerprint_of_a_changing_chat_equals_a_fresh_gateways() -> None:
         cold.close()
     assert shortcuts >= 3  # the continuations took the shortcut (not the edit, the reorder, the trim)
     warm.close()
+
+
+def _growing_chat(turns: int) -> list[dict]:
+    """A long chat (each body > the split memo's 32 KB floor) growing by a turn per request."""
+    messages: list[dict] = [{"role": "system", "content": "You are an agent.\n" + "rules " * 7000}]
+    bodies = []
+    for k in range(turns):
+        messages += [{"role": "user", "content": f"step {k} " + "word " * 400},
+                     {"role": "assistant", "content": f"done {k}"}]
+        bodies.append({"model": "m", "messages": list(messages)})
+    return bodies
+
+
+class _CountingGets:
+    """Wraps a ChainMemo's `get`: how many memo steps a walk took."""
+
+    def __init__(self, memo) -> None:  # noqa: ANN001
+        self.calls = 0
+        self._get = memo.get
+        memo.get = self
+
+    def __call__(self, parent, segment):  # noqa: ANN001, ANN204
+        self.calls += 1
+        return self._get(parent, segment)
+
+
+def test_a_continuing_turn_starts_its_walk_where_the_last_turn_passed_the_shared_part() -> None:
+    """The memo walk of turn k + 1 steps only through its new segments (the walk record attached to
+    the split memo's entry), and its chain equals a fresh gateway's."""
+    from app.prefix.fingerprint import Fingerprinter, prompt_input
+
+    warm = Fingerprinter(SegmentTokenizer.load(), inline_chars=1 << 30, inline_hash_tokens=1 << 30)
+    gets = _CountingGets(warm.chains)
+    bodies = _growing_chat(12)
+    for k, body in enumerate(bodies):
+        inp = prompt_input("chat", body)
+        gets.calls = 0
+        fp = warm.prepare(inp, 16)
+        cold = Fingerprinter(SegmentTokenizer.load(), inline_chars=1 << 30, inline_hash_tokens=1 << 30)
+        ref = cold.prepare(inp, 16)
+        cold.close()
+        assert fp.complete and list(fp.block_hashes) == list(ref.block_hashes)
+        assert fp.num_tokens == ref.num_tokens and fp.node is not None and ref.node is not None
+        assert fp.node.digest == ref.node.digest and list(fp.node.tail) == list(ref.node.tail)
+        segments = len(warm.tokenizer.split(fp.text or ""))
+        if k >= 2:  # turn 1 kept the entry, turn 2 recorded the walk on the entry it kept
+            assert segments >= 30 and gets.calls <= 8, (k, segments, gets.calls)
+    warm.close()
+
+
+def test_a_walk_record_serves_only_its_own_salt_and_block_size() -> None:
+    """Another tenant's salt or another block size continuing the same text walks its own chain."""
+    from app.prefix.fingerprint import Fingerprinter, prompt_input
+
+    warm = Fingerprinter(SegmentTokenizer.load(), inline_chars=1 << 30, inline_hash_tokens=1 << 30)
+    bodies = _growing_chat(6)
+    plan = [(None, 16), (None, 16), ("tenant-b", 16), (None, 64), ("tenant-b", 16), (None, 16)]
+    for body, (salt, block) in zip(bodies, plan, strict=True):
+        inp = prompt_input("chat", body)
+        fp = warm.prepare(inp, block, salt)
+        cold = Fingerprinter(SegmentTokenizer.load(), inline_chars=1 << 30, inline_hash_tokens=1 << 30)
+        ref = cold.prepare(inp, block, salt)
+        cold.close()
+        assert fp.complete and list(fp.block_hashes) == list(ref.block_hashes), (salt, block)
+    warm.close()
+
+
+def test_walk_records_count_against_the_split_memos_cap() -> None:
+    from app.prefix.fingerprint import WALK_BLOCK_BYTES, Fingerprinter, prompt_input
+
+    tokenizer = SegmentTokenizer.load()
+    warm = Fingerprinter(tokenizer, inline_chars=1 << 30, inline_hash_tokens=1 << 30)
+    for body in _growing_chat(3):
+        fp = warm.prepare(prompt_input("chat", body), 16)
+    memo = tokenizer.resplit
+    (entry,) = memo._entries.values()
+    record = memo.attached(entry, (None, 16))
+    assert record is not None and len(record.hashes) > 0
+    assert entry.nbytes >= WALK_BLOCK_BYTES * len(record.hashes)
+    assert memo.bytes == entry.nbytes <= memo.max_bytes
+    assert list(record.hashes) == list(fp.block_hashes)[:len(record.hashes)]
+    warm.close()
+    small = SegmentTokenizer.load(split_memo_bytes=memo.bytes - 1)  # room for the segments, not the record
+    tight = Fingerprinter(small, inline_chars=1 << 30, inline_hash_tokens=1 << 30)
+    for body in _growing_chat(3):
+        tight.prepare(prompt_input("chat", body), 16)
+        assert small.resplit.bytes <= small.resplit.max_bytes
+    tight.close()

@@ -22,8 +22,8 @@ DEFAULT_BUDGET_MB = 256  # memory.budget_mb's default (app/config.py): 512Mi Hel
 # arrays (8 bytes a block, app/prefix/runs.py): 15 % holds ~4.8M blocks at the default budget, so
 # the memos get the rest (32 distinct 1 MB heads fit in both at the default budget, docs/memory.md).
 TOKEN_MEMO_SHARE = 0.37
-SPLIT_MEMO_SHARE = 0.03  # the segments of recent long prompts, one entry per conversation (resplit.py)
-CHAIN_MEMO_SHARE = 0.25
+SPLIT_MEMO_SHARE = 0.05  # recent long prompts' segments and walk records, one entry per conversation (resplit.py)
+CHAIN_MEMO_SHARE = 0.23
 TRACKER_HASHES_SHARE = 0.15
 TRACKER_TEXTS_SHARE = 0.15
 RECENT_SHARE = 0.05  # the ring of recent (request, predicted, delivered) tuples

@@ -3,7 +3,11 @@
 `Fingerprinter.prepare()` runs on the hot path. It renders the template (app/prefix/prompt.py),
 splits at special tokens, and walks a memo of chain states keyed by (parent state, segment)
 (app/prefix/chain.py): a prompt whose segments were seen before (same system prompt, same history)
-gets its block hashes from the memo without tokenising or re-hashing anything. Small unknown
+gets its block hashes from the memo without tokenising or re-hashing anything. A prompt that
+continues a recent long one (the next turn of a conversation, app/prefix/resplit.py) starts its
+walk where the earlier prompt's walk passed the end of the part they share (a `WalkRecord`
+attached to the split memo's entry), not at the root: its cost follows the turn's new segments,
+not the conversation's length. Small unknown
 segments (a new user turn, under `prefix.inline_chars`) are encoded inline and at most
 `prefix.inline_hash_tokens` new tokens are hashed inline, for text and token-id prompts alike; past
 that budget the `Fingerprint` covers only the leading part (`state` says what is left).
@@ -35,6 +39,7 @@ from app.prefix.chain import ChainMemo, ChainNode, extend_node, extend_reusing
 from app.prefix.engine_tokenize import EngineTokenize, ReplicaSource
 from app.prefix.pool import ColdPool, min_chars_for, spare_cores
 from app.prefix.prompt import PromptInput, engine_payload, prompt_input, render_prompt
+from app.prefix.resplit import Kept
 from app.prefix.tokens import HEAD_CHARS, INCREMENTAL_MIN_CHARS, ApproxTokenizer, Ids, Reuse, SegmentTokenizer
 
 __all__ = ["CHARS_PER_TOKEN", "Fingerprint", "FingerprintMode", "FingerprintState", "Fingerprinter",
@@ -43,6 +48,11 @@ __all__ = ["CHARS_PER_TOKEN", "Fingerprint", "FingerprintMode", "FingerprintStat
 FingerprintMode = Literal["exact", "engine", "approx"]  # local tokenizer | /tokenize | char blocks
 CHARS_PER_TOKEN = 3.5  # estimate used before exact tokens exist
 DEFAULT_CHAIN_MEMO_BYTES = MemoryCaps.from_budget(DEFAULT_BUDGET_MB).chain_memo_bytes
+# A walk record's bytes: a list slot (8 B) and the int it holds (36 B, sys.getsizeof of a 64-bit
+# int) per block, plus the record and its list's header. The node is the chain memo's (counted
+# there) while the memo holds it.
+WALK_BLOCK_BYTES = 44
+WALK_RECORD_BYTES = 200
 
 
 class FingerprintState(enum.Enum):
@@ -64,6 +74,17 @@ class PendingWork:
     start: int = 0
     payload: dict[str, Any] | None = None  # ENGINE: the /tokenize request
     text: str = ""  # ENGINE: the rendered text (the memo key of the whole prompt)
+    at: int = 0  # SEGMENTS: the prompt's index of segments[0]
+    keep: Kept | None = None  # SEGMENTS: the split memo's entry for this prompt: the walk state at
+    # the end of its segments is recorded there (`WalkRecord`) for the next turn to start from
+
+    def mark(self) -> int:
+        """How many of `segments` the walk takes before its state is recorded (0: never)."""
+        return len(self.keep.segments) - self.at if self.keep is not None else 0
+
+    def after(self, node: ChainNode, i: int) -> PendingWork:
+        """The work left once the walk took `i` of `segments` and reached `node`."""
+        return PendingWork(node, self.segments[i:], at=self.at + i, keep=self.keep)
 
     def key(self) -> tuple[int, str] | None:
         """Identifies this work by content: (chain state, next segment). Another request waits on
@@ -103,6 +124,16 @@ class Fingerprint:
 @dataclass
 class ChainTip:
     """A finished walk: the last chain state and every block hash from the root to it."""
+
+    node: ChainNode
+    hashes: list[int]
+
+
+@dataclass(frozen=True)
+class WalkRecord:
+    """A walk's state at the end of a kept prompt's segments: what a walk over the same segments
+    from the root reaches (chain states are content: the same tokens give the same node's hashes,
+    tail and digest). `hashes` is never mutated: a walk starting here copies it."""
 
     node: ChainNode
     hashes: list[int]
@@ -187,11 +218,24 @@ class Fingerprinter:
         estimate = int(len(text) / CHARS_PER_TOKEN)
         if self.engine is not None:
             return self._prepare_engine(inp, text, block_size, salt, estimate)
-        segments = self.tokenizer.split(text)
-        fp = Fingerprint(block_size, [], None, FingerprintState.SEGMENTS, self.mode, salt, estimate, text=text,
-                         pending=PendingWork(self.chains.root(salt, block_size), segments))
+        segments, continued, keep = self.tokenizer.split_walk(text)
+        work = PendingWork(self.chains.root(salt, block_size), segments, keep=keep)
+        hashes: list[int] = []
+        record = self.tokenizer.resplit.attached(continued, (salt, block_size)) if continued is not None else None
+        if isinstance(record, WalkRecord) and continued is not None:  # the shared part, walked by an earlier turn
+            n = len(continued.segments)
+            work = PendingWork(record.node, segments[n:], at=n, keep=keep)
+            hashes = record.hashes[:]
+        fp = Fingerprint(block_size, hashes, None, FingerprintState.SEGMENTS, self.mode, salt, estimate, text=text,
+                         pending=work)
         self.advance(fp)
         return fp
+
+    def _record(self, work: PendingWork, node: ChainNode, hashes: list[int]) -> None:
+        """The walk took the kept entry's segments: attach its state there for the next turn."""
+        if work.keep is not None:
+            self.tokenizer.resplit.attach(work.keep, (node.salt, node.block_size), WalkRecord(node, hashes[:]),
+                                          WALK_BLOCK_BYTES * len(hashes) + WALK_RECORD_BYTES)
 
     def advance(self, fp: Fingerprint) -> None:
         """Continue an incomplete SEGMENTS fingerprint from where it stopped: through the memo
@@ -201,6 +245,7 @@ class Fingerprinter:
         if fp.state is not FingerprintState.SEGMENTS or work is None:
             return
         node, segments, hashes = work.node, work.segments, fp.block_hashes
+        mark = work.mark()
         i = 0
         while i < len(segments):
             child = self.chains.get(node, segments[i])
@@ -209,12 +254,14 @@ class Fingerprinter:
             hashes.extend(child.hashes)
             node = child
             i += 1
+            if i == mark:
+                self._record(work, node, hashes)
         if i < len(segments):
-            node, i = self._extend_inline(node, segments, i, hashes)
+            node, i = self._extend_inline(node, work, i, hashes)
         if i == len(segments):
             self._finish(fp, ChainTip(node, hashes))
         else:
-            fp.pending = PendingWork(node, segments[i:])
+            fp.pending = work.after(node, i)
 
     def _prepare_ids(self, ids: Sequence[int], block_size: int, salt: str | None) -> Fingerprint:
         """Token-id prompts: the first `inline_hash_tokens` ids hashed now, the rest off the loop."""
@@ -241,7 +288,7 @@ class Fingerprinter:
             fp.pending = PendingWork(root, payload=engine_payload(inp), text=text)
         return fp
 
-    def _extend_inline(self, node: ChainNode, segments: list[str], i: int,
+    def _extend_inline(self, node: ChainNode, work: PendingWork, i: int,
                        hashes: list[int]) -> tuple[ChainNode, int]:
         """Extend with memoised ids (if cheap to hash) or segments encoded now: small ones whole,
         long ones past the prefix they share with a memoised segment (only the tail's chars count
@@ -249,6 +296,7 @@ class Fingerprinter:
         `inline_hash_tokens`)."""
         budget = self.inline_chars
         hash_budget = self.inline_hash_tokens
+        segments, mark = work.segments, work.mark()
         while i < len(segments):
             seg = segments[i]
             ids = self.tokenizer.lookup(seg)
@@ -273,6 +321,8 @@ class Fingerprinter:
             hashes.extend(child.hashes)
             node = child
             i += 1
+            if i == mark:
+                self._record(work, node, hashes)
         return node, i
 
     def _supersede(self, parent: ChainNode, reuse: Reuse | None) -> None:
@@ -371,7 +421,8 @@ class Fingerprinter:
         node = work.node
         encoded = self.tokenizer.encode_segments(work.segments)
         self.release(fp)  # the pool's part is done
-        for seg, ids in zip(work.segments, encoded, strict=True):
+        mark = work.mark()
+        for i, (seg, ids) in enumerate(zip(work.segments, encoded, strict=True), 1):
             child = self.chains.get(node, seg)
             if child is None:
                 reuse = self.tokenizer.reuse(seg)
@@ -382,6 +433,8 @@ class Fingerprinter:
                 self._supersede(node, reuse)
             hashes.extend(child.hashes)
             node = child
+            if i == mark:
+                self._record(work, node, hashes)
         return ChainTip(node, hashes)
 
     def complete_sync(self, fp: Fingerprint) -> Fingerprint:

@@ -18,9 +18,15 @@ same ones and its cursor after them is `cut` (the end of a selected special). Fr
 only hits at positions >= cut, exactly what a split of `text[cut:]` sees.
 tests/test_resplit.py compares it with the full split on random growing, edited and trimmed texts.
 
+An entry also carries what its caller attached to it (`split_walk`, `attach`): the fingerprinter
+keeps there the chain state its memo walk reached at the end of the entry's segments, so the next
+turn's walk starts there instead of stepping through every kept segment again
+(app/prefix/fingerprint.py). Whatever is attached goes with its entry.
+
 Memory: one entry per conversation (a continuation replaces the entry it came from), LRU within a
-byte cap carved from the token memo's share of `memory.budget_mb` (docs/memory.md). An entry is
-counted as if it owned its strings (sys.getsizeof each); most are shared with the token memo's keys.
+byte cap carved from `memory.budget_mb` (docs/memory.md). An entry is counted as if it owned its
+strings (sys.getsizeof each; most are shared with the token memo's keys), plus the bytes its
+attachments declare.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Hashable
+from typing import Any
 
 MIN_CHARS = 32 * 1024  # shorter prompts split in microseconds: not kept
 HEAD_CHARS = 256  # entries are found by the prompt's first characters
@@ -38,13 +44,20 @@ PROBE_CHARS = 32  # a long segment's tail, compared before the whole segment
 ENTRY_OVERHEAD_BYTES = 300  # the entry, its tuple's header, the LRU and head-index slots
 
 
-@dataclass(frozen=True)
-class _Entry:
-    head: str
-    segments: tuple[str, ...]  # the prompt's segments through `cut`
-    cut: int  # where they end: the end of a special token
-    guard: str  # the `lookahead` characters after `cut`
-    nbytes: int
+class Kept:
+    """One kept prompt: its segments through `cut` (the end of a special token), the `guard`
+    characters after it, and what callers attached (key -> (value, bytes))."""
+
+    __slots__ = ("head", "segments", "cut", "guard", "nbytes", "attached", "live")
+
+    def __init__(self, head: str, segments: tuple[str, ...], cut: int, guard: str, nbytes: int) -> None:
+        self.head = head
+        self.segments = segments
+        self.cut = cut
+        self.guard = guard
+        self.nbytes = nbytes
+        self.attached: dict[Hashable, tuple[Any, int]] = {}
+        self.live = True  # False once dropped: nothing more is attached to it
 
     def continued_by(self, text: str) -> bool:
         """`text` holds this entry's segments, then its guard, from the start. A long segment's
@@ -76,18 +89,24 @@ class SplitMemo:
         self.min_chars = min_chars
         self.bytes = 0
         self.hits = 0  # splits that reused a kept prompt's segments
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # LRU, oldest first
+        self._entries: OrderedDict[int, Kept] = OrderedDict()  # LRU, oldest first
         self._by_head: dict[str, list[int]] = {}  # head -> entry ids, newest first
         self._next = 0
         self._lock = threading.Lock()
 
     def split(self, text: str) -> list[str]:
+        return self.split_walk(text)[0]
+
+    def split_walk(self, text: str) -> tuple[list[str], Kept | None, Kept | None]:
+        """`split(text)`, with the kept prompt it continued (its segments are the first
+        `len(continued.segments)` returned, the same objects) and the entry kept for `text` (its
+        segments are the first `len(kept.segments)`), each None when there is none."""
         if len(text) < self.min_chars or not self.specials or self.max_bytes <= 0:
-            return self.full(text)
+            return self.full(text), None, None
         head = text[:HEAD_CHARS]
         with self._lock:
             candidates = [(k, self._entries[k]) for k in self._by_head.get(head, ())]
-        best: tuple[int, _Entry] | None = None
+        best: tuple[int, Kept] | None = None
         for key, entry in candidates:
             if (best is None or entry.cut > best[1].cut) and entry.continued_by(text):
                 best = (key, entry)
@@ -96,10 +115,29 @@ class SplitMemo:
         else:
             self.hits += 1
             segments = [*best[1].segments, *self.full(text[best[1].cut:])]
-        self._remember(head, text, segments, best[0] if best is not None else None)
-        return segments
+        kept = self._remember(head, text, segments, best[0] if best is not None else None)
+        return segments, best[1] if best is not None else None, kept
 
-    def _remember(self, head: str, text: str, segments: list[str], replaces: int | None) -> None:
+    def attached(self, entry: Kept, key: Hashable) -> Any | None:
+        """What was attached to `entry` under `key` (None: nothing)."""
+        item = entry.attached.get(key)
+        return item[0] if item is not None else None
+
+    def attach(self, entry: Kept, key: Hashable, value: Any, nbytes: int) -> None:
+        """Attach `value` (`nbytes` bytes, counted against the cap) to a kept entry; nothing when
+        the entry was dropped meanwhile or the value alone would not fit."""
+        with self._lock:
+            if not entry.live or entry.nbytes + nbytes > self.max_bytes:
+                return
+            old = entry.attached.get(key)
+            grown = nbytes - (old[1] if old is not None else 0)
+            entry.attached[key] = (value, nbytes)
+            entry.nbytes += grown
+            self.bytes += grown
+            while self.bytes > self.max_bytes and self._entries:
+                self._drop(next(iter(self._entries)))
+
+    def _remember(self, head: str, text: str, segments: list[str], replaces: int | None) -> Kept | None:
         """Keep `segments` through their last special that has `lookahead` characters after it."""
         end = len(text)
         i = len(segments)
@@ -110,14 +148,23 @@ class SplitMemo:
             end -= len(seg)
             i -= 1
         if i == 0:
-            return
+            return None
+        if replaces is not None:
+            with self._lock:
+                same = self._entries.get(replaces)
+                if same is not None and same.cut == end:  # the same prompt again (a retry): it stays kept,
+                    self._entries.move_to_end(replaces)  # with what is attached to it
+                    ids = self._by_head[head]
+                    ids.remove(replaces)
+                    ids.insert(0, replaces)
+                    return same
         kept = tuple(segments[:i])
         guard = text[end:end + self.lookahead]
         nbytes = (sum(map(sys.getsizeof, kept)) + 8 * len(kept) + sys.getsizeof(head) + sys.getsizeof(guard)
                   + ENTRY_OVERHEAD_BYTES)
         if nbytes > self.max_bytes:
-            return
-        entry = _Entry(head, kept, end, guard, nbytes)
+            return None
+        entry = Kept(head, kept, end, guard, nbytes)
         with self._lock:
             if replaces is not None:
                 self._drop(replaces)  # the conversation's previous prompt: this one holds it
@@ -131,11 +178,13 @@ class SplitMemo:
                 self._drop(ids[-1])
             while self.bytes > self.max_bytes and self._entries:
                 self._drop(next(iter(self._entries)))
+        return entry if entry.live else None
 
     def _drop(self, key: int) -> None:
         entry = self._entries.pop(key, None)
         if entry is None:
             return
+        entry.live = False  # a caller holding it may still read what is attached (immutable values)
         self.bytes -= entry.nbytes
         ids = self._by_head.get(entry.head)
         if ids is not None:

@@ -43,7 +43,7 @@ from app.prefix.default_tokenizer import DEFAULT_TOKENIZER_DIR
 from app.prefix.fast_bpe import FastBPE
 from app.prefix.fast_bpe import build as build_fast_bpe
 from app.prefix.pool import ColdPool, encode_texts
-from app.prefix.resplit import SplitMemo
+from app.prefix.resplit import Kept, SplitMemo
 from app.prefix.template import ChatTemplate, load_chat_template
 
 DEFAULT_MEMO_BYTES = 128 * 1024 * 1024
@@ -360,6 +360,12 @@ class SegmentTokenizer:
         if not self.segmented:
             return [text] if text else []
         return self.resplit.split(text)  # == self.splitter.split(text) (app/prefix/resplit.py)
+
+    def split_walk(self, text: str) -> tuple[list[str], Kept | None, Kept | None]:
+        """`split(text)` with the split memo's entries it continued and kept (SplitMemo.split_walk)."""
+        if not self.segmented:
+            return ([text] if text else []), None, None
+        return self.resplit.split_walk(text)
 
     def encode(self, text: str) -> Ids:
         """The tokenizer's own single encode (add_special_tokens=False, as engines do for chat)."""
