@@ -42,6 +42,7 @@ from app.routing.factory import build_residency, build_router
 from app.routing.health import HealthChecker
 from app.routing.load import ReplicaLoad
 from app.routing.replicas import ReplicaSet
+from app.routing.siblings import SiblingLoads
 from app.services import Background, Services
 from app.state.factory import build_store
 from app.telemetry.metrics import Metrics
@@ -49,10 +50,12 @@ from app.telemetry.metrics import Metrics
 log = logging.getLogger("prefixgate.server")
 
 
-def build_services(settings: Settings, store_path: str | None = None) -> Services:
-    """`store_path`: a worker of `serve --workers N` uses the master's shared store there."""
+def build_services(settings: Settings, store_path: str | None = None,
+                   siblings: SiblingLoads | None = None) -> Services:
+    """`store_path`: a worker of `serve --workers N` uses the master's shared store there;
+    `siblings`: its table of the other workers' live load (app/routing/siblings.py)."""
     metrics = Metrics(settings.metrics.tenant_label_cap)
-    replicas = ReplicaSet.from_backends(settings.backends)
+    replicas = ReplicaSet.from_backends(settings.backends, siblings)
     store = build_store(settings, metrics, shared_path=store_path)
     residency = build_residency(settings, store)
     router = build_router(settings, replicas, store, metrics, residency)
@@ -270,5 +273,6 @@ async def _flush(services: Services) -> None:
                 log.warning("shutdown: %s did not flush within %.0fs", type(pending).__name__, FLUSH_TIMEOUT_S)
 
 
-def create_app(settings: Settings, store_path: str | None = None) -> PrefixgateApp:
-    return PrefixgateApp(build_services(settings, store_path))
+def create_app(settings: Settings, store_path: str | None = None,
+               siblings: SiblingLoads | None = None) -> PrefixgateApp:
+    return PrefixgateApp(build_services(settings, store_path, siblings))

@@ -3,7 +3,10 @@
 The master process validates the configuration, binds one SO_REUSEPORT listener per worker on the
 data port (and the admin port) so the kernel spreads connections over the workers, and forks them.
 Each worker is a complete `prefixgate serve` with its own event loop and its SIGTERM drain
-(app/serving.py). What every worker must see alike goes through the Store: Redis when `state` is a
+(app/serving.py). Each worker's live load per replica (in flight, queued prefill) is in a table
+of shared memory the master maps before the fork (app/routing/siblings.py), so a worker prices
+its siblings' requests as its own, live, not from a stale engine scrape. What every worker must
+see alike beyond that goes through the Store: Redis when `state` is a
 Redis URL (the workers are then pods of one deployment), otherwise the master's embedded shared
 store (app/state/shared.py) over a UNIX socket: the residency index, session bindings, tenant
 history and the /hygiene counters. Prometheus series are per worker and merged at scrape time:
@@ -37,6 +40,7 @@ from app.prefix.pool import set_serve_workers
 
 if TYPE_CHECKING:
     from app.config import Settings
+    from app.routing.siblings import SiblingLoads
 
 log = logging.getLogger("prefixgate.workers")
 PR_SET_PDEATHSIG = 1
@@ -61,6 +65,7 @@ class WorkerContext:
 
     index: int
     store_path: str | None  # the embedded shared store's socket; None with Redis state
+    siblings: SiblingLoads  # every worker's live load per replica (shared memory)
     metrics_path: str  # this worker's own-metrics socket
     peer_metrics: list[str]  # the other workers' own-metrics sockets
 
@@ -95,6 +100,7 @@ class OwnMetricsApp:
 def serve_workers(settings: Settings, n: int, log_level: str) -> int:
     """The master: bind, fork `n` workers, serve the shared store, forward signals. `settings`
     are validated by the caller (app/serve.py); each worker builds its app from them."""
+    from app.routing.siblings import SiblingLoads
     from app.state.factory import build_memory_store, is_redis_url
     from app.state.shared import StoreServer
 
@@ -114,6 +120,7 @@ def serve_workers(settings: Settings, n: int, log_level: str) -> int:
         store_sock.bind(store_path)
         store_sock.listen(256)
     metric_paths = [os.path.join(rundir, f"metrics-{i}.sock") for i in range(n)]
+    siblings = SiblingLoads(n)  # mapped before the fork: every worker shares its pages
     children: dict[int, int] = {}
     set_serve_workers(n)  # each worker sizes its cold-prompt pool to the spare cores (inherited)
     for i in range(n):
@@ -128,7 +135,9 @@ def serve_workers(settings: Settings, n: int, log_level: str) -> int:
                     store_sock.close()
                 with contextlib.suppress(Exception):
                     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-                ctx = WorkerContext(i, store_path, metric_paths[i], [p for j, p in enumerate(metric_paths) if j != i])
+                siblings.bind(i)
+                ctx = WorkerContext(i, store_path, siblings, metric_paths[i],
+                                    [p for j, p in enumerate(metric_paths) if j != i])
                 code = _run_worker(settings, log_level, ctx, data[i], admin[i] if admin else None)
             except BaseException:  # noqa: BLE001 -- a worker never returns into the master's code
                 logging.getLogger("prefixgate.workers").exception("worker %d failed", i)
@@ -201,7 +210,7 @@ def _run_worker(settings: Settings, log_level: str, ctx: WorkerContext, data: so
 
     for sig in (signal.SIGTERM, signal.SIGINT):  # the master's asyncio handlers are not ours
         signal.signal(sig, signal.SIG_DFL)
-    app = create_app(settings, store_path=ctx.store_path)
+    app = create_app(settings, store_path=ctx.store_path, siblings=ctx.siblings)
     app.services.metric_peers = ctx.peer_metrics
     tune_for_serving()
     level = log_level.lower()

@@ -9,7 +9,9 @@ reply each turn (~`--new-kb` KB new), to ~900 KB at turn 40. Turns are interleav
 through the gateway's own prefix stage and router in this process (prefix_affinity, two replicas
 that are never contacted): fingerprint before routing, the router's residency lookup and write,
 after the response the completion of the chain, prediction, residency and continuity, with the
-reply as the generated text. Measured per request: process CPU, every thread plus the
+reply as the generated text. The replicas' KV capacity is `--kv-blocks` (what a scrape of the
+engine would set; below one conversation's length the residency index would evict each chain as
+it is written, which no engine serving these prompts does). Measured per request: process CPU, every thread plus the
 cold-prompt pool's processes (bench/fingerprint_cpu.py's `_tree_cpu`). Printed: CPU per request
 at the first and the last five turns (mean and median), their ratio (the same new bytes each
 turn), the share routed on an exact chain, RSS growth over the run, and the bytes the token memo,
@@ -169,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--turns", type=int, default=40)
     ap.add_argument("--new-kb", type=int, default=22)
+    ap.add_argument("--kv-blocks", type=int, default=65_536,
+                    help="each replica's KV capacity in blocks, as its engine would report it (default: ~1M "
+                         "tokens, an 8B model on a 141 GB GPU holds ~0.84M)")
     a = ap.parse_args(argv)
-    r = asyncio.run(run(a.sessions, a.turns, a.new_kb))
+    r = asyncio.run(run(a.sessions, a.turns, a.new_kb, a.kv_blocks))
     cpu, sizes = r["cpu"], r["sizes"]
     first = [x for t in range(1, 6) for x in cpu[t]]
     last = [x for t in range(a.turns - 4, a.turns + 1) for x in cpu[t]]

@@ -130,14 +130,11 @@ def gateways() -> Any:
 
 
 def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim, gateways) -> None:
-    """What the workers share (the residency index, the tenant's history) keeps a conversation on
-    its replica whichever worker a turn reaches. Engine load is priced at 0 here: a worker counts
-    its sibling's requests from its last engine scrape (a known limit, docs/operations.md), and a
-    scrape that caught one waiting moved a turn off its prefix (`load_override`, 2,069 against
-    597 tokens) in one full-suite run; that pricing is the policy's, tested in
-    test_routing_scorers.py and test_routing_load.py, not what this test is about."""
-    gw = start_workers(sim, routing={"health_interval_s": 0.5, "weights": {
-        "waiting_request_tokens": 0, "decode_tokens_per_running": 0}})
+    """What the workers share (the residency index, the tenant's history, each other's live load)
+    keeps a conversation on its replica whichever worker a turn reaches. (Before the live load was
+    shared, a scrape that caught the sibling's previous turn waiting moved a turn off its prefix:
+    `load_override`, 2,069 against 597 tokens, in one full-suite run.)"""
+    gw = start_workers(sim, routing={"health_interval_s": 0.5})
     gateways.append(gw)
     sockets = worker_sockets(gw)
     crossed = 0  # turns served by another worker than their conversation's first turn
@@ -182,6 +179,59 @@ def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim
     total = sum(s.value for f in text_string_to_metric_families(httpx.get(gw.url + "/metrics", timeout=5).text)
                 if f.name == "prefixgate_requests" for s in f.samples if s.name == "prefixgate_requests_total")
     assert total == 24  # the scrape is the gateway's, whichever worker answered it
+
+
+def _worker_of(client: httpx.Client, gw: GatewayProcess, sockets: list[str]) -> int:
+    """Which worker serves `client`'s kept connection (one small request, another tenant)."""
+    before = [requests_served(s) for s in sockets]
+    resp = client.post(gw.url + "/v1/chat/completions", headers={"x-tenant-id": "probe"},
+                       json={"model": "sim", "max_tokens": 1, "messages": [{"role": "user", "content": "probe"}]})
+    assert resp.status_code == 200, resp.text
+    after = [requests_served(s) for s in sockets]
+    (worker,) = [i for i in range(2) if after[i] > before[i]]
+    return worker
+
+
+def test_a_siblings_ended_request_does_not_weigh_on_its_replica_as_a_scrape_saw_it(sim_factory, gateways) -> None:
+    """A request of one worker that the other worker's engine scrape caught running, and that has
+    ended since, is not priced as another gateway's request (the workers' live load table,
+    app/routing/siblings.py): the conversation's next turn, on the other worker, stays on the
+    replica holding its prefix. One running request is made decisive here
+    (`decode_tokens_per_running` 4,096 against a ~400-token prefix); counted from that scrape
+    (up to `scrape.interval_s` old) as foreign load, it moved the turn off its prefix."""
+    sim = sim_factory(replicas=2, time_scale=1.0, decode_tps=25.0)
+    gw = start_workers(sim, routing={"health_interval_s": 0.5, "weights": {"decode_tokens_per_running": 4096}},
+                       scrape={"interval_s": 1.0, "jitter": 0.0})
+    gateways.append(gw)
+    sockets = worker_sockets(gw)
+    clients: dict[int, httpx.Client] = {}
+    try:
+        for _ in range(64):  # one kept connection per worker (SO_REUSEPORT spreads connections)
+            client = httpx.Client(timeout=30)
+            worker = _worker_of(client, gw, sockets)
+            if worker in clients:
+                client.close()
+            else:
+                clients[worker] = client
+            if len(clients) == 2:
+                break
+        assert len(clients) == 2, "every connection reached one worker"
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "first question"}]
+        history: list[str] = []
+        for n, worker in enumerate((0, 0, 1)):  # turn 2 decodes ~1.3 s on worker 0; turn 3 follows it on worker 1
+            time.sleep(0.1 if n == 2 else 0.0)  # worker 0 has released turn 2's load
+            resp = clients[worker].post(gw.url + "/v1/chat/completions", headers={"x-tenant-id": "conv"},
+                                        json={"model": "sim", "max_tokens": 40, "messages": messages})
+            assert resp.status_code == 200, resp.text
+            history.append(f"turn {n + 1}: worker {worker}, {resp.headers['x-prefixgate-backend']}, "
+                           f"prefix {resp.headers.get('x-prefixgate-prefix')}")
+            messages += [{"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": f"question {n + 2}"}]
+        home = history[0].split(", ")[1]
+        assert all(h.split(", ")[1] == home for h in history), failure_report(history, gw)
+    finally:
+        for client in clients.values():
+            client.close()
 
 
 def fresh_client(gw: GatewayProcess) -> openai.OpenAI:

@@ -344,7 +344,7 @@ class EngineScraper:
             replica.kv_blocks = cacheable * engine_block // replica.block_size
         replica.engine_waiting = sample.gauges.get(WAITING)
         replica.engine_running = sample.gauges.get(RUNNING)
-        replica.inflight_at_scrape = replica.inflight
+        replica.inflight_at_scrape = replica.gateway_inflight()  # every worker's: the engine counts them all
         replica.engine_kv_usage = sample.gauges.get(KV_USAGE)
 
     def _update_fidelity(self, backend: str, track: _Track) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.prefix.fingerprint import Fingerprint
+from app.routing.siblings import SiblingView
 
 
 @dataclass
@@ -35,15 +36,35 @@ class Replica:
     engine_waiting: float | None = None
     engine_running: float | None = None
     engine_kv_usage: float | None = None
-    inflight_at_scrape: int = 0  # this gateway's `inflight` when engine_waiting/running were read
+    # the gateway's in flight here (every worker's: `gateway_inflight`) when engine_waiting/running were read
+    inflight_at_scrape: int = 0
     models: frozenset[str] | None = None  # ids in its own /v1/models (health checker); None: unknown
+    # `serve --workers N`: the other workers' live counters for this replica (app/routing/siblings.py)
+    siblings: SiblingView | None = field(default=None, repr=False, compare=False)
+
+    def publish_load(self) -> None:
+        """Show this worker's counters to its siblings (the load owner calls it on every change)."""
+        if self.siblings is not None:
+            self.siblings.publish(self.inflight, self.queued_prompt_tokens, self.queued_long_tokens)
+
+    def gateway_inflight(self) -> int:
+        """Requests in flight here from this gateway: this worker's and its siblings'."""
+        return self.inflight + (self.siblings.others()[0] if self.siblings is not None else 0)
+
+    def gateway_queued_tokens(self) -> int:
+        """Prompt tokens this gateway routed here whose first token has not come yet (every worker)."""
+        return self.queued_prompt_tokens + (self.siblings.others()[1] if self.siblings is not None else 0)
+
+    def gateway_long_tokens(self) -> int:
+        """The long lane's part of `gateway_queued_tokens`."""
+        return self.queued_long_tokens + (self.siblings.others()[2] if self.siblings is not None else 0)
 
     def engine_foreign(self) -> tuple[float, float]:
         """(running, waiting): the engine's requests at the last scrape that were not this
-        gateway's (its `inflight_at_scrape`, taken as running first). The scrape is up to an
-        interval old, so this gateway's own requests are counted live (`inflight`,
-        `queued_prompt_tokens`) instead: read from the gauges, a request that finished after the
-        scrape would weigh on the replica until the next one."""
+        gateway's (its `inflight_at_scrape`, every worker's, taken as running first). The scrape
+        is up to an interval old, so this gateway's own requests are counted live
+        (`gateway_inflight`, `gateway_queued_tokens`) instead: read from the gauges, a request
+        that finished after the scrape would weigh on the replica until the next one."""
         running, waiting = self.engine_running or 0.0, self.engine_waiting or 0.0
         own_running = min(float(self.inflight_at_scrape), running)
         own_waiting = min(self.inflight_at_scrape - own_running, waiting)

@@ -27,7 +27,8 @@ request is long.
 
 Inside a lane the policy's own scorers still decide (affinity applies). A replica's long prefill
 in flight is `Replica.queued_long_tokens`, held like `queued_prompt_tokens` by the one load owner
-(app/routing/load.py) that `serve`'s forward and the Endpoint Picker both use.
+(app/routing/load.py) that `serve`'s forward and the Endpoint Picker both use, and read with the
+other workers' (`Replica.gateway_long_tokens`, app/routing/siblings.py).
 One lane per `routing.lanes` section (`from_config`): the router, which feeds the window, and the
 admission queue, which asks the same lane, see the same threshold.
 """
@@ -171,8 +172,9 @@ class LongPrefillLane:
         return out or pool
 
     def _shared(self, pool: list[Replica], lane: str) -> list[Replica]:
-        busy = [r for r in pool if r.queued_long_tokens > 0]
-        free = [r for r in pool if r.queued_long_tokens <= 0]
+        long_tokens = {r.name: r.gateway_long_tokens() for r in pool}
+        busy = [r for r in pool if long_tokens[r.name] > 0]
+        free = [r for r in pool if long_tokens[r.name] <= 0]
         if lane == SHORT:
             return free or pool
         cap = self.long_replicas(len(pool))
@@ -180,5 +182,5 @@ class LongPrefillLane:
             return free
         # the long share is used up: queue behind the least long work already there, so the
         # replicas without a long prefill stay free for short requests
-        least = min(r.queued_long_tokens for r in busy)
-        return [r for r in busy if r.queued_long_tokens == least]
+        least = min(long_tokens[r.name] for r in busy)
+        return [r for r in busy if long_tokens[r.name] == least]

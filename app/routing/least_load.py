@@ -29,7 +29,7 @@ class LeastLoadRouter(BaseRouter):
         scored = []
         for r, offset in zip(pool, self._turns.offsets(len(pool)), strict=True):
             parts = load_scores(r, self._weights, self._prices)
-            scored.append((sum(p.value for p in parts), r.inflight, offset, r, parts))
+            scored.append((sum(p.value for p in parts), r.gateway_inflight(), offset, r, parts))
         total, _, _, replica, parts = min(scored, key=lambda t: t[:3])
         why = " + ".join(f"{p.name} {p.why}" for p in parts)
         return RouteDecision(

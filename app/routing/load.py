@@ -2,7 +2,8 @@
 
 `Replica.inflight`, `queued_prompt_tokens` and `queued_long_tokens` are what the cost scorers
 (app/routing/scorers.py), the long-prefill lane (app/routing/lanes.py) and the admission queue
-(app/admission/gate.py) read. Only `LoadHold` changes them: a request that a replica holds takes
+(app/admission/gate.py) read, and under `serve --workers N` the other workers too
+(`Replica.publish_load`, app/routing/siblings.py). Only `LoadHold` changes them: a request that a replica holds takes
 one `hold` when it is routed there, gives its queued prefill back at its first byte
 (`prefill_done`: the engine has prefilled it) and the rest at its end (`release`). Each change
 sets `prefixgate_backend_inflight` and calls `on_lighter` (the admission queue's `kick`) once,
@@ -54,6 +55,7 @@ class ReplicaLoad:
         long_queued = queued if decision.lane == LONG else 0
         replica.queued_prompt_tokens += queued
         replica.queued_long_tokens += long_queued
+        replica.publish_load()
         hold = LoadHold(self, replica, queued, long_queued)
         prefilling = self._prefilling.setdefault(replica.name, set())
         for other in prefilling:  # their prefill and this one overlap: each counts the other's
@@ -94,6 +96,7 @@ class LoadHold:
         self.replica.queued_prompt_tokens -= self.queued
         self.replica.queued_long_tokens -= self.long_queued
         self.queued = self.long_queued = 0
+        self.replica.publish_load()
 
     def prefill_done(self) -> None:
         """The first byte came: the engine prefilled it, a queued request may take its place."""
@@ -110,5 +113,6 @@ class LoadHold:
         self._unqueue()
         replica = self.replica
         replica.inflight -= 1
+        replica.publish_load()
         child(self.load.metrics.backend_inflight, replica.name).set(replica.inflight)
         self.load._lighter()

@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 
 def lowest_cost(costs: list[ReplicaCost]) -> ReplicaCost:
-    return min(costs, key=lambda c: (c.total, -c.matched_blocks, c.replica.inflight, c.replica.name))
+    return min(costs, key=lambda c: (c.total, -c.matched_blocks, c.replica.gateway_inflight(), c.replica.name))
 
 
 class Turns:

@@ -2,7 +2,9 @@
 
 The proxy core updates in-flight counters, the health checker flips `healthy`, the engine scraper
 fills the engine_* fields and the real block size, DNS discovery adds and removes replicas.
-Iteration order is stable (insertion order), which round-robin and tests rely on.
+Iteration order is stable (insertion order), which round-robin and tests rely on. Under
+`serve --workers N` each replica added gets its view of the other workers' live load
+(app/routing/siblings.py).
 """
 
 from __future__ import annotations
@@ -11,26 +13,31 @@ from collections.abc import Iterable
 
 from app.config import Backend
 from app.routing.base import Replica
+from app.routing.siblings import SiblingLoads
 
 
 class ReplicaSet:
-    def __init__(self, replicas: Iterable[Replica] = ()) -> None:
+    def __init__(self, replicas: Iterable[Replica] = (), siblings: SiblingLoads | None = None) -> None:
         self._by_name: dict[str, Replica] = {}
+        self.siblings = siblings
         for replica in replicas:
             self.add(replica)
 
     @classmethod
-    def from_backends(cls, backends: Iterable[Backend]) -> ReplicaSet:
+    def from_backends(cls, backends: Iterable[Backend], siblings: SiblingLoads | None = None) -> ReplicaSet:
         return cls(
-            Replica(name=b.display_name(), url=b.url.rstrip("/").removesuffix("/v1"), engine=b.engine,
-                    block_size=b.block_size, kv_blocks=b.kv_blocks)
-            for b in backends
+            (Replica(name=b.display_name(), url=b.url.rstrip("/").removesuffix("/v1"), engine=b.engine,
+                     block_size=b.block_size, kv_blocks=b.kv_blocks)
+             for b in backends),
+            siblings,
         )
 
     def add(self, replica: Replica) -> Replica:
         existing = self._by_name.get(replica.name)
         if existing is not None:
             return existing
+        if self.siblings is not None:
+            replica.siblings = self.siblings.view(replica.name)
         self._by_name[replica.name] = replica
         return replica
 

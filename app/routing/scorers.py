@@ -12,9 +12,10 @@ them (llm-d's filters -> scorers -> picker shape, docs/routing.md); the lowest t
 - `decode_load`: running decodes slow every prefill step (chunked prefill shares the batch): this
   gateway's in flight plus the engine's running requests that are not its own.
 
-This gateway's own requests are counted live, the others' from the last engine scrape: counted
-from the scrape, a request of its own that finished since would keep weighing on the replica for
-up to a scrape interval and push the next request away from its prefix.
+This gateway's own requests (every worker's, app/routing/siblings.py) are counted live, the
+others' from the last engine scrape: counted from the scrape, a request of its own that finished
+since would keep weighing on the replica for up to a scrape interval and push the next request
+away from its prefix.
 
 The first two are priced by `PrefillPrices` (app/routing/prefill_cost.py): with a replica's fitted
 prefill model, its work in reference tokens (a slower replica's token costs more); without one, the
@@ -81,9 +82,9 @@ def uncached_prompt(prompt_tokens: int, matched_blocks: int, block_size: int, we
 
 def prefill_backlog(replica: Replica, waiting_request_tokens: float, weight: float = 1.0, *,
                     prices: PrefillPrices = TOKEN_PRICES) -> Score:
-    """Prompt tokens queued ahead of a new request: this gateway's own (live) and, at
+    """Prompt tokens queued ahead of a new request: this gateway's own (live, every worker's) and, at
     `waiting_request_tokens` each, the engine's waiting requests that are not this gateway's."""
-    own = float(replica.queued_prompt_tokens)
+    own = float(replica.gateway_queued_tokens())
     foreign = replica.engine_foreign()[1]
     value = own + foreign * waiting_request_tokens
     why = f"{own:.0f} queued prompt tokens" + (f" + {foreign:g} others' waiting in engine" if foreign else "")
@@ -94,8 +95,9 @@ def prefill_backlog(replica: Replica, waiting_request_tokens: float, weight: flo
 
 
 def decode_load(replica: Replica, tokens_per_running: float, weight: float = 1.0) -> Score:
-    """This gateway's requests in flight (live) and the engine's running ones that are not its own."""
-    running = replica.inflight + replica.engine_foreign()[0]
+    """This gateway's requests in flight (live, every worker's) and the engine's running ones that
+    are not its own."""
+    running = replica.gateway_inflight() + replica.engine_foreign()[0]
     return Score("decode", weight * running * tokens_per_running, f"{running:g} running")
 
 
