@@ -9,7 +9,9 @@ Two vLLM-shaped fake backends (35 SSE events, 20 ms to the first token), a close
 vllm-router 0.1.17 round_robin and cache_aware, sglang-router 0.3.2 cache_aware (from
 `.venv-routers`: `pip install sglang-router==0.3.2 vllm-router==0.1.17`, as bench/routing.py), and
 prefixgate three times: the default config, what multi-pod users run (`cache_salt` on, Redis state,
-a `rewrite` tenant, API keys), and the default config with `--workers` (default `auto`). Prompt sizes 200 B / 100 KB / 1 MB; concurrency 1 / 16 / 128
+a `rewrite` tenant, API keys), and the default config with `--workers` (default `auto`); and, on
+request (`py_relay`), a Python relay without features on prefixgate's own server and client
+(bench/bare_relay.py), the floor of its stack. Prompt sizes 200 B / 100 KB / 1 MB; concurrency 1 / 16 / 128
 (1 MB: 1 / 4, as the issue). Columns (medians over rounds; "added" = target - direct of the same
 round): added TTFT p50, throughput vs direct, gateway CPU per request (from /proc, summed over the
 target's whole process tree: workers, tokeniser processes), and the share of prefixgate's requests
@@ -41,7 +43,8 @@ LABELS = {"direct": "direct", "vl_rr": "vllm-router 0.1.17 round_robin", "vl_ca"
           "sg_ca": "sglang-router 0.3.2 cache_aware", "pg": "prefixgate (default config)",
           "pg_mp": "prefixgate, multi-pod (salt, Redis, rewrite tenant, API keys)",
           "pg_w": "prefixgate (default config, --workers)",
-          "pg_ref": "prefixgate (default config) at --ref-tree"}
+          "pg_ref": "prefixgate (default config) at --ref-tree",
+          "py_relay": "Python relay without features (prefixgate's server and client; bench/bare_relay.py)"}
 GROUPS = ((200, "1,16,128"), (100_000, "1,16,128"), (1_000_000, "1,4"))
 
 
@@ -246,10 +249,14 @@ def main(argv: list[str]) -> int:
             gateways["pg_ref"] = ("1", None, f"env -C {shlex.quote(ref)} PYTHONPATH={shlex.quote(ref + fast_io)} ", "")
         for name, (workers, config, gw_env, token) in gateways.items():
             if name in names:  # the runner numbers add-targets from port_base+50, in this order
-                port = base + 50 + len(probes) // 2
+                port = base + 50 + len(extra) // 2
                 extra += ["--add-target", f"{name}|" + gateway_command(py, workers, config, gw_env)]
                 probes += ["--probe", f"{name}|{me} --probe-url http://127.0.0.1:{port}{token}"]
-        builtin = ",".join(n for n in names if n not in gateways)
+        if "py_relay" in names:  # no fingerprint counter to probe
+            relay = ROOT / "bench" / "bare_relay.py"
+            extra += ["--add-target", f"py_relay|{env}{shlex.quote(py)} {shlex.quote(str(relay))} --port {{port}} "
+                                      "--backend {w1} --backend {w2}"]
+        builtin = ",".join(n for n in names if n not in gateways and n != "py_relay")
         for size in [int(s) for s in a.sizes.split(",")]:
             conc = a.conc or dict(GROUPS).get(size, "1,16,128")
             cmd = [harness_py, str(HARNESS / "runner.py"), "--router-bin", os.path.join(a.routers_venv, "bin"),
