@@ -186,6 +186,30 @@ def test_sketch_regions_of_a_long_prompt() -> None:
     fpr.close()
 
 
+def test_a_sketchs_message_keys_are_each_messages_key() -> None:
+    """Keyed when first read, from where each content sits in the text: the same keys as keying
+    every message as sent (content parts, empty content, tool calls, content the template did not
+    render verbatim)."""
+    from app.prefix.sketch import content_text
+
+    fpr = Fingerprinter(SegmentTokenizer.load(None))
+    calls = [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{\"path\": \"a.py\"}"}}]
+    msgs = [{"role": "system", "content": "rules " * 300},
+            {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "c1", "content": "def f(): pass\n" * 40},
+            {"role": "assistant", "content": "  padded reply  ", "tool_calls": calls},
+            {"role": "user", "content": ""},
+            {"role": "user", "content": "rules " * 300}]
+    inp = prompt_input("chat", {"model": "m", "messages": msgs})
+    assert inp is not None
+    sketch = build_sketch(inp, fpr.render(inp))
+    want = [message_key(m["role"], content_text(m.get("content")), m.get("tool_calls")) for m in msgs]
+    assert sketch.message_keys == want
+    assert sketch.message_keys is sketch.message_keys  # computed once
+    fpr.close()
+
+
 def test_encode_small_equals_encode_text() -> None:
     fpr = Fingerprinter(SegmentTokenizer.load(None))
     for text in ("Hello there, how can I help?", "Ünïcödé ✓ 中文\n\n  spaced  ", "a<|im_end|>\nb<|im_start|>c", ""):

@@ -35,7 +35,11 @@ class RequestSketch:
     text: str
     kind: str = "chat"  # chat | completions
     regions: list[Region] = field(default_factory=list)
-    message_keys: list[str] = field(default_factory=list)  # role + content digest, in order
+    # per message, in order: (role, start, end, tool calls' digest) where its content sits in
+    # `text`, or its key already computed (content not found in `text`); `message_keys` keys them
+    # when diagnosis first asks (hashing every message's content on every request cost ~0.2 ms
+    # per 900 KB prompt, and only a break's diagnosis reads the keys)
+    message_parts: list[tuple[str, int, int, str] | str] = field(default_factory=list)
     system_text: str | None = None
     tools_raw: list[str] = field(default_factory=list)  # each tool as sent (key order kept)
     tools_canon: list[str] = field(default_factory=list)  # each tool with sorted keys
@@ -43,6 +47,17 @@ class RequestSketch:
     # diagnose.turn_keys of this sketch, kept once computed (it is read several times per request
     # and again for each kept sketch by later requests); with the region count it was computed at
     turn_keys_memo: tuple[int, list[str]] | None = field(default=None, repr=False, compare=False)
+    _message_keys: list[str] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def message_keys(self) -> list[str]:
+        """role + content digest per message, in order (`message_key`), computed once."""
+        keys = self._message_keys
+        if keys is None:
+            text = self.text
+            keys = self._message_keys = [part if isinstance(part, str) else
+                                         keyed(part[0], text[part[1]:part[2]], part[3]) for part in self.message_parts]
+        return keys
 
     def region_at(self, offset: int) -> Region | None:
         for region in self.regions:
@@ -64,6 +79,8 @@ class RequestSketch:
 
 REGION_BYTES = 120  # a frozen Region (4 slots + GC header) and its list slot
 TURN_KEY_BYTES = 90  # a kept turn key (32 hex chars) and its list slot; at most one per region
+# a message's part (a 4-tuple, its list slot) and room for its key (~30 chars) once computed
+MESSAGE_BYTES = 200
 
 
 def sketch_bytes(sketch: RequestSketch) -> int:
@@ -71,9 +88,9 @@ def sketch_bytes(sketch: RequestSketch) -> int:
     a header) and its regions, each with room for its turn key (`turn_keys_memo`, counted whether
     or not it was computed yet, so the count does not change while the sketch is kept). The text is
     usually the only big part."""
-    strings = (sketch.text, sketch.system_text or "", *sketch.message_keys, *sketch.tools_raw,
-               *sketch.tools_canon)
-    return sum(map(sys.getsizeof, strings)) + (REGION_BYTES + TURN_KEY_BYTES) * len(sketch.regions) + 200
+    strings = (sketch.text, sketch.system_text or "", *sketch.tools_raw, *sketch.tools_canon)
+    return (sum(map(sys.getsizeof, strings)) + (REGION_BYTES + TURN_KEY_BYTES) * len(sketch.regions)
+            + MESSAGE_BYTES * len(sketch.message_parts) + 200)
 
 
 def content_text(content: Any) -> str:
@@ -93,9 +110,13 @@ def _digest(value: Any) -> str:
 
 def message_key(role: str, body: str, tool_calls: Any) -> str:
     """Identity of a message for comparing two requests of one tenant *in this process* (sketches
-    are never shared): the content's length and str hash (cached on the string, ~0.1 ms per MB,
+    are never shared): the content's length and str hash (cached on the string, ~0.2 ms per MB,
     where a JSON dump + digest of a 1 MB system prompt took ~4 ms on the event loop)."""
-    calls = _digest(tool_calls) if tool_calls else "-"
+    return keyed(role, body, _digest(tool_calls) if tool_calls else "-")
+
+
+def keyed(role: str, body: str, calls: str) -> str:
+    """`message_key` with the tool calls already digested."""
     return f"{role}:{len(body):x}.{hash(body) & 0xFFFFFFFFFFFFFFFF:016x}.{calls}"
 
 
@@ -126,14 +147,15 @@ def build_sketch(inp: PromptInput | None, text: str) -> RequestSketch:
     for index, message in enumerate(inp.messages):
         role = str(message.get("role", ""))
         body = content_text(message.get("content"))
-        sketch.message_keys.append(message_key(role, body, message.get("tool_calls")))
+        calls = message.get("tool_calls")
+        digest = _digest(calls) if calls else "-"
         if role in ("system", "developer") and index == 0:
             sketch.system_text = body
-        if not body:
-            continue
-        pos = find_content(text, body, cursor)
+        pos = find_content(text, body, cursor) if body else -1
         if pos < 0:
+            sketch.message_parts.append(keyed(role, body, digest))
             continue
+        sketch.message_parts.append((role, pos, pos + len(body), digest))
         sketch.regions.append(Region(role, index, pos, pos + len(body)))
         cursor = pos + len(body)
     for tool in inp.tools or []:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from types import BuiltinFunctionType
 from typing import Any
 
 import jinja2
@@ -92,6 +93,22 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             if len(self._verdicts) < VERDICTS_MAX:
                 self._verdicts[key] = verdict
         return verdict
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        """jinja's sandboxed call, straight to a built-in function or bound C method (`dict.get`,
+        `str.startswith`, every message's `message.get(...)`): such an object holds no attributes,
+        so jinja's checks (`unsafe_callable`, `alters_data`, `jinja_pass_arg` on it and on its
+        `__call__`) always find none, and the call is what they would have made."""
+        if type(__obj) is BuiltinFunctionType:
+            if kwargs:
+                kwargs.pop("_block_vars", None)
+                kwargs.pop("_loop_vars", None)
+            try:
+                return __obj(*args, **kwargs)
+            except StopIteration:
+                return __context.environment.undefined(
+                    "value was undefined because a callable raised a StopIteration exception")
+        return super().call(__context, __obj, *args, **kwargs)
 
 
 @lru_cache(maxsize=32)
