@@ -280,7 +280,9 @@ class Prefix(Section):
     # smaller cold work stays in the worker threads; auto: 256 KiB with the fast BPE encoder, which
     # holds the GIL ~1 ms per 100 KB, else 64 KiB (app/prefix/pool.py)
     cold_pool_min_chars: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
-    pending_wait_ms: float = 50.0  # a prompt continuing one still being tokenised waits at most this for it
+    # a prompt waits at most this for a tokenisation it depends on: the one it continues, or that of a
+    # prefilled request with the same head (app/pipeline/prefix_stage.py, `_wait_for_predecessor`)
+    pending_wait_ms: float = 50.0
     # a prompt the hot path could not fingerprint far enough to route (a long conversation this
     # process never walked) waits at most this for its tokenisation when the residency index is
     # shared (Redis, serve --workers, KV events): another process may have placed its prefix

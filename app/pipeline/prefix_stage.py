@@ -9,8 +9,12 @@ hygiene stage sets when cache isolation is on) -> ctx.fingerprint, read by the r
 prefixgate_fingerprint_requests_total{mode=exact|pending|approx} (`routed_mode`). When the
 walk stops where an in-flight tokenisation of the same conversation stopped (same chain state,
 same next segment: this prompt continues that one), it waits up to `prefix.pending_wait_ms` for
-that work and continues the walk through it. It never waits for another conversation of the
-same tenant, nor for the tenant `default` that every anonymous client shares. One more wait, for
+that work and continues the walk through it. It waits likewise for the tokenisation of a request
+whose prompt starts as this one does (`_head`) once that request's prefill is done (its first
+byte came back): the engine holds those blocks from then on, and they reach the index only when
+the chain is finished. Otherwise it never waits for another conversation of the same tenant, nor
+for the tenant `default` that every anonymous client shares: a request still in prefill holds no
+blocks this one could hit. One more wait, for
 its own tokenisation: when the walk knows too little of the prompt for the router to use the
 residency index at all (a long conversation this process never walked: it restarted, or the
 previous turn went through another gateway pod) and the index is shared with other processes
@@ -108,6 +112,9 @@ class PrefixStage:
         self._pending: dict[Hashable, asyncio.Task[ChainTip | None]] = {}
         # in-flight tokenisations of a long segment, by its head (Fingerprinter.cold_head)
         self._cold: dict[str, asyncio.Task[ChainTip | None]] = {}
+        # in-flight chain tasks by their prompt's head (`_head`), with their request: one whose
+        # prefill is done holds blocks in the engine that the index learns only when it ends
+        self._learning: dict[Hashable, dict[asyncio.Task[ChainTip | None], RequestContext]] = {}
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         # the index may hold chains this process never walked: their next turns must not route blind
         self.blind_wait_s = settings.prefix.blind_wait_ms / 1000.0 if shared_index and self.router_looks_up else 0.0
@@ -199,6 +206,10 @@ class PrefixStage:
             if key is not None:
                 self._pending[key] = task
                 task.add_done_callback(lambda t, k=key: self._pending.get(k) is t and self._pending.pop(k, None))
+            learning = _head(fp)
+            if learning is not None:
+                self._learning.setdefault(learning, {})[task] = ctx
+                task.add_done_callback(lambda t, k=learning: self._learned(k, t))
             if self._blind(fp):
                 await self._finish_before_routing(fp, task)
         ctx.fingerprint = fp
@@ -224,15 +235,33 @@ class PrefixStage:
             await self.fingerprinter.complete(fp, task)
 
     async def _wait_for_predecessor(self, fp: Fingerprint) -> None:
-        """If this prompt continues one whose tokenisation is in flight (its response may already
-        have ended: this is the next turn), wait for it briefly and continue the walk through it."""
+        """Wait up to `pending_wait_s` for the in-flight tokenisations this request depends on, then
+        continue its walk through what they memoised: the one this prompt continues (same chain
+        state, same next segment: the conversation's previous turn, whose response may already
+        have ended), and those of requests with the same head whose prefill is done. The engine
+        holds their blocks, and a request routed before their chains reach the index is predicted
+        and routed as if it did not (real vLLM, a loop stalled ~80 ms under load: the next
+        tenant's turn over a shared system prompt was routed in that gap, predicted 0 cached
+        tokens where the engine served 1408)."""
+        if self.pending_wait_s <= 0:
+            return
         key = fp.pending.key() if fp.pending is not None else None
         previous = self._pending.get(key) if key is not None else None
-        if previous is None or previous.done() or self.pending_wait_s <= 0:
+        waits = {previous} if previous is not None and not previous.done() else set()
+        learning = self._learning.get(_head(fp))
+        if learning:
+            waits.update(t for t, owner in learning.items() if owner.timings.first_byte is not None and not t.done())
+        if not waits:
             return
-        with contextlib.suppress(asyncio.TimeoutError, Exception):
-            await asyncio.wait_for(asyncio.shield(previous), self.pending_wait_s)
+        await asyncio.wait(waits, timeout=self.pending_wait_s)  # never raises their errors, never cancels them
         self.fingerprinter.advance(fp)
+
+    def _learned(self, key: Hashable, task: asyncio.Task[ChainTip | None]) -> None:
+        tasks = self._learning.get(key)
+        if tasks is not None:
+            tasks.pop(task, None)
+            if not tasks:
+                del self._learning[key]
 
     async def _early(self, ctx: RequestContext, fp: Fingerprint,
                      leader: asyncio.Task[ChainTip | None] | None = None) -> ChainTip | None:
@@ -430,3 +459,12 @@ def build_prefix_stage(settings: Settings, metrics: Metrics, replicas: ReplicaSe
     for part in stage.memory_bytes():
         metrics.memory_used.labels(part).set_function(lambda part=part: stage.memory_bytes()[part])
     return stage
+
+
+def _head(fp: Fingerprint) -> Hashable | None:
+    """What two prompts that share a block have in common: their namespace, block size and first
+    `block_size` characters (a token covers at least one character, except the pieces of a
+    character split across tokens). None for token-id prompts, which have no text."""
+    if fp.text is None:
+        return None
+    return fp.salt, fp.block_size, fp.text[:fp.block_size]
