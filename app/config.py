@@ -281,7 +281,7 @@ class Prefix(Section):
     # holds the GIL ~1 ms per 100 KB, else 64 KiB (app/prefix/pool.py)
     cold_pool_min_chars: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
     # a prompt waits at most this for a tokenisation it depends on: the one it continues, or that of a
-    # prefilled request with the same head (app/pipeline/prefix_stage.py, `_wait_for_predecessor`)
+    # request with the same head whose response has ended (app/pipeline/prefix_stage.py, `_wait_for_predecessor`)
     pending_wait_ms: float = 50.0
     # a prompt the hot path could not fingerprint far enough to route (a long conversation this
     # process never walked) waits at most this for its tokenisation when the residency index is

@@ -194,7 +194,7 @@ def test_a_request_after_anothers_response_finds_its_blocks_while_that_chain_is_
     reaches the index (the worker thread is held back after filling the memos, as a stalled loop
     or a busy core does). Tenant B's first request over the same system prompt, sent as A's
     response ends, is predicted exactly what the engine serves from A's blocks: it waits for A's
-    chain (A's prefill is done, so the engine holds those blocks). Found on real vLLM under load:
+    chain (A was served, so the engine holds those blocks). Found on real vLLM under load:
     predicted 0 where the engine served 1408."""
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=100_000)
     proxy = proxy_factory(sim, prefix={"pending_wait_ms": 5000.0})

@@ -10,11 +10,12 @@ prefixgate_fingerprint_requests_total{mode=exact|pending|approx} (`routed_mode`)
 walk stops where an in-flight tokenisation of the same conversation stopped (same chain state,
 same next segment: this prompt continues that one), it waits up to `prefix.pending_wait_ms` for
 that work and continues the walk through it. It waits likewise for the tokenisation of a request
-whose prompt starts as this one does (`_head`) once that request's prefill is done (its first
-byte came back): the engine holds those blocks from then on, and they reach the index only when
-the chain is finished. Otherwise it never waits for another conversation of the same tenant, nor
-for the tenant `default` that every anonymous client shares: a request still in prefill holds no
-blocks this one could hit. One more wait, for
+whose prompt starts as this one does (`_head`) and whose response has ended (a served answer):
+the engine holds those blocks, they reach the index only when that chain is finished, and a
+request sent after that response ended must be predicted and routed with them. Otherwise it
+never waits for another conversation of the same tenant, nor for the tenant `default` that every
+anonymous client shares: where two requests overlap, which finds the other's blocks is the
+engine's scheduling, not an order the client set. One more wait, for
 its own tokenisation: when the walk knows too little of the prompt for the router to use the
 residency index at all (a long conversation this process never walked: it restarted, or the
 previous turn went through another gateway pod) and the index is shared with other processes
@@ -113,7 +114,7 @@ class PrefixStage:
         # in-flight tokenisations of a long segment, by its head (Fingerprinter.cold_head)
         self._cold: dict[str, asyncio.Task[ChainTip | None]] = {}
         # in-flight chain tasks by their prompt's head (`_head`), with their request: one whose
-        # prefill is done holds blocks in the engine that the index learns only when it ends
+        # response has ended holds blocks in the engine that the index learns only when it ends
         self._learning: dict[Hashable, dict[asyncio.Task[ChainTip | None], RequestContext]] = {}
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         # the index may hold chains this process never walked: their next turns must not route blind
@@ -238,11 +239,11 @@ class PrefixStage:
         """Wait up to `pending_wait_s` for the in-flight tokenisations this request depends on, then
         continue its walk through what they memoised: the one this prompt continues (same chain
         state, same next segment: the conversation's previous turn, whose response may already
-        have ended), and those of requests with the same head whose prefill is done. The engine
-        holds their blocks, and a request routed before their chains reach the index is predicted
-        and routed as if it did not (real vLLM, a loop stalled ~80 ms under load: the next
-        tenant's turn over a shared system prompt was routed in that gap, predicted 0 cached
-        tokens where the engine served 1408)."""
+        have ended), and those of requests with the same head whose response has ended. The
+        engine holds their blocks, and a request routed before their chains reach the index is
+        predicted and routed as if it did not (real vLLM, a loop stalled ~80 ms under load: the
+        next tenant's request over a shared system prompt was routed in that gap, predicted 0
+        cached tokens where the engine served 1408)."""
         if self.pending_wait_s <= 0:
             return
         key = fp.pending.key() if fp.pending is not None else None
@@ -250,7 +251,8 @@ class PrefixStage:
         waits = {previous} if previous is not None and not previous.done() else set()
         learning = self._learning.get(_head(fp))
         if learning:
-            waits.update(t for t, owner in learning.items() if owner.timings.first_byte is not None and not t.done())
+            waits.update(t for t, owner in learning.items()
+                         if owner.timings.end is not None and owner.timings.first_byte is not None and not t.done())
         if not waits:
             return
         await asyncio.wait(waits, timeout=self.pending_wait_s)  # never raises their errors, never cancels them
