@@ -188,7 +188,8 @@ class PrefixStage:
         except Exception:  # a malformed body is the proxy core's business, never ours to fail
             log.debug("no fingerprint for %s", ctx.request_id, exc_info=True)
             return
-        await self._wait_for_predecessor(fp)
+        learning = _head(fp)
+        await self._wait_for_predecessor(fp, learning)
         head = self.fingerprinter.cold_head(fp)
         leader = self._cold.get(head) if head is not None else None
         if leader is None or leader.done():
@@ -207,7 +208,6 @@ class PrefixStage:
             if key is not None:
                 self._pending[key] = task
                 task.add_done_callback(lambda t, k=key: self._pending.get(k) is t and self._pending.pop(k, None))
-            learning = _head(fp)
             if learning is not None:
                 self._learning.setdefault(learning, {})[task] = ctx
                 task.add_done_callback(lambda t, k=learning: self._learned(k, t))
@@ -235,23 +235,23 @@ class PrefixStage:
         if done and not task.cancelled() and task.exception() is None and task.result() is not None:
             await self.fingerprinter.complete(fp, task)
 
-    async def _wait_for_predecessor(self, fp: Fingerprint) -> None:
+    async def _wait_for_predecessor(self, fp: Fingerprint, learning: Hashable | None) -> None:
         """Wait up to `pending_wait_s` for the in-flight tokenisations this request depends on, then
         continue its walk through what they memoised: the one this prompt continues (same chain
         state, same next segment: the conversation's previous turn, whose response may already
-        have ended), and those of requests with the same head whose response has ended. The
-        engine holds their blocks, and a request routed before their chains reach the index is
-        predicted and routed as if it did not (real vLLM, a loop stalled ~80 ms under load: the
-        next tenant's request over a shared system prompt was routed in that gap, predicted 0
-        cached tokens where the engine served 1408)."""
+        have ended), and those of requests with the same head (`learning`: `_head(fp)`) whose
+        response has ended. The engine holds their blocks, and a request routed before their
+        chains reach the index is predicted and routed as if it did not (real vLLM, a loop
+        stalled ~80 ms under load: the next tenant's request over a shared system prompt was
+        routed in that gap, predicted 0 cached tokens where the engine served 1408)."""
         if self.pending_wait_s <= 0:
             return
         key = fp.pending.key() if fp.pending is not None else None
         previous = self._pending.get(key) if key is not None else None
         waits = {previous} if previous is not None and not previous.done() else set()
-        learning = self._learning.get(_head(fp))
-        if learning:
-            waits.update(t for t, owner in learning.items()
+        same_head = self._learning.get(learning) if learning is not None else None
+        if same_head:
+            waits.update(t for t, owner in same_head.items()
                          if owner.timings.end is not None and owner.timings.first_byte is not None and not t.done())
         if not waits:
             return
