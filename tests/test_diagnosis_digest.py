@@ -96,3 +96,29 @@ def test_the_head_part_is_read_once_per_head_and_equals_a_fresh_reading(fingerpr
     assert RequestDigest.of(later).to_record() == fresh  # from the memo
     other = RequestDigest.of(sketch(system.replace("07/16", "07/17"), 5))
     assert len(digest._head_memo) == 2 and other.dates != RequestDigest.of(later).dates
+
+
+def test_a_pasted_documents_long_line_is_compared_whole_by_another_pod(fingerprinter: Fingerprinter) -> None:
+    """A line over LONG_UNIT characters (a document pasted on one line) is keyed from its length,
+    its ends and a CRC of all of it. Another pod still tells a question put before the same
+    document (question_first from the digest), and an edit in the middle of that line leaves
+    nothing repeated: the same length and ends do not make it the same line."""
+    from app.prefix import digest
+
+    words = " ".join(f"w{i % 997}" for i in range(4000))
+    assert len(words) > digest.LONG_UNIT
+
+    def sketch(question: str, document: str) -> RequestSketch:
+        body = {"messages": [{"role": "system", "content": "You answer from the document."},
+                             {"role": "user", "content": f"{question}\n{document}\nEnd of the document."}]}
+        inp = prompt_input("chat", body)
+        return build_sketch(inp, fingerprinter.complete_sync(fingerprinter.prepare(inp, 16)).text or "")
+
+    prev = RequestDigest.of(sketch("Summarise the document in three lines, please.", words))
+    same = diagnose_digest(prev, sketch("Which numbers come up most often in it? Answer briefly.", words))
+    assert same.cause == "question_first"
+    middle = len(words) // 2
+    edited = words[:middle] + ("x" if words[middle] != "x" else "y") + words[middle + 1:]
+    assert len(edited) == len(words) and edited[:512] == words[:512] and edited[-512:] == words[-512:]
+    other = diagnose_digest(prev, sketch("Which numbers come up most often in it? Answer briefly.", edited))
+    assert other.cause != "question_first"

@@ -202,3 +202,30 @@ def test_span_key_is_the_key_of_the_joined_text(text: str, a: int, b: int, befor
     joined = text[start:end] if before is None else f"{before}\x01{text[start:end]}"
     raw = f"user\x00{len(joined)}\x00{joined[:512]}\x00{joined[-512:]}".encode("utf-8", "surrogatepass")
     assert span_key("user", text, start, end, before) == hashlib.blake2b(raw, digest_size=KEY_SIZE // 2).hexdigest()
+
+
+def _anchors_reference(cur: str, start: int) -> list[int]:
+    """Anchors a step per character: `start`, every position after one of the separators within
+    NEAR_WINDOW (half of MAX_ANCHORS at most), then line starts within LINE_WINDOW."""
+    from app.prefix.diagnose import LINE_WINDOW, MAX_ANCHORS, NEAR_WINDOW
+
+    out: list[int] = []
+    end = min(len(cur), start + NEAR_WINDOW)
+    for i in range(start, end):
+        if i == start or cur[i - 1] in " \n\t\"'>:,.;":
+            out.append(i)
+        if len(out) >= MAX_ANCHORS // 2:
+            break
+    pos = cur.find("\n", end)
+    while 0 <= pos < start + LINE_WINDOW and len(out) < MAX_ANCHORS:
+        out.append(pos + 1)
+        pos = cur.find("\n", pos + 1)
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="ab \n\t\"'>:,.;xy", max_size=1200), st.integers(min_value=0, max_value=1300))
+def test_anchors_equal_a_step_per_character_reference(cur: str, start: int) -> None:
+    from app.prefix.diagnose import _anchors
+
+    assert _anchors(cur, start) == _anchors_reference(cur, start)

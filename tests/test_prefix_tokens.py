@@ -33,6 +33,45 @@ def test_split_prefers_longest_special() -> None:
     assert sp.split("") == []
 
 
+def _split_reference(specials: list[str], text: str) -> list[str]:
+    """A position-by-position splitter: at each position the longest special starting there."""
+    out: list[str] = []
+    i = cursor = 0
+    while i < len(text):
+        s = max((s for s in specials if text.startswith(s, i)), key=len, default=None)
+        if s is None:
+            i += 1
+            continue
+        if i > cursor:
+            out.append(text[cursor:i])
+        out.append(s)
+        i = cursor = i + len(s)
+    if cursor < len(text):
+        out.append(text[cursor:])
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<", "|", "<|", "|>", "im_end", "a", " ", "\n", *SPECIALS, "</s>"]),
+                max_size=300))
+def test_split_equals_a_position_by_position_reference(parts: list[str]) -> None:
+    """Also where the specials' first character is common (markup, code): there the scan for
+    that character gives way to the prefix's own find after its misses (exercised: up to 300
+    parts, many of them a lone "<")."""
+    specials = [*SPECIALS, "</s>"]
+    text = "".join(parts)
+    assert SegmentSplitter(specials).split(text) == _split_reference(specials, text)
+
+
+def test_split_finds_specials_after_many_lone_first_characters() -> None:
+    """A special right after the miss that ends the first-character scan, and far after it."""
+    sp = SegmentSplitter(SPECIALS)
+    for lone in range(SegmentSplitter.FIRST_CHAR_MISSES - 2, SegmentSplitter.FIRST_CHAR_MISSES + 3):
+        assert sp.split("<" * lone + "<|im_end|>x") == ["<" * lone, "<|im_end|>", "x"]
+    text = "a < b " * 200 + "<|im_end|>" + "x" * 10 + "<|im_start|>"
+    assert sp.split(text) == ["a < b " * 200, "<|im_end|>", "x" * 10, "<|im_start|>"]
+
+
 def test_memo_is_bounded_lru() -> None:
     memo = TokenMemo(max_bytes=400)
     for i in range(20):

@@ -234,14 +234,21 @@ def lcp(a: str, b: str, a0: int = 0, b0: int = 0) -> int:
     return lo
 
 
+_WORD_END = re.compile(r"[ \n\t\"'>:,.;]")  # an anchor follows one of these (a word start)
+
+
 def _anchors(cur: str, start: int) -> list[int]:
+    """`start`, the word starts in the NEAR_WINDOW characters after it, then line starts up to
+    LINE_WINDOW: at most MAX_ANCHORS, half of them word starts (found by a regex scan, not a
+    Python step per character)."""
     out: list[int] = []
     end = min(len(cur), start + NEAR_WINDOW)
-    for i in range(start, end):
-        if i == start or cur[i - 1] in " \n\t\"'>:,.;":
-            out.append(i)
-        if len(out) >= MAX_ANCHORS // 2:
-            break
+    if start < end:
+        out.append(start)
+        for m in _WORD_END.finditer(cur, start, end - 1):
+            if len(out) >= MAX_ANCHORS // 2:
+                break
+            out.append(m.start() + 1)
     pos = cur.find("\n", end)
     while 0 <= pos < start + LINE_WINDOW and len(out) < MAX_ANCHORS:
         out.append(pos + 1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,8 +52,19 @@ MAX_DATES = 32  # units whose date (without a "today" cue) a record keeps, as da
 _YEARISH = re.compile(r"(?<!\d)(?:19|20)\d\d(?!\d)|\d\.\d{1,2}\.\d\d(?!\d)")  # cheap: may a date be here?
 
 
+LONG_UNIT = 4096  # a unit longer than this is keyed by its length, its ends and a CRC of the whole
+
+
 def _key(text: str) -> str:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=LINE_KEY_BYTES).hexdigest()
+    """A unit's key. A long one (a document pasted on one line) is keyed from its length, its
+    first and last 512 characters and a CRC-32 of all of it: ~0.2 ms a MB against ~0.9 ms for
+    blake2b over the whole, on every request that carries it. Two long units that differ only
+    inside, with the same length and CRC, share a key: a changed value there would go unseen by
+    another pod's diagnosis (p = 2^-32 per changed unit)."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(text) > LONG_UNIT:
+        raw = f"{len(text)}\x00{zlib.crc32(raw):08x}\x00{text[:512]}\x00{text[-512:]}".encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(raw, digest_size=LINE_KEY_BYTES).hexdigest()
 
 
 def head_end(sk: RequestSketch) -> int:

@@ -31,7 +31,7 @@ import zlib
 from array import array
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,8 +138,12 @@ def common_prefix_len(a: str, b: str) -> int:
 
 class SegmentSplitter:
     """Splits text at special-token occurrences (leftmost, longest at a position), keeping each
-    special token as its own segment. Scans with `str.find` per distinct 2-char prefix of the
-    specials, so a 1 MB prompt with a handful of specials costs well under a millisecond."""
+    special token as its own segment. Scans per distinct 2-char prefix of the specials for its
+    first character (`str.find` of one character is a memchr: ~0.01 ms a MB, where a 2-character
+    needle takes ~0.7 ms), checking the prefix at each; text where that character is common (code,
+    markup) goes on with the 2-character find after `FIRST_CHAR_MISSES` misses."""
+
+    FIRST_CHAR_MISSES = 64
 
     def __init__(self, specials: Sequence[str]) -> None:
         self.specials = sorted({s for s in specials if s}, key=lambda s: (-len(s), s))
@@ -153,13 +157,11 @@ class SegmentSplitter:
             return [text] if text else []
         hits: list[tuple[int, str]] = []
         for prefix, candidates in self._by_prefix.items():
-            pos = text.find(prefix)
-            while pos >= 0:
+            for pos in self._occurrences(text, prefix):
                 for s in candidates:
                     if text.startswith(s, pos):
                         hits.append((pos, s))
                         break
-                pos = text.find(prefix, pos + 1)
         if not hits:
             return [text]
         hits.sort(key=lambda h: (h[0], -len(h[1])))
@@ -175,6 +177,25 @@ class SegmentSplitter:
         if cursor < len(text):
             out.append(text[cursor:])
         return out
+
+    def _occurrences(self, text: str, prefix: str) -> Iterator[int]:
+        """Every position where `prefix` starts, in order."""
+        first, misses = prefix[0], 0
+        pos = text.find(first)
+        while pos >= 0:
+            if text.startswith(prefix, pos):
+                yield pos
+            else:
+                misses += 1
+                if misses > self.FIRST_CHAR_MISSES:
+                    break
+            pos = text.find(first, pos + 1)
+        else:
+            return
+        pos = text.find(prefix, pos + 1)
+        while pos >= 0:
+            yield pos
+            pos = text.find(prefix, pos + 1)
 
 
 # What one memo entry holds besides its text and ids (CPython 3.11, sys.getsizeof): the array
