@@ -188,8 +188,8 @@ class PrefixStage:
         except Exception:  # a malformed body is the proxy core's business, never ours to fail
             log.debug("no fingerprint for %s", ctx.request_id, exc_info=True)
             return
-        learning = _head(fp)
-        await self._wait_for_predecessor(fp, learning)
+        prompt_head = _head(fp)
+        await self._wait_for_predecessor(fp, prompt_head)
         head = self.fingerprinter.cold_head(fp)
         leader = self._cold.get(head) if head is not None else None
         if leader is None or leader.done():
@@ -208,9 +208,9 @@ class PrefixStage:
             if key is not None:
                 self._pending[key] = task
                 task.add_done_callback(lambda t, k=key: self._pending.get(k) is t and self._pending.pop(k, None))
-            if learning is not None:
-                self._learning.setdefault(learning, {})[task] = ctx
-                task.add_done_callback(lambda t, k=learning: self._learned(k, t))
+            if prompt_head is not None:
+                self._learning.setdefault(prompt_head, {})[task] = ctx
+                task.add_done_callback(lambda t, k=prompt_head: self._learned(k, t))
             if self._blind(fp):
                 await self._finish_before_routing(fp, task)
         ctx.fingerprint = fp
@@ -235,11 +235,11 @@ class PrefixStage:
         if done and not task.cancelled() and task.exception() is None and task.result() is not None:
             await self.fingerprinter.complete(fp, task)
 
-    async def _wait_for_predecessor(self, fp: Fingerprint, learning: Hashable | None) -> None:
+    async def _wait_for_predecessor(self, fp: Fingerprint, prompt_head: Hashable | None) -> None:
         """Wait up to `pending_wait_s` for the in-flight tokenisations this request depends on, then
         continue its walk through what they memoised: the one this prompt continues (same chain
         state, same next segment: the conversation's previous turn, whose response may already
-        have ended), and those of requests with the same head (`learning`: `_head(fp)`) whose
+        have ended), and those of requests with the same head (`prompt_head`: `_head(fp)`) whose
         response has ended. The engine holds their blocks, and a request routed before their
         chains reach the index is predicted and routed as if it did not (real vLLM, a loop
         stalled ~80 ms under load: the next tenant's request over a shared system prompt was
@@ -249,7 +249,7 @@ class PrefixStage:
         key = fp.pending.key() if fp.pending is not None else None
         previous = self._pending.get(key) if key is not None else None
         waits = {previous} if previous is not None and not previous.done() else set()
-        same_head = self._learning.get(learning) if learning is not None else None
+        same_head = self._learning.get(prompt_head) if prompt_head is not None else None
         if same_head:
             waits.update(t for t, owner in same_head.items()
                          if owner.timings.end is not None and owner.timings.first_byte is not None and not t.done())

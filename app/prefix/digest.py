@@ -47,12 +47,10 @@ LAST_TURNS = 16  # and the last ones past those (what a compaction keeps is at t
 FIRST_TURN_MAX_CHARS = 64 * 1024  # a first user message longer than this is not keyed line by line
 TAIL_LINES = 64  # lines of the last user turn keyed (a question placed before pasted documents)
 LINE_KEY_BYTES = 6
+LONG_UNIT = 4096  # a unit longer than this is keyed by its length, its ends and a CRC of the whole
 SHORT_LINE = 120  # only a unit this short is read as `key: value` when no pattern matches
 MAX_DATES = 32  # units whose date (without a "today" cue) a record keeps, as day numbers
 _YEARISH = re.compile(r"(?<!\d)(?:19|20)\d\d(?!\d)|\d\.\d{1,2}\.\d\d(?!\d)")  # cheap: may a date be here?
-
-
-LONG_UNIT = 4096  # a unit longer than this is keyed by its length, its ends and a CRC of the whole
 
 
 def _key(text: str) -> str:

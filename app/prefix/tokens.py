@@ -182,17 +182,14 @@ class SegmentSplitter:
         """Every position where `prefix` starts, in order."""
         first, misses = prefix[0], 0
         pos = text.find(first)
-        while pos >= 0:
+        while pos >= 0 and misses <= self.FIRST_CHAR_MISSES:
             if text.startswith(prefix, pos):
                 yield pos
             else:
                 misses += 1
-                if misses > self.FIRST_CHAR_MISSES:
-                    break
             pos = text.find(first, pos + 1)
-        else:
-            return
-        pos = text.find(prefix, pos + 1)
+        if pos >= 0:  # the first character is common here: the prefix's own find from this one on
+            pos = text.find(prefix, pos)
         while pos >= 0:
             yield pos
             pos = text.find(prefix, pos + 1)
