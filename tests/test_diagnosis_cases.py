@@ -5,7 +5,8 @@ static look-alikes; and of issue 29 (agents' patterns, material written here, no
 held-out split): a sliding window that keeps the first messages, tool schemas written as JSON
 into the prompt text and reordered, a per-request value in the first user message; and of its
 round 3 (values told by their line's form or their shape, dates that roll over without a cue,
-slash-command tool lists). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+slash-command tool lists) and round 4 (budgets counting down, base32 draws, tools declared as code,
+timestamp-shaped edits). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
 diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
@@ -200,6 +201,11 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Snapshot taken {}", ["20260414T093107Z", "20260414T093255Z", "20260414T094001Z"], "timestamp"),  # ISO basic
     ("The local time is {}.", ["09:31", "09:32", "09:40"], "time"),  # a clock time that ends a sentence
     ("Retry token: {}", ["q8ZtR2mXw0Lp-", "Hc41vNk9sTbE_", "x7Yq0PaL2mW-"], "nonce"),  # an id ending in `-`
+    # what is left of a budget, by its key or the words after it, and base32 draws (round 4)
+    ("Budget remaining: {} tokens", ["120000", "113512", "107004"], "counter"),
+    ("Noch übrige Aufrufe: {}", ["12", "11", "10"], "counter"),
+    ("You have {} requests left.", ["30", "29", "28"], "counter"),
+    ("Instance key {}", ["JBSWYQKLMNOPRSTU", "MZXW6YTBOI3DEMRS", "NBSWY3DPEB3W64TM"], "nonce"),  # the first without a digit
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -288,6 +294,29 @@ def test_tools_listed_in_system_text_as_tags_or_markdown_in_another_order(fpr, f
     entries = TAGGED_TOOLS[form]
     orders = [entries, [entries[2], entries[0], entries[1], entries[3]], [entries[2], entries[0], entries[1], entries[3]]]
     bodies = [body(f"{SYSTEM}\nTools:\n" + "\n".join(o) + "\nAnswer briefly.", t)
+              for o, t in zip(orders, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+CODE_TOOLS = {
+    "python": ['def find_order(number: str) -> dict:\n    """Find an order by its number."""',
+               'def cancel_order(number: str) -> bool:\n    """Cancel an order that has not shipped."""',
+               'async def open_return(number: str, reason: str) -> dict:\n    """Open a return."""',
+               'def track(parcel: str) -> list:\n    """Tracking events of a parcel."""'],
+    "go": ["// FindOrder finds an order by its number.\nfunc FindOrder(number string) (Order, error)",
+           "// CancelOrder cancels an order that has not shipped.\nfunc CancelOrder(number string) error",
+           "// OpenReturn opens a return.\nfunc OpenReturn(number, reason string) (Return, error)",
+           "// Track lists the tracking events of a parcel.\nfunc Track(parcel string) ([]Event, error)"],
+}
+
+
+@pytest.mark.parametrize("form", sorted(CODE_TOOLS))
+def test_tools_declared_as_code_in_the_system_text_in_another_order(fpr, form: str) -> None:
+    """Tools written as function declarations (keywords before the name and its parameters, a
+    doc line with each) and reordered are a tool reorder, not an edit of the system text."""
+    entries = CODE_TOOLS[form]
+    orders = [entries, [entries[1], entries[3], entries[0], entries[2]], [entries[1], entries[3], entries[0], entries[2]]]
+    bodies = [body(f"{SYSTEM}\nYou may call:\n" + "\n".join(o) + "\nAnswer briefly.", t)
               for o, t in zip(orders, conversation(3), strict=True)]
     assert causes(fpr, bodies) == ["tool_order", None]
 
@@ -425,9 +454,10 @@ def test_trailing_system_message_after_the_history(fpr) -> None:
     ("within 60 days", "within 30 days"),  # a number in prose
     ("API version: v2.14.3", "API version: v2.15.0"),  # a version bump
     ("These policies were last revised on 2024-03-01.", "These policies were last revised on 2025-04-02."),
+    ("Index build 20240101T1200Z", "Index build 58120934T7731Z"),  # a timestamp's shape, edited into no timestamp
 ])
 def test_edits_that_only_look_dynamic(fpr, old: str, new: str) -> None:
-    system = f"API version: v2.14.3\nThese policies were last revised on 2024-03-01.\n{SYSTEM}"
+    system = f"API version: v2.14.3\nThese policies were last revised on 2024-03-01.\nIndex build 20240101T1200Z\n{SYSTEM}"
     convo = conversation(3)
     bodies = [body(system, convo[0]), body(system.replace(old, new), convo[1]), body(system.replace(old, new), convo[2])]
     assert causes(fpr, bodies) == ["template_change", None]

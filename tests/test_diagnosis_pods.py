@@ -154,6 +154,14 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         ("moved-date", sys_line("Prices as listed on {}, all taxes included.", ["03/01/2024", "06/15/2024", "06/15/2024"]),
          [None, "template_change", None]),
         ("context-date", context("Listed on {}", days), [None, None, "dynamic_head", None]),
+        ("countdown", sys_line("Budget remaining: {} tokens", ["120000", "113512", "107004"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("trace-root", sys_line("X-Trace-Id: Root={}", ["1-65f1a2b3-4c5d6e7f8a9b0c1d2e3f4a5b",
+                                                         "1-65f1a2c9-9d8c7b6a5f4e3d2c1b0a9f8e",
+                                                         "1-65f1a2f0-0a1b2c3d4e5f6a7b8c9d0e1f"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("context-base32", context("Instance key {}", ["JBSWYQKLMNOPRSTU", "MZXW6YTBOI3DEMRS", "NBSWY3DPEB3W64TM"]),
+         [None, "dynamic_head", "dynamic_head"]),
     ]
 
 

@@ -76,9 +76,11 @@ KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that inc
 ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 # a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
 # `` `name`: ...``, `<function>{...}</function>` (Anthropic's legacy tool prompt; a case test has
-# it), `{"name": ...}`, `## name`
+# it), `{"name": ...}`, `## name`, and a declaration in code, lower-case keywords before the name
+# and its parameters (`def name(`, `async function name(`, `pub fn name(`)
 TOOL_LINE = re.compile(
     r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
+    r"""(?:[a-z]+\s+){1,3}[A-Za-z_][\w.]*\s*\(|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
 # with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name

@@ -408,18 +408,24 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         return Diagnosis("compaction", head_end(cur), [], None, "the history was replaced by a summary")
     if trimmed(pm, cm, first_exchange([u == "u" for u in prev.users])):
         return Diagnosis("front_trim", head_end(cur), [], None, "history was cut or summarised at the front")
+    m = next((k for k, (a, b) in enumerate(zip(pm, cm, strict=False)) if a != b), min(len(pm), len(cm)))
+    turns = cur.history_regions()
+    # only the first user message changed, the rest follows in place: a value in its context block?
+    first_changed = m < len(turns) and turns[m] is next((r for r in turns if r.role == "user"), None) \
+        and len(cm) >= len(pm) and cm[m + 1:len(pm)] == pm[m + 1:]
     if not continues(cur, past):
         pushed = _last_turn_pushed(prev, mine, cur, detector, material)
         if pushed is not None:
             return pushed
+        # the request before was that message alone (its lines keyed as its last turn)
+        value = _first_turn_value(prev, mine, cur, detector, material) if first_changed and len(pm) == 1 else None
+        if value is not None:
+            return value
         return Diagnosis("new_session", head_end(cur), [], None, "a new conversation over the shared head")
-    m = next((k for k, (a, b) in enumerate(zip(pm, cm, strict=False)) if a != b), min(len(pm), len(cm)))
-    turns = cur.history_regions()
     cd = turns[m].start if m < len(turns) else len(cur.text)
     if tail_start(cur) - cd < material:
         return Diagnosis(None, cd, detail="diverges in the part expected to vary")
-    if m < len(turns) and turns[m] is next((r for r in turns if r.role == "user"), None) \
-            and len(cm) >= len(pm) and cm[m + 1:len(pm)] == pm[m + 1:]:  # the rest follows in place
+    if first_changed:
         value = _first_turn_value(prev, mine, cur, detector, material)
         if value is not None:
             return value

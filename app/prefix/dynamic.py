@@ -12,7 +12,7 @@ Patterns are plain regexes, compiled once; extra ones come from `hygiene.dynamic
 Covered: ISO/RFC timestamps (ISO 8601 basic format too), numeric dates (Y-M-D, D.M.Y, M/D/Y), written dates in English,
 German, French, Spanish, Italian, Portuguese and Dutch, CJK dates, clock times, Unix epochs,
 UUIDs, ULIDs, long hex ids, Claude Code's billing-header hash (`cch=`), request/session/trace ids, prefixed ids (req_…, sess_…), emails,
-user-name lines and counters (turn 7, request #123).
+user-name lines, counters (turn 7, request #123) and what is left of a budget (`Context left: 187655`).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ _TZ = r"(?:\s?(?:Z|UTC|GMT|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T))?"
 _DAY = r"(?:0?[1-9]|[12]\d|3[01])"
 _MON = r"(?:0?[1-9]|1[0-2])"
 _YEAR = r"(?:19|20)\d{2}"
+_REMAINING = r"remaining|verbleibend\w*|übrig\w*|restlich\w*|restant\w*|restante\w*"
+_LEFT = rf"left|remain|{_REMAINING}"
 
 # (kind, pattern). Order matters only for ties; overlapping matches are merged by start/length.
 # ISO 8601 basic format (`20260504T220037Z`), recognised by its shape: two-digit fields in range
@@ -78,7 +80,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-][A-Za-z0-9]{6,}\b"),
-    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:-]{3,}"),
+    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:=-]{3,}"),
     ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
     ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),
@@ -89,6 +91,11 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("user", r"(?i)\b(?:you are (?:talking|speaking|chatting) (?:to|with)|du sprichst mit|sie sprechen mit|tu parles (?:à|avec)|vous parlez (?:à|avec)|estás hablando con|hablas con)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
     ("counter", r"(?i)\b(?:turn|request|call|attempt|step|iteration|message|visit|session|round|run|try|versuch|anfrage|tentative|intento)\s*(?:#|no\.?|nr\.?|number)?\s*\d+\b(?:\s*(?:of|/|von|sur|de)\s*\d+)?"),
     ("counter", r"(?i)\b(?:count|counter|seq|sequence|index|request_count|n_calls|uptime)\s*[:=]\s*\d+\b"),
+    # what is left of a budget, counting down as a session goes on: a key that says so
+    # (`Context left: 187655`, `tokens_remaining: 148907`, `Verbleibendes Kontingent: 41`) or the
+    # words after the number (`12 requests remaining`)
+    ("counter", rf"(?i)\b(?:[\w-]*?[ _-]?(?:{_LEFT})|(?:{_REMAINING})[ _-][\w-]+(?:[ _-][\w-]+)?)\s*[:=]\s*\d+\b"),
+    ("counter", rf"(?i)\b\d+(?:[ \t]+[^\W\d_]+){{1,2}}?[ \t]+(?:{_REMAINING}|left\b(?=\s*(?:[.,;)]|$)))\b"),
 )
 
 
@@ -218,13 +225,27 @@ def _mixing(token: str) -> int:
     return sum(1 for x, y in zip(classes, classes[1:], strict=False) if x != y)
 
 
+# a token in a timestamp's shape (`20250412T0930Z`) is a timestamp when valid (a pattern above) and
+# an edit when not, never a nonce
+_STAMP_SHAPE = re.compile(r"\d{8}T\d{4,6}(?:[.,]\d+)?Z?")
+
+
 def random_looking(token: str) -> bool:
+    """A random draw rather than a word, a version or a code: hex with letters and digits, upper
+    case with digits over 12 characters (base32, `RDDS67XS26QNZDFU`), or mixed character classes."""
     alnum = [c for c in token if c.isalnum()]
-    if len(alnum) < 8 or _VERSION.fullmatch(token):
+    if len(alnum) < 8 or _VERSION.fullmatch(token) or _STAMP_SHAPE.fullmatch(token):
         return False
-    if re.fullmatch(r"[0-9a-fA-F]{8,}", token) and any(c.isdigit() for c in token) and any(c.isalpha() for c in token):
+    has_both = any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
+    if has_both and (re.fullmatch(r"[0-9a-fA-F]{8,}", token) or re.fullmatch(r"[0-9A-Z]{12,}", token)):
         return True
     return _mixing(token) >= max(3, len(alnum) // 4)
+
+
+def _redrawn(old: str, new: str) -> bool:
+    """Is `old` another draw of the same kind as `new` (same length, differing in most positions),
+    though by itself it does not read as random (`YSLKOKOBZTKLFDDP`: base32 without a digit)?"""
+    return len(old) == len(new) and old.isalnum() and sum(a != b for a, b in zip(old, new, strict=True)) * 4 >= len(new) * 3
 
 
 def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = None) -> str | None:
@@ -244,7 +265,7 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "week"
     if new.isdigit() and old.isdigit() and _WEEK_KEY.search(line_prefix) and int(new) <= 53:
         return "week"
-    if random_looking(new) and random_looking(old):
+    if random_looking(new) and (random_looking(old) or _redrawn(old, new)):
         return "nonce"
     if new.lower() in _WEEKDAY_WORDS and old.lower() in _WEEKDAY_WORDS and (
             NOW_CUE.search(line_prefix) or _KEY.search(line_prefix)):
