@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.prefix.digest import RequestDigest, diagnose_digest
 from app.prefix.fingerprint import Fingerprinter, prompt_input
@@ -122,3 +124,43 @@ def test_a_pasted_documents_long_line_is_compared_whole_by_another_pod(fingerpri
     assert len(edited) == len(words) and edited[:512] == words[:512] and edited[-512:] == words[-512:]
     other = diagnose_digest(prev, sketch("Which numbers come up most often in it? Answer briefly.", edited))
     assert other.cause != "question_first"
+
+
+@pytest.mark.parametrize(("at", "cause"), [(1000, "dynamic_head"), (6000, "template_change")])
+def test_a_value_in_a_long_head_line_is_read_in_its_first_4_kb_by_both_paths(
+        fingerprinter: Fingerprinter, at: int, cause: str) -> None:
+    """Values are short and sit by their key: a line longer than LINE_SCAN_CHARS is a document, read
+    for values in its head only (the detector's ~30 patterns cost ~2 s over a 1 MB line). A clock
+    in the first 4 KB of a one-line system prompt is a per-request value for this pod and for
+    another one reading the digest; past 4 KB both read an edit."""
+    from app.prefix.diagnose import diagnose
+    from app.prefix.dynamic import LINE_SCAN_CHARS
+
+    prose = " ".join(f"rule{i % 89} applies" for i in range(1200))
+    assert len(prose) > at > 0 and (at < LINE_SCAN_CHARS) == (cause == "dynamic_head")
+
+    def sketch(clock: str, question: str) -> RequestSketch:
+        system = f"{prose[:at]} Current time: {clock}. {prose[at:]}"
+        body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hello"},
+                             {"role": "assistant", "content": "Hi, how can I help?"},
+                             {"role": "user", "content": question}]}
+        inp = prompt_input("chat", body)
+        return build_sketch(inp, fingerprinter.complete_sync(fingerprinter.prepare(inp, 16)).text or "")
+
+    prev, cur = sketch("2026-04-14T09:31:07Z", "Where is my order?"), sketch("2026-04-14T09:32:55Z", "Can I return it?")
+    text_path = diagnose(prev, cur)
+    digest_path = diagnose_digest(RequestDigest.from_record(RequestDigest.of(prev).to_record()), cur)
+    assert text_path.cause == digest_path.cause == cause, (text_path, digest_path)
+    if cause == "dynamic_head":
+        assert [s.text for s in text_path.spans] == [s.text for s in digest_path.spans] == ["2026-04-14T09:32:55Z"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="ab9 .!?\n\t", max_size=60), st.integers(0, 8), st.integers(0, 8))
+def test_sentence_ends_are_the_look_behind_patterns_matches(text: str, cut0: int, cut1: int) -> None:
+    """The head's sentence units are found from their punctuation (a fast scan) and must be the
+    units the look-behind pattern gives (keys other pods compare), at any start and end."""
+    from app.prefix.digest import SENTENCE_END, _sentence_ends
+
+    start, end = min(cut0, len(text)), max(min(cut0, len(text)), len(text) - cut1)
+    assert list(_sentence_ends(text, start, end)) == [m.span() for m in SENTENCE_END.finditer(text, start, end)]

@@ -229,3 +229,30 @@ def test_anchors_equal_a_step_per_character_reference(cur: str, start: int) -> N
     from app.prefix.diagnose import _anchors
 
     assert _anchors(cur, start) == _anchors_reference(cur, start)
+
+
+@pytest.mark.parametrize(("before", "cause"), [("", "question_first"), ("See the appendix first. " * 40, "question_first"),
+                                               ("Old notes. " * 9000, "new_session")])
+def test_a_question_before_a_document_is_told_when_it_realigns_within_the_anchors_reach(before: str, cause: str) -> None:
+    """In the last turn a re-alignment is what makes a divergence a break (the same document pushed
+    back by a question), and it is searched where the anchors reach in both prompts (LINE_WINDOW):
+    the document found again after less than 64 KB of other text in the previous prompt is a
+    `question_first`; after ~100 KB it is another conversation, as another document is (found out
+    by 64 KB scans of the previous prompt instead of 1 MB ones)."""
+    from app.prefix.diagnose import LINE_WINDOW, diagnose
+    from app.prefix.fingerprint import Fingerprinter, prompt_input
+    from app.prefix.sketch import build_sketch
+    from app.prefix.tokens import SegmentTokenizer
+
+    fpr = Fingerprinter(SegmentTokenizer.load())
+    assert (len(before) < LINE_WINDOW) == (cause == "question_first")
+    document = " ".join(f"clause {i % 211} of the lease binds the tenant" for i in range(3000))
+
+    def sketch(user: str):
+        inp = prompt_input("chat", {"messages": [{"role": "system", "content": "You answer from the lease."},
+                                                 {"role": "user", "content": user}]})
+        return build_sketch(inp, fpr.complete_sync(fpr.prepare(inp, 16)).text or "")
+
+    prev = sketch(before + document)
+    cur = sketch("Which clause covers the deposit? Answer with its number only. " + document)
+    assert diagnose(prev, cur).cause == cause

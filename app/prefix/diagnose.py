@@ -49,7 +49,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from app.prefix.dynamic import (
+    LINE_SCAN_CHARS,
     NOW_CUE,
+    VALUE_WINDOW,
     VOLATILE_KINDS,
     DynamicDetector,
     Span,
@@ -258,9 +260,11 @@ def _anchors(cur: str, start: int) -> list[int]:
     return out
 
 
-def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None = None) -> Realignment | None:
+def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None = None,
+                     prev_end: int | None = None) -> Realignment | None:
     """The first place after `d` (in `cur`; `pd` in `prev`, default `d`) where `cur` continues with
-    ≥ `material` chars also in `prev` after `pd`: static content shifted by what differs there.
+    ≥ `material` chars also in `prev` after `pd` (and before `prev_end`, default its end): static
+    content shifted by what differs there.
 
     A `find` that fails scans all of `prev` (1 MB: ~0.7 ms), and when nothing re-aligns (another
     document) every anchor fails. So before trying an anchor `c` it looks for the anchor-long
@@ -268,6 +272,7 @@ def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None 
     after `c`, contains that piece, so when `prev` does not, no anchor up to there can succeed and
     they are skipped (one failed scan instead of one per word start; the result is the same)."""
     p0 = d if pd is None else pd
+    p1 = len(prev) if prev_end is None else min(len(prev), prev_end)
     reach = material - ANCHOR_CHARS  # how far ahead one probe rules anchors out
     ruled_out = -1  # anchors at or before this cannot re-align
     for c in _anchors(cur, d + 1):
@@ -278,26 +283,28 @@ def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None 
             continue
         if reach > 0:
             probe = cur[c + reach:c + reach + ANCHOR_CHARS]
-            if len(probe) == ANCHOR_CHARS and prev.find(probe, p0) < 0:
+            if len(probe) == ANCHOR_CHARS and prev.find(probe, p0, p1) < 0:
                 ruled_out = c + reach
                 continue
-        found = realign_at(prev, cur, c, p0, material)
+        found = realign_at(prev, cur, c, p0, material, p1)
         if found is not None:
             return found
     return None
 
 
-def realign_at(prev: str, cur: str, c: int, p0: int, material: int) -> Realignment | None:
-    """`cur` from `c` re-aligned with `prev` after `p0`: the first of (at most three) places where
-    `prev` holds the anchor starting at `c` and the two then agree for ≥ `material` chars."""
+def realign_at(prev: str, cur: str, c: int, p0: int, material: int, p1: int | None = None) -> Realignment | None:
+    """`cur` from `c` re-aligned with `prev` after `p0` (the anchor before `p1`): the first of (at
+    most three) places where `prev` holds the anchor starting at `c` and the two then agree for
+    ≥ `material` chars."""
     anchor = cur[c:c + ANCHOR_CHARS]
-    p = prev.find(anchor, p0)
+    p1 = len(prev) if p1 is None else p1
+    p = prev.find(anchor, p0, p1)
     tries = 0
     while p >= 0 and tries < 3:
         common = lcp(prev, cur, p, c)
         if common >= material:
             return Realignment(p, c, common)
-        p = prev.find(anchor, p + 1)
+        p = prev.find(anchor, p + 1, p1)
         tries += 1
     return None
 
@@ -587,8 +594,14 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     pline0 = prev.rfind("\n", 0, ps) + 1
     pline1 = prev.find("\n", pd)
     pline1 = len(prev) if pline1 < 0 else pline1
-    span = next((s for s in detector.find(cur, line0, line1) if s.start <= cd <= s.end), None)
-    pspan = next((s for s in detector.find(prev, pline0, pline1) if s.start <= pd <= s.end), None)
+    if cd - line0 >= LINE_SCAN_CHARS or pd - pline0 >= LINE_SCAN_CHARS:
+        return None  # deep in a document's line: no value is read there (dynamic.LINE_SCAN_CHARS)
+    span = next((s for s in detector.find(cur, max(line0, cd - VALUE_WINDOW),
+                                          min(line1, cd + VALUE_WINDOW, line0 + LINE_SCAN_CHARS))
+                 if s.start <= cd <= s.end), None)
+    pspan = next((s for s in detector.find(prev, max(pline0, pd - VALUE_WINDOW),
+                                           min(pline1, pd + VALUE_WINDOW, pline0 + LINE_SCAN_CHARS))
+                  if s.start <= pd <= s.end), None)
     if span is not None and pspan is not None and span.start - line0 == pspan.start - pline0:
         kind = dynamic_kind(cur, line0, span)
         if kind is None and span.kind == pspan.kind == "date" and rolled_over(pspan.text, span.text):
@@ -607,7 +620,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         return None
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         return None  # more than one token changed: an edit, not a value
-    kind = value_kind(cur[line0:cs], prev[ps:pe], cur[cs:ce], cur[ce:line1 if stop is None else min(line1, stop)])
+    rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
+    kind = value_kind(cur[max(line0, cs - VALUE_WINDOW):cs], prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
     if kind is None:
         return None
     return Span(cs, ce, kind, cur[cs:ce]), pe
@@ -624,7 +638,11 @@ class _Pair:
     def loses(self, pd: int, cd: int) -> tuple[bool, Realignment | None]:
         """Is the divergence at (pd, cd) a break: reusable content lost or pushed back?"""
         end = reusable_end(self.prev)
-        realign = find_realignment(self.prev.text, self.cur.text, cd, self.material, pd)
+        # in the last turn (where a re-alignment is what makes the divergence a break: a question
+        # put before a document) what re-aligns starts within the anchors' reach in both prompts:
+        # another document is then ruled out by 64 KB scans of the previous prompt, not 1 MB ones
+        prev_end = pd + LINE_WINDOW + NEAR_WINDOW + self.material if cd >= tail_start(self.cur) else None
+        realign = find_realignment(self.prev.text, self.cur.text, cd, self.material, pd, prev_end)
         if realign is not None and realign.prev_offset >= end:
             realign = None  # what re-aligns was not reusable in the previous prompt (a trailing system message)
         limit = min(tail_start(self.cur) - cd, end - pd)

@@ -99,6 +99,13 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 
+# Values are short and sit by their key or cue: a search for them reads a window, never a whole
+# line of a pasted document (the patterns above run at ~2 s a MB together). A line longer than
+# LINE_SCAN_CHARS is a document: values are read in its first LINE_SCAN_CHARS, on every path
+# (the text diagnosis, another pod's digest), so two pods give one answer.
+VALUE_WINDOW = 256  # chars each side of a divergence searched for the value that changed there
+LINE_SCAN_CHARS = 4096
+
 # Kinds that change per request in practice (a single request can be judged on them alone);
 # dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
 VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex",
