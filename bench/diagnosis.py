@@ -1,12 +1,12 @@
 """Diagnosis accuracy: cause and dynamic-span scores on the labelled corpora (issue 20).
 
-    .venv/bin/python bench/diagnosis.py [--split old,tune,heldout,tune2,heldout2] [--errors] [--pods 2]
-    .venv/bin/python bench/diagnosis.py --split heldout3   # the held-out split: for reporting only
+    .venv/bin/python bench/diagnosis.py [--split old,tune,heldout,tune2,heldout2,heldout3] [--errors] [--pods 2]
+    .venv/bin/python bench/diagnosis.py --split heldout4   # the held-out split: for reporting only
     (corpora: tests/fixtures/diagnosis/corpus.jsonl, tests/fixtures/diagnosis_v2/<split>.jsonl)
 
 The default is the tune side (the first corpus, `tune`, `tune2`, and the earlier held-out splits:
-`heldout` joined the tune side when `heldout2` was written, `heldout2` when `heldout3` was);
-`heldout3` is scored only when named (docs/diagnosis.md, *How the held-out split is kept apart*).
+`heldout` joined the tune side when `heldout2` was written, `heldout2` when `heldout3` was,
+`heldout3` when `heldout4` was); `heldout4` is scored only when named (docs/diagnosis.md, *How the held-out split is kept apart*).
 
 Every tenant's requests go through `prefixgate lint`'s analysis (the gateway's fingerprinting,
 tracker and diagnosis, in-process). Each transition (request i against the tenant's earlier
@@ -46,10 +46,11 @@ CORPORA = {
     "heldout": ROOT / "tests/fixtures/diagnosis_v2/heldout.jsonl",  # tune side since heldout2 exists
     "tune2": ROOT / "tests/fixtures/diagnosis_v2/tune2.jsonl",
     "heldout2": ROOT / "tests/fixtures/diagnosis_v2/heldout2.jsonl",  # tune side since heldout3 exists
-    "heldout3": ROOT / "tests/fixtures/diagnosis_v2/heldout3.jsonl",
+    "heldout3": ROOT / "tests/fixtures/diagnosis_v2/heldout3.jsonl",  # tune side since heldout4 exists
+    "heldout4": ROOT / "tests/fixtures/diagnosis_v2/heldout4.jsonl",
 }
-TUNE_SIDE = ("old", "tune", "heldout", "tune2", "heldout2")
-HELDOUT = "heldout3"
+TUNE_SIDE = ("old", "tune", "heldout", "tune2", "heldout2", "heldout3")
+HELDOUT = "heldout4"
 NONE = "none"
 
 

@@ -2,9 +2,9 @@
 prints the tables), and the wall between the detector and the held-out split.
 
 The tune side (the first corpus, `tune`, `tune2` and the earlier held-out splits: `heldout` joined
-the tune side when `heldout2` was written, `heldout2` when `heldout3` was) is what the detector is
-developed against: its scores may rise, never fall below the floors. The held-out split `heldout3`
-is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+the tune side when `heldout2` was written, `heldout2` when `heldout3` was, `heldout3` when `heldout4`
+was) is what the detector is developed against: its scores may rise, never fall below the floors.
+The held-out split `heldout4` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -35,18 +35,21 @@ FLOORS = {
     "heldout": (1.0, 1.0, 1.0),  # the first held-out split, tune side since heldout2 exists
     "tune2": (1.0, 1.0, 1.0),
     "heldout2": (1.0, 1.0, 1.0),  # the second held-out split (measured 0.889 / 0.768 / 0.766), tune side since heldout3
+    # the third (measured 0.906 / 0.787 / 0.803), tune side since heldout4; its labels leave `Uhr` out of
+    # a clock time (`Es ist {v} Uhr.`), the other splits' keep it in (`25.07.2026 22:26 Uhr`): 0.982
+    "heldout3": (1.0, 1.0, 0.98),
 }
-# issue 29's goal on the held-out split (heldout3). Measured once, after the detector work on the tune
-# side (`bench/diagnosis.py --split heldout3`, 2026-12-03): accuracy 0.906, macro-F1 0.787, span
-# exact-match F1 0.803, 2 look-alike false alarms -- neither goal is met (docs/diagnosis.md, *Scoring*).
+# issue 29's goal on the held-out split (heldout4), measured once after the detector work on the tune
+# side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
-TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2")
+TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3")
 
 # the detector's word lists: every frozenset of words in app/prefix/dynamic.py, and the regexes
 # that recognise a key or a "now" cue by its words (the value-format patterns are not word lists)
 KEY_PATTERNS = {name: getattr(dynamic, name) for name in ("_FLAG_KEY", "_DYNAMIC_KEY", "_WEEK_KEY", "NOW_CUE")}
+KEY_PATTERNS["_LEFT"] = re.compile(rf"(?i)(?:{dynamic._LEFT})")  # what is left of a budget, by its words
 WORD_SETS = {name: value for name, value in vars(dynamic).items()
              if isinstance(value, frozenset) and all(isinstance(w, str) for w in value)}
 
@@ -75,26 +78,25 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms == 0, s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="measured on heldout3: 2 look-alike false alarms (a build stamp in ISO basic "
-                                       "form edited once reads as a nonce by its letter/digit mixing, a rule older "
-                                       "than round 3); strict, so it turns red when fixed and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout3: span exact-match F1 0.803 "
-                                       "(counters and budgets as bare numbers after a key, upper-case base32 "
-                                       "nonces without a key line, `HH:MM Uhr` read with its `Uhr`); strict, so "
-                                       "it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout4 (measured once, 2026-12-04): span "
+                                       "exact-match F1 0.573 (amounts counting down with a decimal or thousands "
+                                       "separator, flags after keys, arrows and tags the detector does not read, "
+                                       "`13.56 Uhr` clocks, Kubernetes pod names); strict, so it turns red when the "
+                                       "goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout3: macro-F1 0.787 (token "
-                                       "budgets counting down read as edits, tool lists written as Python stubs, "
-                                       "context-block values read as history edits); strict, so it turns red "
-                                       "when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout4 (measured once, 2026-12-04): "
+                                       "macro-F1 0.738 (those values read as edits, and as history edits in a "
+                                       "context block; tool lists as a CLI --help, an HTTP path list or a TSV table "
+                                       "read as edits); strict, so it turns red when the goal is reached and this "
+                                       "mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -125,15 +127,14 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout3`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout4`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""
     tune_text = _tune_side_text()
     heldout_only = _corpus_values(HELDOUT) - set().union(*(_corpus_values(c) for c in TUNE_SIDE))
     words = {v for v in heldout_only if re.fullmatch(r"[^\W\d_]+", v) and v not in tune_text}
-    assert {"legacy", "neural", "kompakt", "ausführlich"} <= words, \
-        "the check below would not see the held-out pool's own flag values"
+    assert len(words) >= 2, "the check below would not see the held-out pool's own flag values"
     leaked = {v: hits for v in words if (hits := _recognised_by(v, tune_text))}
     leaked |= {v: hits for v in heldout_only - words if (hits := [n for n, ws in WORD_SETS.items() if v in ws])
                and v not in tune_text}
@@ -141,6 +142,6 @@ def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_wor
     lines = [line for table in ("dynamic", "context_dynamic") for _, line, _ in sum(pool[table].values(), [])]
     key_words = {w.lower() for line in lines for w in re.findall(r"[^\W\d_]+", line.replace("{v}", " "))}
     held_keys = {w for w in key_words if w not in tune_text}
-    assert {"ausgabeprofil", "kontingent"} <= held_keys  # the check sees the held-out pool's own keys
+    assert len(held_keys) >= 2  # the check sees the held-out pool's own keys
     leaked |= {w: hits for w in held_keys if (hits := _recognised_by(w, tune_text))}
     assert not leaked, f"held-out-only words in the detector's word lists: {leaked}"
