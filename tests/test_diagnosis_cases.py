@@ -5,8 +5,9 @@ static look-alikes; and of issue 29 (agents' patterns, material written here, no
 held-out split): a sliding window that keeps the first messages, tool schemas written as JSON
 into the prompt text and reordered, a per-request value in the first user message; and of its
 round 3 (values told by their line's form or their shape, dates that roll over without a cue,
-slash-command tool lists) and round 4 (budgets counting down, base32 draws, tools declared as code,
-timestamp-shaped edits). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+slash-command tool lists), round 4 (budgets counting down, base32 draws, tools declared as code,
+timestamp-shaped edits) and round 5 (amounts, usage meters, dotted clocks, pods' names, trace
+contexts, values after an arrow, in a tag or on a label line, routes and columns of tools). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
 diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
@@ -206,6 +207,26 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Noch übrige Aufrufe: {}", ["12", "11", "10"], "counter"),
     ("You have {} requests left.", ["30", "29", "28"], "counter"),
     ("Instance key {}", ["JBSWYQKLMNOPRSTU", "MZXW6YTBOI3DEMRS", "NBSWY3DPEB3W64TM"], "nonce"),  # the first without a digit
+    # round 5: amounts with a currency or decimal groups, usage meters, dotted German clocks, pods'
+    # names, trace contexts, Go's and a web log's times, values after an arrow, in a tag, on a label line
+    ("Remaining balance for this key: ${}", ["12.40", "12.05", "11.71"], "counter"),
+    ("Restbudget: {} €", ["18,50", "17,95", "17,20"], "counter"),
+    ("{} / 128K tokens used", ["12,004", "19,877", "27,310"], "counter"),
+    ("Es ist jetzt {} Uhr.", ["9.41", "9.58", "10.12"], "time"),
+    ("Stand der Abfrage: {} Uhr", ["Di., 14.04.2026, 9.31", "Di., 14.04.2026, 9.58", "Di., 14.04.2026, 10.12"],
+     "timestamp"),
+    ("Handled by pod {}", ["api-gateway-7d9f8b6c5d-x2k4q", "api-gateway-7d9f8b6c5d-m8wzt", "api-gateway-7d9f8b6c5d-p5rtv"],
+     "id"),
+    ("W3C trace context {}", ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                              "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                              "00-5e2a1d7c9b8f4e3a2d1c0b9a8f7e6d5c-a1b2c3d4e5f60718-01"], "id"),
+    ("Generated {}", ["2026-04-14 09:31:07.123456789 +0000 UTC", "2026-04-14 09:32:55.987654321 +0000 UTC",
+                      "2026-04-14 09:40:01.555555555 +0000 UTC"], "timestamp"),
+    ("Access log time [{}]", ["14/Apr/2026:09:31:07 +0000", "14/Apr/2026:09:32:55 +0000", "14/Apr/2026:09:40:01 +0000"],
+     "timestamp"),
+    ("active profile -> {}", ["fast", "thorough", "fast"], "flag"),
+    ("<verbosity>{}</verbosity>", ["terse", "verbose", "terse"], "flag"),
+    ("Region {}", ["West", "East", "West"], "flag"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -294,6 +315,27 @@ def test_tools_listed_in_system_text_as_tags_or_markdown_in_another_order(fpr, f
     entries = TAGGED_TOOLS[form]
     orders = [entries, [entries[2], entries[0], entries[1], entries[3]], [entries[2], entries[0], entries[1], entries[3]]]
     bodies = [body(f"{SYSTEM}\nTools:\n" + "\n".join(o) + "\nAnswer briefly.", t)
+              for o, t in zip(orders, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+COLUMN_TOOLS = {
+    "http-routes": ["GET /orders/{id} - one order with its lines", "POST /returns - open a return (order, reason)",
+                    "GET /parcels/{id}/events - tracking events of a parcel", "PATCH /orders/{id} - change the address"],
+    "cli-help": ["  order-show <id>        one order with its lines", "  return-open <id> <why>  open a return",
+                 "  parcel-track <id>      tracking events of a parcel", "  address-set <id> <adr> change the address"],
+    "tab-separated": ["order_show\tid\tone order with its lines", "return_open\tid, reason\topen a return",
+                      "parcel_track\tid\ttracking events of a parcel", "address_set\tid, address\tchange the address"],
+}
+
+
+@pytest.mark.parametrize("form", sorted(COLUMN_TOOLS))
+def test_tools_listed_as_routes_or_in_columns_in_another_order(fpr, form: str) -> None:
+    """Tools written as HTTP routes, as a CLI's help (arguments, then a gap before the description)
+    or as a tab-separated table, reordered: a tool reorder."""
+    entries = COLUMN_TOOLS[form]
+    orders = [entries, [entries[1], entries[3], entries[0], entries[2]], [entries[1], entries[3], entries[0], entries[2]]]
+    bodies = [body(f"{SYSTEM}\nCommands:\n" + "\n".join(o) + "\nAnswer briefly.", t)
               for o, t in zip(orders, conversation(3), strict=True)]
     assert causes(fpr, bodies) == ["tool_order", None]
 

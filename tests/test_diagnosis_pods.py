@@ -162,6 +162,17 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
          [None, "dynamic_head", "dynamic_head"]),
         ("context-base32", context("Instance key {}", ["JBSWYQKLMNOPRSTU", "MZXW6YTBOI3DEMRS", "NBSWY3DPEB3W64TM"]),
          [None, "dynamic_head", "dynamic_head"]),
+        ("amount", sys_line("Remaining balance for this key: ${}", ["12.40", "12.05", "11.71"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("requests-left", sys_line("You have {} requests left.", ["30", "29", "28"]), [None, "dynamic_head", "dynamic_head"]),
+        ("tag-flag", sys_line("<verbosity>{}</verbosity>", ["terse", "verbose", "terse"]), [None, "dynamic_head", "dynamic_head"]),
+        ("label-flag", sys_line("Region {}", ["West", "East", "West"]), [None, "dynamic_head", "dynamic_head"]),
+        ("arrow-flag", sys_line("active profile -> {}", ["fast", "thorough", "fast"]), [None, "dynamic_head", "dynamic_head"]),
+        ("schemas-one-line", [body(f"{SYSTEM}[AVAILABLE_TOOLS]{json.dumps(o)}[/AVAILABLE_TOOLS]", t) for o, t in zip(
+            [TOOLS, [TOOLS[2], TOOLS[0], TOOLS[1], TOOLS[3]], [TOOLS[2], TOOLS[0], TOOLS[1], TOOLS[3]]], convo, strict=False)],
+         [None, "tool_order", None]),
+        ("pod", context("Handled by pod {}", ["api-gateway-7d9f8b6c5d-x2k4q", "api-gateway-7d9f8b6c5d-m8wzt",
+                                              "api-gateway-7d9f8b6c5d-p5rtv"]), [None, "dynamic_head", "dynamic_head"]),
     ]
 
 

@@ -56,6 +56,8 @@ from app.prefix.dynamic import (
     DynamicDetector,
     Span,
     get_detector,
+    number_end,
+    number_start,
     rolled_over,
     value_kind,
 )
@@ -78,11 +80,14 @@ KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that inc
 ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 # a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
 # `` `name`: ...``, `<function>{...}</function>` (Anthropic's legacy tool prompt; a case test has
-# it), `{"name": ...}`, `## name`, and a declaration in code, lower-case keywords before the name
-# and its parameters (`def name(`, `async function name(`, `pub fn name(`)
+# it), `{"name": ...}`, `## name`, a declaration in code, lower-case keywords before the name
+# and its parameters (`def name(`, `async function name(`, `pub fn name(`), an HTTP route
+# (`GET /lessons/{id} - ...`), and a name in columns: its arguments, then a tab or a gap of two
+# spaces or more before the description (a CLI's `--help`, a tab-separated table)
 TOOL_LINE = re.compile(
     r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
-    r"""(?:[a-z]+\s+){1,3}[A-Za-z_][\w.]*\s*\(|"""
+    r"""(?:[a-z]+\s+){1,3}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+/|"""
+    r"""[A-Za-z_][\w.\-]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
 # with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name
@@ -574,7 +579,7 @@ def dynamic_kind(text: str, line0: int, span: Span) -> str | None:
     date only after a "today / current / date:" cue on its line (a fixed policy date is static),
     and a date with a clock time as a timestamp (it changes within the day)."""
     kind = span.kind
-    if kind == "date" and re.search(r"\d[:h]\d\d", span.text):
+    if kind == "date" and re.search(r"\d[:h]\d\d|\s\d{1,2}\.\d\d$", span.text):  # `, 21.46` ends it too
         kind = "timestamp"
     if kind in ALWAYS_DYNAMIC or kind == "time" or NOW_CUE.search(text, line0, span.start):
         return kind
@@ -612,8 +617,9 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
             end, pend = end - trim, pend - trim
             if kind in KEYED_KINDS:  # the value, not the words of its key
                 start = max(start, cs)
-                if kind == "counter":
-                    end, pend = max(ce, cd + 1), max(pe, pd + 1)
+                if kind == "counter":  # the number, with its decimal or thousands groups (`48,213`)
+                    start = number_start(cur, start, span.start)
+                    end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
             if lcp(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
                 return Span(start, end, kind, cur[start:end]), pend
     if ce <= cs or pe <= ps:

@@ -45,6 +45,8 @@ from app.prefix.dynamic import (
     Span,
     date_days,
     get_detector,
+    keyed_value,
+    number_end,
     rolled_from,
     value_kind,
 )
@@ -57,6 +59,7 @@ FIRST_TURN_MAX_CHARS = 64 * 1024  # a first user message longer than this is not
 TAIL_LINES = 64  # lines of the last user turn keyed (a question placed before pasted documents)
 LINE_KEY_BYTES = 6
 LONG_UNIT = 4096  # a unit longer than this is keyed by its length, its ends and a CRC of the whole
+MAX_SCHEMAS = 64  # JSON tool schemas in the head whose keys the digest keeps
 DATE_REACH = 64  # chars each side of a year that a date holding it may span
 DATE_WINDOWS = 64  # years looked at per head or first message (a head is read once; ~0.2 ms each)
 SHORT_LINE = 120  # only a unit this short is read as `key: value` when no pattern matches
@@ -172,6 +175,7 @@ class _Head:
     lines: tuple[str, ...]
     seps: str
     dates: tuple[str, ...]
+    schemas: tuple[tuple[str, str], ...]  # JSON tool schemas written into the head: (canonical, as written) keys
 
 
 HEAD_MEMO_ENTRIES = 256  # heads read once per process: ~10 KB each (256 unit keys), ~2.5 MB at most
@@ -197,7 +201,8 @@ def _head_part(sk: RequestSketch) -> _Head:
             return hit
     units = head_lines(sk)
     head = _Head(tuple(_key(text[a:b]) for a, b in units), "".join(_sep(text, b) for _, b in units),
-                 tuple(_unit_dates(text, units, "h")))
+                 tuple(_unit_dates(text, units, "h")),
+                 tuple((_key(c), _key(w)) for c, w, _, _ in schema_tools(text, 0, end)[:MAX_SCHEMAS]))
     with _head_lock:
         _head_memo[key] = head
         while len(_head_memo) > HEAD_MEMO_ENTRIES:
@@ -222,6 +227,10 @@ class RequestDigest:
     # "h<unit>:<day>,<day>" / "f<line>:..." for head units and first-user-message lines holding a
     # date without a "today" cue: another pod tells a date that rolled over by a day from an edit
     dates: list[str] = field(default_factory=list)
+    # [canonical key, as-written key] of each JSON tool schema written into the head's text, in
+    # order: another pod tells them reordered on one line (Mistral's `[AVAILABLE_TOOLS]`) or over
+    # more lines than the head's units reach
+    schemas: list[list[str]] = field(default_factory=list)
 
     @classmethod
     def of(cls, sk: RequestSketch) -> RequestDigest:
@@ -236,6 +245,7 @@ class RequestDigest:
             or first_user.end - first_user.start > FIRST_TURN_MAX_CHARS else first_turn_lines(sk)
         return cls(
             dates=[*head.dates, *_unit_dates(text, first_lines, "f")][:MAX_DATES],
+            schemas=[list(pair) for pair in head.schemas],
             lines=list(head.lines),  # the digest's own list: the memo's entry stays as it was
             seps=head.seps,
             turns=[span_key(r.role, text, r.start, r.end) for r in history[:MAX_TURNS]],
@@ -253,7 +263,7 @@ class RequestDigest:
     def to_record(self) -> dict[str, Any]:
         return {"lines": self.lines, "turns": self.turns, "tools": self.tools, "last": self.last, "seps": self.seps,
                 "users": self.users, "history": self.history, "last_turns": self.last_turns,
-                "last_users": self.last_users, "first": self.first, "dates": self.dates}
+                "last_users": self.last_users, "first": self.first, "dates": self.dates, "schemas": self.schemas}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any] | None) -> RequestDigest | None:
@@ -267,7 +277,8 @@ class RequestDigest:
                        users=str(rec.get("users") or ""), history=[int(x) for x in rec.get("history") or [0, 0]][:2],
                        last_turns=[str(x) for x in rec.get("last_turns") or []],
                        last_users=str(rec.get("last_users") or ""), first=[str(x) for x in rec.get("first") or []],
-                       dates=[str(x) for x in rec.get("dates") or []])
+                       dates=[str(x) for x in rec.get("dates") or []],
+                       schemas=[[str(a), str(b)] for a, b in rec.get("schemas") or []])
         except (TypeError, ValueError):
             return None
 
@@ -279,7 +290,7 @@ def _value_start(text: str, span: Span) -> int:
     sep = max(part.rfind(":"), part.rfind("="), part.rfind("#"))
     if sep >= 0:
         k = sep + 1
-        while k < len(part) and part[k] in " \t\"'":
+        while k < len(part) and part[k] in " \t\"'$€£":
             k += 1
         if k < len(part):
             return span.start + k
@@ -290,6 +301,12 @@ def _value_start(text: str, span: Span) -> int:
         k = next((i for i, ch in enumerate(part) if i > 0 and ch.isupper() and part[i - 1] == " "), 0)
         return span.start + k
     return span.start
+
+
+def _digits_end(text: str, at: int) -> int:
+    while at < len(text) and text[at].isdigit():
+        at += 1
+    return at
 
 
 def _unit_dates(text: str, units: list[tuple[int, int]], tag: str) -> list[str]:
@@ -338,7 +355,8 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             kind = "date"
         if kind is not None:
             s0 = _value_start(text, span) if kind in KEYED_KINDS else span.start
-            e = sentence_end(text, s0, span.end)
+            # a counter is its number (`12` of `12 requests remaining`), as on the text path
+            e = number_end(text, _digits_end(text, s0)) if kind == "counter" else sentence_end(text, s0, span.end)
             out.append(Span(s0, e, kind, text[s0:e]))
     if out or end - start > SHORT_LINE:
         return out
@@ -349,7 +367,7 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             b = min(b, end)
             tok = text[a:b]
             kind = value_kind(text[start:a], tok, tok, text[b:end]) if tok else None
-            keyed = text[start:a].rstrip().endswith((":", "="))
+            keyed = keyed_value(text[start:a], text[b:end])
             if kind is not None and (keyed or kind in ("epoch", "week", "date")
                                      or (kind == "nonce" and any(c.isdigit() for c in tok))):
                 out.append(Span(a, b, kind, tok))
@@ -402,6 +420,8 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         if in_tools and reordered:
             extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
             return Diagnosis("tool_order", cd, [], None, "same tools, different order (line level)", extra)
+        if _schemas_reordered(prev.schemas, mine.schemas) and _touches_schemas(cur, cd, line_end):
+            return Diagnosis("tool_order", cd, [], None, "tool schemas written in the prompt text, other order")
         rest_p, rest_c = prev.lines[i:], mine.lines[i:]
         tail_p = 0
         while tail_p < min(len(rest_p), len(rest_c)) and rest_p[-1 - tail_p] == rest_c[-1 - tail_p]:
@@ -499,6 +519,19 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
     ph = first + list(zip((u == "u" for u in prev.last_users), prev.last_turns, strict=False))
     ch = [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
     return summary_stands_in(ph, {k for _, k in ph}, ch)
+
+
+def _schemas_reordered(prev: list[list[str]], cur: list[list[str]]) -> bool:
+    """The same JSON tool schemas written into the head, in another order or with their keys in
+    another order (the text path's `_schemas_reordered`, from the digest's keys)."""
+    return len(cur) >= 2 and sorted(c for c, _ in prev) == sorted(c for c, _ in cur) and prev != cur
+
+
+def _touches_schemas(cur: RequestSketch, start: int, end: int) -> bool:
+    """Does the changed unit `cur.text[start:end]` hold part of the JSON tool schemas written into
+    the head (a list of them on one line starts and ends inside its unit)?"""
+    schemas = schema_tools(cur.text, 0, head_end(cur))
+    return bool(schemas) and start <= max(b for _, _, _, b in schemas) and min(a for _, _, a, _ in schemas) <= end
 
 
 def _within_schemas(cur: RequestSketch, start: int, end: int) -> bool:

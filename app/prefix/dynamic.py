@@ -47,11 +47,17 @@ _WEEKDAYS = (
     "maandag|dinsdag|woensdag|donderdag|vrijdag|zaterdag|zondag"
 )
 _TIME = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
-_TZ = r"(?:\s?(?:Z|UTC|GMT|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T))?"
+_TZ = r"(?:\s?(?:Z|UTC|GMT|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T)(?: (?:UTC|GMT))?)?"  # Go's `+0000 UTC` too
+# a German clock written with a dot (`13.56 Uhr`): only before its `Uhr`, else it is a decimal number
+_DOT_TIME = r"(?:[01]?\d|2[0-3])\.[0-5]\d(?=\s?Uhr\b)"
+# Kubernetes' pod names end in the ReplicaSet's hash and a suffix of 5, from its alphabet without vowels
+_POD_SUFFIX = r"[bcdfghjklmnpqrstvwxz2-9]"
 _DAY = r"(?:0?[1-9]|[12]\d|3[01])"
 _MON = r"(?:0?[1-9]|1[0-2])"
 _YEAR = r"(?:19|20)\d{2}"
-_REMAINING = r"remaining|verbleibend\w*|übrig\w*|restlich\w*|restant\w*|restante\w*"
+_REMAINING = (r"remaining|verbleibend\w*|übrig\w*|restlich\w*|restant\w*|restante\w*|"
+              r"rest(?:guthaben|budget|kontingent|betrag|menge|laufzeit)\w*")
+_AMOUNT = r"[$€£]?\s?\d+(?:[.,]\d+)*"  # `41`, `$4.17`, `4,17`, `48,213`
 _LEFT = rf"left|remain|{_REMAINING}"
 
 # (kind, pattern). Order matters only for ties; overlapping matches are merged by start/length.
@@ -66,7 +72,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b"),  # asctime, `date`
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
     ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
-    ("date", rf"\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
+    ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*(?:{_TIME}|{_DOT_TIME}))?"),
     ("date", rf"\b{_MON}/{_DAY}/(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
     ("date", rf"\b{_DAY}/{_MON}/(?:{_YEAR})\b(?:,?\s*{_TIME})?"),
     ("date", rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?"),
@@ -76,12 +82,18 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
     ("time", rf"(?<![\w.:/-]){_TIME}{_TZ}(?![\w:/-]|\.\w)"),  # a full stop may end the sentence
+    ("time", rf"(?<![\w.:/-]){_DOT_TIME}"),
+    # a web server's log time (`[05/Mar/2026:15:52:25 +0000]`)
+    ("timestamp", rf"\b{_DAY}/(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)/{_YEAR}:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+                  r"(?: [+-]\d{4})?"),
     ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
     ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-][A-Za-z0-9]{6,}\b"),
     ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:=-]{3,}"),
     ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
+    ("id", r"\b[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\b"),  # W3C traceparent, whole
+    ("id", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
     ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),
     ("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
@@ -94,8 +106,11 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # what is left of a budget, counting down as a session goes on: a key that says so
     # (`Context left: 187655`, `tokens_remaining: 148907`, `Verbleibendes Kontingent: 41`) or the
     # words after the number (`12 requests remaining`)
-    ("counter", rf"(?i)\b(?:[\w-]*?[ _-]?(?:{_LEFT})|(?:{_REMAINING})[ _-][\w-]+(?:[ _-][\w-]+)?)\s*[:=]\s*\d+\b"),
-    ("counter", rf"(?i)\b\d+(?:[ \t]+[^\W\d_]+){{1,2}}?[ \t]+(?:{_REMAINING}|left\b(?=\s*(?:[.,;)]|$)))\b"),
+    ("counter", rf"(?i)\b(?:[\w-]*?[ _-]?(?:{_LEFT})|(?:{_REMAINING})(?:[ _-][\w-]+){{1,4}}?)\s*[:=]\s*{_AMOUNT}\b"),
+    ("counter", rf"(?i)\b\d+(?:[.,]\d+)*(?:[ \t]+[^\W\d_]+){{1,2}}?[ \t]+(?:{_REMAINING}|left\b(?=\s*(?:[.,;)]|$)))\b"),
+    # a usage meter: `48,213 / 200K tokens used`
+    ("counter", r"(?i)\b\d+(?:[.,]\d+)*\s*/\s*\d+(?:[.,]\d+)*\s?[KkMm]?(?:[ \t]+[^\W\d_]+){0,2}[ \t]+"
+                r"(?:used|verbraucht|genutzt|belegt)\b"),
 )
 
 
@@ -218,7 +233,10 @@ _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|ex
 _FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}")  # one word: after a flag key, whichever two it flips between
 _WEEKDAY_WORDS = frozenset(_WEEKDAYS.split("|"))
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
-_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":)\s*[\"']?$")
+_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?$")
+KEY_SIGNS = (":", "=", "→", "->", "=>")  # what ends a key before its value
+_TAG_OPEN = re.compile(r"<([A-Za-z_][\w.\-]*)>\s*$")  # `<reasoning_effort>` as a value's key
+_LABEL = re.compile(r"^\s*[^\W\d_][\w-]{2,40} $")  # one word and a space: `Rechenzentrum Nord`
 _DYNAMIC_KEY = re.compile(
     r"(?i)\b(nonce|salt|seed|token|bucket|cohort|variant|variante|experiment|group|flag|"
     r"ts|time|zeit|epoch|request|anfrage|trace|span|session|key|id|run|build)\b|"
@@ -235,6 +253,24 @@ def _mixing(token: str) -> int:
 # a token in a timestamp's shape (`20250412T0930Z`) is a timestamp when valid (a pattern above) and
 # an edit when not, never a nonce
 _STAMP_SHAPE = re.compile(r"\d{8}T\d{4,6}(?:[.,]\d+)?Z?")
+
+
+def number_start(text: str, at: int, floor: int) -> int:
+    """`at` moved back over digit groups joined by `.` or `,` (`48,|213` -> `|48,213`)."""
+    while at - 2 >= floor and text[at - 1] in ".," and text[at - 2].isdigit():
+        at -= 2
+        while at > floor and text[at - 1].isdigit():
+            at -= 1
+    return at
+
+
+def number_end(text: str, at: int) -> int:
+    """`at` moved on over digit groups joined by `.` or `,` (`48|,213` -> `48,213|`)."""
+    while at + 1 < len(text) and text[at] in ".," and text[at + 1].isdigit() and text[at - 1:at].isdigit():
+        at += 1
+        while at < len(text) and text[at].isdigit():
+            at += 1
+    return at
 
 
 def random_looking(token: str) -> bool:
@@ -279,6 +315,13 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "date"  # "Today is Tuesday." -> "Wednesday."
     key = _KEY.search(line_prefix)
     if key is None:
+        # a value whose key is a tag around it (`<reasoning_effort>low</reasoning_effort>`) or a label
+        # line's one word (`Rechenzentrum Nord`): the whole value, read as a `key: value` line's
+        if line_rest is not None and _whole_value_unkeyed(line_prefix, line_rest):
+            if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
+                return "flag"
+            if _id_like(new) and _id_like(old):
+                return "value"
         return None
     if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS and len(new) > 1 and len(old) > 1:
         return "flag"  # two flag words after any key (a single letter only after a flag key: "name": "a" is no flag)
@@ -292,6 +335,23 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         if _id_like(new) and _id_like(old):
             return "value"
     return None
+
+
+def _whole_value_unkeyed(line_prefix: str, line_rest: str) -> bool:
+    """Is the token the whole content of a tag on its line, or the value of a label line (one word
+    before it, nothing after)?"""
+    tag = _TAG_OPEN.search(line_prefix)
+    if tag is not None:
+        close = f"</{tag.group(1)}>"
+        return line_rest.lstrip().startswith(close) and not line_rest.lstrip()[len(close):].strip()
+    return _LABEL.match(line_prefix) is not None and not line_rest.strip(" \t.,;")
+
+
+def keyed_value(line_prefix: str, line_rest: str) -> bool:
+    """Does the token after `line_prefix` sit where a key puts a value (after `:`, `=`, an arrow,
+    inside a tag, after a label's word)? What another pod, reading one request, needs before it
+    takes a word or an id for a per-request value."""
+    return line_prefix.rstrip().endswith(KEY_SIGNS) or _whole_value_unkeyed(line_prefix, line_rest)
 
 
 def _id_like(token: str) -> bool:
