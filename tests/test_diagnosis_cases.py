@@ -7,7 +7,9 @@ into the prompt text and reordered, a per-request value in the first user messag
 round 3 (values told by their line's form or their shape, dates that roll over without a cue,
 slash-command tool lists), round 4 (budgets counting down, base32 draws, tools declared as code,
 timestamp-shaped edits) and round 5 (amounts, usage meters, dotted clocks, pods' names, trace
-contexts, values after an arrow, in a tag or on a label line, routes and columns of tools). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+contexts, values after an arrow, in a tag or on a label line, routes and columns of tools) and
+round 6 (shares left, usage fractions, queue places, elapsed times, builds of one release, braced
+GUIDs, tools described in blocks). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
 diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
@@ -216,10 +218,10 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Stand der Abfrage: {} Uhr", ["Di., 14.04.2026, 9.31", "Di., 14.04.2026, 9.58", "Di., 14.04.2026, 10.12"],
      "timestamp"),
     ("Handled by pod {}", ["api-gateway-7d9f8b6c5d-x2k4q", "api-gateway-7d9f8b6c5d-m8wzt", "api-gateway-7d9f8b6c5d-p5rtv"],
-     "id"),
+     "instance"),
     ("W3C trace context {}", ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
                               "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-                              "00-5e2a1d7c9b8f4e3a2d1c0b9a8f7e6d5c-a1b2c3d4e5f60718-01"], "id"),
+                              "00-5e2a1d7c9b8f4e3a2d1c0b9a8f7e6d5c-a1b2c3d4e5f60718-01"], "trace"),
     ("Generated {}", ["2026-04-14 09:31:07.123456789 +0000 UTC", "2026-04-14 09:32:55.987654321 +0000 UTC",
                       "2026-04-14 09:40:01.555555555 +0000 UTC"], "timestamp"),
     ("Access log time [{}]", ["14/Apr/2026:09:31:07 +0000", "14/Apr/2026:09:32:55 +0000", "14/Apr/2026:09:40:01 +0000"],
@@ -227,6 +229,23 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("active profile -> {}", ["fast", "thorough", "fast"], "flag"),
     ("<verbosity>{}</verbosity>", ["terse", "verbose", "terse"], "flag"),
     ("Region {}", ["West", "East", "West"], "flag"),
+    # round 6: shares left, usage fractions, queue places, elapsed times, builds of one release,
+    # braced GUIDs, Cloud Trace contexts, JavaScript's Date
+    ("{}% of the monthly quota is left.", ["64", "61", "57"], "counter"),
+    ("Kontingentnutzung: {} von 50.000 Anfragen", ["12.480", "12.913", "13.377"], "counter"),
+    ("Context so far: {} of the 200k window", ["18.4k", "22.9k", "27.1k"], "counter"),
+    ("Your place in the queue: {}", ["5", "4", "3"], "counter"),
+    ("Session elapsed: {}", ["3m 12s", "4m 55s", "7m 02s"], "elapsed"),
+    ("Worker uptime {} s", ["81234", "81301", "81377"], "elapsed"),
+    ("Service build: {}", ["v3.2.0-41-g1a2b3c4", "v3.2.0-42-g5d6e7f8", "v3.2.0-43-g9a8b7c6"], "value"),
+    ("Device {}", ["{1B4E28BA-2FA1-11D2-883F-0016D3CCA427}", "{7C9E6679-7425-40DE-944B-E07FC1F90AE7}",
+                   "{C56A4180-65AA-42EC-A945-5FD21DEC0538}"], "uuid"),
+    ("X-Cloud-Trace-Context: {}", ["0af7651916cd43dd8448eb211c80319c/1234567890123;o=1",
+                                   "4bf92f3577b34da6a3ce929d0e0e4736/9876543210987;o=1",
+                                   "5e2a1d7c9b8f4e3a2d1c0b9a8f7e6d5c/5555555555555;o=1"], "trace"),
+    ("Client time: {}", ["Tue Apr 14 2026 09:31:07 GMT+0200 (Central European Summer Time)",
+                         "Tue Apr 14 2026 09:32:55 GMT+0200 (Central European Summer Time)",
+                         "Tue Apr 14 2026 09:40:01 GMT+0200 (Central European Summer Time)"], "timestamp"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -336,6 +355,31 @@ def test_tools_listed_as_routes_or_in_columns_in_another_order(fpr, form: str) -
     entries = COLUMN_TOOLS[form]
     orders = [entries, [entries[1], entries[3], entries[0], entries[2]], [entries[1], entries[3], entries[0], entries[2]]]
     bodies = [body(f"{SYSTEM}\nCommands:\n" + "\n".join(o) + "\nAnswer briefly.", t)
+              for o, t in zip(orders, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+BLOCK_TOOLS = {
+    "name-key-blocks": [f"Tool Name: {n}\nTool Arguments: {{'order': {{'type': 'str'}}}}\nTool Description: {d}"
+                        for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                                     ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+    "quoted-name-blocks": [f"> Tool Name: {n}\nTool Description: {n}(order: str) -> str\n{d}\n"
+                           f'Tool Args: {{"properties": {{"order": {{"type": "string"}}}}}}\n'
+                           for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                                        ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+    "code-name-entries": [f"- {n}: {d}\n    Takes inputs: {{'order': {{'type': 'string'}}}}\n    Returns an output of type: string"
+                          for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                                       ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+}
+
+
+@pytest.mark.parametrize("form", sorted(BLOCK_TOOLS))
+def test_tools_described_in_blocks_in_another_order(fpr, form: str) -> None:
+    """Agent frameworks describe each tool in a block of lines: a line naming it (after a name key,
+    or as code), then its arguments and description. Blocks reordered are a tool reorder."""
+    entries = BLOCK_TOOLS[form]
+    orders = [entries, [entries[1], entries[3], entries[0], entries[2]], [entries[1], entries[3], entries[0], entries[2]]]
+    bodies = [body(f"{SYSTEM}\nYou have access to these tools:\n" + "\n".join(o) + "\nAnswer briefly.", t)
               for o, t in zip(orders, conversation(3), strict=True)]
     assert causes(fpr, bodies) == ["tool_order", None]
 
@@ -497,9 +541,11 @@ def test_trailing_system_message_after_the_history(fpr) -> None:
     ("API version: v2.14.3", "API version: v2.15.0"),  # a version bump
     ("These policies were last revised on 2024-03-01.", "These policies were last revised on 2025-04-02."),
     ("Index build 20240101T1200Z", "Index build 58120934T7731Z"),  # a timestamp's shape, edited into no timestamp
+    ("Firmware v1.2.0-0-g8e41c0d", "Firmware v2.0.0-3-g3f9a2b1"),  # another release, not a build of the same one
 ])
 def test_edits_that_only_look_dynamic(fpr, old: str, new: str) -> None:
-    system = f"API version: v2.14.3\nThese policies were last revised on 2024-03-01.\nIndex build 20240101T1200Z\n{SYSTEM}"
+    system = (f"API version: v2.14.3\nThese policies were last revised on 2024-03-01.\nIndex build 20240101T1200Z\n"
+              f"Firmware v1.2.0-0-g8e41c0d\n{SYSTEM}")
     convo = conversation(3)
     bodies = [body(system, convo[0]), body(system.replace(old, new), convo[1]), body(system.replace(old, new), convo[2])]
     assert causes(fpr, bodies) == ["template_change", None]

@@ -171,6 +171,11 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         ("schemas-one-line", [body(f"{SYSTEM}[AVAILABLE_TOOLS]{json.dumps(o)}[/AVAILABLE_TOOLS]", t) for o, t in zip(
             [TOOLS, [TOOLS[2], TOOLS[0], TOOLS[1], TOOLS[3]], [TOOLS[2], TOOLS[0], TOOLS[1], TOOLS[3]]], convo, strict=False)],
          [None, "tool_order", None]),
+        ("trace-key", sys_line("Trace-Context: {}", ["0af7651916cd43dd8448eb211c80319c", "4bf92f3577b34da6a3ce929d0e0e4736",
+                                                      "5e2a1d7c9b8f4e3a2d1c0b9a8f7e6d5c"]), [None, "dynamic_head", "dynamic_head"]),
+        ("elapsed", context("<session_elapsed>{}</session_elapsed>", ["3m 12s", "4m 55s", "7m 02s"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("share-left", sys_line("{}% of the monthly quota is left.", ["64", "61", "57"]), [None, "dynamic_head", "dynamic_head"]),
         ("pod", context("Handled by pod {}", ["api-gateway-7d9f8b6c5d-x2k4q", "api-gateway-7d9f8b6c5d-m8wzt",
                                               "api-gateway-7d9f8b6c5d-p5rtv"]), [None, "dynamic_head", "dynamic_head"]),
     ]

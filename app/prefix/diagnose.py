@@ -55,6 +55,7 @@ from app.prefix.dynamic import (
     VOLATILE_KINDS,
     DynamicDetector,
     Span,
+    elapsed_value,
     get_detector,
     number_end,
     number_start,
@@ -104,6 +105,12 @@ NAMED_LINE = re.compile(
     rf"""|<([\w:\-]+)>\s*(?:`{_NAME}`|{_IDENT})\s*</\1>\s*$|\*\*(?:`{_NAME}`|{_IDENT})\*\*|`{_NAME}`"""
     rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|"""
     rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
+# a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
+# `> Tool Name: x`, `name: x`), the first line of a block that describes the tool
+TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:tool[ _]?name|function[ _]?name|name)\s*[:=]\s*`?{_NAME}`?\s*$""")
+# a name written as code (snake_case, dotted, camelCase): `- rom_report: ...` names a tool, `- Tone: ...` does not
+_CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.][A-Za-z0-9]+)+|[a-z]+[A-Z]\w*)`?\s*[(:]")
+ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 KEY_SIZE = 16
 # JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
@@ -511,12 +518,16 @@ def tool_entries(lines: list[str]) -> bool:
     named: list[str] = []
     rest: list[str] = []
     for ln in lines:
-        (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) else rest).append(ln)
+        (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:
         return False
-    return max(Counter(map(_shape, rest)).values(), default=0) <= len(named) + 1
+    # blocks whose every entry is named as a tool is (markup, a name key, a name written as code)
+    # may hold a few lines of one shape each (arguments, description); others one at most
+    strong = all(NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CODE_NAME.match(ln) for ln in named)
+    per_entry = ENTRY_LINES if strong else 1
+    return max(Counter(map(_shape, rest)).values(), default=0) <= per_entry * len(named) + 1
 
 
 def _shape(line: str) -> str:
@@ -615,7 +626,10 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
             start, end, pend = span.start, span.end, pspan.end
             trim = end - sentence_end(cur, start, end)
             end, pend = end - trim, pend - trim
-            if kind in KEYED_KINDS:  # the value, not the words of its key
+            if kind == "elapsed":  # the duration, not the words before it
+                start, end = elapsed_value(cur, span)
+                pend = elapsed_value(prev, pspan)[1]
+            elif kind in KEYED_KINDS:  # the value, not the words of its key
                 start = max(start, cs)
                 if kind == "counter":  # the number, with its decimal or thousands groups (`48,213`)
                     start = number_start(cur, start, span.start)

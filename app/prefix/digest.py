@@ -44,6 +44,7 @@ from app.prefix.dynamic import (
     DynamicDetector,
     Span,
     date_days,
+    elapsed_value,
     get_detector,
     keyed_value,
     number_end,
@@ -354,6 +355,10 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
         if kind is None and span.kind == "date" and earlier_days and rolled_from(earlier_days, span.text):
             kind = "date"
         if kind is not None:
+            if kind == "elapsed":
+                s0, e = elapsed_value(text, span)
+                out.append(Span(s0, e, kind, text[s0:e]))
+                continue
             s0 = _value_start(text, span) if kind in KEYED_KINDS else span.start
             # a counter is its number (`12` of `12 requests remaining`), as on the text path
             e = number_end(text, _digits_end(text, s0)) if kind == "counter" else sentence_end(text, s0, span.end)
@@ -368,7 +373,7 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             tok = text[a:b]
             kind = value_kind(text[start:a], tok, tok, text[b:end]) if tok else None
             keyed = keyed_value(text[start:a], text[b:end])
-            if kind is not None and (keyed or kind in ("epoch", "week", "date")
+            if kind is not None and (keyed or kind in ("epoch", "week", "date", "counter")
                                      or (kind == "nonce" and any(c.isdigit() for c in tok))):
                 out.append(Span(a, b, kind, tok))
             pos = max(b, pos + 1)

@@ -47,7 +47,9 @@ _WEEKDAYS = (
     "maandag|dinsdag|woensdag|donderdag|vrijdag|zaterdag|zondag"
 )
 _TIME = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
-_TZ = r"(?:\s?(?:Z|UTC|GMT|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T)(?: (?:UTC|GMT))?)?"  # Go's `+0000 UTC` too
+# a zone: Go's `+0000 UTC` and JavaScript's `GMT+0000 (Coordinated Universal Time)` too
+_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T)(?: (?:UTC|GMT))?"
+       r"(?: \([A-Z][A-Za-z ]{2,40}\))?)?")
 # a German clock written with a dot (`13.56 Uhr`): only before its `Uhr`, else it is a decimal number
 _DOT_TIME = r"(?:[01]?\d|2[0-3])\.[0-5]\d(?=\s?Uhr\b)"
 # Kubernetes' pod names end in the ReplicaSet's hash and a suffix of 5, from its alphabet without vowels
@@ -88,12 +90,17 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
                   r"(?: [+-]\d{4})?"),
     ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
     ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
+    ("uuid", r"(?i)\{[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\}"),  # .NET's braced form
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
-    ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-][A-Za-z0-9]{6,}\b"),
+    # a prefixed id's random part holds a digit: `session_elapsed` and `Trace-Context` are a key's own name
+    ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-]"
+           r"(?=[A-Za-z]*\d)[A-Za-z0-9]{6,}\b"),
     ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:=-]{3,}"),
     ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
-    ("id", r"\b[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\b"),  # W3C traceparent, whole
-    ("id", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
+    # ids without a key, whole (their own `=` or `;` is no key's)
+    ("trace", r"\b[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\b"),  # W3C traceparent
+    ("trace", r"\b[0-9a-f]{32}/\d{1,20}(?:;o=[01])?"),  # Google Cloud's X-Cloud-Trace-Context
+    ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
     ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),
     ("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
@@ -108,6 +115,12 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # words after the number (`12 requests remaining`)
     ("counter", rf"(?i)\b(?:[\w-]*?[ _-]?(?:{_LEFT})|(?:{_REMAINING})(?:[ _-][\w-]+){{1,4}}?)\s*[:=]\s*{_AMOUNT}\b"),
     ("counter", rf"(?i)\b\d+(?:[.,]\d+)*(?:[ \t]+[^\W\d_]+){{1,2}}?[ \t]+(?:{_REMAINING}|left\b(?=\s*(?:[.,;)]|$)))\b"),
+    # a place in a queue (`Position in der Warteschlange: 8`, `queue_position = 3`)
+    ("counter", r"(?i)(?:\b|_)(?:position|queue|warteschlange)\b[^\n:=]{0,30}?\s*[:=]\s*\d+\b"),
+    # a share of a window or quota that is free, left or used (`81% of the context window is still free`)
+    ("counter", rf"(?i)\b\d+(?:[.,]\d+)?\s?%(?:[ \t]+[^\W\d_]+){{0,6}}?[ \t]+(?:free|frei|used|belegt|verbraucht|{_LEFT})\b"),
+    # time since a session or a process started (`Elapsed in this session: 6m 41s`, `uptime 5979684 ms`)
+    ("elapsed", r"(?i)(?:\b|_)(?:elapsed|uptime|laufzeit)\b[^\n\d]{0,30}?\d+\s?(?:h|min|m|s|ms)\b(?:\s?\d+\s?(?:min|m|s|ms)\b){0,2}"),
     # a usage meter: `48,213 / 200K tokens used`
     ("counter", r"(?i)\b\d+(?:[.,]\d+)*\s*/\s*\d+(?:[.,]\d+)*\s?[KkMm]?(?:[ \t]+[^\W\d_]+){0,2}[ \t]+"
                 r"(?:used|verbraucht|genutzt|belegt)\b"),
@@ -123,7 +136,8 @@ LINE_SCAN_CHARS = 4096
 
 # Kinds that change per request in practice (a single request can be judged on them alone);
 # dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
-VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "epoch", "counter", "hex",
+VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "trace", "instance", "epoch", "counter",
+                            "elapsed", "hex",
                             "billing_header"})
 NOW_CUE = re.compile(r"(?i)(?:\b(?:current|today|now|heute|aktuell|jetzt|aujourd|nous sommes|hoy|oggi|vandaag|"
                      r"date\s*:|datum\s*:|time\s*:|zeit\s*:|stand\s*:)|今天|今日|现在|本日)")
@@ -222,7 +236,8 @@ def dynamic_lines(text: str, extra_patterns: Sequence[str] = ()) -> list[Dynamic
 # not per-request and gets no kind.
 _EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3})?)?(?:\.\d{1,9})?")  # 2017..2033, in s, ms or µs; time.time()
 _ISO_WEEK = re.compile(r"(?i)(?:\d{4}-?)?W\d{1,2}(?:-?\d)?")
-_VERSION = re.compile(r"(?i)v?\d+(?:\.\d+){1,3}(?:[-+.]?[a-z]+\d*)?")
+_DESCRIBE = re.compile(r"(?i)(v?\d+(?:\.\d+){1,3})-(\d+)-g[0-9a-f]{7,40}(?:-dirty)?")  # `git describe`
+_VERSION = re.compile(r"(?i)v?\d+(?:\.\d+){1,3}(?:[-+.]?[a-z]+\d*)?(?:-\d+-g[0-9a-f]{7,40})?(?:-dirty)?")  # `git describe` too
 # The word lists below hold nothing that only the held-out diagnosis pool uses (its flag values,
 # its keys): tests/test_diagnosis_scores.py fails if one is added (docs/diagnosis.md).
 _FLAG_WORDS = frozenset({
@@ -273,6 +288,24 @@ def number_end(text: str, at: int) -> int:
     return at
 
 
+_DURATION_PARTS = re.compile(r"\d+\s?(?:h|min|m|s|ms)\b")
+
+
+def elapsed_value(text: str, span: Span) -> tuple[int, int]:
+    """Where the value of an `elapsed` span is: its duration (`6m 41s`), or the number alone when
+    the duration has one unit (`5979684` of `uptime 5979684 ms`)."""
+    parts = list(_DURATION_PARTS.finditer(text, span.start, span.end))
+    if not parts:
+        return span.start, span.end
+    start = parts[0].start()
+    if len(parts) > 1:
+        return start, parts[-1].end()
+    end = start
+    while end < span.end and text[end].isdigit():
+        end += 1
+    return start, end
+
+
 def random_looking(token: str) -> bool:
     """A random draw rather than a word, a version or a code: hex with letters and digits, upper
     case with digits over 12 characters (base32, `RDDS67XS26QNZDFU`), or mixed character classes."""
@@ -302,8 +335,13 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return None
     if _EPOCH.fullmatch(new) and _EPOCH.fullmatch(old):
         return "epoch"
+    if _counted(line_prefix, old, new, line_rest):
+        return "counter"
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
-        return None
+        # a build of the same release, some commits on (`v0.13.8-18-g9711b4d` -> `-19-g5fd58c3`),
+        # moves with the working tree; another release is an edit
+        a, b = _DESCRIBE.fullmatch(old), _DESCRIBE.fullmatch(new)
+        return "value" if a and b and a.group(1) == b.group(1) and a.group(2) != b.group(2) else None
     if _ISO_WEEK.fullmatch(new) and _ISO_WEEK.fullmatch(old):
         return "week"
     if new.isdigit() and old.isdigit() and _WEEK_KEY.search(line_prefix) and int(new) <= 53:
@@ -335,6 +373,25 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         if _id_like(new) and _id_like(old):
             return "value"
     return None
+
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*[kKmM]?")  # `41`, `41.213`, `41.2k`
+# a key that names something counted as a session goes on, not a setting (`limit`, `max results`)
+_COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|remaining|left|übrig|position|"
+                          r"queue|warteschlange|elapsed|uptime)")
+_OF_TOTAL = re.compile(r"(?i)\s*(?:of|von|/)\s+(?:the\s+|den\s+)?\d")  # `41.2k of the 128k window`
+
+
+def _counted(line_prefix: str, old: str, new: str, line_rest: str | None) -> bool:
+    """A number that counts something as a session goes on: after a key naming a share, a place or
+    a time that passes (also a tag's: `<context_free_percent>81</…>`), or as the first part of a
+    usage meter (`41.2k of the 128k window`, `41.213 von 128.000 Tokens`)."""
+    if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old)):
+        return False
+    if line_rest is not None and _OF_TOTAL.match(line_rest):
+        return True
+    key = _KEY.search(line_prefix) or _TAG_OPEN.search(line_prefix)
+    return key is not None and _COUNTER_KEY.search(key.group(1)) is not None
 
 
 def _whole_value_unkeyed(line_prefix: str, line_rest: str) -> bool:
