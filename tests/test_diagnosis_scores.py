@@ -3,8 +3,9 @@ prints the tables), and the wall between the detector and the held-out split.
 
 The tune side (the first corpus, `tune`, `tune2` and the earlier held-out splits: `heldout` joined
 the tune side when `heldout2` was written, `heldout2` when `heldout3` was, `heldout3` when `heldout4`
-was, `heldout4` when `heldout5` was) is what the detector is developed against: its scores may rise,
-never fall below the floors. The held-out split `heldout5` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was) is what the detector is
+developed against: its scores may rise, never fall below the floors. The held-out split `heldout6`
+is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -39,13 +40,16 @@ FLOORS = {
     # a clock time (`Es ist {v} Uhr.`), the other splits' keep it in (`25.07.2026 22:26 Uhr`): 0.982
     "heldout3": (1.0, 1.0, 0.98),
     "heldout4": (1.0, 1.0, 1.0),  # the fourth (measured 0.831 / 0.738 / 0.573), tune side since heldout5
+    # the fifth (measured 0.896 / 0.764 / 0.667), tune side since heldout6: 0.998 / 0.987 / 1.0 (one
+    # Codex compaction read as a front trim)
+    "heldout5": (0.998, 0.987, 1.0),
 }
-# issue 29's goal on the held-out split (heldout5), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout6), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
-TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4")
+TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5")
 
 # the detector's word lists: every frozenset of words in app/prefix/dynamic.py, and the regexes
 # that recognise a key or a "now" cue by its words (the value-format patterns are not word lists)
@@ -79,27 +83,24 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms == 0, s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="measured on heldout5 (once, 2026-12-04): 5 look-alike false alarms (a "
-                                       "`git describe` build name edited once reads as a per-request id); strict, so "
-                                       "it turns red when fixed and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout5 (measured once, 2026-12-04): span "
-                                       "exact-match F1 0.667 (context left as a percentage, `41.2k of the 128k "
-                                       "window`, `41.213 von 128.000 Tokens`, an uptime in ms, a queue position, "
-                                       "`6m 41s` elapsed); strict, so it turns red when the goal is reached and this "
-                                       "mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout6 (measured once, 2026-12-04): span "
+                                       "exact-match F1 0.710 (ephemeral ports, epochs in nanoseconds, WhatsApp "
+                                       "message ids, a context block written as a Markdown table or as sentences); "
+                                       "strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout5 (measured once, 2026-12-04): "
-                                       "macro-F1 0.764 (those values read as edits, and as history edits in a "
-                                       "context block; CrewAI, LlamaIndex ReAct and smolagents tool blocks read as "
-                                       "edits); strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout6 (measured once, 2026-12-04): "
+                                       "macro-F1 0.784 (those values read as edits, and as history edits in a "
+                                       "context block; DSPy ReAct, AutoGPT, MCP tools/list, TOML, Spring AI and "
+                                       "Gemini tool lists read as edits); strict, so it turns red when the goal is "
+                                       "reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -130,14 +131,15 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout5`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout6`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""
     tune_text = _tune_side_text()
-    heldout_only = _corpus_values(HELDOUT) - set().union(*(_corpus_values(c) for c in TUNE_SIDE))
+    heldout_values = _corpus_values(HELDOUT)
+    assert heldout_values, "the check below would not see the held-out pool's values"
+    heldout_only = heldout_values - set().union(*(_corpus_values(c) for c in TUNE_SIDE))
     words = {v for v in heldout_only if re.fullmatch(r"[^\W\d_]+", v) and v not in tune_text}
-    assert words, "the check below would not see the held-out pool's own flag values"
     leaked = {v: hits for v in words if (hits := _recognised_by(v, tune_text))}
     leaked |= {v: hits for v in heldout_only - words if (hits := [n for n, ws in WORD_SETS.items() if v in ws])
                and v not in tune_text}
