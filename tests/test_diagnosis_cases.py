@@ -9,7 +9,8 @@ slash-command tool lists), round 4 (budgets counting down, base32 draws, tools d
 timestamp-shaped edits) and round 5 (amounts, usage meters, dotted clocks, pods' names, trace
 contexts, values after an arrow, in a tag or on a label line, routes and columns of tools) and
 round 6 (shares left, usage fractions, queue places, elapsed times, builds of one release, braced
-GUIDs, tools described in blocks). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+GUIDs, tools described in blocks) and round 7 (table rows, ports, nanosecond epochs, trace and
+message ids, tools numbered by position, in wrappers, as TOML tables or annotated methods). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
 diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
@@ -246,6 +247,25 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Client time: {}", ["Tue Apr 14 2026 09:31:07 GMT+0200 (Central European Summer Time)",
                          "Tue Apr 14 2026 09:32:55 GMT+0200 (Central European Summer Time)",
                          "Tue Apr 14 2026 09:40:01 GMT+0200 (Central European Summer Time)"], "timestamp"),
+    # round 7: values in a Markdown table row, ports, epochs in nanoseconds, weeks with their year,
+    # a sum spent so far, Sentry's and Jaeger's trace ids, WhatsApp message ids, base64 padding,
+    # a clock with its German zone, a German date and time joined by `um`
+    ("| Share used | {} % |", ["38,9", "40,4", "43,0"], "counter"),
+    ("| Channel | {} |", ["web", "app", "web"], "flag"),
+    ("Preview server listens on port {}.", ["51234", "53871", "49822"], "port"),
+    ("Inspector at 127.0.0.1:{}", ["51234", "53871", "49822"], "port"),
+    ("Trace started {}", ["1776000000123456789", "1776000042987654321", "1776000107555555555"], "epoch"),
+    ("Planning for KW {}", ["15/2026", "16/2026", "17/2026"], "week"),
+    ("This run has cost ${} so far.", ["0.1290", "0.1545", "0.1873"], "counter"),
+    ("sentry-trace: {}", ["0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1",
+                          "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+                          "5e2a1d7c9b8f4e3a2d1c0b9a8f7e6d5c-a1b2c3d4e5f60718-1"], "trace"),
+    ("Reply to {}", ["wamid.HBgLMTU1NTEyMzQ1NjcVAgASGBQzQTg0QkE5RkQ3MjA5RTFEAA==",
+                     "wamid.HBgLMTU1NTEyMzQ1NjcVAgASGBQ0RDc1QzE4QTlCMjcwRjNFAA==",
+                     "wamid.HBgLMTU1NTEyMzQ1NjcVAgASGBQ5RTIxRjM0QjhBNzYwQzJBAA=="], "message"),
+    ("csp-nonce={}", ["2sYICSOgfs5Is0Ei6XtZcQ==", "4kmFnzbnk/yk2r/YwFBfaQ==", "9gL2aQx7RtYpWm3vKc8NsA=="], "nonce"),
+    ("Ortszeit {}", ["13:59 MEZ", "14:02 MEZ", "14:31 MEZ"], "time"),
+    ("Eingegangen am {}", ["04.02.2026 um 06:21 Uhr", "04.02.2026 um 06:48 Uhr", "04.02.2026 um 07:02 Uhr"], "timestamp"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -360,6 +380,12 @@ def test_tools_listed_as_routes_or_in_columns_in_another_order(fpr, form: str) -
 
 
 BLOCK_TOOLS = {
+    "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
+                    for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                                 ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+    "java-annotated": [f'    @Tool(description = "{d}")\n    String {n}(String order);'
+                       for n, d in (("orderShow", "One order with its lines."), ("returnOpen", "Open a return."),
+                                    ("parcelTrack", "Tracking events."), ("addressSet", "Change the address."))],
     "name-key-blocks": [f"Tool Name: {n}\nTool Arguments: {{'order': {{'type': 'str'}}}}\nTool Description: {d}"
                         for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
                                      ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
@@ -382,6 +408,48 @@ def test_tools_described_in_blocks_in_another_order(fpr, form: str) -> None:
     bodies = [body(f"{SYSTEM}\nYou have access to these tools:\n" + "\n".join(o) + "\nAnswer briefly.", t)
               for o, t in zip(orders, conversation(3), strict=True)]
     assert causes(fpr, bodies) == ["tool_order", None]
+
+
+NUMBERED_TOOLS = {  # numbered by position: a reorder moves the entries, the numbers stay
+    "numbered-sentences": [f"({{i}}) {n}, whose description is <desc>{d}</desc>. It takes arguments {{{{'order': "
+                           "{{'type': 'string'}}}} in JSON format." for n, d in (
+                               ("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                               ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+    "numbered-commands": [f'{{i}}. {n}: {d}, args: "order": "<order>"' for n, d in (
+        ("order_show", "Show an order"), ("return_open", "Open a return"), ("parcel_track", "Track a parcel"),
+        ("address_set", "Change the address"))],
+}
+
+
+@pytest.mark.parametrize("form", sorted(NUMBERED_TOOLS))
+def test_tools_numbered_by_position_in_another_order(fpr, form: str) -> None:
+    """Frameworks number their tool lists by position (DSPy's `(1) name, ...`, AutoGPT's `1. name:`):
+    reordered, the entries move and the numbers stay, and it is a tool reorder (on this pod: another
+    pod, comparing line keys, reads an edit; docs/diagnosis.md)."""
+    entries = NUMBERED_TOOLS[form]
+
+    def listing(order: list[int]) -> str:
+        return "\n".join(entries[k].format(i=i + 1) for i, k in enumerate(order))
+
+    orders = [[0, 1, 2, 3], [1, 3, 0, 2], [1, 3, 0, 2]]
+    bodies = [body(f"{SYSTEM}\nCommands:\n{listing(o)}\nAnswer briefly.", t) for o, t in zip(orders, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_tool_schemas_in_an_mcp_result_or_gemini_declarations_in_another_order(fpr) -> None:
+    """JSON tool schemas inside a wrapper (MCP's `tools/list` result, Gemini's
+    `function_declarations`) are found and compared like a plain list."""
+    mcp = [{"name": f["function"]["name"], "description": f["function"]["description"],
+            "inputSchema": f["function"]["parameters"]} for f in TOOLS]
+    gemini = [{"name": f["function"]["name"], "description": f["function"]["description"],
+               "parameters": {"type": "OBJECT", "properties": {"order": {"type": "STRING"}}}} for f in TOOLS]
+    for wrap in (lambda ts: json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"tools": ts}}),
+                 lambda ts: json.dumps({"function_declarations": ts}, indent=2)):
+        for tools in (mcp, gemini):
+            swapped = [tools[2], tools[0], tools[1], tools[3]]
+            bodies = [body(f"{SYSTEM}\nTools:\n{wrap(o)}\nAnswer briefly.", t)
+                      for o, t in zip([tools, swapped, swapped], conversation(3), strict=True)]
+            assert causes(fpr, bodies) == ["tool_order", None]
 
 
 CODE_TOOLS = {

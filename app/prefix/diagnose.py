@@ -47,6 +47,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.prefix.dynamic import (
     LINE_SCAN_CHARS,
@@ -59,6 +60,8 @@ from app.prefix.dynamic import (
     get_detector,
     number_end,
     number_start,
+    number_token,
+    port_start,
     rolled_over,
     value_kind,
 )
@@ -88,6 +91,8 @@ ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 TOOL_LINE = re.compile(
     r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
     r"""(?:[a-z]+\s+){1,3}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+/|"""
+    r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
+    r"""(?:(?:public|private|protected|static|final|abstract)\s+)*[A-Z][\w<>\[\],.? ]*\s[a-z_]\w*\s*\(|"""
     r"""[A-Za-z_][\w.\-]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
@@ -107,9 +112,13 @@ NAMED_LINE = re.compile(
     rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
 # a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
 # `> Tool Name: x`, `name: x`), the first line of a block that describes the tool
-TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:tool[ _]?name|function[ _]?name|name)\s*[:=]\s*`?{_NAME}`?\s*$""")
+TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:tool[ _]?name|function[ _]?name|name)\s*[:=]\s*["'`]?{_NAME}["'`]?\s*,?\s*$""")
 # a name written as code (snake_case, dotted, camelCase): `- rom_report: ...` names a tool, `- Tone: ...` does not
 _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.][A-Za-z0-9]+)+|[a-z]+[A-Z]\w*)`?\s*[(:]")
+_ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
+# a declaration in code: lower-case keywords or a capitalised type before a lower-case name and `(`
+_DECLARATION = re.compile(r"^\s*(?:(?:[a-z]+\s+){1,3}|(?:(?:public|private|protected|static|final|abstract)\s+)*"
+                          r"[A-Z][\w<>\[\],.? ]*\s)[A-Za-z_]\w*\s*\(")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 KEY_SIZE = 16
@@ -346,6 +355,12 @@ def _token(text: str, at: int) -> tuple[int, int]:
         end += 1
     while end > start and text[end - 1] in ".:,;":  # a clause's end, not an id's last `-` or `/`
         end -= 1
+    if end - start >= 16:  # base64's padding belongs to its value (`…XtZcQ==`), a key's `=` does not
+        pad = end
+        while pad < len(text) and pad - end < 2 and text[pad] == "=":
+            pad += 1
+        if pad > end and (pad == len(text) or not _is_value_char(text[pad])):
+            end = pad
     return start, max(end, start)
 
 
@@ -503,9 +518,15 @@ def _lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     while s < min(len(p), len(c)) - i and p[-1 - s] == c[-1 - s]:
         s += 1
     pw, cw = p[i:len(p) - s], c[i:len(c) - s]
-    if len(pw) < 2 or sorted(pw) != sorted(cw) or pw == cw:
+    if len(pw) < 2 or pw == cw:
         return False, False
-    return True, tool_entries(cw)
+    if sorted(pw) == sorted(cw):
+        return True, tool_entries(cw)
+    # entries numbered by position (`1. name …`, `(1) name …`): the numbers stay, the entries move
+    pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
+    if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:
+        return True, tool_entries(cw)
+    return False, False
 
 
 def tool_entries(lines: list[str]) -> bool:
@@ -525,7 +546,8 @@ def tool_entries(lines: list[str]) -> bool:
         return False
     # blocks whose every entry is named as a tool is (markup, a name key, a name written as code)
     # may hold a few lines of one shape each (arguments, description); others one at most
-    strong = all(NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CODE_NAME.match(ln) for ln in named)
+    strong = all(NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CODE_NAME.match(ln) or _DECLARATION.match(ln)
+                 for ln in named)
     per_entry = ENTRY_LINES if strong else 1
     return max(Counter(map(_shape, rest)).values(), default=0) <= per_entry * len(named) + 1
 
@@ -554,7 +576,7 @@ def schema_tools(text: str, start: int = 0, end: int | None = None) -> list[tupl
             continue
         if stop > end:
             break
-        items = obj.get("tools") if isinstance(obj, dict) and isinstance(obj.get("tools"), list) else [obj]
+        items = _tool_list(obj)
         raw = text[m.start():stop]
         for item in items:
             fn = item.get("function") if isinstance(item, dict) and isinstance(item.get("function"), dict) else item
@@ -563,6 +585,17 @@ def schema_tools(text: str, start: int = 0, end: int | None = None) -> list[tupl
                 out.append((json.dumps(item, sort_keys=True, ensure_ascii=False), written, m.start(), stop))
         pos = stop
     return out
+
+
+def _tool_list(obj: Any) -> list[Any]:
+    """The tools a decoded object lists: `{"tools": [...]}`, MCP's `tools/list` result
+    (`{"result": {"tools": [...]}}`), Gemini's `function_declarations`; else the object itself."""
+    for holder in (obj, obj.get("result") if isinstance(obj, dict) else None):
+        if isinstance(holder, dict):
+            for key in ("tools", "function_declarations", "functionDeclarations"):
+                if isinstance(holder.get(key), list):
+                    return holder[key]
+    return [obj]
 
 
 def _schemas_reordered(prev: RequestSketch, cur: RequestSketch, pd: int, region: Region) -> bool:
@@ -638,12 +671,15 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
                 return Span(start, end, kind, cur[start:end]), pend
     if ce <= cs or pe <= ps:
         return None
+    (cs, ce), (ps, pe) = number_token(cur, cs, ce), number_token(prev, ps, pe)  # `38,9`, not `38`
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         return None  # more than one token changed: an edit, not a value
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     kind = value_kind(cur[max(line0, cs - VALUE_WINDOW):cs], prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
     if kind is None:
         return None
+    if kind == "port":
+        cs = port_start(cur, cs, ce)
     return Span(cs, ce, kind, cur[cs:ce]), pe
 
 

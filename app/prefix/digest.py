@@ -48,6 +48,8 @@ from app.prefix.dynamic import (
     get_detector,
     keyed_value,
     number_end,
+    number_token,
+    port_start,
     rolled_from,
     value_kind,
 )
@@ -284,15 +286,21 @@ class RequestDigest:
             return None
 
 
+_KEY_SEP = re.compile(r"[:=#]")
+_SUB_KEY = re.compile(r"[A-Za-z]\w*=(?=\w)")
+
+
 def _value_start(text: str, span: Span) -> int:
     """Where the value of a span whose pattern includes its key begins ("Request ID: <v>",
     "ts=<v>", "turn <v>", "talking to <Name>")."""
     part = text[span.start:span.end]
-    sep = max(part.rfind(":"), part.rfind("="), part.rfind("#"))
-    if sep >= 0:
-        k = sep + 1
+    sep = _KEY_SEP.search(part)  # the key's own sign, not one inside the value (`a05979de:d85d:0:1`)
+    if sep is not None:
+        k = sep.end()
         while k < len(part) and part[k] in " \t\"'$€£":
             k += 1
+        sub = _SUB_KEY.match(part, k)  # `Root=` in `X-Amzn-Trace-Id: Root=1-…`
+        k = sub.end() if sub is not None else k
         if k < len(part):
             return span.start + k
     if span.kind in ("counter", "epoch"):
@@ -368,14 +376,16 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
     pos = start
     while pos < end:
         if text[pos].isalnum():
-            a, b = _token(text, pos)
+            a, b = number_token(text, *_token(text, pos))
             b = min(b, end)
             tok = text[a:b]
             kind = value_kind(text[start:a], tok, tok, text[b:end]) if tok else None
             keyed = keyed_value(text[start:a], text[b:end])
-            if kind is not None and (keyed or kind in ("epoch", "week", "date", "counter")
+            if kind == "port":
+                a = port_start(text, a, b)
+            if kind is not None and (keyed or kind in ("epoch", "week", "date", "counter", "port")
                                      or (kind == "nonce" and any(c.isdigit() for c in tok))):
-                out.append(Span(a, b, kind, tok))
+                out.append(Span(a, b, kind, text[a:b]))
             pos = max(b, pos + 1)
         else:
             pos += 1

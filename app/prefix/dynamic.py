@@ -48,7 +48,7 @@ _WEEKDAYS = (
 )
 _TIME = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
 # a zone: Go's `+0000 UTC` and JavaScript's `GMT+0000 (Coordinated Universal Time)` too
-_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T)(?: (?:UTC|GMT))?"
+_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T|MES?Z)(?: (?:UTC|GMT))?"
        r"(?: \([A-Z][A-Za-z ]{2,40}\))?)?")
 # a German clock written with a dot (`13.56 Uhr`): only before its `Uhr`, else it is a decimal number
 _DOT_TIME = r"(?:[01]?\d|2[0-3])\.[0-5]\d(?=\s?Uhr\b)"
@@ -74,7 +74,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b"),  # asctime, `date`
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
     ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
-    ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*(?:{_TIME}|{_DOT_TIME}))?"),
+    ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*(?:um\s+)?(?:{_TIME}|{_DOT_TIME}))?"),
     ("date", rf"\b{_MON}/{_DAY}/(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
     ("date", rf"\b{_DAY}/{_MON}/(?:{_YEAR})\b(?:,?\s*{_TIME})?"),
     ("date", rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?"),
@@ -100,6 +100,9 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # ids without a key, whole (their own `=` or `;` is no key's)
     ("trace", r"\b[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\b"),  # W3C traceparent
     ("trace", r"\b[0-9a-f]{32}/\d{1,20}(?:;o=[01])?"),  # Google Cloud's X-Cloud-Trace-Context
+    ("trace", r"\b[0-9a-f]{32}-[0-9a-f]{16}(?:-[01])?\b"),  # Sentry's sentry-trace
+    ("trace", r"\b[0-9a-f]{16,32}:[0-9a-f]{16}:[0-9a-f]{1,16}:[0-9a-f]{1,2}\b"),  # Jaeger's uber-trace-id
+    ("message", r"\bwamid\.[A-Za-z0-9+/_-]{20,}={0,2}"),  # a WhatsApp Cloud API message id
     ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
     ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),
@@ -136,7 +139,7 @@ LINE_SCAN_CHARS = 4096
 
 # Kinds that change per request in practice (a single request can be judged on them alone);
 # dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
-VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "trace", "instance", "epoch", "counter",
+VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "trace", "instance", "message", "epoch", "counter",
                             "elapsed", "hex",
                             "billing_header"})
 NOW_CUE = re.compile(r"(?i)(?:\b(?:current|today|now|heute|aktuell|jetzt|aujourd|nous sommes|hoy|oggi|vandaag|"
@@ -234,7 +237,7 @@ def dynamic_lines(text: str, extra_patterns: Sequence[str] = ()) -> list[Dynamic
 # value (an epoch, a nonce, a flipping A/B flag, a week number) has a recognisable shape or sits
 # after a key; an edited sentence ("within 60 days" -> "within 30 days") or a bumped version is
 # not per-request and gets no kind.
-_EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3})?)?(?:\.\d{1,9})?")  # 2017..2033, in s, ms or µs; time.time()
+_EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3}(?:\d{3})?)?)?(?:\.\d{1,9})?")  # 2017..2033, in s, ms, µs or ns; time.time()
 _ISO_WEEK = re.compile(r"(?i)(?:\d{4}-?)?W\d{1,2}(?:-?\d)?")
 _DESCRIBE = re.compile(r"(?i)(v?\d+(?:\.\d+){1,3})-(\d+)-g[0-9a-f]{7,40}(?:-dirty)?")  # `git describe`
 _VERSION = re.compile(r"(?i)v?\d+(?:\.\d+){1,3}(?:[-+.]?[a-z]+\d*)?(?:-\d+-g[0-9a-f]{7,40})?(?:-dirty)?")  # `git describe` too
@@ -247,11 +250,14 @@ _FLAG_WORDS = frozenset({
 _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
 _FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}")  # one word: after a flag key, whichever two it flips between
 _WEEKDAY_WORDS = frozenset(_WEEKDAYS.split("|"))
+_WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
 _KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?$")
 KEY_SIGNS = (":", "=", "→", "->", "=>")  # what ends a key before its value
 _TAG_OPEN = re.compile(r"<([A-Za-z_][\w.\-]*)>\s*$")  # `<reasoning_effort>` as a value's key
 _LABEL = re.compile(r"^\s*[^\W\d_][\w-]{2,40} $")  # one word and a space: `Rechenzentrum Nord`
+_CELL_KEY = re.compile(r"^\s*\|\s*([^|]{1,40}?)\s*\|\s*$")  # a Markdown table row's first cell: `| Kanal | `
+_CELL_END = re.compile(r"^\s*(?:%\s*)?\|\s*$")  # the cell's end (a unit sign may come before it)
 _DYNAMIC_KEY = re.compile(
     r"(?i)\b(nonce|salt|seed|token|bucket|cohort|variant|variante|experiment|group|flag|"
     r"ts|time|zeit|epoch|request|anfrage|trace|span|session|key|id|run|build)\b|"
@@ -268,6 +274,19 @@ def _mixing(token: str) -> int:
 # a token in a timestamp's shape (`20250412T0930Z`) is a timestamp when valid (a pattern above) and
 # an edit when not, never a nonce
 _STAMP_SHAPE = re.compile(r"\d{8}T\d{4,6}(?:[.,]\d+)?Z?")
+
+
+def port_start(text: str, start: int, end: int) -> int:
+    """Where the port of a `host:port` token starts (the token's start when it is a bare port)."""
+    colon = text.rfind(":", start, end)
+    return colon + 1 if colon >= 0 else start
+
+
+def number_token(text: str, start: int, end: int) -> tuple[int, int]:
+    """A token of digits widened over the digit groups its `.` or `,` join (`38,9`, `41.213`)."""
+    if start < end and text[start:end].isdigit():
+        return number_start(text, start, max(0, start - 64)), number_end(text, end)
+    return start, end
 
 
 def number_start(text: str, at: int, floor: int) -> int:
@@ -344,8 +363,15 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "value" if a and b and a.group(1) == b.group(1) and a.group(2) != b.group(2) else None
     if _ISO_WEEK.fullmatch(new) and _ISO_WEEK.fullmatch(old):
         return "week"
-    if new.isdigit() and old.isdigit() and _WEEK_KEY.search(line_prefix) and int(new) <= 53:
-        return "week"
+    if _WEEK_NUMBER.fullmatch(new) and _WEEK_NUMBER.fullmatch(old) and _WEEK_KEY.search(line_prefix) \
+            and int(new.split("/")[0]) <= 53:
+        return "week"  # `KW 46`, `KW 46/2026`
+    if new.isdigit() and old.isdigit() and 1024 <= int(new) <= 65535 and _PORT_BEFORE.search(line_prefix):
+        return "port"
+    a, b = _HOST_PORT.fullmatch(old), _HOST_PORT.fullmatch(new)
+    if a and b and a.group(1) == b.group(1) and (a.group(2) != b.group(2) or old == new):
+        # `127.0.0.1:50242` -> `:57215` (another pod, reading the one request, passes the token twice)
+        return "port"  # its span is the port (`port_start`)
     if random_looking(new) and (random_looking(old) or _redrawn(old, new)):
         return "nonce"
     if new.lower() in _WEEKDAY_WORDS and old.lower() in _WEEKDAY_WORDS and (
@@ -377,8 +403,13 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*[kKmM]?")  # `41`, `41.213`, `41.2k`
 # a key that names something counted as a session goes on, not a setting (`limit`, `max results`)
-_COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|remaining|left|übrig|position|"
-                          r"queue|warteschlange|elapsed|uptime)")
+_COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|beleg|remaining|left|übrig|position|"
+                          r"queue|warteschlange|elapsed|uptime|spent|cost|kosten|ausgegeben)")
+# a sum spent so far in a sentence (`This session has cost $0.4390 so far.`)
+_SPENT = re.compile(r"(?i)\b(?:spent|cost|costs|kostete|ausgegeben|verbraucht)\b[^.\n]{0,20}$")
+# an ephemeral port: after `port` or a loopback host (`127.0.0.1:50242`); a fixed one never changes
+_HOST_PORT = re.compile(r"(?i)(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):(\d{4,5})")
+_PORT_BEFORE = re.compile(r"(?i)(?:\bport\s+|(?:localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):)$")
 _OF_TOTAL = re.compile(r"(?i)\s*(?:of|von|/)\s+(?:the\s+|den\s+)?\d")  # `41.2k of the 128k window`
 
 
@@ -390,13 +421,17 @@ def _counted(line_prefix: str, old: str, new: str, line_rest: str | None) -> boo
         return False
     if line_rest is not None and _OF_TOTAL.match(line_rest):
         return True
-    key = _KEY.search(line_prefix) or _TAG_OPEN.search(line_prefix)
+    if _SPENT.search(line_prefix.rstrip("$€£ ")) and ("." in new or "," in new):
+        return True
+    key = _KEY.search(line_prefix) or _TAG_OPEN.search(line_prefix) or _CELL_KEY.search(line_prefix)
     return key is not None and _COUNTER_KEY.search(key.group(1)) is not None
 
 
 def _whole_value_unkeyed(line_prefix: str, line_rest: str) -> bool:
     """Is the token the whole content of a tag on its line, or the value of a label line (one word
     before it, nothing after)?"""
+    if _CELL_KEY.match(line_prefix):
+        return _CELL_END.match(line_rest) is not None
     tag = _TAG_OPEN.search(line_prefix)
     if tag is not None:
         close = f"</{tag.group(1)}>"
