@@ -10,7 +10,9 @@ timestamp-shaped edits) and round 5 (amounts, usage meters, dotted clocks, pods'
 contexts, values after an arrow, in a tag or on a label line, routes and columns of tools) and
 round 6 (shares left, usage fractions, queue places, elapsed times, builds of one release, braced
 GUIDs, tools described in blocks) and round 7 (table rows, ports, nanosecond epochs, trace and
-message ids, tools numbered by position, in wrappers, as TOML tables or annotated methods). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
+message ids, tools numbered by position, in wrappers, as TOML tables or annotated methods) and
+round 8 (rising sequence ids, b3, Message-IDs, positions, countdown durations, short codes as
+flags, C# kernel functions). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
 diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
@@ -266,6 +268,27 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("csp-nonce={}", ["2sYICSOgfs5Is0Ei6XtZcQ==", "4kmFnzbnk/yk2r/YwFBfaQ==", "9gL2aQx7RtYpWm3vKc8NsA=="], "nonce"),
     ("Ortszeit {}", ["13:59 MEZ", "14:02 MEZ", "14:31 MEZ"], "time"),
     ("Eingegangen am {}", ["04.02.2026 um 06:21 Uhr", "04.02.2026 um 06:48 Uhr", "04.02.2026 um 07:02 Uhr"], "timestamp"),
+    # round 8: rising sequence ids, snake-case id keys, Zipkin's b3, Message-IDs, Matrix events,
+    # positions, countdowns as Go durations, short upper-case flags, syslog and Java zoned times,
+    # a clock's sentence `Uhr` left out
+    ("BUILD_RUN_ID={}", ["73410258811", "73410259420", "73410260117"], "id"),
+    ("Last webhook delivery: {}", ["512003417", "512003421", "512003430"], "id"),
+    ("b3: {}", ["0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1-00f067aa0ba902b7",
+                "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1-b7ad6b7169203331",
+                "5e2a1d7c9b8f4e3a2d1c0b9a8f7e6d5c-a1b2c3d4e5f60718-1-0a1b2c3d4e5f6071"], "trace"),
+    ("In-Reply-To: <{}>", ["CAFx9b2_q8Zt=R2mXw0Lp@mail.example.com", "CAGh41vNk9s=TbEx7Yq0Pa@mail.example.com",
+                           "CAJm3vKc8N=sA9gL2aQx7R@mail.example.com"], "message"),
+    ("Matrix event {}", ["$GTd7FguoV8FWnFbB0JxXujr4qqaaABvvLOzAxzXMcU1",
+                         "$vsHiQMaRiNTN9Ox98whGcTZc1UWb5fxzpF7STG7nVLe",
+                         "$3lARUsRJlNONwktN9ugkZeESG61she-QAqq0nv3Vth1"], "message"),
+    ("Vehicle position: {}", ["48.13712,11.57542", "48.13804,11.57391", "48.13911,11.57205"], "position"),
+    ("Quota resets in {}", ["41.2s", "38.77s", "35.05s"], "counter"),
+    ("x-ratelimit-reset-requests: {}", ["1m12.5s", "1m03.2s", "58.1s"], "counter"),
+    ("Network: {}", ["4G", "LTE", "4G"], "flag"),
+    ("Log line: {} sshd[812]: accepted key", ["Jul  4 09:15:22", "Jul  4 09:17:03", "Jul  4 09:21:40"], "timestamp"),
+    ("Request time: {}", ["2026-03-04T09:15:22.481+01:00[Europe/Berlin]", "2026-03-04T09:17:03.112+01:00[Europe/Berlin]",
+                          "2026-03-04T09:21:40.905+01:00[Europe/Berlin]"], "timestamp"),
+    ("Jetzt ist es {} Uhr.", ["14:53", "14:58", "15:07"], "time"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -380,6 +403,9 @@ def test_tools_listed_as_routes_or_in_columns_in_another_order(fpr, form: str) -
 
 
 BLOCK_TOOLS = {
+    "csharp-kernel": [f'    [KernelFunction("{n}"), Description("{d}")]\n    public async Task<string> {n.title().replace("_", "")}Async(string order)'
+                      for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                                   ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
     "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
                     for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
                                  ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
@@ -438,13 +464,14 @@ def test_tools_numbered_by_position_in_another_order(fpr, form: str) -> None:
 
 def test_tool_schemas_in_an_mcp_result_or_gemini_declarations_in_another_order(fpr) -> None:
     """JSON tool schemas inside a wrapper (MCP's `tools/list` result, Gemini's
-    `function_declarations`) are found and compared like a plain list."""
+    `function_declarations`, Bedrock Converse's `toolSpec`) are found and compared like a plain list."""
     mcp = [{"name": f["function"]["name"], "description": f["function"]["description"],
             "inputSchema": f["function"]["parameters"]} for f in TOOLS]
     gemini = [{"name": f["function"]["name"], "description": f["function"]["description"],
                "parameters": {"type": "OBJECT", "properties": {"order": {"type": "STRING"}}}} for f in TOOLS]
     for wrap in (lambda ts: json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"tools": ts}}),
-                 lambda ts: json.dumps({"function_declarations": ts}, indent=2)):
+                 lambda ts: json.dumps({"function_declarations": ts}, indent=2),
+                 lambda ts: "{\"tools\": [\n" + ",\n".join(json.dumps({"toolSpec": t}) for t in ts) + "\n]}"):  # Bedrock
         for tools in (mcp, gemini):
             swapped = [tools[2], tools[0], tools[1], tools[3]]
             bodies = [body(f"{SYSTEM}\nTools:\n{wrap(o)}\nAnswer briefly.", t)

@@ -184,6 +184,11 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                                          "wamid.HBgLMTU1NTEyMzQ1NjcVAgASGBQ0RDc1QzE4QTlCMjcwRjNFAA==",
                                          "wamid.HBgLMTU1NTEyMzQ1NjcVAgASGBQ5RTIxRjM0QjhBNzYwQzJBAA=="]),
          [None, "dynamic_head", "dynamic_head"]),
+        ("position", sys_line("Vehicle position: {}", ["48.13712,11.57542", "48.13804,11.57391", "48.13911,11.57205"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("fraction", sys_line("Iteration {}", ["7/30", "8/30", "9/30"]), [None, "dynamic_head", "dynamic_head"]),
+        ("countdown-duration", sys_line("x-ratelimit-reset-requests: {}", ["1m12.5s", "1m03.2s", "58.1s"]),
+         [None, "dynamic_head", "dynamic_head"]),
         ("pod", context("Handled by pod {}", ["api-gateway-7d9f8b6c5d-x2k4q", "api-gateway-7d9f8b6c5d-m8wzt",
                                               "api-gateway-7d9f8b6c5d-p5rtv"]), [None, "dynamic_head", "dynamic_head"]),
     ]

@@ -93,6 +93,8 @@ TOOL_LINE = re.compile(
     r"""(?:[a-z]+\s+){1,3}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+/|"""
     r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
     r"""(?:(?:public|private|protected|static|final|abstract)\s+)*[A-Z][\w<>\[\],.? ]*\s[a-z_]\w*\s*\(|"""
+    r"""(?:public|private|protected|internal)\s+(?:(?:static|async|virtual|override|sealed)\s+)*[A-Za-z_][\w<>\[\],.?]*\s+"""
+    r"""[A-Za-z_]\w*\s*\(|"""
     r"""[A-Za-z_][\w.\-]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
@@ -118,7 +120,8 @@ _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.]
 _ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
 # a declaration in code: lower-case keywords or a capitalised type before a lower-case name and `(`
 _DECLARATION = re.compile(r"^\s*(?:(?:[a-z]+\s+){1,3}|(?:(?:public|private|protected|static|final|abstract)\s+)*"
-                          r"[A-Z][\w<>\[\],.? ]*\s)[A-Za-z_]\w*\s*\(")
+                          r"[A-Z][\w<>\[\],.? ]*\s|(?:public|private|protected|internal)\s+(?:(?:static|async|virtual|"
+                          r"override|sealed)\s+)*[A-Za-z_][\w<>\[\],.?]*\s+)[A-Za-z_]\w*\s*\(")  # C#'s `public async Task<T> X(`
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 KEY_SIZE = 16
@@ -579,7 +582,8 @@ def schema_tools(text: str, start: int = 0, end: int | None = None) -> list[tupl
         items = _tool_list(obj)
         raw = text[m.start():stop]
         for item in items:
-            fn = item.get("function") if isinstance(item, dict) and isinstance(item.get("function"), dict) else item
+            fn = next((item[k] for k in ("function", "toolSpec") if isinstance(item, dict) and isinstance(item.get(k), dict)),
+                      item)  # OpenAI's wrapper, Bedrock Converse's `toolSpec`
             if isinstance(fn, dict) and isinstance(fn.get("name"), str) and SCHEMA_KEYS & fn.keys():
                 written = raw if len(items) == 1 else json.dumps(item, ensure_ascii=False)
                 out.append((json.dumps(item, sort_keys=True, ensure_ascii=False), written, m.start(), stop))

@@ -47,9 +47,11 @@ _WEEKDAYS = (
     "maandag|dinsdag|woensdag|donderdag|vrijdag|zaterdag|zondag"
 )
 _TIME = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
+# a clock alone: its `Uhr` is the sentence's word (`Es ist 14:53 Uhr.`), not the formatted value's
+_BARE_TIME = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:\s?[AaPp]\.?[Mm]\.?)?"
 # a zone: Go's `+0000 UTC` and JavaScript's `GMT+0000 (Coordinated Universal Time)` too
 _TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T|MES?Z)(?: (?:UTC|GMT))?"
-       r"(?: \([A-Z][A-Za-z ]{2,40}\))?)?")
+       r"(?: \([A-Z][A-Za-z ]{2,40}\))?(?:\[[A-Za-z_]+(?:/[A-Za-z_]+){1,2}\])?)?")  # Java's `[Europe/Berlin]`
 # a German clock written with a dot (`13.56 Uhr`): only before its `Uhr`, else it is a decimal number
 _DOT_TIME = r"(?:[01]?\d|2[0-3])\.[0-5]\d(?=\s?Uhr\b)"
 # Kubernetes' pod names end in the ReplicaSet's hash and a suffix of 5, from its alphabet without vowels
@@ -83,7 +85,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b"),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
-    ("time", rf"(?<![\w.:/-]){_TIME}{_TZ}(?![\w:/-]|\.\w)"),  # a full stop may end the sentence
+    ("time", rf"(?<![\w.:/-]){_BARE_TIME}{_TZ}(?![\w:/-]|\.\w)"),  # a full stop may end the sentence
     ("time", rf"(?<![\w.:/-]){_DOT_TIME}"),
     # a web server's log time (`[05/Mar/2026:15:52:25 +0000]`)
     ("timestamp", rf"\b{_DAY}/(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)/{_YEAR}:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
@@ -100,9 +102,12 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # ids without a key, whole (their own `=` or `;` is no key's)
     ("trace", r"\b[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\b"),  # W3C traceparent
     ("trace", r"\b[0-9a-f]{32}/\d{1,20}(?:;o=[01])?"),  # Google Cloud's X-Cloud-Trace-Context
-    ("trace", r"\b[0-9a-f]{32}-[0-9a-f]{16}(?:-[01])?\b"),  # Sentry's sentry-trace
+    ("trace", r"\b[0-9a-f]{32}-[0-9a-f]{16}(?:-[01d](?:-[0-9a-f]{16})?)?\b"),  # Sentry's sentry-trace, Zipkin's b3
     ("trace", r"\b[0-9a-f]{16,32}:[0-9a-f]{16}:[0-9a-f]{1,16}:[0-9a-f]{1,2}\b"),  # Jaeger's uber-trace-id
     ("message", r"\bwamid\.[A-Za-z0-9+/_-]{20,}={0,2}"),  # a WhatsApp Cloud API message id
+    ("message", r"\$[A-Za-z0-9_-]{43}\b"),  # a Matrix event id
+    ("message", r"(?<=<)[^<>@\s]{8,}@[A-Za-z0-9.-]+\.[a-z]{2,}(?=>)"),  # an e-mail's Message-ID
+    ("timestamp", r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d (?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\b"),  # syslog
     ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
     ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),
@@ -248,7 +253,7 @@ _FLAG_WORDS = frozenset({
     "treatment", "variant", "baseline", "ja", "nein", "an", "aus", "aktiv", "inaktiv",
     "oui", "non", "si", "sí", "on", "off"})
 _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
-_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}")  # one word: after a flag key, whichever two it flips between
+_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")  # one word, or a short upper-case code (`5G`, `LTE`)
 _WEEKDAY_WORDS = frozenset(_WEEKDAYS.split("|"))
 _WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
@@ -282,9 +287,12 @@ def port_start(text: str, start: int, end: int) -> int:
     return colon + 1 if colon >= 0 else start
 
 
+_DIGIT_GROUPS = re.compile(r"\d+(?:[.,]\d+)*")
+
+
 def number_token(text: str, start: int, end: int) -> tuple[int, int]:
     """A token of digits widened over the digit groups its `.` or `,` join (`38,9`, `41.213`)."""
-    if start < end and text[start:end].isdigit():
+    if start < end and _DIGIT_GROUPS.fullmatch(text, start, end):
         return number_start(text, start, max(0, start - 64)), number_end(text, end)
     return start, end
 
@@ -354,8 +362,12 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return None
     if _EPOCH.fullmatch(new) and _EPOCH.fullmatch(old):
         return "epoch"
+    if _POSITION.fullmatch(new) and _POSITION.fullmatch(old):
+        return "position"
     if _counted(line_prefix, old, new, line_rest):
         return "counter"
+    if _rising_id(old, new):
+        return "id"
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
         # a build of the same release, some commits on (`v0.13.8-18-g9711b4d` -> `-19-g5fd58c3`),
         # moves with the working tree; another release is an edit
@@ -391,7 +403,7 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "flag"  # two flag words after any key (a single letter only after a flag key: "name": "a" is no flag)
     if _FLAG_KEY.search(key.group(1)) and _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
         return "flag"  # `Gruppe: Kontrolle` -> `Test`, `dark_mode=on` -> `off`, `a` -> `b`: any two words after a flag key
-    if _DYNAMIC_KEY.search(key.group(1)) and not (new.isalpha() and old.isalpha() and len(new) > 3):
+    if _DYNAMIC_KEY.search(_words(key.group(1))) and not (new.isalpha() and old.isalpha() and len(new) > 3):
         return "value"
     if line_rest is not None and not line_rest.strip(" \t.,;\"'"):  # the whole value of a `key: value` line
         if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
@@ -404,7 +416,11 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*[kKmM]?")  # `41`, `41.213`, `41.2k`
 # a key that names something counted as a session goes on, not a setting (`limit`, `max results`)
 _COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|beleg|remaining|left|übrig|position|"
-                          r"queue|warteschlange|elapsed|uptime|spent|cost|kosten|ausgegeben)")
+                          r"queue|warteschlange|elapsed|uptime|spent|cost|kosten|ausgegeben|reset|expires|ttl)")
+_DURATION = re.compile(r"(?:\d+h)?(?:\d+m(?!s))?\d+(?:\.\d+)?(?:ms|s|m|h)")  # Go's `2m59.257s`, `322ms`
+_COUNTDOWN = re.compile(r"(?i)\b(?:resets?|expires?|ends?|läuft|endet)\b[^.\n]{0,12}\b(?:in|ab in)\s*$")  # `resets in …`
+# a position (latitude, longitude) with its decimals: a moving one changes per request
+_POSITION = re.compile(r"-?\d{1,2}\.\d{4,7},\s?-?\d{1,3}\.\d{4,7}")
 # a sum spent so far in a sentence (`This session has cost $0.4390 so far.`)
 _SPENT = re.compile(r"(?i)\b(?:spent|cost|costs|kostete|ausgegeben|verbraucht)\b[^.\n]{0,20}$")
 # an ephemeral port: after `port` or a loopback host (`127.0.0.1:50242`); a fixed one never changes
@@ -413,10 +429,26 @@ _PORT_BEFORE = re.compile(r"(?i)(?:\bport\s+|(?:localhost|127\.0\.0\.1|0\.0\.0\.
 _OF_TOTAL = re.compile(r"(?i)\s*(?:of|von|/)\s+(?:the\s+|den\s+)?\d")  # `41.2k of the 128k window`
 
 
+def _rising_id(old: str, new: str) -> bool:
+    """A long number that rose a little between two requests (a CI run id, a chat platform's update
+    id): a sequence others advance too, not an edited setting (`limit: 5` -> `10`)."""
+    return (old.isdigit() and new.isdigit() and len(old) >= 6 and len(new) == len(old)
+            and 0 < int(new) - int(old) <= int(old) // 1000)
+
+
+def _words(key: str) -> str:
+    """A key's words apart (`GITHUB_RUN_ID` -> `GITHUB RUN ID`), so the key-word patterns find them."""
+    return key.replace("_", " ").replace("-", " ")
+
+
 def _counted(line_prefix: str, old: str, new: str, line_rest: str | None) -> bool:
     """A number that counts something as a session goes on: after a key naming a share, a place or
     a time that passes (also a tag's: `<context_free_percent>81</…>`), or as the first part of a
     usage meter (`41.2k of the 128k window`, `41.213 von 128.000 Tokens`)."""
+    if _DURATION.fullmatch(new) and _DURATION.fullmatch(old) and not (new.isdigit() or old.isdigit()):
+        key = _KEY.search(line_prefix)
+        return _COUNTDOWN.search(line_prefix) is not None or (
+            key is not None and _COUNTER_KEY.search(key.group(1)) is not None)
     if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old)):
         return False
     if line_rest is not None and _OF_TOTAL.match(line_rest):
