@@ -59,8 +59,11 @@ def _openai(proxy: Any, tenant: str) -> openai.OpenAI:
 
 
 def _message(proxy: Any, tenant: str, rid: str, **body: Any) -> Any:
-    """One streamed Messages request; the final message's usage."""
-    with _anthropic(proxy).messages.stream(model="tiny", max_tokens=MAX_TOKENS,
+    """One streamed Messages request; the final message's usage. Greedy, as `_response` is: the
+    Messages API samples at temperature 1 by default, and the tiny random model then sometimes
+    writes no text at all in 8 tokens (seen once in CI: an empty text stream). This SDK takes no
+    `temperature` argument, so it goes in the body."""
+    with _anthropic(proxy).messages.stream(model="tiny", max_tokens=MAX_TOKENS, extra_body={"temperature": 0.0},
                                            extra_headers={"x-tenant-id": tenant, "x-request-id": rid},
                                            **body) as stream:
         assert "".join(stream.text_stream)
