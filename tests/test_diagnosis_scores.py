@@ -3,9 +3,9 @@ prints the tables), and the wall between the detector and the held-out split.
 
 The tune side (the first corpus, `tune`, `tune2` and the earlier held-out splits: `heldout` joined
 the tune side when `heldout2` was written, `heldout2` when `heldout3` was, `heldout3` when `heldout4`
-was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was)
-is what the detector is developed against: its scores may rise, never fall below the floors. The
-held-out split `heldout7` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was,
+`heldout7` when `heldout8` was) is what the detector is developed against: its scores may rise,
+never fall below the floors. The held-out split `heldout8` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -36,23 +36,23 @@ FLOORS = {
     "heldout": (1.0, 1.0, 1.0),  # the first held-out split, tune side since heldout2 exists
     "tune2": (1.0, 1.0, 1.0),
     "heldout2": (1.0, 1.0, 1.0),  # the second held-out split (measured 0.889 / 0.768 / 0.766), tune side since heldout3
-    # the third (measured 0.906 / 0.787 / 0.803), tune side since heldout4; its labels leave `Uhr` out of
-    # a clock time (`Es ist {v} Uhr.`), the other splits' keep it in (`25.07.2026 22:26 Uhr`): 0.982
-    "heldout3": (1.0, 1.0, 0.98),
+    # the third (measured 0.906 / 0.787 / 0.803), tune side since heldout4
+    "heldout3": (1.0, 1.0, 1.0),
     "heldout4": (1.0, 1.0, 1.0),  # the fourth (measured 0.831 / 0.738 / 0.573), tune side since heldout5
     # the fifth (measured 0.896 / 0.764 / 0.667), tune side since heldout6: 0.998 / 0.987 / 1.0 (one
     # Codex compaction read as a front trim)
     "heldout5": (0.998, 0.987, 1.0),
     # the sixth (measured 0.901 / 0.784 / 0.710), tune side since heldout7: its labels leave `Uhr` out
-    # of `04.02.2026 um 06:21` (as heldout3's do)
+    # of a date-time (`04.02.2026 um 06:21`), the first splits keep it in (`25.07.2026 22:26 Uhr`)
     "heldout6": (1.0, 1.0, 0.987),
+    "heldout7": (0.996, 0.993, 0.994),  # the seventh (measured 0.897 / 0.776 / 0.573), tune side since heldout8
 }
-# issue 29's goal on the held-out split (heldout7), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout8), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
-TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6")
+TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -97,20 +97,20 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout7 (measured once, 2026-12-04): span "
-                                       "exact-match F1 0.573 (rising numeric ids: CI run ids, Telegram update ids; "
-                                       "Zipkin's b3, Gmail message ids, a moving position, Go durations counting "
-                                       "down; Matrix event ids without their `$`, Java's zone id); strict, so it "
-                                       "turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout8 (measured once, 2026-12-04): span "
+                                       "exact-match F1 0.544 (server timings and waits, a Modified Julian Date, Redis "
+                                       "stream ids, WAL positions, waiting tickets, client hints `?0`/`?1`, yearless "
+                                       "German dates); strict, so it turns red when the goal is reached and this mark "
+                                       "must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout7 (measured once, 2026-12-04): "
-                                       "macro-F1 0.776 (those values read as edits, and as history edits in a "
-                                       "context block; `Radio access technology: 5G`/`LTE`; Bedrock toolSpec and "
-                                       "Semantic Kernel C# tool lists read as edits); strict, so it turns red when "
-                                       "the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout8 (measured once, 2026-12-04): "
+                                       "macro-F1 0.715 (those values read as edits and history edits; Cline's and "
+                                       "Gemini CLI's compaction summaries read as new sessions; Qwen3 XML, Swift and "
+                                       "RubyLLM tool lists read as edits); strict, so it turns red when the goal is "
+                                       "reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -141,7 +141,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout7`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout8`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""
