@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests/fixtures/diagnosis_v2"))
 
 from material import POOLS  # noqa: E402
 
-from app.prefix import dynamic  # noqa: E402
+from app.prefix import dynamic, value_kind  # noqa: E402
 from app.prefix.fingerprint import Fingerprinter  # noqa: E402
 from app.prefix.tokens import SegmentTokenizer  # noqa: E402
 from bench.diagnosis import CORPORA, HELDOUT, TUNE_SIDE, Scores, score  # noqa: E402
@@ -60,12 +60,14 @@ BEFORE_THE_POOL = {
     "restliches": "c2bdc15, round 4 (`restlich\\w*` in `_LEFT`), before heldout5, heldout6 and heldout7 existed",
 }
 
-# the detector's word lists: every frozenset of words in app/prefix/dynamic.py, and the regexes
+# the detector's word lists: every frozenset of words in app/prefix/dynamic.py and app/prefix/value_kind.py, and the regexes
 # that recognise a key or a "now" cue by its words (the value-format patterns are not word lists)
-KEY_PATTERNS = {name: getattr(dynamic, name) for name in ("_FLAG_KEY", "_DYNAMIC_KEY", "_WEEK_KEY", "NOW_CUE")}
+KEY_PATTERNS = {name: getattr(value_kind, name) for name in ("_FLAG_KEY", "_DYNAMIC_KEY", "_WEEK_KEY", "_COUNTER_KEY")}
+KEY_PATTERNS["NOW_CUE"] = dynamic.NOW_CUE
 KEY_PATTERNS["_LEFT"] = re.compile(rf"(?i)(?:{dynamic._LEFT})")  # what is left of a budget, by its words
-WORD_SETS = {name: value for name, value in vars(dynamic).items()
+WORD_SETS = {name: value for module in (dynamic, value_kind) for name, value in vars(module).items()
              if isinstance(value, frozenset) and all(isinstance(w, str) for w in value)}
+assert {"_FLAG_WORDS", "_WEEKDAY_WORDS"} <= set(WORD_SETS)  # the guard sees the lists where they live
 
 
 @pytest.fixture(scope="module")

@@ -63,9 +63,9 @@ from app.prefix.dynamic import (
     number_token,
     port_start,
     rolled_over,
-    value_kind,
 )
 from app.prefix.sketch import Region, RequestSketch
+from app.prefix.value_kind import value_kind
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")

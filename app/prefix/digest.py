@@ -46,14 +46,13 @@ from app.prefix.dynamic import (
     date_days,
     elapsed_value,
     get_detector,
-    keyed_value,
     number_end,
     number_token,
     port_start,
     rolled_from,
-    value_kind,
 )
 from app.prefix.sketch import RequestSketch
+from app.prefix.value_kind import keyed_value, value_kind
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
 MAX_TURNS = 64  # turn keys per request (the first ones: where trims and edits show)

@@ -1,0 +1,208 @@
+"""The kind of a changed token that no pattern of app/prefix/dynamic.py matched.
+
+Diagnosis compares two prompts, so it sees the value that changed even when no pattern knows its
+form. `value_kind` judges such a token by its shape, its key and the rest of its line: a
+per-request value (an epoch, a nonce, a flipping flag, a week number, a counter, a port, a
+sequence id) has a recognisable shape or sits after a key; an edited sentence or a bumped version
+is not per-request and gets no kind. Another pod, which has only the current request, calls it
+with the same token twice (`keyed_value` says where a key puts a value).
+
+The word lists here hold nothing that only a held-out diagnosis pool uses:
+tests/test_diagnosis_scores.py fails if one is added (docs/diagnosis.md).
+"""
+
+from __future__ import annotations
+
+import re
+
+from app.prefix.dynamic import NOW_CUE, WEEKDAY_NAMES
+
+_EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3}(?:\d{3})?)?)?(?:\.\d{1,9})?")  # 2017..2033, in s, ms, µs or ns; time.time()
+_ISO_WEEK = re.compile(r"(?i)(?:\d{4}-?)?W\d{1,2}(?:-?\d)?")
+_DESCRIBE = re.compile(r"(?i)(v?\d+(?:\.\d+){1,3})-(\d+)-g[0-9a-f]{7,40}(?:-dirty)?")  # `git describe`
+_VERSION = re.compile(r"(?i)v?\d+(?:\.\d+){1,3}(?:[-+.]?[a-z]+\d*)?(?:-\d+-g[0-9a-f]{7,40})?(?:-dirty)?")  # `git describe` too
+_FLAG_WORDS = frozenset({
+    "a", "b", "c", "d", "true", "false", "yes", "no", "enabled", "disabled", "control",
+    "treatment", "variant", "baseline", "ja", "nein", "an", "aus", "aktiv", "inaktiv",
+    "oui", "non", "si", "sí", "on", "off"})
+_FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
+_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")  # one word, or a short upper-case code (`5G`, `LTE`)
+_WEEKDAY_WORDS = WEEKDAY_NAMES
+_WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
+_WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
+_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?$")
+KEY_SIGNS = (":", "=", "→", "->", "=>")  # what ends a key before its value
+_TAG_OPEN = re.compile(r"<([A-Za-z_][\w.\-]*)>\s*$")  # `<reasoning_effort>` as a value's key
+_LABEL = re.compile(r"^\s*[^\W\d_][\w-]{2,40} $")  # one word and a space: `Rechenzentrum Nord`
+_CELL_KEY = re.compile(r"^\s*\|\s*([^|]{1,40}?)\s*\|\s*$")  # a Markdown table row's first cell: `| Kanal | `
+_CELL_END = re.compile(r"^\s*(?:%\s*)?\|\s*$")  # the cell's end (a unit sign may come before it)
+_DYNAMIC_KEY = re.compile(
+    r"(?i)\b(nonce|salt|seed|token|bucket|cohort|variant|variante|experiment|group|flag|"
+    r"ts|time|zeit|epoch|request|anfrage|trace|span|session|key|id|run|build)\b|"
+    r"(nonce|zeit|stempel|wert|variante)")
+
+
+def _mixing(token: str) -> int:
+    """How often the character class (lower, upper, digit) changes along the token: random ids
+    change class every few characters, words and version numbers rarely."""
+    classes = ["d" if c.isdigit() else "u" if c.isupper() else "l" for c in token if c.isalnum()]
+    return sum(1 for x, y in zip(classes, classes[1:], strict=False) if x != y)
+
+
+# a token in a timestamp's shape (`20250412T0930Z`) is a timestamp when valid (a pattern above) and
+# an edit when not, never a nonce
+_STAMP_SHAPE = re.compile(r"\d{8}T\d{4,6}(?:[.,]\d+)?Z?")
+
+
+def random_looking(token: str) -> bool:
+    """A random draw rather than a word, a version or a code: hex with letters and digits, upper
+    case with digits over 12 characters (base32, `RDDS67XS26QNZDFU`), or mixed character classes."""
+    alnum = [c for c in token if c.isalnum()]
+    if len(alnum) < 8 or _VERSION.fullmatch(token) or _STAMP_SHAPE.fullmatch(token):
+        return False
+    has_both = any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
+    if has_both and (re.fullmatch(r"[0-9a-fA-F]{8,}", token) or re.fullmatch(r"[0-9A-Z]{12,}", token)):
+        return True
+    return _mixing(token) >= max(3, len(alnum) // 4)
+
+
+def _redrawn(old: str, new: str) -> bool:
+    """Is `old` another draw of the same kind as `new` (same length, differing in most positions),
+    though by itself it does not read as random (`YSLKOKOBZTKLFDDP`: base32 without a digit)?"""
+    return len(old) == len(new) and old.isalnum() and sum(a != b for a, b in zip(old, new, strict=True)) * 4 >= len(new) * 3
+
+
+def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = None) -> str | None:
+    """The kind of a changed token `old` -> `new` that no pattern matched, or None when the change
+    looks like an edit. `line_prefix`: the text of the line before the token (its key, if any);
+    `line_rest`: the text of the line after it (None: unknown). A token that is the whole value of a
+    `key: value` line is a per-request value whatever the key's words when it reads as one: a single
+    word (a flag: `rollout stage: canary` -> `stable`) or an id (letters and digits or separators,
+    `Correlation: web-…`), never a version or a bare number (`limit: 5` -> `10` is an edit)."""
+    if not new or not old or len(new) > 64 or len(old) > 64:
+        return None
+    if _EPOCH.fullmatch(new) and _EPOCH.fullmatch(old):
+        return "epoch"
+    if _POSITION.fullmatch(new) and _POSITION.fullmatch(old):
+        return "position"
+    if _counted(line_prefix, old, new, line_rest):
+        return "counter"
+    if _rising_id(old, new):
+        return "id"
+    if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
+        # a build of the same release, some commits on (`v0.13.8-18-g9711b4d` -> `-19-g5fd58c3`),
+        # moves with the working tree; another release is an edit
+        a, b = _DESCRIBE.fullmatch(old), _DESCRIBE.fullmatch(new)
+        return "value" if a and b and a.group(1) == b.group(1) and a.group(2) != b.group(2) else None
+    if _ISO_WEEK.fullmatch(new) and _ISO_WEEK.fullmatch(old):
+        return "week"
+    if _WEEK_NUMBER.fullmatch(new) and _WEEK_NUMBER.fullmatch(old) and _WEEK_KEY.search(line_prefix) \
+            and int(new.split("/")[0]) <= 53:
+        return "week"  # `KW 46`, `KW 46/2026`
+    if new.isdigit() and old.isdigit() and 1024 <= int(new) <= 65535 and _PORT_BEFORE.search(line_prefix):
+        return "port"
+    a, b = _HOST_PORT.fullmatch(old), _HOST_PORT.fullmatch(new)
+    if a and b and a.group(1) == b.group(1) and (a.group(2) != b.group(2) or old == new):
+        # `127.0.0.1:50242` -> `:57215` (another pod, reading the one request, passes the token twice)
+        return "port"  # its span is the port (`port_start`)
+    if random_looking(new) and (random_looking(old) or _redrawn(old, new)):
+        return "nonce"
+    if new.lower() in _WEEKDAY_WORDS and old.lower() in _WEEKDAY_WORDS and (
+            NOW_CUE.search(line_prefix) or _KEY.search(line_prefix)):
+        return "date"  # "Today is Tuesday." -> "Wednesday."
+    key = _KEY.search(line_prefix)
+    if key is None:
+        # a value whose key is a tag around it (`<reasoning_effort>low</reasoning_effort>`) or a label
+        # line's one word (`Rechenzentrum Nord`): the whole value, read as a `key: value` line's
+        if line_rest is not None and _whole_value_unkeyed(line_prefix, line_rest):
+            if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
+                return "flag"
+            if _id_like(new) and _id_like(old):
+                return "value"
+        return None
+    if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS and len(new) > 1 and len(old) > 1:
+        return "flag"  # two flag words after any key (a single letter only after a flag key: "name": "a" is no flag)
+    if _FLAG_KEY.search(key.group(1)) and _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
+        return "flag"  # `Gruppe: Kontrolle` -> `Test`, `dark_mode=on` -> `off`, `a` -> `b`: any two words after a flag key
+    if _DYNAMIC_KEY.search(_words(key.group(1))) and not (new.isalpha() and old.isalpha() and len(new) > 3):
+        return "value"
+    if line_rest is not None and not line_rest.strip(" \t.,;\"'"):  # the whole value of a `key: value` line
+        if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
+            return "flag"
+        if _id_like(new) and _id_like(old):
+            return "value"
+    return None
+
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*[kKmM]?")  # `41`, `41.213`, `41.2k`
+# a key that names something counted as a session goes on, not a setting (`limit`, `max results`)
+_COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|beleg|remaining|left|übrig|position|"
+                          r"queue|warteschlange|elapsed|uptime|spent|cost|kosten|ausgegeben|reset|expires|ttl)")
+_DURATION = re.compile(r"(?:\d+h)?(?:\d+m(?!s))?\d+(?:\.\d+)?(?:ms|s|m|h)")  # Go's `2m59.257s`, `322ms`
+_COUNTDOWN = re.compile(r"(?i)\b(?:resets?|expires?|ends?|läuft|endet)\b[^.\n]{0,12}\b(?:in|ab in)\s*$")  # `resets in …`
+# a position (latitude, longitude) with its decimals: a moving one changes per request
+_POSITION = re.compile(r"-?\d{1,2}\.\d{4,7},\s?-?\d{1,3}\.\d{4,7}")
+# a sum spent so far in a sentence (`This session has cost $0.4390 so far.`)
+_SPENT = re.compile(r"(?i)\b(?:spent|cost|costs|kostete|ausgegeben|verbraucht)\b[^.\n]{0,20}$")
+# an ephemeral port: after `port` or a loopback host (`127.0.0.1:50242`); a fixed one never changes
+_HOST_PORT = re.compile(r"(?i)(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):(\d{4,5})")
+_PORT_BEFORE = re.compile(r"(?i)(?:\bport\s+|(?:localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):)$")
+_OF_TOTAL = re.compile(r"(?i)\s*(?:of|von|/)\s+(?:the\s+|den\s+)?\d")  # `41.2k of the 128k window`
+
+
+def _rising_id(old: str, new: str) -> bool:
+    """A long number that rose a little between two requests (a CI run id, a chat platform's update
+    id): a sequence others advance too, not an edited setting (`limit: 5` -> `10`)."""
+    return (old.isdigit() and new.isdigit() and len(old) >= 6 and len(new) == len(old)
+            and 0 < int(new) - int(old) <= int(old) // 1000)
+
+
+def _words(key: str) -> str:
+    """A key's words apart (`GITHUB_RUN_ID` -> `GITHUB RUN ID`), so the key-word patterns find them."""
+    return key.replace("_", " ").replace("-", " ")
+
+
+def _counted(line_prefix: str, old: str, new: str, line_rest: str | None) -> bool:
+    """A number that counts something as a session goes on: after a key naming a share, a place or
+    a time that passes (also a tag's: `<context_free_percent>81</…>`), or as the first part of a
+    usage meter (`41.2k of the 128k window`, `41.213 von 128.000 Tokens`)."""
+    if _DURATION.fullmatch(new) and _DURATION.fullmatch(old) and not (new.isdigit() or old.isdigit()):
+        key = _KEY.search(line_prefix)
+        return _COUNTDOWN.search(line_prefix) is not None or (
+            key is not None and _COUNTER_KEY.search(key.group(1)) is not None)
+    if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old)):
+        return False
+    if line_rest is not None and _OF_TOTAL.match(line_rest):
+        return True
+    if _SPENT.search(line_prefix.rstrip("$€£ ")) and ("." in new or "," in new):
+        return True
+    key = _KEY.search(line_prefix) or _TAG_OPEN.search(line_prefix) or _CELL_KEY.search(line_prefix)
+    return key is not None and _COUNTER_KEY.search(key.group(1)) is not None
+
+
+def _whole_value_unkeyed(line_prefix: str, line_rest: str) -> bool:
+    """Is the token the whole content of a tag on its line, or the value of a label line (one word
+    before it, nothing after)?"""
+    if _CELL_KEY.match(line_prefix):
+        return _CELL_END.match(line_rest) is not None
+    tag = _TAG_OPEN.search(line_prefix)
+    if tag is not None:
+        close = f"</{tag.group(1)}>"
+        return line_rest.lstrip().startswith(close) and not line_rest.lstrip()[len(close):].strip()
+    return _LABEL.match(line_prefix) is not None and not line_rest.strip(" \t.,;")
+
+
+def keyed_value(line_prefix: str, line_rest: str) -> bool:
+    """Does the token after `line_prefix` sit where a key puts a value (after `:`, `=`, an arrow,
+    inside a tag, after a label's word)? What another pod, reading one request, needs before it
+    takes a word or an id for a per-request value."""
+    return line_prefix.rstrip().endswith(KEY_SIGNS) or _whole_value_unkeyed(line_prefix, line_rest)
+
+
+def _id_like(token: str) -> bool:
+    """An id rather than a word, a number or a version: 6+ characters, letters with digits or
+    with a separator inside (`web-k3x9`, `a1b2c3`)."""
+    return (len(token) >= 6 and not _VERSION.fullmatch(token) and any(c.isalpha() for c in token)
+            and (any(c.isdigit() for c in token) or any(c in "-_.:/+" for c in token[1:-1])))
+
+
