@@ -351,6 +351,15 @@ def test_tools_listed_in_system_text_in_another_order(fpr) -> None:
     assert causes(fpr, bodies) == ["tool_order", None]
 
 
+def reordered_listing_causes(fpr: Fingerprinter, entries: list[str], heading: str, order: list[int]) -> list[str | None]:
+    """The causes of a conversation whose system text lists `entries` under `heading`, then in
+    `order` on the next two requests."""
+    moved = [entries[k] for k in order]
+    bodies = [body(f"{SYSTEM}\n{heading}:\n" + "\n".join(o) + "\nAnswer briefly.", t)
+              for o, t in zip([entries, moved, moved], conversation(3), strict=True)]
+    return causes(fpr, bodies)
+
+
 TAGGED_TOOLS = {
     "tag-with-name": ['<tool name="orders.lookup">Find an order by number.</tool>',
                       '<tool name="orders.cancel">Cancel an order that has not shipped.</tool>',
@@ -374,11 +383,7 @@ TAGGED_TOOLS = {
 def test_tools_listed_in_system_text_as_tags_or_markdown_in_another_order(fpr, form: str) -> None:
     """Whatever markup sets the tool's name apart (a tag's attribute, a tag of its own, bold, a table
     cell), entries reordered in the system text are a tool reorder, also when an entry spans lines."""
-    entries = TAGGED_TOOLS[form]
-    orders = [entries, [entries[2], entries[0], entries[1], entries[3]], [entries[2], entries[0], entries[1], entries[3]]]
-    bodies = [body(f"{SYSTEM}\nTools:\n" + "\n".join(o) + "\nAnswer briefly.", t)
-              for o, t in zip(orders, conversation(3), strict=True)]
-    assert causes(fpr, bodies) == ["tool_order", None]
+    assert reordered_listing_causes(fpr, TAGGED_TOOLS[form], "Tools", [2, 0, 1, 3]) == ["tool_order", None]
 
 
 COLUMN_TOOLS = {
@@ -395,11 +400,7 @@ COLUMN_TOOLS = {
 def test_tools_listed_as_routes_or_in_columns_in_another_order(fpr, form: str) -> None:
     """Tools written as HTTP routes, as a CLI's help (arguments, then a gap before the description)
     or as a tab-separated table, reordered: a tool reorder."""
-    entries = COLUMN_TOOLS[form]
-    orders = [entries, [entries[1], entries[3], entries[0], entries[2]], [entries[1], entries[3], entries[0], entries[2]]]
-    bodies = [body(f"{SYSTEM}\nCommands:\n" + "\n".join(o) + "\nAnswer briefly.", t)
-              for o, t in zip(orders, conversation(3), strict=True)]
-    assert causes(fpr, bodies) == ["tool_order", None]
+    assert reordered_listing_causes(fpr, COLUMN_TOOLS[form], "Commands", [1, 3, 0, 2]) == ["tool_order", None]
 
 
 BLOCK_TOOLS = {
@@ -429,11 +430,7 @@ BLOCK_TOOLS = {
 def test_tools_described_in_blocks_in_another_order(fpr, form: str) -> None:
     """Agent frameworks describe each tool in a block of lines: a line naming it (after a name key,
     or as code), then its arguments and description. Blocks reordered are a tool reorder."""
-    entries = BLOCK_TOOLS[form]
-    orders = [entries, [entries[1], entries[3], entries[0], entries[2]], [entries[1], entries[3], entries[0], entries[2]]]
-    bodies = [body(f"{SYSTEM}\nYou have access to these tools:\n" + "\n".join(o) + "\nAnswer briefly.", t)
-              for o, t in zip(orders, conversation(3), strict=True)]
-    assert causes(fpr, bodies) == ["tool_order", None]
+    assert reordered_listing_causes(fpr, BLOCK_TOOLS[form], "You have access to these tools", [1, 3, 0, 2]) == ["tool_order", None]
 
 
 NUMBERED_TOOLS = {  # numbered by position: a reorder moves the entries, the numbers stay
@@ -495,11 +492,7 @@ CODE_TOOLS = {
 def test_tools_declared_as_code_in_the_system_text_in_another_order(fpr, form: str) -> None:
     """Tools written as function declarations (keywords before the name and its parameters, a
     doc line with each) and reordered are a tool reorder, not an edit of the system text."""
-    entries = CODE_TOOLS[form]
-    orders = [entries, [entries[1], entries[3], entries[0], entries[2]], [entries[1], entries[3], entries[0], entries[2]]]
-    bodies = [body(f"{SYSTEM}\nYou may call:\n" + "\n".join(o) + "\nAnswer briefly.", t)
-              for o, t in zip(orders, conversation(3), strict=True)]
-    assert causes(fpr, bodies) == ["tool_order", None]
+    assert reordered_listing_causes(fpr, CODE_TOOLS[form], "You may call", [1, 3, 0, 2]) == ["tool_order", None]
 
 
 def test_rules_with_bold_headings_reordered_are_a_template_change(fpr) -> None:

@@ -67,7 +67,7 @@ KEY_PATTERNS["NOW_CUE"] = dynamic.NOW_CUE
 KEY_PATTERNS["_LEFT"] = re.compile(rf"(?i)(?:{dynamic._LEFT})")  # what is left of a budget, by its words
 WORD_SETS = {name: value for module in (dynamic, value_kind) for name, value in vars(module).items()
              if isinstance(value, frozenset) and all(isinstance(w, str) for w in value)}
-assert {"_FLAG_WORDS", "_WEEKDAY_WORDS"} <= set(WORD_SETS)  # the guard sees the lists where they live
+assert {"_FLAG_WORDS", "WEEKDAY_NAMES"} <= set(WORD_SETS)  # the guard sees the lists where they live
 
 
 @pytest.fixture(scope="module")

@@ -88,13 +88,16 @@ ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 # and its parameters (`def name(`, `async function name(`, `pub fn name(`), an HTTP route
 # (`GET /lessons/{id} - ...`), and a name in columns: its arguments, then a tab or a gap of two
 # spaces or more before the description (a CLI's `--help`, a tab-separated table)
+# what stands before a declared name in code: lower-case keywords (`def`, `pub fn`), Java's
+# modifiers and capitalised type, C#'s access modifier, modifiers and type
+_KEYWORDS = r"(?:[a-z]+\s+){1,3}"
+_JAVA_TYPE = r"(?:(?:public|private|protected|static|final|abstract)\s+)*[A-Z][\w<>\[\],.? ]*\s"
+_CSHARP_TYPE = r"(?:public|private|protected|internal)\s+(?:(?:static|async|virtual|override|sealed)\s+)*[A-Za-z_][\w<>\[\],.?]*\s+"
 TOOL_LINE = re.compile(
     r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
-    r"""(?:[a-z]+\s+){1,3}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+/|"""
+    rf"""{_KEYWORDS}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+/|"""
     r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
-    r"""(?:(?:public|private|protected|static|final|abstract)\s+)*[A-Z][\w<>\[\],.? ]*\s[a-z_]\w*\s*\(|"""
-    r"""(?:public|private|protected|internal)\s+(?:(?:static|async|virtual|override|sealed)\s+)*[A-Za-z_][\w<>\[\],.?]*\s+"""
-    r"""[A-Za-z_]\w*\s*\(|"""
+    rf"""{_JAVA_TYPE}[a-z_]\w*\s*\(|{_CSHARP_TYPE}[A-Za-z_]\w*\s*\(|"""
     r"""[A-Za-z_][\w.\-]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
@@ -118,10 +121,8 @@ TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:tool[ _]?name|function[ _]?
 # a name written as code (snake_case, dotted, camelCase): `- rom_report: ...` names a tool, `- Tone: ...` does not
 _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.][A-Za-z0-9]+)+|[a-z]+[A-Z]\w*)`?\s*[(:]")
 _ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
-# a declaration in code: lower-case keywords or a capitalised type before a lower-case name and `(`
-_DECLARATION = re.compile(r"^\s*(?:(?:[a-z]+\s+){1,3}|(?:(?:public|private|protected|static|final|abstract)\s+)*"
-                          r"[A-Z][\w<>\[\],.? ]*\s|(?:public|private|protected|internal)\s+(?:(?:static|async|virtual|"
-                          r"override|sealed)\s+)*[A-Za-z_][\w<>\[\],.?]*\s+)[A-Za-z_]\w*\s*\(")  # C#'s `public async Task<T> X(`
+# a declaration in code: keywords, a Java or a C# type before a name and `(`
+_DECLARATION = re.compile(rf"^\s*(?:{_KEYWORDS}|{_JAVA_TYPE}|{_CSHARP_TYPE})[A-Za-z_]\w*\s*\(")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 KEY_SIZE = 16
@@ -611,8 +612,14 @@ def _schemas_reordered(prev: RequestSketch, cur: RequestSketch, pd: int, region:
         return False
     ps = schema_tools(prev.text, other.start, other.end)
     cs = schema_tools(cur.text, region.start, region.end)
-    pw, cw = [(c, w) for c, w, _, _ in ps], [(c, w) for c, w, _, _ in cs]
-    return len(cw) >= 2 and sorted(c for c, _ in pw) == sorted(c for c, _ in cw) and pw != cw
+    return schemas_reordered([(c, w) for c, w, _, _ in ps], [(c, w) for c, w, _, _ in cs])
+
+
+def schemas_reordered(prev: Sequence[Sequence[str]], cur: Sequence[Sequence[str]]) -> bool:
+    """Two lists of JSON tool schemas as (canonical, as written) pairs, texts or keys of them: the
+    same schemas (at least two) in another order, or one of them with its keys in another order."""
+    return len(cur) >= 2 and sorted(c for c, _ in prev) == sorted(c for c, _ in cur) and \
+        [tuple(x) for x in prev] != [tuple(x) for x in cur]
 
 
 def sentence_end(text: str, start: int, end: int) -> int:

@@ -32,6 +32,7 @@ from app.prefix.diagnose import (
     first_exchange,
     history_shrunk,
     schema_tools,
+    schemas_reordered,
     sentence_end,
     span_key,
     summary_stands_in,
@@ -311,12 +312,6 @@ def _value_start(text: str, span: Span) -> int:
     return span.start
 
 
-def _digits_end(text: str, at: int) -> int:
-    while at < len(text) and text[at].isdigit():
-        at += 1
-    return at
-
-
 def _unit_dates(text: str, units: list[tuple[int, int]], tag: str) -> list[str]:
     """`tag<index>:<day numbers>` for the units holding a date that counts only with a "today" cue
     and has none (`As of 07/16/2026, ...`): the first such date of each."""
@@ -434,7 +429,7 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         if in_tools and reordered:
             extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
             return Diagnosis("tool_order", cd, [], None, "same tools, different order (line level)", extra)
-        if _schemas_reordered(prev.schemas, mine.schemas) and _touches_schemas(cur, cd, line_end):
+        if schemas_reordered(prev.schemas, mine.schemas) and _touches_schemas(cur, cd, line_end):
             return Diagnosis("tool_order", cd, [], None, "tool schemas written in the prompt text, other order")
         rest_p, rest_c = prev.lines[i:], mine.lines[i:]
         tail_p = 0
@@ -535,24 +530,27 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
     return summary_stands_in(ph, {k for _, k in ph}, ch)
 
 
-def _schemas_reordered(prev: list[list[str]], cur: list[list[str]]) -> bool:
-    """The same JSON tool schemas written into the head, in another order or with their keys in
-    another order (the text path's `_schemas_reordered`, from the digest's keys)."""
-    return len(cur) >= 2 and sorted(c for c, _ in prev) == sorted(c for c, _ in cur) and prev != cur
+def _head_schemas(cur: RequestSketch) -> tuple[int, int, int]:
+    """How many JSON tool schemas are written into the head, where the first starts and where the
+    last ends (0, 0, 0: none)."""
+    schemas = schema_tools(cur.text, 0, head_end(cur))
+    if not schemas:
+        return 0, 0, 0
+    return len(schemas), min(a for _, _, a, _ in schemas), max(b for _, _, _, b in schemas)
 
 
 def _touches_schemas(cur: RequestSketch, start: int, end: int) -> bool:
     """Does the changed unit `cur.text[start:end]` hold part of the JSON tool schemas written into
     the head (a list of them on one line starts and ends inside its unit)?"""
-    schemas = schema_tools(cur.text, 0, head_end(cur))
-    return bool(schemas) and start <= max(b for _, _, _, b in schemas) and min(a for _, _, a, _ in schemas) <= end
+    n, lo, hi = _head_schemas(cur)
+    return n >= 1 and start <= hi and lo <= end
 
 
 def _within_schemas(cur: RequestSketch, start: int, end: int) -> bool:
     """Do the reordered lines `cur.text[start:end]` lie within JSON tool schemas written into the
     head (at least two of them there)?"""
-    schemas = schema_tools(cur.text, 0, head_end(cur))
-    return len(schemas) >= 2 and min(a for _, _, a, _ in schemas) <= start and end <= max(b for _, _, _, b in schemas)
+    n, lo, hi = _head_schemas(cur)
+    return n >= 2 and lo <= start and end <= hi
 
 
 def _last_turn_pushed(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch, detector: DynamicDetector,

@@ -52,9 +52,10 @@ _WEEKDAYS = (
     "maandag|dinsdag|woensdag|donderdag|vrijdag|zaterdag|zondag"
 )
 WEEKDAY_NAMES = frozenset(_WEEKDAYS.split("|"))  # every language's weekday names and abbreviations
-_TIME = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
+_CLOCK = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?"
+_TIME = rf"{_CLOCK}(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
 # a clock alone: its `Uhr` is the sentence's word (`Es ist 14:53 Uhr.`), not the formatted value's
-_BARE_TIME = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?(?:\s?[AaPp]\.?[Mm]\.?)?"
+_BARE_TIME = rf"{_CLOCK}(?:\s?[AaPp]\.?[Mm]\.?)?"
 # a zone: Go's `+0000 UTC` and JavaScript's `GMT+0000 (Coordinated Universal Time)` too
 _TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T|MES?Z)(?: (?:UTC|GMT))?"
        r"(?: \([A-Z][A-Za-z ]{2,40}\))?(?:\[[A-Za-z_]+(?:/[A-Za-z_]+){1,2}\])?)?")  # Java's `[Europe/Berlin]`
@@ -65,6 +66,8 @@ _POD_SUFFIX = r"[bcdfghjklmnpqrstvwxz2-9]"
 _DAY = r"(?:0?[1-9]|[12]\d|3[01])"
 _MON = r"(?:0?[1-9]|1[0-2])"
 _YEAR = r"(?:19|20)\d{2}"
+_MON_ABBR = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"  # as logs write them
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _REMAINING = (r"remaining|verbleibend\w*|übrig\w*|restlich\w*|restant\w*|restante\w*|"
               r"rest(?:guthaben|budget|kontingent|betrag|menge|laufzeit)\w*")
 _AMOUNT = r"[$€£]?\s?\d+(?:[.,]\d+)*"  # `41`, `$4.17`, `4,17`, `48,213`
@@ -94,11 +97,11 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("time", rf"(?<![\w.:/-]){_BARE_TIME}{_TZ}(?![\w:/-]|\.\w)"),  # a full stop may end the sentence
     ("time", rf"(?<![\w.:/-]){_DOT_TIME}"),
     # a web server's log time (`[05/Mar/2026:15:52:25 +0000]`)
-    ("timestamp", rf"\b{_DAY}/(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)/{_YEAR}:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+    ("timestamp", rf"\b{_DAY}/{_MON_ABBR}/{_YEAR}:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
                   r"(?: [+-]\d{4})?"),
     ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
-    ("uuid", r"(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b"),
-    ("uuid", r"(?i)\{[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\}"),  # .NET's braced form
+    ("uuid", rf"(?i)\b{_UUID}\b"),
+    ("uuid", rf"(?i)\{{{_UUID}\}}"),  # .NET's braced form
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
     # a prefixed id's random part holds a digit: `session_elapsed` and `Trace-Context` are a key's own name
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-]"
@@ -113,7 +116,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("message", r"\bwamid\.[A-Za-z0-9+/_-]{20,}={0,2}"),  # a WhatsApp Cloud API message id
     ("message", r"\$[A-Za-z0-9_-]{43}\b"),  # a Matrix event id
     ("message", r"(?<=<)[^<>@\s]{8,}@[A-Za-z0-9.-]+\.[a-z]{2,}(?=>)"),  # an e-mail's Message-ID
-    ("timestamp", r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d (?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\b"),  # syslog
+    ("timestamp", rf"\b{_MON_ABBR} [ \d]\d (?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\b"),  # syslog
     ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
     ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),

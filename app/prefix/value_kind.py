@@ -27,7 +27,6 @@ _FLAG_WORDS = frozenset({
     "oui", "non", "si", "sí", "on", "off"})
 _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
 _FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")  # one word, or a short upper-case code (`5G`, `LTE`)
-_WEEKDAY_WORDS = WEEKDAY_NAMES
 _WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
 _KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?$")
@@ -40,6 +39,23 @@ _DYNAMIC_KEY = re.compile(
     r"(?i)\b(nonce|salt|seed|token|bucket|cohort|variant|variante|experiment|group|flag|"
     r"ts|time|zeit|epoch|request|anfrage|trace|span|session|key|id|run|build)\b|"
     r"(nonce|zeit|stempel|wert|variante)")
+
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*[kKmM]?")  # `41`, `41.213`, `41.2k`
+# a key that names something counted as a session goes on, not a setting (`limit`, `max results`)
+_COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|beleg|remaining|left|übrig|position|"
+                          r"queue|warteschlange|elapsed|uptime|spent|cost|kosten|ausgegeben|reset|expires|ttl)")
+_DURATION = re.compile(r"(?:\d+h)?(?:\d+m(?!s))?\d+(?:\.\d+)?(?:ms|s|m|h)")  # Go's `2m59.257s`, `322ms`
+_COUNTDOWN = re.compile(r"(?i)\b(?:resets?|expires?|ends?|läuft|endet)\b[^.\n]{0,12}\b(?:in|ab in)\s*$")  # `resets in …`
+# a position (latitude, longitude) with its decimals: a moving one changes per request
+_POSITION = re.compile(r"-?\d{1,2}\.\d{4,7},\s?-?\d{1,3}\.\d{4,7}")
+# a sum spent so far in a sentence (`This session has cost $0.4390 so far.`)
+_SPENT = re.compile(r"(?i)\b(?:spent|cost|costs|kostete|ausgegeben|verbraucht)\b[^.\n]{0,20}$")
+# an ephemeral port: after `port` or a loopback host (`127.0.0.1:50242`); a fixed one never changes
+_LOOPBACK = r"localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]"
+_HOST_PORT = re.compile(rf"(?i)({_LOOPBACK}):(\d{{4,5}})")
+_PORT_BEFORE = re.compile(rf"(?i)(?:\bport\s+|(?:{_LOOPBACK}):)$")
+_OF_TOTAL = re.compile(r"(?i)\s*(?:of|von|/)\s+(?:the\s+|den\s+)?\d")  # `41.2k of the 128k window`
 
 
 def _mixing(token: str) -> int:
@@ -85,7 +101,8 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "epoch"
     if _POSITION.fullmatch(new) and _POSITION.fullmatch(old):
         return "position"
-    if _counted(line_prefix, old, new, line_rest):
+    key = _KEY.search(line_prefix)
+    if _counted(line_prefix, key, old, new, line_rest):
         return "counter"
     if _rising_id(old, new):
         return "id"
@@ -107,18 +124,13 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "port"  # its span is the port (`port_start`)
     if random_looking(new) and (random_looking(old) or _redrawn(old, new)):
         return "nonce"
-    if new.lower() in _WEEKDAY_WORDS and old.lower() in _WEEKDAY_WORDS and (
-            NOW_CUE.search(line_prefix) or _KEY.search(line_prefix)):
+    if new.lower() in WEEKDAY_NAMES and old.lower() in WEEKDAY_NAMES and (NOW_CUE.search(line_prefix) or key):
         return "date"  # "Today is Tuesday." -> "Wednesday."
-    key = _KEY.search(line_prefix)
     if key is None:
         # a value whose key is a tag around it (`<reasoning_effort>low</reasoning_effort>`) or a label
         # line's one word (`Rechenzentrum Nord`): the whole value, read as a `key: value` line's
         if line_rest is not None and _whole_value_unkeyed(line_prefix, line_rest):
-            if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
-                return "flag"
-            if _id_like(new) and _id_like(old):
-                return "value"
+            return _whole_value_kind(old, new)
         return None
     if new.lower() in _FLAG_WORDS and old.lower() in _FLAG_WORDS and len(new) > 1 and len(old) > 1:
         return "flag"  # two flag words after any key (a single letter only after a flag key: "name": "a" is no flag)
@@ -127,27 +139,18 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if _DYNAMIC_KEY.search(_words(key.group(1))) and not (new.isalpha() and old.isalpha() and len(new) > 3):
         return "value"
     if line_rest is not None and not line_rest.strip(" \t.,;\"'"):  # the whole value of a `key: value` line
-        if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
-            return "flag"
-        if _id_like(new) and _id_like(old):
-            return "value"
+        return _whole_value_kind(old, new)
     return None
 
 
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*[kKmM]?")  # `41`, `41.213`, `41.2k`
-# a key that names something counted as a session goes on, not a setting (`limit`, `max results`)
-_COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|beleg|remaining|left|übrig|position|"
-                          r"queue|warteschlange|elapsed|uptime|spent|cost|kosten|ausgegeben|reset|expires|ttl)")
-_DURATION = re.compile(r"(?:\d+h)?(?:\d+m(?!s))?\d+(?:\.\d+)?(?:ms|s|m|h)")  # Go's `2m59.257s`, `322ms`
-_COUNTDOWN = re.compile(r"(?i)\b(?:resets?|expires?|ends?|läuft|endet)\b[^.\n]{0,12}\b(?:in|ab in)\s*$")  # `resets in …`
-# a position (latitude, longitude) with its decimals: a moving one changes per request
-_POSITION = re.compile(r"-?\d{1,2}\.\d{4,7},\s?-?\d{1,3}\.\d{4,7}")
-# a sum spent so far in a sentence (`This session has cost $0.4390 so far.`)
-_SPENT = re.compile(r"(?i)\b(?:spent|cost|costs|kostete|ausgegeben|verbraucht)\b[^.\n]{0,20}$")
-# an ephemeral port: after `port` or a loopback host (`127.0.0.1:50242`); a fixed one never changes
-_HOST_PORT = re.compile(r"(?i)(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):(\d{4,5})")
-_PORT_BEFORE = re.compile(r"(?i)(?:\bport\s+|(?:localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]):)$")
-_OF_TOTAL = re.compile(r"(?i)\s*(?:of|von|/)\s+(?:the\s+|den\s+)?\d")  # `41.2k of the 128k window`
+def _whole_value_kind(old: str, new: str) -> str | None:
+    """A key line's whole value that changed: a flag when both are one word (or a short code), a
+    value when both are ids; else an edit."""
+    if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
+        return "flag"
+    if _id_like(new) and _id_like(old):
+        return "value"
+    return None
 
 
 def _rising_id(old: str, new: str) -> bool:
@@ -162,12 +165,11 @@ def _words(key: str) -> str:
     return key.replace("_", " ").replace("-", " ")
 
 
-def _counted(line_prefix: str, old: str, new: str, line_rest: str | None) -> bool:
+def _counted(line_prefix: str, key: re.Match[str] | None, old: str, new: str, line_rest: str | None) -> bool:
     """A number that counts something as a session goes on: after a key naming a share, a place or
     a time that passes (also a tag's: `<context_free_percent>81</…>`), or as the first part of a
     usage meter (`41.2k of the 128k window`, `41.213 von 128.000 Tokens`)."""
     if _DURATION.fullmatch(new) and _DURATION.fullmatch(old) and not (new.isdigit() or old.isdigit()):
-        key = _KEY.search(line_prefix)
         return _COUNTDOWN.search(line_prefix) is not None or (
             key is not None and _COUNTER_KEY.search(key.group(1)) is not None)
     if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old)):
@@ -176,7 +178,7 @@ def _counted(line_prefix: str, old: str, new: str, line_rest: str | None) -> boo
         return True
     if _SPENT.search(line_prefix.rstrip("$€£ ")) and ("." in new or "," in new):
         return True
-    key = _KEY.search(line_prefix) or _TAG_OPEN.search(line_prefix) or _CELL_KEY.search(line_prefix)
+    key = key or _TAG_OPEN.search(line_prefix) or _CELL_KEY.search(line_prefix)
     return key is not None and _COUNTER_KEY.search(key.group(1)) is not None
 
 
