@@ -211,6 +211,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ref-tree", default=None,
                     help="another checkout of prefixgate (e.g. `git archive` of main) run as the pg_ref target "
                          "in the same rounds: a before/after measured under the same machine noise")
+    ap.add_argument("--prime", action="store_true",
+                    help="before each measured run, every prompt of its pool once, unmeasured (the runner's --prime): "
+                         "the requests measured are over heads the gateway has seen, not their first sighting")
     ap.add_argument("--sizes", default="200,100000,1000000")
     ap.add_argument("--conc", default=None, help="concurrencies for every size (default: the issue's per size)")
     ap.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
@@ -265,7 +268,8 @@ def main(argv: list[str]) -> int:
                    "--duration-c1", str(a.duration_c1), "--warmup", str(a.warmup), "--pause", str(a.pause),
                    "--port-base", str(base), "--backend-ports", f"{base + 200},{base + 201}",
                    "--logdir", os.path.join(tempfile.gettempdir(), "prefixgate-overhead-logs"),
-                   "--header", f"authorization: Bearer {API_KEY}", *extra, *probes]
+                   "--header", f"authorization: Bearer {API_KEY}", *extra, *probes,
+                   *(["--prime"] if a.prime else [])]
             print("running:", shlex.join(cmd), file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr)
     finally:
@@ -275,7 +279,11 @@ def main(argv: list[str]) -> int:
     notes = [f"prefixgate: one process, except the --workers row ({a.workers}); HTTP stack: "
              + ("uvloop + httptools" + (" (linked from the routers' venv)" if fast_io else "")
                 if fast_io or _has_fast_io(py) else "asyncio + h11"),
-             "exact fingerprints: n/a = the gateway exports no per-request fingerprint-mode counter"]
+             "exact fingerprints: n/a = the gateway exports no per-request fingerprint-mode counter",
+             *(["primed: before each measured run, every target got each prompt of that run's pool once "
+                "(unmeasured); the CPU is that of requests over heads already seen"] if a.prime else
+               ["not primed: each round's pool (seed 1000 + round) is new to the targets, so its heads' "
+                "first sightings are inside the measured runs"])]
     print(table(out, "python bench/overhead.py --table " + shlex.join(argv), notes))
     print(f"\n(runs: {out})")
     return 0

@@ -179,6 +179,31 @@ async def test_capacity_evicts_tails_least_recent_first(store) -> None:
     assert await store.residency_lookup(chain(2, 4), ["r"]) == {"r": 4}
 
 
+async def test_a_chain_longer_than_the_capacity_holds_its_first_blocks(store) -> None:
+    await store.residency_add("r", chain(1, 4))
+    await store.residency_add("r", chain(2, 3 * CAPACITY))  # the engine can hold its first 8 blocks only
+    await settle(store)
+    assert await store.residency_lookup(chain(2, 3 * CAPACITY), ["r"]) == {"r": CAPACITY}
+    assert await store.residency_lookup(chain(1, 4), ["r"]) == {"r": 0}
+    await store.residency_add("r", chain(2, 3 * CAPACITY))  # again: nothing moves
+    await settle(store)
+    assert await store.residency_lookup(chain(2, 3 * CAPACITY), ["r"]) == {"r": CAPACITY}
+
+
+def test_a_run_tree_never_takes_blocks_past_its_capacity() -> None:
+    """The memory store's tree packs a long chain's first `capacity` blocks only: nothing of it is
+    counted as evicted, and its size never passes the bound (a 1 MB prompt on a replica whose
+    capacity the engine did not report would otherwise be packed whole, then cut, on every add)."""
+    from app.prefix.runs import RunTree
+
+    tree = RunTree(CAPACITY, float("inf"), lambda: 0.0)
+    long = chain(2, 3 * CAPACITY)
+    assert tree.add(long) == 0
+    assert tree.size == CAPACITY and tree.leading(long) == CAPACITY
+    assert tree.add(chain(3, 3)) == 3  # a new chain evicts the long one's tail, three blocks
+    assert tree.leading(long) == CAPACITY - 3
+
+
 async def test_readding_a_prefix_refreshes_its_lru_position(store) -> None:
     await store.residency_add("r", chain(1, 4))
     await store.residency_add("r", chain(2, 4))  # full at 8

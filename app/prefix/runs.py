@@ -152,7 +152,15 @@ class RunTree:
     def add(self, hashes: Sequence[int], stamp: int | None = None) -> int:
         """Insert or refresh a whole chain: O(runs on its path + log n + new blocks), the new
         blocks copied once into a packed array; `stamp` marks the runs on its path. Returns the
-        blocks evicted."""
+        blocks evicted.
+
+        Only the chain's first `capacity` blocks are taken: the chain's path becomes the most
+        recent, so a longer chain would evict everything else and then its own tail down to
+        them. That is the same end, without packing (and counting as evicted) blocks that never
+        fit; a replica whose capacity the engine did not report (the 4,096-block default) would
+        otherwise re-add a 1 MB prompt's ~14,000 blocks on every request."""
+        if len(hashes) > self.capacity:
+            hashes = hashes[:self.capacity]
         if hashes:
             expiry = self._clock() + self.ttl_s
             m, run, at = self._walk(hashes)

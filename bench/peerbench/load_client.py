@@ -240,7 +240,7 @@ async def main_async(a):
                         loop.create_connection(RespProto, tgt.host, tgt.port), a.timeout)
                     conns[tgt.base] = conn
                 fut = loop.create_future()
-                conn.send(build(wrng.randrange(len(pre)), seq, tgt), fut)
+                conn.send(build(seq % len(pre) if a.sweep else wrng.randrange(len(pre)), seq, tgt), fut)
                 t_end = await asyncio.wait_for(fut, a.timeout)
                 if conn.status != 200:
                     errors["http_%d" % conn.status] = errors.get("http_%d" % conn.status, 0) + 1
@@ -318,6 +318,8 @@ def main():
     ap.add_argument("--count", type=int, default=0, help="stop after this many requests (0 = time-bound)")
     ap.add_argument("--prompt-chars", type=int, default=200)
     ap.add_argument("--pool", type=int, default=32)
+    ap.add_argument("--sweep", action="store_true",
+                    help="take the pool's prompts in order (with --count POOL: each once) instead of at random")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--model", default="fake-model")
     ap.add_argument("--seed", type=int, default=1)

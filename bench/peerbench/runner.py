@@ -73,6 +73,22 @@ def proc_cpu(pid):
     return total / CLK
 
 
+def _settle(pid, quiet=0.02, step=0.25, limit=10.0):
+    """Wait until the process tree `pid` is nearly idle (under `quiet` s of CPU per `step` s, at
+    most `limit` s): work a prime started in the background (tokenising new heads) ends before
+    the measured run."""
+    if not pid:
+        return
+    t_end = time.time() + limit
+    last = proc_cpu(pid)
+    while last is not None and time.time() < t_end:
+        time.sleep(step)
+        now = proc_cpu(pid)
+        if now is None or now - last < quiet:
+            return
+        last = now
+
+
 def sys_cpu():
     with open("/proc/stat") as f:
         parts = f.readline().split()[1:]
@@ -147,6 +163,10 @@ def main():
     ap.add_argument("--probe", action="append", default=[],
                     help="NAME|CMD: a command run before and after each run of target NAME; its stdout "
                          "(one JSON object) is recorded as probe_before / probe_after")
+    ap.add_argument("--prime", action="store_true",
+                    help="before each measured run, send every prompt of that run's pool once (unmeasured) and wait "
+                         "until the target is idle, so the run measures requests over prompts the target has "
+                         "seen, not their first sighting")
     ap.add_argument("--idle-measure", type=float, default=0.0,
                     help="after start-up, measure each process's CPU while idle for this many seconds")
     a = ap.parse_args()
@@ -275,6 +295,12 @@ def main():
                             "-c", str(c), "-t", str(dur), "--warmup", str(a.warmup),
                             "--prompt-chars", str(size), "--seed", str(seed),
                             "--expect-events", str(expect), "--max-tokens", str(a.tokens)]
+                        if a.prime:
+                            subprocess.run(client + sum([["--url", u] for u in urls], []) + [
+                                "-c", str(c), "-t", "600", "--warmup", "0", "--sweep", "--count", "32",
+                                "--prompt-chars", str(size), "--seed", str(seed), "--max-tokens", str(a.tokens)],
+                                capture_output=True, text=True)
+                            _settle(pid)
                         probe = probes.get(name)
                         p0 = _probe(probe)
                         r_cpu0 = proc_cpu(pid) if pid else None
