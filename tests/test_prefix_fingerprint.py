@@ -47,7 +47,7 @@ def test_complete_chain_equals_sim_ids(fpr: Fingerprinter, body: dict) -> None:
     fp = fpr.complete_sync(fpr.prepare(prompt_input("chat", body), 16))
     ids = _sim_ids(body)
     assert fp.complete and fp.num_tokens == len(ids)
-    assert fp.block_hashes == proxy_chain(ids, 16)
+    assert list(fp.block_hashes) == proxy_chain(ids, 16)
     assert list(fpr.prompt_ids(fp)) == ids
 
 
@@ -59,14 +59,14 @@ def test_cold_big_miss_is_deferred_then_warm_is_complete(fpr: Fingerprinter) -> 
     assert not cold.complete and cold.num_tokens is None
     assert len(cold.block_hashes) == 0  # "<|im_start|>" alone fills no block
     asyncio.run(fpr.complete(cold))
-    assert cold.complete and cold.block_hashes == proxy_chain(_sim_ids(body), 16)
+    assert cold.complete and list(cold.block_hashes) == proxy_chain(_sim_ids(body), 16)
     warm = fpr.prepare(inp, 16)
     assert warm.complete and warm.block_hashes == cold.block_hashes
     # a new turn appended: still complete on the hot path (small segments encoded inline)
     body2 = {"messages": body["messages"] + [{"role": "assistant", "content": "answer"},
                                              {"role": "user", "content": "follow-up"}]}
     nxt = fpr.prepare(prompt_input("chat", body2), 16)
-    assert nxt.complete and nxt.block_hashes == proxy_chain(_sim_ids(body2), 16)
+    assert nxt.complete and list(nxt.block_hashes) == proxy_chain(_sim_ids(body2), 16)
     assert nxt.block_hashes[:len(warm.block_hashes) - 1] == warm.block_hashes[:-1]
 
 
@@ -76,7 +76,7 @@ def test_salt_changes_every_block(fpr: Fingerprinter) -> None:
     b = fpr.complete_sync(fpr.prepare(inp, 16, salt="tenant-b"))
     plain = fpr.complete_sync(fpr.prepare(inp, 16))
     assert not set(a.block_hashes) & set(b.block_hashes)
-    assert a.block_hashes == proxy_chain(list(fpr.prompt_ids(plain)), 16, salt="tenant-a")
+    assert list(a.block_hashes) == proxy_chain(list(fpr.prompt_ids(plain)), 16, salt="tenant-a")
 
 
 def test_block_size_is_respected(fpr: Fingerprinter) -> None:
@@ -84,15 +84,15 @@ def test_block_size_is_respected(fpr: Fingerprinter) -> None:
     fp16 = fpr.complete_sync(fpr.prepare(inp, 16))
     fp64 = fpr.complete_sync(fpr.prepare(inp, 64))
     assert len(fp64.block_hashes) == fp16.num_tokens // 64
-    assert fp64.block_hashes == proxy_chain(list(fpr.prompt_ids(fp16)), 64)
+    assert list(fp64.block_hashes) == proxy_chain(list(fpr.prompt_ids(fp16)), 64)
 
 
 def test_completions_and_token_ids(fpr: Fingerprinter) -> None:
     fp = fpr.complete_sync(fpr.prepare(prompt_input("completions", {"prompt": "hello " * 50}), 16))
     ids = load_tokenizer(None).encode("hello " * 50)
-    assert fp.num_tokens == len(ids) and fp.block_hashes == proxy_chain(ids, 16)
+    assert fp.num_tokens == len(ids) and list(fp.block_hashes) == proxy_chain(ids, 16)
     fp_ids = fpr.prepare(prompt_input("completions", {"prompt": list(range(40))}), 16)
-    assert fp_ids.complete and fp_ids.block_hashes == proxy_chain(list(range(40)), 16)
+    assert fp_ids.complete and list(fp_ids.block_hashes) == proxy_chain(list(range(40)), 16)
     assert prompt_input("chat", {"messages": []}) is None
 
 
@@ -111,7 +111,7 @@ def test_output_extension(fpr: Fingerprinter) -> None:
     inp = prompt_input("chat", {"messages": [{"role": "user", "content": "tell me " * 30}]})
     fp = fpr.complete_sync(fpr.prepare(inp, 16))
     out = list(fpr.encode_text(" The cache is warm when the prefix is stable"))
-    assert fpr.extend_with_output(fp, out) == proxy_chain(list(fpr.prompt_ids(fp)) + out, 16)
+    assert list(fpr.extend_with_output(fp, out)) == proxy_chain(list(fpr.prompt_ids(fp)) + out, 16)
 
 
 def test_from_settings_modes() -> None:
@@ -134,11 +134,11 @@ def test_token_id_prompt_hashes_only_the_inline_budget_on_the_hot_path() -> None
     ids = [(i * 7919) % 50_000 for i in range(100_000)]
     fp = fpr.prepare(prompt_input("completions", {"prompt": ids}), 16)
     assert fp.state is FingerprintState.IDS and not fp.complete
-    assert fp.block_hashes == proxy_chain(ids[:1024], 16)  # the leading part, exact
+    assert list(fp.block_hashes) == proxy_chain(ids[:1024], 16)  # the leading part, exact
     asyncio.run(fpr.complete(fp))
-    assert fp.complete and fp.num_tokens == len(ids) and fp.block_hashes == proxy_chain(ids, 16)
+    assert fp.complete and fp.num_tokens == len(ids) and list(fp.block_hashes) == proxy_chain(ids, 16)
     small = fpr.prepare(prompt_input("completions", {"prompt": ids[:1000]}), 16)
-    assert small.complete and small.block_hashes == proxy_chain(ids[:1000], 16)
+    assert small.complete and list(small.block_hashes) == proxy_chain(ids[:1000], 16)
     fpr.close()
 
 

@@ -74,7 +74,7 @@ async def test_the_same_cold_document_twice_at_once_is_tokenised_once() -> None:
         tok = stage.fingerprinter.tokenizer
         for ctx, tip in zip((first, second), tips, strict=True):
             ids = tok.encode(ctx.fingerprint.text or "")
-            assert tip is not None and tip.hashes == proxy_chain(ids, 16)
+            assert tip is not None and list(tip.hashes) == proxy_chain(ids, 16)
         assert _count(stage, "pending") == 2 and _count(stage, "approx") == 0
     finally:
         stage.shutdown()

@@ -190,6 +190,18 @@ async def test_a_chain_longer_than_the_capacity_holds_its_first_blocks(store) ->
     assert await store.residency_lookup(chain(2, 3 * CAPACITY), ["r"]) == {"r": CAPACITY}
 
 
+async def test_a_packed_chain_is_a_chain(store) -> None:
+    """The gateway hands its fingerprints' block hashes over packed (array('Q')): every store takes
+    them as it takes a list, the shared one across its socket included."""
+    from array import array
+
+    await store.residency_add("r", array("Q", chain(1, 4)))
+    await store.residency_touch("r", array("Q", chain(1, 2)))
+    await settle(store)
+    assert await store.residency_lookup(array("Q", chain(1, 4)), ["r"]) == {"r": 4}
+    assert await store.residency_lookup(chain(1, 4), ["r"]) == {"r": 4}
+
+
 def test_a_run_tree_never_takes_blocks_past_its_capacity() -> None:
     """The memory store's tree packs a long chain's first `capacity` blocks only: nothing of it is
     counted as evicted, and its size never passes the bound (a 1 MB prompt on a replica whose

@@ -382,7 +382,7 @@ class PrefixStage:
         # turn by the blocks they span (real vLLM, tests/e2e). A different count means different
         # ids: then only the prompt's blocks are taken as resident.
         stable = len(output_ids) == produced
-        full = self.fingerprinter.extend_with_output(fp, output_ids) if output_ids and stable else list(chain)
+        full = self.fingerprinter.extend_with_output(fp, output_ids) if output_ids and stable else chain
         resident_chain = full[:max(len(chain), min(resident, len(full)))]
         # vLLM leaves the block its last computed token (prompt + output - 1) only partly fills
         # uncached in its free queue (ReplicaIndex.learn_completed); SGLang frees such a page at once

@@ -235,7 +235,7 @@ class RequestPipeline:
         prompt = fp.num_tokens if fp is not None and fp.complete and fp.num_tokens else estimate
         if fp is None or not fp.block_hashes:
             return prompt
-        matched = await self.residency.lookup(list(fp.block_hashes), self.replicas.names())
+        matched = await self.residency.lookup(fp.block_hashes[:], self.replicas.names())  # a snapshot
         return max(0, prompt - predicted_hit_tokens(max(matched.values(), default=0), prompt, fp.block_size))
 
     def _admit(self, ctx: RequestContext) -> None:

@@ -48,7 +48,7 @@ from app.prefix.diagnose import (
     turn_keys,
 )
 from app.prefix.digest import RequestDigest, diagnose_digest
-from app.prefix.runs import RUN_BYTES, RunTree
+from app.prefix.runs import RUN_BYTES, RunTree, joined
 from app.prefix.sketch import RequestSketch, sketch_bytes
 
 SAMPLE_POINTS = 24
@@ -234,7 +234,7 @@ class TenantTracker:
         record.update(fields)
         record.update(facts or {})
         record["held"] = total + len(extra_chain)
-        self._remember(tenant, state, seq, [*chain, *extra_chain] if extra_chain else chain, sketch)
+        self._remember(tenant, state, seq, joined(chain, extra_chain) if extra_chain else chain, sketch)
         self._remember_keys(state, record, seq, total, record["held"])
         await self.store.history_append(tenant, record)
         await self.store.counter_incr(tenant, "requests")

@@ -195,5 +195,5 @@ class PrefixAffinityRouter(BaseRouter):
         if fp is None or not fp.block_hashes:
             return
         # a hit refreshes the LRU position of the resident head, as the engine does
-        self.writes.spawn(self.residency.learn_routed(decision.replica.name, list(fp.block_hashes),
+        self.writes.spawn(self.residency.learn_routed(decision.replica.name, fp.block_hashes[:],
                                                       decision.matched_blocks))

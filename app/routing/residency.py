@@ -24,6 +24,7 @@ Redis script), so a hole would make it report blocks the engine cannot hit. It h
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from app.state.base import Store
 
@@ -119,14 +120,14 @@ class ReplicaIndex:
             self._capacity[replica] = blocks
 
     # ------------------------------------------------------------ the three ways it learns
-    async def learn_routed(self, replica: str, chain: list[int], matched: int) -> None:
+    async def learn_routed(self, replica: str, chain: Sequence[int], matched: int) -> None:
         """A request with `chain` went to `replica`, where its first `matched` blocks were found."""
         if not self.events_own_presence:
             await self.store.residency_add(replica, chain)
         elif matched > 0:
             await self.store.residency_touch(replica, chain[:matched])
 
-    async def learn_completed(self, replica: str, chain: list[int], anonymous_tail: bool = False) -> None:
+    async def learn_completed(self, replica: str, chain: Sequence[int], anonymous_tail: bool = False) -> None:
         """The whole chain a finished request left on `replica` (predictive mode only), and, with
         `anonymous_tail`, the partial block after it. vLLM frees a finished request's blocks tail
         first into its free queue, the partial one uncached: it takes a slot there, just older

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 RESPONSE_OWNER_KEY = "response:"  # binding-key prefix of response owners (never a session/tenant key)
 LIFECYCLE = frozenset({"start", "close", "up"})  # the methods that are not the shared data
@@ -47,15 +47,15 @@ class Store(ABC):
     # residency index: replica -> set of block hashes (bounded per replica, with TTL). The sets
     # must be prefix-closed; app/routing/residency.py, their only writer, keeps them so.
     @abstractmethod
-    async def residency_lookup(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+    async def residency_lookup(self, block_hashes: Sequence[int], replicas: list[str]) -> dict[str, int]:
         """Leading blocks of `block_hashes` resident per replica (one round trip)."""
 
     @abstractmethod
-    async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_add(self, replica: str, block_hashes: Sequence[int]) -> None:
         """Insert or refresh a whole chain, head first (the head becomes the most recent)."""
 
     @abstractmethod
-    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_touch(self, replica: str, block_hashes: Sequence[int]) -> None:
         """Refresh the blocks of a chain that are present (a hit); never insert one."""
 
     @abstractmethod

@@ -17,6 +17,7 @@ chain is always more recent than its tail (see `chain_scores`).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 VERSION = "v1"
 DEFAULT_NAMESPACE = "prefixgate"
@@ -67,7 +68,7 @@ def fold64(block_hash: int) -> int:
     return h
 
 
-def pack_hashes(block_hashes: list[int]) -> bytes:
+def pack_hashes(block_hashes: Sequence[int]) -> bytes:
     """The chain as one blob of 8-byte members, in chain order."""
     try:
         return struct.pack(f">{len(block_hashes)}Q", *block_hashes)

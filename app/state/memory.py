@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from app.prefix.runs import RunTree
 from app.routing.recent import RecentRequests
@@ -71,18 +71,18 @@ class MemoryStore(Store):
         res.capacity = max(1, capacity_blocks)
         res.add([])  # trims to the new bound
 
-    async def residency_lookup(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+    async def residency_lookup(self, block_hashes: Sequence[int], replicas: list[str]) -> dict[str, int]:
         return self.residency_lookup_sync(block_hashes, replicas)
 
-    def residency_lookup_sync(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+    def residency_lookup_sync(self, block_hashes: Sequence[int], replicas: list[str]) -> dict[str, int]:
         return {r: (self._residency[r].leading(block_hashes) if r in self._residency else 0) for r in replicas}
 
-    async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_add(self, replica: str, block_hashes: Sequence[int]) -> None:
         """One step, no slices: only the new blocks are copied (at C speed), the known part of the
         chain costs a step per run on its path (see the module docstring)."""
         self._replica(replica).add(block_hashes)
 
-    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_touch(self, replica: str, block_hashes: Sequence[int]) -> None:
         """Mark the leading resident run of a chain as just used, as the engine does on a hit
         (absent blocks stay absent)."""
         res = self._residency.get(replica)

@@ -18,7 +18,7 @@ Records must be JSON-serialisable (they cross processes); they come back as JSON
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -173,7 +173,7 @@ class RedisStore(Store):
         """Takes effect at the replica's next write (or an applied ops.CapacityTrim)."""
         self._capacity[replica] = max(1, capacity_blocks)
 
-    def residency_add_op(self, replica: str, block_hashes: list[int], only_present: bool = False) -> ops.ResidencyAdd:
+    def residency_add_op(self, replica: str, block_hashes: Sequence[int], only_present: bool = False) -> ops.ResidencyAdd:
         n = len(block_hashes)
         self._last_base = next_base(_us(self._clock()), self._last_base, n)
         return ops.ResidencyAdd(replica, pack_hashes(block_hashes), self._last_base, only_present)
@@ -250,7 +250,7 @@ class RedisStore(Store):
             self.evicted_tenants += len(names)
 
     # ------------------------------------------------------------- residency
-    async def residency_lookup(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+    async def residency_lookup(self, block_hashes: Sequence[int], replicas: list[str]) -> dict[str, int]:
         if not replicas:
             return {}
         if not block_hashes:
@@ -260,10 +260,10 @@ class RedisStore(Store):
                                     args=[pack_hashes(block_hashes), cutoff])
         return {r: int(c) for r, c in zip(replicas, counts, strict=True)}
 
-    async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_add(self, replica: str, block_hashes: Sequence[int]) -> None:
         await self.apply([self.residency_add_op(replica, block_hashes)])
 
-    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_touch(self, replica: str, block_hashes: Sequence[int]) -> None:
         await self.apply([self.residency_add_op(replica, block_hashes, only_present=True)])
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:

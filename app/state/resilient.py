@@ -26,7 +26,7 @@ import asyncio
 import logging
 import random
 from collections import Counter, deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -312,7 +312,7 @@ class ResilientStore(Store):
         long chain is 8 bytes a block on the wire (prefilling it takes a thousand times longer)."""
         return self.timeout_s + blocks / 1000 * self.timeout_per_1k_blocks_s
 
-    async def residency_lookup(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+    async def residency_lookup(self, block_hashes: Sequence[int], replicas: list[str]) -> dict[str, int]:
         local = self.local.residency_lookup_sync(block_hashes, replicas)
         if not block_hashes or not replicas:
             return local
@@ -324,11 +324,11 @@ class ResilientStore(Store):
         return {r: local[r] if r in self._pending_replica else max(local[r], remote.get(r, 0))
                 for r in replicas}
 
-    async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_add(self, replica: str, block_hashes: Sequence[int]) -> None:
         await self.local.residency_add(replica, block_hashes)
         self._enqueue(self.remote.residency_add_op(replica, block_hashes))
 
-    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_touch(self, replica: str, block_hashes: Sequence[int]) -> None:
         await self.local.residency_touch(replica, block_hashes)
         self._enqueue(self.remote.residency_add_op(replica, block_hashes, only_present=True))
 

@@ -26,7 +26,8 @@ import logging
 import socket
 import struct
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -51,8 +52,16 @@ async def _read_frame(reader: asyncio.StreamReader) -> Any:
     return orjson.loads(await reader.readexactly(size))
 
 
+def _plain(value: Any) -> Any:
+    """What orjson cannot write itself: a packed chain (array('Q'), a fingerprint's block hashes)
+    goes as a list of its ints."""
+    if isinstance(value, array):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not a store argument")
+
+
 def _frame(value: Any) -> bytes:
-    body = orjson.dumps(value)
+    body = orjson.dumps(value, default=_plain)
     return HEADER.pack(len(body)) + body
 
 
@@ -227,13 +236,13 @@ class SharedStore(Store):
         if self.up():
             self._send(_frame([0, "set_capacity", [replica, capacity_blocks]]))
 
-    async def residency_lookup(self, block_hashes: list[int], replicas: list[str]) -> dict[str, int]:
+    async def residency_lookup(self, block_hashes: Sequence[int], replicas: list[str]) -> dict[str, int]:
         return dict(await self._call("residency_lookup", block_hashes, replicas))
 
-    async def residency_add(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_add(self, replica: str, block_hashes: Sequence[int]) -> None:
         await self._write("residency_add", replica, block_hashes)
 
-    async def residency_touch(self, replica: str, block_hashes: list[int]) -> None:
+    async def residency_touch(self, replica: str, block_hashes: Sequence[int]) -> None:
         await self._write("residency_touch", replica, block_hashes)
 
     async def residency_remove(self, replica: str, block_hashes: list[int]) -> None:
