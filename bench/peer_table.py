@@ -280,7 +280,7 @@ def main(argv: list[str]) -> int:
              + ("uvloop + httptools" + (" (linked from the routers' venv)" if fast_io else "")
                 if fast_io or _has_fast_io(py) else "asyncio + h11"),
              "exact fingerprints: n/a = the gateway exports no per-request fingerprint-mode counter",
-             *(["primed: before each measured run, every target got each prompt of that run's pool once "
+             *(["primed: before each measured run, every target got each prompt of that run's pool once, one at a time "
                 "(unmeasured); the CPU is that of requests over heads already seen"] if a.prime else
                ["not primed: each round's pool (seed 1000 + round) is new to the targets, so its heads' "
                 "first sightings are inside the measured runs"])]

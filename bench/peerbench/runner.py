@@ -164,8 +164,8 @@ def main():
                     help="NAME|CMD: a command run before and after each run of target NAME; its stdout "
                          "(one JSON object) is recorded as probe_before / probe_after")
     ap.add_argument("--prime", action="store_true",
-                    help="before each measured run, send every prompt of that run's pool once (unmeasured) and wait "
-                         "until the target is idle, so the run measures requests over prompts the target has "
+                    help="before each measured run, send every prompt of that run's pool once, one at a time "
+                         "(unmeasured), and wait until the target is idle, so the run measures requests over prompts the target has "
                          "seen, not their first sighting")
     ap.add_argument("--idle-measure", type=float, default=0.0,
                     help="after start-up, measure each process's CPU while idle for this many seconds")
@@ -297,7 +297,7 @@ def main():
                             "--expect-events", str(expect), "--max-tokens", str(a.tokens)]
                         if a.prime:
                             subprocess.run(client + sum([["--url", u] for u in urls], []) + [
-                                "-c", str(c), "-t", "600", "--warmup", "0", "--sweep", "--count", "32",
+                                "-c", "1", "-t", "600", "--warmup", "0", "--sweep", "--count", "32",
                                 "--prompt-chars", str(size), "--seed", str(seed), "--max-tokens", str(a.tokens)],
                                 capture_output=True, text=True)
                             _settle(pid)
