@@ -228,7 +228,7 @@ async def main_async(a):
         wrng = random.Random(a.seed * 1000 + wid)
         while True:
             now = perf()
-            if now >= t_stop or (a.count and counter[0] >= a.count):
+            if now >= t_stop or (a.count and counter[0] >= a.count) or (a.sweep and counter[0] >= len(pre)):
                 break
             seq = counter[0]
             counter[0] += 1
@@ -319,7 +319,7 @@ def main():
     ap.add_argument("--prompt-chars", type=int, default=200)
     ap.add_argument("--pool", type=int, default=32)
     ap.add_argument("--sweep", action="store_true",
-                    help="take the pool's prompts in order (with --count POOL: each once) instead of at random")
+                    help="send each prompt of the pool once, in order, then stop")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--model", default="fake-model")
     ap.add_argument("--seed", type=int, default=1)

@@ -291,15 +291,13 @@ def main():
                     for pos, (name, urls, m, _) in enumerate(order):
                         pid = m.pid if isinstance(m, Managed) else m
                         dur = a.duration_c1 if c == 1 else a.duration
-                        cmdl = client + sum([["--url", u] for u in urls], []) + [
-                            "-c", str(c), "-t", str(dur), "--warmup", str(a.warmup),
-                            "--prompt-chars", str(size), "--seed", str(seed),
-                            "--expect-events", str(expect), "--max-tokens", str(a.tokens)]
-                        if a.prime:
-                            subprocess.run(client + sum([["--url", u] for u in urls], []) + [
-                                "-c", "1", "-t", "600", "--warmup", "0", "--sweep", "--count", "32",
-                                "--prompt-chars", str(size), "--seed", str(seed), "--max-tokens", str(a.tokens)],
-                                capture_output=True, text=True)
+                        same = client + sum([["--url", u] for u in urls], []) + [
+                            "--prompt-chars", str(size), "--seed", str(seed), "--max-tokens", str(a.tokens)]
+                        cmdl = same + ["-c", str(c), "-t", str(dur), "--warmup", str(a.warmup),
+                                       "--expect-events", str(expect)]
+                        if a.prime:  # the same pool, each prompt once, one at a time
+                            subprocess.run(same + ["-c", "1", "-t", "600", "--warmup", "0", "--sweep"],
+                                           capture_output=True, text=True)
                             _settle(pid)
                         probe = probes.get(name)
                         p0 = _probe(probe)
