@@ -277,6 +277,9 @@ class Prefix(Section):
     # cores the serving processes leave spare (app/prefix/pool.py); 0: in the worker threads
     cold_pool_workers: int | Literal["auto"] = "auto"
     cold_pool_inflight: int = Field(default=2, ge=1)  # admitted per process; past it: approx
+    # a request routed approx (the pool was full) waits after its response at most this for a slot,
+    # so that the chain the engine cached is still learned; 0: one try (app/prefix/pool.py)
+    cold_pool_defer_s: float = Field(default=30.0, ge=0)
     # smaller cold work stays in the worker threads; auto: 256 KiB with the fast BPE encoder, which
     # holds the GIL ~1 ms per 100 KB, else 64 KiB (app/prefix/pool.py)
     cold_pool_min_chars: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"

@@ -15,8 +15,9 @@ request (`py_relay`), a Python relay without features on prefixgate's own server
 (1 MB: 1 / 4, as the issue). Columns (medians over rounds; "added" = target - direct of the same
 round): added TTFT p50, throughput vs direct, gateway CPU per request (from /proc, summed over the
 target's whole process tree: workers, tokeniser processes), and the share of prefixgate's requests
-fingerprinted exactly (its /metrics: a `prefixgate_fingerprint*` counter with a `mode` label;
-"n/a" where the gateway exports none).
+fingerprinted exactly (its /metrics: a `prefixgate_fingerprint*` counter with a `mode` label,
+and `prefixgate_fingerprint_deferred_total{outcome="completed"}`; "n/a" where the gateway exports
+none).
 
 The harness (client, backends) runs under `--harness-python` (needs uvloop, httptools, orjson;
 default: the routers' venv, where `pip install uvloop httptools orjson` puts them).
@@ -45,6 +46,7 @@ LABELS = {"direct": "direct", "vl_rr": "vllm-router 0.1.17 round_robin", "vl_ca"
           "pg_w": "prefixgate (default config, --workers)",
           "pg_ref": "prefixgate (default config) at --ref-tree",
           "py_relay": "Python relay without features (prefixgate's server and client; bench/bare_relay.py)"}
+COMPLETED = "approx, completed after the response"  # probe's key for the deferred counter
 GROUPS = ((200, "1,16,128"), (100_000, "1,16,128"), (1_000_000, "1,4"))
 
 
@@ -63,15 +65,20 @@ def probe(url: str, token: str | None) -> None:
     for family in text_string_to_metric_families(text):
         if family.name.startswith("prefixgate_fingerprint") and family.type == "counter":
             for sample in family.samples:
-                if sample.name.endswith("_total") and "mode" in sample.labels:
+                if not sample.name.endswith("_total"):
+                    continue
+                if "mode" in sample.labels:
                     out[sample.labels["mode"]] = out.get(sample.labels["mode"], 0.0) + sample.value
+                elif sample.labels.get("outcome") == "completed":  # prefixgate_fingerprint_deferred_total
+                    out[COMPLETED] = out.get(COMPLETED, 0.0) + sample.value
     print(json.dumps(out))
 
 
 def exact_share(runs: list[dict]) -> str:
     """Requests fingerprinted exactly over all fingerprinted, in these runs, as two shares: exact
-    when routed (mode `exact`), and exact in the end (any mode but `approx`: a `pending` chain is
-    completed exactly after routing, so its prediction and continuity are exact, its pick was not)."""
+    when routed (mode `exact`), and exact in the end (any mode but `approx`, and the `approx` ones
+    whose chain was completed after the response: a `pending` chain is completed exactly after
+    routing, so its prediction and continuity are exact, its pick was not)."""
     routed = exact = total = 0.0
     seen = False
     for r in runs:
@@ -81,6 +88,9 @@ def exact_share(runs: list[dict]) -> str:
         seen = True
         for mode, value in (after or {}).items():
             delta = value - (before or {}).get(mode, 0.0)
+            if mode == COMPLETED:
+                exact += delta
+                continue
             total += delta
             exact += 0.0 if mode == "approx" else delta
             routed += delta if mode == "exact" else 0.0

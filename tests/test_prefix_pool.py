@@ -1,7 +1,8 @@
 """The cold-prompt process pool (app/prefix/pool.py) behind a real gateway and the simulator:
 a never-seen long prompt is tokenised in a pool process and its prediction is still exact; a
 cold prompt that finds the pool full is routed at once, fingerprinted approximately and counted
-`mode="approx"` (never queued); the pool's processes stop with the server, and with every worker
+`mode="approx"` (never queued), and after its response `prefixgate_fingerprint_deferred_total`
+says whether its chain was completed then; the pool's processes stop with the server, and with every worker
 of `serve --workers N`."""
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ def _count(proxy: Any, mode: str) -> float:
     return proxy.sample("prefixgate_fingerprint_requests_total", mode=mode) or 0.0
 
 
+def _deferred(proxy: Any, outcome: str) -> float:
+    return proxy.sample("prefixgate_fingerprint_deferred_total", outcome=outcome) or 0.0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -94,7 +99,8 @@ def test_cold_prompt_is_tokenised_in_the_pool_and_predictions_stay_exact(sim_fac
 
 def test_a_full_pool_means_approx_for_that_request_not_a_queue(sim_factory, proxy_factory) -> None:
     sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=200_000)
-    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_inflight": 1, "cold_pool_min_chars": POOL_MIN})
+    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_inflight": 1, "cold_pool_min_chars": POOL_MIN,
+                                       "cold_pool_defer_s": 0.3})
     hook = proxy.services.prefix
     pool = hook.fingerprinter.tokenizer.cold
     assert pool.capacity == 1 and pool.try_reserve()  # the one slot is taken (a long cold prompt)
@@ -103,6 +109,8 @@ def test_a_full_pool_means_approx_for_that_request_not_a_queue(sim_factory, prox
         _wait_processed(hook, 1)
         assert _count(proxy, "approx") == 1 and _count(proxy, "pending") == 0
         assert pool.encoded == 0 and pool.refused == 1  # never tokenised, never waited for
+        # still full 0.3 s after its response: its chain stays the leading blocks, and /metrics says so
+        assert _deferred(proxy, "dropped") == 1 and _deferred(proxy, "completed") == 0
         # its prediction is on the blocks known exactly (none) over the engine's token count
         assert hook.predictions[-1][2] == 0 == first["usage"]["prompt_tokens_details"]["cached_tokens"]
         pool.release()
@@ -134,10 +142,39 @@ def test_a_chain_refused_by_a_full_pool_is_learned_after_the_response(sim_factor
         asking.join()
         _wait_processed(hook, 1)
         assert pool.encoded == 1 and pool.refused == 1 and pool.inflight == 0
+        assert _deferred(proxy, "completed") == 1 and _deferred(proxy, "dropped") == 0  # exact in the end
         answer = first["choices"][0]["message"]["content"]
         body = {"model": "sim", "max_tokens": 8, "messages": [
             {"role": "system", "content": "You read documents."}, {"role": "user", "content": f"{doc}\nQuestion: one?"},
             {"role": "assistant", "content": answer}, {"role": "user", "content": "And two?"}]}
+        second = client.post("/v1/chat/completions", json=body).json()
+        _wait_processed(hook, 2)
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 20_000 and hook.predictions[-1][2:] == (cached, cached)
+
+
+def test_a_refused_chain_waits_for_a_slot_after_its_response(sim_factory, proxy_factory) -> None:
+    """The pool is still full when the refused request's response ends (a burst of cold prompts
+    longer than one answer): its chain waits for a slot instead of being dropped, is tokenised
+    when one frees, and the conversation's next turn is predicted exactly."""
+    sim = sim_factory(replicas=1, time_scale=0.0, kv_blocks=200_000)
+    proxy = proxy_factory(sim, prefix={"cold_pool_workers": 1, "cold_pool_inflight": 1, "cold_pool_min_chars": POOL_MIN})
+    hook = proxy.services.prefix
+    pool = hook.fingerprinter.tokenizer.cold
+    assert pool.try_reserve()  # another cold prompt holds the one slot
+    doc = _doc(5)
+    with httpx.Client(base_url=proxy.url, timeout=60) as client:
+        first = _ask(client, f"{doc}\nQuestion: one?")  # answered while the slot is still taken
+        time.sleep(0.3)
+        assert hook.processed == 0 and pool.encoded == 0  # waiting for a slot, not dropped
+        pool.release()
+        _wait_processed(hook, 1)
+        assert pool.encoded == 1 and pool.inflight == 0 and _count(proxy, "approx") == 1
+        assert _deferred(proxy, "completed") == 1 and _deferred(proxy, "dropped") == 0
+        body = {"model": "sim", "max_tokens": 8, "messages": [
+            {"role": "system", "content": "You read documents."}, {"role": "user", "content": f"{doc}\nQuestion: one?"},
+            {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "And two?"}]}
         second = client.post("/v1/chat/completions", json=body).json()
         _wait_processed(hook, 2)
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]

@@ -355,11 +355,15 @@ class PrefixStage:
     async def _process(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
         state = ctx.prefix
         replica = ctx.decision.replica.name  # type: ignore[union-attr]
-        if fp.deferred is not None and self.fingerprinter.readmit(fp):  # refused by a full pool before routing
-            try:
-                fp = await self.fingerprinter.complete(fp)
-            finally:
-                self.fingerprinter.release(fp)
+        if fp.deferred is not None:  # refused by a full pool before routing
+            outcome = "dropped"
+            if await self.fingerprinter.readmit(fp):
+                try:
+                    fp = await self.fingerprinter.complete(fp)
+                finally:
+                    self.fingerprinter.release(fp)
+                outcome = "completed" if fp.complete else "dropped"
+            child(self.metrics.fingerprint_deferred, outcome).inc()
         fp = await self.fingerprinter.complete(fp, state.pending if state is not None else None)
         n = fp.num_tokens or 0
         if not fp.complete and fp.mode == "approx":  # a cold prompt past the pool's budget

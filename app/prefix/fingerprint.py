@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
+import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ DEFAULT_CHAIN_MEMO_BYTES = MemoryCaps.from_budget(DEFAULT_BUDGET_MB).chain_memo_
 # A walk record's bytes: a list slot (8 B) and the int it holds (36 B, sys.getsizeof of a 64-bit
 # int) per block, plus the record and its list's header. The node is the chain memo's (counted
 # there) while the memo holds it.
+READMIT_POLL_S = 0.02  # how often a refused request polls for a cold-pool slot after its response
 WALK_BLOCK_BYTES = 44
 WALK_RECORD_BYTES = 200
 
@@ -150,6 +152,7 @@ class Fingerprinter:
         self.tokenizer = tokenizer
         self.mode = mode
         self._release_lock = threading.Lock()
+        self._deferred_waiting = 0  # refused requests waiting for a cold-pool slot (`readmit`)
         self.engine = engine if mode == "engine" else None
         self.inline_chars = inline_chars
         self.inline_hash_tokens = inline_hash_tokens
@@ -196,7 +199,7 @@ class Fingerprinter:
                 fast = list(tokenizer.splitter.specials) if tokenizer.fast is not None else None
                 tokenizer.cold = ColdPool(tokenizer.tokenizer_json, workers, opts.cold_pool_inflight,
                                           min_chars_for(opts.cold_pool_min_chars, fast is not None),
-                                          fast_split_at=fast)
+                                          fast_split_at=fast, defer_s=opts.cold_pool_defer_s)
         return cls(tokenizer, mode, chains, opts.inline_chars, opts.inline_hash_tokens)
 
     def close(self) -> None:
@@ -366,15 +369,31 @@ class Fingerprinter:
         fp.deferred, fp.pending = work, None
         return False
 
-    def readmit(self, fp: Fingerprint) -> bool:
-        """After the response, the work `admit` refused: take a free cold-pool slot for it now
-        (the burst that filled the pool has usually passed by then; never waits), making it
-        pending again. The request stays `mode` "approx" (it was routed so); only its chain is
-        learned. False, and the work dropped, when the pool is still full."""
+    async def readmit(self, fp: Fingerprint) -> bool:
+        """After the response, the work `admit` refused: take a cold-pool slot for it, making it
+        pending again. The burst that filled the pool has usually passed by then; when it has
+        not, wait for a slot (polling every READMIT_POLL_S, at most the pool's `defer_s`), behind
+        the requests still to be routed, which take free slots first. The request stays `mode`
+        "approx" (it was routed so); only its chain is learned. False, and the work dropped, when
+        no slot came in time, the pool closed, or `deferred_limit` requests already wait."""
         work, fp.deferred = fp.deferred, None
         pool = self.tokenizer.cold
-        if work is None or pool is None or fp.complete or not pool.try_reserve(counted=False):
+        if work is None or pool is None or fp.complete:
             return False
+        if not pool.try_reserve(counted=False):
+            if self._deferred_waiting >= pool.deferred_limit:
+                return False
+            self._deferred_waiting += 1
+            try:
+                deadline = time.monotonic() + pool.defer_s
+                while True:
+                    if pool.closed or time.monotonic() + READMIT_POLL_S > deadline:
+                        return False
+                    await asyncio.sleep(READMIT_POLL_S)
+                    if pool.try_reserve(counted=False):
+                        break
+            finally:
+                self._deferred_waiting -= 1
         fp.pending, fp.cold_reserved = work, True
         return True
 

@@ -10,7 +10,10 @@ Only cold work of at least `min_chars` new characters goes there (smaller work i
 worker thread). The pool is bounded: at most `workers * inflight` such tokenisations are admitted
 at once (`try_reserve`). A request that finds it full is not queued behind the others: the prefix stage
 routes it on the leading blocks it already knows and counts it as
-`prefixgate_fingerprint_requests_total{mode="approx"}` (app/pipeline/prefix_stage.py).
+`prefixgate_fingerprint_requests_total{mode="approx"}` (app/pipeline/prefix_stage.py). After its
+response it waits for a slot (`prefix.cold_pool_defer_s` at most, `DEFERRED_PER_SLOT` such requests
+per slot), so the chain the engine cached is still learned; `prefixgate_fingerprint_deferred_total`
+counts the outcome.
 
 Processes are spawned (never forked from a process with threads and an event loop) on the first
 cold prompt, not at start-up: most deployments and every test without a cold long prompt never
@@ -30,6 +33,8 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+DEFAULT_DEFER_S = 30.0  # prefix.cold_pool_defer_s
+DEFERRED_PER_SLOT = 4  # refused requests that may wait for a slot after their response, per slot
 _SERVE_WORKERS = 1  # serving processes on this host: `serve --workers N` sets it before forking
 
 
@@ -126,12 +131,17 @@ class ColdPool:
     """A budgeted process pool that encodes texts with the same `tokenizer.json` as the gateway."""
 
     def __init__(self, tokenizer_json: str | Path, workers: int, inflight: int = 2,
-                 min_chars: int = DEFAULT_MIN_CHARS, fast_split_at: list[str] | None = None) -> None:
+                 min_chars: int = DEFAULT_MIN_CHARS, fast_split_at: list[str] | None = None,
+                 defer_s: float = DEFAULT_DEFER_S) -> None:
         self.tokenizer_json = str(tokenizer_json)
         self.fast_split_at = fast_split_at  # the children encode through the fast BPE encoder too
         self.min_chars = min_chars  # smaller cold work stays in the worker threads
         self.workers = max(1, workers)
         self.capacity = self.workers * max(1, inflight)
+        # refused work waits after its response at most `defer_s` for a slot, `capacity *
+        # DEFERRED_PER_SLOT` requests at a time (Fingerprinter.readmit)
+        self.defer_s = max(0.0, defer_s)
+        self.deferred_limit = self.capacity * DEFERRED_PER_SLOT
         self.inflight = 0  # admitted cold tokenisations not yet released
         self.admitted = 0
         self.refused = 0
@@ -154,6 +164,10 @@ class ColdPool:
     def release(self) -> None:
         with self._lock:
             self.inflight = max(0, self.inflight - 1)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _pool(self) -> ProcessPoolExecutor:
         with self._lock:

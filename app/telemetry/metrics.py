@@ -169,8 +169,15 @@ class Metrics:
             "prefixgate_fingerprint_requests_total",
             "Requests by how their prompt's chain was known when routed: exact (the whole chain, "
             "exact), pending (an exact leading part; the rest finished off the event loop, so "
-            "tracking is exact), approx (approximate character blocks). Exact share = "
+            "tracking is exact), approx (the exact leading blocks only, the cold-prompt pool being "
+            "full; or character blocks, `prefix.mode` approx). Exact share = "
             "exact / all.", ["mode"], registry=r)
+        self.fingerprint_deferred = Counter(
+            "prefixgate_fingerprint_deferred_total",
+            "Requests routed `approx` because the cold-prompt pool was full, by what became of "
+            "their chain after the response: completed (the pool had room by then: prediction and "
+            "tracking exact) or dropped (still full: tracked on the leading blocks only). Exact in "
+            "the end = (all - approx + completed) / all.", ["outcome"], registry=r)
         self.memory_budget = Gauge(
             "prefixgate_memory_budget_bytes",
             "memory.budget_mb in bytes: the bound on what the gateway keeps between requests "
