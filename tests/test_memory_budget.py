@@ -101,7 +101,7 @@ def test_chain_memo_counts_the_bytes_it_holds() -> None:
 
 def test_split_memo_counts_the_bytes_it_holds_walk_records_included() -> None:
     """Kept segments and the walk records attached to them (as Fingerprinter._record attaches
-    them: a list of the walk's block hashes, each a fresh int), against what is allocated."""
+    them: a packed copy of the walk's block hashes), against what is allocated."""
     rng = random.Random(6)
     splitter = SegmentSplitter(["<|im_start|>", "<|im_end|>"])
     node = root_node(None, 16)  # the chain memo's (counted there), shared by every record here
@@ -114,9 +114,7 @@ def test_split_memo_counts_the_bytes_it_holds_walk_records_included() -> None:
                 text += "<|im_start|>user " + _text(rng, rng.randrange(100, 3000)) + "<|im_end|>\n"
                 _segments, _continued, keep = memo.split_walk(text)
                 if keep is not None:
-                    blocks = array("Q", (rng.getrandbits(64) for _ in range(len(text) // 40)))
-                    hashes: list[int] = []
-                    hashes.extend(blocks)  # the walk's list: new int objects
+                    hashes = array("Q", (rng.getrandbits(64) for _ in range(len(text) // 40)))
                     memo.attach(keep, (None, 16), WalkRecord(node, hashes[:]),
                                 WALK_BLOCK_BYTES * len(hashes) + WALK_RECORD_BYTES)
         return memo

@@ -49,11 +49,10 @@ __all__ = ["CHARS_PER_TOKEN", "Fingerprint", "FingerprintMode", "FingerprintStat
 FingerprintMode = Literal["exact", "engine", "approx"]  # local tokenizer | /tokenize | char blocks
 CHARS_PER_TOKEN = 3.5  # estimate used before exact tokens exist
 DEFAULT_CHAIN_MEMO_BYTES = MemoryCaps.from_budget(DEFAULT_BUDGET_MB).chain_memo_bytes
-# A walk record's bytes: a list slot (8 B) and the int it holds (36 B, sys.getsizeof of a 64-bit
-# int) per block, plus the record and its list's header. The node is the chain memo's (counted
-# there) while the memo holds it.
 READMIT_POLL_S = 0.02  # how often a refused request polls for a cold-pool slot after its response
-WALK_BLOCK_BYTES = 44
+# A walk record's bytes: its packed hashes, 8 B a block (array('Q')), plus the record and the
+# array's header. The node is the chain memo's (counted there) while the memo holds it.
+WALK_BLOCK_BYTES = 8
 WALK_RECORD_BYTES = 200
 
 
