@@ -157,11 +157,12 @@ def test_redaction_keeps_the_shape_of_any_text(text: str) -> None:
 
 
 def _realignment_per_anchor(prev: str, cur: str, d: int, material: int, pd: int | None = None):
-    """find_realignment as it was before the probe skip: every anchor searched (the reference)."""
+    """find_realignment as it was before the probe skip and the end cut: every anchor searched,
+    up to the prompt's end (the reference)."""
     from app.prefix.diagnose import ANCHOR_CHARS, _anchors, realign_at
 
     p0 = d if pd is None else pd
-    for c in _anchors(cur, d + 1):
+    for c in _anchors(cur, d + 1, len(cur)):
         anchor = cur[c:c + ANCHOR_CHARS]
         if len(anchor) < min(ANCHOR_CHARS, material) or not anchor.strip():
             continue
@@ -224,11 +225,13 @@ def _anchors_reference(cur: str, start: int) -> list[int]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.text(alphabet="ab \n\t\"'>:,.;xy", max_size=1200), st.integers(min_value=0, max_value=1300))
-def test_anchors_equal_a_step_per_character_reference(cur: str, start: int) -> None:
+@given(st.text(alphabet="ab \n\t\"'>:,.;xy", max_size=1200), st.integers(min_value=0, max_value=1300),
+       st.integers(min_value=-10, max_value=1300))
+def test_anchors_equal_a_step_per_character_reference(cur: str, start: int, last: int) -> None:
     from app.prefix.diagnose import _anchors
 
-    assert _anchors(cur, start) == _anchors_reference(cur, start)
+    assert _anchors(cur, start, len(cur)) == _anchors_reference(cur, start)
+    assert _anchors(cur, start, last) == [a for a in _anchors_reference(cur, start) if a <= last]
 
 
 @pytest.mark.parametrize(("before", "cause"), [("", "question_first"), ("See the appendix first. " * 40, "question_first"),

@@ -266,12 +266,12 @@ def lcp(a: str, b: str, a0: int = 0, b0: int = 0) -> int:
 _WORD_END = re.compile(r"[ \n\t\"'>:,.;]")  # an anchor follows one of these (a word start)
 
 
-def _anchors(cur: str, start: int) -> list[int]:
+def _anchors(cur: str, start: int, last: int) -> list[int]:
     """`start`, the word starts in the NEAR_WINDOW characters after it, then line starts up to
-    LINE_WINDOW: at most MAX_ANCHORS, half of them word starts (found by a regex scan, not a
-    Python step per character)."""
+    LINE_WINDOW, none past `last`: at most MAX_ANCHORS, half of them word starts (found by a regex
+    scan, not a Python step per character)."""
     out: list[int] = []
-    end = min(len(cur), start + NEAR_WINDOW)
+    end = min(len(cur), start + NEAR_WINDOW, last + 1)
     if start < end:
         out.append(start)
         for m in _WORD_END.finditer(cur, start, end - 1):
@@ -279,7 +279,7 @@ def _anchors(cur: str, start: int) -> list[int]:
                 break
             out.append(m.start() + 1)
     pos = cur.find("\n", end)
-    while 0 <= pos < start + LINE_WINDOW and len(out) < MAX_ANCHORS:
+    while 0 <= pos < min(start + LINE_WINDOW, last) and len(out) < MAX_ANCHORS:
         out.append(pos + 1)
         pos = cur.find("\n", pos + 1)
     return out
@@ -300,7 +300,9 @@ def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None 
     p1 = len(prev) if prev_end is None else min(len(prev), prev_end)
     reach = material - ANCHOR_CHARS  # how far ahead one probe rules anchors out
     ruled_out = -1  # anchors at or before this cannot re-align
-    for c in _anchors(cur, d + 1):
+    # an anchor closer than `material` to the end cannot re-align (`realign_at` wants that many
+    # chars in common): on a short prompt most word starts are there
+    for c in _anchors(cur, d + 1, len(cur) - material):
         if c <= ruled_out:
             continue
         anchor = cur[c:c + ANCHOR_CHARS]
