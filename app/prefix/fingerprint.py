@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
-import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,7 +48,6 @@ __all__ = ["CHARS_PER_TOKEN", "Fingerprint", "FingerprintMode", "FingerprintStat
 FingerprintMode = Literal["exact", "engine", "approx"]  # local tokenizer | /tokenize | char blocks
 CHARS_PER_TOKEN = 3.5  # estimate used before exact tokens exist
 DEFAULT_CHAIN_MEMO_BYTES = MemoryCaps.from_budget(DEFAULT_BUDGET_MB).chain_memo_bytes
-READMIT_POLL_S = 0.02  # how often a refused request polls for a cold-pool slot after its response
 # A walk record's bytes: its packed hashes, 8 B a block (array('Q')), plus the record and the
 # array's header. The node is the chain memo's (counted there) while the memo holds it.
 WALK_BLOCK_BYTES = 8
@@ -151,7 +149,6 @@ class Fingerprinter:
         self.tokenizer = tokenizer
         self.mode = mode
         self._release_lock = threading.Lock()
-        self._deferred_waiting = 0  # refused requests waiting for a cold-pool slot (`readmit`)
         self.engine = engine if mode == "engine" else None
         self.inline_chars = inline_chars
         self.inline_hash_tokens = inline_hash_tokens
@@ -369,30 +366,14 @@ class Fingerprinter:
         return False
 
     async def readmit(self, fp: Fingerprint) -> bool:
-        """After the response, the work `admit` refused: take a cold-pool slot for it, making it
-        pending again. The burst that filled the pool has usually passed by then; when it has
-        not, wait for a slot (polling every READMIT_POLL_S, at most the pool's `defer_s`), behind
-        the requests still to be routed, which take free slots first. The request stays `mode`
-        "approx" (it was routed so); only its chain is learned. False, and the work dropped, when
-        no slot came in time, the pool closed, or `deferred_limit` requests already wait."""
+        """After the response, the work `admit` refused: a cold-pool slot for it (the burst that
+        filled the pool has usually passed by then; else it waits, `ColdPool.reserve_deferred`),
+        making it pending again. The request stays `mode` "approx" (it was routed so); only its
+        chain is learned. False, and the work dropped, when no slot came."""
         work, fp.deferred = fp.deferred, None
         pool = self.tokenizer.cold
-        if work is None or pool is None or fp.complete:
+        if work is None or pool is None or fp.complete or not await pool.reserve_deferred():
             return False
-        if not pool.try_reserve(counted=False):
-            if self._deferred_waiting >= pool.deferred_limit:
-                return False
-            self._deferred_waiting += 1
-            try:
-                deadline = time.monotonic() + pool.defer_s
-                while True:
-                    if pool.closed or time.monotonic() + READMIT_POLL_S > deadline:
-                        return False
-                    await asyncio.sleep(READMIT_POLL_S)
-                    if pool.try_reserve(counted=False):
-                        break
-            finally:
-                self._deferred_waiting -= 1
         fp.pending, fp.cold_reserved = work, True
         return True
 

@@ -23,6 +23,7 @@ its parent's death.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import threading
@@ -35,6 +36,7 @@ from typing import Any
 
 DEFAULT_DEFER_S = 30.0  # prefix.cold_pool_defer_s
 DEFERRED_PER_SLOT = 4  # refused requests that may wait for a slot after their response, per slot
+DEFER_POLL_S = 0.02  # how often such a request polls for a slot
 _SERVE_WORKERS = 1  # serving processes on this host: `serve --workers N` sets it before forking
 
 
@@ -139,9 +141,10 @@ class ColdPool:
         self.workers = max(1, workers)
         self.capacity = self.workers * max(1, inflight)
         # refused work waits after its response at most `defer_s` for a slot, `capacity *
-        # DEFERRED_PER_SLOT` requests at a time (Fingerprinter.readmit)
+        # DEFERRED_PER_SLOT` requests at a time (`reserve_deferred`)
         self.defer_s = max(0.0, defer_s)
         self.deferred_limit = self.capacity * DEFERRED_PER_SLOT
+        self.deferred_waiting = 0  # only the event loop's `reserve_deferred` changes it
         self.inflight = 0  # admitted cold tokenisations not yet released
         self.admitted = 0
         self.refused = 0
@@ -165,9 +168,26 @@ class ColdPool:
         with self._lock:
             self.inflight = max(0, self.inflight - 1)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    async def reserve_deferred(self) -> bool:
+        """A slot for work refused before routing, after its response (not counted, as
+        `try_reserve(counted=False)`): at once when one is free, else polling every DEFER_POLL_S
+        for at most `defer_s`, behind the requests still to be routed, which take free slots
+        first. False when none came in time, the pool closed, or `deferred_limit` requests
+        already wait."""
+        if self.try_reserve(counted=False):
+            return True
+        if self.deferred_waiting >= self.deferred_limit:
+            return False
+        self.deferred_waiting += 1
+        try:
+            deadline = time.monotonic() + self.defer_s
+            while not self._closed and time.monotonic() + DEFER_POLL_S <= deadline:
+                await asyncio.sleep(DEFER_POLL_S)
+                if self.try_reserve(counted=False):
+                    return True
+            return False
+        finally:
+            self.deferred_waiting -= 1
 
     def _pool(self) -> ProcessPoolExecutor:
         with self._lock:
