@@ -58,6 +58,19 @@ def _deferred(proxy: Any, outcome: str) -> float:
     return proxy.sample("prefixgate_fingerprint_deferred_total", outcome=outcome) or 0.0
 
 
+def _second_turn_is_predicted_exactly(client: httpx.Client, hook: Any, doc: str, first: dict[str, Any]) -> None:
+    """The conversation's next turn after `first` (asked "one?" about `doc`): the engine has the
+    document cached, and the gateway predicts exactly that."""
+    body = {"model": "sim", "max_tokens": 8, "messages": [
+        {"role": "system", "content": "You read documents."}, {"role": "user", "content": f"{doc}\nQuestion: one?"},
+        {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And two?"}]}
+    second = client.post("/v1/chat/completions", json=body).json()
+    _wait_processed(hook, 2)
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 20_000 and hook.predictions[-1][2:] == (cached, cached)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -143,14 +156,7 @@ def test_a_chain_refused_by_a_full_pool_is_learned_after_the_response(sim_factor
         _wait_processed(hook, 1)
         assert pool.encoded == 1 and pool.refused == 1 and pool.inflight == 0
         assert _deferred(proxy, "completed") == 1 and _deferred(proxy, "dropped") == 0  # exact in the end
-        answer = first["choices"][0]["message"]["content"]
-        body = {"model": "sim", "max_tokens": 8, "messages": [
-            {"role": "system", "content": "You read documents."}, {"role": "user", "content": f"{doc}\nQuestion: one?"},
-            {"role": "assistant", "content": answer}, {"role": "user", "content": "And two?"}]}
-        second = client.post("/v1/chat/completions", json=body).json()
-        _wait_processed(hook, 2)
-    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached > 20_000 and hook.predictions[-1][2:] == (cached, cached)
+        _second_turn_is_predicted_exactly(client, hook, doc, first)
 
 
 def test_a_refused_chain_waits_for_a_slot_after_its_response(sim_factory, proxy_factory) -> None:
@@ -171,14 +177,7 @@ def test_a_refused_chain_waits_for_a_slot_after_its_response(sim_factory, proxy_
         _wait_processed(hook, 1)
         assert pool.encoded == 1 and pool.inflight == 0 and _count(proxy, "approx") == 1
         assert _deferred(proxy, "completed") == 1 and _deferred(proxy, "dropped") == 0
-        body = {"model": "sim", "max_tokens": 8, "messages": [
-            {"role": "system", "content": "You read documents."}, {"role": "user", "content": f"{doc}\nQuestion: one?"},
-            {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
-            {"role": "user", "content": "And two?"}]}
-        second = client.post("/v1/chat/completions", json=body).json()
-        _wait_processed(hook, 2)
-    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert cached > 20_000 and hook.predictions[-1][2:] == (cached, cached)
+        _second_turn_is_predicted_exactly(client, hook, doc, first)
 
 
 def test_the_pool_stops_with_the_server(sim_factory, proxy_factory) -> None:
