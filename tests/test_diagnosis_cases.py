@@ -12,8 +12,10 @@ round 6 (shares left, usage fractions, queue places, elapsed times, builds of on
 GUIDs, tools described in blocks) and round 7 (table rows, ports, nanosecond epochs, trace and
 message ids, tools numbered by position, in wrappers, as TOML tables or annotated methods) and
 round 8 (rising sequence ids, b3, Message-IDs, positions, countdown durations, short codes as
-flags, C# kernel functions). Each runs the gateway's own analysis (`prefixgate lint`: fingerprint, tracker,
-diagnosis) over the bodies a client would send."""
+flags, C# kernel functions) and round 9 (readings with units or timing keys, times ago, ISO
+durations, zero-padded tickets, log positions, stream ids, structured booleans, hour offsets,
+yearless stamps, weak ETags, base64 JSON, tool blocks of XML templates and classes). Each runs
+the gateway's own analysis (`prefixgate lint`: fingerprint, tracker, diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
 
@@ -289,6 +291,27 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Request time: {}", ["2026-03-04T09:15:22.481+01:00[Europe/Berlin]", "2026-03-04T09:17:03.112+01:00[Europe/Berlin]",
                           "2026-03-04T09:21:40.905+01:00[Europe/Berlin]"], "timestamp"),
     ("Jetzt ist es {} Uhr.", ["14:53", "14:58", "15:07"], "time"),
+    # round 9: readings with a unit or after a timing key, times ago, ISO durations, zero-padded
+    # tickets, log positions, stream ids, structured booleans, hour offsets, yearless stamps,
+    # weak ETags, base64 JSON
+    ("x-envoy-upstream-service-time-ms: {}", ["418", "1203", "377"], "counter"),
+    ("Timing: render;dur={}", ["81.4", "140.9", "62.7"], "counter"),
+    ("Battery temperature {} °C", ["31.7", "33.2", "32.9"], "counter"),
+    ("Voraussichtliche Dauer: {} Min.", ["14", "23", "17"], "counter"),
+    ("Julian date {}", ["2461102.81547", "2461102.82211", "2461102.83904"], "counter"),
+    ("The cache was warmed {} minutes ago.", ["3", "11", "26"], "counter"),
+    ("Zuletzt synchronisiert vor {} Minuten.", ["2", "9", "14"], "counter"),
+    ("Conversation age: {}", ["PT2M13S", "PT5M40S", "PT9M2S"], "counter"),
+    ("Aufrufnummer {}", ["A-017", "A-018", "A-021"], "id"),
+    ("Replication at LSN {}", ["3F/1A2B3C4D", "3F/1A4C0E11", "3F/1A6F2290"], "id"),
+    ("Kafka offset token {}", ["1767225600123-0", "1767225604551-3", "1767225611002-1"], "epoch"),
+    ("Save-Data: {}", ["?0", "?1", "?0"], "flag"),
+    ("Rendered at {}", ["2026-02-03 08:15:09.512+01", "2026-02-03 08:16:44.073+01", "2026-02-03 08:19:02.930+01"], "timestamp"),
+    ("Preise Stand {}", ["14.02., 07:45", "14.02., 09:12", "14.02., 11:30"], "timestamp"),
+    ("If-Match: {}", ['W/"1f4a-Qm9vdHN0cmFwIGNhY2hl0A"', 'W/"1f52-ZmlsZSBsaXN0aW5nIHYyB9"', 'W/"1f60-c3RhdGUgc25hcHNob3Q3x"'], "etag"),
+    ("Authorization: Bearer {}", ["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjAwfQ.a1B2c3D4e5F6g7H8",
+                                  "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjYwfQ.Z9y8X7w6V5u4T3s2",
+                                  "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NzIwfQ.k1L2m3N4o5P6q7R8"], "token"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -404,6 +427,19 @@ def test_tools_listed_as_routes_or_in_columns_in_another_order(fpr, form: str) -
 
 
 BLOCK_TOOLS = {
+    # round 9: blocks that name their tool inside (a tag, a declared type, `let name = "x"`),
+    # whatever separates them
+    "xml-function-blocks": [f"<function>\n<name>{n}</name>\n<description>{d}</description>\n<parameters>\n"
+                            f"<parameter>\n<name>order</name>\n<type>string</type>\n</parameter>\n</parameters>\n</function>"
+                            for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                                         ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+    "ruby-classes": [f'class {n.title().replace("_", "")} < Agent::Tool\n  description "{d}"\n  param :order, desc: "Order number"\nend\n'
+                     for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                                  ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+    "swift-structs": [f'struct {n.title().replace("_", "")}Tool: Tool {{\n    let name = "{n}"\n    let description = "{d}"\n\n'
+                      f"    struct Arguments {{\n        var order: String\n    }}\n}}\n"
+                      for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                                   ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
     "csharp-kernel": [f'    [KernelFunction("{n}"), Description("{d}")]\n    public async Task<string> {n.title().replace("_", "")}Async(string order)'
                       for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
                                    ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],

@@ -191,7 +191,36 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
          [None, "dynamic_head", "dynamic_head"]),
         ("pod", context("Handled by pod {}", ["api-gateway-7d9f8b6c5d-x2k4q", "api-gateway-7d9f8b6c5d-m8wzt",
                                               "api-gateway-7d9f8b6c5d-p5rtv"]), [None, "dynamic_head", "dynamic_head"]),
+        # round 9: readings, times ago, ISO durations, stream ids, structured booleans, hour offsets,
+        # yearless stamps, weak ETags, base64 JSON, tools as blocks of XML
+        ("timing-key", sys_line("x-envoy-upstream-service-time-ms: {}", ["418", "1203", "377"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("reading", sys_line("Battery temperature {} °C", ["31.7", "33.2", "32.9"]), [None, "dynamic_head", "dynamic_head"]),
+        ("time-ago", sys_line("The cache was warmed {} minutes ago.", ["3", "11", "26"]), [None, "dynamic_head", "dynamic_head"]),
+        ("iso-duration", sys_line("Conversation age: {}", ["PT2M13S", "PT5M40S", "PT9M2S"]), [None, "dynamic_head", "dynamic_head"]),
+        ("stream-id", sys_line("Kafka offset token {}", ["1767225600123-0", "1767225604551-3", "1767225611002-1"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("structured-boolean", context("Save-Data: {}", ["?0", "?1", "?0"]), [None, "dynamic_head", "dynamic_head"]),
+        ("hour-offset", sys_line("Rendered at {}", ["2026-02-03 08:15:09.512+01", "2026-02-03 08:16:44.073+01",
+                                                    "2026-02-03 08:19:02.930+01"]), [None, "dynamic_head", "dynamic_head"]),
+        ("yearless-stamp", sys_line("Preise Stand {}", ["14.02., 07:45", "14.02., 09:12", "14.02., 11:30"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("weak-etag", sys_line("If-Match: {}", ['W/"1f4a-Qm9vdHN0cmFwIGNhY2hl0A"', 'W/"1f52-ZmlsZSBsaXN0aW5nIHYyB9"',
+                                                'W/"1f60-c3RhdGUgc25hcHNob3Q3x"']), [None, "dynamic_head", "dynamic_head"]),
+        ("jwt", context("Authorization: Bearer {}", ["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjAwfQ.a1B2c3D4e5F6g7H8",
+                                                     "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjYwfQ.Z9y8X7w6V5u4T3s2",
+                                                     "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NzIwfQ.k1L2m3N4o5P6q7R8"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("xml-tool-blocks", [body(f"{SYSTEM}\n<tools>\n" + "\n".join(XML_TOOLS[k] for k in o) + "\n</tools>\nAnswer briefly.", t)
+                             for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
+         [None, "tool_order", None]),
     ]
+
+
+XML_TOOLS = [f"<function>\n<name>{n}</name>\n<description>{d}</description>\n<parameters>\n<parameter>\n"
+             f"<name>order</name>\n<type>string</type>\n</parameter>\n</parameters>\n</function>"
+             for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+                          ("parcel_track", "Tracking events."), ("address_set", "Change the address."))]
 
 
 def test_two_pods_agree_on_values_told_by_shape_and_dates_that_roll_over(

@@ -4,8 +4,8 @@ prints the tables), and the wall between the detector and the held-out split.
 The tune side (the first corpus, `tune`, `tune2` and the earlier held-out splits: `heldout` joined
 the tune side when `heldout2` was written, `heldout2` when `heldout3` was, `heldout3` when `heldout4`
 was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was,
-`heldout7` when `heldout8` was) is what the detector is developed against: its scores may rise,
-never fall below the floors. The held-out split `heldout8` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+`heldout7` when `heldout8` was, `heldout8` when `heldout9` was) is what the detector is developed
+against: its scores may rise, never fall below the floors. The held-out split `heldout9` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -39,30 +39,33 @@ FLOORS = {
     # the third (measured 0.906 / 0.787 / 0.803), tune side since heldout4
     "heldout3": (1.0, 1.0, 1.0),
     "heldout4": (1.0, 1.0, 1.0),  # the fourth (measured 0.831 / 0.738 / 0.573), tune side since heldout5
-    # the fifth (measured 0.896 / 0.764 / 0.667), tune side since heldout6: 0.998 / 0.987 / 1.0 (one
-    # Codex compaction read as a front trim)
-    "heldout5": (0.998, 0.987, 1.0),
+    "heldout5": (1.0, 1.0, 1.0),  # the fifth (measured 0.896 / 0.764 / 0.667), tune side since heldout6
     # the sixth (measured 0.901 / 0.784 / 0.710), tune side since heldout7: its labels leave `Uhr` out
     # of a date-time (`04.02.2026 um 06:21`), the first splits keep it in (`25.07.2026 22:26 Uhr`)
     "heldout6": (1.0, 1.0, 0.987),
-    "heldout7": (0.996, 0.993, 0.994),  # the seventh (measured 0.897 / 0.776 / 0.573), tune side since heldout8
+    "heldout7": (1.0, 1.0, 1.0),  # the seventh (measured 0.897 / 0.776 / 0.573), tune side since heldout8
+    "heldout8": (1.0, 1.0, 1.0),  # the eighth (measured 0.880 / 0.715 / 0.544), tune side since heldout9
 }
-# issue 29's goal on the held-out split (heldout8), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout9), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
-TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7")
+TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
+              "heldout8")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
 BEFORE_THE_POOL = {
     "restliches": "c2bdc15, round 4 (`restlich\\w*` in `_LEFT`), before heldout5, heldout6 and heldout7 existed",
+    "expires": "4614156, round 8 (`expires` in `_COUNTER_KEY`, a countdown's key; moved to value_kind.py by aca78d5), "
+               "before heldout9 existed",
 }
 
 # the detector's word lists: every frozenset of words in app/prefix/dynamic.py and app/prefix/value_kind.py, and the regexes
 # that recognise a key or a "now" cue by its words (the value-format patterns are not word lists)
-KEY_PATTERNS = {name: getattr(value_kind, name) for name in ("_FLAG_KEY", "_DYNAMIC_KEY", "_WEEK_KEY", "_COUNTER_KEY")}
+KEY_PATTERNS = {name: getattr(value_kind, name) for name in ("_FLAG_KEY", "_DYNAMIC_KEY", "_WEEK_KEY", "_COUNTER_KEY",
+                                                              "_TIMING_KEY", "_UNIT_AFTER", "_READING_UNIT")}
 KEY_PATTERNS["NOW_CUE"] = dynamic.NOW_CUE
 KEY_PATTERNS["_LEFT"] = re.compile(rf"(?i)(?:{dynamic._LEFT})")  # what is left of a budget, by its words
 WORD_SETS = {name: value for module in (dynamic, value_kind) for name, value in vars(module).items()
@@ -143,7 +146,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout8`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout9`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

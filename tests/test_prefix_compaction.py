@@ -118,6 +118,22 @@ def test_codex_shaped_compaction_keeps_user_messages_then_the_summary() -> None:
     assert diagnose(prev, sketch([users[0], user(8)])).cause != "compaction"
 
 
+def test_a_summary_long_next_to_short_turns_is_a_compaction() -> None:
+    """Short turns (a chat without tool output) summarised: the summary keeps more than half of the
+    history's text, but half of its messages or fewer in less text is still a compaction; a
+    "summary" longer than all it replaces is not one."""
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": words(300 + i, 12)} for i in range(9)]
+    text = sum(len(m["content"]) for m in turns)
+    prev = sketch(turns)
+    summary = {"role": "user", "content": "Summary of the conversation so far: " + words(950, 45)}
+    newest = {"role": "user", "content": words(960, 10)}
+    kept = len(summary["content"]) + len(newest["content"])
+    assert 0.5 * text < kept < text  # more than COMPACTED_SHARE of the text, in fewer characters
+    assert diagnose(prev, sketch([summary, newest])).cause == "compaction"
+    longer = {"role": "user", "content": "Summary of the conversation so far: " + words(970, 90)}
+    assert diagnose(prev, sketch([longer, newest])).cause != "compaction"
+
+
 def test_lint_names_a_codex_shaped_compaction(tmp_path: Path, capsys) -> None:
     """Through `prefixgate lint --json` (the tracker's choice of the pair): the compacted history
     starts like the session's first request, and is still named against the request it compacted."""

@@ -32,7 +32,7 @@ re-alignment are secondary findings):
   turn inserted or removed before the last one).
 - `question_first`: the last user turn starts with variable text and static text follows it.
 - `compaction`: the agent compacted its context: the system prompt and tools are kept, at most half
-  of the history's text is left, and a message the previous history did not have stands in for
+  of the history's text is left (or half of its messages, in less text), and a message the previous history did not have stands in for
   the dropped turns (a summary: before the newest turn, or as the newest message after the kept
   user messages, Codex's shape). Paid once: the session continues from the new prefix. Not a
   problem: counted apart from breaks, as `new_session` is. A history trimmed a little on every
@@ -65,7 +65,7 @@ from app.prefix.dynamic import (
     rolled_over,
 )
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.value_kind import value_kind
+from app.prefix.value_kind import boolean_start, value_kind
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")
@@ -123,6 +123,10 @@ _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.]
 _ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
 # a declaration in code: keywords, a Java or a C# type before a name and `(`
 _DECLARATION = re.compile(rf"^\s*(?:{_KEYWORDS}|{_JAVA_TYPE}|{_CSHARP_TYPE})[A-Za-z_]\w*\s*\(")
+# a type declared in code (`class WeinSuchen < RubyLLM::Tool`, `struct StartSessionTool: Tool {`)
+_TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|abstract|export|sealed)\s+)*"
+                               r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*")
+_NAME_ASSIGNED = re.compile(rf"""^\s*(?:(?:let|var|const|val|static)\s+)*name\s*[:=]\s*["']{_NAME}["']""")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 KEY_SIZE = 16
@@ -467,8 +471,10 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
 
 
 def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_chars: int) -> bool:
-    """A history long enough to compact, and the current one at most COMPACTED_SHARE of its text."""
-    return prev_messages >= COMPACTED_MIN_MESSAGES and cur_messages > 0 and cur_chars <= COMPACTED_SHARE * prev_chars
+    """A history long enough to compact, and the current one at most COMPACTED_SHARE of its text, or
+    at most half of its messages in less text (a summary may be long next to short turns)."""
+    return prev_messages >= COMPACTED_MIN_MESSAGES and cur_messages > 0 and (
+        cur_chars <= COMPACTED_SHARE * prev_chars or (cur_messages * 2 <= prev_messages and cur_chars < prev_chars))
 
 
 def summary_stands_in(prev: list[tuple[bool, str]], seen: set[str], cur: list[tuple[bool, str]]) -> bool:
@@ -527,7 +533,7 @@ def _lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     if len(pw) < 2 or pw == cw:
         return False, False
     if sorted(pw) == sorted(cw):
-        return True, tool_entries(cw)
+        return True, tool_entries(cw) or tool_blocks(p, c)
     # entries numbered by position (`1. name …`, `(1) name …`): the numbers stay, the entries move
     pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
     if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:
@@ -556,6 +562,22 @@ def tool_entries(lines: list[str]) -> bool:
                  for ln in named)
     per_entry = ENTRY_LINES if strong else 1
     return max(Counter(map(_shape, rest)).values(), default=0) <= per_entry * len(named) + 1
+
+
+def tool_blocks(prev: list[str], cur: list[str]) -> bool:
+    """Did lines that declare names move, in two texts that hold the same lines? What each tool's
+    block declares (its name in a tag, `class X < RubyLLM::Tool`, `struct XTool: Tool {` with its
+    `let name = "x"`) moves with the block, whatever separates the blocks. Rules moved as
+    paragraphs declare nothing and stay a `template_change`."""
+    dp, dc = [ln for ln in prev if declares_name(ln)], [ln for ln in cur if declares_name(ln)]
+    return dp != dc and sorted(dp) == sorted(dc)
+
+
+def declares_name(line: str) -> bool:
+    """Does a line name a tool as code or markup does (a tag holding the name, a name key, a
+    declaration of a function or a type, `let name = "x"`)?"""
+    return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
+                or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line))
 
 
 def _shape(line: str) -> str:
@@ -658,11 +680,12 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     pline1 = len(prev) if pline1 < 0 else pline1
     if cd - line0 >= LINE_SCAN_CHARS or pd - pline0 >= LINE_SCAN_CHARS:
         return None  # deep in a document's line: no value is read there (dynamic.LINE_SCAN_CHARS)
+    # the window reaches past the changed token's end: a long token (a JWT) is read whole
     span = next((s for s in detector.find(cur, max(line0, cd - VALUE_WINDOW),
-                                          min(line1, cd + VALUE_WINDOW, line0 + LINE_SCAN_CHARS))
+                                          min(line1, max(cd + VALUE_WINDOW, ce + 2), line0 + LINE_SCAN_CHARS))
                  if s.start <= cd <= s.end), None)
     pspan = next((s for s in detector.find(prev, max(pline0, pd - VALUE_WINDOW),
-                                           min(pline1, pd + VALUE_WINDOW, pline0 + LINE_SCAN_CHARS))
+                                           min(pline1, max(pd + VALUE_WINDOW, pe + 2), pline0 + LINE_SCAN_CHARS))
                   if s.start <= pd <= s.end), None)
     if span is not None and pspan is not None and span.start - line0 == pspan.start - pline0:
         kind = dynamic_kind(cur, line0, span)
@@ -693,6 +716,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         return None
     if kind == "port":
         cs = port_start(cur, cs, ce)
+    elif kind == "flag":
+        cs = boolean_start(cur, cs)
     return Span(cs, ce, kind, cur[cs:ce]), pe
 
 

@@ -29,6 +29,7 @@ from app.prefix.diagnose import (
     _token,
     _tools_span,
     continues,
+    declares_name,
     dynamic_kind,
     first_exchange,
     history_shrunk,
@@ -54,7 +55,7 @@ from app.prefix.dynamic import (
     rolled_from,
 )
 from app.prefix.sketch import RequestSketch
-from app.prefix.value_kind import keyed_value, value_kind
+from app.prefix.value_kind import boolean_start, keyed_value, value_kind
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
 MAX_TURNS = 64  # turn keys per request (the first ones: where trims and edits show)
@@ -375,9 +376,11 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             b = min(b, end)
             tok = text[a:b]
             kind = value_kind(text[start:a], tok, tok, text[b:end]) if tok else None
-            keyed = keyed_value(text[start:a], text[b:end])
             if kind == "port":
                 a = port_start(text, a, b)
+            elif kind == "flag":
+                a = boolean_start(text, a)  # `?0`: its key's sign is before the `?`
+            keyed = keyed_value(text[start:a], text[b:end])
             if kind is not None and (keyed or kind in ("epoch", "week", "date", "counter", "port")
                                      or (kind == "nonce" and any(c.isdigit() for c in tok))):
                 out.append(Span(a, b, kind, text[a:b]))
@@ -439,7 +442,8 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         wp, wc = rest_p[:len(rest_p) - tail_p], rest_c[:len(rest_c) - tail_p]
         if len(wc) >= 2 and sorted(wp) == sorted(wc) and wp != wc:
             cur_lines = [cur.text[a:b] for a, b in bounds[i:i + len(wc)]]
-            if tool_entries(cur_lines):
+            declaring = {key for key, line in zip(wc, cur_lines, strict=False) if declares_name(line)}
+            if tool_entries(cur_lines) or [k for k in wp if k in declaring] != [k for k in wc if k in declaring]:
                 return Diagnosis("tool_order", cd, [], None, "tools listed in the system text, other order")
             if i < len(bounds) and _within_schemas(cur, bounds[i][0], bounds[min(i + len(wc), len(bounds)) - 1][1]):
                 return Diagnosis("tool_order", cd, [], None, "tool schemas written in the prompt text, other order")

@@ -15,8 +15,8 @@ French, Spanish, Italian, Portuguese and Dutch, CJK dates, clock times, Unix epo
 too), ULIDs, long hex ids, Claude Code's billing-header hash (`cch=`), request/session/trace ids,
 prefixed ids (req_…, sess_…), trace contexts (traceparent, Cloud Trace, sentry-trace, b3, Jaeger),
 message ids (WhatsApp, Matrix, e-mail Message-IDs), Kubernetes pod names, emails, user-name lines,
-counters (turn 7, request #123, a queue place, a share used, an elapsed time) and what is left of
-a budget (`Context left: 187655`). A changed token that no pattern knows is judged by
+counters (turn 7, request #123, a queue place, a share used, an elapsed time, a time ago) and what
+is left of a budget (`Context left: 187655`), weak entity tags (`W/"…"`), base64 JSON (JWTs). A changed token that no pattern knows is judged by
 app/prefix/value_kind.py.
 """
 
@@ -58,7 +58,9 @@ _TIME = rf"{_CLOCK}(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
 _BARE_TIME = rf"{_CLOCK}(?:\s?[AaPp]\.?[Mm]\.?)?"
 # a zone: Go's `+0000 UTC` and JavaScript's `GMT+0000 (Coordinated Universal Time)` too
 _TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T|MES?Z)(?: (?:UTC|GMT))?"
-       r"(?: \([A-Z][A-Za-z ]{2,40}\))?(?:\[[A-Za-z_]+(?:/[A-Za-z_]+){1,2}\])?)?")  # Java's `[Europe/Berlin]`
+       r"(?: \([A-Z][A-Za-z ]{2,40}\))?(?:\[[A-Za-z_]+(?:/[A-Za-z_]+){1,2}\])?"  # Java's `[Europe/Berlin]`
+       # or an offset in hours alone, glued to the time (ISO 8601 allows it; PostgreSQL writes `+02`)
+       r"|(?<=\d)[+-](?:0\d|1[0-4])(?![\d:.]))?")
 # a German clock written with a dot (`13.56 Uhr`): only before its `Uhr`, else it is a decimal number
 _DOT_TIME = r"(?:[01]?\d|2[0-3])\.[0-5]\d(?=\s?Uhr\b)"
 # Kubernetes' pod names end in the ReplicaSet's hash and a suffix of 5, from its alphabet without vowels
@@ -94,11 +96,20 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b"),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
+    # a day and a month without a year, then a clock (`03.05., 02:03`): a time stamp, not a date alone
+    ("timestamp", rf"(?<![\d.])\b{_DAY}\.{_MON}\.,?\s*(?:um\s+)?{_CLOCK}(?![\d:])"),
     ("time", rf"(?<![\w.:/-]){_BARE_TIME}{_TZ}(?![\w:/-]|\.\w)"),  # a full stop may end the sentence
     ("time", rf"(?<![\w.:/-]){_DOT_TIME}"),
     # a web server's log time (`[05/Mar/2026:15:52:25 +0000]`)
     ("timestamp", rf"\b{_DAY}/{_MON_ABBR}/{_YEAR}:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
                   r"(?: [+-]\d{4})?"),
+    # base64 of a JSON object (`eyJ` is `{"`): a JWT, a framework's encrypted cookie (`X-XSRF-TOKEN`)
+    ("token", r"\beyJ[A-Za-z0-9+/_-]{16,}={0,2}(?:\.[A-Za-z0-9_-]+={0,2}){0,2}"),
+    # a weak entity tag (RFC 9110: `W/"<opaque>"`), whole
+    ("etag", r'\bW/"[\x21\x23-\x7e]{6,}"'),
+    # a time ago (`refreshed 23 minutes ago`, `vor 12 Minuten`): it grows as the clock runs
+    ("counter", r"(?i)\b\d+\s?(?:seconds?|minutes?|hours?|days?)\s+ago\b"),
+    ("counter", r"(?i)\bvor\s+\d+\s?(?:minuten|stunden|tagen)\b"),
     ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
     ("uuid", rf"(?i)\b{_UUID}\b"),
     ("uuid", rf"(?i)\{{{_UUID}\}}"),  # .NET's braced form
@@ -154,7 +165,7 @@ LINE_SCAN_CHARS = 4096
 # Kinds that change per request in practice (a single request can be judged on them alone);
 # dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
 VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "trace", "instance", "message", "epoch", "counter",
-                            "elapsed", "hex",
+                            "elapsed", "hex", "etag", "token",
                             "billing_header"})
 NOW_CUE = re.compile(r"(?i)(?:\b(?:current|today|now|heute|aktuell|jetzt|aujourd|nous sommes|hoy|oggi|vandaag|"
                      r"date\s*:|datum\s*:|time\s*:|zeit\s*:|stand\s*:)|今天|今日|现在|本日)")

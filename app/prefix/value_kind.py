@@ -55,6 +55,13 @@ _SPENT = re.compile(r"(?i)\b(?:spent|cost|costs|kostete|ausgegeben|verbraucht)\b
 _LOOPBACK = r"localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]"
 _HOST_PORT = re.compile(rf"(?i)({_LOOPBACK}):(\d{{4,5}})")
 _PORT_BEFORE = re.compile(rf"(?i)(?:\bport\s+|(?:{_LOOPBACK}):)$")
+# a reading's unit after its number; a key that names a time taken (its last word a unit, a duration)
+_UNIT_AFTER = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB|ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|GB\b)")
+_READING_UNIT = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB)")  # units of what instruments read, not of what rules set
+_TIMING_KEY = re.compile(r"(?i)(?:\b(?:ms|us|sec|seconds|min|minutes)$|\b(?:dur|duration|latency)\b)")
+_FINE = re.compile(r"\d+\.\d{4,}")  # a reading with four decimals or more
+_ISO_DURATION = re.compile(r"P(?:\d+D)?T(?:\d+H)?(?:\d+M)?\d+(?:[.,]\d+)?S")  # ISO 8601, seconds included
+_EPOCH_ID = re.compile(r"1[5-9]\d{11}-\d{1,6}")  # milliseconds since the epoch, then a sequence number
 _OF_TOTAL = re.compile(r"(?i)\s*(?:of|von|/)\s+(?:the\s+|den\s+)?\d")  # `41.2k of the 128k window`
 
 
@@ -101,10 +108,14 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "epoch"
     if _POSITION.fullmatch(new) and _POSITION.fullmatch(old):
         return "position"
+    if _EPOCH_ID.fullmatch(new) and _EPOCH_ID.fullmatch(old):
+        return "epoch"  # an id that opens with the time it was made (a Redis stream id `1775857905933-1`)
+    if new in ("0", "1") and old in ("0", "1") and line_prefix.endswith("?"):
+        return "flag"  # a structured header's boolean (RFC 8941: `Sec-CH-UA-Mobile: ?0`; `boolean_start`)
     key = _KEY.search(line_prefix)
-    if _counted(line_prefix, key, old, new, line_rest):
+    if _counted(line_prefix, key, old, new, line_rest) or _measured(key, old, new, line_rest):
         return "counter"
-    if _rising_id(old, new):
+    if _rising_sequence(old, new):
         return "id"
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
         # a build of the same release, some commits on (`v0.13.8-18-g9711b4d` -> `-19-g5fd58c3`),
@@ -143,6 +154,11 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     return None
 
 
+def boolean_start(text: str, start: int) -> int:
+    """Where a structured header's boolean starts: at its `?` (`?0`), which is part of the value."""
+    return start - 1 if text[start - 1:start] == "?" else start
+
+
 def _whole_value_kind(old: str, new: str) -> str | None:
     """A key line's whole value that changed: a flag when both are one word (or a short code), a
     value when both are ids; else an edit."""
@@ -153,11 +169,60 @@ def _whole_value_kind(old: str, new: str) -> str | None:
     return None
 
 
-def _rising_id(old: str, new: str) -> bool:
-    """A long number that rose a little between two requests (a CI run id, a chat platform's update
-    id): a sequence others advance too, not an edited setting (`limit: 5` -> `10`)."""
-    return (old.isdigit() and new.isdigit() and len(old) >= 6 and len(new) == len(old)
-            and 0 < int(new) - int(old) <= int(old) // 1000)
+_RUNS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]+")
+
+
+def _rising_sequence(old: str, new: str) -> bool:
+    """A value of one shape whose first changed part is a number that rose a little: a sequence
+    others advance too (a CI run id, an update id, a log position `10/9C5FA374`, a waiting ticket
+    `E-080`), not an edited setting (`limit: 5` -> `10`). The number is long (6+ digits, decimal or
+    hex, risen by at most 1%) or zero-padded (`079`, risen by at most 50): a setting is neither."""
+    a, b = _RUNS.findall(old), _RUNS.findall(new)
+    if len(a) != len(b) or len(old) != len(new):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x == y:
+            continue
+        if not x.isalnum() or len(x) != len(y):
+            return False
+        base = 10 if x.isdigit() and y.isdigit() else 16
+        try:
+            u, v = int(x, base), int(y, base)
+        except ValueError:
+            return False
+        if base == 16 and not (any(c.isdigit() for c in x) and any(c.isdigit() for c in y)):
+            return False  # a word of hex letters (`cafe`) is no number
+        if len(x) >= 6:
+            return 0 < v - u <= u // 100
+        return base == 10 and len(x) >= 3 and x[0] == "0" and 0 < v - u <= 50
+    return False
+
+
+def _significant(number: str) -> int:
+    """How many significant digits a number is written with (`30` 1, `6.4` 2, `354.8` 4)."""
+    digits = "".join(c for c in number if c.isdigit()).lstrip("0")
+    return len(digits.rstrip("0"))
+
+
+def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | None) -> bool:
+    """A reading that moves per request: a number before the unit of an instrument's reading (`6.4
+    °C`, `18.42 kWh`, `-63 dBm`) or of a time after a key or with decimals (`Wartezeit: 12 Min.`),
+    or after a key that names a time taken (`openai-processing-ms`, `dur=`), not
+    round in both (`Timeout: 30 s` -> `60 s` is an edit); an instrument's reading with four
+    decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`)."""
+    if _ISO_DURATION.fullmatch(new) and _ISO_DURATION.fullmatch(old):
+        return True
+    new, old = new.removeprefix("-"), old.removeprefix("-")  # `-63 dBm`
+    if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old)):
+        return False
+    if max(_significant(new), _significant(old)) <= 1:
+        return False
+    if _FINE.fullmatch(new) and _FINE.fullmatch(old):
+        return True
+    if line_rest is not None and (_READING_UNIT.match(line_rest) or _UNIT_AFTER.match(line_rest) and (
+            key is not None or ("." in new and "." in old) or ("," in new and "," in old))):
+        return True  # a time after a key or with decimals: in a sentence, `below 30 ms` -> `15 ms` is an edit
+    return key is not None and _TIMING_KEY.search(_words(key.group(1))) is not None
 
 
 def _words(key: str) -> str:
