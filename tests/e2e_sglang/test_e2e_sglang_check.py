@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.e2e_sglang, pytest.mark.timeout(900)]
 
 
 def _check(url: str) -> tuple[int, dict[str, Any]]:
-    # 5000 tokens, four sends: the cold prefill dwarfs the warm calls' jitter on two busy cores
+    # 7000 tokens, four sends: the cold prefill dwarfs the warm calls' jitter on two busy cores
     # (at 2000 tokens a warm call could take 0.8-1.1 s against a 1.3 s cold one and read "unclear")
-    cmd = [sys.executable, "-m", "app", "check", url, "--json", "--prompt-tokens", "5000", "--repeats", "4",
+    cmd = [sys.executable, "-m", "app", "check", url, "--json", "--prompt-tokens", "7000", "--repeats", "4",
            "--no-decode", "--timeout", "120"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     report = json.loads(done.stdout.strip().splitlines()[-1])
