@@ -14,7 +14,9 @@ message ids, tools numbered by position, in wrappers, as TOML tables or annotate
 round 8 (rising sequence ids, b3, Message-IDs, positions, countdown durations, short codes as
 flags, C# kernel functions) and round 9 (readings with units or timing keys, times ago, ISO
 durations, zero-padded tickets, log positions, stream ids, structured booleans, hour offsets,
-yearless stamps, weak ETags, base64 JSON, tool blocks of XML templates and classes). Each runs
+yearless stamps, weak ETags, base64 JSON, tool blocks of XML templates and classes) and round 10
+(sizes, ranges, redrawn hashes, long tokens, joined ids, hours and minutes, log, Oracle and German
+`date` stamps, spoken dates, a key's clock with `Uhr`, tools made by calls). Each runs
 the gateway's own analysis (`prefixgate lint`: fingerprint, tracker, diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
@@ -309,6 +311,22 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Rendered at {}", ["2026-02-03 08:15:09.512+01", "2026-02-03 08:16:44.073+01", "2026-02-03 08:19:02.930+01"], "timestamp"),
     ("Preise Stand {}", ["14.02., 07:45", "14.02., 09:12", "14.02., 11:30"], "timestamp"),
     ("If-Match: {}", ['W/"1f4a-Qm9vdHN0cmFwIGNhY2hl0A"', 'W/"1f52-ZmlsZSBsaXN0aW5nIHYyB9"', 'W/"1f60-c3RhdGUgc25hcHNob3Q3x"'], "etag"),
+    # round 10: sizes with a unit, ranges, redrawn hashes with a separator, long tokens, joined ids,
+    # hours and minutes, log and Oracle stamps, German `date`, spoken dates, a key's clock with `Uhr`
+    ("Scratch space left: {}", ["2.4T", "2.3T", "2.1T"], "counter"),
+    ("Freier Speicher: {}", ["812G", "797G", "770G"], "counter"),
+    ("Wartezeit an der Kasse: {} Minuten", ["5–10", "10–15", "0–5"], "counter"),
+    ("Build cache entry [{}] reused.", ["3f/9a1c2e", "52/771043", "a0/e4b9d1"], "nonce"),
+    ("__RequestVerificationToken: {}", ['CfDJ8gtD7fGUOv8fwNfBb0jXxUJR4QQAAabVVloZaXZxmCu1VShIqmArIntn9oX98WHgCtzC1uwB5FXZPf7stg7NvlE3LaruSrjLnonWKTn9UGKzEesg61SH', 'CfDJ8E_qaQQ0NV3vTH1lS6V6-o9jl8zSOwW_rXL-iuItEnuj-hlrWB8gpj7ktsjs0sW5uqSVZu9kK1V1miDZU4XcXF8cVGROoX9YE17swJaevAszj0OvEmMl', 'CfDJ8rltQ10v7SUw9ZRLsAwNpSpw23c_l9wxUhm_g1Con-kS9DP4flFRyB9jf8Ef-iTkl_8PCQmkrlD7suQEAg6NYB229x8yZl7ImA3k8nSV9_qT2GIdiKID'], "nonce"),
+    ("activity.id = {}", ["Kq3vT9xw2LmP0aZ-eu|0000012", "Kq3vT9xw2LmP0aZ-eu|0000015", "Kq3vT9xw2LmP0aZ-eu|0000019"], "id"),
+    ("ETA at the gate in {}.", ["4h 12m", "3h 58m", "3h 41m"], "elapsed"),
+    ("Log: {} [main] INFO", ["Mar-03 09:12:44.120", "Mar-03 09:15:02.981", "Mar-03 09:21:30.007"], "timestamp"),
+    ("SYSTIMESTAMP -> {}", ["03-MAR-26 09.12.44.120000 AM +01:00", "03-MAR-26 09.15.02.981000 AM +01:00",
+                            "03-MAR-26 09.21.30.007000 AM +01:00"], "timestamp"),
+    ("Serverzeit: {}", ["Do 3. Dez 09:12:44 CET 2026", "Do 3. Dez 09:15:02 CET 2026", "Do 3. Dez 09:21:30 CET 2026"],
+     "timestamp"),
+    ("Today is {}.", ["Tuesday, March third", "Wednesday, March fourth", "Thursday, March fifth"], "date"),
+    ("Uhrzeit am Empfang: {}", ["09:12:44 Uhr", "09:15:02 Uhr", "09:21:30 Uhr"], "time"),
     ("Authorization: Bearer {}", ["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjAwfQ.a1B2c3D4e5F6g7H8",
                                   "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjYwfQ.Z9y8X7w6V5u4T3s2",
                                   "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NzIwfQ.k1L2m3N4o5P6q7R8"], "token"),
@@ -320,6 +338,15 @@ def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[s
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]  # the value itself, not its line
     assert all(r["span_kinds"] == [kind] for r in got)
+
+
+def test_oracle_date_rolling_over_without_a_cue(fpr) -> None:
+    """Oracle's `DD-MON-RR` date a day later is a clock's date, not an edit (round 10)."""
+    dates = ["Berth schedule for 16-APR-26", "Berth schedule for 16-APR-26", "Berth schedule for 17-APR-26"]
+    bodies = [body(f"{d}\n{SYSTEM}", t) for d, t in zip(dates, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == [None, "dynamic_head"]
+    assert got[1]["spans"] == ["17-APR-26"] and got[1]["span_kinds"] == ["date"]
 
 
 def test_date_rolling_over_at_midnight(fpr) -> None:
@@ -426,39 +453,37 @@ def test_tools_listed_as_routes_or_in_columns_in_another_order(fpr, form: str) -
     assert reordered_listing_causes(fpr, COLUMN_TOOLS[form], "Commands", [1, 3, 0, 2]) == ["tool_order", None]
 
 
+# four tools of a shop, (name, description): the entries of the block forms below
+ORDER_TOOLS = (("order_show", "One order with its lines."), ("return_open", "Open a return."),
+               ("parcel_track", "Tracking events."), ("address_set", "Change the address."))
 BLOCK_TOOLS = {
     # round 9: blocks that name their tool inside (a tag, a declared type, `let name = "x"`),
     # whatever separates them
     "xml-function-blocks": [f"<function>\n<name>{n}</name>\n<description>{d}</description>\n<parameters>\n"
                             f"<parameter>\n<name>order</name>\n<type>string</type>\n</parameter>\n</parameters>\n</function>"
-                            for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
-                                         ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+                            for n, d in ORDER_TOOLS],
+    "php-tool-chains": [f"    Tool::as('{n}')\n        ->for('{d}')\n        ->withStringParameter('order', 'Order number')\n"
+                        f"        ->using($this->shop->{n.split('_')[0]}(...)),"
+                        for n, d in ORDER_TOOLS],
     "ruby-classes": [f'class {n.title().replace("_", "")} < Agent::Tool\n  description "{d}"\n  param :order, desc: "Order number"\nend\n'
-                     for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
-                                  ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+                     for n, d in ORDER_TOOLS],
     "swift-structs": [f'struct {n.title().replace("_", "")}Tool: Tool {{\n    let name = "{n}"\n    let description = "{d}"\n\n'
                       f"    struct Arguments {{\n        var order: String\n    }}\n}}\n"
-                      for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
-                                   ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+                      for n, d in ORDER_TOOLS],
     "csharp-kernel": [f'    [KernelFunction("{n}"), Description("{d}")]\n    public async Task<string> {n.title().replace("_", "")}Async(string order)'
-                      for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
-                                   ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+                      for n, d in ORDER_TOOLS],
     "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
-                    for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
-                                 ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+                    for n, d in ORDER_TOOLS],
     "java-annotated": [f'    @Tool(description = "{d}")\n    String {n}(String order);'
                        for n, d in (("orderShow", "One order with its lines."), ("returnOpen", "Open a return."),
                                     ("parcelTrack", "Tracking events."), ("addressSet", "Change the address."))],
     "name-key-blocks": [f"Tool Name: {n}\nTool Arguments: {{'order': {{'type': 'str'}}}}\nTool Description: {d}"
-                        for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
-                                     ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+                        for n, d in ORDER_TOOLS],
     "quoted-name-blocks": [f"> Tool Name: {n}\nTool Description: {n}(order: str) -> str\n{d}\n"
                            f'Tool Args: {{"properties": {{"order": {{"type": "string"}}}}}}\n'
-                           for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
-                                        ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+                           for n, d in ORDER_TOOLS],
     "code-name-entries": [f"- {n}: {d}\n    Takes inputs: {{'order': {{'type': 'string'}}}}\n    Returns an output of type: string"
-                          for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),
-                                       ("parcel_track", "Tracking events."), ("address_set", "Change the address."))],
+                          for n, d in ORDER_TOOLS],
 }
 
 

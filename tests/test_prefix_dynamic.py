@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from app.prefix.dynamic import DynamicDetector, dynamic_lines, find_dynamic_spans
+from app.prefix.dynamic import DynamicDetector, Span, _merge, dynamic_lines, find_dynamic_spans, needs_digit
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DYNAMIC = [
     ("Current time: 2026-04-14T09:31:07Z", "timestamp"),
@@ -64,3 +69,36 @@ def test_extra_patterns() -> None:
     spans = det.find("build BLD-4411 ok")
     assert [(s.kind, s.text) for s in spans] == [("custom", "BLD-4411")]
     assert find_dynamic_spans("build BLD-4411 ok", [r"BLD-\d+"])[0].text == "BLD-4411"
+
+
+@pytest.mark.parametrize("pattern,needs", [
+    (r"\d+", True), (r"[0-9a-f]{8}", False), (r"[2-9]{5}", True), (r"(?=[A-Za-z]*\d)[A-Za-z0-9]{6,}", True),
+    (r"(?<=\d)x", False), (r"a\d?", False), (r"(?:\d|x)", False), (r"(?:\d|[0-9])y", True), (r"(?i)(ab|7)c", False),
+    (r"x{0,3}\d{2}", True), (r"(?:ab)+1", True),
+])
+def test_needs_digit_reads_the_parsed_pattern(pattern: str, needs: bool) -> None:
+    """Only a digit that every match holds (or that a lookahead every match passes needs) counts;
+    a lookbehind, an optional digit or a branch without one does not."""
+    assert needs_digit(pattern) is needs
+
+
+def test_find_skips_patterns_a_window_cannot_match_and_answers_the_same() -> None:
+    """Without a digit in the window, only patterns that can match without one run; with digits and
+    no weekday or month name, the name patterns do not run; the answers are those of every pattern
+    run on every window (the corpora's prompts, sliced)."""
+    detector = DynamicDetector()
+    every = detector._variants[True, True]
+    assert len(detector._variants[False, True]) < len(every) / 2
+    assert len(detector._variants[True, False]) < len(every)
+    texts = []
+    for path in sorted((ROOT / "tests/fixtures/diagnosis_v2").glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines()[:12]:
+            for req in json.loads(line)["requests"][:2]:
+                texts += [m["content"] for m in req["messages"] if isinstance(m.get("content"), str)]
+    assert len(texts) > 200
+    for text in texts:
+        for start in range(0, len(text), 151):
+            end = min(len(text), start + 300)
+            reference = [Span(m.start(), m.end(), k, m.group(0)) for k, p in every
+                         for m in p.finditer(text, start, end) if m.end() > m.start()]
+            assert detector.find(text, start, end) == _merge(reference), (text[start:end],)

@@ -65,7 +65,7 @@ from app.prefix.dynamic import (
     rolled_over,
 )
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.value_kind import boolean_start, value_kind
+from app.prefix.value_kind import boolean_start, joined_start, value_kind
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")
@@ -126,6 +126,8 @@ _DECLARATION = re.compile(rf"^\s*(?:{_KEYWORDS}|{_JAVA_TYPE}|{_CSHARP_TYPE})[A-Z
 # a type declared in code (`class WeinSuchen < RubyLLM::Tool`, `struct StartSessionTool: Tool {`)
 _TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|abstract|export|sealed)\s+)*"
                                r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*")
+# a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`)
+_CALL_NAMED = re.compile(rf"""^\s*(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
 _NAME_ASSIGNED = re.compile(rf"""^\s*(?:(?:let|var|const|val|static)\s+)*name\s*[:=]\s*["']{_NAME}["']""")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
@@ -575,9 +577,9 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
 
 def declares_name(line: str) -> bool:
     """Does a line name a tool as code or markup does (a tag holding the name, a name key, a
-    declaration of a function or a type, `let name = "x"`)?"""
+    declaration of a function or a type, `let name = "x"`, a call given the name first)?"""
     return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
-                or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line))
+                or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line))
 
 
 def _shape(line: str) -> str:
@@ -718,6 +720,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         cs = port_start(cur, cs, ce)
     elif kind == "flag":
         cs = boolean_start(cur, cs)
+    elif kind == "id":
+        cs = joined_start(cur, cs, line0)
     return Span(cs, ce, kind, cur[cs:ce]), pe
 
 

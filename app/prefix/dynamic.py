@@ -27,6 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date
 from functools import lru_cache
+from re import _constants as re_const  # type: ignore[attr-defined]  # the parsed form `needs_digit` reads
+from re import _parser as re_parser  # type: ignore[attr-defined]
+from typing import Any
 
 _MONTHS = (
     # en
@@ -69,6 +72,10 @@ _DAY = r"(?:0?[1-9]|[12]\d|3[01])"
 _MON = r"(?:0?[1-9]|1[0-2])"
 _YEAR = r"(?:19|20)\d{2}"
 _MON_ABBR = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"  # as logs write them
+_WEEKDAYS_EN = "Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday"
+_MONTHS_EN = "January|February|March|April|May|June|July|August|September|October|November|December"
+_ORDINAL = (r"(?:(?:twenty|thirty)[- ])?(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth)|tenth|eleventh|"
+            r"twelfth|thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|thirtieth")
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _REMAINING = (r"remaining|verbleibend\w*|übrig\w*|restlich\w*|restant\w*|restante\w*|"
               r"rest(?:guthaben|budget|kontingent|betrag|menge|laufzeit)\w*")
@@ -80,29 +87,42 @@ _LEFT = rf"left|remain|{_REMAINING}"
 _BASIC_TS = (r"\b(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])T(?:[01]\d|2[0-3])[0-5]\d"
              r"(?:[0-5]\d(?:[.,]\d{1,9})?)?(?:Z|[+-](?:[01]\d|2[0-3]):?[0-5]\d)?\b")
 
+_NAMES = re.compile(rf"(?i)\b(?:{_WEEKDAYS}|{_MONTHS}|{_MON_ABBR})")
+_NEEDS_NAME: set[str] = set()  # patterns that match only where a weekday or a month name starts a word
+
+
+def _named(pattern: str) -> str:
+    """`pattern`, registered as one that only matches where `_NAMES` finds a name (`find` skips it
+    in a window without one: these are the costliest patterns)."""
+    _NEEDS_NAME.add(pattern)
+    return pattern
+
+
 BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"\b{_YEAR}-{_MON}-{_DAY}[T ]{_TIME}{_TZ}"),
     ("timestamp", _BASIC_TS),
-    ("timestamp", rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}"),  # RFC 2822
-    ("timestamp", rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b"),  # asctime, `date`
+    ("timestamp", _named(rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}")),  # RFC 2822
+    ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b")),  # asctime, `date`
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
     ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
     ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*(?:um\s+)?(?:{_TIME}|{_DOT_TIME}))?"),
     ("date", rf"\b{_MON}/{_DAY}/(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
     ("date", rf"\b{_DAY}/{_MON}/(?:{_YEAR})\b(?:,?\s*{_TIME})?"),
-    ("date", rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?"),
-    ("date", rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+)?{_TIME})?"),
-    ("date", rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b"),
-    ("date", rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b"),
+    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?")),
+    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+)?{_TIME})?")),
+    ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b")),
+    ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b")),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
     # a day and a month without a year, then a clock (`03.05., 02:03`): a time stamp, not a date alone
     ("timestamp", rf"(?<![\d.])\b{_DAY}\.{_MON}\.,?\s*(?:um\s+)?{_CLOCK}(?![\d:])"),
+    # a key's clock keeps its `Uhr` (`Uhrzeit an der Kasse: 18:27:07 Uhr`); a sentence's does not (below)
+    ("time", rf"(?<=[:=] ){_CLOCK}\s?Uhr\b"),
     ("time", rf"(?<![\w.:/-]){_BARE_TIME}{_TZ}(?![\w:/-]|\.\w)"),  # a full stop may end the sentence
     ("time", rf"(?<![\w.:/-]){_DOT_TIME}"),
     # a web server's log time (`[05/Mar/2026:15:52:25 +0000]`)
-    ("timestamp", rf"\b{_DAY}/{_MON_ABBR}/{_YEAR}:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
-                  r"(?: [+-]\d{4})?"),
+    ("timestamp", _named(rf"\b{_DAY}/{_MON_ABBR}/{_YEAR}:(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+                  r"(?: [+-]\d{4})?")),
     # base64 of a JSON object (`eyJ` is `{"`): a JWT, a framework's encrypted cookie (`X-XSRF-TOKEN`)
     ("token", r"\beyJ[A-Za-z0-9+/_-]{16,}={0,2}(?:\.[A-Za-z0-9_-]+={0,2}){0,2}"),
     # a weak entity tag (RFC 9110: `W/"<opaque>"`), whole
@@ -127,7 +147,18 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("message", r"\bwamid\.[A-Za-z0-9+/_-]{20,}={0,2}"),  # a WhatsApp Cloud API message id
     ("message", r"\$[A-Za-z0-9_-]{43}\b"),  # a Matrix event id
     ("message", r"(?<=<)[^<>@\s]{8,}@[A-Za-z0-9.-]+\.[a-z]{2,}(?=>)"),  # an e-mail's Message-ID
-    ("timestamp", rf"\b{_MON_ABBR} [ \d]\d (?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\b"),  # syslog
+    ("timestamp", _named(rf"\b{_MON_ABBR} [ \d]\d (?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\b")),  # syslog
+    ("timestamp", _named(rf"\b{_MON_ABBR}-{_DAY} {_CLOCK}")),  # a log's `May-12 14:03:27.415` (Nextflow's)
+    # Oracle's default formats: `SYSTIMESTAMP` (`12-MAY-26 02.03.27.481000 PM +02:00`) and `DD-MON-RR`
+    ("timestamp", _named(rf"(?i)\b{_DAY}-{_MON_ABBR}-(?:\d{{2}}|{_YEAR}) (?:0\d|1[0-2])\.[0-5]\d\.[0-5]\d(?:\.\d{{1,9}})?"
+                  r" [AP]M(?: [+-](?:0\d|1[0-4]):[0-5]\d)?")),
+    ("date", _named(rf"(?i)\b{_DAY}-{_MON_ABBR}-(?:\d{{2}}|{_YEAR})\b")),
+    # GNU `date` in a German locale (`Fr 18. Nov 17:24:43 CET 2026`)
+    ("timestamp", _named(rf"(?i)\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.?\s+{_DAY}\.\s+(?:{_MONTHS})\.?\s+{_CLOCK}(?:\s+[A-Z]{{3,5}})?\s+{_YEAR}\b")),
+    # a date spelled for speech (`Wednesday, July seventh`)
+    ("date", _named(rf"\b(?:(?:{_WEEKDAYS_EN}),?\s+)?(?:{_MONTHS_EN})\s+(?:the\s+)?(?i:{_ORDINAL})\b")),  # capitalised: 25x cheaper
+    # hours and zero-padded minutes (`due in 9h 06m`): a countdown or a time since, as a clock reads it
+    ("elapsed", r"\b\d{1,3}h\s?[0-5]\d(?:m|min)\b"),
     ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
     ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),
@@ -197,13 +228,22 @@ class DynamicDetector:
     def __init__(self, extra: Sequence[str] = ()) -> None:
         compiled: list[tuple[str, re.Pattern[str]]] = [(k, re.compile(p)) for k, p in BUILTIN_PATTERNS]
         compiled.extend(("custom", re.compile(p)) for p in extra)
-        self._patterns = compiled
+        # With all of them the detector costs ~2.4 µs a character. Most cannot match without a
+        # digit: a window without one skips those. The costliest need a weekday's or a month's
+        # name: a window with digits and no name skips those (one scan for names costs less).
+        self._variants = {(digit, name): [(k, p) for k, p in compiled
+                                          if (digit or not needs_digit(p.pattern)) and (name or p.pattern not in _NEEDS_NAME)]
+                          for digit in (False, True) for name in (False, True)}
 
     def find(self, text: str, start: int = 0, end: int | None = None) -> list[Span]:
         """Dynamic spans in `text[start:end]`, non-overlapping, ordered; the longest match wins."""
         stop = len(text) if end is None else end
         found: list[Span] = []
-        for kind, pattern in self._patterns:
+        if _DIGIT.search(text, start, stop) is None:
+            patterns = self._variants[False, True]
+        else:
+            patterns = self._variants[True, _NAMES.search(text, start, stop) is not None]
+        for kind, pattern in patterns:
             for m in pattern.finditer(text, start, stop):
                 if m.end() > m.start():
                     found.append(Span(m.start(), m.end(), kind, m.group(0)))
@@ -224,6 +264,45 @@ class DynamicDetector:
                 i += 1
             out.append(DynamicLine(line_start, line_end, text[line_start:line_end], tuple(members)))
         return out
+
+
+_DIGIT = re.compile(r"\d")
+
+
+def needs_digit(pattern: str) -> bool:
+    """Can a match of `pattern` only be found where a digit is (a digit in every match, or in a
+    lookahead every match passes)? Read from the parsed pattern; unsure is False."""
+    return _needs_digit(re_parser.parse(pattern))
+
+
+def _needs_digit(items: Iterable[tuple[Any, Any]]) -> bool:
+    for op, av in items:
+        if op is re_const.LITERAL and chr(av).isdigit():
+            return True
+        if op is re_const.IN and _digits_only(av):
+            return True
+        if op in (re_const.MAX_REPEAT, re_const.MIN_REPEAT) and av[0] >= 1 and _needs_digit(av[2]):
+            return True
+        if op is re_const.SUBPATTERN and _needs_digit(av[3]):
+            return True
+        if op is re_const.BRANCH and all(_needs_digit(alt) for alt in av[1]):
+            return True
+        if op is re_const.ASSERT and av[0] == 1 and _needs_digit(av[1]):  # a lookahead, not a lookbehind
+            return True
+    return False
+
+
+def _digits_only(members: list[tuple[Any, Any]]) -> bool:
+    """Does a character set hold digits only (`\\d`, `[0-9]`, `[2-9]`)?"""
+    for op, av in members:
+        if op is re_const.CATEGORY and av is re_const.CATEGORY_DIGIT:
+            continue
+        if op is re_const.RANGE and chr(av[0]).isdigit() and chr(av[1]).isdigit():
+            continue
+        if op is re_const.LITERAL and chr(av).isdigit():
+            continue
+        return False
+    return bool(members)
 
 
 def _merge(spans: Iterable[Span]) -> list[Span]:
@@ -269,10 +348,24 @@ _DIGIT_GROUPS = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 def number_token(text: str, start: int, end: int) -> tuple[int, int]:
-    """A token of digits widened over the digit groups its `.` or `,` join (`38,9`, `41.213`)."""
+    """A token of digits widened over the digit groups its `.` or `,` join (`38,9`, `41.213`), and
+    over a range its dash makes of two numbers (`10–15`)."""
     if start < end and _DIGIT_GROUPS.fullmatch(text, start, end):
-        return number_start(text, start, max(0, start - 64)), number_end(text, end)
+        start, end = number_start(text, start, max(0, start - 64)), number_end(text, end)
+        glued_after = end < len(text) and (text[end].isalnum() or text[end] in _JOINERS) and not (
+            text[end] in ".:" and (end + 1 == len(text) or not text[end + 1].isalnum()))  # a sentence's end
+        if not glued_after and (m := _RANGE_BEFORE.search(text, max(0, start - 32), start)) is not None:
+            return m.start(), end
+        if start > 0 and (text[start - 1].isalnum() or text[start - 1] in _JOINERS):
+            return start, end  # a part of a date or an id (`2026-05-24`), not a range's end
+        if (m := _RANGE_AFTER.match(text, end)) is not None:
+            return start, m.end()
     return start, end
+
+
+_JOINERS = "-–/:._"  # what joins the parts of a date, a time or an id
+_RANGE_AFTER = re.compile(r"[–-]\d+(?:[.,]\d+)?(?![\w/:–-]|[.,]\d)")  # a range's upper end, nothing glued after it
+_RANGE_BEFORE = re.compile(r"(?<![\w/:._–-])\d+(?:[.,]\d+)?[–-]$")
 
 
 def number_start(text: str, at: int, floor: int) -> int:
@@ -333,14 +426,14 @@ def date_days(text: str) -> set[int]:
     year = re.search(r"(?<!\d)(?:19|20)\d{2}(?!\d)", text)
     nums = [int(n) for n in re.findall(r"(?<!\d)\d{1,2}(?!\d)", text if year is None
                                        else text[:year.start()] + " " + text[year.end():])]
-    if year is None:  # a two-digit year ends a numeric date (`04.05.26`)
-        if len(nums) < 3:
-            return set()
-        y, nums = 2000 + nums[2], nums[:2]
-    else:
-        y = int(year.group(0))
     words = [w.lower().rstrip(".") for w in re.findall(r"[^\W\d_]+\.?", text)]
     month = next((_MONTH_NUMBER[w] for w in words if w in _MONTH_NUMBER), None)
+    if year is None:  # a two-digit year ends a date (`04.05.26`, Oracle's `17-APR-26`)
+        if len(nums) < (2 if month else 3):
+            return set()
+        y, nums = 2000 + nums[-1], nums[:-1]
+    else:
+        y = int(year.group(0))
     pairs = [(month, n) for n in nums[:1]] if month else [(a, b) for a, b in (nums[:2], nums[1::-1]) if len(nums) >= 2]
     out = set()
     for m, d in pairs:

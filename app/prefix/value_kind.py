@@ -41,7 +41,8 @@ _DYNAMIC_KEY = re.compile(
     r"(nonce|zeit|stempel|wert|variante)")
 
 
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*[kKmM]?")  # `41`, `41.213`, `41.2k`
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:[kKmM]|[KMGTP]i?B|[GTP])?")  # `41`, `41.213`, `41.2k`, `1.6T`, `38214MiB`
+_RANGE = re.compile(r"\d+(?:[.,]\d+)?[–-]\d+(?:[.,]\d+)?")  # `10–15` (minutes), as `dynamic.number_token` widens it
 # a key that names something counted as a session goes on, not a setting (`limit`, `max results`)
 _COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|beleg|remaining|left|übrig|position|"
                           r"queue|warteschlange|elapsed|uptime|spent|cost|kosten|ausgegeben|reset|expires|ttl)")
@@ -59,6 +60,7 @@ _PORT_BEFORE = re.compile(rf"(?i)(?:\bport\s+|(?:{_LOOPBACK}):)$")
 _UNIT_AFTER = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB|ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|GB\b)")
 _READING_UNIT = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB)")  # units of what instruments read, not of what rules set
 _TIMING_KEY = re.compile(r"(?i)(?:\b(?:ms|us|sec|seconds|min|minutes)$|\b(?:dur|duration|latency)\b)")
+LONG_TOKEN = 4096  # a changed token longer than this is judged no value
 _FINE = re.compile(r"\d+\.\d{4,}")  # a reading with four decimals or more
 _ISO_DURATION = re.compile(r"P(?:\d+D)?T(?:\d+H)?(?:\d+M)?\d+(?:[.,]\d+)?S")  # ISO 8601, seconds included
 _EPOCH_ID = re.compile(r"1[5-9]\d{11}-\d{1,6}")  # milliseconds since the epoch, then a sequence number
@@ -90,9 +92,13 @@ def random_looking(token: str) -> bool:
 
 
 def _redrawn(old: str, new: str) -> bool:
-    """Is `old` another draw of the same kind as `new` (same length, differing in most positions),
-    though by itself it does not read as random (`YSLKOKOBZTKLFDDP`: base32 without a digit)?"""
-    return len(old) == len(new) and old.isalnum() and sum(a != b for a, b in zip(old, new, strict=True)) * 4 >= len(new) * 3
+    """Is `old` another draw of the same kind as `new` (same length and separators, differing in most
+    other positions), though by itself it does not read as random (`YSLKOKOBZTKLFDDP`: base32
+    without a digit; a hex hash of digits only, `41/289058` after `8b/58b5ae`)?"""
+    if len(old) != len(new) or any(a != b for a, b in zip(old, new, strict=True) if not (a.isalnum() and b.isalnum())):
+        return False
+    drawn = [(a, b) for a, b in zip(old, new, strict=True) if a.isalnum()]
+    return sum(a != b for a, b in drawn) * 4 >= len(drawn) * 3
 
 
 def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = None) -> str | None:
@@ -102,8 +108,10 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     `key: value` line is a per-request value whatever the key's words when it reads as one: a single
     word (a flag: `rollout stage: canary` -> `stable`) or an id (letters and digits or separators,
     `Correlation: web-…`), never a version or a bare number (`limit: 5` -> `10` is an edit)."""
-    if not new or not old or len(new) > 64 or len(old) > 64:
+    if not new or not old:
         return None
+    if len(new) > 64 or len(old) > 64:  # no word or number: a long random draw (an antiforgery token) or an edit
+        return "nonce" if max(len(new), len(old)) <= LONG_TOKEN and random_looking(new) and random_looking(old) else None
     if _EPOCH.fullmatch(new) and _EPOCH.fullmatch(old):
         return "epoch"
     if _POSITION.fullmatch(new) and _POSITION.fullmatch(old):
@@ -133,7 +141,7 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if a and b and a.group(1) == b.group(1) and (a.group(2) != b.group(2) or old == new):
         # `127.0.0.1:50242` -> `:57215` (another pod, reading the one request, passes the token twice)
         return "port"  # its span is the port (`port_start`)
-    if random_looking(new) and (random_looking(old) or _redrawn(old, new)):
+    if (random_looking(new) or random_looking(old)) and (random_looking(new) == random_looking(old) or _redrawn(old, new)):
         return "nonce"
     if new.lower() in WEEKDAY_NAMES and old.lower() in WEEKDAY_NAMES and (NOW_CUE.search(line_prefix) or key):
         return "date"  # "Today is Tuesday." -> "Wednesday."
@@ -157,6 +165,19 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
 def boolean_start(text: str, start: int) -> int:
     """Where a structured header's boolean starts: at its `?` (`?0`), which is part of the value."""
     return start - 1 if text[start - 1:start] == "?" else start
+
+
+def joined_start(text: str, start: int, floor: int) -> int:
+    """Where an id whose parts a `|` joins starts (a Bot Framework activity id
+    `<conversation>|0000028`): the counter that rose is its last part."""
+    while start - 2 >= floor and text[start - 1] == "|" and _ID_PART.match(text[start - 2]):
+        start -= 1
+        while start - 1 >= floor and _ID_PART.match(text[start - 1]):
+            start -= 1
+    return start
+
+
+_ID_PART = re.compile(r"[\w.:/+-]")
 
 
 def _whole_value_kind(old: str, new: str) -> str | None:
@@ -192,9 +213,9 @@ def _rising_sequence(old: str, new: str) -> bool:
             return False
         if base == 16 and not (any(c.isdigit() for c in x) and any(c.isdigit() for c in y)):
             return False  # a word of hex letters (`cafe`) is no number
-        if len(x) >= 6:
-            return 0 < v - u <= u // 100
-        return base == 10 and len(x) >= 3 and x[0] == "0" and 0 < v - u <= 50
+        if base == 10 and len(x) >= 3 and x[0] == "0":
+            return 0 < v - u <= 50  # zero-padded: a formatted counter (`0000028`)
+        return len(x) >= 6 and 0 < v - u <= u // 100
     return False
 
 
@@ -213,7 +234,7 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
     if _ISO_DURATION.fullmatch(new) and _ISO_DURATION.fullmatch(old):
         return True
     new, old = new.removeprefix("-"), old.removeprefix("-")  # `-63 dBm`
-    if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old)):
+    if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old) or _RANGE.fullmatch(new) and _RANGE.fullmatch(old)):
         return False
     if max(_significant(new), _significant(old)) <= 1:
         return False
