@@ -16,7 +16,9 @@ flags, C# kernel functions) and round 9 (readings with units or timing keys, tim
 durations, zero-padded tickets, log positions, stream ids, structured booleans, hour offsets,
 yearless stamps, weak ETags, base64 JSON, tool blocks of XML templates and classes) and round 10
 (sizes, ranges, redrawn hashes, long tokens, joined ids, hours and minutes, log, Oracle and German
-`date` stamps, spoken dates, a key's clock with `Uhr`, tools made by calls). Each runs
+`date` stamps, spoken dates, a key's clock with `Uhr`, tools made by calls) and round 11 (units
+ending a key's value, current values, signs, clocks in new orders, tokens in halves or with a
+version, URL segments, ADK, R and C# tool lists). Each runs
 the gateway's own analysis (`prefixgate lint`: fingerprint, tracker, diagnosis) over the bodies a client would send."""
 
 from __future__ import annotations
@@ -327,6 +329,24 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
      "timestamp"),
     ("Today is {}.", ["Tuesday, March third", "Wednesday, March fourth", "Thursday, March fifth"], "date"),
     ("Uhrzeit am Empfang: {}", ["09:12:44 Uhr", "09:15:02 Uhr", "09:21:30 Uhr"], "time"),
+    # round 11: a key's number with its unit, the current value, a minus sign, German weekdays
+    # before a written date, a clock before the date, German `9 Uhr 12`, logcat, base64 halves,
+    # versioned signatures, a URL's last segment, a word glued before a UUID
+    ("Pegel Maxau: {} cm", ["512", "508", "497"], "counter"),
+    ("Netzfrequenz: {} Hz", ["49.987", "50.012", "50.003"], "counter"),
+    ("<Lautheit>{} LUFS</Lautheit>", ["-23,4", "-19,8", "-21,1"], "counter"),
+    ("Current bid: £{}", ["4,300", "4,700", "5,200"], "counter"),
+    ("Sendetag: {}", ["Di., 3. März 2026", "Mi., 4. März 2026", "Do., 5. März 2026"], "date"),
+    ("system__time: {}", ["Tuesday, 09:12 3 March 2026", "Tuesday, 09:40 3 March 2026", "Tuesday, 10:05 3 March 2026"],
+     "timestamp"),
+    ("An der Kasse ist es {}.", ["9 Uhr 12", "9 Uhr 40", "10 Uhr 05"], "time"),
+    ("Newest logcat line: {}  1234  5678 I App: ok", ["03-03 09:12:44.120", "03-03 09:15:02.981", "03-03 09:21:30.007"],
+     "timestamp"),
+    ("requesttoken: {}", ['575YX8XM5mSLFy5UBIHEYeD7p4Zdl/AK6j0KgodkDIN=:zNlxICAbaG8wy1JZirLnqB0PRfMBH7+WY5YQ1xOy1bA=', 'imCaXyMFSb4hBqlxJJLafBvv6Q9RxXTndfYUZx9K1GN=:NEgeyg1+lWIQd9JjbaCIi05fHFWkvQLuR5qREC8tnEC=', 'J9InoRJJ5vFQrtK8J1D/BwwBJKLOg1qx647KDnL9CdO=:/+gBvmSZVr4/epzgZ3ZbxcoaRR/sFIjVO58jb0w/o5p='], "id"),
+    ("webhook-signature: {}", ['v1,JEjFjtnCRz6YDieSGO5NvJZZ8gWB8EWcisUycL0xQ56=', 'v1,ZAwr7paMPbfxLnphCsKE4r1j+DbI2EWqR8T4/Lc4lVg=', 'v1,nwamSi/Z0OAwDFzP+LVI60zif8/Qr38oNY1DhQCEYTd='], "nonce"),
+    ("Build scan: https://scans.example.com/s/{}", ["q7x2mf9k3ab4c", "z8n1vk5p0dq2e", "m3c9wt4h7jr6f"], "nonce"),
+    ("Invocation: {}", ["e-1b2c3d4e-5f60-4718-8a9b-0c1d2e3f4a5b", "e-6c7d8e9f-0a1b-4c2d-9e3f-4a5b6c7d8e9f",
+                        "e-0f1e2d3c-4b5a-4968-8776-5a4b3c2d1e0f"], "uuid"),
     ("Authorization: Bearer {}", ["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjAwfQ.a1B2c3D4e5F6g7H8",
                                   "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjYwfQ.Z9y8X7w6V5u4T3s2",
                                   "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NzIwfQ.k1L2m3N4o5P6q7R8"], "token"),
@@ -462,6 +482,10 @@ BLOCK_TOOLS = {
     "xml-function-blocks": [f"<function>\n<name>{n}</name>\n<description>{d}</description>\n<parameters>\n"
                             f"<parameter>\n<name>order</name>\n<type>string</type>\n</parameter>\n</parameters>\n</function>"
                             for n, d in ORDER_TOOLS],
+    "agent-name-blocks": [f"Agent name: {n}\nAgent description: {d}\n" for n, d in ORDER_TOOLS],
+    "r-tool-calls": [f'chat$register_tool(tool(\n  {n},\n  "{d}",\n  arguments = list()\n))\n' for n, d in ORDER_TOOLS],
+    "csharp-factory-calls": [f'    AIFunctionFactory.Create(\n        (string order) => shop.RunAsync(order),\n        "{n}",\n        "{d}"),'
+                             for n, d in ORDER_TOOLS],
     "php-tool-chains": [f"    Tool::as('{n}')\n        ->for('{d}')\n        ->withStringParameter('order', 'Order number')\n"
                         f"        ->using($this->shop->{n.split('_')[0]}(...)),"
                         for n, d in ORDER_TOOLS],

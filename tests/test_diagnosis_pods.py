@@ -224,6 +224,14 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                                                     "Do 3. Dez 09:21:30 CET 2026"]), [None, "dynamic_head", "dynamic_head"]),
         ("key-clock-uhr", sys_line("Uhrzeit am Empfang: {}", ["09:12:44 Uhr", "09:15:02 Uhr", "09:21:30 Uhr"]),
          [None, "dynamic_head", "dynamic_head"]),
+        # round 11
+        ("unit-after-key", sys_line("Pegel Maxau: {} cm", ["512", "508", "497"]), [None, "dynamic_head", "dynamic_head"]),
+        ("tag-reading", context("<Lautheit>{} LUFS</Lautheit>", ["-23,4", "-19,8", "-21,1"]), [None, "dynamic_head", "dynamic_head"]),
+        ("current-value", sys_line("Current bid: £{}", ["4,300", "4,700", "5,200"]), [None, "dynamic_head", "dynamic_head"]),
+        ("clock-then-date", sys_line("system__time: {}", ["Tuesday, 09:12 3 March 2026", "Tuesday, 09:40 3 March 2026",
+                                                          "Tuesday, 10:05 3 March 2026"]), [None, "dynamic_head", "dynamic_head"]),
+        ("url-segment", sys_line("Build scan: https://scans.example.com/s/{}", ["q7x2mf9k3ab4c", "z8n1vk5p0dq2e", "m3c9wt4h7jr6f"]),
+         [None, "dynamic_head", "dynamic_head"]),
         ("xml-tool-blocks", [body(f"{SYSTEM}\n<tools>\n" + "\n".join(XML_TOOLS[k] for k in o) + "\n</tools>\nAnswer briefly.", t)
                              for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
          [None, "tool_order", None]),

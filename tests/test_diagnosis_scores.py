@@ -4,9 +4,9 @@ prints the tables), and the wall between the detector and the held-out split.
 The tune side (the first corpus, `tune`, `tune2` and the earlier held-out splits: `heldout` joined
 the tune side when `heldout2` was written, `heldout2` when `heldout3` was, `heldout3` when `heldout4`
 was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was,
-`heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was) is
-what the detector is developed against: its scores may rise, never fall below the floors. The
-held-out split `heldout10` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+`heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was,
+`heldout10` when `heldout11` was) is what the detector is developed against: its scores may rise,
+never fall below the floors. The held-out split `heldout11` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -50,14 +50,15 @@ FLOORS = {
     # of a DataFrame and a speech recognizer's confidence read as edits; a run name in a sentence of
     # the context block read as a history edit, a class with no support, which costs macro-F1 1/8)
     "heldout9": (0.990, 0.864, 0.984),
+    "heldout10": (1.0, 1.0, 1.0),  # the tenth (measured 0.886 / 0.770 / 0.557), tune side since heldout11
 }
-# issue 29's goal on the held-out split (heldout10), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout11), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
-              "heldout8", "heldout9")
+              "heldout8", "heldout9", "heldout10")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -151,7 +152,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout10`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout11`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -116,8 +116,8 @@ NAMED_LINE = re.compile(
     rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|"""
     rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
 # a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
-# `> Tool Name: x`, `name: x`), the first line of a block that describes the tool
-TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:tool[ _]?name|function[ _]?name|name)\s*[:=]\s*["'`]?{_NAME}["'`]?\s*,?\s*$""")
+# `> Tool Name: x`, ADK's `Agent name: x`, `name: x`), the first line of a block that describes the tool
+TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:[a-z]+[ _]?)?name\s*[:=]\s*["'`]?{_NAME}["'`]?\s*,?\s*$""")
 # a name written as code (snake_case, dotted, camelCase): `- rom_report: ...` names a tool, `- Tone: ...` does not
 _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.][A-Za-z0-9]+)+|[a-z]+[A-Z]\w*)`?\s*[(:]")
 _ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
@@ -128,6 +128,8 @@ _TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|ab
                                r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*")
 # a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`)
 _CALL_NAMED = re.compile(rf"""^\s*(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
+# a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`)
+_LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$""")
 _NAME_ASSIGNED = re.compile(rf"""^\s*(?:(?:let|var|const|val|static)\s+)*name\s*[:=]\s*["']{_NAME}["']""")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
@@ -373,7 +375,31 @@ def _token(text: str, at: int) -> tuple[int, int]:
             pad += 1
         if pad > end and (pad == len(text) or not _is_value_char(text[pad])):
             end = pad
+        elif pad > end and (m := _B64_HALF_AFTER.match(text, pad)) is not None:
+            end = m.end()  # two base64 halves joined by `:` (Nextcloud's requesttoken `…=:…=`)
+    if end - start >= 16 and (m := _SIGNATURE_VERSION.search(text, max(0, start - 4), start)) is not None:
+        start = m.start()  # a versioned signature (Standard Webhooks' `v1,<base64>`)
+    if text[max(0, start - 2):start] == "=:":  # the second half: the first is part of the value
+        first = start - 2
+        while first > 0 and text[first - 1] == "=" and start - first < 4:
+            first -= 1
+        k = first
+        while k > 0 and first - k < 4096 and (text[k - 1].isalnum() or text[k - 1] in "+/"):
+            k -= 1
+        if first - k >= 16:
+            start = k
     return start, max(end, start)
+
+
+def _url_segment(text: str, start: int, end: int, at: int) -> tuple[int, int]:
+    """The part of a URL token between the `/` before `at` and the next `/`, `?` or `#`."""
+    seg_start = max(start, text.rfind("/", start, at) + 1)
+    stops = [i for i in (text.find(c, at, end) for c in "/?#") if i >= 0]
+    return seg_start, min(stops, default=end)
+
+
+_SIGNATURE_VERSION = re.compile(r"(?<![\w,])v\d{1,2},$")
+_B64_HALF_AFTER = re.compile(r":[A-Za-z0-9+/]{16,}={0,2}(?![\w+/=])")
 
 
 # ---------------------------------------------------------------------- sketch geometry
@@ -579,7 +605,8 @@ def declares_name(line: str) -> bool:
     """Does a line name a tool as code or markup does (a tag holding the name, a name key, a
     declaration of a function or a type, `let name = "x"`, a call given the name first)?"""
     return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
-                or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line))
+                or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
+                or _LONE_NAME.match(line))
 
 
 def _shape(line: str) -> str:
@@ -710,6 +737,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     if ce <= cs or pe <= ps:
         return None
     (cs, ce), (ps, pe) = number_token(cur, cs, ce), number_token(prev, ps, pe)  # `38,9`, not `38`
+    if "://" in cur[cs:ce]:  # in a URL, the value is the path segment that changed (a build scan's id)
+        (cs, ce), (ps, pe) = _url_segment(cur, cs, ce, cd), _url_segment(prev, ps, pe, pd)
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         return None  # more than one token changed: an edit, not a value
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)

@@ -373,6 +373,8 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
     while pos < end:
         if text[pos].isalnum():
             a, b = number_token(text, *_token(text, pos))
+            if "://" in text[a:b]:  # in a URL, the value is its last path segment, as on the text path
+                a = max(a, text.rfind("/", a, b) + 1)
             b = min(b, end)
             tok = text[a:b]
             kind = value_kind(text[start:a], tok, tok, text[b:end]) if tok else None

@@ -109,7 +109,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"\b{_MON}/{_DAY}/(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
     ("date", rf"\b{_DAY}/{_MON}/(?:{_YEAR})\b(?:,?\s*{_TIME})?"),
     ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?")),
-    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+)?{_TIME})?")),
+    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+)?{_TIME})?")),
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b")),
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b")),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
@@ -131,13 +131,13 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("counter", r"(?i)\b\d+\s?(?:seconds?|minutes?|hours?|days?)\s+ago\b"),
     ("counter", r"(?i)\bvor\s+\d+\s?(?:minuten|stunden|tagen)\b"),
     ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
-    ("uuid", rf"(?i)\b{_UUID}\b"),
+    ("uuid", rf"(?i)\b(?:[a-z]{{1,12}}-)?{_UUID}\b"),  # with a word glued before it (ADK's `e-<uuid>`)
     ("uuid", rf"(?i)\{{{_UUID}\}}"),  # .NET's braced form
     ("ulid", r"\b[0-7][0-9A-HJKMNP-TV-Z]{25}\b"),
     # a prefixed id's random part holds a digit: `session_elapsed` and `Trace-Context` are a key's own name
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-]"
            r"(?=[A-Za-z]*\d)[A-Za-z0-9]{6,}\b"),
-    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:=-]{3,}"),
+    ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:=+/-]{3,}"),
     ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
     # ids without a key, whole (their own `=` or `;` is no key's)
     ("trace", r"\b[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\b"),  # W3C traceparent
@@ -155,6 +155,12 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", _named(rf"(?i)\b{_DAY}-{_MON_ABBR}-(?:\d{{2}}|{_YEAR})\b")),
     # GNU `date` in a German locale (`Fr 18. Nov 17:24:43 CET 2026`)
     ("timestamp", _named(rf"(?i)\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.?\s+{_DAY}\.\s+(?:{_MONTHS})\.?\s+{_CLOCK}(?:\s+[A-Z]{{3,5}})?\s+{_YEAR}\b")),
+    # a weekday, a clock, then the date (ElevenLabs' `system__time`: `Wednesday, 15:07 8 June 2026`)
+    ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+{_CLOCK}\s+{_DAY}\.?\s+(?:{_MONTHS})\.?\s+{_YEAR}\b")),
+    # a German clock said in words' order (`9 Uhr 10`)
+    ("time", r"(?<![\w.:])(?:[01]?\d|2[0-3]) Uhr [0-5]\d\b"),
+    # a month and a day with a clock to the millisecond (Android's logcat: `11-15 17:11:57.703`)
+    ("timestamp", r"(?<![\w./:-])(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01]) (?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d{3}\b"),
     # a date spelled for speech (`Wednesday, July seventh`)
     ("date", _named(rf"\b(?:(?:{_WEEKDAYS_EN}),?\s+)?(?:{_MONTHS_EN})\s+(?:the\s+)?(?i:{_ORDINAL})\b")),  # capitalised: 25x cheaper
     # hours and zero-padded minutes (`due in 9h 06m`): a countdown or a time since, as a clock reads it
@@ -349,7 +355,9 @@ _DIGIT_GROUPS = re.compile(r"\d+(?:[.,]\d+)*")
 
 def number_token(text: str, start: int, end: int) -> tuple[int, int]:
     """A token of digits widened over the digit groups its `.` or `,` join (`38,9`, `41.213`), and
-    over a range its dash makes of two numbers (`10–15`)."""
+    over a range its dash makes of two numbers (`10–15`); a leading minus stays (`-26,8`)."""
+    if end - start > 1 and text[start] == "-" and _DIGIT_GROUPS.fullmatch(text, start + 1, end):
+        return start, number_token(text, start + 1, end)[1]
     if start < end and _DIGIT_GROUPS.fullmatch(text, start, end):
         start, end = number_start(text, start, max(0, start - 64)), number_end(text, end)
         glued_after = end < len(text) and (text[end].isalnum() or text[end] in _JOINERS) and not (

@@ -29,7 +29,7 @@ _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|ex
 _FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")  # one word, or a short upper-case code (`5G`, `LTE`)
 _WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
-_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?$")
+_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?[$€£]?$")  # `Bid: £6,900`
 KEY_SIGNS = (":", "=", "→", "->", "=>")  # what ends a key before its value
 _TAG_OPEN = re.compile(r"<([A-Za-z_][\w.\-]*)>\s*$")  # `<reasoning_effort>` as a value's key
 _LABEL = re.compile(r"^\s*[^\W\d_][\w-]{2,40} $")  # one word and a space: `Rechenzentrum Nord`
@@ -59,6 +59,9 @@ _PORT_BEFORE = re.compile(rf"(?i)(?:\bport\s+|(?:{_LOOPBACK}):)$")
 # a reading's unit after its number; a key that names a time taken (its last word a unit, a duration)
 _UNIT_AFTER = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB|ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|GB\b)")
 _READING_UNIT = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB)")  # units of what instruments read, not of what rules set
+# a unit written after a key's number, ending the value: one to four letters (`cm`, `Hz`, `LUFS`),
+# or a degree or micro sign and letters, or a unit over another (`km/h`)
+_UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}(?:/[A-Za-z]{1,3})?\.?\s*(?:</[\w.:-]+>\s*)?$")
 _TIMING_KEY = re.compile(r"(?i)(?:\b(?:ms|us|sec|seconds|min|minutes)$|\b(?:dur|duration|latency)\b)")
 LONG_TOKEN = 4096  # a changed token longer than this is judged no value
 _FINE = re.compile(r"\d+\.\d{4,}")  # a reading with four decimals or more
@@ -121,7 +124,7 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if new in ("0", "1") and old in ("0", "1") and line_prefix.endswith("?"):
         return "flag"  # a structured header's boolean (RFC 8941: `Sec-CH-UA-Mobile: ?0`; `boolean_start`)
     key = _KEY.search(line_prefix)
-    if _counted(line_prefix, key, old, new, line_rest) or _measured(key, old, new, line_rest):
+    if _counted(line_prefix, key, old, new, line_rest) or _measured(key or _TAG_OPEN.search(line_prefix), old, new, line_rest):
         return "counter"
     if _rising_sequence(old, new):
         return "id"
@@ -228,8 +231,9 @@ def _significant(number: str) -> int:
 def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | None) -> bool:
     """A reading that moves per request: a number before the unit of an instrument's reading (`6.4
     °C`, `18.42 kWh`, `-63 dBm`) or of a time after a key or with decimals (`Wartezeit: 12 Min.`),
-    or after a key that names a time taken (`openai-processing-ms`, `dur=`), not
-    round in both (`Timeout: 30 s` -> `60 s` is an edit); an instrument's reading with four
+    or after a key that names a time taken (`openai-processing-ms`, `dur=`) or the current value
+    (`Current bid: £6,900`), or after a key with a unit ending the value (`Pegel Kaub: 465 cm`),
+    not round in both (`Timeout: 30 s` -> `60 s` is an edit); an instrument's reading with four
     decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`)."""
     if _ISO_DURATION.fullmatch(new) and _ISO_DURATION.fullmatch(old):
         return True
@@ -243,7 +247,10 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
     if line_rest is not None and (_READING_UNIT.match(line_rest) or _UNIT_AFTER.match(line_rest) and (
             key is not None or ("." in new and "." in old) or ("," in new and "," in old))):
         return True  # a time after a key or with decimals: in a sentence, `below 30 ms` -> `15 ms` is an edit
-    return key is not None and _TIMING_KEY.search(_words(key.group(1))) is not None
+    if key is not None and line_rest is not None and _UNIT_ENDS_LINE.match(line_rest):
+        return True  # `Pegel Kaub: 465 cm`, `<Lautheit>-26,8 LUFS</Lautheit>`: a key's value, with its unit
+    return key is not None and (_TIMING_KEY.search(_words(key.group(1))) is not None
+                                or NOW_CUE.search(key.group(1)) is not None)  # `Current bid: £6,900`
 
 
 def _words(key: str) -> str:
