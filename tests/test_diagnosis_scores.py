@@ -103,25 +103,30 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms == 0, s.errors[:10]
 
 
+@pytest.mark.xfail(strict=True, reason="heldout11 (measured once, 2026-12-04) raises 2 look-alike alarms: a "
+                                       "Nano-ID-shaped prefix edited into another random-looking one, and Thunderbird's "
+                                       "`04.05.26 um 10:15` edited into `23.12.37 um 19:11`, still a valid stamp (two "
+                                       "requests cannot tell these edits from new draws); strict, so it turns red when "
+                                       "the split raises none and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout10 (measured once, 2026-12-04): "
-                                       "span exact-match F1 0.557 (readings in Hz, cm and LUFS, an auction's current "
-                                       "bid, Nextcloud request tokens, ElevenLabs' system__time, German `9 Uhr 10`, "
-                                       "logcat stamps); strict, so it turns red when the goal is reached and this mark "
-                                       "must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout11 (measured once, 2026-12-04): "
+                                       "span exact-match F1 0.699 (live occupancy as a fraction of capacity, pressure "
+                                       "in E-notation, a true minus sign, dates without a year, `6 April 2026 at 03:07` "
+                                       "read in two parts); strict, so it turns red when the goal is reached and this "
+                                       "mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout10 (measured once, 2026-12-04): "
-                                       "macro-F1 0.770 (those values read as edits, and as history edits in context "
-                                       "blocks: history_edit predicted 11 times with no support; ADK transfer targets, "
-                                       "ellmer and Microsoft.Extensions.AI tool lists read as edits); strict, so it "
-                                       "turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout11 (measured once, 2026-12-04): "
+                                       "macro-F1 0.798 (those values read as edits, and as history edits in context "
+                                       "blocks: history_edit predicted 15 times with no support; `bin/rails -T` task "
+                                       "lists read as edits); strict, so it turns red when the goal is reached and this "
+                                       "mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
