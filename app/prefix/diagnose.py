@@ -32,8 +32,8 @@ re-alignment are secondary findings):
   turn inserted or removed before the last one).
 - `question_first`: the last user turn starts with variable text and static text follows it.
 - `compaction`: the agent compacted its context: the system prompt and tools are kept, at most half
-  of the history's text is left (or half of its messages, in less text), and a message the previous history did not have stands in for
-  the dropped turns (a summary: before the newest turn, or as the newest message after the kept
+  of the history's text is left (or half of its messages, in less text), and a message the
+  previous history did not have stands in for the dropped turns (a summary: before the newest turn, or as the newest message after the kept
   user messages, Codex's shape). Paid once: the session continues from the new prefix. Not a
   problem: counted apart from breaks, as `new_session` is. A history trimmed a little on every
   turn keeps its length and stays `front_trim`.
@@ -61,11 +61,10 @@ from app.prefix.dynamic import (
     number_end,
     number_start,
     number_token,
-    port_start,
     rolled_over,
 )
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.value_kind import boolean_start, joined_start, value_kind
+from app.prefix.value_kind import value_kind, value_start
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")
@@ -391,7 +390,7 @@ def _token(text: str, at: int) -> tuple[int, int]:
     return start, max(end, start)
 
 
-def _url_segment(text: str, start: int, end: int, at: int) -> tuple[int, int]:
+def url_segment(text: str, start: int, end: int, at: int) -> tuple[int, int]:
     """The part of a URL token between the `/` before `at` and the next `/`, `?` or `#`."""
     seg_start = max(start, text.rfind("/", start, at) + 1)
     stops = [i for i in (text.find(c, at, end) for c in "/?#") if i >= 0]
@@ -738,19 +737,14 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         return None
     (cs, ce), (ps, pe) = number_token(cur, cs, ce), number_token(prev, ps, pe)  # `38,9`, not `38`
     if "://" in cur[cs:ce]:  # in a URL, the value is the path segment that changed (a build scan's id)
-        (cs, ce), (ps, pe) = _url_segment(cur, cs, ce, cd), _url_segment(prev, ps, pe, pd)
+        (cs, ce), (ps, pe) = url_segment(cur, cs, ce, cd), url_segment(prev, ps, pe, pd)
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         return None  # more than one token changed: an edit, not a value
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     kind = value_kind(cur[max(line0, cs - VALUE_WINDOW):cs], prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
     if kind is None:
         return None
-    if kind == "port":
-        cs = port_start(cur, cs, ce)
-    elif kind == "flag":
-        cs = boolean_start(cur, cs)
-    elif kind == "id":
-        cs = joined_start(cur, cs, line0)
+    cs = value_start(kind, cur, cs, ce, line0)
     return Span(cs, ce, kind, cur[cs:ce]), pe
 
 

@@ -41,6 +41,7 @@ from app.prefix.diagnose import (
     tail_start,
     tool_entries,
     trimmed,
+    url_segment,
 )
 from app.prefix.dynamic import (
     LINE_SCAN_CHARS,
@@ -51,11 +52,10 @@ from app.prefix.dynamic import (
     get_detector,
     number_end,
     number_token,
-    port_start,
     rolled_from,
 )
 from app.prefix.sketch import RequestSketch
-from app.prefix.value_kind import boolean_start, keyed_value, value_kind
+from app.prefix.value_kind import keyed_value, value_kind, value_start
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
 MAX_TURNS = 64  # turn keys per request (the first ones: where trims and edits show)
@@ -374,14 +374,12 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
         if text[pos].isalnum():
             a, b = number_token(text, *_token(text, pos))
             if "://" in text[a:b]:  # in a URL, the value is its last path segment, as on the text path
-                a = max(a, text.rfind("/", a, b) + 1)
+                a, b = url_segment(text, a, b, b)
             b = min(b, end)
             tok = text[a:b]
             kind = value_kind(text[start:a], tok, tok, text[b:end]) if tok else None
-            if kind == "port":
-                a = port_start(text, a, b)
-            elif kind == "flag":
-                a = boolean_start(text, a)  # `?0`: its key's sign is before the `?`
+            if kind is not None:
+                a = value_start(kind, text, a, b, start)  # `?0`: its key's sign is before the `?`
             keyed = keyed_value(text[start:a], text[b:end])
             if kind is not None and (keyed or kind in ("epoch", "week", "date", "counter", "port")
                                      or (kind == "nonce" and any(c.isdigit() for c in tok))):

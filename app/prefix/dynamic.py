@@ -16,8 +16,8 @@ too), ULIDs, long hex ids, Claude Code's billing-header hash (`cch=`), request/s
 prefixed ids (req_…, sess_…), trace contexts (traceparent, Cloud Trace, sentry-trace, b3, Jaeger),
 message ids (WhatsApp, Matrix, e-mail Message-IDs), Kubernetes pod names, emails, user-name lines,
 counters (turn 7, request #123, a queue place, a share used, an elapsed time, a time ago) and what
-is left of a budget (`Context left: 187655`), weak entity tags (`W/"…"`), base64 JSON (JWTs). A changed token that no pattern knows is judged by
-app/prefix/value_kind.py.
+is left of a budget (`Context left: 187655`), weak entity tags (`W/"…"`), base64 JSON (JWTs). A
+changed token that no pattern knows is judged by app/prefix/value_kind.py.
 """
 
 from __future__ import annotations

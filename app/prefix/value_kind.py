@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from app.prefix.dynamic import NOW_CUE, WEEKDAY_NAMES
+from app.prefix.dynamic import NOW_CUE, WEEKDAY_NAMES, port_start
 
 _EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3}(?:\d{3})?)?)?(?:\.\d{1,9})?")  # 2017..2033, in s, ms, µs or ns; time.time()
 _ISO_WEEK = re.compile(r"(?i)(?:\d{4}-?)?W\d{1,2}(?:-?\d)?")
@@ -56,9 +56,10 @@ _SPENT = re.compile(r"(?i)\b(?:spent|cost|costs|kostete|ausgegeben|verbraucht)\b
 _LOOPBACK = r"localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\]"
 _HOST_PORT = re.compile(rf"(?i)({_LOOPBACK}):(\d{{4,5}})")
 _PORT_BEFORE = re.compile(rf"(?i)(?:\bport\s+|(?:{_LOOPBACK}):)$")
-# a reading's unit after its number; a key that names a time taken (its last word a unit, a duration)
-_UNIT_AFTER = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB|ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|GB\b)")
-_READING_UNIT = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB)")  # units of what instruments read, not of what rules set
+# units of what instruments read, not of what rules set; units that rules set too (a time, a size):
+# a reading only after a key or with decimals; a key that names a time taken (its last word a unit)
+_READING_UNIT = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB)")
+_UNIT_AFTER = re.compile(r"\s?(?:ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|GB\b)")
 # a unit written after a key's number, ending the value: one to four letters (`cm`, `Hz`, `LUFS`),
 # or a degree or micro sign and letters, or a unit over another (`km/h`)
 _UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}(?:/[A-Za-z]{1,3})?\.?\s*(?:</[\w.:-]+>\s*)?$")
@@ -122,7 +123,7 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if _EPOCH_ID.fullmatch(new) and _EPOCH_ID.fullmatch(old):
         return "epoch"  # an id that opens with the time it was made (a Redis stream id `1775857905933-1`)
     if new in ("0", "1") and old in ("0", "1") and line_prefix.endswith("?"):
-        return "flag"  # a structured header's boolean (RFC 8941: `Sec-CH-UA-Mobile: ?0`; `boolean_start`)
+        return "flag"  # a structured header's boolean (RFC 8941: `Sec-CH-UA-Mobile: ?0`; `value_start`)
     key = _KEY.search(line_prefix)
     if _counted(line_prefix, key, old, new, line_rest) or _measured(key or _TAG_OPEN.search(line_prefix), old, new, line_rest):
         return "counter"
@@ -143,8 +144,9 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     a, b = _HOST_PORT.fullmatch(old), _HOST_PORT.fullmatch(new)
     if a and b and a.group(1) == b.group(1) and (a.group(2) != b.group(2) or old == new):
         # `127.0.0.1:50242` -> `:57215` (another pod, reading the one request, passes the token twice)
-        return "port"  # its span is the port (`port_start`)
-    if (random_looking(new) or random_looking(old)) and (random_looking(new) == random_looking(old) or _redrawn(old, new)):
+        return "port"  # its span is the port (`value_start`)
+    new_random, old_random = random_looking(new), random_looking(old)
+    if (new_random or old_random) and (new_random == old_random or _redrawn(old, new)):
         return "nonce"
     if new.lower() in WEEKDAY_NAMES and old.lower() in WEEKDAY_NAMES and (NOW_CUE.search(line_prefix) or key):
         return "date"  # "Today is Tuesday." -> "Wednesday."
@@ -165,14 +167,21 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     return None
 
 
-def boolean_start(text: str, start: int) -> int:
-    """Where a structured header's boolean starts: at its `?` (`?0`), which is part of the value."""
-    return start - 1 if text[start - 1:start] == "?" else start
+def value_start(kind: str, text: str, start: int, end: int, floor: int) -> int:
+    """Where the value of a token `value_kind` judged starts, on every path: a port after its host
+    (`port_start`), a structured header's boolean at its `?` (`?0`), an id whose parts a `|` joins
+    at its first part (a Bot Framework activity id `<conversation>|0000028`, whose counter rose).
+    `floor`: the line's start."""
+    if kind == "port":
+        return port_start(text, start, end)
+    if kind == "flag":
+        return start - 1 if text[start - 1:start] == "?" else start
+    if kind == "id":
+        return _joined_start(text, start, floor)
+    return start
 
 
-def joined_start(text: str, start: int, floor: int) -> int:
-    """Where an id whose parts a `|` joins starts (a Bot Framework activity id
-    `<conversation>|0000028`): the counter that rose is its last part."""
+def _joined_start(text: str, start: int, floor: int) -> int:
     while start - 2 >= floor and text[start - 1] == "|" and _ID_PART.match(text[start - 2]):
         start -= 1
         while start - 1 >= floor and _ID_PART.match(text[start - 1]):
