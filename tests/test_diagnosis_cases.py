@@ -350,6 +350,17 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Authorization: Bearer {}", ["eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjAwfQ.a1B2c3D4e5F6g7H8",
                                   "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NjYwfQ.Z9y8X7w6V5u4T3s2",
                                   "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIiwiaWF0IjoxNzY3MjI1NzIwfQ.k1L2m3N4o5P6q7R8"], "token"),
+    # round 12: scientific notation, a count out of a capacity, a work week and its day, a German
+    # weekday's abbreviation before a date without a year, a date then `at` and a clock, a zone's
+    # name with its offset, a true minus sign
+    ("Load-lock vacuum: {} mbar", ["3.1E-05", "2.8E-05", "4.4E-06"], "counter"),
+    ("Parking deck: {} spaces taken", ["212/450", "219/450", "231/450"], "counter"),
+    ("Plant calendar: {}", ["WW12.2", "WW12.3", "WW12.4"], "week"),
+    ("Stand: {}", ["Mo., 9. März", "Di., 10. März", "Mi., 11. März"], "date"),
+    ("Stock counted {}", ["3 March 2026 at 09:12", "3 March 2026 at 09:40", "3 March 2026 at 10:05"], "timestamp"),
+    ("Snapshot written {}", ["2026-03-03 09:12:44 AM CET+0100", "2026-03-03 09:40:02 AM CET+0100",
+                             "2026-03-03 10:05:30 AM CET+0100"], "timestamp"),
+    ("Kühlzelle 3: {} °C", ["−21,3", "−20,8", "−21,9"], "counter"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -358,6 +369,34 @@ def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[s
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]  # the value itself, not its line
     assert all(r["span_kinds"] == [kind] for r in got)
+
+
+@pytest.mark.parametrize(("line", "values", "kind"), [
+    ("<reading>Kiln state: {}</reading>", ["FIRING", "COOLING", "FIRING"], "flag"),  # a key's whole value, then a tag's end
+    ('{{"vacuum_mbar": "{}"}}', ["2.4E-03", "2.9E-03", "3.3E-03"], "counter"),  # a JSON value in scientific notation
+])
+def test_a_keys_whole_value_before_a_closing_tag_or_the_end_of_an_object(fpr, line: str, values: list[str],
+                                                                        kind: str) -> None:
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", turns) for v, turns in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert all(r["span_kinds"] == [kind] for r in got)
+
+
+def test_a_value_in_a_sentence_of_the_first_user_messages_context_block(fpr) -> None:
+    """One token that reads as a value (a digit, an id's separators) changes in place in the first
+    user message while the turns after it stay: the client refreshed a value it injects there, not
+    a person editing a turn (round 12); a changed word there stays a history edit (above)."""
+    names = ["brave_newton", "quiet_curie", "eager_turing", "bold_hopper"]
+
+    def first(name: str) -> str:
+        return f"<context>\nThe newest container is named {name}.\nBranch: main\n</context>\n" + TASK
+
+    bodies = [body(CODER, [first(n), *t[1:]]) for n, t in zip(names, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head"] * 3, got
+    assert [r["spans"] for r in got] == [[n] for n in names[1:]]
 
 
 def test_oracle_date_rolling_over_without_a_cue(fpr) -> None:
@@ -461,6 +500,10 @@ COLUMN_TOOLS = {
                     "GET /parcels/{id}/events - tracking events of a parcel", "PATCH /orders/{id} - change the address"],
     "cli-help": ["  order-show <id>        one order with its lines", "  return-open <id> <why>  open a return",
                  "  parcel-track <id>      tracking events of a parcel", "  address-set <id> <adr> change the address"],
+    "rails-tasks": ["bin/rails orders:show[id]        # One order with its lines",
+                    "bin/rails returns:open[id,why]    # Open a return",
+                    "bin/rails parcels:track[id]       # Tracking events of a parcel",
+                    "bin/rails orders:readdress[id]    # Change the address"],
     "tab-separated": ["order_show\tid\tone order with its lines", "return_open\tid, reason\topen a return",
                       "parcel_track\tid\ttracking events of a parcel", "address_set\tid, address\tchange the address"],
 }
@@ -715,10 +758,11 @@ def test_trailing_system_message_after_the_history(fpr) -> None:
     ("These policies were last revised on 2024-03-01.", "These policies were last revised on 2025-04-02."),
     ("Index build 20240101T1200Z", "Index build 58120934T7731Z"),  # a timestamp's shape, edited into no timestamp
     ("Firmware v1.2.0-0-g8e41c0d", "Firmware v2.0.0-3-g3f9a2b1"),  # another release, not a build of the same one
+    ("Tarifstand 04.05.26 um 10:15", "Tarifstand 23.12.37 um 19:11"),  # a valid stamp, years on: edited (round 12)
 ])
 def test_edits_that_only_look_dynamic(fpr, old: str, new: str) -> None:
     system = (f"API version: v2.14.3\nThese policies were last revised on 2024-03-01.\nIndex build 20240101T1200Z\n"
-              f"Firmware v1.2.0-0-g8e41c0d\n{SYSTEM}")
+              f"Firmware v1.2.0-0-g8e41c0d\nTarifstand 04.05.26 um 10:15\n{SYSTEM}")
     convo = conversation(3)
     bodies = [body(system, convo[0]), body(system.replace(old, new), convo[1]), body(system.replace(old, new), convo[2])]
     assert causes(fpr, bodies) == ["template_change", None]

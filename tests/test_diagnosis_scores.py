@@ -5,8 +5,8 @@ The tune side (the first corpus, `tune`, `tune2` and the earlier held-out splits
 the tune side when `heldout2` was written, `heldout2` when `heldout3` was, `heldout3` when `heldout4`
 was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was,
 `heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was,
-`heldout10` when `heldout11` was) is what the detector is developed against: its scores may rise,
-never fall below the floors. The held-out split `heldout11` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+`heldout10` when `heldout11` was, `heldout11` when `heldout12` was) is what the detector is developed
+against: its scores may rise, never fall below the floors. The held-out split `heldout12` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -46,19 +46,24 @@ FLOORS = {
     "heldout6": (1.0, 1.0, 0.987),
     "heldout7": (1.0, 1.0, 1.0),  # the seventh (measured 0.897 / 0.776 / 0.573), tune side since heldout8
     "heldout8": (1.0, 1.0, 1.0),  # the eighth (measured 0.880 / 0.715 / 0.544), tune side since heldout9
-    # the ninth (measured 0.901 / 0.785 / 0.710), tune side since heldout10: 0.990 / 0.864 / 0.984 (rows
-    # of a DataFrame and a speech recognizer's confidence read as edits; a run name in a sentence of
-    # the context block read as a history edit, a class with no support, which costs macro-F1 1/8)
-    "heldout9": (0.990, 0.864, 0.984),
+    # the ninth (measured 0.901 / 0.785 / 0.710), tune side since heldout10: 0.9937 / 0.988 / 0.989 since
+    # round 12 (rows of a DataFrame and a speech recognizer's confidence read as edits)
+    "heldout9": (0.993, 0.988, 0.989),
     "heldout10": (1.0, 1.0, 1.0),  # the tenth (measured 0.886 / 0.770 / 0.557), tune side since heldout11
+    # the eleventh (measured 0.922 / 0.798 / 0.699), tune side since heldout12: 0.998 / 0.9968 / 0.997
+    # (the look-alike alarm below)
+    "heldout11": (0.998, 0.996, 0.997),
 }
-# issue 29's goal on the held-out split (heldout11), measured once after the detector work on the tune
+# look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
+# (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one)
+LOOKALIKE_ALARMS = {"heldout11": 1}
+# issue 29's goal on the held-out split (heldout12), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
-              "heldout8", "heldout9", "heldout10")
+              "heldout8", "heldout9", "heldout10", "heldout11")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -100,33 +105,24 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.transitions >= 190
     assert s.accuracy >= accuracy and s.macro_f1 >= macro_f1 and s.span_exact_f1 >= span_f1, \
         (corpus, s.accuracy, s.macro_f1, s.span_exact_f1, s.errors[:10])
-    assert s.lookalike_false_alarms == 0, s.errors[:10]
+    assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout11 (measured once, 2026-12-04) raises 2 look-alike alarms: a "
-                                       "Nano-ID-shaped prefix edited into another random-looking one, and Thunderbird's "
-                                       "`04.05.26 um 10:15` edited into `23.12.37 um 19:11`, still a valid stamp (two "
-                                       "requests cannot tell these edits from new draws); strict, so it turns red when "
-                                       "the split raises none and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout12 is measured once, at the end of round 12 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout11 (measured once, 2026-12-04): "
-                                       "span exact-match F1 0.699 (live occupancy as a fraction of capacity, pressure "
-                                       "in E-notation, a true minus sign, dates without a year, `6 April 2026 at 03:07` "
-                                       "read in two parts); strict, so it turns red when the goal is reached and this "
-                                       "mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout12 is measured once, at the end of round 12 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout11 (measured once, 2026-12-04): "
-                                       "macro-F1 0.798 (those values read as edits, and as history edits in context "
-                                       "blocks: history_edit predicted 15 times with no support; `bin/rails -T` task "
-                                       "lists read as edits); strict, so it turns red when the goal is reached and this "
-                                       "mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout12 is measured once, at the end of round 12 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -157,7 +153,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout11`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout12`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -58,13 +58,14 @@ from app.prefix.dynamic import (
     Span,
     elapsed_value,
     get_detector,
+    moved_too_far,
     number_end,
     number_start,
     number_token,
     rolled_over,
 )
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.value_kind import value_kind, value_start
+from app.prefix.value_kind import turn_value, value_kind, value_start
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")
@@ -86,7 +87,7 @@ ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 # it), `{"name": ...}`, `## name`, a declaration in code, lower-case keywords before the name
 # and its parameters (`def name(`, `async function name(`, `pub fn name(`), an HTTP route
 # (`GET /lessons/{id} - ...`), and a name in columns: its arguments, then a tab or a gap of two
-# spaces or more before the description (a CLI's `--help`, a tab-separated table)
+# spaces or more before the description (a CLI's `--help`, `bin/rails -T`, a tab-separated table)
 # what stands before a declared name in code: lower-case keywords (`def`, `pub fn`), Java's
 # modifiers and capitalised type, C#'s access modifier, modifiers and type
 _KEYWORDS = r"(?:[a-z]+\s+){1,3}"
@@ -97,7 +98,7 @@ TOOL_LINE = re.compile(
     rf"""{_KEYWORDS}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+/|"""
     r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
     rf"""{_JAVA_TYPE}[a-z_]\w*\s*\(|{_CSHARP_TYPE}[A-Za-z_]\w*\s*\(|"""
-    r"""[A-Za-z_][\w.\-]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
+    r"""[A-Za-z_][\w.\-/:]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
 # with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name
@@ -694,10 +695,11 @@ def dynamic_kind(text: str, line0: int, span: Span) -> str | None:
 
 
 def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int,
-                  stop: int | None = None) -> tuple[Span, int] | None:
+                  stop: int | None = None, earlier_turn: bool = False) -> tuple[Span, int] | None:
     """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
     key or line), and where it ends in `prev`; None when what differs is not such a value. `stop`:
-    where the message holding `cd` ends (its line ends there, not in the template text after it)."""
+    where the message holding `cd` ends (its line ends there, not in the template text after it).
+    `earlier_turn`: `cd` is in a user turn before the last (`turn_value` judges a token there)."""
     cs, ce = _token(cur, cd)
     ps, pe = _token(prev, pd)
     line0 = cur.rfind("\n", 0, cs) + 1
@@ -719,6 +721,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         kind = dynamic_kind(cur, line0, span)
         if kind is None and span.kind == pspan.kind == "date" and rolled_over(pspan.text, span.text):
             kind = "date"  # no "today" cue, but it moved on by a day: a clock's date, not an edit
+        elif kind in ("timestamp", "date") and moved_too_far(pspan.text, span.text):
+            kind = None  # years on: an edited stamp that is still a valid one
         if kind is not None:
             start, end, pend = span.start, span.end, pspan.end
             trim = end - sentence_end(cur, start, end)
@@ -742,6 +746,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         return None  # more than one token changed: an edit, not a value
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     kind = value_kind(cur[max(line0, cs - VALUE_WINDOW):cs], prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
+    if kind is None and earlier_turn:
+        kind = turn_value(prev[ps:pe], cur[cs:ce])
     if kind is None:
         return None
     cs = value_start(kind, cur, cs, ce, line0)
@@ -798,7 +804,9 @@ class _Pair:
             return Diagnosis("tool_order", cd, [], realign, "tool schemas written in the prompt text, other order")
         if permuted:
             return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
-        value = changed_value(self.detector, prev.text, cur.text, pd, cd, region.end if region is not None else None)
+        earlier_turn = region is not None and region.role == "user" and first_history <= cd < tail_start(cur)
+        value = changed_value(self.detector, prev.text, cur.text, pd, cd, region.end if region is not None else None,
+                              earlier_turn)
         if value is not None:  # realigned right after the value: later findings are searched from there
             span, pend = value  # (also inside a tool's description: a date put there per request)
             after = Realignment(pend, span.end, lcp(prev.text, cur.text, pend, span.end))

@@ -60,7 +60,7 @@ _TIME = rf"{_CLOCK}(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
 # a clock alone: its `Uhr` is the sentence's word (`Es ist 14:53 Uhr.`), not the formatted value's
 _BARE_TIME = rf"{_CLOCK}(?:\s?[AaPp]\.?[Mm]\.?)?"
 # a zone: Go's `+0000 UTC` and JavaScript's `GMT+0000 (Coordinated Universal Time)` too
-_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T|MES?Z)(?: (?:UTC|GMT))?"
+_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T(?:[+-](?:[01]\d|2[0-3])[0-5]\d)?|MES?Z)(?: (?:UTC|GMT))?"
        r"(?: \([A-Z][A-Za-z ]{2,40}\))?(?:\[[A-Za-z_]+(?:/[A-Za-z_]+){1,2}\])?"  # Java's `[Europe/Berlin]`
        # or an offset in hours alone, glued to the time (ISO 8601 allows it; PostgreSQL writes `+02`)
        r"|(?<=\d)[+-](?:0\d|1[0-4])(?![\d:.]))?")
@@ -109,9 +109,9 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"\b{_MON}/{_DAY}/(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
     ("date", rf"\b{_DAY}/{_MON}/(?:{_YEAR})\b(?:,?\s*{_TIME})?"),
     ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?")),
-    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+)?{_TIME})?")),
+    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+|at\s+)?{_TIME})?")),
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b")),
-    ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b")),
+    ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b")),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
     # a day and a month without a year, then a clock (`03.05., 02:03`): a time stamp, not a date alone
@@ -351,15 +351,19 @@ def port_start(text: str, start: int, end: int) -> int:
 
 
 _DIGIT_GROUPS = re.compile(r"\d+(?:[.,]\d+)*")
+MINUS = "\u2212"  # the minus sign, as typeset numbers write it (`−18,4 °C`)
 
 
 def number_token(text: str, start: int, end: int) -> tuple[int, int]:
     """A token of digits widened over the digit groups its `.` or `,` join (`38,9`, `41.213`), and
-    over a range its dash makes of two numbers (`10–15`); a leading minus stays (`-26,8`)."""
+    over a range its dash makes of two numbers (`10–15`); a leading minus stays (`-26,8`, and a
+    true minus sign before the token, U+2212: `−18,4`)."""
     if end - start > 1 and text[start] == "-" and _DIGIT_GROUPS.fullmatch(text, start + 1, end):
         return start, number_token(text, start + 1, end)[1]
     if start < end and _DIGIT_GROUPS.fullmatch(text, start, end):
         start, end = number_start(text, start, max(0, start - 64)), number_end(text, end)
+        if start > 0 and text[start - 1] == MINUS:
+            return start - 1, end
         glued_after = end < len(text) and (text[end].isalnum() or text[end] in _JOINERS) and not (
             text[end] in ".:" and (end + 1 == len(text) or not text[end + 1].isalnum()))  # a sentence's end
         if not glued_after and (m := _RANGE_BEFORE.search(text, max(0, start - 32), start)) is not None:
@@ -430,7 +434,10 @@ ROLLOVER_DAYS = 3  # a "today" moves forward by a day or a weekend between two r
 
 def date_days(text: str) -> set[int]:
     """The day numbers (proleptic ordinals) a date text may mean: numeric forms read both as
-    day-month and month-day, written months by name; empty when it is no date."""
+    day-month and month-day, written months by name; empty when it is no date. A clock after the
+    date is no part of it (`04.05.26 um 10:15`: its minutes are no two-digit year)."""
+    if (clock := _CLOCK_AFTER_DATE.search(text)) is not None:
+        text = text[:clock.start()]
     year = re.search(r"(?<!\d)(?:19|20)\d{2}(?!\d)", text)
     nums = [int(n) for n in re.findall(r"(?<!\d)\d{1,2}(?!\d)", text if year is None
                                        else text[:year.start()] + " " + text[year.end():])]
@@ -450,6 +457,20 @@ def date_days(text: str) -> set[int]:
         except ValueError:
             continue
     return out
+
+
+# a clock after a date: `10:15`, `10h15`, or Oracle's dotted one before its AM/PM (`10.50.40.644712 PM`);
+# `13.10` of `Di., 13.10.2026` is the date's
+_CLOCK_AFTER_DATE = re.compile(r"[\s,]+(?:um\s+|at\s+|à\s+|a las\s+)?(?:[01]?\d|2[0-3])"
+                               r"(?:[:h][0-5]\d|\.[0-5]\d\.[0-5]\d(?:\.\d{1,9})?\s?[AP]M)")
+CLOCK_DRIFT_DAYS = 366  # two requests of a tenant a year apart or more: a stamp that moved further was edited
+
+
+def moved_too_far(old: str, new: str) -> bool:
+    """Did a stamp move by more than a clock moves between two requests of a tenant (a year), so
+    that it was edited (`04.05.26 um 10:15` -> `23.12.37 um 19:11`), not read from a clock?"""
+    a, b = date_days(old), date_days(new)
+    return bool(a and b) and min(abs(y - x) for x in a for y in b) > CLOCK_DRIFT_DAYS
 
 
 def rolled_over(old: str, new: str) -> bool:

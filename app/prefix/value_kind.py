@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import re
 
-from app.prefix.dynamic import NOW_CUE, WEEKDAY_NAMES, port_start
+from app.prefix.dynamic import MINUS, NOW_CUE, WEEKDAY_NAMES, port_start
 
 _EPOCH = re.compile(r"1[5-9]\d{8}(?:\d{3}(?:\d{3}(?:\d{3})?)?)?(?:\.\d{1,9})?")  # 2017..2033, in s, ms, µs or ns; time.time()
-_ISO_WEEK = re.compile(r"(?i)(?:\d{4}-?)?W\d{1,2}(?:-?\d)?")
+# an ISO week (`2026-W19`), with its day; a fab's work week and day (`WW19.3`) is one too
+_ISO_WEEK = re.compile(r"(?i)(?:\d{4}-?)?W{1,2}\d{1,2}(?:[-.]?\d)?")
 _DESCRIBE = re.compile(r"(?i)(v?\d+(?:\.\d+){1,3})-(\d+)-g[0-9a-f]{7,40}(?:-dirty)?")  # `git describe`
 _VERSION = re.compile(r"(?i)v?\d+(?:\.\d+){1,3}(?:[-+.]?[a-z]+\d*)?(?:-\d+-g[0-9a-f]{7,40})?(?:-dirty)?")  # `git describe` too
 _FLAG_WORDS = frozenset({
@@ -68,6 +69,12 @@ LONG_TOKEN = 4096  # a changed token longer than this is judged no value
 _FINE = re.compile(r"\d+\.\d{4,}")  # a reading with four decimals or more
 _ISO_DURATION = re.compile(r"P(?:\d+D)?T(?:\d+H)?(?:\d+M)?\d+(?:[.,]\d+)?S")  # ISO 8601, seconds included
 _EPOCH_ID = re.compile(r"1[5-9]\d{11}-\d{1,6}")  # milliseconds since the epoch, then a sequence number
+# a count out of a capacity that stays (`53/220 climbers`): the capacity a number, not a month or a year (`KW 15/2026`)
+_OF_CAPACITY = re.compile(r"(\d+)/(?!(?:19|20)\d\d$)(\d{2,})")
+# a number in scientific notation (`4.7E-07` Torr): what instruments print; a set value is written round
+_SCIENTIFIC = re.compile(r"\d+(?:\.\d+)?[eE][+-]?\d{1,3}")
+# what may end a line after a key's whole value: punctuation, quotes, a JSON object's or a tag's end
+_VALUE_END = re.compile(r"""[\s.,;"'}\]]*(?:</[\w.:-]+>[\s}\],]*)?""")
 _OF_TOTAL = re.compile(r"(?i)\s*(?:of|von|/)\s+(?:the\s+|den\s+)?\d")  # `41.2k of the 128k window`
 
 
@@ -162,9 +169,21 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "flag"  # `Gruppe: Kontrolle` -> `Test`, `dark_mode=on` -> `off`, `a` -> `b`: any two words after a flag key
     if _DYNAMIC_KEY.search(_words(key.group(1))) and not (new.isalpha() and old.isalpha() and len(new) > 3):
         return "value"
-    if line_rest is not None and not line_rest.strip(" \t.,;\"'"):  # the whole value of a `key: value` line
+    if line_rest is not None and _VALUE_END.fullmatch(line_rest):  # the whole value of a `key: value` line
         return _whole_value_kind(old, new)
     return None
+
+
+def turn_value(old: str, new: str) -> str | None:
+    """A token that changed in place in a user turn before the last, the rest of the conversation
+    the same, that `value_kind` did not judge: a value when both read as one (a digit in it, or an
+    id's separators: `sleepy_hodgkin` -> `fabulous_hodgkin`). A person who edits a turn rewrites
+    words, and chat clients drop the turns after an edited one; a client that refreshes a value in
+    the context it sends (an agent's context block) changes one token and keeps the rest."""
+    def reads_as_value(token: str) -> bool:
+        return any(c.isdigit() for c in token) or _id_like(token)
+    return "value" if reads_as_value(old) and reads_as_value(new) and not (
+        _VERSION.fullmatch(old) and _VERSION.fullmatch(new)) else None
 
 
 def value_start(kind: str, text: str, start: int, end: int, floor: int) -> int:
@@ -232,9 +251,10 @@ def _rising_sequence(old: str, new: str) -> bool:
 
 
 def _significant(number: str) -> int:
-    """How many significant digits a number is written with (`30` 1, `6.4` 2, `354.8` 4)."""
-    digits = "".join(c for c in number if c.isdigit()).lstrip("0")
-    return len(digits.rstrip("0"))
+    """How many significant digits a number is written with (`30` 1, `6.4` 2, `354.8` 4, `7.0E-07` 2)."""
+    mantissa, *exponent = re.split("[eE]", number)
+    digits = "".join(c for c in mantissa if c.isdigit()).lstrip("0")
+    return len(digits) if exponent else len(digits.rstrip("0"))  # `7.0E-07`: its zero is written to count
 
 
 def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | None) -> bool:
@@ -246,7 +266,9 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
     decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`)."""
     if _ISO_DURATION.fullmatch(new) and _ISO_DURATION.fullmatch(old):
         return True
-    new, old = new.removeprefix("-"), old.removeprefix("-")  # `-63 dBm`
+    if key is not None and _SCIENTIFIC.fullmatch(new) and _SCIENTIFIC.fullmatch(old):
+        return max(_significant(new), _significant(old)) > 1  # `1e-4` -> `3e-4` is a setting edited
+    new, old = new.lstrip("-" + MINUS), old.lstrip("-" + MINUS)  # `-63 dBm`, `−18,4 °C`
     if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old) or _RANGE.fullmatch(new) and _RANGE.fullmatch(old)):
         return False
     if max(_significant(new), _significant(old)) <= 1:
@@ -270,7 +292,12 @@ def _words(key: str) -> str:
 def _counted(line_prefix: str, key: re.Match[str] | None, old: str, new: str, line_rest: str | None) -> bool:
     """A number that counts something as a session goes on: after a key naming a share, a place or
     a time that passes (also a tag's: `<context_free_percent>81</…>`), or as the first part of a
-    usage meter (`41.2k of the 128k window`, `41.213 von 128.000 Tokens`)."""
+    usage meter (`41.2k of the 128k window`, `41.213 von 128.000 Tokens`), or out of a capacity
+    that stays (`53/220`)."""
+    a, b = _OF_CAPACITY.fullmatch(old), _OF_CAPACITY.fullmatch(new)
+    if a and b:  # no more than the capacity (`2025/26`, a season, is none); another pod passes the token twice
+        return a.group(2) == b.group(2) and (a.group(1) != b.group(1) or old == new) and \
+            max(int(a.group(1)), int(b.group(1))) <= int(a.group(2))
     if _DURATION.fullmatch(new) and _DURATION.fullmatch(old) and not (new.isdigit() or old.isdigit()):
         return _COUNTDOWN.search(line_prefix) is not None or (
             key is not None and _COUNTER_KEY.search(key.group(1)) is not None)
@@ -299,8 +326,8 @@ def _whole_value_unkeyed(line_prefix: str, line_rest: str) -> bool:
 def keyed_value(line_prefix: str, line_rest: str) -> bool:
     """Does the token after `line_prefix` sit where a key puts a value (after `:`, `=`, an arrow,
     inside a tag, after a label's word)? What another pod, reading one request, needs before it
-    takes a word or an id for a per-request value."""
-    return line_prefix.rstrip().endswith(KEY_SIGNS) or _whole_value_unkeyed(line_prefix, line_rest)
+    takes a word or an id for a per-request value. A quote may open the value (`value="…"`)."""
+    return line_prefix.rstrip().rstrip("\"'").endswith(KEY_SIGNS) or _whole_value_unkeyed(line_prefix, line_rest)
 
 
 def _id_like(token: str) -> bool:
