@@ -108,21 +108,28 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout12 is measured once, at the end of round 12 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="heldout12 (measured once, 2026-12-05) raises 3 look-alike alarms: a "
+                                       "stamp's clock edited (`11:00`) is read as a clock; strict, so it turns red when "
+                                       "the split raises none and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout12 is measured once, at the end of round 12 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout12 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.752 (counters as bare numbers: tests left, f_cnt, wave "
+                                       "height, lane metres; Python's datetime repr, a YYDDD lot day, a French clock, JSF "
+                                       "ViewState); strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="heldout12 is measured once, at the end of round 12 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout12 (measured once, 2026-12-05): "
+                                       "macro-F1 0.731 (those values read as edits: dynamic_head recall 0.62, "
+                                       "template_change precision 0.22; history_edit predicted 4 times with no support; "
+                                       "nox, langchaingo and ToolLLaMA tool lists; Claude Code's compaction read as a new "
+                                       "conversation); strict, so it turns red when the goal is reached and this mark "
+                                       "must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
