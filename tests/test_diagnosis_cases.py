@@ -361,6 +361,19 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Snapshot written {}", ["2026-03-03 09:12:44 AM CET+0100", "2026-03-03 09:40:02 AM CET+0100",
                              "2026-03-03 10:05:30 AM CET+0100"], "timestamp"),
     ("Kühlzelle 3: {} °C", ["−21,3", "−20,8", "−21,9"], "counter"),
+    # round 13: a compact stamp (HL7's DTM), Python's datetime repr, a French clock, long signed
+    # draws, a number with decimals before a unit of measure in a sentence, an abbreviated
+    # counter's key, a count left before something, two words in quotes after a flag key
+    ("MSH-7: {}", ["20260303091244+0100", "20260303091502+0100", "20260303092130+0100"], "timestamp"),
+    ("Captured at {}", ["datetime.datetime(2026, 3, 3, 9, 12, 44, 120000)", "datetime.datetime(2026, 3, 3, 9, 15, 2, 981)",
+                        "datetime.datetime(2026, 3, 3, 9, 21, 30, 7)"], "timestamp"),
+    ("Heure au port : {}", ["9 h 12", "9 h 40", "10 h 05"], "time"),
+    ("View state: {}", ["4410923866123456789:-2288811122233344455", "-118273645501928374:7766554433221100998",
+                        "9081726354453627180:-1029384756647382910"], "nonce"),
+    ("The tide gauge reads {} m (live).", ["2.41", "2.38", "2.35"], "counter"),
+    ("uplink f_cnt={}", ["10412", "10419", "10433"], "counter"),
+    ("{} slots left before the desk closes", ["231", "229", "224"], "counter"),
+    ('reception_info{{mode="{}"}} 1', ["night service", "routine", "night service"], "flag"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -382,6 +395,23 @@ def test_a_keys_whole_value_before_a_closing_tag_or_the_end_of_an_object(fpr, li
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
     assert all(r["span_kinds"] == [kind] for r in got)
+
+
+def test_a_number_that_changes_at_one_place_on_every_request_is_a_value(fpr) -> None:
+    """A bare number after a key (no form says it is per-request) changes: an edit, once. When the
+    same place changes again on the next request, it is a value the client writes per request
+    (round 13): the tenant's records keep where the first change was, for every pod."""
+    values = ["4127", "4133", "4140", "4151"]
+    bodies = [body(f"Cars on the vehicle deck: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["template_change", "dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[], ["4140"], ["4151"]]
+
+
+def test_a_number_edited_once_stays_an_edit(fpr) -> None:
+    values = ["4127", "4133", "4133", "4133"]
+    bodies = [body(f"Cars on the vehicle deck: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(4), strict=True)]
+    assert causes(fpr, bodies) == ["template_change", None, None]
 
 
 def test_a_value_in_a_sentence_of_the_first_user_messages_context_block(fpr) -> None:
@@ -500,6 +530,8 @@ COLUMN_TOOLS = {
                     "GET /parcels/{id}/events - tracking events of a parcel", "PATCH /orders/{id} - change the address"],
     "cli-help": ["  order-show <id>        one order with its lines", "  return-open <id> <why>  open a return",
                  "  parcel-track <id>      tracking events of a parcel", "  address-set <id> <adr> change the address"],
+    "arrow-list": ["* order_show -> One order with its lines.", "- return_open -> Open a return.",
+                   "* parcel_track -> Tracking events of a parcel.", "- address_set -> Change the address."],
     "rails-tasks": ["bin/rails orders:show[id]        # One order with its lines",
                     "bin/rails returns:open[id,why]    # Open a return",
                     "bin/rails parcels:track[id]       # Tracking events of a parcel",
@@ -539,6 +571,10 @@ BLOCK_TOOLS = {
                       for n, d in ORDER_TOOLS],
     "csharp-kernel": [f'    [KernelFunction("{n}"), Description("{d}")]\n    public async Task<string> {n.title().replace("_", "")}Async(string order)'
                       for n, d in ORDER_TOOLS],
+    "go-types": [f'type {n.title().replace("_", "")} struct{{ db *sql.DB }}\n\n'
+                 f'func ({n.title().replace("_", "")}) Name() string {{ return "{n}" }}\n\n'
+                 f'func ({n.title().replace("_", "")}) Description() string {{ return "{d}" }}\n'
+                 for n, d in ORDER_TOOLS],
     "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
                     for n, d in ORDER_TOOLS],
     "java-annotated": [f'    @Tool(description = "{d}")\n    String {n}(String order);'
@@ -644,11 +680,13 @@ def schemas_in_text(order: list[dict], form: str) -> str:
         return "# Tools\nYou may call these functions:\n" + "\n".join(json.dumps(t, indent=2) for t in order)
     if form == "one-line-array":
         return "Available tools (JSON): " + json.dumps(order)
+    if form == "python-repr":  # ToolLLaMA: a list of dicts printed with `repr`
+        return "You have access to the following APIs: " + repr([t["function"] for t in order])
     return "<tools>\n" + "\n".join(json.dumps({"name": t["function"]["name"], "description": t["function"]["description"],
                                                 "input_schema": t["function"]["parameters"]}) for t in order) + "\n</tools>"
 
 
-@pytest.mark.parametrize("form", ["indented", "one-line-array", "anthropic-lines"])
+@pytest.mark.parametrize("form", ["indented", "one-line-array", "anthropic-lines", "python-repr"])
 def test_tool_schemas_serialised_into_the_system_text_in_another_order(fpr, form: str) -> None:
     """A client that writes its tool schemas as JSON into the system text (not `tools`) and
     reorders them: a tool-order break wherever the schemas sit."""
@@ -759,10 +797,13 @@ def test_trailing_system_message_after_the_history(fpr) -> None:
     ("Index build 20240101T1200Z", "Index build 58120934T7731Z"),  # a timestamp's shape, edited into no timestamp
     ("Firmware v1.2.0-0-g8e41c0d", "Firmware v2.0.0-3-g3f9a2b1"),  # another release, not a build of the same one
     ("Tarifstand 04.05.26 um 10:15", "Tarifstand 23.12.37 um 19:11"),  # a valid stamp, years on: edited (round 12)
+    ("Slots are held until 10:00 each day.", "Slots are held until 11:00 each day."),  # a rule's hour (round 13)
+    ("Lifts stop when the wind is above 12.5 m/s.", "Lifts stop when the wind is above 10.5 m/s."),  # a threshold
 ])
 def test_edits_that_only_look_dynamic(fpr, old: str, new: str) -> None:
     system = (f"API version: v2.14.3\nThese policies were last revised on 2024-03-01.\nIndex build 20240101T1200Z\n"
-              f"Firmware v1.2.0-0-g8e41c0d\nTarifstand 04.05.26 um 10:15\n{SYSTEM}")
+              f"Firmware v1.2.0-0-g8e41c0d\nTarifstand 04.05.26 um 10:15\nSlots are held until 10:00 each day.\n"
+              f"Lifts stop when the wind is above 12.5 m/s.\n{SYSTEM}")
     convo = conversation(3)
     bodies = [body(system, convo[0]), body(system.replace(old, new), convo[1]), body(system.replace(old, new), convo[2])]
     assert causes(fpr, bodies) == ["template_change", None]

@@ -5,8 +5,9 @@ The tune side (the first corpus, `tune`, `tune2` and the earlier held-out splits
 the tune side when `heldout2` was written, `heldout2` when `heldout3` was, `heldout3` when `heldout4`
 was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was,
 `heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was,
-`heldout10` when `heldout11` was, `heldout11` when `heldout12` was) is what the detector is developed
-against: its scores may rise, never fall below the floors. The held-out split `heldout12` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+`heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was) is
+what the detector is developed against: its scores may rise, never fall below the floors. The held-out
+split `heldout13` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -46,24 +47,29 @@ FLOORS = {
     "heldout6": (1.0, 1.0, 0.987),
     "heldout7": (1.0, 1.0, 1.0),  # the seventh (measured 0.897 / 0.776 / 0.573), tune side since heldout8
     "heldout8": (1.0, 1.0, 1.0),  # the eighth (measured 0.880 / 0.715 / 0.544), tune side since heldout9
-    # the ninth (measured 0.901 / 0.785 / 0.710), tune side since heldout10: 0.9937 / 0.988 / 0.989 since
-    # round 12 (rows of a DataFrame and a speech recognizer's confidence read as edits)
-    "heldout9": (0.993, 0.988, 0.989),
+    # the ninth (measured 0.901 / 0.785 / 0.710), tune side since heldout10: 0.9969 / 0.9940 / 0.9948 since
+    # round 13 (a DataFrame's row count and a speech recognizer's confidence read as edits the first
+    # time they change)
+    "heldout9": (0.996, 0.993, 0.994),
     "heldout10": (1.0, 1.0, 1.0),  # the tenth (measured 0.886 / 0.770 / 0.557), tune side since heldout11
     # the eleventh (measured 0.922 / 0.798 / 0.699), tune side since heldout12: 0.998 / 0.9968 / 0.997
     # (the look-alike alarm below)
     "heldout11": (0.998, 0.996, 0.997),
+    # the twelfth (measured 0.860 / 0.731 / 0.752), tune side since heldout13: 0.9906 / 0.9662 / 0.9893
+    # (Zep's compaction read as a new conversation; a lot day, lane metres and a frame counter each
+    # read as an edit the first time they change)
+    "heldout12": (0.990, 0.966, 0.989),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one)
 LOOKALIKE_ALARMS = {"heldout11": 1}
-# issue 29's goal on the held-out split (heldout12), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout13), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
-              "heldout8", "heldout9", "heldout10", "heldout11")
+              "heldout8", "heldout9", "heldout10", "heldout11", "heldout12")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -76,7 +82,8 @@ BEFORE_THE_POOL = {
 # the detector's word lists: every frozenset of words in app/prefix/dynamic.py and app/prefix/value_kind.py, and the regexes
 # that recognise a key or a "now" cue by its words (the value-format patterns are not word lists)
 KEY_PATTERNS = {name: getattr(value_kind, name) for name in ("_FLAG_KEY", "_DYNAMIC_KEY", "_WEEK_KEY", "_COUNTER_KEY",
-                                                              "_TIMING_KEY", "_UNIT_AFTER", "_READING_UNIT")}
+                                                              "_TIMING_KEY", "_UNIT_AFTER", "_READING_UNIT",
+                                                              "_MEASURE_UNIT", "_THRESHOLD_BEFORE")}
 KEY_PATTERNS["NOW_CUE"] = dynamic.NOW_CUE
 KEY_PATTERNS["_LEFT"] = re.compile(rf"(?i)(?:{dynamic._LEFT})")  # what is left of a budget, by its words
 WORD_SETS = {name: value for module in (dynamic, value_kind) for name, value in vars(module).items()
@@ -108,28 +115,21 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout12 (measured once, 2026-12-05) raises 3 look-alike alarms: a "
-                                       "stamp's clock edited (`11:00`) is read as a clock; strict, so it turns red when "
-                                       "the split raises none and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout13 is measured once, at the end of round 13 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout12 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.752 (counters as bare numbers: tests left, f_cnt, wave "
-                                       "height, lane metres; Python's datetime repr, a YYDDD lot day, a French clock, JSF "
-                                       "ViewState); strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout13 is measured once, at the end of round 13 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout12 (measured once, 2026-12-05): "
-                                       "macro-F1 0.731 (those values read as edits: dynamic_head recall 0.62, "
-                                       "template_change precision 0.22; history_edit predicted 4 times with no support; "
-                                       "nox, langchaingo and ToolLLaMA tool lists; Claude Code's compaction read as a new "
-                                       "conversation); strict, so it turns red when the goal is reached and this mark "
-                                       "must go")
+@pytest.mark.xfail(strict=True, reason="heldout13 is measured once, at the end of round 13 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -160,7 +160,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout12`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout13`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -41,6 +41,7 @@ re-alignment are secondary findings):
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -65,7 +66,7 @@ from app.prefix.dynamic import (
     rolled_over,
 )
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.value_kind import turn_value, value_kind, value_start
+from app.prefix.value_kind import reads_as_value, turn_value, value_kind, value_start
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")
@@ -83,6 +84,7 @@ VALUE_CHARS = frozenset("-_.:/+")
 KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that include the key's words
 ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 # a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
+# `* name -> ...` (`nox --list`),
 # `` `name`: ...``, `<function>{...}</function>` (Anthropic's legacy tool prompt; a case test has
 # it), `{"name": ...}`, `## name`, a declaration in code, lower-case keywords before the name
 # and its parameters (`def name(`, `async function name(`, `pub fn name(`), an HTTP route
@@ -99,7 +101,7 @@ TOOL_LINE = re.compile(
     r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
     rf"""{_JAVA_TYPE}[a-z_]\w*\s*\(|{_CSHARP_TYPE}[A-Za-z_]\w*\s*\(|"""
     r"""[A-Za-z_][\w.\-/:]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
-    r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s))""")
+    r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s|\s(?:->|→|=>)\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
 # with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name
 # (`<tool_name>x</tool_name>`), a bold, code or table-cell name (`**x**`, `` `x` ``, `| x |`). Outside
@@ -123,9 +125,11 @@ _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.]
 _ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
 # a declaration in code: keywords, a Java or a C# type before a name and `(`
 _DECLARATION = re.compile(rf"^\s*(?:{_KEYWORDS}|{_JAVA_TYPE}|{_CSHARP_TYPE})[A-Za-z_]\w*\s*\(")
-# a type declared in code (`class WeinSuchen < RubyLLM::Tool`, `struct StartSessionTool: Tool {`)
+# a type declared in code (`class WeinSuchen < RubyLLM::Tool`, `struct StartSessionTool: Tool {`,
+# Go's `type SiloStand struct{`)
 _TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|abstract|export|sealed)\s+)*"
-                               r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*")
+                               r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*"
+                               r"|^\s*type\s+[A-Z]\w*\s+(?:struct|interface)\b")  # Go: `type SiloStand struct{`
 # a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`)
 _CALL_NAMED = re.compile(rf"""^\s*(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
 # a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`)
@@ -166,6 +170,9 @@ class Diagnosis:
     realigned: Realignment | None = None
     detail: str = ""
     secondary: list[Finding] = field(default_factory=list)  # further causes, in prompt order
+    # where one token changed that no rule judged (`Unjudged.key`): the tenant's records keep it, so
+    # that the same place changing again reads as a per-request value
+    edit_at: str | None = None
 
     @property
     def is_break(self) -> bool:
@@ -179,6 +186,20 @@ class TenantPast:
 
     last_turns: set[str] = field(default_factory=set)
     systems: set[str] = field(default_factory=set)
+    edits: set[str] = field(default_factory=set)  # `Diagnosis.edit_at` of recent requests
+
+
+@dataclass(frozen=True)
+class ValueChange:
+    """What changed at a divergence where the prompts agree again right after one token: the
+    per-request value (`span`, ending at `prev_end` in the previous prompt), or None when no rule
+    judged the token one. `edit_at` says where a token no form judged changed (the line's text
+    before it, as a stable key), so that a later request tells a value that changes there on every
+    request from an edit made once."""
+
+    span: Span | None
+    prev_end: int
+    edit_at: str | None = None
 
 
 # ---------------------------------------------------------------------- stable keys
@@ -615,12 +636,15 @@ def _shape(line: str) -> str:
     return m.group(0) if m else ""
 
 
-def schema_tools(text: str, start: int = 0, end: int | None = None) -> list[tuple[str, str, int, int]]:
+def schema_tools(text: str, start: int = 0, end: int | None = None,
+                 python_literals: bool = False) -> list[tuple[str, str, int, int]]:
     """The JSON tool schemas written into `text[start:end]` (a client that serialises its tools into
     the system prompt or a message rather than `tools`), in order, each as (canonical JSON, JSON as
     written, where the object it is in starts and ends): an object with a `name` and a parameter schema, OpenAI's `{"type": "function",
     "function": {...}}` wrapper and a `{"tools": [...]}` list included. One decode per object
-    start that is not inside a decoded object; nothing past SCHEMA_SCAN_CHARS."""
+    start that is not inside a decoded object; nothing past SCHEMA_SCAN_CHARS. `python_literals`:
+    without JSON ones, schemas printed as a Python literal (`_python_tools`; the diagnosis of a
+    break reads them, not every request's digest)."""
     end = min(len(text) if end is None else end, start + SCHEMA_SCAN_CHARS)
     out: list[tuple[str, str, int, int]] = []
     decoder = json.JSONDecoder()
@@ -642,6 +666,34 @@ def schema_tools(text: str, start: int = 0, end: int | None = None) -> list[tupl
                 written = raw if len(items) == 1 else json.dumps(item, ensure_ascii=False)
                 out.append((json.dumps(item, sort_keys=True, ensure_ascii=False), written, m.start(), stop))
         pos = stop
+    return out or (_python_tools(text, start, end) if python_literals else [])
+
+
+_PYTHON_LITERAL_START = re.compile(r"\{\s*'")  # a dict's first key; a list before it is taken in
+
+
+def _python_tools(text: str, start: int, end: int) -> list[tuple[str, str, int, int]]:
+    """Tool schemas written as a Python literal that ends its line (ToolLLaMA's `APIs: [{'name':
+    ...}, ...]`: a list of dicts printed with `repr`), as `schema_tools` gives them; parsed by
+    `ast.literal_eval` (C), at most one literal per line."""
+    out: list[tuple[str, str, int, int]] = []
+    pos = start
+    while (m := _PYTHON_LITERAL_START.search(text, pos, end)) is not None:
+        first = m.start() - 1 if m.start() > start and text[m.start() - 1] == "[" else m.start()
+        line_end = text.find("\n", first, end)
+        line_end = end if line_end < 0 else line_end
+        stop = max(text.rfind("]", first, line_end), text.rfind("}", first, line_end)) + 1
+        pos = line_end + 1
+        if stop <= first:
+            continue
+        try:
+            obj = ast.literal_eval(text[first:stop])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        for item in obj if isinstance(obj, list) else _tool_list(obj):
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and SCHEMA_KEYS & item.keys():
+                out.append((json.dumps(item, sort_keys=True, ensure_ascii=False, default=str),
+                            json.dumps(item, ensure_ascii=False, default=str), first, stop))
     return out
 
 
@@ -663,8 +715,8 @@ def _schemas_reordered(prev: RequestSketch, cur: RequestSketch, pd: int, region:
     other = prev.region_at(pd)
     if other is None or other.role != region.role or other.end - other.start != region.end - region.start:
         return False
-    ps = schema_tools(prev.text, other.start, other.end)
-    cs = schema_tools(cur.text, region.start, region.end)
+    ps = schema_tools(prev.text, other.start, other.end, python_literals=True)
+    cs = schema_tools(cur.text, region.start, region.end, python_literals=True)
     return schemas_reordered([(c, w) for c, w, _, _ in ps], [(c, w) for c, w, _, _ in cs])
 
 
@@ -695,11 +747,15 @@ def dynamic_kind(text: str, line0: int, span: Span) -> str | None:
 
 
 def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int,
-                  stop: int | None = None, earlier_turn: bool = False) -> tuple[Span, int] | None:
+                  stop: int | None = None, earlier_turn: bool = False,
+                  edits: set[str] | frozenset[str] = frozenset()) -> ValueChange | None:
     """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
-    key or line), and where it ends in `prev`; None when what differs is not such a value. `stop`:
-    where the message holding `cd` ends (its line ends there, not in the template text after it).
-    `earlier_turn`: `cd` is in a user turn before the last (`turn_value` judges a token there)."""
+    key or line), and where it ends in `prev` (`ValueChange`, its span None when one token changed
+    that no rule judged); None when more than one token differs. `stop`: where the message holding `cd` ends (its line
+    ends there, not in the template text after it). `earlier_turn`: `cd` is in a user turn before
+    the last (`turn_value` judges a token there). `edits`: the places (`ValueChange.edit_at`) where a
+    token changed in the tenant's recent requests: a value-like token that changes there again is
+    a per-request value (an edit is made once)."""
     cs, ce = _token(cur, cd)
     ps, pe = _token(prev, pd)
     line0 = cur.rfind("\n", 0, cs) + 1
@@ -723,6 +779,9 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
             kind = "date"  # no "today" cue, but it moved on by a day: a clock's date, not an edit
         elif kind in ("timestamp", "date") and moved_too_far(pspan.text, span.text):
             kind = None  # years on: an edited stamp that is still a valid one
+        elif kind == "time" and _ON_THE_HOUR.fullmatch(pspan.text) and _ON_THE_HOUR.fullmatch(span.text) \
+                and not NOW_CUE.search(cur, line0, span.start):
+            kind = None  # `held until 10:00` -> `11:00`: an hour of a rule edited; a clock read twice on the hour is rare
         if kind is not None:
             start, end, pend = span.start, span.end, pspan.end
             trim = end - sentence_end(cur, start, end)
@@ -736,22 +795,52 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
                     start = number_start(cur, start, span.start)
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
             if lcp(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
-                return Span(start, end, kind, cur[start:end]), pend
+                return ValueChange(Span(start, end, kind, cur[start:end]), pend)
     if ce <= cs or pe <= ps:
         return None
     (cs, ce), (ps, pe) = number_token(cur, cs, ce), number_token(prev, ps, pe)  # `38,9`, not `38`
+    quoted, pquoted = quoted_words(cur, cs, ce), quoted_words(prev, ps, pe)
+    if quoted is not None and pquoted is not None and (quoted != (cs, ce) or pquoted != (ps, pe)):
+        (cs, ce), (ps, pe) = quoted, pquoted  # `mode="STAT only"` -> `"routine"`: the quoted words
     if "://" in cur[cs:ce]:  # in a URL, the value is the path segment that changed (a build scan's id)
         (cs, ce), (ps, pe) = url_segment(cur, cs, ce, cd), url_segment(prev, ps, pe, pd)
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         return None  # more than one token changed: an edit, not a value
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
-    kind = value_kind(cur[max(line0, cs - VALUE_WINDOW):cs], prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
+    before = cur[max(line0, cs - VALUE_WINDOW):cs]
+    kind = value_kind(before, prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
     if kind is None and earlier_turn:
         kind = turn_value(prev[ps:pe], cur[cs:ce])
+    key = None
     if kind is None:
-        return None
+        key = span_key("edit", before, 0, len(before))
+        old, new = prev[ps:pe], cur[cs:ce]
+        if key not in edits or not (reads_as_value(old, new) and any(c.isdigit() for c in old + new)):
+            return ValueChange(None, pe, key)
+        kind = "value"  # changed here again: a value the client writes per request
     cs = value_start(kind, cur, cs, ce, line0)
-    return Span(cs, ce, kind, cur[cs:ce]), pe
+    return ValueChange(Span(cs, ce, kind, cur[cs:ce]), pe, key)
+
+
+_ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.]00(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
+_QUOTED_AFTER_KEY = re.compile(r"""(?:[=:]\s*)"$""")
+
+
+def quoted_words(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """The words (one to three) between the quotes a key's value opens with (`{mode="STAT only"}`,
+    `"shift": "Tagschicht Nord"`) when the token at start..end is one of them; None otherwise."""
+    line0 = text.rfind("\n", 0, start) + 1
+    open_at = text.rfind('"', line0, start)
+    if open_at < 0 or not _QUOTED_AFTER_KEY.search(text, max(line0, open_at - 4), open_at + 1):
+        return None
+    close = text.find('"', end)
+    if close < 0 or close - open_at > 64 or "\n" in text[end:close]:
+        return None
+    inner = text[open_at + 1:close]
+    return (open_at + 1, close) if _WORDS.fullmatch(inner) else None
+
+
+_WORDS = re.compile(r"[^\W\d_]+(?: [^\W\d_]+){0,2}")
 
 
 @dataclass
@@ -806,12 +895,15 @@ class _Pair:
             return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
         earlier_turn = region is not None and region.role == "user" and first_history <= cd < tail_start(cur)
         value = changed_value(self.detector, prev.text, cur.text, pd, cd, region.end if region is not None else None,
-                              earlier_turn)
-        if value is not None:  # realigned right after the value: later findings are searched from there
-            span, pend = value  # (also inside a tool's description: a date put there per request)
+                              earlier_turn, self.past.edits)
+        edit_at = value.edit_at if value is not None else None
+        if value is not None and value.span is not None:
+            # realigned right after the value: later findings are searched from there (also inside a
+            # tool's description: a date put there per request)
+            span, pend = value.span, value.prev_end
             after = Realignment(pend, span.end, lcp(prev.text, cur.text, pend, span.end))
             return Diagnosis("dynamic_head", span.start, [span], after,
-                             "a per-request value precedes static content")
+                             "a per-request value precedes static content", edit_at=edit_at)
         if in_tools and set_changed:
             return Diagnosis("template_change", cd, [], realign, tool_detail)
         if reordered and tools_at is None:
@@ -824,10 +916,11 @@ class _Pair:
             if new is not None:
                 return new
         if cur.kind != "chat" or in_system or cd < first_history or set_changed:
-            return Diagnosis("template_change", cd, [], realign, "system prompt or template edited")
+            return Diagnosis("template_change", cd, [], realign, "system prompt or template edited", edit_at=edit_at)
         if last_turn:
             return Diagnosis("question_first", cd, [], realign, "variable text precedes static text in the last turn")
-        return Diagnosis("history_edit", cd, [], realign, "an earlier turn was re-sent with other text")
+        return Diagnosis("history_edit", cd, [], realign, "an earlier turn was re-sent with other text",
+                         edit_at=edit_at)
 
     def new_conversation(self, cd: int, realign: Realignment | None) -> Diagnosis | None:
         """`new_session` when the current request starts a conversation (see the module docstring):

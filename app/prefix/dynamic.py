@@ -85,7 +85,7 @@ _LEFT = rf"left|remain|{_REMAINING}"
 # (kind, pattern). Order matters only for ties; overlapping matches are merged by start/length.
 # ISO 8601 basic format (`20260504T220037Z`), recognised by its shape: two-digit fields in range
 _BASIC_TS = (r"\b(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])T(?:[01]\d|2[0-3])[0-5]\d"
-             r"(?:[0-5]\d(?:[.,]\d{1,9})?)?(?:Z|[+-](?:[01]\d|2[0-3]):?[0-5]\d)?\b")
+             r"(?:[0-5]\d(?:[.,]\d{1,9})?)?(?:Z|[+-](?:[01]\d|2[0-3]):?[0-5]\d)?\b(?!-\w)")  # not an id's head
 
 _NAMES = re.compile(rf"(?i)\b(?:{_WEEKDAYS}|{_MONTHS}|{_MON_ABBR})")
 _NEEDS_NAME: set[str] = set()  # patterns that match only where a weekday or a month name starts a word
@@ -101,6 +101,11 @@ def _named(pattern: str) -> str:
 BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"\b{_YEAR}-{_MON}-{_DAY}[T ]{_TIME}{_TZ}"),
     ("timestamp", _BASIC_TS),
+    # the same without its `T`, seconds included (HL7's DTM `20260809055851+0100`, `yyyyMMddHHmmss`)
+    ("timestamp", r"\b(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(?:[01]\d|2[0-3])[0-5]\d[0-5]\d"
+                  r"(?:\.\d{1,6})?(?:[+-](?:[01]\d|2[0-3])[0-5]\d)?(?![\w-])"),
+    # Python's `repr` of a datetime (`datetime.datetime(2026, 6, 18, 7, 1, 46, 557270)`)
+    ("timestamp", r"\bdatetime\.datetime\((?:19|20)\d{2}, \d{1,2}, \d{1,2}(?:, \d{1,6}){0,4}(?:, tzinfo=[^()]{1,60}(?:\([^()]{0,60}\))?)?\)"),
     ("timestamp", _named(rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}")),  # RFC 2822
     ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b")),  # asctime, `date`
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
@@ -157,8 +162,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", _named(rf"(?i)\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.?\s+{_DAY}\.\s+(?:{_MONTHS})\.?\s+{_CLOCK}(?:\s+[A-Z]{{3,5}})?\s+{_YEAR}\b")),
     # a weekday, a clock, then the date (ElevenLabs' `system__time`: `Wednesday, 15:07 8 June 2026`)
     ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+{_CLOCK}\s+{_DAY}\.?\s+(?:{_MONTHS})\.?\s+{_YEAR}\b")),
-    # a German clock said in words' order (`9 Uhr 10`)
-    ("time", r"(?<![\w.:])(?:[01]?\d|2[0-3]) Uhr [0-5]\d\b"),
+    # a German clock said in words' order (`9 Uhr 10`), a French one written with `h` (`0 h 42`)
+    ("time", r"(?<![\w.:])(?:[01]?\d|2[0-3]) (?:Uhr|h) [0-5]\d\b"),
     # a month and a day with a clock to the millisecond (Android's logcat: `11-15 17:11:57.703`)
     ("timestamp", r"(?<![\w./:-])(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01]) (?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d{3}\b"),
     # a date spelled for speech (`Wednesday, July seventh`)
@@ -174,12 +179,15 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
              r"name (?:of the|des) (?:user|customer|kunden|nutzers) is|le client s'appelle)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
     ("user", r"(?i)\b(?:you are (?:talking|speaking|chatting) (?:to|with)|du sprichst mit|sie sprechen mit|tu parles (?:à|avec)|vous parlez (?:à|avec)|estás hablando con|hablas con)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
     ("counter", r"(?i)\b(?:turn|request|call|attempt|step|iteration|message|visit|session|round|run|try|versuch|anfrage|tentative|intento)\s*(?:#|no\.?|nr\.?|number)?\s*\d+\b(?:\s*(?:of|/|von|sur|de)\s*\d+)?"),
-    ("counter", r"(?i)\b(?:count|counter|seq|sequence|index|request_count|n_calls|uptime)\s*[:=]\s*\d+\b"),
+    # a counter's key, abbreviated too (LoRaWAN's `f_cnt=10922`)
+    ("counter", r"(?i)(?:\b|_)(?:count|counter|cnt|ctr|seq|sequence|index|request_count|n_calls|uptime)\s*[:=]\s*\d+\b"),
     # what is left of a budget, counting down as a session goes on: a key that says so
     # (`Context left: 187655`, `tokens_remaining: 148907`, `Verbleibendes Kontingent: 41`) or the
     # words after the number (`12 requests remaining`)
     ("counter", rf"(?i)\b(?:[\w-]*?[ _-]?(?:{_LEFT})|(?:{_REMAINING})(?:[ _-][\w-]+){{1,4}}?)\s*[:=]\s*{_AMOUNT}\b"),
-    ("counter", rf"(?i)\b\d+(?:[.,]\d+)*(?:[ \t]+[^\W\d_]+){{1,2}}?[ \t]+(?:{_REMAINING}|left\b(?=\s*(?:[.,;)]|$)))\b"),
+    # (`467 tests left before reload`: a clause may follow `left`, not an object: `turn left at`)
+    ("counter", rf"(?i)\b\d+(?:[.,]\d+)*(?:[ \t]+[^\W\d_]+){{1,2}}?[ \t]+(?:{_REMAINING}|"
+                rf"left\b(?=\s*(?:[.,;)]|$|(?:before|until|till|bis|vor)\b)))\b"),
     # a place in a queue (`Position in der Warteschlange: 8`, `queue_position = 3`)
     ("counter", r"(?i)(?:\b|_)(?:position|queue|warteschlange)\b[^\n:=]{0,30}?\s*[:=]\s*\d+\b"),
     # a share of a window or quota that is free, left or used (`81% of the context window is still free`)

@@ -340,6 +340,8 @@ class TenantTracker:
             "fix": fix_for(diag, text, self.show_text),
             "detail": diag.detail,
         }
+        if diag.edit_at is not None:  # where one token changed (a key, no text): `TenantPast.edits`
+            fields["edit"] = diag.edit_at
         fields.update(break_view(prev, sketch, diag, self.show_text, self.extra_patterns))  # for /ui
         return diag, fields
 
@@ -420,6 +422,7 @@ class TenantTracker:
         past = TenantPast(set(dict.keys(state.turns)), set(dict.keys(state.systems)))
         past.last_turns.update(filter(None, [rec.get("turn") for rec in records]))
         past.systems.update(filter(None, [rec.get("sys") for rec in records]))
+        past.edits.update(filter(None, [rec.get("edit") for rec in records]))
         return past
 
     def _remember_keys(self, state: _Tenant, record: dict[str, Any], seq: int, blocks: int, held: int) -> None:

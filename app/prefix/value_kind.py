@@ -27,7 +27,8 @@ _FLAG_WORDS = frozenset({
     "treatment", "variant", "baseline", "ja", "nein", "an", "aus", "aktiv", "inaktiv",
     "oui", "non", "si", "sí", "on", "off"})
 _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
-_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")  # one word, or a short upper-case code (`5G`, `LTE`)
+# one word (up to three in quotes: `mode="STAT only"`), or a short upper-case code (`5G`, `LTE`)
+_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,2}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")
 _WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
 _KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?[$€£]?$")  # `Bid: £6,900`
@@ -66,6 +67,15 @@ _UNIT_AFTER = re.compile(r"\s?(?:ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|
 _UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}(?:/[A-Za-z]{1,3})?\.?\s*(?:</[\w.:-]+>\s*)?$")
 _TIMING_KEY = re.compile(r"(?i)(?:\b(?:ms|us|sec|seconds|min|minutes)$|\b(?:dur|duration|latency)\b)")
 LONG_TOKEN = 4096  # a changed token longer than this is judged no value
+# a unit of measure after a number with decimals, in a sentence too (`Hs at the buoy 3.1 m`, `95,7 %`)
+_MEASURE_UNIT = re.compile(r"\s?(?:[mck]?m|m/s|km/h|kn|[hk]?Pa|m?bar|[mk]?g|t|[hdcm]?l|kg/hl|%|[kM]?[VW]|[kMG]?Hz|ppm|rpm)"
+                           r"(?![\w/])")
+# a threshold a rule states before its number (`only when the wave height is below 1.5 m`)
+_THRESHOLD_BEFORE = re.compile(r"(?i)\b(?:below|above|under|over|less than|more than|at most|at least|up to|exceeds?|"
+                               r"unter|über|unterhalb|oberhalb|höchstens|mindestens|bis|max(?:imum)?|min(?:imum)?|"
+                               r"limit)\W*$")
+# two signed 64-bit numbers and more, joined by `:` (JSF's `javax.faces.ViewState`): random draws
+_LONG_DRAWS = re.compile(r"-?\d{15,20}(?::-?\d{15,20})+|-?\d{17,20}")
 _FINE = re.compile(r"\d+\.\d{4,}")  # a reading with four decimals or more
 _ISO_DURATION = re.compile(r"P(?:\d+D)?T(?:\d+H)?(?:\d+M)?\d+(?:[.,]\d+)?S")  # ISO 8601, seconds included
 _EPOCH_ID = re.compile(r"1[5-9]\d{11}-\d{1,6}")  # milliseconds since the epoch, then a sequence number
@@ -132,7 +142,8 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if new in ("0", "1") and old in ("0", "1") and line_prefix.endswith("?"):
         return "flag"  # a structured header's boolean (RFC 8941: `Sec-CH-UA-Mobile: ?0`; `value_start`)
     key = _KEY.search(line_prefix)
-    if _counted(line_prefix, key, old, new, line_rest) or _measured(key or _TAG_OPEN.search(line_prefix), old, new, line_rest):
+    if _counted(line_prefix, key, old, new, line_rest) or _measured(key or _TAG_OPEN.search(line_prefix), old, new,
+                                                                     line_rest, line_prefix):
         return "counter"
     if _rising_sequence(old, new):
         return "id"
@@ -152,6 +163,8 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if a and b and a.group(1) == b.group(1) and (a.group(2) != b.group(2) or old == new):
         # `127.0.0.1:50242` -> `:57215` (another pod, reading the one request, passes the token twice)
         return "port"  # its span is the port (`value_start`)
+    if _LONG_DRAWS.fullmatch(new) and _LONG_DRAWS.fullmatch(old) and not _rising_sequence(old, new):
+        return "nonce"  # no setting is written with 17 digits or more
     new_random, old_random = random_looking(new), random_looking(old)
     if (new_random or old_random) and (new_random == old_random or _redrawn(old, new)):
         return "nonce"
@@ -174,16 +187,22 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     return None
 
 
+def reads_as_value(old: str, new: str) -> bool:
+    """Do both tokens read as values, not words (a digit in them, or an id's separators:
+    `sleepy_hodgkin` -> `fabulous_hodgkin`)? What `value_kind` did not judge is then a value where
+    the place says so (`turn_value`, a change repeated at one place)."""
+    def one(token: str) -> bool:
+        return any(c.isdigit() for c in token) or _id_like(token)
+    return one(old) and one(new)
+
+
 def turn_value(old: str, new: str) -> str | None:
     """A token that changed in place in a user turn before the last, the rest of the conversation
-    the same, that `value_kind` did not judge: a value when both read as one (a digit in it, or an
-    id's separators: `sleepy_hodgkin` -> `fabulous_hodgkin`). A person who edits a turn rewrites
-    words, and chat clients drop the turns after an edited one; a client that refreshes a value in
-    the context it sends (an agent's context block) changes one token and keeps the rest."""
-    def reads_as_value(token: str) -> bool:
-        return any(c.isdigit() for c in token) or _id_like(token)
-    return "value" if reads_as_value(old) and reads_as_value(new) and not (
-        _VERSION.fullmatch(old) and _VERSION.fullmatch(new)) else None
+    the same, that `value_kind` did not judge: a value when both read as one (`reads_as_value`).
+    A person who edits a turn rewrites words, and chat clients drop the turns after an edited one;
+    a client that refreshes a value in the context it sends (an agent's context block) changes one
+    token and keeps the rest. A version is no such value (a document's revision edited)."""
+    return "value" if reads_as_value(old, new) and not (_VERSION.fullmatch(old) and _VERSION.fullmatch(new)) else None
 
 
 def value_start(kind: str, text: str, start: int, end: int, floor: int) -> int:
@@ -257,13 +276,15 @@ def _significant(number: str) -> int:
     return len(digits) if exponent else len(digits.rstrip("0"))  # `7.0E-07`: its zero is written to count
 
 
-def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | None) -> bool:
+def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | None, line_prefix: str = "") -> bool:
     """A reading that moves per request: a number before the unit of an instrument's reading (`6.4
     °C`, `18.42 kWh`, `-63 dBm`) or of a time after a key or with decimals (`Wartezeit: 12 Min.`),
     or after a key that names a time taken (`openai-processing-ms`, `dur=`) or the current value
     (`Current bid: £6,900`), or after a key with a unit ending the value (`Pegel Kaub: 465 cm`),
     not round in both (`Timeout: 30 s` -> `60 s` is an edit); an instrument's reading with four
-    decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`)."""
+    decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`); a number
+    with decimals before a unit of measure, in a sentence too (`3.1 m`, `95,7 %`), unless a
+    threshold's word precedes it (`below 1.5 m`)."""
     if _ISO_DURATION.fullmatch(new) and _ISO_DURATION.fullmatch(old):
         return True
     if key is not None and _SCIENTIFIC.fullmatch(new) and _SCIENTIFIC.fullmatch(old):
@@ -275,6 +296,9 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
         return False
     if _FINE.fullmatch(new) and _FINE.fullmatch(old):
         return True
+    decimals = ("." in new and "." in old) or ("," in new and "," in old)
+    if decimals and line_rest is not None and _MEASURE_UNIT.match(line_rest) and not _THRESHOLD_BEFORE.search(line_prefix):
+        return True  # a measurement, not a rule's threshold (`below 1.5 m` -> `1.2 m` is an edit)
     if line_rest is not None and (_READING_UNIT.match(line_rest) or _UNIT_AFTER.match(line_rest) and (
             key is not None or ("." in new and "." in old) or ("," in new and "," in old))):
         return True  # a time after a key or with decimals: in a sentence, `below 30 ms` -> `15 ms` is an edit
