@@ -115,21 +115,27 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout13 is measured once, at the end of round 13 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="heldout13 (measured once, 2026-12-05) raises 1 look-alike alarm: a pinned "
+                                       "Vite asset's hash edited, read as a redrawn nonce; strict, so it turns red when "
+                                       "the split raises none and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout13 is measured once, at the end of round 13 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout13 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.678 (clocks in words, a UTM position, connect.sid, Go's and "
+                                       "Java's stamps without their zone words, a Vite asset path whole); strict, so it "
+                                       "turns red when the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="heldout13 is measured once, at the end of round 13 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout13 (measured once, 2026-12-05): "
+                                       "macro-F1 0.786 (history_edit predicted 16 times with no support: flags and "
+                                       "decimal-comma numbers in a CSV row of a context block; Django, OpenAI Java, rig and "
+                                       "OpenHands tool lists); strict, so it turns red when the goal is reached and this "
+                                       "mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
