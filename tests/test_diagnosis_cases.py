@@ -374,6 +374,20 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("uplink f_cnt={}", ["10412", "10419", "10433"], "counter"),
     ("{} slots left before the desk closes", ["231", "229", "224"], "counter"),
     ('reception_info{{mode="{}"}} 1', ["night service", "routine", "night service"], "flag"),
+    # round 14: a key glued to its value, a unit over a square metre, Go's zone and monotonic
+    # reading, Rust's SystemTime, a weekday, `the`, an ordinal, `of` and a month, a URL-escaped cookie
+    ("X-DEPOT-SALZ:{} t", ["501,4", "499,0", "497,2"], "counter"),
+    ("Restsalz am Messpunkt: {} g/m²", ["12,1", "11,4", "10,9"], "counter"),
+    ("time.Now(): {}", ["2026-08-15 19:03:44.380956787 +0100 BST m=+15820.459842479",
+                        "2026-08-15 19:07:22.717294516 +0100 BST m=+16038.796180208",
+                        "2026-08-15 19:07:31.01608053 +0100 BST m=+16047.094966222"], "timestamp"),
+    ("Last poll {}", ["SystemTime { tv_sec: 1765409321, tv_nsec: 215993673 }",
+                      "SystemTime { tv_sec: 1765409610, tv_nsec: 186218971 }",
+                      "SystemTime { tv_sec: 1765409798, tv_nsec: 543640594 }"], "timestamp"),
+    ("Today is {}.", ["Sunday the 17th of May", "Monday the 18th of May", "Tuesday the 19th of May"], "date"),
+    ("Cookie: connect.sid={}", ["s%3AB_kCkze8R2e_DyGF5kEG-mbH4mKHJbJU.%2BiBAwtPXB23cWu%2BJxm%2BiPBSKbuVSID5mQj8eWZy%2BBzs",
+                                "s%3AD-hriMZdAc3_sbp70fMnqqBSEShmRm2n.20HG0MT63iCBzL6v5Aa%2FCGxVWEiOZBAxZ2%2F0EWYCmdY",
+                                "s%3Anu1U06238vd4XZE3XJcGBASGeCIb2EMa.zDoUx%2FlWM2syxDSZ4cFdMCZceTRNlnSLLbnhLKdFRsY"], "nonce"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -427,6 +441,27 @@ def test_a_value_in_a_sentence_of_the_first_user_messages_context_block(fpr) -> 
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["dynamic_head"] * 3, got
     assert [r["spans"] for r in got] == [[n] for n in names[1:]]
+
+
+def test_cells_of_a_csv_row_in_the_first_user_messages_context_block(fpr) -> None:
+    """A historian export pasted into the first user message: a cell that changes in place is a
+    value, a word (a selector's state) or a number with the cell before it ending in a digit
+    (round 14: `PLC2,89` is two cells, not one number)."""
+    rows = [("HAND", "89", "0.47"), ("AUTO", "98", "0.41"), ("HAND", "105", "0.44"), ("AUTO", "107", "0.52")]
+
+    def first(selector: str, seq: str, chlorine: str) -> str:
+        return ("<export>\ntag,description,value,unit\n"
+                f"P2_SELECTOR,Feed pump 2 selector,{selector},\n"
+                f"PLC2_SEQ,NDATA sequence of PLC2,{seq},\n"
+                f"FW_CL2,Final water free chlorine,{chlorine},mg/l\n</export>\n" + TASK)
+
+    for column in range(3):
+        values = [r[column] for r in rows]
+        cells = [tuple(v if c == column else rows[0][c] for c in range(3)) for v in values]
+        bodies = [body(CODER, [first(*cell), *t[1:]]) for cell, t in zip(cells, conversation(4), strict=True)]
+        got = run(fpr, bodies)
+        assert [r["cause"] for r in got] == ["dynamic_head"] * 3, (column, got)
+        assert [r["spans"] for r in got] == [[v] for v in values[1:]], column
 
 
 def test_oracle_date_rolling_over_without_a_cue(fpr) -> None:
@@ -530,6 +565,7 @@ COLUMN_TOOLS = {
                     "GET /parcels/{id}/events - tracking events of a parcel", "PATCH /orders/{id} - change the address"],
     "cli-help": ["  order-show <id>        one order with its lines", "  return-open <id> <why>  open a return",
                  "  parcel-track <id>      tracking events of a parcel", "  address-set <id> <adr> change the address"],
+    "django-help": ["    order_show", "    return_open", "    parcel_track", "    address_set"],  # round 14
     "arrow-list": ["* order_show -> One order with its lines.", "- return_open -> Open a return.",
                    "* parcel_track -> Tracking events of a parcel.", "- address_set -> Change the address."],
     "rails-tasks": ["bin/rails orders:show[id]        # One order with its lines",
@@ -575,6 +611,16 @@ BLOCK_TOOLS = {
                  f'func ({n.title().replace("_", "")}) Name() string {{ return "{n}" }}\n\n'
                  f'func ({n.title().replace("_", "")}) Description() string {{ return "{d}" }}\n'
                  for n, d in ORDER_TOOLS],
+    # round 14: Java SDK builders (`.name("x")`), Rust's `impl Tool for X` with its `const NAME`
+    "java-builders": [f'params.addTool(ChatCompletionTool.builder()\n        .function(FunctionDefinition.builder()\n'
+                      f'                .name("{n}")\n                .description("{d}")\n'
+                      f'                .parameters(FunctionParameters.builder()\n'
+                      f'                        .putAdditionalProperty("type", JsonValue.from("object"))\n'
+                      f'                        .putAdditionalProperty("required", JsonValue.from(List.of("order")))\n'
+                      f'                        .build())\n                .build())\n'
+                      f'        .build());\n' for n, d in ORDER_TOOLS],
+    "rust-impls": [f'impl Tool for {n.title().replace("_", "")} {{\n    const NAME: &\'static str = "{n}";\n'
+                   f'    type Error = ShopError;\n}}\n' for n, d in ORDER_TOOLS],
     "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
                     for n, d in ORDER_TOOLS],
     "java-annotated": [f'    @Tool(description = "{d}")\n    String {n}(String order);'
@@ -605,6 +651,10 @@ NUMBERED_TOOLS = {  # numbered by position: a reorder moves the entries, the num
     "numbered-commands": [f'{{i}}. {n}: {d}, args: "order": "<order>"' for n, d in (
         ("order_show", "Show an order"), ("return_open", "Open a return"), ("parcel_track", "Track a parcel"),
         ("address_set", "Change the address"))],
+    # round 14: a banner that opens each block, numbered by position (OpenHands' function calling)
+    "numbered-banners": [f"---- BEGIN FUNCTION #{{i}}: {n} ----\nDescription: {d}\nParameters:\n"
+                         f"  (1) order (string, required): the order number\n---- END FUNCTION #{{i}} ----\n"
+                         for n, d in ORDER_TOOLS],
 }
 
 

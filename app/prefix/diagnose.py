@@ -129,12 +129,17 @@ _DECLARATION = re.compile(rf"^\s*(?:{_KEYWORDS}|{_JAVA_TYPE}|{_CSHARP_TYPE})[A-Z
 # Go's `type SiloStand struct{`)
 _TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|abstract|export|sealed)\s+)*"
                                r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*"
-                               r"|^\s*type\s+[A-Z]\w*\s+(?:struct|interface)\b")  # Go: `type SiloStand struct{`
+                               r"|^\s*type\s+[A-Z]\w*\s+(?:struct|interface)\b"  # Go: `type SiloStand struct{`
+                               r"|^\s*impl(?:<[^>]*>)?\s+[\w:]+\s+for\s+[A-Z]\w*")  # Rust: `impl Tool for Rufbereitschaft {`
 # a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`)
-_CALL_NAMED = re.compile(rf"""^\s*(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
+_CALL_NAMED = re.compile(rf"""^\s*\.?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
 # a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`)
-_LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$""")
-_NAME_ASSIGNED = re.compile(rf"""^\s*(?:(?:let|var|const|val|static)\s+)*name\s*[:=]\s*["']{_NAME}["']""")
+_LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$"""
+                        r"""|^\s+[a-z][a-z0-9]*(?:_[a-z0-9]+)+\s*$""")  # indented alone: Django's `manage.py help`
+_NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*name\s*(?::\s*[^=\n]{{1,30}})?[:=]\s*["']{_NAME}["']""")
+# a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
+_BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
+_POSITION_NUMBER = re.compile(r"(?<=#)\d{1,3}\b")  # a block's number by its position: it stays, the block moves
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 KEY_SIZE = 16
@@ -380,13 +385,23 @@ def _is_value_char(ch: str) -> bool:
     return ch.isalnum() or ch in VALUE_CHARS
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _escape_at(text: str, i: int) -> bool:
+    """Does a URL's percent escape (`%3A`) start at `i`, inside a token (a value character before it)?"""
+    return (text[i] == "%" and i > 0 and _is_value_char(text[i - 1]) and i + 2 < len(text)
+            and text[i + 1] in _HEX and text[i + 2] in _HEX)
+
+
 def _token(text: str, at: int) -> tuple[int, int]:
-    """The value-like token around `at` (letters, digits, - _ . : / +), without end punctuation."""
+    """The value-like token around `at` (letters, digits, - _ . : / +, a URL's `%XX` escapes: an
+    express-session cookie `s%3A…`), without end punctuation."""
     start = at
-    while start > 0 and _is_value_char(text[start - 1]) and text[start - 1] != "\n":
+    while start > 0 and (_is_value_char(text[start - 1]) and text[start - 1] != "\n" or _escape_at(text, start - 1)):
         start -= 1
     end = at
-    while end < len(text) and _is_value_char(text[end]):
+    while end < len(text) and (_is_value_char(text[end]) or _escape_at(text, end)):
         end += 1
     while end > start and text[end - 1] in ".:,;":  # a clause's end, not an id's last `-` or `/`
         end -= 1
@@ -587,6 +602,10 @@ def _lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
     if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:
         return True, tool_entries(cw)
+    # blocks numbered by position inside their banner (`BEGIN FUNCTION #3: name`): the numbers stay
+    pn, cn = [_POSITION_NUMBER.sub("#", ln) for ln in pw], [_POSITION_NUMBER.sub("#", ln) for ln in cw]
+    if pn != cn and sorted(pn) == sorted(cn) and any(_BANNER_NAME.match(ln) for ln in cn):
+        return True, tool_blocks(pn, cn)
     return False, False
 
 
@@ -627,7 +646,7 @@ def declares_name(line: str) -> bool:
     declaration of a function or a type, `let name = "x"`, a call given the name first)?"""
     return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
                 or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
-                or _LONE_NAME.match(line))
+                or _LONE_NAME.match(line) or _BANNER_NAME.match(line))
 
 
 def _shape(line: str) -> str:
@@ -796,6 +815,7 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
             if lcp(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
                 return ValueChange(Span(start, end, kind, cur[start:end]), pend)
+    cs, ps = after_glued_key(cur, cs, cd), after_glued_key(prev, ps, pd)
     if ce <= cs or pe <= ps:
         return None
     (cs, ce), (ps, pe) = number_token(cur, cs, ce), number_token(prev, ps, pe)  # `38,9`, not `38`
@@ -810,7 +830,7 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
     kind = value_kind(before, prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
     if kind is None and earlier_turn:
-        kind = turn_value(prev[ps:pe], cur[cs:ce])
+        kind = turn_value(prev[ps:pe], cur[cs:ce], before, cur[ce:rest_end])
     key = None
     if kind is None:
         key = span_key("edit", before, 0, len(before))
@@ -820,6 +840,16 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         kind = "value"  # changed here again: a value the client writes per request
     cs = value_start(kind, cur, cs, ce, line0)
     return ValueChange(Span(cs, ce, kind, cur[cs:ce]), pe, key)
+
+
+_GLUED_KEY = re.compile(r"[A-Za-z][\w.-]*[A-Za-z_-][:=](?=[^\s=:/])")  # not base64's padding, not `://`
+
+
+def after_glued_key(text: str, start: int, at: int) -> int:
+    """Where a token's value starts when a key is glued to it before `at` (the divergence, or
+    the token's end: iCalendar's `X-SMH-EINSATZSTUFE:Volleinsatz`, `mode=on`): after the key's sign."""
+    m = _GLUED_KEY.match(text, start, min(len(text), at + 1))
+    return m.end() if m is not None and m.end() <= at else start
 
 
 _ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.]00(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")

@@ -28,6 +28,7 @@ from app.prefix.diagnose import (
     TenantPast,
     _token,
     _tools_span,
+    after_glued_key,
     continues,
     declares_name,
     dynamic_kind,
@@ -372,7 +373,8 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
     pos = start
     while pos < end:
         if text[pos].isalnum():
-            a, b = number_token(text, *_token(text, pos))
+            a, b = _token(text, pos)
+            a, b = number_token(text, after_glued_key(text, a, b), b)  # `X-SMH-EINSATZSTUFE:Volleinsatz`
             if "://" in text[a:b]:  # in a URL, the value is its last path segment, as on the text path
                 a, b = url_segment(text, a, b, b)
             b = min(b, end)

@@ -60,7 +60,8 @@ _TIME = rf"{_CLOCK}(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
 # a clock alone: its `Uhr` is the sentence's word (`Es ist 14:53 Uhr.`), not the formatted value's
 _BARE_TIME = rf"{_CLOCK}(?:\s?[AaPp]\.?[Mm]\.?)?"
 # a zone: Go's `+0000 UTC` and JavaScript's `GMT+0000 (Coordinated Universal Time)` too
-_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T(?:[+-](?:[01]\d|2[0-3])[0-5]\d)?|MES?Z)(?: (?:UTC|GMT))?"
+_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T(?:[+-](?:[01]\d|2[0-3])[0-5]\d)?|MES?Z)"
+       r"(?: (?:UTC|GMT|[A-Z]{2,4}T))?(?: m=[+-]\d+\.\d{1,9})?"  # Go's `+0100 BST m=+15820.459842479`
        r"(?: \([A-Z][A-Za-z ]{2,40}\))?(?:\[[A-Za-z_]+(?:/[A-Za-z_]+){1,2}\])?"  # Java's `[Europe/Berlin]`
        # or an offset in hours alone, glued to the time (ISO 8601 allows it; PostgreSQL writes `+02`)
        r"|(?<=\d)[+-](?:0\d|1[0-4])(?![\d:.]))?")
@@ -104,6 +105,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # the same without its `T`, seconds included (HL7's DTM `20260809055851+0100`, `yyyyMMddHHmmss`)
     ("timestamp", r"\b(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(?:[01]\d|2[0-3])[0-5]\d[0-5]\d"
                   r"(?:\.\d{1,6})?(?:[+-](?:[01]\d|2[0-3])[0-5]\d)?(?![\w-])"),
+    # Rust's `Debug` of a SystemTime (`SystemTime { tv_sec: 1765409321, tv_nsec: 215993673 }`)
+    ("timestamp", r"\bSystemTime \{ tv_sec: \d{9,11}, tv_nsec: \d{1,9} \}"),
     # Python's `repr` of a datetime (`datetime.datetime(2026, 6, 18, 7, 1, 46, 557270)`)
     ("timestamp", r"\bdatetime\.datetime\((?:19|20)\d{2}, \d{1,2}, \d{1,2}(?:, \d{1,6}){0,4}(?:, tzinfo=[^()]{1,60}(?:\([^()]{0,60}\))?)?\)"),
     ("timestamp", _named(rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}")),  # RFC 2822
@@ -116,7 +119,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?")),
     ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+|at\s+)?{_TIME})?")),
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b")),
-    ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+(?:der\s+|le\s+|el\s+)?{_DAY}\.?\s+(?:de\s+)?(?:{_MONTHS})\b")),
+    ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+(?:der\s+|le\s+|el\s+|the\s+)?{_DAY}"
+                    rf"(?:st|nd|rd|th|\.)?\s+(?:de\s+|of\s+)?(?:{_MONTHS})\b")),  # `Sunday the 17th of May` too
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
     # a day and a month without a year, then a clock (`03.05., 02:03`): a time stamp, not a date alone
@@ -389,11 +393,15 @@ _RANGE_BEFORE = re.compile(r"(?<![\w/:._–-])\d+(?:[.,]\d+)?[–-]$")
 
 
 def number_start(text: str, at: int, floor: int) -> int:
-    """`at` moved back over digit groups joined by `.` or `,` (`48,|213` -> `|48,213`)."""
+    """`at` moved back over digit groups joined by `.` or `,` (`48,|213` -> `|48,213`); not over
+    digits that end a word (`PLC2,|89`: a CSV row's cell before it)."""
     while at - 2 >= floor and text[at - 1] in ".," and text[at - 2].isdigit():
-        at -= 2
-        while at > floor and text[at - 1].isdigit():
-            at -= 1
+        group = at - 2
+        while group > floor and text[group - 1].isdigit():
+            group -= 1
+        if group > floor and (text[group - 1].isalpha() or text[group - 1] == "_"):
+            break
+        at = group
     return at
 
 

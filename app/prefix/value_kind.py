@@ -64,12 +64,12 @@ _READING_UNIT = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB)")
 _UNIT_AFTER = re.compile(r"\s?(?:ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|GB\b)")
 # a unit written after a key's number, ending the value: one to four letters (`cm`, `Hz`, `LUFS`),
 # or a degree or micro sign and letters, or a unit over another (`km/h`)
-_UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}(?:/[A-Za-z]{1,3})?\.?\s*(?:</[\w.:-]+>\s*)?$")
+_UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}(?:/[A-Za-z]{1,3}[²³]?)?\.?\s*(?:</[\w.:-]+>\s*)?$")
 _TIMING_KEY = re.compile(r"(?i)(?:\b(?:ms|us|sec|seconds|min|minutes)$|\b(?:dur|duration|latency)\b)")
 LONG_TOKEN = 4096  # a changed token longer than this is judged no value
 # a unit of measure after a number with decimals, in a sentence too (`Hs at the buoy 3.1 m`, `95,7 %`)
-_MEASURE_UNIT = re.compile(r"\s?(?:[mck]?m|m/s|km/h|kn|[hk]?Pa|m?bar|[mk]?g|t|[hdcm]?l|kg/hl|%|[kM]?[VW]|[kMG]?Hz|ppm|rpm)"
-                           r"(?![\w/])")
+_MEASURE_UNIT = re.compile(r"\s?(?:[mck]?m[²³]?|m/s|km/h|kn|[hk]?Pa|m?bar|[mk]?g(?:/m[²³])?|t|[hdcm]?l|kg/hl|%|[kM]?[VW]|"
+                           r"[kMG]?Hz|ppm|rpm)(?![\w/²³])")
 # a threshold a rule states before its number (`only when the wave height is below 1.5 m`)
 _THRESHOLD_BEFORE = re.compile(r"(?i)\b(?:below|above|under|over|less than|more than|at most|at least|up to|exceeds?|"
                                r"unter|über|unterhalb|oberhalb|höchstens|mindestens|bis|max(?:imum)?|min(?:imum)?|"
@@ -196,13 +196,21 @@ def reads_as_value(old: str, new: str) -> bool:
     return one(old) and one(new)
 
 
-def turn_value(old: str, new: str) -> str | None:
+def turn_value(old: str, new: str, line_prefix: str = "", line_rest: str = "") -> str | None:
     """A token that changed in place in a user turn before the last, the rest of the conversation
-    the same, that `value_kind` did not judge: a value when both read as one (`reads_as_value`).
-    A person who edits a turn rewrites words, and chat clients drop the turns after an edited one;
-    a client that refreshes a value in the context it sends (an agent's context block) changes one
-    token and keeps the rest. A version is no such value (a document's revision edited)."""
-    return "value" if reads_as_value(old, new) and not (_VERSION.fullmatch(old) and _VERSION.fullmatch(new)) else None
+    the same, that `value_kind` did not judge: a value when both read as one (`reads_as_value`),
+    or when it fills a cell of a delimited row (`HLP2_SELECTOR,…,HAND,`: a word too). A person who
+    edits a turn rewrites words, and chat clients drop the turns after an edited one; a client
+    that refreshes a value in the context it sends (an agent's context block) changes one token
+    and keeps the rest. A release is no such value (`3.2.1`: a document's revision edited)."""
+    if _RELEASE.fullmatch(old) and _RELEASE.fullmatch(new):
+        return None
+    cell = line_prefix.endswith(_CELL_SIGNS) and (not line_rest or line_rest.startswith(_CELL_SIGNS))
+    return "value" if reads_as_value(old, new) or cell else None
+
+
+_CELL_SIGNS = (",", ";", "\t", "|")
+_RELEASE = re.compile(r"(?i)v\d+(?:\.\d+)*|\d+(?:\.\d+){2,3}")  # `v2`, `3.2.1`; `0.47` is a number
 
 
 def value_start(kind: str, text: str, start: int, end: int, floor: int) -> int:
