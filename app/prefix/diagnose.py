@@ -175,7 +175,7 @@ class Diagnosis:
     realigned: Realignment | None = None
     detail: str = ""
     secondary: list[Finding] = field(default_factory=list)  # further causes, in prompt order
-    # where one token changed that no rule judged (`Unjudged.key`): the tenant's records keep it, so
+    # where one token changed that no rule judged (`ValueChange.edit_at`): the tenant's records keep it, so
     # that the same place changing again reads as a per-request value
     edit_at: str | None = None
 
@@ -770,11 +770,11 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
                   edits: set[str] | frozenset[str] = frozenset()) -> ValueChange | None:
     """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
     key or line), and where it ends in `prev` (`ValueChange`, its span None when one token changed
-    that no rule judged); None when more than one token differs. `stop`: where the message holding `cd` ends (its line
-    ends there, not in the template text after it). `earlier_turn`: `cd` is in a user turn before
-    the last (`turn_value` judges a token there). `edits`: the places (`ValueChange.edit_at`) where a
-    token changed in the tenant's recent requests: a value-like token that changes there again is
-    a per-request value (an edit is made once)."""
+    that no rule judged); None when more than one token differs. `stop`: where the message holding
+    `cd` ends (its line ends there, not in the template text after it). `earlier_turn`: `cd` is in
+    a user turn before the last (`turn_value` judges a token there). `edits`: the places
+    (`ValueChange.edit_at`) where a token changed in the tenant's recent requests: a value-like
+    token that changes there again is a per-request value (an edit is made once)."""
     cs, ce = _token(cur, cd)
     ps, pe = _token(prev, pd)
     line0 = cur.rfind("\n", 0, cs) + 1
@@ -815,15 +815,12 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
             if lcp(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
                 return ValueChange(Span(start, end, kind, cur[start:end]), pend)
-    cs, ps = after_glued_key(cur, cs, cd), after_glued_key(prev, ps, pd)
+    (cs, ce), (ps, pe) = value_token(cur, cs, ce, cd), value_token(prev, ps, pe, pd)
     if ce <= cs or pe <= ps:
         return None
-    (cs, ce), (ps, pe) = number_token(cur, cs, ce), number_token(prev, ps, pe)  # `38,9`, not `38`
     quoted, pquoted = quoted_words(cur, cs, ce), quoted_words(prev, ps, pe)
     if quoted is not None and pquoted is not None and (quoted != (cs, ce) or pquoted != (ps, pe)):
         (cs, ce), (ps, pe) = quoted, pquoted  # `mode="STAT only"` -> `"routine"`: the quoted words
-    if "://" in cur[cs:ce]:  # in a URL, the value is the path segment that changed (a build scan's id)
-        (cs, ce), (ps, pe) = url_segment(cur, cs, ce, cd), url_segment(prev, ps, pe, pd)
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         return None  # more than one token changed: an edit, not a value
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
@@ -840,6 +837,16 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         kind = "value"  # changed here again: a value the client writes per request
     cs = value_start(kind, cur, cs, ce, line0)
     return ValueChange(Span(cs, ce, kind, cur[cs:ce]), pe, key)
+
+
+def value_token(text: str, start: int, end: int, at: int) -> tuple[int, int]:
+    """The value of the token at start..end, as the text path and another pod's digest both read
+    it: after a key glued to it (`after_glued_key`), over a number's digit groups (`38,9`, not
+    `38`), and in a URL the path segment at `at` (a build scan's id). `at`: where it changed, or
+    the token's end when that is not known."""
+    start = after_glued_key(text, start, at)
+    start, end = number_token(text, start, end)
+    return url_segment(text, start, end, at) if "://" in text[start:end] else (start, end)
 
 
 _GLUED_KEY = re.compile(r"[A-Za-z][\w.-]*[A-Za-z_-][:=](?=[^\s=:/])")  # not base64's padding, not `://`

@@ -28,7 +28,6 @@ from app.prefix.diagnose import (
     TenantPast,
     _token,
     _tools_span,
-    after_glued_key,
     continues,
     declares_name,
     dynamic_kind,
@@ -42,7 +41,7 @@ from app.prefix.diagnose import (
     tail_start,
     tool_entries,
     trimmed,
-    url_segment,
+    value_token,
 )
 from app.prefix.dynamic import (
     LINE_SCAN_CHARS,
@@ -52,7 +51,6 @@ from app.prefix.dynamic import (
     elapsed_value,
     get_detector,
     number_end,
-    number_token,
     rolled_from,
 )
 from app.prefix.sketch import RequestSketch
@@ -374,9 +372,7 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
     while pos < end:
         if text[pos].isalnum():
             a, b = _token(text, pos)
-            a, b = number_token(text, after_glued_key(text, a, b), b)  # `X-SMH-EINSATZSTUFE:Volleinsatz`
-            if "://" in text[a:b]:  # in a URL, the value is its last path segment, as on the text path
-                a, b = url_segment(text, a, b, b)
+            a, b = value_token(text, a, b, b)  # as on the text path (where it changed is not known here)
             b = min(b, end)
             tok = text[a:b]
             kind = value_kind(text[start:a], tok, tok, text[b:end]) if tok else None

@@ -284,7 +284,7 @@ def _significant(number: str) -> int:
     return len(digits) if exponent else len(digits.rstrip("0"))  # `7.0E-07`: its zero is written to count
 
 
-def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | None, line_prefix: str = "") -> bool:
+def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | None, line_prefix: str) -> bool:
     """A reading that moves per request: a number before the unit of an instrument's reading (`6.4
     °C`, `18.42 kWh`, `-63 dBm`) or of a time after a key or with decimals (`Wartezeit: 12 Min.`),
     or after a key that names a time taken (`openai-processing-ms`, `dur=`) or the current value
