@@ -390,6 +390,23 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Cookie: connect.sid={}", ["s%3AB_kCkze8R2e_DyGF5kEG-mbH4mKHJbJU.%2BiBAwtPXB23cWu%2BJxm%2BiPBSKbuVSID5mQj8eWZy%2BBzs",
                                 "s%3AD-hriMZdAc3_sbp70fMnqqBSEShmRm2n.20HG0MT63iCBzL6v5Aa%2FCGxVWEiOZBAxZ2%2F0EWYCmdY",
                                 "s%3Anu1U06238vd4XZE3XJcGBASGeCIb2EMa.zDoUx%2FlWM2syxDSZ4cFdMCZceTRNlnSLLbnhLKdFRsY"], "nonce"),
+    # round 15: a signed reading with its sign, a multiplier, a share of a kind (`Vol.-%`), a
+    # hyphenated flag word, a few words of a state after a key, a clock's key, an unreserved `~`
+    # in a nonce (RFC 7636's verifier), BEAM's inspect forms and an Elixir sigil, whole
+    ("Gewichtsänderung seit gestern: {} kg", ["+0,37", "-1,12", "+0,58"], "counter"),
+    ("Current surge factor: {}", ["1.4x", "1.2x", "1.5x"], "counter"),
+    ("CO2 im Abgas: {} Vol.-%", ["9,8", "10,3", "9,6"], "counter"),
+    ("Service mode today: {}", ["drive-thru", "dine-in", "drive-thru"], "flag"),
+    ("Rührwerk 2: {}", ["Standby", "in Betrieb", "aus"], "flag"),
+    ("Shift clock: {}", ["0915Z", "1140Z", "1402Z"], "value"),
+    ("code_verifier: {}", ["Qm3.vX~9aLr_T0pWzK-8sJdF2hY~eN4bC6uG1oIqR5tZ7xM",
+                           "w~Kp2Ld8.Zr0sQ_fN3vB9xY-cT6mH1jE4gA7uR~oI5kWsD",
+                           "T7~nB4qX.eL1zR8_kP0vW3-mY6cJ9hF2sD5aG~uK8oN1tQ"], "nonce"),
+    ("Handled by process {}", ["#PID<0.4411.0>", "#PID<0.5120.0>", "#PID<0.5987.0>"], "instance"),
+    ("Monitor {} is active", ["#Reference<0.1203.4456.7781>", "#Reference<0.3921.1180.2046>",
+                              "#Reference<0.2211.9093.4410>"], "token"),
+    ("Last sync {}", ["~U[2026-03-02 08:11:05.123456Z]", "~U[2026-03-02 08:14:41.908212Z]",
+                      "~U[2026-03-02 08:20:17.004991Z]"], "timestamp"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -409,6 +426,18 @@ def test_a_number_that_changes_at_one_place_on_every_request_is_a_value(fpr) -> 
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["template_change", "dynamic_head", "dynamic_head"]
     assert [r["spans"] for r in got] == [[], ["4140"], ["4151"]]
+
+
+def test_a_word_that_changes_at_one_place_again_is_a_state(fpr) -> None:
+    """A word with no key or form to say it is a value changes: an edit, once. When the same place
+    changes again, it is a state the client writes per request (round 15: `LOW` -> `MODERATE` ->
+    `LOW`), as a number's second change is (above)."""
+    values = ["LOW", "MODERATE", "LOW", "HIGH"]
+    bodies = [body(f"The bird hazard on the field is {v} according to the tower.\n{SYSTEM}", t)
+              for v, t in zip(values, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["template_change", "dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[], ["LOW"], ["HIGH"]]
 
 
 def test_a_number_edited_once_stays_an_edit(fpr) -> None:
@@ -453,6 +482,20 @@ def test_cells_of_a_csv_row_in_the_first_user_messages_context_block(fpr) -> Non
         assert [r["spans"] for r in got] == [[v] for v in values[1:]], column
 
 
+def test_a_word_of_a_report_in_capitals_in_the_first_user_messages_context_block(fpr) -> None:
+    """A machine's report in capitals pasted into the first user message (a D-ATIS): a word that
+    changes in place there is a value, not a person's edit of their turn (round 15)."""
+    levels = ["LOW", "MODERATE", "LOW", "HIGH"]
+
+    def first(level: str) -> str:
+        return f"<atis>\nINFO K 1020Z\nRWY 24 IN USE\nBIRD ACTIVITY {level}\nQNH 1011\n</atis>\n" + TASK
+
+    bodies = [body(CODER, [first(v), *t[1:]]) for v, t in zip(levels, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head"] * 3, got
+    assert [r["spans"] for r in got] == [[v] for v in levels[1:]]
+
+
 def test_oracle_date_rolling_over_without_a_cue(fpr) -> None:
     """Oracle's `DD-MON-RR` date a day later is a clock's date, not an edit (round 10)."""
     dates = ["Berth schedule for 16-APR-26", "Berth schedule for 16-APR-26", "Berth schedule for 17-APR-26"]
@@ -492,6 +535,19 @@ def test_a_date_without_a_cue_that_moves_on_by_a_day_is_a_clock(fpr) -> None:
         bodies = [body(f"Prices valid from {d}, all taxes included.\n{SYSTEM}", t)
                   for d, t in zip(["2024-03-01", new, new], conversation(3), strict=True)]
         assert causes(fpr, bodies) == ["template_change", None]
+
+
+def test_a_weekday_and_its_day_without_a_year_moving_on_together_is_a_clock(fpr) -> None:
+    """A rota's `Thu 22/05` -> `Fri 23/05` (`Montag, 3.8.` -> `Dienstag, 4.8.`): no year and no
+    cue, but the weekday moved on with the day, as a clock's today does (round 15); a day moved
+    without its weekday is an edit."""
+    for days in (["Thu 22/05", "Thu 22/05", "Fri 23/05"], ["Montag, 3.8.", "Montag, 3.8.", "Dienstag, 4.8."]):
+        bodies = [body(f"Bookings shown for {d}\n{SYSTEM}", t) for d, t in zip(days, conversation(3), strict=True)]
+        got = run(fpr, bodies)
+        assert [r["cause"] for r in got] == [None, "dynamic_head"] and got[1]["spans"] == [days[2]], got
+    days = ["Thu 22/05", "Thu 29/05", "Thu 29/05"]
+    bodies = [body(f"Bookings shown for {d}\n{SYSTEM}", t) for d, t in zip(days, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["template_change", None]
 
 
 def test_a_number_or_a_sentence_after_a_key_edited_once_is_no_value(fpr) -> None:
@@ -610,6 +666,12 @@ BLOCK_TOOLS = {
                       f'        .build());\n' for n, d in ORDER_TOOLS],
     "rust-impls": [f'impl Tool for {n.title().replace("_", "")} {{\n    const NAME: &\'static str = "{n}";\n'
                    f'    type Error = ShopError;\n}}\n' for n, d in ORDER_TOOLS],
+    # round 15: the MCP Java SDK's tool specifications, each a constructor given the name first
+    "java-mcp-specs": [f'var {n.replace("_", "")}Spec = new McpServerFeatures.SyncToolSpecification(\n'
+                       f'        new McpSchema.Tool("{n}", "{d}", """\n'
+                       f'                {{ "type": "object", "properties": {{ "order": {{ "type": "string" }} }} }}\n'
+                       f'                """),\n        (exchange, args) -> shop.call("{n}", args));\n'
+                       for n, d in ORDER_TOOLS],
     "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
                     for n, d in ORDER_TOOLS],
     "java-annotated": [f'    @Tool(description = "{d}")\n    String {n}(String order);'

@@ -66,7 +66,7 @@ from app.prefix.dynamic import (
     rolled_over,
 )
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.value_kind import reads_as_value, turn_value, value_kind, value_start
+from app.prefix.value_kind import keyed_words, reads_as_value, turn_value, value_kind, value_start
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")
@@ -80,7 +80,7 @@ MAX_ANCHORS = 160
 NEAR_WINDOW = 512  # chars after the divergence where anchors are tried at every word start
 LINE_WINDOW = 65_536  # beyond that, only at line starts
 MAX_SECONDARY = 4
-VALUE_CHARS = frozenset("-_.:/+")
+VALUE_CHARS = frozenset("-_.:/+~")
 KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that include the key's words
 ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 # a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
@@ -131,8 +131,9 @@ _TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|ab
                                r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*"
                                r"|^\s*type\s+[A-Z]\w*\s+(?:struct|interface)\b"  # Go: `type SiloStand struct{`
                                r"|^\s*impl(?:<[^>]*>)?\s+[\w:]+\s+for\s+[A-Z]\w*")  # Rust: `impl Tool for Rufbereitschaft {`
-# a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`)
-_CALL_NAMED = re.compile(rf"""^\s*\.?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
+# a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`,
+# a constructor's: `new McpSchema.Tool("x", …)`)
+_CALL_NAMED = re.compile(rf"""^\s*(?:\.|new\s+)?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
 # a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`)
 _LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$"""
                         r"""|^\s+[a-z][a-z0-9]*(?:_[a-z0-9]+)+\s*$""")  # indented alone: Django's `manage.py help`
@@ -822,7 +823,13 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     if quoted is not None and pquoted is not None and (quoted != (cs, ce) or pquoted != (ps, pe)):
         (cs, ce), (ps, pe) = quoted, pquoted  # `mode="STAT only"` -> `"routine"`: the quoted words
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
-        return None  # more than one token changed: an edit, not a value
+        # more than one token changed: an edit, not a value, unless a key line's whole value changed
+        # from a few words to a few others (`Gasfackel: in Betrieb` -> `aus`), as one word may
+        ve, pve = len(cur[:line1].rstrip()), len(prev[:pline1].rstrip())
+        if cs < ve and ps < pve and lcp(prev, cur, pline1, line1) >= min(4, len(cur) - line1, len(prev) - pline1) \
+                and keyed_words(cur[line0:cs], prev[ps:pve], cur[cs:ve]):
+            return ValueChange(Span(cs, ve, "flag", cur[cs:ve]), pve)
+        return None
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
     kind = value_kind(before, prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
@@ -832,7 +839,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     if kind is None:
         key = span_key("edit", before, 0, len(before))
         old, new = prev[ps:pe], cur[cs:ce]
-        if key not in edits or not (reads_as_value(old, new) and any(c.isdigit() for c in old + new)):
+        if key not in edits or not ((reads_as_value(old, new) and any(c.isdigit() for c in old + new))
+                                     or (old.isalpha() and new.isalpha())):
             return ValueChange(None, pe, key)
         kind = "value"  # changed here again: a value the client writes per request
     cs = value_start(kind, cur, cs, ce, line0)

@@ -121,6 +121,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b")),
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+(?:der\s+|le\s+|el\s+|the\s+)?{_DAY}"
                     rf"(?:st|nd|rd|th|\.)?\s+(?:de\s+|of\s+)?(?:{_MONTHS})\b")),  # `Sunday the 17th of May` too
+    # a weekday and a day and month without a year (`Fri 16/01`, `Dienstag, 9.1.`): a shift plan's or a rota's day
+    ("date", _named(rf"(?i)\b(?:{_WEEKDAYS})\.?,?\s+{_DAY}[./]{_MON}(?![./]?\d)\.?")),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
     ("date", rf"{_YEAR}\s?년\s?{_MON}\s?월\s?{_DAY}\s?일"),
     # a day and a month without a year, then a clock (`03.05., 02:03`): a time stamp, not a date alone
@@ -175,6 +177,11 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # hours and zero-padded minutes (`due in 9h 06m`): a countdown or a time since, as a clock reads it
     ("elapsed", r"\b\d{1,3}h\s?[0-5]\d(?:m|min)\b"),
     ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
+    # a BEAM process's, port's or reference's inspect form (Elixir's `#PID<0.37766.0>`), whole
+    ("instance", r"#(?:PID|Port)<\d+(?:\.\d+){2}>"),
+    ("token", r"#Reference<\d+(?:\.\d+){3}>"),
+    # an Elixir sigil's date and time (`~U[2026-02-25 19:25:47.028415Z]`, `~N[…]`), whole
+    ("timestamp", rf"~[UN]\[{_YEAR}-{_MON}-{_DAY}[T ]{_CLOCK}(?:\.\d{{1,6}})?Z?\]"),
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
     ("billing_header", r"\bcch=[0-9a-fA-F]{5}\b"),
     ("email", r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
@@ -369,13 +376,14 @@ MINUS = "\u2212"  # the minus sign, as typeset numbers write it (`−18,4 °C`)
 def number_token(text: str, start: int, end: int) -> tuple[int, int]:
     """A token of digits widened over the digit groups its `.` or `,` join (`38,9`, `41.213`), and
     over a range its dash makes of two numbers (`10–15`); a leading minus stays (`-26,8`, and a
-    true minus sign before the token, U+2212: `−18,4`)."""
-    if end - start > 1 and text[start] == "-" and _DIGIT_GROUPS.fullmatch(text, start + 1, end):
+    true minus sign before the token, U+2212: `−18,4`), and a plus: a signed change (`+0,92`)."""
+    if end - start > 1 and text[start] in "-+" and _DIGIT_GROUPS.fullmatch(text, start + 1, end):
         return start, number_token(text, start + 1, end)[1]
     if start < end and _DIGIT_GROUPS.fullmatch(text, start, end):
         start, end = number_start(text, start, max(0, start - 64)), number_end(text, end)
-        if start > 0 and text[start - 1] == MINUS:
-            return start - 1, end
+        if start > 0 and (text[start - 1] == MINUS or text[start - 1] in "-+" and (
+                start == 1 or _SIGN_AFTER.match(text, start - 2))):
+            return start - 1, end  # a signed reading (`Zunahme: +0,92 kg` -> `-1,64 kg`), its sign apart from a word
         glued_after = end < len(text) and (text[end].isalnum() or text[end] in _JOINERS) and not (
             text[end] in ".:" and (end + 1 == len(text) or not text[end + 1].isalnum()))  # a sentence's end
         if not glued_after and (m := _RANGE_BEFORE.search(text, max(0, start - 32), start)) is not None:
@@ -387,6 +395,7 @@ def number_token(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
+_SIGN_AFTER = re.compile(r"[\s(\[:=]")  # what a number's own sign follows (a `-` after a word or a digit joins them)
 _JOINERS = "-–/:._"  # what joins the parts of a date, a time or an id
 _RANGE_AFTER = re.compile(r"[–-]\d+(?:[.,]\d+)?(?![\w/:–-]|[.,]\d)")  # a range's upper end, nothing glued after it
 _RANGE_BEFORE = re.compile(r"(?<![\w/:._–-])\d+(?:[.,]\d+)?[–-]$")
@@ -490,8 +499,44 @@ def moved_too_far(old: str, new: str) -> bool:
 
 
 def rolled_over(old: str, new: str) -> bool:
-    """Did a date move forward by a day or a few (a clock's "today"), rather than being edited?"""
-    return rolled_from(date_days(old), new)
+    """Did a date move forward by a day or a few (a clock's "today"), rather than being edited? A
+    date without a year moved on when its weekday moved with it (`weekday_rolled`)."""
+    return rolled_from(date_days(old), new) or weekday_rolled(old, new)
+
+
+_WEEKDAY_INDEX = {name: i for names in (
+    "monday tuesday wednesday thursday friday saturday sunday", "mon tue wed thu fri sat sun",
+    "montag dienstag mittwoch donnerstag freitag samstag sonntag",
+    "lundi mardi mercredi jeudi vendredi samedi dimanche", "lunes martes miércoles jueves viernes sábado domingo",
+    "lunedì martedì mercoledì giovedì venerdì sabato domenica",
+    "maandag dinsdag woensdag donderdag vrijdag zaterdag zondag") for i, name in enumerate(names.split())}
+_WEEKDAY_INDEX.update({"tues": 1, "thur": 3, "thurs": 3, "miercoles": 2, "sabado": 5})
+_WEEKDAY_DATE = re.compile(r"(?i)([^\W\d_]+)\.?,?\s+(\d{1,2})[./](\d{1,2})")
+
+
+def weekday_rolled(old: str, new: str) -> bool:
+    """Did a weekday and its day and month (no year: `Fri 16/01` -> `Sat 17/01`, `Dienstag, 9.1.` ->
+    `Mittwoch, 10.1.`) move forward together by the same day or few, as a clock's "today" does? An
+    edited date keeps its weekday or loses step with it."""
+    a, b = _WEEKDAY_DATE.match(old), _WEEKDAY_DATE.match(new)
+    if a is None or b is None:
+        return False
+    wa, wb = _WEEKDAY_INDEX.get(a.group(1).lower()), _WEEKDAY_INDEX.get(b.group(1).lower())
+    if wa is None or wb is None or not 0 < (wb - wa) % 7 <= ROLLOVER_DAYS:
+        return False
+
+    def day(m: re.Match[str], swap: bool) -> int | None:
+        d, mo = int(m.group(2)), int(m.group(3))
+        d, mo = (mo, d) if swap else (d, mo)
+        try:
+            return date(2000, mo, d).toordinal()  # a leap year: 29 February is a day too
+        except ValueError:
+            return None
+    for swap in (False, True):  # day-month, or month-day (`10/16`)
+        x, y = day(a, swap), day(b, swap)
+        if x is not None and y is not None and (y - x) % 366 == (wb - wa) % 7:
+            return True
+    return False
 
 
 def rolled_from(days: Iterable[int], new: str) -> bool:

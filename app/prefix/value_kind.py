@@ -27,8 +27,8 @@ _FLAG_WORDS = frozenset({
     "treatment", "variant", "baseline", "ja", "nein", "an", "aus", "aktiv", "inaktiv",
     "oui", "non", "si", "sí", "on", "off"})
 _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
-# one word (up to three in quotes: `mode="STAT only"`), or a short upper-case code (`5G`, `LTE`)
-_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,2}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")
+# one word (up to three in quotes: `mode="STAT only"`; joined by a hyphen: `walk-in`), or a short upper-case code (`5G`, `LTE`)
+_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}(?:[ -][^\W\d_]{1,16}){0,2}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")
 _WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
 _KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?[$€£]?$")  # `Bid: £6,900`
@@ -39,11 +39,11 @@ _CELL_KEY = re.compile(r"^\s*\|\s*([^|]{1,40}?)\s*\|\s*$")  # a Markdown table r
 _CELL_END = re.compile(r"^\s*(?:%\s*)?\|\s*$")  # the cell's end (a unit sign may come before it)
 _DYNAMIC_KEY = re.compile(
     r"(?i)\b(nonce|salt|seed|token|bucket|cohort|variant|variante|experiment|group|flag|"
-    r"ts|time|zeit|epoch|request|anfrage|trace|span|session|key|id|run|build)\b|"
+    r"ts|time|clock|zeit|epoch|request|anfrage|trace|span|session|key|id|run|build)\b|"
     r"(nonce|zeit|stempel|wert|variante)")
 
 
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:[kKmM]|[KMGTP]i?B|[GTP])?")  # `41`, `41.213`, `41.2k`, `1.6T`, `38214MiB`
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*(?:[kKmM]|[KMGTP]i?B|[GTP]|[x×])?")  # `41`, `41.213`, `41.2k`, `1.6T`, `38214MiB`, `1.3x`
 _RANGE = re.compile(r"\d+(?:[.,]\d+)?[–-]\d+(?:[.,]\d+)?")  # `10–15` (minutes), as `dynamic.number_token` widens it
 # a key that names something counted as a session goes on, not a setting (`limit`, `max results`)
 _COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|beleg|remaining|left|übrig|position|"
@@ -63,8 +63,8 @@ _PORT_BEFORE = re.compile(rf"(?i)(?:\bport\s+|(?:{_LOOPBACK}):)$")
 _READING_UNIT = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB)")
 _UNIT_AFTER = re.compile(r"\s?(?:ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|GB\b)")
 # a unit written after a key's number, ending the value: one to four letters (`cm`, `Hz`, `LUFS`),
-# or a degree or micro sign and letters, or a unit over another (`km/h`)
-_UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}(?:/[A-Za-z]{1,3}[²³]?)?\.?\s*(?:</[\w.:-]+>\s*)?$")
+# or a degree or micro sign and letters, or a unit over another (`km/h`), or a share of a kind (`Vol.-%`)
+_UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}(?:/[A-Za-z]{1,3}[²³]?|\.?-?%)?\.?\s*(?:</[\w.:-]+>\s*)?$")
 _TIMING_KEY = re.compile(r"(?i)(?:\b(?:ms|us|sec|seconds|min|minutes)$|\b(?:dur|duration|latency)\b)")
 LONG_TOKEN = 4096  # a changed token longer than this is judged no value
 # a unit of measure after a number with decimals, in a sentence too (`Hs at the buoy 3.1 m`, `95,7 %`)
@@ -199,14 +199,22 @@ def reads_as_value(old: str, new: str) -> bool:
 def turn_value(old: str, new: str, line_prefix: str = "", line_rest: str = "") -> str | None:
     """A token that changed in place in a user turn before the last, the rest of the conversation
     the same, that `value_kind` did not judge: a value when both read as one (`reads_as_value`),
-    or when it fills a cell of a delimited row (`HLP2_SELECTOR,…,HAND,`: a word too). A person who
+    or when it fills a cell of a delimited row (`HLP2_SELECTOR,…,HAND,`: a word too) or is a word
+    of a line in capitals (`_machine_line`). A person who
     edits a turn rewrites words, and chat clients drop the turns after an edited one; a client
     that refreshes a value in the context it sends (an agent's context block) changes one token
     and keeps the rest. A release is no such value (`3.2.1`: a document's revision edited)."""
     if _RELEASE.fullmatch(old) and _RELEASE.fullmatch(new):
         return None
     cell = line_prefix.endswith(_CELL_SIGNS) and (not line_rest or line_rest.startswith(_CELL_SIGNS))
-    return "value" if reads_as_value(old, new) or cell else None
+    return "value" if reads_as_value(old, new) or cell or _machine_line(line_prefix, old, new, line_rest) else None
+
+
+def _machine_line(line_prefix: str, old: str, new: str, line_rest: str) -> bool:
+    """Is the token a word of a line a machine wrote in capitals (a report's `BIRD HAZARD LOW`, a
+    log's level), two words or more and no small letter: no person's prose to edit?"""
+    line = f"{line_prefix}{new}{line_rest}"
+    return f"{old}{new}".isupper() and not any(c.islower() for c in line) and len(line.split()) >= 2
 
 
 _CELL_SIGNS = (",", ";", "\t", "|")
@@ -238,13 +246,21 @@ def _joined_start(text: str, start: int, floor: int) -> int:
 _ID_PART = re.compile(r"[\w.:/+-]")
 
 
+def keyed_words(line_prefix: str, old: str, new: str) -> bool:
+    """Is a `key: value` line's whole value (`line_prefix` holds the key) a state of a few words on
+    both sides (`Gasfackel: in Betrieb` -> `aus`)? A state the client writes per request, as one
+    word after a key is (`_whole_value_kind`), though more than one token changed."""
+    return _KEY.search(line_prefix) is not None and _FLAG_VALUE.fullmatch(old) is not None \
+        and _FLAG_VALUE.fullmatch(new) is not None
+
+
 def _whole_value_kind(old: str, new: str) -> str | None:
     """A key line's whole value that changed: a flag when both are one word (or a short code), a
     value when both are ids; else an edit."""
+    if _id_like(new) and _id_like(old):
+        return "value"  # before a flag's words: `edge-pqtrmxwz` is an id, `walk-in` a flag after a flag key
     if _FLAG_VALUE.fullmatch(new) and _FLAG_VALUE.fullmatch(old):
         return "flag"
-    if _id_like(new) and _id_like(old):
-        return "value"
     return None
 
 
@@ -297,7 +313,7 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
         return True
     if key is not None and _SCIENTIFIC.fullmatch(new) and _SCIENTIFIC.fullmatch(old):
         return max(_significant(new), _significant(old)) > 1  # `1e-4` -> `3e-4` is a setting edited
-    new, old = new.lstrip("-" + MINUS), old.lstrip("-" + MINUS)  # `-63 dBm`, `−18,4 °C`
+    new, old = new.lstrip("+-" + MINUS), old.lstrip("+-" + MINUS)  # `-63 dBm`, `−18,4 °C`, `+0,92 kg`
     if not (_NUMBER.fullmatch(new) and _NUMBER.fullmatch(old) or _RANGE.fullmatch(new) and _RANGE.fullmatch(old)):
         return False
     if max(_significant(new), _significant(old)) <= 1:
