@@ -125,21 +125,26 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout15 is measured once, at the end of round 15 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="heldout15 (measured once, 2026-12-05) raises 2 look-alike alarms: a rule's "
+                                       "threshold edited once (`above 27 °C` -> `25 °C`), read as a reading by its unit; "
+                                       "strict, so it turns red when the split raises none and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout15 is measured once, at the end of round 15 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout15 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.703 (RFC 850 and Windows %date% %time% stamps, a TPS triple, "
+                                       "cattle ear tags, SNMP Timeticks read as two values, `12 von 18`, PLC `TOD#`); "
+                                       "strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="heldout15 is measured once, at the end of round 15 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout15 (measured once, 2026-12-05): "
+                                       "macro-F1 0.926 (those values read as edits the first time: dynamic_head recall "
+                                       "0.87, template_change precision 0.44; gptel and OpenRPC tool lists); strict, so it "
+                                       "turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
