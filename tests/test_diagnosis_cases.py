@@ -407,6 +407,23 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
                               "#Reference<0.2211.9093.4410>"], "token"),
     ("Last sync {}", ["~U[2026-03-02 08:11:05.123456Z]", "~U[2026-03-02 08:14:41.908212Z]",
                       "~U[2026-03-02 08:20:17.004991Z]"], "timestamp"),
+    # round 16: readings listed with decimals, a code drawn again in its shape (both whole), a
+    # weekday before a numeric date and RFC 850's, IEC 61131-3 literals, SNMP TimeTicks, a signed
+    # hex digest, a German compound counter
+    ("load average: {}", ["0.52, 0.58, 0.59", "0.61, 0.60, 0.60", "0.48, 0.57, 0.59"], "counter"),
+    ("Nächste Kuh an Box 1: {}", ["DE 05 311 20917", "DE 05 742 61833", "DE 05 118 09452"], "value"),
+    ("Report generated {}", ["Wed 10/13/2026 17:38:58.53", "Thu 10/14/2026  6:58:06.02",
+                             "Thu 10/14/2026  7:12:44.90"], "timestamp"),
+    ("Cookie expires {}", ["Tuesday, 05-Nov-26 14:15:26 GMT", "Wednesday, 06-Nov-26 09:01:11 GMT",
+                           "Wednesday, 06-Nov-26 11:47:03 GMT"], "timestamp"),
+    ("PLC clock {}", ["TOD#14:32:07.123", "TOD#14:32:09.870", "TOD#14:33:01.004"], "time"),
+    ("Last cycle {}", ["DT#2026-05-05-14:32:07.123", "DT#2026-05-05-14:32:09.870", "DT#2026-05-05-14:33:01.004"],
+     "timestamp"),
+    ("sysUpTime.0 = Timeticks: {}", ["(46912013) 5 days, 10:18:40.13", "(46912977) 5 days, 10:18:49.77",
+                                     "(46914102) 5 days, 10:19:01.02"], "timestamp"),
+    ("Join hash {}", ["-4f1a09c3b2e8d7a6f5e4c3b2a1908f7e6d5c4b3a", "-0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a39281",
+                      "3b2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a"], "hex"),
+    ("Druckzähler: {}", ["10412", "10415", "10421"], "counter"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -438,6 +455,16 @@ def test_a_word_that_changes_at_one_place_again_is_a_state(fpr) -> None:
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["template_change", "dynamic_head", "dynamic_head"]
     assert [r["spans"] for r in got] == [[], ["LOW"], ["HIGH"]]
+
+
+def test_a_state_of_two_words_that_ends_the_system_message(fpr) -> None:
+    """A key line's whole value of one or two words, the system message's last line: the value
+    ends with the message, not with the template text the engine renders after it (round 16)."""
+    states = ["mechanical", "mechanical", "free cooling", "mechanical"]
+    bodies = [body(f"{SYSTEM}\nCooling mode: {v}", t) for v, t in zip(states, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == [None, "dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[], [states[2]], [states[3]]]
 
 
 def test_a_number_edited_once_stays_an_edit(fpr) -> None:
@@ -672,6 +699,10 @@ BLOCK_TOOLS = {
                        f'                {{ "type": "object", "properties": {{ "order": {{ "type": "string" }} }} }}\n'
                        f'                """),\n        (exchange, args) -> shop.call("{n}", args));\n'
                        for n, d in ORDER_TOOLS],
+    # round 16: gptel's `gptel-make-tool` forms, each naming its tool after the keyword `:name`
+    "gptel-elisp": [f'(gptel-make-tool\n :name "{n}"\n :function #\'shop/{n.replace("_", "-")}\n'
+                    f' :description "{d}"\n :args (list \'(:name "order" :type string))\n :category "shop")\n'
+                    for n, d in ORDER_TOOLS],
     "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
                     for n, d in ORDER_TOOLS],
     "java-annotated": [f'    @Tool(description = "{d}")\n    String {n}(String order);'
@@ -781,13 +812,19 @@ def schemas_in_text(order: list[dict], form: str) -> str:
         return "# Tools\nYou may call these functions:\n" + "\n".join(json.dumps(t, indent=2) for t in order)
     if form == "one-line-array":
         return "Available tools (JSON): " + json.dumps(order)
+    if form == "openrpc":  # an OpenRPC document's methods, params as content descriptors (round 16)
+        return "The gateway's JSON-RPC methods (openrpc.json):\n" + json.dumps({
+            "openrpc": "1.3.2", "info": {"title": "shop", "version": "1.0.0"},
+            "methods": [{"name": t["function"]["name"], "description": t["function"]["description"],
+                         "params": [{"name": k, "schema": v} for k, v in t["function"]["parameters"]["properties"].items()],
+                         "result": {"name": "result", "schema": {"type": "object"}}} for t in order]}, indent=2)
     if form == "python-repr":  # ToolLLaMA: a list of dicts printed with `repr`
         return "You have access to the following APIs: " + repr([t["function"] for t in order])
     return "<tools>\n" + "\n".join(json.dumps({"name": t["function"]["name"], "description": t["function"]["description"],
                                                 "input_schema": t["function"]["parameters"]}) for t in order) + "\n</tools>"
 
 
-@pytest.mark.parametrize("form", ["indented", "one-line-array", "anthropic-lines", "python-repr"])
+@pytest.mark.parametrize("form", ["indented", "one-line-array", "anthropic-lines", "python-repr", "openrpc"])
 def test_tool_schemas_serialised_into_the_system_text_in_another_order(fpr, form: str) -> None:
     """A client that writes its tool schemas as JSON into the system text (not `tools`) and
     reorders them: a tool-order break wherever the schemas sit."""
@@ -900,11 +937,12 @@ def test_trailing_system_message_after_the_history(fpr) -> None:
     ("Tarifstand 04.05.26 um 10:15", "Tarifstand 23.12.37 um 19:11"),  # a valid stamp, years on: edited (round 12)
     ("Slots are held until 10:00 each day.", "Slots are held until 11:00 each day."),  # a rule's hour (round 13)
     ("Lifts stop when the wind is above 12.5 m/s.", "Lifts stop when the wind is above 10.5 m/s."),  # a threshold
+    ("Raise a P2 when a rack inlet is above 27 °C.", "Raise a P2 when a rack inlet is above 25 °C."),  # in °C (round 16)
 ])
 def test_edits_that_only_look_dynamic(fpr, old: str, new: str) -> None:
     system = (f"API version: v2.14.3\nThese policies were last revised on 2024-03-01.\nIndex build 20240101T1200Z\n"
               f"Firmware v1.2.0-0-g8e41c0d\nTarifstand 04.05.26 um 10:15\nSlots are held until 10:00 each day.\n"
-              f"Lifts stop when the wind is above 12.5 m/s.\n{SYSTEM}")
+              f"Lifts stop when the wind is above 12.5 m/s.\nRaise a P2 when a rack inlet is above 27 °C.\n{SYSTEM}")
     convo = conversation(3)
     bodies = [body(system, convo[0]), body(system.replace(old, new), convo[1]), body(system.replace(old, new), convo[2])]
     assert causes(fpr, bodies) == ["template_change", None]

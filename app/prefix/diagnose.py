@@ -66,7 +66,14 @@ from app.prefix.dynamic import (
     rolled_over,
 )
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.value_kind import keyed_words, reads_as_value, turn_value, value_kind, value_start
+from app.prefix.value_kind import (
+    reads_as_value,
+    turn_value,
+    value_kind,
+    value_start,
+    whole_value_change,
+    whole_value_start,
+)
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")
@@ -118,8 +125,9 @@ NAMED_LINE = re.compile(
     rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|"""
     rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
 # a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
-# `> Tool Name: x`, ADK's `Agent name: x`, `name: x`), the first line of a block that describes the tool
-TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:[a-z]+[ _]?)?name\s*[:=]\s*["'`]?{_NAME}["'`]?\s*,?\s*$""")
+# `> Tool Name: x`, ADK's `Agent name: x`, `name: x`, a Lisp keyword's `:name "x"`: gptel's
+# `gptel-make-tool`), the first line of a block that describes the tool
+TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:(?:[a-z]+[ _]?)?name\s*[:=]\s*["'`]?{_NAME}["'`]?|:name\s+"{_NAME}")\s*,?\s*$""")
 # a name written as code (snake_case, dotted, camelCase): `- rom_report: ...` names a tool, `- Tone: ...` does not
 _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.][A-Za-z0-9]+)+|[a-z]+[A-Z]\w*)`?\s*[(:]")
 _ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
@@ -682,7 +690,7 @@ def schema_tools(text: str, start: int = 0, end: int | None = None,
         for item in items:
             fn = next((item[k] for k in ("function", "toolSpec") if isinstance(item, dict) and isinstance(item.get(k), dict)),
                       item)  # OpenAI's wrapper, Bedrock Converse's `toolSpec`
-            if isinstance(fn, dict) and isinstance(fn.get("name"), str) and SCHEMA_KEYS & fn.keys():
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str) and _declares_parameters(fn):
                 written = raw if len(items) == 1 else json.dumps(item, ensure_ascii=False)
                 out.append((json.dumps(item, sort_keys=True, ensure_ascii=False), written, m.start(), stop))
         pos = stop
@@ -711,18 +719,29 @@ def _python_tools(text: str, start: int, end: int) -> list[tuple[str, str, int, 
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             continue
         for item in obj if isinstance(obj, list) else _tool_list(obj):
-            if isinstance(item, dict) and isinstance(item.get("name"), str) and SCHEMA_KEYS & item.keys():
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and _declares_parameters(item):
                 out.append((json.dumps(item, sort_keys=True, ensure_ascii=False, default=str),
                             json.dumps(item, ensure_ascii=False, default=str), first, stop))
     return out
 
 
+def _declares_parameters(fn: dict[str, Any]) -> bool:
+    """Does a named object declare a tool's parameters: a schema under a key tools use
+    (`SCHEMA_KEYS`), or OpenRPC's `params`, content descriptors each with a name and a schema?"""
+    if SCHEMA_KEYS & fn.keys():
+        return True
+    params = fn.get("params")
+    return isinstance(params, list) and (bool(params) or "result" in fn) and all(
+        isinstance(p, dict) and isinstance(p.get("name"), str) and "schema" in p for p in params)
+
+
 def _tool_list(obj: Any) -> list[Any]:
     """The tools a decoded object lists: `{"tools": [...]}`, MCP's `tools/list` result
-    (`{"result": {"tools": [...]}}`), Gemini's `function_declarations`; else the object itself."""
+    (`{"result": {"tools": [...]}}`), Gemini's `function_declarations`, an OpenRPC document's
+    `methods`; else the object itself."""
     for holder in (obj, obj.get("result") if isinstance(obj, dict) else None):
         if isinstance(holder, dict):
-            for key in ("tools", "function_declarations", "functionDeclarations"):
+            for key in ("tools", "function_declarations", "functionDeclarations", "methods"):
                 if isinstance(holder.get(key), list):
                     return holder[key]
     return [obj]
@@ -824,17 +843,15 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         (cs, ce), (ps, pe) = quoted, pquoted  # `mode="STAT only"` -> `"routine"`: the quoted words
     if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         # more than one token changed: an edit, not a value, unless a key line's whole value changed
-        # from a few words to a few others (`Gasfackel: in Betrieb` -> `aus`), as one word may
-        ve, pve = len(cur[:line1].rstrip()), len(prev[:pline1].rstrip())
-        if cs < ve and ps < pve and lcp(prev, cur, pline1, line1) >= min(4, len(cur) - line1, len(prev) - pline1) \
-                and keyed_words(cur[line0:cs], prev[ps:pve], cur[cs:ve]):
-            return ValueChange(Span(cs, ve, "flag", cur[cs:ve]), pve)
-        return None
+        # in a shape values have (`whole_value_change`)
+        return _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
     kind = value_kind(before, prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
     if kind is None and earlier_turn:
         kind = turn_value(prev[ps:pe], cur[cs:ce], before, cur[ce:rest_end])
+    if kind is None and (whole := _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)) is not None:
+        return whole  # one token of a list of readings changed with the others (`19.77, 19.21` -> `19.97, 19.09`)
     key = None
     if kind is None:
         key = span_key("edit", before, 0, len(before))
@@ -845,6 +862,24 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         kind = "value"  # changed here again: a value the client writes per request
     cs = value_start(kind, cur, cs, ce, line0)
     return ValueChange(Span(cs, ce, kind, cur[cs:ce]), pe, key)
+
+
+def _whole_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line1: int, cs: int,
+                 stop: int | None) -> ValueChange | None:
+    """The whole value of a `key: value` line in which more than one token changed, when it changed
+    as values do (`whole_value_change`: `in Betrieb` -> `aus`, `19.97, 19.09, 18.9` -> `20.0, …`,
+    `DE 09 524 46487` -> `DE 09 200 33728`), from the value's start to the line's or its message's
+    end (`stop`; the template text after a message is no part of it); None otherwise."""
+    at = whole_value_start(cur[line0:cs])
+    vend = line1 if stop is None else min(line1, stop)
+    tail = cur[vend:line1]  # the same template text ends the line in both prompts
+    if at is None or not prev.endswith(tail, 0, pline1):
+        return None
+    start, ve, pve = line0 + at, len(cur[:vend].rstrip()), len(prev[:pline1 - len(tail)].rstrip())
+    if start >= ve or pline0 + at >= pve or lcp(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
+        return None
+    kind = whole_value_change(prev[pline0 + at:pve], cur[start:ve])
+    return ValueChange(Span(start, ve, kind, cur[start:ve]), pve) if kind is not None else None
 
 
 def value_token(text: str, start: int, end: int, at: int) -> tuple[int, int]:

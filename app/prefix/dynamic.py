@@ -121,6 +121,10 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b")),
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+(?:der\s+|le\s+|el\s+|the\s+)?{_DAY}"
                     rf"(?:st|nd|rd|th|\.)?\s+(?:de\s+|of\s+)?(?:{_MONTHS})\b")),  # `Sunday the 17th of May` too
+    # a weekday before a numeric date belongs to it (Windows' `%date% %time%`: `Thu 10/14/2026  6:58:06.02`;
+    # RFC 850's `Wednesday, 06-Nov-26 14:15:26 GMT`), so a day that moves on changes the span's own text
+    ("date", _named(rf"(?i)\b(?:{_WEEKDAYS})\.?,?\s+(?:{_MON}/{_DAY}/{_YEAR}|{_DAY}\.{_MON}\.{_YEAR}|{_YEAR}-{_MON}-{_DAY}|"
+                    rf"{_DAY}-{_MON_ABBR}-\d{{2}})\b(?:,?\s*{_TIME}(?:\s?GMT)?)?")),
     # a weekday and a day and month without a year (`Fri 16/01`, `Dienstag, 9.1.`): a shift plan's or a rota's day
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS})\.?,?\s+{_DAY}[./]{_MON}(?![./]?\d)\.?")),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
@@ -149,7 +153,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("id", r"(?i)\b(?:req|request|sess|session|trace|span|run|conv|conversation|chatcmpl|msg|call|evt|txn|user|usr|cus|cust)[_-]"
            r"(?=[A-Za-z]*\d)[A-Za-z0-9]{6,}\b"),
     ("id", r"(?i)\b(?:request|session|trace|correlation|conversation|transaction|run|call|user|client|customer|account|device|visitor|interaction|thread|message|ticket|order)[\s_-]?(?:(?:id|identifier|key|token|nr|no|number)\b|#)\s*[:=#]?\s*[\"']?[A-Za-z0-9][A-Za-z0-9_.:=+/-]{3,}"),
-    ("hex", r"(?i)\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
+    # long hex, with its own minus sign (Java's signed digest in hex: Minecraft's `serverId` hash)
+    ("hex", r"(?i)(?:(?<![\w-])-)?\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{16,}\b"),
     # ids without a key, whole (their own `=` or `;` is no key's)
     ("trace", r"\b[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\b"),  # W3C traceparent
     ("trace", r"\b[0-9a-f]{32}/\d{1,20}(?:;o=[01])?"),  # Google Cloud's X-Cloud-Trace-Context
@@ -180,6 +185,11 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # a BEAM process's, port's or reference's inspect form (Elixir's `#PID<0.37766.0>`), whole
     ("instance", r"#(?:PID|Port)<\d+(?:\.\d+){2}>"),
     ("token", r"#Reference<\d+(?:\.\d+){3}>"),
+    # IEC 61131-3 literals of a time of day and a date and time (a PLC's `TOD#14:32:07.123`, `DT#2026-05-05-14:32:07`)
+    ("time", rf"\bTOD#{_CLOCK}"),
+    ("timestamp", rf"\bDT#{_YEAR}-{_MON}-{_DAY}-{_CLOCK}"),
+    # SNMP's TimeTicks as Net-SNMP prints them: hundredths since a restart, then the same as days and a clock
+    ("timestamp", r"\(\d{3,}\) \d+ days?, \d{1,2}:[0-5]\d:[0-5]\d\.\d\d\b"),
     # an Elixir sigil's date and time (`~U[2026-02-25 19:25:47.028415Z]`, `~N[…]`), whole
     ("timestamp", rf"~[UN]\[{_YEAR}-{_MON}-{_DAY}[T ]{_CLOCK}(?:\.\d{{1,6}})?Z?\]"),
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request
@@ -190,8 +200,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
              r"name (?:of the|des) (?:user|customer|kunden|nutzers) is|le client s'appelle)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
     ("user", r"(?i)\b(?:you are (?:talking|speaking|chatting) (?:to|with)|du sprichst mit|sie sprechen mit|tu parles (?:à|avec)|vous parlez (?:à|avec)|estás hablando con|hablas con)\s+\w[\w.\-]*(?-i:[ \t]+[A-Z][\w.\-]*)?"),
     ("counter", r"(?i)\b(?:turn|request|call|attempt|step|iteration|message|visit|session|round|run|try|versuch|anfrage|tentative|intento)\s*(?:#|no\.?|nr\.?|number)?\s*\d+\b(?:\s*(?:of|/|von|sur|de)\s*\d+)?"),
-    # a counter's key, abbreviated too (LoRaWAN's `f_cnt=10922`)
-    ("counter", r"(?i)(?:\b|_)(?:count|counter|cnt|ctr|seq|sequence|index|request_count|n_calls|uptime)\s*[:=]\s*\d+\b"),
+    # a counter's key, abbreviated too (LoRaWAN's `f_cnt=10922`), a German compound (`Signaturzähler: 44301`)
+    ("counter", r"(?i)(?:\b|_)(?:count|counter|cnt|ctr|seq|sequence|index|request_count|n_calls|uptime|\w*zähler)\s*[:=]\s*\d+\b"),
     # what is left of a budget, counting down as a session goes on: a key that says so
     # (`Context left: 187655`, `tokens_remaining: 148907`, `Verbleibendes Kontingent: 41`) or the
     # words after the number (`12 requests remaining`)

@@ -246,12 +246,43 @@ def _joined_start(text: str, start: int, floor: int) -> int:
 _ID_PART = re.compile(r"[\w.:/+-]")
 
 
-def keyed_words(line_prefix: str, old: str, new: str) -> bool:
-    """Is a `key: value` line's whole value (`line_prefix` holds the key) a state of a few words on
-    both sides (`Gasfackel: in Betrieb` -> `aus`)? A state the client writes per request, as one
-    word after a key is (`_whole_value_kind`), though more than one token changed."""
-    return _KEY.search(line_prefix) is not None and _FLAG_VALUE.fullmatch(old) is not None \
-        and _FLAG_VALUE.fullmatch(new) is not None
+# a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
+_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_][\w.,\-/ ()]{0,48}?\s*[:=]\s+")
+_TWO_WORDS = re.compile(r"[^\W\d_]{1,16}(?:[ -][^\W\d_]{1,16})?")
+_READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
+
+
+def whole_value_start(line_prefix: str) -> int | None:
+    """Where the value of a `key: value` line starts, the line's text before a changed token given
+    (`line_prefix`); None when the line opens with no key."""
+    m = _LINE_KEY.match(line_prefix)
+    return m.end() if m is not None else None
+
+
+def whole_value_change(old: str, new: str) -> str | None:
+    """The kind of a `key: value` line's whole value that changed in more than one token, when it
+    changed as a value the client writes per request does: a state of one or two words on both
+    sides (`Gasfackel: in Betrieb` -> `aus`: a `flag`), readings listed with decimals, as many on
+    both sides (a load average, `TPS from last 1m, 5m, 15m: 19.97, 19.09, 18.9`: a `counter`), or
+    an id drawn again in the same shape (`DE 09 524 46487` -> `DE 09 200 33728`: capitals and
+    digits, the same length and separators, two parts or more changed: a `value`). A sentence rewritten is
+    none of these, nor a setting's one number (`limit: 15` -> `30`)."""
+    if _TWO_WORDS.fullmatch(old) and _TWO_WORDS.fullmatch(new):
+        return "flag"
+    if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
+            and any(c in ".," for c in re.sub(r",\s+", " ", old + " " + new)):
+        return "counter"
+    if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
+            a != b and not (a.isalnum() and b.isalnum()) for a, b in zip(old, new, strict=True)):
+        return None
+    changed = [(a, b) for a, b in zip(_RUNS_OF_WORDS.findall(old), _RUNS_OF_WORDS.findall(new), strict=True) if a != b]
+    if len(changed) >= 2 and not any(_VERSION.match(a) for a, _ in changed):
+        return "value"  # two parts drawn again, not a release bumped with its build (`Godot v4.3.stable [77dcf97d8]`)
+    return None
+
+
+_RUNS_OF_WORDS = re.compile(r"[\w.]+")
+_CODE = re.compile(r"(?=.*\d)[A-Z0-9 ./-]+")  # capitals and digit groups, no word of prose: an id
 
 
 def _whole_value_kind(old: str, new: str) -> str | None:
@@ -324,8 +355,11 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
     if decimals and line_rest is not None and _MEASURE_UNIT.match(line_rest) and not _THRESHOLD_BEFORE.search(line_prefix):
         return True  # a measurement, not a rule's threshold (`below 1.5 m` -> `1.2 m` is an edit)
     if line_rest is not None and (_READING_UNIT.match(line_rest) or _UNIT_AFTER.match(line_rest) and (
-            key is not None or ("." in new and "." in old) or ("," in new and "," in old))):
-        return True  # a time after a key or with decimals: in a sentence, `below 30 ms` -> `15 ms` is an edit
+            key is not None or ("." in new and "." in old) or ("," in new and "," in old))) \
+            and not _THRESHOLD_BEFORE.search(line_prefix):
+        # a time after a key or with decimals: in a sentence, `below 30 ms` -> `15 ms` is an edit, and
+        # a reading's unit after a threshold's word is a rule's (`above 27 °C` -> `25 °C`)
+        return True
     if key is not None and line_rest is not None and _UNIT_ENDS_LINE.match(line_rest):
         return True  # `Pegel Kaub: 465 cm`, `<Lautheit>-26,8 LUFS</Lautheit>`: a key's value, with its unit
     return key is not None and (_TIMING_KEY.search(_words(key.group(1))) is not None
