@@ -424,6 +424,21 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Join hash {}", ["-4f1a09c3b2e8d7a6f5e4c3b2a1908f7e6d5c4b3a", "-0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a39281",
                       "3b2a1f0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a"], "hex"),
     ("Druckzähler: {}", ["10412", "10415", "10421"], "counter"),
+    # round 17: durations a clock measures (to a fraction of a second, a countdown's minutes and
+    # seconds, a time since), a duration after a counter's key, a `hrs` clock, an ISO date with its
+    # weekday, Go's RubyDate, a state's code with its text, a URI's chain of keys
+    ("CPU: {}", ["3min 12.448s", "3min 14.902s", "3min 19.017s"], "elapsed"),
+    ("Countdown to doors: {}", ["9 min 12 s", "8 min 47 s", "8 min 05 s"], "elapsed"),
+    ("Hilfsfrist verbleibend: {}", ["6 min 02 s", "5 min 41 s", "5 min 09 s"], "counter"),
+    ("Last backup finished {} ago", ["5h 7min", "5h 12min", "5h 31min"], "elapsed"),
+    ("Alarm received at {}", ["0657 hrs", "0712 hrs", "0740 hrs"], "time"),
+    ("Shift plan for {}", ["2026-09-04 (Fri)", "2026-09-05 (Sat)", "2026-09-06 (Sun)"], "date"),
+    ("Build started {}", ["Sun Jun 07 13:00:00 +0100 2026", "Sun Jun 07 13:04:51 +0100 2026",
+                          "Sun Jun 07 13:09:12 +0100 2026"], "timestamp"),
+    ("FMS-Status: {}", ["8 (Ankunft am Transportziel)", "1 (Einsatzbereit über Funk)", "2 (Einsatzbereit auf Wache)"],
+     "flag"),
+    ("Now playing spotify:episode:{}", ["4rOoJ6Egrf8K2IrywzwOMk", "7ouMYWpwJ422jRcDASZB7P", "2takcwOaAZWiXQijPHIx7B"],
+     "nonce"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -703,6 +718,9 @@ BLOCK_TOOLS = {
     "gptel-elisp": [f'(gptel-make-tool\n :name "{n}"\n :function #\'shop/{n.replace("_", "-")}\n'
                     f' :description "{d}"\n :args (list \'(:name "order" :type string))\n :category "shop")\n'
                     for n, d in ORDER_TOOLS],
+    # round 17: Cloudflare Code Mode's TypeScript API, each tool a member whose type is a function
+    "codemode-ts": [f'  /**\n   * {d}\n   */\n  {n}: (input: {{\n    order: string;\n  }}) => Promise<unknown>;'
+                    for n, d in ORDER_TOOLS],
     "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
                     for n, d in ORDER_TOOLS],
     "java-annotated": [f'    @Tool(description = "{d}")\n    String {n}(String order);'
@@ -812,6 +830,16 @@ def schemas_in_text(order: list[dict], form: str) -> str:
         return "# Tools\nYou may call these functions:\n" + "\n".join(json.dumps(t, indent=2) for t in order)
     if form == "one-line-array":
         return "Available tools (JSON): " + json.dumps(order)
+    if form == "mcpb":  # a desktop extension's manifest.json: its tools by name and description only (round 17)
+        return "Tools of the installed extension (manifest.json):\n" + json.dumps({
+            "manifest_version": "0.2", "name": "shop", "version": "1.0.0",
+            "tools": [{"name": t["function"]["name"], "description": t["function"]["description"]} for t in order]},
+            indent=2)
+    if form == "ultravox":  # Ultravox's selectedTools: temporary tools with dynamic parameters (round 17)
+        return '"selectedTools": ' + json.dumps([{"temporaryTool": {
+            "modelToolName": t["function"]["name"], "description": t["function"]["description"],
+            "dynamicParameters": [{"name": k, "location": "PARAMETER_LOCATION_BODY", "schema": v, "required": True}
+                                  for k, v in t["function"]["parameters"]["properties"].items()]}} for t in order], indent=2)
     if form == "openrpc":  # an OpenRPC document's methods, params as content descriptors (round 16)
         return "The gateway's JSON-RPC methods (openrpc.json):\n" + json.dumps({
             "openrpc": "1.3.2", "info": {"title": "shop", "version": "1.0.0"},
@@ -824,7 +852,8 @@ def schemas_in_text(order: list[dict], form: str) -> str:
                                                 "input_schema": t["function"]["parameters"]}) for t in order) + "\n</tools>"
 
 
-@pytest.mark.parametrize("form", ["indented", "one-line-array", "anthropic-lines", "python-repr", "openrpc"])
+@pytest.mark.parametrize("form", ["indented", "one-line-array", "anthropic-lines", "python-repr", "openrpc", "mcpb",
+                                  "ultravox"])
 def test_tool_schemas_serialised_into_the_system_text_in_another_order(fpr, form: str) -> None:
     """A client that writes its tool schemas as JSON into the system text (not `tools`) and
     reorders them: a tool-order break wherever the schemas sit."""

@@ -6,9 +6,9 @@ the tune side when `heldout2` was written, `heldout2` when `heldout3` was, `held
 was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was,
 `heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was,
 `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was,
-`heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was) is
-what the detector is developed against: its scores may rise, never fall below the floors. The held-out
-split `heldout16` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+`heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
+`heldout16` when `heldout17` was) is what the detector is developed against: its scores may rise, never
+fall below the floors. The held-out split `heldout17` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -73,19 +73,23 @@ FLOORS = {
     # (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
     # each the first time it changes; `12 von 18` read as `12`)
     "heldout15": (0.988, 0.980, 0.959),
+    # the sixteenth (measured 0.929 / 0.799 / 0.663), tune side since heldout17: 0.9810 / 0.9688 / 0.9124
+    # (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
+    # number, a pair `90 / 30`; distances without their bearing, `45 / 15` read as `45`)
+    "heldout16": (0.980, 0.968, 0.912),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1}
-# issue 29's goal on the held-out split (heldout16), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout17), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
-              "heldout15")
+              "heldout15", "heldout16")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -131,23 +135,21 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
+@pytest.mark.xfail(strict=True, reason="heldout17 is measured once, at the end of round 17 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout16 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.663 (FMS status with its text, systemd durations, distances "
-                                       "with their bearing, `0657 hrs`, Go's RubyDate without its year); strict, so it "
-                                       "turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout17 is measured once, at the end of round 17 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout16 (measured once, 2026-12-05): "
-                                       "macro-F1 0.799 (history_edit predicted 8 times with no support: systemd durations "
-                                       "in a context block; dynamic_head recall 0.82; Code Mode, MCPB and Ultravox tool "
-                                       "lists); strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout17 is measured once, at the end of round 17 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -178,7 +180,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout16`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout17`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

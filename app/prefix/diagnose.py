@@ -57,6 +57,7 @@ from app.prefix.dynamic import (
     VOLATILE_KINDS,
     DynamicDetector,
     Span,
+    duration_around,
     elapsed_value,
     get_detector,
     moved_too_far,
@@ -650,12 +651,17 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
     return dp != dc and sorted(dp) == sorted(dc)
 
 
+# a member of a TypeScript type whose type is a function (Cloudflare Code Mode's `declare const
+# codemode: { name: (input: {...}) => Promise<unknown>; }`): a tool declared by its name
+_FUNCTION_MEMBER = re.compile(r"^\s*(?:readonly\s+)?[A-Za-z_$][\w$]*\??\s*:\s*\(\s*(?:[A-Za-z_$][\w$]*\??\s*:|\))")
+
+
 def declares_name(line: str) -> bool:
     """Does a line name a tool as code or markup does (a tag holding the name, a name key, a
     declaration of a function or a type, `let name = "x"`, a call given the name first)?"""
     return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
                 or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
-                or _LONE_NAME.match(line) or _BANNER_NAME.match(line))
+                or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line))
 
 
 def _shape(line: str) -> str:
@@ -686,11 +692,14 @@ def schema_tools(text: str, start: int = 0, end: int | None = None,
         if stop > end:
             break
         items = _tool_list(obj)
+        listed = items is not None  # under a key that lists tools: a name and a description are one
+        items = items if items is not None else [obj]
         raw = text[m.start():stop]
         for item in items:
-            fn = next((item[k] for k in ("function", "toolSpec") if isinstance(item, dict) and isinstance(item.get(k), dict)),
-                      item)  # OpenAI's wrapper, Bedrock Converse's `toolSpec`
-            if isinstance(fn, dict) and isinstance(fn.get("name"), str) and _declares_parameters(fn):
+            fn = next((item[k] for k in _TOOL_WRAPPERS if isinstance(item, dict) and isinstance(item.get(k), dict)),
+                      item)  # OpenAI's wrapper, Bedrock Converse's `toolSpec`, Ultravox's `temporaryTool`
+            if isinstance(fn, dict) and isinstance(fn.get("name", fn.get("modelToolName")), str) and (
+                    _declares_parameters(fn) or listed and isinstance(fn.get("description"), str)):
                 written = raw if len(items) == 1 else json.dumps(item, ensure_ascii=False)
                 out.append((json.dumps(item, sort_keys=True, ensure_ascii=False), written, m.start(), stop))
         pos = stop
@@ -718,33 +727,37 @@ def _python_tools(text: str, start: int, end: int) -> list[tuple[str, str, int, 
             obj = ast.literal_eval(text[first:stop])
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             continue
-        for item in obj if isinstance(obj, list) else _tool_list(obj):
+        for item in obj if isinstance(obj, list) else (_tool_list(obj) or [obj]):
             if isinstance(item, dict) and isinstance(item.get("name"), str) and _declares_parameters(item):
                 out.append((json.dumps(item, sort_keys=True, ensure_ascii=False, default=str),
                             json.dumps(item, ensure_ascii=False, default=str), first, stop))
     return out
 
 
+_TOOL_WRAPPERS = ("function", "toolSpec", "temporaryTool")
+
+
 def _declares_parameters(fn: dict[str, Any]) -> bool:
     """Does a named object declare a tool's parameters: a schema under a key tools use
-    (`SCHEMA_KEYS`), or OpenRPC's `params`, content descriptors each with a name and a schema?"""
-    if SCHEMA_KEYS & fn.keys():
+    (`SCHEMA_KEYS`; Ultravox's `dynamicParameters`), or OpenRPC's `params`, content descriptors
+    each with a name and a schema?"""
+    if SCHEMA_KEYS & fn.keys() or isinstance(fn.get("dynamicParameters"), list):
         return True
     params = fn.get("params")
     return isinstance(params, list) and (bool(params) or "result" in fn) and all(
         isinstance(p, dict) and isinstance(p.get("name"), str) and "schema" in p for p in params)
 
 
-def _tool_list(obj: Any) -> list[Any]:
-    """The tools a decoded object lists: `{"tools": [...]}`, MCP's `tools/list` result
-    (`{"result": {"tools": [...]}}`), Gemini's `function_declarations`, an OpenRPC document's
-    `methods`; else the object itself."""
+def _tool_list(obj: Any) -> list[Any] | None:
+    """The tools a decoded object lists: `{"tools": [...]}` (an MCPB manifest's too), MCP's
+    `tools/list` result (`{"result": {"tools": [...]}}`), Gemini's `function_declarations`, an
+    OpenRPC document's `methods`; None when it lists none (it may be one tool itself)."""
     for holder in (obj, obj.get("result") if isinstance(obj, dict) else None):
         if isinstance(holder, dict):
             for key in ("tools", "function_declarations", "functionDeclarations", "methods"):
                 if isinstance(holder.get(key), list):
                     return holder[key]
-    return [obj]
+    return None
 
 
 def _schemas_reordered(prev: RequestSketch, cur: RequestSketch, pd: int, region: Region) -> bool:
@@ -830,7 +843,10 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
                 pend = elapsed_value(prev, pspan)[1]
             elif kind in KEYED_KINDS:  # the value, not the words of its key
                 start = max(start, cs)
-                if kind == "counter":  # the number, with its decimal or thousands groups (`48,213`)
+                dur, pdur = duration_around(cur, span.start, span.end, cd), duration_around(prev, pspan.start, pspan.end, pd)
+                if kind == "counter" and dur is not None and pdur is not None:  # a duration, whole (`5 min 09 s`)
+                    (start, end), pend = dur, pdur[1]
+                elif kind == "counter":  # the number, with its decimal or thousands groups (`48,213`)
                     start = number_start(cur, start, span.start)
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
             if lcp(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
@@ -892,7 +908,7 @@ def value_token(text: str, start: int, end: int, at: int) -> tuple[int, int]:
     return url_segment(text, start, end, at) if "://" in text[start:end] else (start, end)
 
 
-_GLUED_KEY = re.compile(r"[A-Za-z][\w.-]*[A-Za-z_-][:=](?=[^\s=:/])")  # not base64's padding, not `://`
+_GLUED_KEY = re.compile(r"(?:[A-Za-z][\w.-]*[A-Za-z_-][:=])+(?=[^\s=:/])")  # not base64's padding, not `://`
 
 
 def after_glued_key(text: str, start: int, at: int) -> int:

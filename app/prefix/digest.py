@@ -47,10 +47,10 @@ from app.prefix.dynamic import (
     LINE_SCAN_CHARS,
     DynamicDetector,
     Span,
+    counter_end,
     date_days,
     elapsed_value,
     get_detector,
-    number_end,
     rolled_from,
 )
 from app.prefix.sketch import RequestSketch
@@ -364,7 +364,8 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
                 continue
             s0 = _value_start(text, span) if kind in KEYED_KINDS else span.start
             # a counter is its number (`12` of `12 requests remaining`), as on the text path
-            e = number_end(text, max(_token(text, s0)[1], s0 + 1)) if kind == "counter" else sentence_end(text, s0, span.end)
+            e = counter_end(text, s0, max(_token(text, s0)[1], s0 + 1)) if kind == "counter" \
+                else sentence_end(text, s0, span.end)
             out.append(Span(s0, e, kind, text[s0:e]))
     if out or end - start > SHORT_LINE:
         return out

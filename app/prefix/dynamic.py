@@ -110,7 +110,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # Python's `repr` of a datetime (`datetime.datetime(2026, 6, 18, 7, 1, 46, 557270)`)
     ("timestamp", r"\bdatetime\.datetime\((?:19|20)\d{2}, \d{1,2}, \d{1,2}(?:, \d{1,6}){0,4}(?:, tzinfo=[^()]{1,60}(?:\([^()]{0,60}\))?)?\)"),
     ("timestamp", _named(rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}")),  # RFC 2822
-    ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}})?\s+{_YEAR}\b")),  # asctime, `date`
+    ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}}|\s+[+-]\d{{4}})?\s+{_YEAR}\b")),  # asctime, `date`, Go's RubyDate
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
     ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
     ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*(?:um\s+)?(?:{_TIME}|{_DOT_TIME}))?"),
@@ -125,6 +125,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # RFC 850's `Wednesday, 06-Nov-26 14:15:26 GMT`), so a day that moves on changes the span's own text
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS})\.?,?\s+(?:{_MON}/{_DAY}/{_YEAR}|{_DAY}\.{_MON}\.{_YEAR}|{_YEAR}-{_MON}-{_DAY}|"
                     rf"{_DAY}-{_MON_ABBR}-\d{{2}})\b(?:,?\s*{_TIME}(?:\s?GMT)?)?")),
+    # an ISO date with its weekday in brackets after it (`2026-09-05 (Sat)`)
+    ("date", _named(rf"(?i)\b{_YEAR}-{_MON}-{_DAY} \((?:{_WEEKDAYS})\.?\)")),
     # a weekday and a day and month without a year (`Fri 16/01`, `Dienstag, 9.1.`): a shift plan's or a rota's day
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS})\.?,?\s+{_DAY}[./]{_MON}(?![./]?\d)\.?")),
     ("date", rf"{_YEAR}\s?年\s?{_MON}\s?月\s?{_DAY}\s?日(?:\s*{_TIME})?"),
@@ -181,6 +183,12 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", _named(rf"\b(?:(?:{_WEEKDAYS_EN}),?\s+)?(?:{_MONTHS_EN})\s+(?:the\s+)?(?i:{_ORDINAL})\b")),  # capitalised: 25x cheaper
     # hours and zero-padded minutes (`due in 9h 06m`): a countdown or a time since, as a clock reads it
     ("elapsed", r"\b\d{1,3}h\s?[0-5]\d(?:m|min)\b"),
+    # a duration measured to a fraction of a second (systemd's `CPU: 23min 13.597s`), a countdown's
+    # minutes and seconds (`9 min 12 s`), a time since (`5h 7min ago`): a clock's reading, not a rule's
+    ("elapsed", r"\b(?:\d+(?:h|min)\s)+\d+\.\d{1,6}s\b|\b\d+\s?min\s[0-5]?\d\s?s\b|"
+                r"\b\d+(?:h|min|s)(?:\s\d+(?:h|min|s))*\s+ago\b"),
+    # a military or emergency services' clock (`0657 hrs`)
+    ("time", r"\b(?:[01]\d|2[0-3])[0-5]\d\s?hrs\b"),
     ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
     # a BEAM process's, port's or reference's inspect form (Elixir's `#PID<0.37766.0>`), whole
     ("instance", r"#(?:PID|Port)<\d+(?:\.\d+){2}>"),
@@ -433,7 +441,25 @@ def number_end(text: str, at: int) -> int:
     return at
 
 
-_DURATION_PARTS = re.compile(r"\d+\s?(?:h|min|m|s|ms)\b")
+_DURATION_PARTS = re.compile(r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms)\b")
+
+
+_MULTI_DURATION = re.compile(r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms)\b(?:\s\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms)\b)+")
+
+
+def duration_around(text: str, start: int, end: int, at: int) -> tuple[int, int] | None:
+    """The duration of two parts or more in `text[start:end]` that holds `at` (`5 min 09 s`, where
+    `09` changed), as (start, end); None when there is none."""
+    return next(((m.start(), m.end()) for m in _MULTI_DURATION.finditer(text, start, end) if m.start() <= at < m.end()),
+                None)
+
+
+def counter_end(text: str, start: int, at: int) -> int:
+    """Where a counter's value that starts at `start` ends: after a duration of two parts or more
+    (`Hilfsfrist verbleibend: 6 min 02 s`, whole), else after the number's digit groups from `at`
+    (`number_end`)."""
+    m = _MULTI_DURATION.match(text, start)
+    return m.end() if m is not None else number_end(text, at)
 
 
 def elapsed_value(text: str, span: Span) -> tuple[int, int]:

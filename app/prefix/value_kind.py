@@ -249,6 +249,7 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 # a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
 _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_][\w.,\-/ ()]{0,48}?\s*[:=]\s+")
 _TWO_WORDS = re.compile(r"[^\W\d_]{1,16}(?:[ -][^\W\d_]{1,16})?")
+_CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
 
 
@@ -262,12 +263,13 @@ def whole_value_start(line_prefix: str) -> int | None:
 def whole_value_change(old: str, new: str) -> str | None:
     """The kind of a `key: value` line's whole value that changed in more than one token, when it
     changed as a value the client writes per request does: a state of one or two words on both
-    sides (`Gasfackel: in Betrieb` -> `aus`: a `flag`), readings listed with decimals, as many on
+    sides (`Gasfackel: in Betrieb` -> `aus`: a `flag`) or a code with its text in brackets
+    (`FMS-Status: 8 (Ankunft am Transportziel)` -> `1 (Einsatzbereit über Funk)`), readings listed with decimals, as many on
     both sides (a load average, `TPS from last 1m, 5m, 15m: 19.97, 19.09, 18.9`: a `counter`), or
     an id drawn again in the same shape (`DE 09 524 46487` -> `DE 09 200 33728`: capitals and
     digits, the same length and separators, two parts or more changed: a `value`). A sentence rewritten is
     none of these, nor a setting's one number (`limit: 15` -> `30`)."""
-    if _TWO_WORDS.fullmatch(old) and _TWO_WORDS.fullmatch(new):
+    if _TWO_WORDS.fullmatch(old) and _TWO_WORDS.fullmatch(new) or _CODED.fullmatch(old) and _CODED.fullmatch(new):
         return "flag"
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
             and any(c in ".," for c in re.sub(r",\s+", " ", old + " " + new)):
