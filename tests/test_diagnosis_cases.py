@@ -439,6 +439,13 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
      "flag"),
     ("Now playing spotify:episode:{}", ["4rOoJ6Egrf8K2IrywzwOMk", "7ouMYWpwJ422jRcDASZB7P", "2takcwOaAZWiXQijPHIx7B"],
      "nonce"),
+    # round 18: readings listed whole though one changed, a German date with its clock after a
+    # dash, FIX's UTCTimestamp, an ISO 8601 ordinal date and time, a dotted clock with am or pm
+    ("GPS week and time of week: {}", ["2427, 109343.643", "2427, 110167.307", "2427, 110598.025"], "counter"),
+    ("Schichtbeginn: {}", ["07.08.2026 - 04:25:43", "07.08.2026 - 13:59:30", "08.08.2026 - 02:11:05"], "timestamp"),
+    ("FIX SendingTime: {}", ["20260712-02:30:17.703", "20260712-07:46:57.450", "20260713-08:13:54.321"], "timestamp"),
+    ("Pass start {}", ["2026-036T07:06:34.627Z", "2026-036T08:41:02.118Z", "2026-036T10:15:47.930Z"], "timestamp"),
+    ("Last delivery at {}", ["11.32am", "2.05pm", "4.47pm"], "time"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -480,6 +487,17 @@ def test_a_state_of_two_words_that_ends_the_system_message(fpr) -> None:
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == [None, "dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[], [states[2]], [states[3]]]
+
+
+def test_a_one_letter_key_glued_to_its_value_is_no_part_of_it(fpr) -> None:
+    """A printer's M105 reply (`T:214.8 /215.0`): the value starts after its one-letter key, as
+    after a longer glued key (round 18); its first change is the edit it looks like, the next one
+    a value (the repeat rule)."""
+    values = ["214.8", "214.3", "213.9", "214.6"]
+    bodies = [body(f"Hotend: ok T:{v} /215.0 B:60.1 /60.0\n{SYSTEM}", t) for v, t in zip(values, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["template_change", "dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[], ["213.9"], ["214.6"]]
 
 
 def test_a_number_edited_once_stays_an_edit(fpr) -> None:
@@ -721,6 +739,13 @@ BLOCK_TOOLS = {
     # round 17: Cloudflare Code Mode's TypeScript API, each tool a member whose type is a function
     "codemode-ts": [f'  /**\n   * {d}\n   */\n  {n}: (input: {{\n    order: string;\n  }}) => Promise<unknown>;'
                     for n, d in ORDER_TOOLS],
+    # round 18: Clojure maps with keyword keys (openai-clojure), PHP arrays (openai-php/client)
+    "clojure-maps": [f'   {{:type "function"\n    :function {{:name "{n}"\n               :description "{d}"\n'
+                     f'               :parameters {{:type "object" :properties {{:order {{:type "string"}}}}}}}}}}'
+                     for n, d in ORDER_TOOLS],
+    "php-arrays": [f"    [\n        'type' => 'function',\n        'function' => [\n            'name' => '{n}',\n"
+                   f"            'description' => '{d}',\n            'parameters' => ['type' => 'object'],\n"
+                   f"        ],\n    ]," for n, d in ORDER_TOOLS],
     "toml-tables": [f'[[tools]]\nname = "{n}"\ndescription = "{d}"\nargs = ["order"]'
                     for n, d in ORDER_TOOLS],
     "java-annotated": [f'    @Tool(description = "{d}")\n    String {n}(String order);'

@@ -7,8 +7,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was,
 `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was,
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
-`heldout16` when `heldout17` was) is what the detector is developed against: its scores may rise, never
-fall below the floors. The held-out split `heldout17` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+`heldout16` when `heldout17` was, `heldout17` when `heldout18` was) is what the detector is developed
+against: its scores may rise, never fall below the floors. The held-out split `heldout18` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -77,19 +77,23 @@ FLOORS = {
     # (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
     # number, a pair `90 / 30`; distances without their bearing, `45 / 15` read as `45`)
     "heldout16": (0.980, 0.968, 0.912),
+    # the seventeenth (measured 0.951 / 0.930 / 0.752), tune side since heldout18: 0.9748 / 0.9602 / 0.9330
+    # (counters and a storage bin read as edits the first time they change, an option symbol, a
+    # balance's `$`, an antenna's AZ/EL)
+    "heldout17": (0.974, 0.960, 0.932),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1}
-# issue 29's goal on the held-out split (heldout17), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout18), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
-              "heldout15", "heldout16")
+              "heldout15", "heldout16", "heldout17")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -97,6 +101,8 @@ BEFORE_THE_POOL = {
     "restliches": "c2bdc15, round 4 (`restlich\\w*` in `_LEFT`), before heldout5, heldout6 and heldout7 existed",
     "expires": "4614156, round 8 (`expires` in `_COUNTER_KEY`, a countdown's key; moved to value_kind.py by aca78d5), "
                "before heldout9 existed",
+    "restlaufzeit": "35c8102, round 5 (`rest(?:…|laufzeit)\\w*` in `_REMAINING`, part of `_LEFT`), before heldout6 existed",
+    "mbar": "e9d33c6, round 13 (`m?bar` in `_MEASURE_UNIT`), before heldout14 existed",
 }
 
 # the detector's word lists: every frozenset of words in app/prefix/dynamic.py and app/prefix/value_kind.py, and the regexes
@@ -135,23 +141,21 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
+@pytest.mark.xfail(strict=True, reason="heldout18 is measured once, at the end of round 18 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout17 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.752 (FIX SendingTime, `11.32am`, `T:214.3` with its key, GPS "
-                                       "week and time of week, `07.08.2026 - 04:25:43` as two values, a storage bin); "
-                                       "strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout18 is measured once, at the end of round 18 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout17 (measured once, 2026-12-05): "
-                                       "macro-F1 0.930 (counters and clocks read as edits the first time they change: "
-                                       "dynamic_head recall 0.87, template_change precision 0.46; Clojure and openai-php "
-                                       "tool lists); strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout18 is measured once, at the end of round 18 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -182,7 +186,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout17`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout18`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

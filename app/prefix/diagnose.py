@@ -127,8 +127,10 @@ NAMED_LINE = re.compile(
     rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
 # a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
 # `> Tool Name: x`, ADK's `Agent name: x`, `name: x`, a Lisp keyword's `:name "x"`: gptel's
-# `gptel-make-tool`), the first line of a block that describes the tool
-TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:(?:[a-z]+[ _]?)?name\s*[:=]\s*["'`]?{_NAME}["'`]?|:name\s+"{_NAME}")\s*,?\s*$""")
+# `gptel-make-tool`, a Clojure map's `:function {:name "x"`, a PHP array's `'name' => 'x',`), the
+# first line of a block that describes the tool
+TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:(?:[a-z]+[ _]?)?name\s*[:=]\s*["'`]?{_NAME}["'`]?|"""
+                            rf"""(?::[a-z]+\s*\{{\s*)?:name\s+"{_NAME}"|["']name["']\s*=>\s*["']{_NAME}["'])\s*,?\s*$""")
 # a name written as code (snake_case, dotted, camelCase): `- rom_report: ...` names a tool, `- Tone: ...` does not
 _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.][A-Za-z0-9]+)+|[a-z]+[A-Z]\w*)`?\s*[(:]")
 _ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
@@ -863,11 +865,14 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         return _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
+    whole = _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
+    if whole is not None and whole.span is not None and whole.span.kind == "counter":
+        return whole  # a list of readings, whole, though one of them changed (`2427, 109343.643` -> `2427, 110167.307`)
     kind = value_kind(before, prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
     if kind is None and earlier_turn:
         kind = turn_value(prev[ps:pe], cur[cs:ce], before, cur[ce:rest_end])
-    if kind is None and (whole := _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)) is not None:
-        return whole  # one token of a list of readings changed with the others (`19.77, 19.21` -> `19.97, 19.09`)
+    if kind is None and whole is not None:
+        return whole  # a key line's whole value that changed as values do (`whole_value_change`)
     key = None
     if kind is None:
         key = span_key("edit", before, 0, len(before))
@@ -908,7 +913,7 @@ def value_token(text: str, start: int, end: int, at: int) -> tuple[int, int]:
     return url_segment(text, start, end, at) if "://" in text[start:end] else (start, end)
 
 
-_GLUED_KEY = re.compile(r"(?:[A-Za-z][\w.-]*[A-Za-z_-][:=])+(?=[^\s=:/])")  # not base64's padding, not `://`
+_GLUED_KEY = re.compile(r"(?:[A-Za-z](?:[\w.-]*[A-Za-z_-])?[:=])+(?=[^\s=:/])")  # not base64's padding, not `://`
 
 
 def after_glued_key(text: str, start: int, at: int) -> int:

@@ -113,7 +113,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}}|\s+[+-]\d{{4}})?\s+{_YEAR}\b")),  # asctime, `date`, Go's RubyDate
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
     ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
-    ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:,?\s*(?:um\s+)?(?:{_TIME}|{_DOT_TIME}))?"),
+    ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:(?:,?\s*(?:um\s+)?|\s[-–]\s)(?:{_TIME}|{_DOT_TIME}))?"),
     ("date", rf"\b{_MON}/{_DAY}/(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
     ("date", rf"\b{_DAY}/{_MON}/(?:{_YEAR})\b(?:,?\s*{_TIME})?"),
     ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?")),
@@ -190,6 +190,11 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # a military or emergency services' clock (`0657 hrs`)
     ("time", r"\b(?:[01]\d|2[0-3])[0-5]\d\s?hrs\b"),
     ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name
+    # FIX's UTCTimestamp (`52=20260712-02:30:17.703`), an ISO 8601 ordinal date and time (CCSDS's
+    # `2026-036T07:06:34.627Z`), a clock in dotted hours and minutes with am or pm (`11.32am`)
+    ("timestamp", rf"\b{_YEAR}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])-(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{{1,9}})?\b"),
+    ("timestamp", rf"\b{_YEAR}-(?:[0-2]\d\d|3[0-5]\d|36[0-6])T(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d(?:\.\d{{1,9}})?)?Z?"),
+    ("time", r"(?<![\w.:/-])(?:0?[1-9]|1[0-2])\.[0-5]\d\s?(?:am|pm)\b"),
     # a BEAM process's, port's or reference's inspect form (Elixir's `#PID<0.37766.0>`), whole
     ("instance", r"#(?:PID|Port)<\d+(?:\.\d+){2}>"),
     ("token", r"#Reference<\d+(?:\.\d+){3}>"),
