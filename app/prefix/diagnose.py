@@ -896,11 +896,19 @@ def _whole_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line
     tail = cur[vend:line1]  # the same template text ends the line in both prompts
     if at is None or not prev.endswith(tail, 0, pline1):
         return None
-    start, ve, pve = line0 + at, len(cur[:vend].rstrip()), len(prev[:pline1 - len(tail)].rstrip())
+    start, ve, pve = line0 + at, _before_space(cur, line0, vend), _before_space(prev, pline0, pline1 - len(tail))
     if start >= ve or pline0 + at >= pve or lcp(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
         return None
     kind = whole_value_change(prev[pline0 + at:pve], cur[start:ve])
     return ValueChange(Span(start, ve, kind, cur[start:ve]), pve) if kind is not None else None
+
+
+def _before_space(text: str, floor: int, end: int) -> int:
+    """`end` moved back over the white space before it, not past `floor` (a line's start): the line's
+    text is read, never the prompt before it."""
+    while end > floor and text[end - 1].isspace():
+        end -= 1
+    return end
 
 
 def value_token(text: str, start: int, end: int, at: int) -> tuple[int, int]:

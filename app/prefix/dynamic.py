@@ -446,10 +446,11 @@ def number_end(text: str, at: int) -> int:
     return at
 
 
-_DURATION_PARTS = re.compile(r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms)\b")
+_DURATION_PART = r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms)\b"  # `6m`, `13.597s`, `9 min`
+_DURATION_PARTS = re.compile(_DURATION_PART)
 
 
-_MULTI_DURATION = re.compile(r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms)\b(?:\s\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms)\b)+")
+_MULTI_DURATION = re.compile(rf"{_DURATION_PART}(?:\s{_DURATION_PART})+")  # two parts or more: `6 min 02 s`
 
 
 def duration_around(text: str, start: int, end: int, at: int) -> tuple[int, int] | None:

@@ -251,6 +251,7 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_][\w.,\-/ ()]{0,48}?\s*[:=]\s
 _TWO_WORDS = re.compile(r"[^\W\d_]{1,16}(?:[ -][^\W\d_]{1,16})?")
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
+_DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` is no decimal)
 
 
 def whole_value_start(line_prefix: str) -> int | None:
@@ -272,7 +273,7 @@ def whole_value_change(old: str, new: str) -> str | None:
     if _TWO_WORDS.fullmatch(old) and _TWO_WORDS.fullmatch(new) or _CODED.fullmatch(old) and _CODED.fullmatch(new):
         return "flag"
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
-            and any(c in ".," for c in re.sub(r",\s+", " ", old + " " + new)):
+            and _DECIMALS.search(f"{old} {new}"):
         return "counter"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
             a != b and not (a.isalnum() and b.isalnum()) for a, b in zip(old, new, strict=True)):
