@@ -179,3 +179,15 @@ def test_hits_with_every_warm_call_a_step_faster_is_on_though_the_warm_calls_jit
     assert cache_verdict([3.2951, 1.1215, 0.2789], counters).verdict == "on"
     assert cache_verdict([3.0, 2.5, 0.3], counters).verdict == "unclear"  # one warm call barely faster
     assert cache_verdict([3.2951, 1.1215, 0.2789], None).verdict == "unclear"  # timing alone: not enough
+
+
+def test_hits_on_the_whole_prompt_with_most_warm_calls_a_step_faster_is_on() -> None:
+    """The SGLang tier's radix replica on two busy cores: 6997 of 7000 tokens cached on each warm
+    call and two of three warm calls 3.4x faster; the third waited for the machine."""
+    whole = CacheCounters(queries=28_000, hits=3 * 6997)  # 4 calls, the three warm ones all but hit
+    assert timing_shape([2.1075, 0.6141, 1.5, 0.6476])[0] == "noisy"
+    assert cache_verdict([2.1075, 0.6141, 1.5, 0.6476], whole).verdict == "on"
+    assert cache_verdict([2.1075, 1.5, 1.6, 0.6476], whole).verdict == "unclear"  # one of three: not most
+    small = CacheCounters(queries=28_000, hits=3 * 2000)  # hits on a shared head only
+    assert cache_verdict([2.1075, 0.6141, 1.5, 0.6476], small).verdict == "unclear"
+    assert cache_verdict([2.1075, 0.6141, 1.5, 0.6476], None).verdict == "unclear"  # timing alone
