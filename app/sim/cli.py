@@ -74,6 +74,11 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     base = options_from_args(args)
     clusters: list[SimCluster] = []
+    # before the replicas answer: a SIGTERM sent once they are up (a test, a pod's stop) must find
+    # the handler, not the default action (the process killed, exit status -15)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         for i in range(args.replicas):
             kv = _endpoint_for(args.kv_events, i) if args.kv_events else False
@@ -85,9 +90,6 @@ def run(args: argparse.Namespace) -> int:
                       if c.kv_event_endpoints else "")
             print(f"replica {i}: {c.urls[0]}/v1  ({args.flavor}, block {args.block_size}, "
                   f"{args.kv_blocks} blocks){events}", flush=True)
-        stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         stop.wait()
     finally:
         for c in clusters:
