@@ -163,6 +163,21 @@ def test_a_compaction_that_leaves_too_little_to_be_a_break_is_still_a_compaction
     assert causes(fpr, bodies) == [None, "compaction"]
 
 
+def test_a_codex_compaction_whose_summary_outweighs_the_short_turns_it_replaced(fpr) -> None:
+    """Codex's shape (the earlier user messages kept, then the summary) after short turns: the
+    summary is longer than the history it stands in for, yet the history lost more than half its
+    messages and nothing but the summary is new (round 19: no text condition when the messages halve)."""
+    history = [{"role": "user", "content": "Fix the flaky test."}]
+    for k in range(1, 6):
+        history += [{"role": "assistant", "content": f"Done step {k}."}, {"role": "user", "content": f"Next, part {k}."}]
+    summary = {"role": "user", "content": "USER_CONTEXT: the invoice tests flake under load. " + "Progress noted. " * 40}
+    compacted = [history[-3], history[-1], summary]
+    bodies = [Gen.body(CODER, history[:9], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, compacted, None, None)]
+    assert sum(len(m["content"]) for m in compacted) > sum(len(m["content"]) for m in history)
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
 def test_the_first_user_message_edited_in_place_is_a_history_edit(fpr) -> None:
     """Nothing dropped: only the first message differs (not by a value) and the rest follow in place."""
     msgs = agent_history(3)
@@ -446,6 +461,14 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("FIX SendingTime: {}", ["20260712-02:30:17.703", "20260712-07:46:57.450", "20260713-08:13:54.321"], "timestamp"),
     ("Pass start {}", ["2026-036T07:06:34.627Z", "2026-036T08:41:02.118Z", "2026-036T10:15:47.930Z"], "timestamp"),
     ("Last delivery at {}", ["11.32am", "2.05pm", "4.47pm"], "time"),
+    # round 19: a date with slashes before its clock, SAP's date and clock apart, a date with its
+    # clock after `@`
+    ("Trace window end {}", ["2026/04/14 01:57:46.3200", "2026/04/15 00:51:06.4500", "2026/04/15 07:12:19.0100"],
+     "timestamp"),
+    ("Rückmeldung (SAP PP, Datum und Uhrzeit) {}", ["20261111 122318", "20261111 184557", "20261112 061204"],
+     "timestamp"),
+    ("Bestellung erstellt am {}", ["27. Juli 2026 @ 18:37", "28. Juli 2026 @ 08:44", "28. Juli 2026 @ 09:02"],
+     "timestamp"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -487,6 +510,45 @@ def test_a_state_of_two_words_that_ends_the_system_message(fpr) -> None:
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == [None, "dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[], [states[2]], [states[3]]]
+
+
+@pytest.mark.parametrize("line,states", [
+    ("Result of the 2.45: {}", ["Weighed in", "Stewards' enquiry", "Weighed in"]),
+    ("Grundkurs (dienstags 19:30 Uhr): {}", ["ausgebucht", "Plätze frei", "ausgebucht"]),
+])
+def test_a_key_lines_state_of_two_words_on_its_first_change(fpr, line: str, states: list[str]) -> None:
+    """A key line's whole value, two words on one side (with a possessive's apostrophe; after a
+    key holding a clock's colon), changed on the first request: a state (round 19)."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(states, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[states[1]], [states[2]]]
+
+
+@pytest.mark.parametrize("line,values", [
+    ("Racegoers through the turnstiles: {}", ["6,814", "7,387", "7,902"]),
+    ("Tote Placepot pool: £{}", ["55,486", "59,112", "62,642"]),
+    ("Latest event magnitude: ML {}", ["0.2", "2.4", "2.5"]),
+])
+def test_a_number_with_groups_or_decimals_ending_a_key_line_is_a_reading_at_once(fpr, line: str,
+                                                                                 values: list[str]) -> None:
+    """A key line's whole value, one number written with digit groups or decimals (after a currency
+    or a scale's capitals): a reading or a running total on its first change (round 19)."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+@pytest.mark.parametrize("line,old,new", [
+    ("Max results per page: {}", "15", "30"),  # a setting: round, ungrouped
+    ("Version: {}", "3.2", "4.3"),  # a release
+    ("Engine: {}", "4.3.2", "5.4.3"),  # a release's three parts
+    ("Max stake: £{} per bet", "2,500", "5,000"),  # the number does not end the line
+])
+def test_a_settings_number_ending_a_key_line_stays_an_edit(fpr, line: str, old: str, new: str) -> None:
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip([old, new], conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["template_change"]
 
 
 def test_a_one_letter_key_glued_to_its_value_is_no_part_of_it(fpr) -> None:

@@ -7,8 +7,9 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was,
 `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was,
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
-`heldout16` when `heldout17` was, `heldout17` when `heldout18` was) is what the detector is developed
-against: its scores may rise, never fall below the floors. The held-out split `heldout18` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+`heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was) is
+what the detector is developed against: its scores may rise, never fall below the floors. The held-out
+split `heldout19` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -48,10 +49,8 @@ FLOORS = {
     "heldout6": (1.0, 1.0, 0.987),
     "heldout7": (1.0, 1.0, 1.0),  # the seventh (measured 0.897 / 0.776 / 0.573), tune side since heldout8
     "heldout8": (1.0, 1.0, 1.0),  # the eighth (measured 0.880 / 0.715 / 0.544), tune side since heldout9
-    # the ninth (measured 0.901 / 0.785 / 0.710), tune side since heldout10: 0.9969 / 0.9940 / 0.9948 since
-    # round 13 (a DataFrame's row count and a speech recognizer's confidence read as edits the first
-    # time they change)
-    "heldout9": (0.996, 0.993, 0.994),
+    # the ninth (measured 0.901 / 0.785 / 0.710), tune side since heldout10: 1.0 since round 19
+    "heldout9": (1.0, 1.0, 1.0),
     "heldout10": (1.0, 1.0, 1.0),  # the tenth (measured 0.886 / 0.770 / 0.557), tune side since heldout11
     # the eleventh (measured 0.922 / 0.798 / 0.699), tune side since heldout12: 0.998 / 0.9968 / 0.997
     # (the look-alike alarm below)
@@ -69,31 +68,36 @@ FLOORS = {
     # runway in use, an ATIS letter, Erlang pids and references the first time they change; spans
     # of a GS1 SSCC's `(00)`, OPC UA's `ns=1;g=`, a Kafka `topic-3@offset`)
     "heldout14": (0.976, 0.962, 0.831),
-    # the fifteenth (measured 0.948 / 0.926 / 0.703), tune side since heldout16: 0.9886 / 0.9804 / 0.9598
-    # (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
+    # the fifteenth (measured 0.948 / 0.926 / 0.703), tune side since heldout16: 0.9903 / 0.9829 / 0.9626
+    # since round 19 (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
     # each the first time it changes; `12 von 18` read as `12`)
-    "heldout15": (0.988, 0.980, 0.959),
-    # the sixteenth (measured 0.929 / 0.799 / 0.663), tune side since heldout17: 0.9810 / 0.9688 / 0.9124
-    # (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
+    "heldout15": (0.990, 0.982, 0.962),
+    # the sixteenth (measured 0.929 / 0.799 / 0.663), tune side since heldout17: 0.9841 / 0.9733 / 0.9179
+    # since round 19 (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
     # number, a pair `90 / 30`; distances without their bearing, `45 / 15` read as `45`)
-    "heldout16": (0.980, 0.968, 0.912),
-    # the seventeenth (measured 0.951 / 0.930 / 0.752), tune side since heldout18: 0.9748 / 0.9602 / 0.9330
-    # (counters and a storage bin read as edits the first time they change, an option symbol, a
+    "heldout16": (0.984, 0.973, 0.917),
+    # the seventeenth (measured 0.951 / 0.930 / 0.752), tune side since heldout18: 0.9796 / 0.9665 / 0.9362
+    # since round 19 (counters and a storage bin read as edits the first time they change, an option symbol, a
     # balance's `$`, an antenna's AZ/EL)
-    "heldout17": (0.974, 0.960, 0.932),
+    "heldout17": (0.979, 0.966, 0.936),
+    # the eighteenth (measured 0.928 / 0.746 / 0.708), tune side since heldout19: 0.9857 / 0.9737 / 0.9143
+    # (a time in a railway's form, readings below two significant digits, an event id, a week and its
+    # day, odds each read as an edit the first time they change; sums whose labels keep the currency
+    # sign, which the earlier pools' labels leave out; a tool list with a nameless entry; the look-alike alarm below)
+    "heldout18": (0.985, 0.973, 0.914),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
-# Vite asset's hash edited)
-LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1}
-# issue 29's goal on the held-out split (heldout18), measured once after the detector work on the tune
+# Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`)
+LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1}
+# issue 29's goal on the held-out split (heldout19), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
-              "heldout15", "heldout16", "heldout17")
+              "heldout15", "heldout16", "heldout17", "heldout18")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -141,26 +145,21 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout18 (measured once, 2026-12-05) raises 1 look-alike alarm: an age group "
-                                       "edited once (`Under-16s`), read as a value; strict, so it turns red when the "
-                                       "split raises none and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout19 is measured once, at the end of round 19 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout18 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.708 (flags and counters read as edits the first time, "
-                                       "timestamps in a context block); strict, so it turns red when the goal is reached "
-                                       "and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout19 is measured once, at the end of round 19 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout18 (measured once, 2026-12-05): "
-                                       "macro-F1 0.746 (history_edit predicted 8 times with no support: timestamps in a "
-                                       "context block; compaction recall 0.38: OpenHands' and Cline's summaries; dynamic_head recall "
-                                       "0.81); strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout19 is measured once, at the end of round 19 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -191,7 +190,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout18`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout19`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -32,7 +32,8 @@ re-alignment are secondary findings):
   turn inserted or removed before the last one).
 - `question_first`: the last user turn starts with variable text and static text follows it.
 - `compaction`: the agent compacted its context: the system prompt and tools are kept, at most half
-  of the history's text is left (or half of its messages, in less text), and a message the
+  of the history's text is left (or half of its messages, in less text unless the earlier user
+  messages are kept before the summary: it may outweigh short turns), and a message the
   previous history did not have stands in for the dropped turns (a summary: before the newest turn, or as the newest message after the kept
   user messages, Codex's shape). Paid once: the session continues from the new prefix. Not a
   problem: counted apart from breaks, as `new_session` is. A history trimmed a little on every
@@ -533,40 +534,52 @@ def _history(sk: RequestSketch) -> list[tuple[str, str, int]]:
 def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     """Did the agent compact its context between `prev` and `cur` (module docstring)? The system
     prompt and tools unchanged, the previous history at least COMPACTED_MIN_MESSAGES long, the
-    current one at most COMPACTED_SHARE of its text, and a new message standing in for the rest
+    current one shrunk (`history_shrunk`), and a new message standing in for the rest
     (`summary_stands_in`)."""
     if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
         return False
     # lengths first, keys (a hash of each message's ends) only for a pair that can be one
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
-    if not history_shrunk(len(pn), sum(pn), len(cn), sum(cn)):
+    sizes = (len(pn), sum(pn), len(cn), sum(cn))
+    if not history_shrunk(*sizes, users_kept=True):
         return False
     ph = [(role == "user", k) for role, k, _ in _history(prev)]
-    return summary_stands_in(ph, {k for _, k in ph}, [(role == "user", k) for role, k, _ in _history(cur)])
+    shape = summary_stands_in(ph, {k for _, k in ph}, [(role == "user", k) for role, k, _ in _history(cur)])
+    return shape == USERS_KEPT or shape == SUMMARY_FIRST and history_shrunk(*sizes)
 
 
-def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_chars: int) -> bool:
+def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_chars: int,
+                   users_kept: bool = False) -> bool:
     """A history long enough to compact, and the current one at most COMPACTED_SHARE of its text, or
-    at most half of its messages in less text (a summary may be long next to short turns)."""
+    at most half of its messages in less text (a summary may be long next to short turns). With
+    the earlier user messages kept before the summary (`users_kept`, Codex's shape, which no new
+    conversation has), half of the messages is enough: the summary may outweigh short turns."""
     return prev_messages >= COMPACTED_MIN_MESSAGES and cur_messages > 0 and (
-        cur_chars <= COMPACTED_SHARE * prev_chars or (cur_messages * 2 <= prev_messages and cur_chars < prev_chars))
+        cur_chars <= COMPACTED_SHARE * prev_chars
+        or cur_messages * 2 <= prev_messages and (users_kept or cur_chars < prev_chars))
 
 
-def summary_stands_in(prev: list[tuple[bool, str]], seen: set[str], cur: list[tuple[bool, str]]) -> bool:
-    """Does a new message stand in for the dropped turns? `prev` and `cur` are (a user message?,
-    key) of the history messages in order (`prev` may be only its last ones: what is kept is at
-    its end), `seen` every key of the previous history that is known. A new message before the
-    newest user turn, a user message, with no new reply beside it (Claude Code: the summary opens
-    the history), or as the newest message when what is kept is only the latest of the earlier
-    user messages (Codex: the user messages, then the summary)."""
+SUMMARY_FIRST = "summary first"  # Claude Code: the summary opens the history
+USERS_KEPT = "users kept"  # Codex: the latest earlier user messages, then the summary
+
+
+def summary_stands_in(prev: list[tuple[bool, str]], seen: set[str], cur: list[tuple[bool, str]]) -> str | None:
+    """In which shape a new message stands in for the dropped turns, if one does. `prev` and `cur`
+    are (a user message?, key) of the history messages in order (`prev` may be only its last ones:
+    what is kept is at its end), `seen` every key of the previous history that is known. A new
+    message before the newest user turn, a user message, with no new reply beside it
+    (`SUMMARY_FIRST`), or as the newest message when what is kept is only the latest of the earlier
+    user messages (`USERS_KEPT`)."""
     newest = max((i for i, (user, _) in enumerate(cur) if user), default=len(cur) - 1)
     added = [user for user, k in cur[:newest] if k not in seen]
     if added:  # only user messages are new (a conversation never seen before brings replies too)
-        return all(added)
+        return SUMMARY_FIRST if all(added) else None
     kept = [k for _, k in cur[:newest]]
     earlier_users = [k for user, k in prev if user]
-    return cur[newest][1] not in seen and bool(kept) and kept == earlier_users[len(earlier_users) - len(kept):]
+    if cur[newest][1] not in seen and kept and kept == earlier_users[len(earlier_users) - len(kept):]:
+        return USERS_KEPT
+    return None
 
 
 # ---------------------------------------------------------------------- the tests

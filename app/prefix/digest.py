@@ -23,6 +23,8 @@ import xxhash
 
 from app.prefix.diagnose import (
     KEYED_KINDS,
+    SUMMARY_FIRST,
+    USERS_KEPT,
     Diagnosis,
     Finding,
     TenantPast,
@@ -525,13 +527,16 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
     size, and the keys it holds (the first MAX_TURNS and the last LAST_TURNS), for the kept user
     messages at its end."""
     history = cur.history_regions()
-    if len(prev.history) != 2 or not history_shrunk(prev.history[0], prev.history[1], len(history),
-                                                    sum(r.end - r.start for r in history)):
+    if len(prev.history) != 2:
+        return False
+    sizes = (prev.history[0], prev.history[1], len(history), sum(r.end - r.start for r in history))
+    if not history_shrunk(*sizes, users_kept=True):
         return False
     first = list(zip((u == "u" for u in prev.users), prev.turns, strict=False))
     ph = first + list(zip((u == "u" for u in prev.last_users), prev.last_turns, strict=False))
     ch = [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
-    return summary_stands_in(ph, {k for _, k in ph}, ch)
+    shape = summary_stands_in(ph, {k for _, k in ph}, ch)
+    return shape == USERS_KEPT or shape == SUMMARY_FIRST and history_shrunk(*sizes)
 
 
 def _head_schemas(cur: RequestSketch) -> tuple[int, int, int]:

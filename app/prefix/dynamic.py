@@ -100,10 +100,12 @@ def _named(pattern: str) -> str:
 
 
 BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("timestamp", rf"\b{_YEAR}-{_MON}-{_DAY}[T ]{_TIME}{_TZ}"),
+    # ISO 8601, and the same date with slashes or dots before its clock (`2026/04/14 01:57:46.3200`)
+    ("timestamp", rf"\b{_YEAR}(?:-{_MON}-{_DAY}[T ]|/{_MON}/{_DAY} |\.{_MON}\.{_DAY} ){_TIME}{_TZ}"),
     ("timestamp", _BASIC_TS),
-    # the same without its `T`, seconds included (HL7's DTM `20260809055851+0100`, `yyyyMMddHHmmss`)
-    ("timestamp", r"\b(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])(?:[01]\d|2[0-3])[0-5]\d[0-5]\d"
+    # the same without its `T`, seconds included (HL7's DTM `20260809055851+0100`, `yyyyMMddHHmmss`),
+    # or a space between date and clock (SAP's `20261111 184557`)
+    ("timestamp", r"\b(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01]) ?(?:[01]\d|2[0-3])[0-5]\d[0-5]\d"
                   r"(?:\.\d{1,6})?(?:[+-](?:[01]\d|2[0-3])[0-5]\d)?(?![\w-])"),
     # Rust's `Debug` of a SystemTime (`SystemTime { tv_sec: 1765409321, tv_nsec: 215993673 }`)
     ("timestamp", r"\bSystemTime \{ tv_sec: \d{9,11}, tv_nsec: \d{1,9} \}"),
@@ -116,8 +118,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:(?:,?\s*(?:um\s+)?|\s[-–]\s)(?:{_TIME}|{_DOT_TIME}))?"),
     ("date", rf"\b{_MON}/{_DAY}/(?:{_YEAR}|\d{{2}})\b(?:,?\s*{_TIME})?"),
     ("date", rf"\b{_DAY}/{_MON}/(?:{_YEAR})\b(?:,?\s*{_TIME})?"),
-    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+)?{_TIME})?")),
-    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+|at\s+)?{_TIME})?")),
+    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}),?\s+)?(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?,?\s+{_YEAR}\b(?:,?\s*(?:at\s+|@\s+)?{_TIME})?")),
+    ("date", _named(rf"(?i)\b(?:(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+)?(?:the\s+)?{_DAY}(?:st|nd|rd|th|er|º|\.)?\s+(?:de\s+)?(?:{_MONTHS})\.?,?\s+(?:de\s+)?{_YEAR}\b(?:,?\s*(?:um\s+|à\s+|a las\s+|at\s+|@\s+)?{_TIME})?")),
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}),?\s+(?:{_MONTHS})\.?\s+{_DAY}(?:st|nd|rd|th)?\b")),
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS}|(?-i:Mo|Di|Mi|Do|Fr|Sa|So)\.),?\s+(?:der\s+|le\s+|el\s+|the\s+)?{_DAY}"
                     rf"(?:st|nd|rd|th|\.)?\s+(?:de\s+|of\s+)?(?:{_MONTHS})\b")),  # `Sunday the 17th of May` too
@@ -528,7 +530,7 @@ def date_days(text: str) -> set[int]:
 
 # a clock after a date: `10:15`, `10h15`, or Oracle's dotted one before its AM/PM (`10.50.40.644712 PM`);
 # `13.10` of `Di., 13.10.2026` is the date's
-_CLOCK_AFTER_DATE = re.compile(r"[\s,]+(?:um\s+|at\s+|à\s+|a las\s+)?(?:[01]?\d|2[0-3])"
+_CLOCK_AFTER_DATE = re.compile(r"[\s,]+(?:um\s+|at\s+|@\s+|à\s+|a las\s+)?(?:[01]?\d|2[0-3])"
                                r"(?:[:h][0-5]\d|\.[0-5]\d\.[0-5]\d(?:\.\d{1,9})?\s?[AP]M)")
 CLOCK_DRIFT_DAYS = 366  # two requests of a tenant a year apart or more: a stamp that moved further was edited
 

@@ -145,6 +145,8 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if _counted(line_prefix, key, old, new, line_rest) or _measured(key or _TAG_OPEN.search(line_prefix), old, new,
                                                                      line_rest, line_prefix):
         return "counter"
+    if _line_reading(line_prefix, old, new, line_rest):
+        return "counter"
     if _rising_sequence(old, new):
         return "id"
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
@@ -247,8 +249,9 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 
 
 # a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
-_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_][\w.,\-/ ()]{0,48}?\s*[:=]\s+")
-_TWO_WORDS = re.compile(r"[^\W\d_]{1,16}(?:[ -][^\W\d_]{1,16})?")
+# (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `)
+_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-/ ()]|:(?=\d)){0,48}?\s*[:=]\s+")
+_TWO_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -][^\W\d_]{1,16}'?)?")  # `Stewards' enquiry` too
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
 _DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` is no decimal)
@@ -325,6 +328,26 @@ def _rising_sequence(old: str, new: str) -> bool:
             return 0 < v - u <= 50  # zero-padded: a formatted counter (`0000028`)
         return len(x) >= 6 and 0 < v - u <= u // 100
     return False
+
+
+# a `key: value` line up to its value, when the value is one number, after its currency or the
+# capitals of its scale (`Tote Placepot pool: £`, `Latest event magnitude: ML `); what may end the line after it
+_KEYED_NUMBER = re.compile(_LINE_KEY.pattern + r"(?:[$€£]|[A-Z]{1,3} )?$")
+_LINE_END = re.compile(r"\s*(?:</[\w.:-]+>\s*)?")
+# decimals or thousands groups (`2.4`, `59,112`, `6.814`, `1,234.5`), not a release's `4.3.2`
+_GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:\.\d{3})+(?:,\d+)?|\d+[.,]\d+")
+_EDITION_KEY = re.compile(r"(?i)\b(?:version|release|revision|fassung|edition|build)\b")
+
+
+def _line_reading(line_prefix: str, old: str, new: str, line_rest: str | None) -> bool:
+    """A number that is a key line's whole value, written with decimals or digit groups on both
+    sides and two significant digits or more (`Racegoers through the turnstiles: 6,814` -> `7,387`,
+    `ML 0.2` -> `2.4`): a reading or a running total. A setting is written round and ungrouped
+    (`limit: 15` -> `30`); a release's number is an edit (`Version: 3.2`)."""
+    if line_rest is None or not _LINE_END.fullmatch(line_rest) or not _KEYED_NUMBER.match(line_prefix):
+        return False
+    return bool(_GROUPED.fullmatch(old) and _GROUPED.fullmatch(new)) and \
+        max(_significant(old), _significant(new)) > 1 and not _EDITION_KEY.search(line_prefix)
 
 
 def _significant(number: str) -> int:
