@@ -145,21 +145,23 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout19 is measured once, at the end of round 19 (not yet): no claim "
-                                       "on it until then")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout19 is measured once, at the end of round 19 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout19 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.707 (labels that take in a reading's unit and trend words, "
+                                       "states and counters read as edits the first time); strict, so it turns red when "
+                                       "the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="heldout19 is measured once, at the end of round 19 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout19 (measured once, 2026-12-05): "
+                                       "macro-F1 0.921 (states and counters read as edits the first time they change: "
+                                       "dynamic_head recall 0.86, template_change precision 0.46; llm-functions and A2A "
+                                       "tool lists); strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
