@@ -469,6 +469,20 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
      "timestamp"),
     ("Bestellung erstellt am {}", ["27. Juli 2026 @ 18:37", "28. Juli 2026 @ 08:44", "28. Juli 2026 @ 09:02"],
      "timestamp"),
+    # round 20: a long number drawn again after a key and a scale's capitals, a unit with a power
+    # over another, a METAR wind group, Intl's full date with its `GMT+1`, git's date with its
+    # offset after the year, `uptime`'s line
+    ("Vessel in focus: MMSI {}", ["257978390", "235398212", "636350528"], "id"),
+    ("Abfluss am Pegel Talmering: {} m³/s", ["652,0", "649,7", "640,7"], "counter"),
+    ("Wind at the breakwater {}", ["30015KT", "32011KT", "VRB03KT"], "counter"),
+    ("Generated {}", ["Monday, September 7, 2026 at 10:18:42\u202fAM GMT+1",
+                      "Monday, September 7, 2026 at 10:28:17\u202fAM GMT+1",
+                      "Monday, September 7, 2026 at 10:30:19\u202fAM GMT+1"], "timestamp"),
+    ("Last commit: {}", ["Tue Jun 2 21:06:47 2026 +0100", "Tue Jun 2 21:21:45 2026 +0100",
+                         "Tue Jun 2 21:55:23 2026 +0100"], "timestamp"),
+    ("Build runner: {}", ["15:29:15 up 20 days,  8:34,  1 user,  load average: 1.03, 1.04, 0.90",
+                          "15:37:56 up 20 days,  8:43,  1 user,  load average: 2.08, 1.90, 1.42",
+                          "15:42:02 up 20 days,  8:47,  2 users,  load average: 2.58, 2.28, 1.70"], "reading"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -515,10 +529,14 @@ def test_a_state_of_two_words_that_ends_the_system_message(fpr) -> None:
 @pytest.mark.parametrize("line,states", [
     ("Result of the 2.45: {}", ["Weighed in", "Stewards' enquiry", "Weighed in"]),
     ("Grundkurs (dienstags 19:30 Uhr): {}", ["ausgebucht", "Plätze frei", "ausgebucht"]),
+    # round 20: up to four words, a small number among them
+    ("Pilot boat Sea Lark: {}", ["returning to base", "on station", "returning to base"]),
+    ("Lage am Pegel Talmering: {}", ["Meldestufe 1", "unter Meldestufe 1", "Meldestufe 2"]),
 ])
-def test_a_key_lines_state_of_two_words_on_its_first_change(fpr, line: str, states: list[str]) -> None:
+def test_a_key_lines_state_of_a_few_words_on_its_first_change(fpr, line: str, states: list[str]) -> None:
     """A key line's whole value, two words on one side (with a possessive's apostrophe; after a
-    key holding a clock's colon), changed on the first request: a state (round 19)."""
+    key holding a clock's colon; round 19) or up to four (round 20), changed on the first request:
+    a state."""
     bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(states, conversation(3), strict=True)]
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
@@ -548,6 +566,22 @@ def test_a_number_with_groups_or_decimals_ending_a_key_line_is_a_reading_at_once
 ])
 def test_a_settings_number_ending_a_key_line_stays_an_edit(fpr, line: str, old: str, new: str) -> None:
     bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip([old, new], conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["template_change"]
+
+
+def test_one_word_changed_inside_a_keys_phrase_is_that_word_not_the_phrase(fpr) -> None:
+    """`ATIS: information Foxtrot is current` -> `Golf`: the phrase stays, a word of it changed; a
+    state of several words is read whole only where the phrases differ at their first or last word
+    (round 20). The word's first change is the edit it looks like, the next one a value."""
+    letters = ["Echo", "Foxtrot", "Golf", "Hotel"]
+    bodies = [body(f"ATIS: information {v} is current\n{SYSTEM}", t) for v, t in zip(letters, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["spans"] for r in got] == [[], ["Golf"], ["Hotel"]], got
+
+
+def test_a_long_number_edited_once_after_a_key_stays_an_edit(fpr) -> None:
+    """A setting's long number (`100000` -> `200000`: most digits kept) is no id drawn again."""
+    bodies = [body(f"Max tokens per day: {v}\n{SYSTEM}", t) for v, t in zip(["100000", "200000"], conversation(2), strict=True)]
     assert causes(fpr, bodies) == ["template_change"]
 
 

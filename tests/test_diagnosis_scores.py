@@ -7,9 +7,9 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was,
 `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was,
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
-`heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was) is
-what the detector is developed against: its scores may rise, never fall below the floors. The held-out
-split `heldout19` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+`heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
+when `heldout20` was) is what the detector is developed against: its scores may rise, never fall below
+the floors. The held-out split `heldout20` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -85,19 +85,24 @@ FLOORS = {
     # day, odds each read as an edit the first time they change; sums whose labels keep the currency
     # sign, which the earlier pools' labels leave out; a tool list with a nameless entry; the look-alike alarm below)
     "heldout18": (0.985, 0.973, 0.914),
+    # the nineteenth (measured 0.950 / 0.921 / 0.707), tune side since heldout20: 0.9789 / 0.9547 / 0.8421
+    # (a count of vehicles waiting, AIS targets, a ship's MMSI with most digits kept, a pressure pair
+    # read as edits the first time they change; llm-functions' and A2A's tool lists; a goose summary
+    # longer than the turns it replaced; labels that take in a reading's unit and trend words)
+    "heldout19": (0.978, 0.954, 0.842),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1}
-# issue 29's goal on the held-out split (heldout19), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout20), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
-              "heldout15", "heldout16", "heldout17", "heldout18")
+              "heldout15", "heldout16", "heldout17", "heldout18", "heldout19")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -145,23 +150,21 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
+@pytest.mark.xfail(strict=True, reason="heldout20 is measured once, at the end of round 20 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout19 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.707 (labels that take in a reading's unit and trend words, "
-                                       "states and counters read as edits the first time); strict, so it turns red when "
-                                       "the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout20 is measured once, at the end of round 20 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout19 (measured once, 2026-12-05): "
-                                       "macro-F1 0.921 (states and counters read as edits the first time they change: "
-                                       "dynamic_head recall 0.86, template_change precision 0.46; llm-functions and A2A "
-                                       "tool lists); strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout20 is measured once, at the end of round 20 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -192,7 +195,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout19`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout20`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -59,8 +59,8 @@ _CLOCK = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?"
 _TIME = rf"{_CLOCK}(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
 # a clock alone: its `Uhr` is the sentence's word (`Es ist 14:53 Uhr.`), not the formatted value's
 _BARE_TIME = rf"{_CLOCK}(?:\s?[AaPp]\.?[Mm]\.?)?"
-# a zone: Go's `+0000 UTC` and JavaScript's `GMT+0000 (Coordinated Universal Time)` too
-_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4})?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T(?:[+-](?:[01]\d|2[0-3])[0-5]\d)?|MES?Z)"
+# a zone: Go's `+0000 UTC`, JavaScript's `GMT+0000 (Coordinated Universal Time)` and Intl's `GMT+1` too
+_TZ = (r"(?:\s?(?:Z|UTC|GMT(?:[+-]\d{4}|[+-](?:1[0-4]|0?\d)(?::[0-5]\d)?(?!\d))?|[+-](?:[01]\d|2[0-3]):?[0-5]\d|[A-Z]{2,4}T(?:[+-](?:[01]\d|2[0-3])[0-5]\d)?|MES?Z)"
        r"(?: (?:UTC|GMT|[A-Z]{2,4}T))?(?: m=[+-]\d+\.\d{1,9})?"  # Go's `+0100 BST m=+15820.459842479`
        r"(?: \([A-Z][A-Za-z ]{2,40}\))?(?:\[[A-Za-z_]+(?:/[A-Za-z_]+){1,2}\])?"  # Java's `[Europe/Berlin]`
        # or an offset in hours alone, glued to the time (ISO 8601 allows it; PostgreSQL writes `+02`)
@@ -112,7 +112,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # Python's `repr` of a datetime (`datetime.datetime(2026, 6, 18, 7, 1, 46, 557270)`)
     ("timestamp", r"\bdatetime\.datetime\((?:19|20)\d{2}, \d{1,2}, \d{1,2}(?:, \d{1,6}){0,4}(?:, tzinfo=[^()]{1,60}(?:\([^()]{0,60}\))?)?\)"),
     ("timestamp", _named(rf"\b(?:{_WEEKDAYS}),?\s+{_DAY}\s+(?:{_MONTHS})\.?\s+{_YEAR}\s+{_TIME}{_TZ}")),  # RFC 2822
-    ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}}|\s+[+-]\d{{4}})?\s+{_YEAR}\b")),  # asctime, `date`, Go's RubyDate
+    ("timestamp", _named(rf"(?i)\b(?:{_WEEKDAYS})\s+(?:{_MONTHS})\s+{_DAY}\s+{_TIME}(?:\s+[A-Z]{{2,5}}|\s+[+-]\d{{4}})?\s+{_YEAR}\b(?:\s[+-]\d{{4}}\b)?")),  # asctime, `date`, Go's RubyDate, git's default (its offset after the year)
     ("date", rf"\b{_YEAR}-{_MON}-{_DAY}\b"),
     ("date", rf"\b{_YEAR}/{_MON}/{_DAY}\b"),
     ("date", rf"(?:\b(?:Mo|Di|Mi|Do|Fr|Sa|So)\.,?\s*)?\b{_DAY}\.{_MON}\.(?:{_YEAR}|\d{{2}})\b(?:(?:,?\s*(?:um\s+)?|\s[-–]\s)(?:{_TIME}|{_DOT_TIME}))?"),
@@ -148,6 +148,11 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("etag", r'\bW/"[\x21\x23-\x7e]{6,}"'),
     # a time ago (`refreshed 23 minutes ago`, `vor 12 Minuten`): it grows as the clock runs
     ("counter", r"(?i)\b\d+\s?(?:seconds?|minutes?|hours?|days?)\s+ago\b"),
+    # `uptime`'s line (procps): the clock, the time since boot, the users and the load averages, one reading
+    ("reading", r"\b(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d up (?:\d+ days?, +)?(?:\d{1,2}:[0-5]\d|\d+ min), +\d+ users?, +"
+                r"load average: \d+\.\d\d, \d+\.\d\d, \d+\.\d\d"),
+    # a METAR's or TAF's wind group (ICAO Annex 3: direction, speed, gusts, unit): `24018G27KT`, `VRB03MPS`
+    ("counter", r"\b(?:[0-3]\d0|VRB)\d{2,3}(?:G\d{2,3})?(?:KT|MPS|KMH)\b"),
     ("counter", r"(?i)\bvor\s+\d+\s?(?:minuten|stunden|tagen)\b"),
     ("epoch", r"(?i)(?:time|ts|timestamp|epoch|now|at)\s*[:=]?\s*1[6-9]\d{8}(?:\d{3})?(?:\.\d{1,9})?\b"),
     ("uuid", rf"(?i)\b(?:[a-z]{{1,12}}-)?{_UUID}\b"),  # with a word glued before it (ADK's `e-<uuid>`)
@@ -246,7 +251,7 @@ LINE_SCAN_CHARS = 4096
 # Kinds that change per request in practice (a single request can be judged on them alone);
 # dates count only with a "now" cue on their line (a fixed policy date is not dynamic).
 VOLATILE_KINDS = frozenset({"timestamp", "time", "uuid", "ulid", "id", "trace", "instance", "message", "epoch", "counter",
-                            "elapsed", "hex", "etag", "token",
+                            "elapsed", "hex", "etag", "token", "reading",
                             "billing_header"})
 NOW_CUE = re.compile(r"(?i)(?:\b(?:current|today|now|heute|aktuell|jetzt|aujourd|nous sommes|hoy|oggi|vandaag|"
                      r"date\s*:|datum\s*:|time\s*:|zeit\s*:|stand\s*:)|今天|今日|现在|本日)")

@@ -63,8 +63,8 @@ _PORT_BEFORE = re.compile(rf"(?i)(?:\bport\s+|(?:{_LOOPBACK}):)$")
 _READING_UNIT = re.compile(r"\s?(?:°\s?C|kWh|kW|Wh|dBm|dB)")
 _UNIT_AFTER = re.compile(r"\s?(?:ms\b|s\b|sec\b|min\b|Min\b|minutes\b|Minuten\b|GB\b)")
 # a unit written after a key's number, ending the value: one to four letters (`cm`, `Hz`, `LUFS`),
-# or a degree or micro sign and letters, or a unit over another (`km/h`), or a share of a kind (`Vol.-%`)
-_UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}(?:/[A-Za-z]{1,3}[²³]?|\.?-?%)?\.?\s*(?:</[\w.:-]+>\s*)?$")
+# or a degree or micro sign and letters, or a unit over another (`km/h`, `m³/s`), or a share of a kind (`Vol.-%`)
+_UNIT_ENDS_LINE = re.compile(r"\s?[°µ]?[A-Za-z]{1,4}[²³]?(?:/[A-Za-z]{1,3}[²³]?|\.?-?%)?\.?\s*(?:</[\w.:-]+>\s*)?$")
 _TIMING_KEY = re.compile(r"(?i)(?:\b(?:ms|us|sec|seconds|min|minutes)$|\b(?:dur|duration|latency)\b)")
 LONG_TOKEN = 4096  # a changed token longer than this is judged no value
 # a unit of measure after a number with decimals, in a sentence too (`Hs at the buoy 3.1 m`, `95,7 %`)
@@ -147,6 +147,8 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "counter"
     if _line_reading(line_prefix, old, new, line_rest):
         return "counter"
+    if _line_number_redrawn(line_prefix, old, new, line_rest):
+        return "id"
     if _rising_sequence(old, new):
         return "id"
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
@@ -251,7 +253,9 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 # a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
 # (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `)
 _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-/ ()]|:(?=\d)){0,48}?\s*[:=]\s+")
-_TWO_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -][^\W\d_]{1,16}'?)?")  # `Stewards' enquiry` too
+# a state's words: one to four, a small number among them (`returning to base`, `unter Meldestufe 1`,
+# `Stewards' enquiry`)
+_STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,3}")
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
 _DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` is no decimal)
@@ -273,7 +277,8 @@ def whole_value_change(old: str, new: str) -> str | None:
     an id drawn again in the same shape (`DE 09 524 46487` -> `DE 09 200 33728`: capitals and
     digits, the same length and separators, two parts or more changed: a `value`). A sentence rewritten is
     none of these, nor a setting's one number (`limit: 15` -> `30`)."""
-    if _TWO_WORDS.fullmatch(old) and _TWO_WORDS.fullmatch(new) or _CODED.fullmatch(old) and _CODED.fullmatch(new):
+    if _STATE_WORDS.fullmatch(old) and _STATE_WORDS.fullmatch(new) and _replaced(old.split(), new.split()) \
+            or _CODED.fullmatch(old) and _CODED.fullmatch(new):
         return "flag"
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
             and _DECIMALS.search(f"{old} {new}"):
@@ -285,6 +290,14 @@ def whole_value_change(old: str, new: str) -> str | None:
     if len(changed) >= 2 and not any(_VERSION.match(a) for a, _ in changed):
         return "value"  # two parts drawn again, not a release bumped with its build (`Godot v4.3.stable [77dcf97d8]`)
     return None
+
+
+def _replaced(old: list[str], new: list[str]) -> bool:
+    """A state replaced by another, not a word swapped inside a phrase that stays: two words or
+    fewer, or phrases of other lengths (`Meldestufe 1` -> `unter Meldestufe 1`) or with no word in
+    common (`on station` -> `returning to base`). In `information Foxtrot is current` -> `Golf`
+    (or `Tone: friendly and brief` -> `formal and brief`) one word changed in place: read on its own."""
+    return max(len(old), len(new)) <= 2 or len(old) != len(new) or not set(old) & set(new)
 
 
 _RUNS_OF_WORDS = re.compile(r"[\w.]+")
@@ -332,7 +345,7 @@ def _rising_sequence(old: str, new: str) -> bool:
 
 # a `key: value` line up to its value, when the value is one number, after its currency or the
 # capitals of its scale (`Tote Placepot pool: £`, `Latest event magnitude: ML `); what may end the line after it
-_KEYED_NUMBER = re.compile(_LINE_KEY.pattern + r"(?:[$€£]|[A-Z]{1,3} )?$")
+_KEYED_NUMBER = re.compile(_LINE_KEY.pattern + r"(?:[$€£]|[A-Z]{1,4} )?$")
 _LINE_END = re.compile(r"\s*(?:</[\w.:-]+>\s*)?")
 # decimals or thousands groups (`2.4`, `59,112`, `6.814`, `1,234.5`), not a release's `4.3.2`
 _GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:\.\d{3})+(?:,\d+)?|\d+[.,]\d+")
@@ -348,6 +361,15 @@ def _line_reading(line_prefix: str, old: str, new: str, line_rest: str | None) -
         return False
     return bool(_GROUPED.fullmatch(old) and _GROUPED.fullmatch(new)) and \
         max(_significant(old), _significant(new)) > 1 and not _EDITION_KEY.search(line_prefix)
+
+
+def _line_number_redrawn(line_prefix: str, old: str, new: str, line_rest: str | None) -> bool:
+    """A long number that is a key line's whole value, drawn again (six digits or more, as many,
+    most of them different: `Vessel in focus: MMSI 257978390` -> `235398212`): an id, not a setting
+    edited (`100000` -> `200000` keeps most digits)."""
+    if line_rest is None or not _LINE_END.fullmatch(line_rest) or not _KEYED_NUMBER.match(line_prefix):
+        return False
+    return len(new) >= 6 and new.isdigit() and old.isdigit() and _redrawn(old, new)
 
 
 def _significant(number: str) -> int:
