@@ -150,21 +150,27 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout20 is measured once, at the end of round 20 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="heldout20 (measured once, 2026-12-05) raises 1 look-alike alarm: a release's "
+                                       "`4.3` read as a reading; strict, so it turns red when the split raises none and "
+                                       "this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout20 is measured once, at the end of round 20 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout20 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.539 (labels that take in a unit or the date after a clock, "
+                                       "counters and states read as edits the first time); strict, so it turns red when "
+                                       "the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="heldout20 is measured once, at the end of round 20 (not yet): no claim "
-                                       "on it until then")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout20 (measured once, 2026-12-05): "
+                                       "macro-F1 0.785 (history_edit predicted 8 times with no support: a context block "
+                                       "written as a synthetic tool result; counters and states read as edits the first "
+                                       "time; Agent Skills and Flowise tool lists); strict, so it turns red when the goal "
+                                       "is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
