@@ -178,6 +178,29 @@ def test_a_codex_compaction_whose_summary_outweighs_the_short_turns_it_replaced(
     assert causes(fpr, bodies) == [None, "compaction"]
 
 
+def test_a_prefetched_tool_result_refreshed_before_every_call_is_a_value(fpr) -> None:
+    """A client that prefetches a tool result (its call fixed) after the first user message and
+    refreshes it before every model call: one value of the earlier tool message changes, the rest
+    of the conversation stays. A per-request value, as in a context block (round 21), not an
+    earlier turn edited."""
+    call = {"id": "call_prefetch", "type": "function", "function": {"name": "road_status", "arguments": "{}"}}
+
+    def messages(speed: int, answered: int) -> list[dict[str, Any]]:
+        status = json.dumps({"avg_speed_mph": speed, "lanes_open": 1, "source": "ROC command and control"}, indent=2)
+        out: list[dict[str, Any]] = [{"role": "user", "content": TASK},
+                                     {"role": "assistant", "content": None, "tool_calls": [call]},
+                                     {"role": "tool", "tool_call_id": "call_prefetch", "content": status},
+                                     {"role": "assistant", "content": "The road status is loaded."}]
+        for k in range(answered):
+            out += [{"role": "user", "content": QUESTIONS[k]}, {"role": "assistant", "content": f"Answer {k}."}]
+        return [*out, {"role": "user", "content": QUESTIONS[answered]}]
+
+    bodies = [Gen.body(CODER, messages(v, k), None, None) for k, v in enumerate([34, 32, 29])]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [["32"], ["29"]]
+
+
 def test_the_first_user_message_edited_in_place_is_a_history_edit(fpr) -> None:
     """Nothing dropped: only the first message differs (not by a value) and the rest follow in place."""
     msgs = agent_history(3)
@@ -532,6 +555,9 @@ def test_a_state_of_two_words_that_ends_the_system_message(fpr) -> None:
     # round 20: up to four words, a small number among them
     ("Pilot boat Sea Lark: {}", ["returning to base", "on station", "returning to base"]),
     ("Lage am Pegel Talmering: {}", ["Meldestufe 1", "unter Meldestufe 1", "Meldestufe 2"]),
+    # round 21: a camel-case state after a flag key, a key holding a range's dash
+    ("Consumer group clearair-ingest: {}", ["Stable", "PreparingRebalance", "Stable"]),
+    ("Signal 4713B (lane 1, J14–J15 northbound): {}", ["blank", "Red X", "blank"]),
 ])
 def test_a_key_lines_state_of_a_few_words_on_its_first_change(fpr, line: str, states: list[str]) -> None:
     """A key line's whole value, two words on one side (with a possessive's apostrophe; after a
@@ -547,11 +573,14 @@ def test_a_key_lines_state_of_a_few_words_on_its_first_change(fpr, line: str, st
     ("Racegoers through the turnstiles: {}", ["6,814", "7,387", "7,902"]),
     ("Tote Placepot pool: £{}", ["55,486", "59,112", "62,642"]),
     ("Latest event magnitude: ML {}", ["0.2", "2.4", "2.5"]),
+    # round 21: a key that ends in brackets, the reading's unit after it
+    ("Flow at J15 southbound (MIDAS): {} veh/h", ["3,506", "3,392", "3,803"]),
 ])
 def test_a_number_with_groups_or_decimals_ending_a_key_line_is_a_reading_at_once(fpr, line: str,
                                                                                  values: list[str]) -> None:
     """A key line's whole value, one number written with digit groups or decimals (after a currency
-    or a scale's capitals): a reading or a running total on its first change (round 19)."""
+    or a scale's capitals; round 19), or with its unit after it under a key that ends in brackets
+    (round 21): a reading or a running total on its first change."""
     bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got

@@ -8,8 +8,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was,
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
-when `heldout20` was) is what the detector is developed against: its scores may rise, never fall below
-the floors. The held-out split `heldout20` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+when `heldout20` was, `heldout20` when `heldout21` was) is what the detector is developed against: its
+scores may rise, never fall below the floors. The held-out split `heldout21` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -72,37 +72,44 @@ FLOORS = {
     # since round 19 (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
     # each the first time it changes; `12 von 18` read as `12`)
     "heldout15": (0.990, 0.982, 0.962),
-    # the sixteenth (measured 0.929 / 0.799 / 0.663), tune side since heldout17: 0.9841 / 0.9733 / 0.9179
-    # since round 19 (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
+    # the sixteenth (measured 0.929 / 0.799 / 0.663), tune side since heldout17: 0.9873 / 0.9780 / 0.9235
+    # since round 21 (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
     # number, a pair `90 / 30`; distances without their bearing, `45 / 15` read as `45`)
-    "heldout16": (0.984, 0.973, 0.917),
+    "heldout16": (0.987, 0.978, 0.923),
     # the seventeenth (measured 0.951 / 0.930 / 0.752), tune side since heldout18: 0.9796 / 0.9665 / 0.9362
     # since round 19 (counters and a storage bin read as edits the first time they change, an option symbol, a
     # balance's `$`, an antenna's AZ/EL)
     "heldout17": (0.979, 0.966, 0.936),
-    # the eighteenth (measured 0.928 / 0.746 / 0.708), tune side since heldout19: 0.9857 / 0.9737 / 0.9143
+    # the eighteenth (measured 0.928 / 0.746 / 0.708), tune side since heldout19: 0.9873 / 0.9761 / 0.9171
+    # since round 21
     # (a time in a railway's form, readings below two significant digits, an event id, a week and its
     # day, odds each read as an edit the first time they change; sums whose labels keep the currency
     # sign, which the earlier pools' labels leave out; a tool list with a nameless entry; the look-alike alarm below)
-    "heldout18": (0.985, 0.973, 0.914),
+    "heldout18": (0.987, 0.976, 0.917),
     # the nineteenth (measured 0.950 / 0.921 / 0.707), tune side since heldout20: 0.9789 / 0.9547 / 0.8421
     # (a count of vehicles waiting, AIS targets, a ship's MMSI with most digits kept, a pressure pair
     # read as edits the first time they change; llm-functions' and A2A's tool lists; a goose summary
     # longer than the turns it replaced; labels that take in a reading's unit and trend words)
     "heldout19": (0.978, 0.954, 0.842),
+    # the twentieth (measured 0.938 / 0.785 / 0.539), tune side since heldout21: 0.9688 / 0.9227 / 0.6011
+    # (counters, ids and states read as edits the first time they change; Agent Skills' and Flowise's
+    # tool lists; front trims and compactions in new shapes; labels that take in a unit or the date
+    # after a clock; the look-alike alarm below)
+    "heldout20": (0.968, 0.922, 0.601),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
-# Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`)
-LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1}
-# issue 29's goal on the held-out split (heldout20), measured once after the detector work on the tune
+# Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
+# release's `4.3`)
+LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
+# issue 29's goal on the held-out split (heldout21), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
-              "heldout15", "heldout16", "heldout17", "heldout18", "heldout19")
+              "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -150,27 +157,21 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="heldout20 (measured once, 2026-12-05) raises 1 look-alike alarm: a release's "
-                                       "`4.3` read as a reading; strict, so it turns red when the split raises none and "
-                                       "this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout21 is measured once, at the end of round 21 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout20 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.539 (labels that take in a unit or the date after a clock, "
-                                       "counters and states read as edits the first time); strict, so it turns red when "
-                                       "the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout21 is measured once, at the end of round 21 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout20 (measured once, 2026-12-05): "
-                                       "macro-F1 0.785 (history_edit predicted 8 times with no support: a context block "
-                                       "written as a synthetic tool result; counters and states read as edits the first "
-                                       "time; Agent Skills and Flowise tool lists); strict, so it turns red when the goal "
-                                       "is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="heldout21 is measured once, at the end of round 21 (not yet): no claim "
+                                       "on it until then")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -201,7 +202,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout20`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout21`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -1015,7 +1015,9 @@ class _Pair:
             return Diagnosis("tool_order", cd, [], realign, "tool schemas written in the prompt text, other order")
         if permuted:
             return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
-        earlier_turn = region is not None and region.role == "user" and first_history <= cd < tail_start(cur)
+        # a user turn or a tool result before the last turn (a client that refreshes a prefetched tool
+        # result, its call fixed, before every model call)
+        earlier_turn = region is not None and region.role in ("user", "tool") and first_history <= cd < tail_start(cur)
         value = changed_value(self.detector, prev.text, cur.text, pd, cd, region.end if region is not None else None,
                               earlier_turn, self.past.edits)
         edit_at = value.edit_at if value is not None else None

@@ -27,11 +27,12 @@ _FLAG_WORDS = frozenset({
     "treatment", "variant", "baseline", "ja", "nein", "an", "aus", "aktiv", "inaktiv",
     "oui", "non", "si", "sí", "on", "off"})
 _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
-# one word (up to three in quotes: `mode="STAT only"`; joined by a hyphen: `walk-in`), or a short upper-case code (`5G`, `LTE`)
-_FLAG_VALUE = re.compile(r"[^\W\d_]{1,16}(?:[ -][^\W\d_]{1,16}){0,2}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")
+# one word (a state's camel case too: `PreparingRebalance`; up to three in quotes: `mode="STAT only"`; joined by a hyphen: `walk-in`), or a short upper-case code (`5G`, `LTE`)
+_FLAG_VALUE = re.compile(r"[^\W\d_]{1,24}(?:[ -][^\W\d_]{1,16}){0,2}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")
 _WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
-_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?[$€£]?$")  # `Bid: £6,900`
+# `Bid: £6,900`; a key may end in brackets (`Flow at J15 southbound (MIDAS): `)
+_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?(?:\([\w.\-/ ]{1,24}\))?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?[$€£]?$")
 KEY_SIGNS = (":", "=", "→", "->", "=>")  # what ends a key before its value
 _TAG_OPEN = re.compile(r"<([A-Za-z_][\w.\-]*)>\s*$")  # `<reasoning_effort>` as a value's key
 _LABEL = re.compile(r"^\s*[^\W\d_][\w-]{2,40} $")  # one word and a space: `Rechenzentrum Nord`
@@ -251,8 +252,8 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 
 
 # a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
-# (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `)
-_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-/ ()]|:(?=\d)){0,48}?\s*[:=]\s+")
+# (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `; a range's dash: `J14–J15`)
+_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()]|:(?=\d)){0,48}?\s*[:=]\s+")
 # a state's words: one to four, a small number among them (`returning to base`, `unter Meldestufe 1`,
 # `Stewards' enquiry`)
 _STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,3}")
