@@ -492,6 +492,14 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
      "timestamp"),
     ("Bestellung erstellt am {}", ["27. Juli 2026 @ 18:37", "28. Juli 2026 @ 08:44", "28. Juli 2026 @ 09:02"],
      "timestamp"),
+    # a key line's whole value on its first change: a state of two words (with a possessive's
+    # apostrophe; after a key holding a clock's colon), a number with digit groups or decimals
+    # (after a currency or a scale's capitals) ending the line
+    ("Result of the 2.45: {}", ["Weighed in", "Stewards' enquiry", "Weighed in"], "flag"),
+    ("Grundkurs (dienstags 19:30 Uhr): {}", ["ausgebucht", "Plätze frei", "ausgebucht"], "flag"),
+    ("Racegoers through the turnstiles: {}", ["6,814", "7,387", "7,902"], "counter"),
+    ("Tote Placepot pool: £{}", ["55,486", "59,112", "62,642"], "counter"),
+    ("Latest event magnitude: ML {}", ["0.2", "2.4", "2.5"], "counter"),
     # round 20: a long number drawn again after a key and a scale's capitals, a unit with a power
     # over another, a METAR wind group, Intl's full date with its `GMT+1`, git's date with its
     # offset after the year, `uptime`'s line
@@ -506,6 +514,14 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     ("Build runner: {}", ["15:29:15 up 20 days,  8:34,  1 user,  load average: 1.03, 1.04, 0.90",
                           "15:37:56 up 20 days,  8:43,  1 user,  load average: 2.08, 1.90, 1.42",
                           "15:42:02 up 20 days,  8:47,  2 users,  load average: 2.58, 2.28, 1.70"], "reading"),
+    # a key line's state of up to four words, a small number among them, on its first change
+    ("Pilot boat Sea Lark: {}", ["returning to base", "on station", "returning to base"], "flag"),
+    ("Lage am Pegel Talmering: {}", ["Meldestufe 1", "unter Meldestufe 1", "Meldestufe 2"], "flag"),
+    # round 21: a camel-case state after a flag key, a key holding a range's dash, a key that ends
+    # in brackets with the reading's unit after the number
+    ("Consumer group clearair-ingest: {}", ["Stable", "PreparingRebalance", "Stable"], "flag"),
+    ("Signal 4713B (lane 1, J14–J15 northbound): {}", ["blank", "Red X", "blank"], "flag"),
+    ("Flow at J15 southbound (MIDAS): {} veh/h", ["3,506", "3,392", "3,803"], "counter"),
 ])
 def test_unknown_dynamic_values_are_found_exactly(fpr, line: str, values: list[str], kind: str) -> None:
     system = SYSTEM_DE if any(w in line for w in ("Variante", "KW", "Kunde", "Auslieferung")) else SYSTEM
@@ -547,44 +563,6 @@ def test_a_state_of_two_words_that_ends_the_system_message(fpr) -> None:
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == [None, "dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[], [states[2]], [states[3]]]
-
-
-@pytest.mark.parametrize("line,states", [
-    ("Result of the 2.45: {}", ["Weighed in", "Stewards' enquiry", "Weighed in"]),
-    ("Grundkurs (dienstags 19:30 Uhr): {}", ["ausgebucht", "Plätze frei", "ausgebucht"]),
-    # round 20: up to four words, a small number among them
-    ("Pilot boat Sea Lark: {}", ["returning to base", "on station", "returning to base"]),
-    ("Lage am Pegel Talmering: {}", ["Meldestufe 1", "unter Meldestufe 1", "Meldestufe 2"]),
-    # round 21: a camel-case state after a flag key, a key holding a range's dash
-    ("Consumer group clearair-ingest: {}", ["Stable", "PreparingRebalance", "Stable"]),
-    ("Signal 4713B (lane 1, J14–J15 northbound): {}", ["blank", "Red X", "blank"]),
-])
-def test_a_key_lines_state_of_a_few_words_on_its_first_change(fpr, line: str, states: list[str]) -> None:
-    """A key line's whole value, two words on one side (with a possessive's apostrophe; after a
-    key holding a clock's colon; round 19) or up to four (round 20), changed on the first request:
-    a state."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(states, conversation(3), strict=True)]
-    got = run(fpr, bodies)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[states[1]], [states[2]]]
-
-
-@pytest.mark.parametrize("line,values", [
-    ("Racegoers through the turnstiles: {}", ["6,814", "7,387", "7,902"]),
-    ("Tote Placepot pool: £{}", ["55,486", "59,112", "62,642"]),
-    ("Latest event magnitude: ML {}", ["0.2", "2.4", "2.5"]),
-    # round 21: a key that ends in brackets, the reading's unit after it
-    ("Flow at J15 southbound (MIDAS): {} veh/h", ["3,506", "3,392", "3,803"]),
-])
-def test_a_number_with_groups_or_decimals_ending_a_key_line_is_a_reading_at_once(fpr, line: str,
-                                                                                 values: list[str]) -> None:
-    """A key line's whole value, one number written with digit groups or decimals (after a currency
-    or a scale's capitals; round 19), or with its unit after it under a key that ends in brackets
-    (round 21): a reading or a running total on its first change."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
 
 @pytest.mark.parametrize("line,old,new", [

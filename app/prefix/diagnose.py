@@ -47,7 +47,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -538,14 +538,26 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     (`summary_stands_in`)."""
     if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
         return False
-    # lengths first, keys (a hash of each message's ends) only for a pair that can be one
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
-    sizes = (len(pn), sum(pn), len(cn), sum(cn))
+    return history_compacted((len(pn), sum(pn), len(cn), sum(cn)), lambda: (
+        [(role == "user", k) for role, k, _ in _history(prev)], [(role == "user", k) for role, k, _ in _history(cur)]))
+
+
+HistoryKeys = list[tuple[bool, str]]  # (a user message?, key) of each history message, in order
+
+
+def history_compacted(sizes: tuple[int, int, int, int],
+                      keys: Callable[[], tuple[HistoryKeys, HistoryKeys]]) -> bool:
+    """The history test of a compaction, on either path (the text's and another pod's digest):
+    `sizes` (messages and characters before, then now) shrunk as the summary's shape asks
+    (`history_shrunk`), and a new message standing in for the rest (`summary_stands_in`). Lengths
+    first: `keys` (the previous and the current history's, a hash of each message's ends) is
+    called only for a pair that can be one."""
     if not history_shrunk(*sizes, users_kept=True):
         return False
-    ph = [(role == "user", k) for role, k, _ in _history(prev)]
-    shape = summary_stands_in(ph, {k for _, k in ph}, [(role == "user", k) for role, k, _ in _history(cur)])
+    prev, cur = keys()
+    shape = summary_stands_in(prev, {k for _, k in prev}, cur)
     return shape == USERS_KEPT or shape == SUMMARY_FIRST and history_shrunk(*sizes)
 
 

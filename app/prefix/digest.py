@@ -23,10 +23,9 @@ import xxhash
 
 from app.prefix.diagnose import (
     KEYED_KINDS,
-    SUMMARY_FIRST,
-    USERS_KEPT,
     Diagnosis,
     Finding,
+    HistoryKeys,
     TenantPast,
     _token,
     _tools_span,
@@ -34,12 +33,11 @@ from app.prefix.diagnose import (
     declares_name,
     dynamic_kind,
     first_exchange,
-    history_shrunk,
+    history_compacted,
     schema_tools,
     schemas_reordered,
     sentence_end,
     span_key,
-    summary_stands_in,
     tail_start,
     tool_entries,
     trimmed,
@@ -529,14 +527,13 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
     history = cur.history_regions()
     if len(prev.history) != 2:
         return False
-    sizes = (prev.history[0], prev.history[1], len(history), sum(r.end - r.start for r in history))
-    if not history_shrunk(*sizes, users_kept=True):
-        return False
-    first = list(zip((u == "u" for u in prev.users), prev.turns, strict=False))
-    ph = first + list(zip((u == "u" for u in prev.last_users), prev.last_turns, strict=False))
-    ch = [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
-    shape = summary_stands_in(ph, {k for _, k in ph}, ch)
-    return shape == USERS_KEPT or shape == SUMMARY_FIRST and history_shrunk(*sizes)
+
+    def keys() -> tuple[HistoryKeys, HistoryKeys]:
+        first = list(zip((u == "u" for u in prev.users), prev.turns, strict=False))
+        ph = first + list(zip((u == "u" for u in prev.last_users), prev.last_turns, strict=False))
+        return ph, [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
+    return history_compacted((prev.history[0], prev.history[1], len(history), sum(r.end - r.start for r in history)),
+                             keys)
 
 
 def _head_schemas(cur: RequestSketch) -> tuple[int, int, int]:

@@ -27,7 +27,8 @@ _FLAG_WORDS = frozenset({
     "treatment", "variant", "baseline", "ja", "nein", "an", "aus", "aktiv", "inaktiv",
     "oui", "non", "si", "sí", "on", "off"})
 _FLAG_KEY = re.compile(r"(?i)(group|gruppe|variant|variante|bucket|cohort|arm|experiment|flag|feature|mode\b|ab\b)")
-# one word (a state's camel case too: `PreparingRebalance`; up to three in quotes: `mode="STAT only"`; joined by a hyphen: `walk-in`), or a short upper-case code (`5G`, `LTE`)
+# one word (a state's camel case too: `PreparingRebalance`; up to three in quotes: `mode="STAT only"`;
+# joined by a hyphen: `walk-in`), or a short upper-case code (`5G`, `LTE`)
 _FLAG_VALUE = re.compile(r"[^\W\d_]{1,24}(?:[ -][^\W\d_]{1,16}){0,2}|(?=[0-9]*[A-Z])[0-9A-Z]{1,4}")
 _WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
@@ -146,10 +147,9 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if _counted(line_prefix, key, old, new, line_rest) or _measured(key or _TAG_OPEN.search(line_prefix), old, new,
                                                                      line_rest, line_prefix):
         return "counter"
-    if _line_reading(line_prefix, old, new, line_rest):
-        return "counter"
-    if _line_number_redrawn(line_prefix, old, new, line_rest):
-        return "id"
+    number = _line_number_kind(line_prefix, old, new, line_rest)
+    if number is not None:
+        return number
     if _rising_sequence(old, new):
         return "id"
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
@@ -353,24 +353,21 @@ _GROUPED = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d{1,3}(?:\.\d{3})+(?:,\d+)
 _EDITION_KEY = re.compile(r"(?i)\b(?:version|release|revision|fassung|edition|build)\b")
 
 
-def _line_reading(line_prefix: str, old: str, new: str, line_rest: str | None) -> bool:
-    """A number that is a key line's whole value, written with decimals or digit groups on both
-    sides and two significant digits or more (`Racegoers through the turnstiles: 6,814` -> `7,387`,
-    `ML 0.2` -> `2.4`): a reading or a running total. A setting is written round and ungrouped
-    (`limit: 15` -> `30`); a release's number is an edit (`Version: 3.2`)."""
+def _line_number_kind(line_prefix: str, old: str, new: str, line_rest: str | None) -> str | None:
+    """The kind of a number that is a key line's whole value: a `counter` when written with decimals
+    or digit groups on both sides and two significant digits or more (`Racegoers through the
+    turnstiles: 6,814` -> `7,387`, `ML 0.2` -> `2.4`: a reading or a running total); an `id` when
+    long and drawn again (six digits or more, as many, most of them different: `Vessel in focus:
+    MMSI 257978390` -> `235398212`). A setting is written round and ungrouped (`limit: 15` -> `30`)
+    and keeps most digits (`100000` -> `200000`); a release's number is an edit (`Version: 3.2`)."""
     if line_rest is None or not _LINE_END.fullmatch(line_rest) or not _KEYED_NUMBER.match(line_prefix):
-        return False
-    return bool(_GROUPED.fullmatch(old) and _GROUPED.fullmatch(new)) and \
-        max(_significant(old), _significant(new)) > 1 and not _EDITION_KEY.search(line_prefix)
-
-
-def _line_number_redrawn(line_prefix: str, old: str, new: str, line_rest: str | None) -> bool:
-    """A long number that is a key line's whole value, drawn again (six digits or more, as many,
-    most of them different: `Vessel in focus: MMSI 257978390` -> `235398212`): an id, not a setting
-    edited (`100000` -> `200000` keeps most digits)."""
-    if line_rest is None or not _LINE_END.fullmatch(line_rest) or not _KEYED_NUMBER.match(line_prefix):
-        return False
-    return len(new) >= 6 and new.isdigit() and old.isdigit() and _redrawn(old, new)
+        return None
+    if _GROUPED.fullmatch(old) and _GROUPED.fullmatch(new) and max(_significant(old), _significant(new)) > 1 \
+            and not _EDITION_KEY.search(line_prefix):
+        return "counter"
+    if len(new) >= 6 and new.isdigit() and old.isdigit() and _redrawn(old, new):
+        return "id"
+    return None
 
 
 def _significant(number: str) -> int:
