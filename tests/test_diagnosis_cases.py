@@ -701,10 +701,11 @@ def test_a_date_without_a_cue_that_moves_on_by_a_day_is_a_clock(fpr) -> None:
 
 
 def test_a_weekday_and_its_day_without_a_year_moving_on_together_is_a_clock(fpr) -> None:
-    """A rota's `Thu 22/05` -> `Fri 23/05` (`Montag, 3.8.` -> `Dienstag, 4.8.`): no year and no
-    cue, but the weekday moved on with the day, as a clock's today does (round 15); a day moved
-    without its weekday is an edit."""
-    for days in (["Thu 22/05", "Thu 22/05", "Fri 23/05"], ["Montag, 3.8.", "Montag, 3.8.", "Dienstag, 4.8."]):
+    """A rota's `Thu 22/05` -> `Fri 23/05` (`Montag, 3.8.` -> `Dienstag, 4.8.`, Italian's Friday to
+    Saturday): no year and no cue, but the weekday moved on with the day, as a clock's today does
+    (round 15); a day moved without its weekday is an edit."""
+    for days in (["Thu 22/05", "Thu 22/05", "Fri 23/05"], ["Montag, 3.8.", "Montag, 3.8.", "Dienstag, 4.8."],
+                 ["venerdì, 4.12.", "venerdì, 4.12.", "sabato, 5.12."]):
         bodies = [body(f"Bookings shown for {d}\n{SYSTEM}", t) for d, t in zip(days, conversation(3), strict=True)]
         got = run(fpr, bodies)
         assert [r["cause"] for r in got] == [None, "dynamic_head"] and got[1]["spans"] == [days[2]], got

@@ -167,6 +167,12 @@ async def test_report_separates_new_conversations_from_breaks() -> None:
     assert report["breaks_by_cause"] == {"new_session": 2, "dynamic_head": 1}
     assert report["unmatched_blocks"] == {"new_session": 8, "break": 44, "compaction": 0}
     assert [b["cause"] for b in report["last_breaks"]] == ["dynamic_head"]  # operators see only what to fix
+    # only a break's record carries the /ui view (what `last_breaks` shows): a new conversation's
+    # record stays small in the shared Store, and its view is not built on the loop
+    records = await store.history_recent("t", 10)
+    assert [(r.get("cause"), "view" in r, "structure" in r) for r in records] == [
+        (None, False, False), ("new_session", False, False), ("new_session", False, False),
+        ("dynamic_head", True, True)]
 
 
 async def test_records_hold_no_prompt_text() -> None:

@@ -46,14 +46,20 @@ _MONTHS = (
     # nl
     "januari|februari|maart|augustus"
 )
-_WEEKDAYS = (
-    "monday|tuesday|wednesday|thursday|friday|saturday|sunday|mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun|"
-    "montag|dienstag|mittwoch|donnerstag|freitag|samstag|sonntag|"
-    "lundi|mardi|mercredi|jeudi|vendredi|samedi|dimanche|"
-    "lunes|martes|miércoles|miercoles|jueves|viernes|sábado|sabado|domingo|"
-    "lunedì|martedì|mercoledì|giovedì|venerdì|"
-    "maandag|dinsdag|woensdag|donderdag|vrijdag|zaterdag|zondag"
+# every language's weekday names, Monday first (`|`: another spelling of that day): the detector's
+# alternatives, in this order, and a name's day of the week (`weekday_rolled`)
+_WEEK_NAMES = (
+    "monday tuesday wednesday thursday friday saturday sunday",
+    "mon tue|tues wed thu|thur|thurs fri sat sun",
+    "montag dienstag mittwoch donnerstag freitag samstag sonntag",
+    "lundi mardi mercredi jeudi vendredi samedi dimanche",
+    "lunes martes miércoles|miercoles jueves viernes sábado|sabado domingo",
+    "lunedì martedì mercoledì giovedì venerdì sabato domenica",
+    "maandag dinsdag woensdag donderdag vrijdag zaterdag zondag",
 )
+_WEEKDAY_INDEX = {name: day for week in _WEEK_NAMES for day, names in enumerate(week.split())
+                  for name in names.split("|")}
+_WEEKDAYS = "|".join(_WEEKDAY_INDEX)
 WEEKDAY_NAMES = frozenset(_WEEKDAYS.split("|"))  # every language's weekday names and abbreviations
 _CLOCK = r"(?:[01]?\d|2[0-3])[:h][0-5]\d(?::[0-5]\d(?:[.,]\d{1,9})?)?"
 _TIME = rf"{_CLOCK}(?:\s?(?:[AaPp]\.?[Mm]\.?|Uhr|h))?"
@@ -553,13 +559,6 @@ def rolled_over(old: str, new: str) -> bool:
     return rolled_from(date_days(old), new) or weekday_rolled(old, new)
 
 
-_WEEKDAY_INDEX = {name: i for names in (
-    "monday tuesday wednesday thursday friday saturday sunday", "mon tue wed thu fri sat sun",
-    "montag dienstag mittwoch donnerstag freitag samstag sonntag",
-    "lundi mardi mercredi jeudi vendredi samedi dimanche", "lunes martes miércoles jueves viernes sábado domingo",
-    "lunedì martedì mercoledì giovedì venerdì sabato domenica",
-    "maandag dinsdag woensdag donderdag vrijdag zaterdag zondag") for i, name in enumerate(names.split())}
-_WEEKDAY_INDEX.update({"tues": 1, "thur": 3, "thurs": 3, "miercoles": 2, "sabado": 5})
 _WEEKDAY_DATE = re.compile(r"(?i)([^\W\d_]+)\.?,?\s+(\d{1,2})[./](\d{1,2})")
 
 

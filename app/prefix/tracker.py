@@ -342,7 +342,8 @@ class TenantTracker:
         }
         if diag.edit_at is not None:  # where one token changed (a key, no text): `TenantPast.edits`
             fields["edit"] = diag.edit_at
-        fields.update(break_view(prev, sketch, diag, self.show_text, self.extra_patterns))  # for /ui
+        if diag.cause not in NOT_A_PROBLEM:  # the /ui view of a break (tenant_report's `last_breaks` only)
+            fields.update(break_view(prev, sketch, diag, self.show_text, self.extra_patterns))
         return diag, fields
 
     def _diagnosis(self, state: _Tenant, sketch: RequestSketch | None, best_seq: int | None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from itertools import islice
 
 from app.prefix.runs import RunTree
 from app.routing.recent import RecentRequests
@@ -152,7 +153,7 @@ class MemoryStore(Store):
         hist = self._history.get(tenant)
         if not hist:
             return []
-        return list(hist)[-limit:]
+        return list(islice(reversed(hist), limit))[::-1]  # not a copy of the whole history
 
     async def counter_incr(self, tenant: str, field: str, amount: float = 1.0) -> None:
         counters = self._counters.setdefault(tenant, {})
