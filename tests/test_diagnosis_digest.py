@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.prefix.diagnose import diagnose
 from app.prefix.digest import RequestDigest, diagnose_digest
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import RequestSketch, build_sketch
@@ -124,6 +125,35 @@ def test_a_pasted_documents_long_line_is_compared_whole_by_another_pod(fingerpri
     assert len(edited) == len(words) and edited[:512] == words[:512] and edited[-512:] == words[-512:]
     other = diagnose_digest(prev, sketch("Which numbers come up most often in it? Answer briefly.", edited))
     assert other.cause != "question_first"
+
+
+def test_a_system_note_where_the_first_turns_were_is_a_front_trim_on_both_paths(fingerprinter: Fingerprinter) -> None:
+    """A client that drops its oldest exchanges and says so in a system message after its system
+    prompt (`Earlier in this chat: ...`): the head grew where the history began, and the history
+    lost its front. The text path reads a front trim; another pod, from the digest, read the grown
+    head as an edited template. Both now say front_trim; the same note with the history kept
+    whole is still an edit of the template on both."""
+    system = "You are the support assistant of a bicycle shop.\nAnswer in two sentences at most.\n"
+    turns = [("Do you repair e-bikes?", "Yes, all brands."), ("How long does a service take?", "Two days."),
+             ("Can I book online?", "Yes, on the website.")]
+
+    def sketch(note: str | None, kept: int) -> RequestSketch:
+        messages = [{"role": "system", "content": system}]
+        if note is not None:
+            messages.append({"role": "system", "content": note})
+        for q, a in turns[len(turns) - kept:]:
+            messages += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+        messages.append({"role": "user", "content": "What does it cost?"})
+        inp = prompt_input("chat", {"messages": messages})
+        return build_sketch(inp, fingerprinter.complete_sync(fingerprinter.prepare(inp, 16)).text or "")
+
+    prev = sketch(None, 3)
+    note = "Earlier in this chat the customer asked whether e-bikes are repaired here (yes, all brands)."
+    trimmed = sketch(note, 2)
+    assert diagnose(prev, trimmed).cause == "front_trim"
+    assert diagnose_digest(RequestDigest.of(prev), trimmed).cause == "front_trim"
+    whole = sketch(note, 3)
+    assert diagnose(prev, whole).cause == diagnose_digest(RequestDigest.of(prev), whole).cause == "template_change"
 
 
 @pytest.mark.parametrize(("at", "cause"), [(1000, "dynamic_head"), (6000, "template_change")])

@@ -68,13 +68,27 @@ def verdicts(pod, tenant: str) -> list[tuple]:
 def agent_scenarios() -> list[tuple[str, list[dict]]]:
     """Issue 29's agent patterns the digest can follow (tests/test_diagnosis_cases.py): a sliding
     window that keeps the first user message, tool schemas written as indented JSON into the
-    system text and reordered."""
+    system text and reordered, a system note after the system prompt where the dropped exchanges
+    were."""
     msgs = agent_history(9)
     window = [Gen.body(CODER, msgs[:n] if n == 7 else [msgs[0], *msgs[:n][-5:]], None, None) for n in (7, 9, 11, 13)]
     swapped = [TOOLS[2], TOOLS[0], TOOLS[1], TOOLS[3]]
     schemas = [body(f"{CODER}\n{schemas_in_text(o, 'indented')}\n{SYSTEM}", t)
                for o, t in zip([TOOLS, swapped, swapped], conversation(3), strict=True)]
-    return [("agent-window", window), ("agent-schemas", schemas)]
+    # a client that drops its oldest exchange and says so in a system note after its system prompt
+    exchanges = [("Do you repair e-bikes?", "Yes, all brands."), ("How long does a service take?", "Two days."),
+                 ("Can I book online?", "Yes, on the website."), ("What does it cost?", "From 89 euros."),
+                 ("Is Saturday possible?", "Yes, until noon.")]
+
+    def chat(note: str | None, first: int, last: int) -> dict:
+        history = [m for q, a in exchanges[first:last] for m in ({"role": "user", "content": q},
+                                                                 {"role": "assistant", "content": a})]
+        notes = [] if note is None else [{"role": "system", "content": note}]
+        return {"messages": [{"role": "system", "content": SYSTEM}, *notes, *history[:-1]]}
+
+    note = "Earlier in this chat the customer asked whether e-bikes are repaired here (yes, all brands)."
+    noted = [chat(None, 0, 3), chat(note, 1, 4), chat(note, 1, 5)]
+    return [("agent-window", window), ("agent-schemas", schemas), ("agent-note", noted)]
 
 
 def test_two_pods_agree_on_agents_patterns(sim_factory, proxy_factory, redis_proc: RedisServer) -> None:
@@ -82,7 +96,7 @@ def test_two_pods_agree_on_agents_patterns(sim_factory, proxy_factory, redis_pro
     alone = proxy_factory(sim)
     pods = [proxy_factory(sim, state=redis_proc.url) for _ in range(2)]
     expected = {"agent-window": [None, "front_trim", "front_trim", "front_trim"],
-                "agent-schemas": [None, "tool_order", None]}
+                "agent-schemas": [None, "tool_order", None], "agent-note": [None, "front_trim", None]}
     for tenant, bodies in agent_scenarios():
         send([alone], tenant, bodies)
         send(pods, tenant, bodies)

@@ -428,6 +428,12 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
             if cur.kind == "chat" and cur.regions and not continues(cur, past):  # little follows: no loss
                 return Diagnosis("new_session", cd, [], None, "a new conversation over the shared head")
             return Diagnosis(None, cd, detail="diverges in the part expected to vary")
+        system = cur.regions[0] if cur.regions and cur.regions[0].role == "system" else None
+        if system is not None and cd >= system.end and not (reordered or set_changed) \
+                and trimmed(prev.turns, mine.turns, first_exchange([u == "u" for u in prev.users])):
+            # the system prompt kept, a system note after it where the first turns were, the history
+            # without them: the text path's front trim (`_Pair.classify`), not an edited template
+            return Diagnosis("front_trim", cd, [], None, "history was cut or summarised at the front")
         in_tools = tools_at is not None and tools_at[0] - 32 <= cd <= tools_at[1] + 1
         if in_tools and reordered:
             extra = [Finding("template_change", cd, [], "tools added or removed")] if set_changed else []
