@@ -688,8 +688,10 @@ def test_a_value_that_ends_the_system_text_is_read_to_the_end_of_its_message(fpr
 
 def test_a_date_without_a_cue_that_moves_on_by_a_day_is_a_clock(fpr) -> None:
     """No "today" cue, but the date moved forward by a day between two requests: a clock's date,
-    in any numeric or written form; moved by months, or edited into no date, it is an edit."""
-    for dates in (["04/14/2026", "04/14/2026", "04/15/2026"], ["14 April 2026", "14 April 2026", "15 April 2026"]):
+    in any numeric or written form and any spelling of its month (Austria's `Jänner`, Dutch
+    `mei`); moved by months, or edited into no date, it is an edit."""
+    for dates in (["04/14/2026", "04/14/2026", "04/15/2026"], ["14 April 2026", "14 April 2026", "15 April 2026"],
+                  ["15. Jänner 2026", "15. Jänner 2026", "16. Jänner 2026"], ["5 mei 2026", "5 mei 2026", "6 mei 2026"]):
         bodies = [body(f"Prices as listed on {d}, all taxes included.\n{SYSTEM}", t)
                   for d, t in zip(dates, conversation(3), strict=True)]
         got = run(fpr, bodies)

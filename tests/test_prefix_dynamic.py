@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from app.prefix.dynamic import DynamicDetector, Span, _merge, dynamic_lines, find_dynamic_spans, needs_digit
+from app.prefix.dynamic import (
+    DynamicDetector,
+    Span,
+    _merge,
+    date_days,
+    dynamic_lines,
+    find_dynamic_spans,
+    needs_digit,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,3 +110,19 @@ def test_find_skips_patterns_a_window_cannot_match_and_answers_the_same() -> Non
             reference = [Span(m.start(), m.end(), k, m.group(0)) for k, p in every
                          for m in p.finditer(text, start, end) if m.end() > m.start()]
             assert detector.find(text, start, end) == _merge(reference), (text[start:end],)
+
+
+def test_the_days_a_date_may_mean_in_any_spelling_of_its_month_and_none_for_no_date() -> None:
+    """`date_days` reads a month by any spelling the detector knows (Austria's `Jänner`, French
+    without accents, `Sept.`) and gives no day, never an error, for a text with a year but no
+    month name and fewer than two numbers (it raised ValueError, which the tracker's
+    after-response work logged instead of recording the request)."""
+    from datetime import date
+
+    assert date_days("16. Jänner 2026") == {date(2026, 1, 16).toordinal()}
+    assert date_days("3 aout 2026") == date_days("3 août 2026") == {date(2026, 8, 3).toordinal()}
+    assert date_days("Sept. 9, 2026") == {date(2026, 9, 9).toordinal()}
+    assert date_days("5 mei 2026") == {date(2026, 5, 5).toordinal()}
+    assert date_days("04.05.26") == {date(2026, 4, 5).toordinal(), date(2026, 5, 4).toordinal()}
+    for text in ("16 2026", "Brumaire 2026", "2026"):
+        assert date_days(text) == set()

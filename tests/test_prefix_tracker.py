@@ -175,6 +175,20 @@ async def test_report_separates_new_conversations_from_breaks() -> None:
         ("dynamic_head", True, True)]
 
 
+@pytest.mark.parametrize("dated", ["16. Jänner 2026", "Sept. 9, 2026", "3 aout 2026"])
+async def test_a_head_dated_in_any_spelling_of_a_month_is_recorded(dated: str) -> None:
+    """A system prompt dated with a month spelling the detector knew but the day reader did not
+    (Austria's `Jänner`, `Sept`, French without accents) made the request's digest raise, and the
+    after-response work dropped the request: no record, no continuity, no break."""
+    store = MemoryStore()
+    tr = TenantTracker(store)
+    head = f"Prices as listed on {dated}, taxes included.\n" + POLICY
+    for i, q in enumerate(["Where is my parcel?", "Can I return boots?"]):
+        await tr.observe("t", chain(40, 44, i), _chat_sketch(head, q), 16)
+    records = await store.history_recent("t", 10)
+    assert [r.get("cause") for r in records] == [None, "new_session"]
+
+
 async def test_records_hold_no_prompt_text() -> None:
     store = MemoryStore()
     tr = TenantTracker(store, show_text=False)

@@ -31,21 +31,21 @@ from re import _constants as re_const  # type: ignore[attr-defined]  # the parse
 from re import _parser as re_parser  # type: ignore[attr-defined]
 from typing import Any
 
-_MONTHS = (
-    # en
-    "january|february|march|april|may|june|july|august|september|october|november|december|"
-    "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec|"
-    # de
-    "januar|jänner|februar|märz|mai|juni|juli|oktober|dezember|okt|dez|"
-    # fr
-    "janvier|février|fevrier|mars|avril|juin|juillet|août|aout|septembre|octobre|novembre|décembre|decembre|"
-    # es / pt / it
-    "enero|febrero|marzo|abril|mayo|junio|julio|agosto|septiembre|setiembre|octubre|noviembre|diciembre|"
-    "janeiro|fevereiro|março|maio|junho|julho|setembro|outubro|novembro|dezembro|"
-    "gennaio|febbraio|aprile|maggio|giugno|luglio|settembre|ottobre|dicembre|"
-    # nl
-    "januari|februari|maart|augustus"
+# every language's month names, January first (`|`: another spelling of that month): the
+# detector's alternatives, in this order, and a name's month number (`date_days`)
+_MONTH_NAMES = (
+    "january february march april may june july august september october november december",
+    "jan feb mar apr may jun jul aug sep|sept oct nov dec",
+    "januar|jänner februar märz april mai juni juli august september oktober|okt november dezember|dez",
+    "janvier février|fevrier mars avril mai juin juillet août|aout septembre octobre novembre décembre|decembre",
+    "enero febrero marzo abril mayo junio julio agosto septiembre|setiembre octubre noviembre diciembre",
+    "janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro",
+    "gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre dicembre",
+    "januari februari maart april mei juni juli augustus september oktober november december",
 )
+_MONTH_SPELLINGS = [(name, month) for row in _MONTH_NAMES for month, names in enumerate(row.split(), 1)
+                    for name in names.split("|")]
+_MONTHS = "|".join(dict.fromkeys(name for name, _ in _MONTH_SPELLINGS))
 # every language's weekday names, Monday first (`|`: another spelling of that day): the detector's
 # alternatives, in this order, and a name's day of the week (`weekday_rolled`)
 _WEEK_NAMES = (
@@ -497,18 +497,9 @@ def elapsed_value(text: str, span: Span) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------ a date that rolled over
-_MONTH_NAMES = (
-    "january february march april may june july august september october november december",
-    "januar februar märz april mai juni juli august september oktober november dezember",
-    "janvier février mars avril mai juin juillet août septembre octobre novembre décembre",
-    "enero febrero marzo abril mayo junio julio agosto septiembre octubre noviembre diciembre",
-    "janeiro fevereiro março abril maio junho julho agosto setembro outubro novembro dezembro",
-    "gennaio febbraio marzo aprile maggio giugno luglio agosto settembre ottobre novembre dicembre",
-    "januari februari maart april mei juni juli augustus september oktober november december",
-)
-_MONTH_NUMBER = {name[:3] if len(name) > 3 else name: i + 1 for names in _MONTH_NAMES
-                 for i, name in enumerate(names.split())}
-_MONTH_NUMBER.update({name: i + 1 for names in _MONTH_NAMES for i, name in enumerate(names.split())})
+# a name by its first three letters too (`Mär.`, `déc.`, `set.`)
+_MONTH_NUMBER = {name[:3] if len(name) > 3 else name: month for name, month in _MONTH_SPELLINGS}
+_MONTH_NUMBER.update(dict(_MONTH_SPELLINGS))
 ROLLOVER_DAYS = 3  # a "today" moves forward by a day or a weekend between two requests of a tenant
 
 
@@ -529,7 +520,10 @@ def date_days(text: str) -> set[int]:
         y, nums = 2000 + nums[-1], nums[:-1]
     else:
         y = int(year.group(0))
-    pairs = [(month, n) for n in nums[:1]] if month else [(a, b) for a, b in (nums[:2], nums[1::-1]) if len(nums) >= 2]
+    if month:
+        pairs = [(month, n) for n in nums[:1]]
+    else:  # day-month and month-day; fewer than two numbers and no month name: no date
+        pairs = [(nums[0], nums[1]), (nums[1], nums[0])] if len(nums) >= 2 else []
     out = set()
     for m, d in pairs:
         try:
