@@ -278,6 +278,34 @@ def test_fast_path_over_real_sockets_split_usage_and_tricky_text(fake_upstream_f
     assert 1 <= proxy.sample("prefixgate_inter_token_seconds_count", route="chat", model="fake", backend="fake-0") <= 2
 
 
+def test_after_response_work_that_raises_is_counted_and_the_request_still_served(
+        fake_upstream_factory, proxy_factory, monkeypatch) -> None:
+    """A hook or the prefix stage's tracking that raises after the response (a bug) costs the
+    client nothing, and what it failed to record is not silently missing: it is logged and
+    counted in prefixgate_observation_errors_total by stage."""
+    up = fake_upstream_factory(lambda req: standard_stream(req))
+    proxy = proxy_factory([up.url])
+
+    class Broken:
+        async def before_route(self, ctx) -> None:
+            return None
+
+        def after_response(self, ctx) -> None:
+            raise RuntimeError("a hook's bug")
+
+    async def observe(*args, **kwargs):
+        raise ValueError("a tracking bug")
+
+    proxy.services.hooks.append(Broken())
+    monkeypatch.setattr(proxy.services.prefix.tracker, "observe", observe)
+    _, received = stream_chunks(proxy.url, CHAT)
+    assert b"".join(c for c, _ in received).endswith(sse(b"[DONE]"))
+    proxy.drain()
+    assert proxy.sample("prefixgate_observation_errors_total", stage="hook") == 1
+    assert proxy.sample("prefixgate_observation_errors_total", stage="prefix") == 1
+    assert proxy.sample("prefixgate_requests_total", route="chat", status="200") == 1
+
+
 def test_upstream_cookies_never_reach_other_clients(fake_upstream_factory, proxy_factory) -> None:
     """The upstream session is shared by every client: a Set-Cookie from a replica (say, an
     ingress's sticky-session cookie) must not be replayed on anyone's later requests."""

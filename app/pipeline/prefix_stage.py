@@ -351,6 +351,7 @@ class PrefixStage:
             await self._process(ctx, fp, output_ids)
         except Exception:  # observability must never take the proxy down
             log.exception("prefix after_response failed")
+            self.metrics.observation_errors.labels("prefix").inc()
 
     async def _process(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
         state = ctx.prefix

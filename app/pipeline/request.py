@@ -200,6 +200,8 @@ class RequestPipeline:
                 stage.after_response(ctx)
             except Exception:
                 log.exception("after_response of %s failed", type(stage).__name__)
+                kind = "prefix" if stage is self.prefix else "tracing" if stage is self.tracing else "hook"
+                self.metrics.observation_errors.labels(kind).inc()
         try:
             record_request(self.metrics, ctx, clock)  # 9
             if ctx.decision is not None and ctx.dialect.parses:
@@ -207,6 +209,7 @@ class RequestPipeline:
                     ctx.decision.prefill_tokens)
         except Exception:
             log.exception("recording metrics failed")
+            self.metrics.observation_errors.labels("metrics").inc()
         if ctx.admission.ticket is not None and self.admission is not None:
             task = asyncio.get_running_loop().create_task(self.admission.done(ctx.admission.ticket, ctx.prompt_tokens))
             _RELEASES.add(task)

@@ -239,6 +239,11 @@ class Metrics:
             "prefixgate_upstream_errors_total",
             "Upstream failures by kind (connect, status_5xx, timeout, midstream, ...).",
             ["backend", "kind"], registry=r)
+        self.observation_errors = Counter(
+            "prefixgate_observation_errors_total",
+            "Requests served whose after-response work raised (logged with its traceback), so "
+            "what it would have recorded is missing: stage=prefix (fingerprint, residency, "
+            "continuity, diagnosis), tracing, hook, metrics.", ["stage"], registry=r)
         self.migrations = Counter(
             "prefixgate_migrations_total",
             "Streams whose replica broke mid-answer, by what the gateway did: outcome=continued (the "

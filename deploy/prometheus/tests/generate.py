@@ -131,6 +131,15 @@ tests.append({'interval': '1m', 'input_series': [
   ], 'alert_rule_test': [
     {'eval_time': '3m', 'alertname': 'PrefixgateNoHealthyBackend', 'exp_alerts': [
         alert('PrefixgateNoHealthyBackend', {'instance': 'p1'})]}]})
+# --- observation errors: p1's tracking raised once at 5m; p2's counter never moved
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}observation_errors_total{{stage="prefix",instance="p1"}}', 'values': '0x4 1x30'},
+    {'series': f'{S}observation_errors_total{{stage="prefix",instance="p2"}}', 'values': '0x35'},
+  ], 'alert_rule_test': [
+    {'eval_time': '3m', 'alertname': 'PrefixgateObservationErrors', 'exp_alerts': []},
+    {'eval_time': '6m', 'alertname': 'PrefixgateObservationErrors', 'exp_alerts': [
+        alert('PrefixgateObservationErrors', {'instance': 'p1', 'stage': 'prefix'})]},
+    {'eval_time': '25m', 'alertname': 'PrefixgateObservationErrors', 'exp_alerts': []}]})
 # --- state backend: p1 down, p2 up
 tests.append({'interval': '1m', 'input_series': [
     {'series': f'{S}state_backend_up{{instance="p1"}}', 'values': '0x5'},
