@@ -68,6 +68,7 @@ from app.prefix.dynamic import (
     rolled_over,
 )
 from app.prefix.sketch import Region, RequestSketch
+from app.prefix.strings import common_prefix_len
 from app.prefix.value_kind import (
     reads_as_value,
     turn_value,
@@ -291,23 +292,7 @@ def continues(cur: RequestSketch, past: TenantPast) -> bool:
 
 # ---------------------------------------------------------------------- text helpers
 
-def lcp(a: str, b: str, a0: int = 0, b0: int = 0) -> int:
-    """Length of the common prefix of a[a0:] and b[b0:] (binary search over C-level compares)."""
-    n = min(len(a) - a0, len(b) - b0)
-    if n <= 0:
-        return 0
-    if a[a0:a0 + n] == b[b0:b0 + n]:
-        return n
-    lo, hi = 0, n  # a[a0:a0+lo] == b[b0:b0+lo], mismatch somewhere before hi
-    while hi - lo > 64:
-        mid = (lo + hi) // 2
-        if a[a0 + lo:a0 + mid] == b[b0 + lo:b0 + mid]:
-            lo = mid
-        else:
-            hi = mid
-    while lo < hi and a[a0 + lo] == b[b0 + lo]:
-        lo += 1
-    return lo
+lcp = common_prefix_len  # the common prefix of a[a0:] and b[b0:], at the cost of what they share
 
 
 _WORD_END = re.compile(r"[ \n\t\"'>:,.;]")  # an anchor follows one of these (a word start)

@@ -44,6 +44,7 @@ from app.prefix.fast_bpe import FastBPE
 from app.prefix.fast_bpe import build as build_fast_bpe
 from app.prefix.pool import ColdPool, encode_texts
 from app.prefix.resplit import Kept, SplitMemo
+from app.prefix.strings import common_prefix_len
 from app.prefix.template import ChatTemplate, load_chat_template
 
 DEFAULT_MEMO_BYTES = 128 * 1024 * 1024
@@ -69,7 +70,6 @@ CUT_STRIDE = 256
 INCREMENTAL_MIN_CHARS = 4096  # shorter segments are encoded whole and not indexed
 HEAD_CHARS = 256  # a long segment is indexed by its first HEAD_CHARS chars
 HEAD_CANDIDATES = 4  # most recent long segments kept per head
-PREFIX_PROBE_CHARS = 8192  # first chunk compared when measuring a shared prefix (doubles)
 
 
 @dataclass(slots=True)
@@ -113,27 +113,6 @@ def find_cuts(text: str, start: int = 0, stride: int = CUT_STRIDE) -> list[int]:
         out.append(last)
         pos = last + stride
     return out
-
-
-def common_prefix_len(a: str, b: str) -> int:
-    """Length of the longest common prefix of `a` and `b`: chunked C-speed compares (doubling
-    chunks, then a bisection inside the first chunk that differs)."""
-    n = min(len(a), len(b))
-    lo, step = 0, PREFIX_PROBE_CHARS
-    while lo < n:
-        hi = min(n, lo + step)
-        if not a.startswith(b[lo:hi], lo):
-            break
-        lo, step = hi, step * 2
-    else:
-        return n
-    while hi - lo > 1:  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-        mid = (lo + hi) // 2
-        if a.startswith(b[lo:mid], lo):
-            lo = mid
-        else:
-            hi = mid
-    return lo if a[lo] != b[lo] else hi
 
 
 class SegmentSplitter:
