@@ -26,6 +26,7 @@ point is the proxy's handling, not the simulator's decode speed.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -53,9 +54,14 @@ _strings = st.one_of(
     st.sampled_from(["", " ", "sim", "user", "assistant", "system", "tool", "text", "image_url",
                      "\u0000", "\ud7ff\ue000", "a" * 300, "<|im_start|>", "{{ x }}", "%s", "../"]),
 )
-PHRASES = ["Hello!", "What is the capital of France?", "You are a helpful assistant.",
-                            "Today is 2026-12-01 17:23:48.", "def f(x):\n    return x", "日本語のテキスト", "emoji 🙂",
-                            "line\r\nbreak", "tab\tsep", "quote \" and \\ backslash", "lorem ipsum " * 40]
+PHRASES = [
+    "Hello!", "What is the capital of France?", "You are a helpful assistant.", "Today is 2026-12-01 17:23:48.",
+    "def f(x):\n    return x", "日本語のテキスト", "emoji 🙂", "line\r\nbreak", "tab\tsep", "quote \" and \\ backslash",
+    "lorem ipsum " * 40,
+    # what reaches the dynamic-value detector, the digest's dates and the compaction rule
+    "Stand: 16. Jänner 2026, 09:31", "As of Sept. 9, 2026", "lunedì, 4.12. 14:05", "Request ID: req_8f3a9c",
+    "Queue depth: 9 (12/220)", "Summary of the conversation so far: the user asked about caches.",
+]
 _PHRASES = st.sampled_from(PHRASES)
 _TEXT = st.one_of(st.text(max_size=8), _PHRASES)
 _leaf = st.one_of(st.none(), st.booleans(), _ints, _floats, _strings)
@@ -248,8 +254,8 @@ def _finish_body(pool: Pool, r: random.Random, body: dict[str, Any], main: str) 
             body["messages"] = [{"role": "user", "content": "lorem ipsum " * (size // 12)}]
         else:
             body["prompt"] = "lorem ipsum " * (size // 12)
-    elif how == "not_object":
-        return r.choice(pool.jsons)
+    elif how == "not_object":  # a copy: the agents' routes reshape a dict body, and the pool's values are shared
+        return copy.deepcopy(r.choice(pool.jsons))
     return body
 
 

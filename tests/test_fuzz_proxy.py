@@ -220,6 +220,19 @@ def _held(snap: dict[str, Any]) -> int:
     return sum(counts)
 
 
+def _observation_errors(ports: list[int]) -> dict[str, float]:
+    """`prefixgate_observation_errors_total` by stage, summed over the proxies, where not zero."""
+    out: collections.Counter[str] = collections.Counter()
+    for port in ports:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert "# TYPE prefixgate_observation_errors_total counter" in text  # read where it is exported
+        for line in text.splitlines():
+            if line.startswith("prefixgate_observation_errors_total{"):
+                labels, _, value = line.rpartition(" ")
+                out[labels.split('stage="', 1)[1].split('"', 1)[0]] += float(value)
+    return {k: v for k, v in out.items() if v}
+
+
 def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> None:
     fig = Figures()
     five_xx: set[str] = set()
@@ -279,6 +292,7 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
             break
         time.sleep(0.1)
     from_clients = sum(n for (local, _, state), n in sockets.items() if local in fleet.proxies and state != "LISTEN")
+    observation_errors = _observation_errors(fleet.proxies)
     with capsys.disabled():
         print(f"\nfuzz: {sum(fig.sent.values())} requests ({len(fig.distinct)} distinct, cases sha256 "
               f"{cases_digest.hexdigest()[:16]}) in {fig.elapsed_s:.1f}s ({EXAMPLES} examples x {BATCH}, derandomized)")
@@ -292,7 +306,7 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
               f"(complete streams {fig.streams_ok}, client disconnects mid-stream {fig.dropped})")
         print(f"  after: proxy active {active}, sim running+waiting {busy}, sims dead {dead}, upstream pool acquired {acquired} "
               f"idle {idle}, proxy process sockets to sims {to_sims} (pools hold {held}), "
-              f"client connections still open {from_clients}")
+              f"client connections still open {from_clients}, observation errors {observation_errors or 'none'}")
         for req, out in by_time[:-4:-1]:
             print(f"  slowest {out.elapsed_s:.2f}s: {_describe(req, out)}")
         for title, items in (("proxy 5xx", fig.proxy_5xx), ("hang", fig.hangs), ("bad error", fig.bad_errors),
@@ -309,6 +323,9 @@ def test_fuzz_every_route(fleet: Fleet, capsys: pytest.CaptureFixture[str]) -> N
     assert dead == 0 and not fig.relayed_5xx
     assert to_sims <= held, "an open socket to a simulator that no client of the proxy holds"
     assert from_clients == 0
+    # the after-response work (tracking, tracing, hooks, metrics) failed on no request: such a
+    # failure is logged and counted, never answered, so only the counter shows it
+    assert not observation_errors, observation_errors
 
 
 def test_the_cases_are_the_same_in_every_process() -> None:
