@@ -26,15 +26,11 @@ from typing import Any
 
 import orjson
 
-from app.proxy.shape import Chunk, ParsedShape
+from app.proxy.shape import Chunk, ParsedShape, count
 
 _DELTA_TEXT = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
 _USAGE_KEYS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 API_ERROR = "api_error"
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def openai_usage(usage: Any) -> dict[str, Any] | None:
@@ -42,14 +38,14 @@ def openai_usage(usage: Any) -> dict[str, Any] | None:
     `input_tokens` count (the prompt size is then unknown)."""
     if not isinstance(usage, dict):
         return None
-    inp = _count(usage.get("input_tokens"))
+    inp = count(usage.get("input_tokens"))
     out: dict[str, Any] = {}
-    read = _count(usage.get("cache_read_input_tokens"))
+    read = count(usage.get("cache_read_input_tokens"))
     if inp is not None:
-        out["prompt_tokens"] = inp + (read or 0) + (_count(usage.get("cache_creation_input_tokens")) or 0)
+        out["prompt_tokens"] = inp + (read or 0) + (count(usage.get("cache_creation_input_tokens")) or 0)
         if read is not None:
             out["prompt_tokens_details"] = {"cached_tokens": read}
-    produced = _count(usage.get("output_tokens"))
+    produced = count(usage.get("output_tokens"))
     if produced is not None:
         out["completion_tokens"] = produced
     return out or None
@@ -78,11 +74,12 @@ class AnthropicShape(ParsedShape):
         super().__init__()
         self._usage: dict[str, Any] = {}
 
-    def meaning(self, obj: dict[str, Any], kind: Any) -> Chunk:
+    def meaning(self, obj: dict[str, Any], kind: str | None) -> Chunk:
         chunk = Chunk()
         if kind == "content_block_delta":
             delta = obj.get("delta")
-            field = _DELTA_TEXT.get(delta.get("type")) if isinstance(delta, dict) else None
+            kind = delta.get("type") if isinstance(delta, dict) else None
+            field = _DELTA_TEXT.get(kind) if isinstance(kind, str) else None
             value = delta.get(field) if field else None  # type: ignore[union-attr]
             if isinstance(value, str) and value:
                 chunk.generated = True
@@ -104,7 +101,7 @@ class AnthropicShape(ParsedShape):
     def _merge(self, usage: Any) -> dict[str, Any] | None:
         if isinstance(usage, dict):
             for key in _USAGE_KEYS:
-                if _count(usage.get(key)) is not None:
+                if count(usage.get(key)) is not None:
                     self._usage[key] = usage[key]
         return openai_usage(self._usage)
 

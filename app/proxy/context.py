@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.errors import ProxyError
+from app.proxy.shape import usage_counts
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -132,8 +133,9 @@ class Outcome:
         self.status = status
 
     def observed(self, usage: dict[str, Any] | None, text: str | None = None, response_id: str | None = None) -> None:
-        """What the whole answer said (a stream's observer, or a buffered JSON body)."""
-        self.usage = usage
+        """What the whole answer said (a stream's observer, or a buffered JSON body); a count
+        the engine sent malformed is left out of the usage every metric reads."""
+        self.usage = usage_counts(usage)
         if text is not None:
             self.output_text = text
         if response_id is not None:

@@ -33,7 +33,7 @@ import orjson
 from app.proxy.clock import StreamClock
 from app.proxy.observer import StreamObserver
 from app.proxy.openai_shape import drop_chunk_usage
-from app.proxy.shape import StreamShape
+from app.proxy.shape import StreamShape, count
 from app.proxy.sse import SSEParser
 from app.proxy.upstream import UpstreamError, classify_exception, let_go
 from app.routing.base import NoReplicaAvailable, RouteDecision, RouteRequest
@@ -90,7 +90,7 @@ def read_partial(dialect: Dialect, sent: bytes) -> Partial:
         if p.ids is None and "id" in obj:
             p.ids = {k: obj[k] for k in ("id", "created", "model", "system_fingerprint") if k in obj}
         usage = obj.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        if isinstance(usage, dict) and count(usage.get("completion_tokens")) is not None:
             p.usage = usage
         for choice in obj.get("choices") or []:
             _read_choice(dialect.chat_choices, choice, p)
@@ -226,13 +226,13 @@ class Splicer:
         completion = usage.get("completion_tokens")
         prompt = usage.get("prompt_tokens")
         first = self.partial.usage.get("prompt_tokens") if self.partial.usage is not None else None
-        if not isinstance(first, int):
-            first = prompt - sent if isinstance(prompt, int) else None
+        if count(first) is None:
+            first = prompt - sent if count(prompt) is not None and prompt >= sent else None
         out = {k: v for k, v in usage.items() if k not in ("prompt_tokens_details", "prompt_tokens",
                                                              "completion_tokens", "total_tokens")}
         if first is not None:
             out["prompt_tokens"] = first
-        if isinstance(completion, int):
+        if count(completion) is not None:
             out["completion_tokens"] = completion + sent
             if first is not None:
                 out["total_tokens"] = first + completion + sent

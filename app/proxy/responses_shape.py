@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from app.proxy.shape import Chunk, ParsedShape
+from app.proxy.shape import Chunk, ParsedShape, count
 
 GENERATED_TYPES = frozenset({
     "response.output_text.delta", "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
@@ -38,14 +38,12 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
     if not isinstance(usage, dict):
         return None
     out: dict[str, Any] = {}
-    if isinstance(usage.get("input_tokens"), int):
-        out["prompt_tokens"] = usage["input_tokens"]
-    if isinstance(usage.get("output_tokens"), int):
-        out["completion_tokens"] = usage["output_tokens"]
-    if isinstance(usage.get("total_tokens"), int):
-        out["total_tokens"] = usage["total_tokens"]
+    for ours, theirs in (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens"),
+                         ("total_tokens", "total_tokens")):
+        if count(usage.get(theirs)) is not None:
+            out[ours] = usage[theirs]
     details = usage.get("input_tokens_details")
-    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+    if isinstance(details, dict) and count(details.get("cached_tokens")) is not None:
         out["prompt_tokens_details"] = {"cached_tokens": details["cached_tokens"]}
     return out
 
@@ -74,7 +72,7 @@ class ResponsesShape(ParsedShape):
         super().__init__()
         self._next_sequence = 0  # the number the next event takes
 
-    def meaning(self, obj: dict[str, Any], kind: Any) -> Chunk:
+    def meaning(self, obj: dict[str, Any], kind: str | None) -> Chunk:
         seq = obj.get("sequence_number")
         # vLLM numbers its events 0, 1, 2, ...; a stream without numbers is counted instead
         self._next_sequence = seq + 1 if isinstance(seq, int) and not isinstance(seq, bool) else self._next_sequence + 1

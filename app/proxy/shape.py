@@ -15,6 +15,31 @@ from typing import Any, Protocol
 
 import orjson
 
+COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def count(value: Any) -> int | None:
+    """A token count as an engine reports one: a non-negative int, not a bool. Anything else (a
+    string, a float, -1, null) is an unknown count, never a number that looks like data."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_counts(usage: Any) -> dict[str, Any] | None:
+    """A chat-completions usage with its counts checked: a malformed count is dropped (absent),
+    and `prompt_tokens_details` keeps only a well-formed `cached_tokens`. Other members stay as
+    sent. None for a usage that is not an object."""
+    if not isinstance(usage, dict):
+        return None
+    out = {k: v for k, v in usage.items() if k not in COUNTS and k != "prompt_tokens_details"}
+    for key in COUNTS:
+        if count(usage.get(key)) is not None:
+            out[key] = usage[key]
+    details = usage.get("prompt_tokens_details")
+    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
+
 
 @dataclass(slots=True)
 class Chunk:
@@ -65,7 +90,8 @@ class StreamShape(Protocol):
 class ParsedShape:
     """The common part of a shape whose every event is parsed (`byte_scans = False`: the
     observer never byte-scans it, so the byte checks below are never consulted): the event's
-    JSON object and its type (the `type` member, else the `event:` name) go to `meaning`."""
+    JSON object and its type (the `type` member when a string, else the `event:` name) go to
+    `meaning`."""
 
     __slots__ = ("byte_scans",)
 
@@ -79,9 +105,10 @@ class ParsedShape:
             return Chunk(parsed=False)
         if not isinstance(obj, dict):
             return Chunk(parsed=False)
-        return self.meaning(obj, obj.get("type") or event)
+        kind = obj.get("type")
+        return self.meaning(obj, kind if isinstance(kind, str) and kind else event)
 
-    def meaning(self, obj: dict[str, Any], kind: Any) -> Chunk:
+    def meaning(self, obj: dict[str, Any], kind: str | None) -> Chunk:
         """What one parsed event means (the shape's own vocabulary)."""
         raise NotImplementedError
 

@@ -1,0 +1,301 @@
+"""Fuzzing what a replica answers: recorded vLLM answers, bent, through the real proxy on loopback.
+
+tests/test_fuzz_proxy.py bends what clients send; this bends what the engine sends back, on every
+route that reads it (chat and completions, stream and not; the Messages and Responses APIs, whose
+streams carry the usage in their own events). Each case takes a recorded answer of real vLLM
+(tests/fixtures/real_vllm*, see their READMEs) and applies one to three of: any JSON value in an
+event replaced by any other (counts as strings, negatives, 2**64, NaN, lists, objects where a count
+was), a key deleted, an event's data replaced by bytes that are not JSON (or not UTF-8), an event
+dropped, repeated or moved, `[DONE]` or the last event cut, the connection closed mid-answer, the
+status or content type changed; then the bytes are written in chunks cut at random offsets.
+
+What must hold, per case: an answer within the timeout (no hang), never a 500 the proxy made
+itself, and an error the proxy made (a 502 for a replica that failed) shaped as the route's API
+shapes its errors. Over the run: the after-response work failed on no request
+(`prefixgate_observation_errors_total`), every metric sample is a finite number and every counter
+non-negative (a count the engine sent as -1 or "12" or 1e308 is not counted as tokens), no request
+is left active, and the proxy still answers a plain request. `PREFIXGATE_UPSTREAM_FUZZ_CASES`
+(default 2,000, ~3 s) cases, seeded: a failure reproduces with its case number. Two bugs it found
+are pinned below: a `prompt_tokens_details` that was not an object dropped the request's
+metrics and tracking, and a Messages or Responses event whose `type` was not a string answered
+the client a 500 (or cut its stream).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import operator
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fake_upstream import FakeResponse, SeenRequest
+from prometheus_client.parser import text_string_to_metric_families
+
+CASES = int(os.environ.get("PREFIXGATE_UPSTREAM_FUZZ_CASES", "2000"))
+TIMEOUT_S = 15.0
+FIXTURES = Path(__file__).parent / "fixtures"
+
+COMPLETIONS_JSON = json.dumps({
+    "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "fake",
+    "choices": [{"index": 0, "text": " ident overridden", "logprobs": None, "finish_reason": "length",
+                 "stop_reason": None}],
+    "usage": {"prompt_tokens": 1793, "total_tokens": 1801, "completion_tokens": 8,
+              "prompt_tokens_details": {"cached_tokens": 0}}}).encode()
+ANSWERS: dict[tuple[str, bool], bytes] = {  # (route, stream) -> a recorded answer of real vLLM
+    ("chat", True): (FIXTURES / "real_vllm" / "chat_stream_cold.sse").read_bytes(),
+    ("chat", False): (FIXTURES / "real_vllm" / "chat_nonstream.json").read_bytes().strip(),
+    ("completions", True): (FIXTURES / "real_vllm" / "completions_stream.sse").read_bytes(),
+    ("completions", False): COMPLETIONS_JSON,
+    ("messages", True): (FIXTURES / "real_vllm_agents" / "messages_stream.sse").read_bytes(),
+    ("messages", False): (FIXTURES / "real_vllm_agents" / "messages.json").read_bytes().strip(),
+    ("responses", True): (FIXTURES / "real_vllm_agents" / "responses_stream.sse").read_bytes(),
+    ("responses", False): (FIXTURES / "real_vllm_agents" / "responses.json").read_bytes().strip(),
+}
+REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}),
+    "completions": ("/v1/completions", {"prompt": "Hello", "max_tokens": 8}),
+    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}),
+    "responses": ("/v1/responses", {"input": "Hello", "max_output_tokens": 8}),
+}
+VALUES: list[Any] = [None, True, False, 0, -1, -(2**63), 2**64 + 1, 10**30, 1.5, -0.0, 1e308, float("nan"),
+                     float("inf"), "", "x", "12", "NaN", "\u0000", "\ud800", [], [0], ["a", 1], {}, {"cached_tokens": -3},
+                     {"a": {"b": None}}]
+GARBAGE = [b"{", b"not json", b"\xff\xfe\xfd", b"[]", b"null", b"5", b'"text"', b'{"choices": 5}',
+           b'{"type": 7}', b"{}" * 3, b"data: data: {}"]
+
+
+def _nodes(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield path
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _nodes(v, (*path, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _nodes(v, (*path, i))
+
+
+def _bend_json(obj: Any, r: random.Random) -> Any:
+    """One value replaced (half the time one under a `usage`, where the counts are) or one key
+    or item deleted."""
+    paths = [p for p in _nodes(obj) if p]
+    if not paths:
+        return r.choice(VALUES)
+    counts = [p for p in paths if "usage" in p]
+    path = r.choice(counts if counts and r.random() < 0.5 else paths)
+    parent = functools.reduce(operator.getitem, path[:-1], obj)
+    if r.random() < 0.25:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = r.choice(VALUES)
+    return obj
+
+
+def _dump(obj: Any, r: random.Random) -> bytes:
+    return json.dumps(obj, ensure_ascii=r.random() < 0.5, separators=(",", ":")).encode("utf-8", "surrogatepass")
+
+
+def _events(answer: bytes) -> list[bytes]:
+    return [e + b"\n\n" for e in answer.split(b"\n\n") if e.strip()]
+
+
+def _bend_event(event: bytes, r: random.Random) -> bytes:
+    """An SSE event with its JSON bent, or its data replaced by garbage."""
+    head, sep, data = event.rstrip(b"\n").rpartition(b"data: ")
+    if not sep:
+        return event
+    try:
+        obj = json.loads(data)
+    except ValueError:  # [DONE], or an event an earlier bend cut
+        obj = None
+    if obj is None or r.random() < 0.3:
+        return head + b"data: " + r.choice(GARBAGE) + b"\n\n"
+    return head + b"data: " + _dump(_bend_json(obj, r), r) + b"\n\n"
+
+
+def bend_stream(answer: bytes, r: random.Random) -> tuple[bytes, list[str]]:
+    events, done = _events(answer), []
+    for _ in range(r.randint(1, 3)):
+        how = r.choice(["event", "event", "event", "drop", "repeat", "move", "cut_last", "garbage_line"])
+        i = r.randrange(len(events)) if events else 0
+        if not events:
+            break
+        if how == "event":
+            events[i] = _bend_event(events[i], r)
+        elif how == "drop":
+            del events[i]
+        elif how == "repeat":
+            events.insert(i, events[i])
+        elif how == "move":
+            moved = events.pop(i)
+            events.insert(r.randrange(len(events) + 1), moved)
+        elif how == "cut_last":
+            events[-1] = events[-1][:r.randrange(len(events[-1]) + 1)]
+        else:  # a line that is no SSE field, or a comment
+            events.insert(i, r.choice([b": keep-alive\n\n", b"garbage\n\n", b"id: 7\nretry: x\n\n", b"\n"]))
+        done.append(how)
+    return b"".join(events), done
+
+
+def bend_json(answer: bytes, r: random.Random) -> tuple[bytes, list[str]]:
+    if r.random() < 0.2:
+        return r.choice(GARBAGE), ["garbage"]
+    obj = json.loads(answer)
+    for _ in range(r.randint(1, 3)):
+        obj = _bend_json(obj, r)
+    return _dump(obj, r), ["json"]
+
+
+def _pieces(raw: bytes, r: random.Random) -> list[tuple[float, bytes]]:
+    cuts = sorted(r.sample(range(1, len(raw)), min(len(raw) - 1, r.randint(0, 6)))) if len(raw) > 1 else []
+    bounds = [0, *cuts, len(raw)]
+    return [(0.0, raw[a:b]) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def make_case(i: int) -> tuple[str, bool, FakeResponse, list[str]]:
+    r = random.Random(i)
+    route, stream = r.choice(sorted(ANSWERS))
+    answer = ANSWERS[(route, stream)]
+    raw, how = bend_stream(answer, r) if stream else bend_json(answer, r)
+    headers = {"content-type": "text/event-stream" if stream else "application/json"}
+    status = 200
+    if r.random() < 0.1:
+        status = r.choice([400, 404, 429, 500, 503])
+        how.append(f"status {status}")
+    if r.random() < 0.1:
+        headers["content-type"] = r.choice(["text/plain", "application/json", "text/event-stream", "", "x/y; q=1"])
+        how.append(f"content-type {headers['content-type']!r}")
+    chunks = _pieces(raw, r) or [(0.0, b"")]
+    die_after = None
+    if r.random() < 0.1 and len(chunks) > 1:
+        die_after = r.randrange(1, len(chunks))
+        how.append(f"closed after chunk {die_after}")
+    return route, stream, FakeResponse(status=status, headers=headers, chunks=chunks, die_after=die_after), how
+
+
+def _error_shaped(route: str, body: bytes) -> bool:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return False
+    if route == "messages":
+        return obj.get("type") == "error" and isinstance(obj.get("error"), dict) and "message" in obj["error"]
+    return isinstance(obj.get("error"), dict) and "message" in obj["error"]
+
+
+def test_bent_answers_of_a_replica(fake_upstream_factory, proxy_factory) -> None:
+    cases = {str(i): make_case(i) for i in range(CASES)}
+
+    def script(req: SeenRequest) -> FakeResponse:
+        case = req.headers.get("x-fuzz-case")
+        if case is None:  # a plain request after the run
+            route = "chat" if req.path.endswith("/chat/completions") else "completions"
+            return FakeResponse(headers={"content-type": "application/json"},
+                                chunks=[(0.0, ANSWERS[(route, False)])])
+        return cases[case][2]
+
+    upstream = fake_upstream_factory(script)
+    proxy = proxy_factory(upstream.url, limits={"first_byte_timeout_s": 2.0, "read_timeout_s": 2.0})
+    failures: list[str] = []
+    statuses: dict[int, int] = {}
+    with httpx.Client(base_url=proxy.url, timeout=TIMEOUT_S) as client:
+        for key, (route, stream, response, how) in cases.items():
+            path, body = REQUESTS[route]
+            body = {**body, "model": "fake", "stream": stream}
+            try:
+                got = client.post(path, json=body, headers={"x-fuzz-case": key})
+            except httpx.HTTPError as exc:
+                failures.append(f"case {key} {route} stream={stream} {how}: {type(exc).__name__} {exc}")
+                continue
+            statuses[got.status_code] = statuses.get(got.status_code, 0) + 1
+            mine = got.status_code != response.status  # not the replica's status relayed
+            if got.status_code >= 500 and mine and got.status_code != 502:
+                failures.append(f"case {key} {route} stream={stream} {how}: {got.status_code} {got.content[:200]!r}")
+            elif mine and got.status_code >= 400 and not _error_shaped(route, got.content):
+                failures.append(f"case {key} {route} stream={stream} {how}: unshaped {got.status_code} "
+                                f"{got.content[:200]!r}")
+        proxy.drain()
+        plain = client.post("/v1/chat/completions", json={"model": "fake", "max_tokens": 8,
+                                                          "messages": [{"role": "user", "content": "Hi"}]})
+    proxy.drain()
+    print(f"\nupstream fuzz: {CASES} cases, client statuses {dict(sorted(statuses.items()))}")
+    assert not failures, "\n".join(failures[:20])
+    assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"]
+    assert proxy.app.openai.active == 0
+    bad: list[str] = []
+    errors = 0.0
+    for family in text_string_to_metric_families(proxy.metrics_text()):
+        for s in family.samples:
+            if not math.isfinite(s.value) and not (s.name.endswith("_bucket") and s.labels.get("le") == "+Inf"):
+                bad.append(f"{s.name}{s.labels} = {s.value}")
+            elif family.type == "counter" and s.value < 0:
+                bad.append(f"{s.name}{s.labels} = {s.value}")
+            if s.name == "prefixgate_observation_errors_total":
+                errors += s.value
+    assert not bad, bad[:20]
+    assert errors == 0, [ln for ln in proxy.metrics_text().splitlines() if "observation_errors" in ln]
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_the_cases_are_bent_and_reproducible(i: int) -> None:
+    """The same number makes the same case, and cases do differ from the recorded answers."""
+    a, b = make_case(i), make_case(i)
+    assert a[0] == b[0] and a[1] == b[1] and a[2].chunks == b[2].chunks and a[3] == b[3]
+    bent = b"".join(c for _, c in a[2].chunks)
+    assert bent != ANSWERS[(a[0], a[1])] or a[2].status != 200 or a[2].die_after is not None
+
+
+def _stream_of(events: list[Any]) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "fake"}
+
+
+@pytest.mark.parametrize("details", [7, 1.5, "12", [3], True])
+def test_a_malformed_cached_count_is_unknown_and_the_request_still_counted(details, fake_upstream_factory,
+                                                                           proxy_factory) -> None:
+    """usage.prompt_tokens_details that is not an object: the prompt tokens are counted, the
+    cached ones are absent (not a number), and the after-response work does not fail."""
+    answer = _stream_of([
+        {**CHUNK, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {**CHUNK, "choices": [{"index": 0, "delta": {"content": "Hi there"}, "finish_reason": "stop"}]},
+        {**CHUNK, "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11,
+                                           "prompt_tokens_details": details}}])
+    upstream = fake_upstream_factory(lambda req: FakeResponse(chunks=[(0.0, answer)]))
+    proxy = proxy_factory(upstream.url)
+    got = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10, json={
+        "model": "fake", "stream": True, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+    assert got.status_code == 200 and b"Hi there" in got.content
+    proxy.drain()
+    labels = {"route": "chat", "model": "fake", "tenant": "default"}
+    assert proxy.sample("prefixgate_prompt_tokens_total", **labels) == 9
+    assert proxy.sample("prefixgate_cached_tokens_total", **labels, source="engine") is None
+    assert proxy.sample("prefixgate_observation_errors_total", stage="metrics") in (None, 0)
+    assert proxy.sample("prefixgate_observation_errors_total", stage="prefix") in (None, 0)
+
+
+@pytest.mark.parametrize(("route", "event"), [
+    ("messages", {"type": "content_block_delta", "index": 0, "delta": {"type": {"x": 1}, "text": "a"}}),
+    ("messages", {"type": ["content_block_delta"], "index": 0, "delta": {"type": "text_delta", "text": "a"}}),
+    ("responses", {"type": {"t": "response.output_text.delta"}, "delta": "a", "sequence_number": 3}),
+])
+def test_an_event_whose_type_is_not_a_string_is_relayed(route, event, fake_upstream_factory, proxy_factory) -> None:
+    """A Messages or Responses event whose `type` (or its delta's) is an object or a list is
+    relayed as it came: the stream reaches the client whole, no 500."""
+    answer = ANSWERS[(route, True)]
+    events = _events(answer)
+    name = b"event: content_block_delta\n" if route == "messages" else b"event: response.output_text.delta\n"
+    bent = b"".join([*events[:2], name + b"data: " + json.dumps(event).encode() + b"\n\n", *events[2:]])
+    upstream = fake_upstream_factory(lambda req: FakeResponse(chunks=[(0.0, bent)]))
+    proxy = proxy_factory(upstream.url)
+    path, body = REQUESTS[route]
+    got = httpx.post(f"{proxy.url}{path}", timeout=10, json={**body, "model": "fake", "stream": True})
+    assert got.status_code == 200
+    assert got.content == bent
