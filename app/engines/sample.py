@@ -12,6 +12,7 @@ agrees on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -66,13 +67,17 @@ def _slim(text: str) -> str:
 
 def parse_exposition(text: str) -> Samples:
     """Prometheus text -> {sample name: [(labels, value), ...]}. `_created` samples (counter
-    creation stamps) and histogram buckets are dropped: they are not values we use."""
+    creation stamps) and histogram buckets are dropped: they are not values we use. So is a NaN,
+    an infinity or a negative value: every value read here is a count, a size, a ratio or a time,
+    and such a value is an unknown one (absent), never a number that looks like data."""
     samples: Samples = {}
     for family in text_string_to_metric_families(_slim(text)):
         for s in family.samples:
             if s.name.endswith("_created"):
                 continue
-            samples.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
+            value = float(s.value)
+            if math.isfinite(value) and value >= 0:
+                samples.setdefault(s.name, []).append((dict(s.labels), value))
     return samples
 
 
@@ -137,6 +142,7 @@ def parse_bool(value: str | None) -> bool | None:
 
 
 def put(target: dict[str, float], key: str, value: float | None) -> None:
-    """Adds a value only when present, so absent families stay absent."""
-    if value is not None:
+    """Adds a value only when present, so absent families stay absent; a KV usage past 1 (it is a
+    fraction) is not a value either."""
+    if value is not None and not (key == KV_USAGE and value > 1):
         target[key] = value
