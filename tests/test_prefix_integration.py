@@ -162,6 +162,39 @@ def test_engine_mode_uses_replica_tokenize(sim_factory, proxy_factory) -> None:
     assert not [n for n in vars(hook.fingerprinter.engine) if "client" in n]
 
 
+@pytest.mark.parametrize("answer", [
+    (404, b'{"detail": "Not Found"}'), (200, b'{"tokens": [1, -5, 2]}'), (200, b'{"tokens": [1, 2.5]}'),
+    (200, b'{"tokens": [true, 2]}'), (200, b'{"tokens": [1, 4294967296]}'), (200, b'{"count": 3}'), (200, b"[1, 2"),
+])
+def test_engine_mode_without_the_engine_s_ids_serves_and_counts_the_loss(fake_upstream_factory, proxy_factory,
+                                                                          caplog, answer) -> None:
+    """`prefix.mode: engine` and a /tokenize that fails or answers something that is no list of
+    token ids (a negative, a float, a bool, an id past 32 bits): every request is served, each
+    is counted in prefixgate_engine_tokenize_failures_total, none as an observation error (it is
+    the engine's fault, not a bug), and one warning is logged, not a traceback a request."""
+    from fake_upstream import FakeResponse
+
+    from tests.test_fuzz_upstream import ANSWERS
+
+    status, body = answer
+
+    def script(req):
+        if req.path == "/tokenize":
+            return FakeResponse(status=status, headers={"content-type": "application/json"}, chunks=[(0.0, body)])
+        return FakeResponse(headers={"content-type": "application/json"}, chunks=[(0.0, ANSWERS[("chat", False)])])
+
+    proxy = proxy_factory(fake_upstream_factory(script).url, prefix={"mode": "engine"})
+    for i in range(3):
+        got = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10, json={
+            "model": "fake", "max_tokens": 4, "messages": [{"role": "user", "content": f"Hello {i}"}]})
+        assert got.status_code == 200
+    proxy.drain()
+    assert proxy.sample("prefixgate_engine_tokenize_failures_total") == 3
+    assert proxy.sample("prefixgate_observation_errors_total", stage="prefix") in (None, 0)
+    lost = [r for r in caplog.records if r.name == "prefixgate.prefix"]
+    assert len(lost) == 1 and lost[0].levelname == "WARNING" and lost[0].exc_info is None
+
+
 def test_cold_big_prompt_is_known_by_the_next_turn(sim_factory, proxy_factory) -> None:
     """A system prompt too big to encode inline is tokenised while the first request is in
     flight, and its blocks are in the index before the next turn is routed. The next turn waits

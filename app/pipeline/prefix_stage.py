@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
 from app.prefix.convert_messages import requires_system_first
 from app.prefix.convert_responses import ResponseHistory, continued_history
+from app.prefix.engine_tokenize import EngineTokenizeError
 from app.prefix.fingerprint import ChainTip, Fingerprint, Fingerprinter
 from app.prefix.namespace import request_namespace
 from app.prefix.sketch import build_sketch
@@ -75,6 +77,7 @@ MODES = ("exact", "engine", "approx")
 # memory.budget_mb (docs/agents-responses.md)
 RESPONSE_HISTORY_BYTES = 16 * 1024 * 1024
 INLINE_OUTPUT_CHARS = 4096  # generated text encoded inside after_response (< 1 ms)
+TOKENIZE_WARN_EVERY_S = 60.0  # an engine whose /tokenize fails: one log line a minute, every request counted
 
 
 def routed_mode(fp: Fingerprint) -> str:
@@ -95,6 +98,7 @@ class PrefixStage:
         """`shared_index`: the residency index is shared with other processes (Redis, `serve
         --workers`, KV events); `kv_events`: the subscriber, in KV-event mode."""
         self.settings = settings
+        self._tokenize_warned = -TOKENIZE_WARN_EVERY_S
         self.metrics = metrics
         self.replicas = replicas
         self.residency = residency
@@ -349,6 +353,12 @@ class PrefixStage:
     async def _after(self, ctx: RequestContext, fp: Fingerprint, output_ids: Any) -> None:
         try:
             await self._process(ctx, fp, output_ids)
+        except EngineTokenizeError as exc:  # the engine's fault, not ours: counted, logged once a minute
+            self.metrics.engine_tokenize_failures.inc()
+            now = time.monotonic()
+            if now - self._tokenize_warned >= TOKENIZE_WARN_EVERY_S:
+                self._tokenize_warned = now
+                log.warning("prefix tracking lost: %s (prefixgate_engine_tokenize_failures_total counts them)", exc)
         except Exception:  # observability must never take the proxy down
             log.exception("prefix after_response failed")
             self.metrics.observation_errors.labels("prefix").inc()

@@ -28,6 +28,12 @@ class ReplicaSource(Protocol):
 
 
 SessionSource = Callable[[], aiohttp.ClientSession | None]
+MAX_ID = 2**32  # ids are packed as array('I') (app/prefix/chain.py)
+
+
+class EngineTokenizeError(RuntimeError):
+    """The engine gave no ids for a prompt: unreachable, an HTTP error, or an answer that is not a
+    list of token ids. The request is served; only its tracking is lost."""
 
 
 class EngineTokenize:
@@ -42,19 +48,25 @@ class EngineTokenize:
         replicas = self.replicas.all()
         healthy = [r for r in replicas if r.healthy] or replicas
         if not healthy:
-            raise RuntimeError("no replica to ask for /tokenize")
+            raise EngineTokenizeError("no replica to ask for /tokenize")
         return healthy[0].url.rstrip("/") + "/tokenize"
 
     async def tokenize(self, payload: Mapping[str, Any]) -> list[int]:
+        """The engine's ids; EngineTokenizeError when it gives none (never an id it did not send:
+        a float, a bool or a negative number is no token id)."""
         session = self.session()
         if session is None or session.closed:
-            raise RuntimeError("the upstream session is not started")
-        # identity: the shared session does not decompress (the relay passes bytes through as sent)
-        async with session.post(self._url(), json=dict(payload), timeout=self.timeout,
-                                headers={"accept-encoding": "identity"}) as resp:
-            resp.raise_for_status()
-            body = await resp.json(content_type=None)
+            raise EngineTokenizeError("the upstream session is not started")
+        try:
+            # identity: the shared session does not decompress (the relay passes bytes through as sent)
+            async with session.post(self._url(), json=dict(payload), timeout=self.timeout,
+                                    headers={"accept-encoding": "identity"}) as resp:
+                resp.raise_for_status()
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise EngineTokenizeError(f"/tokenize failed: {type(exc).__name__}: {exc}") from exc
         tokens = body.get("tokens") if isinstance(body, dict) else None
-        if not isinstance(tokens, list):
-            raise ValueError("/tokenize returned no tokens")
-        return [int(t) for t in tokens]
+        if not isinstance(tokens, list) or not all(
+                type(t) is int and 0 <= t < MAX_ID for t in tokens):  # noqa: E721 -- a bool is no id
+            raise EngineTokenizeError("/tokenize answered no list of token ids")
+        return tokens

@@ -178,6 +178,11 @@ class Metrics:
             "their chain after the response: completed (the pool had room by then: prediction and "
             "tracking exact) or dropped (still full: tracked on the leading blocks only). Exact in "
             "the end = (all - approx + completed) / all.", ["outcome"], registry=r)
+        self.engine_tokenize_failures = Counter(
+            "prefixgate_engine_tokenize_failures_total",
+            "Requests whose prompt ids the engine's /tokenize did not give (`prefix.mode` engine): "
+            "unreachable, an HTTP error, or no list of token ids. The request was served; its "
+            "prediction, residency and continuity were not recorded.", registry=r)
         self.memory_budget = Gauge(
             "prefixgate_memory_budget_bytes",
             "memory.budget_mb in bytes: the bound on what the gateway keeps between requests "
