@@ -12,6 +12,8 @@ counters, ids, flags, list markers, tags, JSON, long one-line and many-line docu
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
 from typing import Any
 
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import build_sketch
 from app.prefix.tokens import SegmentTokenizer
-from app.prefix.tracker import TenantTracker
+from app.prefix.tracker import TenantTracker, tenant_report
 from app.state.memory import MemoryStore
 
 PIECES = (
@@ -129,3 +131,55 @@ async def observe_all(fpr: Fingerprinter, rng: random.Random) -> tuple[int, list
 def test_any_conversation_is_recorded_on_one_pod_and_on_two(fingerprinter: Fingerprinter, seed: int) -> None:
     sent, recorded = asyncio.run(observe_all(fingerprinter, random.Random(seed)))
     assert recorded == [sent, sent, 3]
+
+
+JSON_VALUES: list[Any] = [None, True, -1, 0, 2**70, 1.5, float("nan"), float("inf"), "", "x", "12", "pod:7", ":",
+                          [], [1, "a"], [[1, 2, 3]], {}, {"a": None}, {"lines": 5}]
+
+
+def bent_record(rng: random.Random, rec: dict[str, Any]) -> Any:
+    """A copy of `rec` as a pod of another version (or a bug) might have written it: fields
+    replaced by any JSON value, the digest's members too, or no object at all."""
+    if rng.random() < 0.05:
+        return rng.choice(JSON_VALUES)
+    out = dict(rec)
+    digest = dict(out["digest"]) if isinstance(out.get("digest"), dict) else None
+    for _ in range(rng.randint(1, 4)):
+        if digest is not None and rng.random() < 0.5:
+            digest[rng.choice(sorted(digest) or ["lines"])] = rng.choice(JSON_VALUES)
+        else:
+            out[rng.choice(sorted(out) or ["seq"])] = rng.choice(JSON_VALUES)
+    if digest is not None and "digest" in out and isinstance(out["digest"], dict):
+        out["digest"] = digest
+    return out
+
+
+async def observe_beside_bent_records(fpr: Fingerprinter, rng: random.Random) -> tuple[int, int]:
+    """Two pods on one Store; after each request a third party appends a bent copy of its record.
+    Returns (requests sent, records the two pods wrote)."""
+    store = MemoryStore()
+    pods = [TenantTracker(store), TenantTracker(store)]
+    system, turns = conversation(rng)
+    sent, recorded = rng.randint(2, 6), 0
+    for i in range(sent):
+        if i:
+            system, turns = next_request(rng, system, turns)
+        inp = prompt_input("chat", {"messages": system + turns})
+        fp = fpr.complete_sync(fpr.prepare(inp, 16))
+        pod = pods[i % 2]
+        await pod.observe("t", fp.block_hashes, build_sketch(inp, fp.text or ""), 16)
+        newest = (await store.history_recent("t", 1))[-1]
+        recorded += str(newest.get("rid")).startswith(f"{pod.pod}:")  # this request's own record
+        await store.history_append("t", bent_record(rng, newest))
+        json.dumps(await tenant_report(store, "t"), allow_nan=False)  # served as strict JSON
+    return sent, recorded
+
+
+@settings(max_examples=int(os.environ.get("PREFIXGATE_TRACKER_FUZZ", "60")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_record_another_pod_bent_is_read_as_unknown(fingerprinter: Fingerprinter, seed: int) -> None:
+    """Records in the shared Store come from other pods, maybe of another version: whatever one
+    holds, the next request is diagnosed and recorded, and the tenant's report is built."""
+    sent, recorded = asyncio.run(observe_beside_bent_records(fingerprinter, random.Random(seed)))
+    assert recorded == sent

@@ -142,6 +142,30 @@ def sampled_prefix(chain: Sequence[int], sample: Sequence[Sequence[int]]) -> int
     return best
 
 
+# the members of a Store record the tracker reads, and their types (absent or null: unknown)
+_READ_MEMBERS = (("sample", list), ("turn", str), ("sys", str), ("edit", str), ("rid", str), ("digest", dict))
+
+
+def readable(rec: Any) -> bool:
+    """A record whose members the tracker reads have their types. Records come from every pod,
+    maybe of another version (or a bug): one that does not is not read, as if absent. The
+    sample's pairs are checked where they are read (`sampled_prefix`, under `_sample_match`)."""
+    if type(rec) is not dict:
+        return False
+    for key, kind in _READ_MEMBERS:
+        value = rec.get(key)
+        if value is not None and type(value) is not kind:
+            return False
+    return True
+
+
+def _sample_match(chain: Sequence[int], sample: Sequence[Sequence[int]]) -> int:
+    try:
+        return sampled_prefix(chain, sample)
+    except (TypeError, ValueError):  # pairs that are not [index, hash]: no match known
+        return 0
+
+
 class TenantTracker:
     """Observe requests, answer continuity, diagnose breaks, write records and counters."""
 
@@ -202,9 +226,9 @@ class TenantTracker:
         best_seq = run.stamp if run is not None else None
         # every request reads the tenant's recent records (written by every pod): a pod that did not
         # see the previous turns still knows the tenant's conversations and a lower bound of the match
-        records = await self.store.history_recent(tenant, PAST_RECORDS)
+        records = [r for r in await self.store.history_recent(tenant, PAST_RECORDS) if readable(r)]
         for rec in records:
-            matched = max(matched, sampled_prefix(chain, rec.get("sample") or []))
+            matched = max(matched, _sample_match(chain, rec.get("sample") or []))
         continuity = (matched / total) if total else None
         diag: Diagnosis | None = None
         fields: dict[str, Any] = {}
@@ -531,11 +555,11 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
     unmatched blocks (the one cold turn) are `unmatched_blocks.compaction`.
     `breaks_by_cause` lists every diagnosed cause, `new_session` and `compaction` included.
     `bill` is each cause's cost so far (bill_by_cause); compactions and new sessions have none."""
-    records = await store.history_recent(tenant, window)
+    records = [_plain(r) for r in await store.history_recent(tenant, window) if type(r) is dict]
     counters = await store.counters(tenant)
-    blocks = sum(int(r.get("blocks") or 0) for r in records)
-    matched = sum(int(r.get("matched") or 0) for r in records)
-    breaks = [r for r in records if r.get("cause") and r.get("cause") not in NOT_A_PROBLEM]
+    blocks = sum(_whole(r.get("blocks")) for r in records)
+    matched = sum(_whole(r.get("matched")) for r in records)
+    breaks = [r for r in records if type(r.get("cause")) is str and r["cause"] not in NOT_A_PROBLEM]
     by_cause = {k.split(":", 1)[1]: int(v) for k, v in counters.items() if k.startswith("breaks:")}
     not_breaks = sum(v for k, v in by_cause.items() if k in NOT_A_PROBLEM)
     keys = ("seq", "ts", "cause", "block_index", "token_offset", "char_offset", "blocks", "matched",
@@ -557,6 +581,27 @@ async def tenant_report(store: Any, tenant: str, window: int = 64, last_breaks: 
         "last_breaks": [{k: r.get(k) for k in keys if k in r} for r in breaks[-last_breaks:]][::-1],
         "recent": [{k: r.get(k) for k in ("seq", "continuity", "cause", "ttft_s", "prompt_tokens")} for r in records],
     }
+
+
+def _whole(value: Any) -> int:
+    """A record's block count, 0 when it holds none (or something else: another pod's bent record)."""
+    return int(value) if type(value) in (int, float) and math.isfinite(value) and value >= 0 else 0
+
+
+def _plain(value: Any, depth: int = 8) -> Any:
+    """`value` as strict JSON can hold it (the report is served as JSON): a NaN or an infinity, a
+    key that is not a string, or nesting past `depth` is None."""
+    if value is None or type(value) in (str, bool, int):
+        return value
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if depth <= 0:
+        return None
+    if type(value) is list:
+        return [_plain(v, depth - 1) for v in value]
+    if type(value) is dict:
+        return {k: _plain(v, depth - 1) for k, v in value.items() if type(k) is str}
+    return None
 
 
 def bill_by_cause(counters: dict[str, float]) -> dict[str, dict[str, Any]]:
