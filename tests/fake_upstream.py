@@ -41,11 +41,12 @@ def sse(obj: object) -> bytes:
 
 class FakeUpstream:
     def __init__(self, script: Script, model: str = "fake", health_delay_s: float = 0.0,
-                 models_delay_s: float = 0.0) -> None:
+                 models_delay_s: float = 0.0, models_body: bytes | None = None) -> None:
         self.script = script
         self.model = model
         self.health_delay_s = health_delay_s  # /health answers this late (a busy engine's probe)
         self.models_delay_s = models_delay_s  # /v1/models answers this late
+        self.models_body = models_body  # /v1/models answers these bytes (default: a list of `model`)
         self.requests: list[SeenRequest] = []
         self.sent: list[tuple[bytes, float]] = []  # (chunk, perf_counter right after sendall)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -122,7 +123,7 @@ class FakeUpstream:
         if req.path == "/v1/models":
             if self.models_delay_s:
                 time.sleep(self.models_delay_s)
-            body = orjson.dumps({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+            body = self.models_body or orjson.dumps({"object": "list", "data": [{"id": self.model, "object": "model"}]})
             conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                          + str(len(body)).encode() + b"\r\n\r\n" + body)
             return True

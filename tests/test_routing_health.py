@@ -97,3 +97,22 @@ def test_the_gateway_starts_serving_once_every_replica_s_model_list_is_known(
     backends = [httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=10).headers["x-prefixgate-backend"]
                 for _ in range(2)]
     assert backends == ["a", "b"]
+
+
+def test_a_models_list_with_entries_that_are_no_model_lists_the_rest(fake_upstream_factory, proxy_factory) -> None:
+    """A replica's /v1/models whose entries are no object, have no string id, or hold a NaN (JSON
+    parsers accept one): the gateway lists and routes the well-formed entries; its /v1/models
+    answered 500 before (an unhashable or missing id, a NaN strict JSON refuses)."""
+    body = (b'{"object": "list", "data": [{"id": "good", "max_model_len": 4096}, {"id": {"x": 1}}, '
+            b'{"object": "model"}, "text", 5, {"id": "bad", "max_model_len": NaN}]}')
+    upstream = fake_upstream_factory(lambda req: FakeResponse(headers={"content-type": "application/json"}, chunks=[
+        (0.0, orjson.dumps({"id": "c", "object": "chat.completion", "created": 1, "model": "good", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}))]),
+        model="good", models_body=body)
+    proxy = proxy_factory(upstream.url)
+    listed = httpx.get(f"{proxy.url}/v1/models", timeout=10)
+    assert listed.status_code == 200
+    assert [m["id"] for m in listed.json()["data"]] == ["good"]
+    got = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10, json={
+        "model": "good", "max_tokens": 2, "messages": [{"role": "user", "content": "Hello"}]})
+    assert got.status_code == 200

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 
@@ -32,6 +33,20 @@ PROBE_TIMEOUTS_TO_FAIL = 2  # consecutive probe timeouts before a healthy replic
 OPEN_PROBE_S = 1.0  # probe period for replicas whose breaker is open
 PROBE_TIMEOUT_S = 2.0
 
+
+
+def served_models(data: list) -> list[dict]:
+    """The entries of a replica's `/v1/models` the gateway lists as its own: objects with a string
+    `id`, and nothing strict JSON cannot hold (a NaN `max_model_len` made `/v1/models` a 500)."""
+    out = []
+    for model in data:
+        if isinstance(model, dict) and isinstance(model.get("id"), str):
+            try:
+                json.dumps(model, allow_nan=False)
+            except (TypeError, ValueError):
+                continue
+            out.append(model)
+    return out
 
 class HealthChecker:
     def __init__(self, replicas: ReplicaSet, metrics: Metrics, interval_s: float,
@@ -98,8 +113,7 @@ class HealthChecker:
         seen: dict[str, dict] = {}
         for replica in self.replicas.healthy():
             for model in self.models.get(replica.name, []):
-                if isinstance(model, dict) and model.get("id") not in seen:
-                    seen[model["id"]] = model
+                seen.setdefault(model["id"], model)
         return list(seen.values())
 
     # ------------------------------------------------------------ active checks
@@ -120,9 +134,8 @@ class HealthChecker:
                         payload = await resp.json(content_type=None)
                         data = payload.get("data") if isinstance(payload, dict) else None
                         if isinstance(data, list):
-                            self.models[replica.name] = data
-                            replica.models = frozenset(
-                                m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
+                            self.models[replica.name] = listed = served_models(data)
+                            replica.models = frozenset(m["id"] for m in listed)
             self.probe_timeouts[replica.name] = 0
         except TimeoutError:
             # A busy engine (hundreds of streams, a long prefill) can answer /health late; one slow
