@@ -15,10 +15,11 @@ shapes its errors. Over the run: the after-response work failed on no request
 (`prefixgate_observation_errors_total`), every metric sample is a finite number and every counter
 non-negative (a count the engine sent as -1 or "12" or 1e308 is not counted as tokens), no request
 is left active, and the proxy still answers a plain request. `PREFIXGATE_UPSTREAM_FUZZ_CASES`
-(default 2,000, ~3 s) cases, seeded: a failure reproduces with its case number. Two bugs it found
-are pinned below: a `prompt_tokens_details` that was not an object dropped the request's
-metrics and tracking, and a Messages or Responses event whose `type` was not a string answered
-the client a 500 (or cut its stream).
+(default 2,000, ~3 s) cases, seeded: a failure reproduces with its case number. Bugs it found: a
+`prompt_tokens_details` that was not an object dropped the request's metrics and tracking, and a
+Messages or Responses event whose `type` was not a string answered the client a 500 or cut its
+stream (both pinned below); with `routing.migrate_midstream`, a continuation whose `choices`
+was not a list cut the client's stream when it broke in turn (the migration case, 1 in 4).
 """
 
 from __future__ import annotations
@@ -240,6 +241,54 @@ def test_bent_answers_of_a_replica(fake_upstream_factory, proxy_factory) -> None
                 errors += s.value
     assert not bad, bad[:20]
     assert errors == 0, [ln for ln in proxy.metrics_text().splitlines() if "observation_errors" in ln]
+
+
+def test_bent_continuations_of_a_migrated_stream(fake_upstream_factory, proxy_factory) -> None:
+    """`routing.migrate_midstream`: the first replica dies after k chunks of a recorded stream (a
+    bent one, some of the time) and the replica that continues it answers a bent stream (or a
+    bent status). The same invariants
+    hold: an answer in time, no 500 of the gateway's own, no failed after-response work, finite
+    metrics, nothing left active."""
+    cases = {}
+    for i in range(CASES // 4):
+        r = random.Random(10_000 + i)
+        route = r.choice(["chat", "completions"])
+        events = _events(bend_stream(ANSWERS[(route, True)], r)[0] if r.random() < 0.3 else ANSWERS[(route, True)])
+        first = FakeResponse(chunks=[(0.0, e) for e in events], die_after=r.randrange(1, max(2, len(events))))
+        raw, how = bend_stream(ANSWERS[(route, True)], r)
+        status = r.choice([200, 200, 200, 500, 400])
+        cases[str(i)] = (route, first, FakeResponse(status=status, chunks=_pieces(raw, r) or [(0.0, b"")]),
+                         [*how, f"status {status}", f"died after {first.die_after}"])
+
+    def script(req: SeenRequest) -> FakeResponse:
+        route, first, continuation, _ = cases[req.headers["x-fuzz-case"]]
+        body = json.loads(req.body)
+        continued = body.get("continue_final_message") or (route == "completions" and body.get("prompt") != "Hello")
+        return continuation if continued else first
+
+    upstreams = [fake_upstream_factory(script), fake_upstream_factory(script)]
+    proxy = proxy_factory([u.url for u in upstreams], names=["a", "b"], limits={
+        "first_byte_timeout_s": 2.0, "read_timeout_s": 2.0}, routing={
+        "policy": "round_robin", "health_interval_s": 3600, "migrate_midstream": {"enabled": True}})
+    failures = []
+    with httpx.Client(base_url=proxy.url, timeout=TIMEOUT_S) as client:
+        for key, (route, _, _, how) in cases.items():
+            path, body = REQUESTS[route]
+            try:
+                got = client.post(path, json={**body, "model": "fake", "stream": True}, headers={"x-fuzz-case": key})
+            except httpx.HTTPError as exc:
+                failures.append(f"case {key} {route} {how}: {type(exc).__name__} {exc}")
+                continue
+            if got.status_code != 200:
+                failures.append(f"case {key} {route} {how}: {got.status_code} {got.content[:200]!r}")
+    proxy.drain()
+    assert not failures, "\n".join(failures[:20])
+    assert proxy.app.openai.active == 0
+    assert proxy.sample("prefixgate_observation_errors_total", stage="metrics") in (None, 0)
+    assert proxy.sample("prefixgate_observation_errors_total", stage="prefix") in (None, 0)
+    for family in text_string_to_metric_families(proxy.metrics_text()):
+        for s in family.samples:
+            assert math.isfinite(s.value) or s.labels.get("le") == "+Inf", (s.name, s.labels, s.value)
 
 
 @pytest.mark.parametrize("i", range(3))

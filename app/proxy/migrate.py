@@ -92,7 +92,11 @@ def read_partial(dialect: Dialect, sent: bytes) -> Partial:
         usage = obj.get("usage")
         if isinstance(usage, dict) and count(usage.get("completion_tokens")) is not None:
             p.usage = usage
-        for choice in obj.get("choices") or []:
+        choices = obj.get("choices") or []
+        if not isinstance(choices, list):  # no stream this gateway can read back, nor continue
+            p.blocker = "not_json"
+            continue
+        for choice in choices:
             _read_choice(dialect.chat_choices, choice, p)
     if p.usage is not None:
         p.tokens = p.usage["completion_tokens"]
