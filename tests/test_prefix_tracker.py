@@ -142,6 +142,39 @@ async def test_two_pods_share_history_through_redis(redis_server, redis_namespac
             await s.close()
 
 
+async def test_what_another_writer_left_in_redis_is_read_around(redis_server, redis_namespace) -> None:
+    """A tenant's history list and counters in Redis holding what no pod writes (an entry that is
+    not JSON or not an object, a record with members of other types, a counter that is no
+    number: a hand edit, another version): the next request is tracked and the report is built
+    from the rest, as strict JSON. Reading such a list or hash raised before."""
+    import json
+
+    from app.state.redis import RedisStore
+
+    store = RedisStore(redis_server.url, namespace=redis_namespace)
+    await store.start()
+    try:
+        pod = TenantTracker(store)
+        body = "Static policy text, the same in every request.\n" * 30
+        await pod.observe("t", list(range(40)), RequestSketch("Request ID: a81f3c9e\n" + body, kind="completions",
+                                                              tail_start=10_000), 16)
+        for item in (b"not json", b"[1, 2]", b'"text"', b'{"sample": 5, "turn": {"a": 1}, "blocks": "x", "cause": 7}',
+                     b'{"rid": ["p", 1], "digest": [], "matched": -3, "continuity": 1e300}'):
+            await store.client.rpush(store.keys.history("t"), item)
+        # (fields no pod increments: Redis itself refuses HINCRBYFLOAT on a value that is no float)
+        await store.client.hset(store.keys.counters("t"), mapping={"bill_s:x": "abc", "bill_tokens:x": "nan",
+                                                                   "bill_breaks:x": "1", b"\xff": "1"})
+        obs = await pod.observe("t", list(range(40)) + [99], RequestSketch("Request ID: 77be01d4\n" + body,
+                                                                           kind="completions", tail_start=10_000), 16)
+        assert obs.matched_blocks == 40
+        report = await tenant_report(store, "t")
+        json.dumps(report, allow_nan=False)
+        assert report["requests"] == 2 and report["window"] == 4  # the pod's two and the two other objects
+        assert report["bill"]["x"]["breaks"] == 1 and report["bill"]["x"]["tokens"] == 0
+    finally:
+        await store.close()
+
+
 def _chat_sketch(system: str, *turns: str):
     from app.prefix.fingerprint import prompt_input
     from app.prefix.sketch import build_sketch

@@ -17,6 +17,7 @@ Records must be JSON-serialisable (they cross processes); they come back as JSON
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -298,15 +299,34 @@ class RedisStore(Store):
         await self.apply([self.history_op(tenant, record)])
 
     async def history_recent(self, tenant: str, limit: int) -> list[dict]:
+        """The newest records; one that is not a JSON object (another writer's, a hand edit) is
+        left out rather than failing the read (the tracker checks the members it reads)."""
         raw = await self.client.lrange(self.keys.history(tenant), -limit if limit > 0 else 0, -1)
-        return [orjson.loads(item) for item in raw]
+        out = []
+        for item in raw:
+            try:
+                record = orjson.loads(item)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
 
     async def counter_incr(self, tenant: str, field: str, amount: float = 1.0) -> None:
         await self.apply([self.counter_op(tenant, field, amount)])
 
     async def counters(self, tenant: str) -> dict[str, float]:
         raw = await self.client.hgetall(self.keys.counters(tenant))
-        return {k.decode(): float(v) for k, v in raw.items()}
+        out = {}
+        for k, v in raw.items():  # a field that is no finite number (a hand edit) is left out
+            try:
+                value = float(v)
+                key = k.decode()
+            except (ValueError, UnicodeDecodeError):
+                continue
+            if math.isfinite(value):
+                out[key] = value
+        return out
 
     async def tenants(self) -> list[str]:
         return [t.decode() for t in await self.client.zrange(self.keys.tenants(), 0, -1)]
