@@ -289,7 +289,7 @@ class RedisStore(Store):
     # ------------------------------------------------------------- bindings
     async def binding_get(self, key: str) -> str | None:
         value = await self.client.get(self.keys.binding(key))
-        return value.decode() if value is not None else None
+        return value.decode("utf-8", "replace") if value is not None else None  # no replica has a bent name
 
     async def binding_set(self, key: str, replica: str) -> None:
         await self.apply([ops.BindingSet(key, replica)])
