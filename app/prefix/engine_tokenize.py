@@ -67,6 +67,6 @@ class EngineTokenize:
             raise EngineTokenizeError(f"/tokenize failed: {type(exc).__name__}: {exc}") from exc
         tokens = body.get("tokens") if isinstance(body, dict) else None
         if not isinstance(tokens, list) or not all(
-                type(t) is int and 0 <= t < MAX_ID for t in tokens):  # noqa: E721 -- a bool is no id
+                type(t) is int and 0 <= t < MAX_ID for t in tokens):  # `type(t) is int`: a bool is no id
             raise EngineTokenizeError("/tokenize answered no list of token ids")
         return tokens

@@ -78,8 +78,8 @@ class AnthropicShape(ParsedShape):
         chunk = Chunk()
         if kind == "content_block_delta":
             delta = obj.get("delta")
-            kind = delta.get("type") if isinstance(delta, dict) else None
-            field = _DELTA_TEXT.get(kind) if isinstance(kind, str) else None
+            delta_type = delta.get("type") if isinstance(delta, dict) else None
+            field = _DELTA_TEXT.get(delta_type) if isinstance(delta_type, str) else None
             value = delta.get(field) if field else None  # type: ignore[union-attr]
             if isinstance(value, str) and value:
                 chunk.generated = True
