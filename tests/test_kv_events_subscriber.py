@@ -141,3 +141,63 @@ async def test_resident_before_counts_only_blocks_stored_before_a_time():
     await sub.handle("r0", message(2, [{"type": "AllBlocksCleared"}]))
     await sub.handle("r0", message(3, [stored([1, 2], None, tokens[:8])]))
     assert sub.resident_before("r0", chain, sent) == 0  # re-stored after `sent`: not counted
+
+
+VALUES = [None, True, -1, 0, 2**64 - 1, -(2**63), 1.5, float("nan"), "", "x", b"\x00\xff", [], [1, "a"], {}, {"a": 1}]
+
+
+def _bent_event(r, tokens):
+    """A BlockStored / BlockRemoved / AllBlocksCleared event with one to three members replaced by
+    any msgpack value, or no event at all."""
+    if r.random() < 0.1:
+        return r.choice(VALUES)
+    ev = r.choice([stored([r.randrange(1000), r.randrange(1000)], r.choice([None, 1, 2]), tokens[:8]),
+                   {"type": "BlockRemoved", "block_hashes": [r.randrange(1000)], "medium": "GPU"},
+                   {"type": "AllBlocksCleared"}])
+    for _ in range(r.randint(1, 3)):
+        ev[r.choice(sorted(ev))] = r.choice(VALUES)
+    return ev
+
+
+async def test_bent_events_are_counted_and_the_subscription_goes_on():
+    """An engine (or another publisher on its port) sending events whose members are any value,
+    payloads that are no msgpack, frames of another count: each such message is counted
+    `malformed` (or applied as far as it reads), the subscription goes on, and the next good
+    batch is indexed as usual. 300 seeded messages through a real PUB socket."""
+    import random
+
+    ctx = zmq.asyncio.Context()
+    pub = Publisher(ctx)
+    store = MemoryStore()
+    metrics = Metrics()
+    sub = KVEventSubscriber({"r0": f"tcp://127.0.0.1:{pub.port}"}, ReplicaIndex(store, True), metrics, topic="kv")
+    await sub.start()
+    try:
+        r = random.Random(7)
+        tokens = list(range(16))
+        await pub.send_until_received(sub, "r0", message(1, []))
+        seq = 1
+        for _ in range(300):
+            seq += 1
+            how = r.random()
+            if how < 0.1:
+                await pub.sock.send_multipart([b"kv", seq.to_bytes(8, "big"), bytes(r.randrange(256) for _ in range(9))])
+            elif how < 0.15:
+                await pub.sock.send_multipart([b"kv", seq.to_bytes(8, "big")])
+            else:
+                await pub.sock.send_multipart(message(seq, [_bent_event(r, tokens) for _ in range(r.randint(1, 3))]))
+        seq += 1
+        other = [9, 9, 9, 9, 8, 8, 8, 8]
+        await pub.sock.send_multipart(message(seq, [{"type": "AllBlocksCleared"}, stored([501, 502], None, other)]))
+        deadline = time.monotonic() + 10
+        while sub.streams["r0"].last_seq != seq:
+            assert time.monotonic() < deadline, f"the subscription stopped at {sub.streams['r0'].last_seq}"
+            await asyncio.sleep(0.02)
+        assert store.residency_hashes("r0") == set(proxy_chain(other, B))
+        malformed = metrics.registry.get_sample_value("prefixgate_kv_events_total",
+                                                      {"backend": "r0", "kind": "malformed"})
+        assert malformed and malformed > 0
+    finally:
+        await sub.stop()
+        pub.sock.close(0)
+        ctx.term()
