@@ -197,6 +197,10 @@ texts = st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categorie
 # starting with its LF and the usage chunk the gateway drops; the LF went with the dropped event
 @example(words=["000\x1f\x80\x80\x80\x80\U00010000\U00010000"] * 2, eol=b"\r\n",
          cuts=[1] * 16 + [2, 22] + [60] * 12, drop_usage=True, comment=True)
+# found in CI (2026-12-05): the stream's last read was the LF of [DONE]'s closing CR LF alone; the
+# parser kept it for a next event that never came, and the client got one byte less
+@example(words=["\x1f\x80\u0800\U00010000"], eol=b"\r\n", cuts=[1] * 10 + [58] + [60] * 11,
+         drop_usage=False, comment=False)
 def test_any_split_forwards_the_same_bytes_and_observes_the_same(
         words: list[str], eol: bytes, cuts: list[int], drop_usage: bool, comment: bool) -> None:
     events = chat_stream(words, eol=eol)

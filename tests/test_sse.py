@@ -76,9 +76,25 @@ def test_emit_all_raw_bytes_reassemble_the_stream() -> None:
     stream = b'data: {"a":1}\r\n\r\n: c\r\n\r\ndata: [DONE]\r\n\r\n'
     parser = SSEParser(emit_all=True)
     evs = feed_all(parser, [stream[i:i + 3] for i in range(0, len(stream), 3)])
-    assert [e.data for e in evs] == [b'{"a":1}', None, b"[DONE]"]
-    # a "\n" completing a "\r" at the end of a read may stay pending until the next read
+    assert [e.data for e in evs if e.raw != b"\n"] == [b'{"a":1}', None, b"[DONE]"]
+    # a "\n" completing a dispatching "\r" at the end of a read is handed on by itself
     assert b"".join(e.raw for e in evs) + parser.pending() == stream
+
+
+def test_the_lf_of_a_dispatching_cr_in_the_next_read_is_handed_on_by_itself() -> None:
+    """The CR of an event's closing CR LF ends one read and the LF is the next (the stream's last
+    byte, or the first of a read whose event a relay drops): the LF is its own raw piece, neither
+    held back forever (a relay lost the stream's last byte: found by
+    tests/test_proxy_scan.py's property test in CI) nor glued to the next event."""
+    parser = SSEParser(emit_all=True)
+    first = parser.feed(b"data: x\r\n\r")
+    assert [(e.data, e.raw) for e in first] == [(b"x", b"data: x\r\n\r")]
+    assert [(e.data, e.raw) for e in parser.feed(b"\n")] == [(None, b"\n")]
+    assert parser.pending() == b""
+    nxt = parser.feed(b"\ndata: y\n\n")  # a blank line (its own raw piece), then an event: as before
+    assert [(e.data, e.raw) for e in nxt] == [(None, b"\n"), (b"y", b"data: y\n\n")]
+    inside = SSEParser(emit_all=True)  # a CR ending a line inside an event keeps its LF in that event
+    assert inside.feed(b"data: a\r") == [] and [e.raw for e in inside.feed(b"\n\n")] == [b"data: a\r\n\n"]
 
 
 def chat(delta: dict, **extra: object) -> bytes:

@@ -49,8 +49,13 @@ class SSEParser:
         if self._pending_cr:
             self._pending_cr = False
             if buf[0] == _LF:
-                self._raw += b"\n"
                 start = 1
+                if self._raw or self._has_data or self._event is not None:
+                    self._raw += b"\n"  # the CR ended a line of the event still being read
+                elif self._emit_all:
+                    # the CR was the blank line that dispatched the last event: its LF is no part
+                    # of the next one (which may be dropped, or never come: the stream's last byte)
+                    events.append(SSEEvent(None, None, b"\n"))
         if self._line:
             buf = self._line + buf[start:]
             start = 0
