@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.prefix.diagnose import diagnose, fix_for, lcp, past_of, redact, snippet
+from app.prefix.diagnose import diagnose, fix_for, past_of, redact, snippet
 from app.prefix.dynamic import find_dynamic_spans
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import build_sketch
+from app.prefix.strings import common_prefix_len
 from app.prefix.tokens import SegmentTokenizer
 
 STATIC = "You are the support assistant. Refunds within 30 days. Shipping takes 3 to 5 days.\n" * 20
@@ -39,13 +40,13 @@ def cause(fpr, prev: dict, cur: dict):
     return diagnose(sk(fpr, prev), sk(fpr, cur))
 
 
-def test_lcp() -> None:
+def test_common_prefix_len_with_offsets() -> None:
     a = "x" * 10_000 + "abc"
-    assert lcp(a, a) == len(a)
-    assert lcp(a, "x" * 10_000 + "abd") == 10_002
-    assert lcp("", "a") == 0
-    assert lcp("hello", "help", 0, 0) == 3
-    assert lcp("zzhello", "help", 2, 0) == 3
+    assert common_prefix_len(a, a) == len(a)
+    assert common_prefix_len(a, "x" * 10_000 + "abd") == 10_002
+    assert common_prefix_len("", "a") == 0
+    assert common_prefix_len("hello", "help", 0, 0) == 3
+    assert common_prefix_len("zzhello", "help", 2, 0) == 3
 
 
 def test_dynamic_head_located(fpr) -> None:

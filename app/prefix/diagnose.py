@@ -292,9 +292,6 @@ def continues(cur: RequestSketch, past: TenantPast) -> bool:
 
 # ---------------------------------------------------------------------- text helpers
 
-lcp = common_prefix_len  # the common prefix of a[a0:] and b[b0:], at the cost of what they share
-
-
 _WORD_END = re.compile(r"[ \n\t\"'>:,.;]")  # an anchor follows one of these (a word start)
 
 
@@ -360,7 +357,7 @@ def realign_at(prev: str, cur: str, c: int, p0: int, material: int, p1: int | No
     p = prev.find(anchor, p0, p1)
     tries = 0
     while p >= 0 and tries < 3:
-        common = lcp(prev, cur, p, c)
+        common = common_prefix_len(prev, cur, p, c)
         if common >= material:
             return Realignment(p, c, common)
         p = prev.find(anchor, p + 1, p1)
@@ -861,7 +858,7 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
                 elif kind == "counter":  # the number, with its decimal or thousands groups (`48,213`)
                     start = number_start(cur, start, span.start)
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
-            if lcp(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
+            if common_prefix_len(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
                 return ValueChange(Span(start, end, kind, cur[start:end]), pend)
     (cs, ce), (ps, pe) = value_token(cur, cs, ce, cd), value_token(prev, ps, pe, pd)
     if ce <= cs or pe <= ps:
@@ -869,7 +866,7 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     quoted, pquoted = quoted_words(cur, cs, ce), quoted_words(prev, ps, pe)
     if quoted is not None and pquoted is not None and (quoted != (cs, ce) or pquoted != (ps, pe)):
         (cs, ce), (ps, pe) = quoted, pquoted  # `mode="STAT only"` -> `"routine"`: the quoted words
-    if lcp(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
+    if common_prefix_len(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         # more than one token changed: an edit, not a value, unless a key line's whole value changed
         # in a shape values have (`whole_value_change`)
         return _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
@@ -907,7 +904,7 @@ def _whole_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line
     if at is None or not prev.endswith(tail, 0, pline1):
         return None
     start, ve, pve = line0 + at, _before_space(cur, line0, vend), _before_space(prev, pline0, pline1 - len(tail))
-    if start >= ve or pline0 + at >= pve or lcp(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
+    if start >= ve or pline0 + at >= pve or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
         return None
     kind = whole_value_change(prev[pline0 + at:pve], cur[start:ve])
     return ValueChange(Span(start, ve, kind, cur[start:ve]), pve) if kind is not None else None
@@ -1022,7 +1019,7 @@ class _Pair:
             # realigned right after the value: later findings are searched from there (also inside a
             # tool's description: a date put there per request)
             span, pend = value.span, value.prev_end
-            after = Realignment(pend, span.end, lcp(prev.text, cur.text, pend, span.end))
+            after = Realignment(pend, span.end, common_prefix_len(prev.text, cur.text, pend, span.end))
             return Diagnosis("dynamic_head", span.start, [span], after,
                              "a per-request value precedes static content", edit_at=edit_at)
         if in_tools and set_changed:
@@ -1056,7 +1053,7 @@ class _Pair:
             known_agent = skey is not None and skey in self.past.systems and cur.system_text != prev.system_text
             first_prev = prev.system_text if prev.system_text is not None else prev.text[:4096]
             first_cur = cur.system_text if cur.system_text is not None else cur.text[:4096]
-            other = _similar(first_cur, first_prev) < 0.5 and lcp(first_cur or "", first_prev or "") < 64
+            other = _similar(first_cur, first_prev) < 0.5 and common_prefix_len(first_cur or "", first_prev or "") < 64
             if (known_agent or other) and not (cur.system_text == prev.system_text and continues(cur, self.past)):
                 return Diagnosis("new_session", cd, [], realign, "another agent's prompt: a new conversation")
             return None
@@ -1076,7 +1073,7 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
         past = past_of([prev])
     pair = _Pair(prev, cur, material, get_detector(tuple(extra_patterns)), past)
     a, b = prev.text, cur.text
-    d = lcp(a, b)
+    d = common_prefix_len(a, b)
     if d >= len(b) or d >= len(a):
         return Diagnosis(None, d, detail="continues the previous prompt")
     if not own_conversation and d >= min(cur.first_history_start(), prev.first_history_start()) - 64:
@@ -1108,7 +1105,7 @@ def _secondary(pair: _Pair, diag: Diagnosis) -> list[Finding]:
     for _ in range(16):
         if realign is None or len(out) >= MAX_SECONDARY:
             break
-        pd = realign.prev_offset + lcp(a, b, realign.prev_offset, realign.cur_offset)
+        pd = realign.prev_offset + common_prefix_len(a, b, realign.prev_offset, realign.cur_offset)
         cd = realign.cur_offset + (pd - realign.prev_offset)
         if cd >= len(b) or pd >= len(a):
             break
@@ -1194,4 +1191,4 @@ def snippet(text: str, offset: int, spans: list[Span] | None = None, show_text: 
 
 
 __all__ = ["CAUSES", "Diagnosis", "compacted", "Finding", "Realignment", "Region", "TenantPast", "diagnose", "fix_for",
-           "lcp", "past_of", "redact", "snippet", "span_key", "text_key", "turn_keys"]
+           "past_of", "redact", "snippet", "span_key", "text_key", "turn_keys"]

@@ -34,7 +34,6 @@ OPEN_PROBE_S = 1.0  # probe period for replicas whose breaker is open
 PROBE_TIMEOUT_S = 2.0
 
 
-
 def served_models(data: list) -> list[dict]:
     """The entries of a replica's `/v1/models` the gateway lists as its own: objects with a string
     `id`, and nothing strict JSON cannot hold (a NaN `max_model_len` made `/v1/models` a 500)."""
@@ -47,6 +46,7 @@ def served_models(data: list) -> list[dict]:
                 continue
             out.append(model)
     return out
+
 
 class HealthChecker:
     def __init__(self, replicas: ReplicaSet, metrics: Metrics, interval_s: float,
