@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.prefix.diagnose import diagnose, fix_for, past_of, redact, snippet
+from app.prefix.conversation import past_of
+from app.prefix.diagnose import diagnose, fix_for, redact, snippet
 from app.prefix.dynamic import find_dynamic_spans
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import build_sketch
@@ -160,7 +161,7 @@ def test_redaction_keeps_the_shape_of_any_text(text: str) -> None:
 def _realignment_per_anchor(prev: str, cur: str, d: int, material: int, pd: int | None = None):
     """find_realignment as it was before the probe skip and the end cut: every anchor searched,
     up to the prompt's end (the reference)."""
-    from app.prefix.diagnose import ANCHOR_CHARS, _anchors, realign_at
+    from app.prefix.realign import ANCHOR_CHARS, _anchors, realign_at
 
     p0 = d if pd is None else pd
     for c in _anchors(cur, d + 1, len(cur)):
@@ -181,7 +182,7 @@ _WORD = st.sampled_from(["alpha", "beta", "gamma", "delta", "x", "\n", " ", "  "
        insert=st.lists(_WORD, max_size=60), material=st.sampled_from([16, 24, 40, 64, 96]))
 def test_probe_skip_finds_the_same_realignment(words: list[str], cut: float, cut2: float,
                                                insert: list[str], material: int) -> None:
-    from app.prefix.diagnose import find_realignment
+    from app.prefix.realign import find_realignment
 
     prev = "".join(words)
     a = int(cut * len(prev))
@@ -198,7 +199,7 @@ def test_span_key_is_the_key_of_the_joined_text(text: str, a: int, b: int, befor
     # turn keys are stored in the Store and compared across pods: the same value as before, uncopied
     import hashlib
 
-    from app.prefix.diagnose import KEY_SIZE, span_key
+    from app.prefix.conversation import KEY_SIZE, span_key
 
     start, end = sorted((min(a, len(text)), min(b, len(text))))
     joined = text[start:end] if before is None else f"{before}\x01{text[start:end]}"
@@ -209,7 +210,7 @@ def test_span_key_is_the_key_of_the_joined_text(text: str, a: int, b: int, befor
 def _anchors_reference(cur: str, start: int) -> list[int]:
     """Anchors a step per character: `start`, every position after one of the separators within
     NEAR_WINDOW (half of MAX_ANCHORS at most), then line starts within LINE_WINDOW."""
-    from app.prefix.diagnose import LINE_WINDOW, MAX_ANCHORS, NEAR_WINDOW
+    from app.prefix.realign import LINE_WINDOW, MAX_ANCHORS, NEAR_WINDOW
 
     out: list[int] = []
     end = min(len(cur), start + NEAR_WINDOW)
@@ -229,7 +230,7 @@ def _anchors_reference(cur: str, start: int) -> list[int]:
 @given(st.text(alphabet="ab \n\t\"'>:,.;xy", max_size=1200), st.integers(min_value=0, max_value=1300),
        st.integers(min_value=-10, max_value=1300))
 def test_anchors_equal_a_step_per_character_reference(cur: str, start: int, last: int) -> None:
-    from app.prefix.diagnose import _anchors
+    from app.prefix.realign import _anchors
 
     assert _anchors(cur, start, len(cur)) == _anchors_reference(cur, start)
     assert _anchors(cur, start, last) == [a for a in _anchors_reference(cur, start) if a <= last]
@@ -243,8 +244,9 @@ def test_a_question_before_a_document_is_told_when_it_realigns_within_the_anchor
     the document found again after less than 64 KB of other text in the previous prompt is a
     `question_first`; after ~100 KB it is another conversation, as another document is (found out
     by 64 KB scans of the previous prompt instead of 1 MB ones)."""
-    from app.prefix.diagnose import LINE_WINDOW, diagnose
+    from app.prefix.diagnose import diagnose
     from app.prefix.fingerprint import Fingerprinter, prompt_input
+    from app.prefix.realign import LINE_WINDOW
     from app.prefix.sketch import build_sketch
     from app.prefix.tokens import SegmentTokenizer
 

@@ -145,7 +145,7 @@ def test_common_prefix_len(a: str, b: str) -> None:
 @given(a=_text, b=_text, a0=st.integers(0, 40), b0=st.integers(0, 40), shared=st.integers(0, 20_000))
 def test_common_prefix_len_from_offsets(a: str, b: str, a0: int, b0: int, shared: int) -> None:
     """From offsets, across the doubling chunks' edges (8 KB, 16 KB): what diagnosis asks when it
-    re-aligns two prompts (app/prefix/diagnose.py `lcp`)."""
+    re-aligns two prompts (app/prefix/strings.py `common_prefix_len`)."""
     run = ("abcdefghij" * 2_000)[:shared]
     a, b = a[:a0].ljust(a0, "<") + run + a, b[:b0].ljust(b0, ">") + run + b
     n = common_prefix_len(a, b, a0, b0)

@@ -1,8 +1,8 @@
-"""diagnose.turn_keys keeps its answer on the sketch: read again, it equals a fresh computation."""
+"""conversation.turn_keys keeps its answer on the sketch: read again, it equals a fresh computation."""
 
 from __future__ import annotations
 
-from app.prefix.diagnose import last_turn_key, turn_keys
+from app.prefix.conversation import last_turn_key, turn_keys
 from app.prefix.prompt import prompt_input
 from app.prefix.sketch import build_sketch, sketch_bytes
 from app.prefix.tokens import SegmentTokenizer

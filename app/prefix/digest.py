@@ -21,28 +21,8 @@ from typing import Any
 
 import xxhash
 
-from app.prefix.diagnose import (
-    KEYED_KINDS,
-    Diagnosis,
-    Finding,
-    HistoryKeys,
-    TenantPast,
-    _token,
-    _tools_span,
-    continues,
-    declares_name,
-    dynamic_kind,
-    first_exchange,
-    history_compacted,
-    schema_tools,
-    schemas_reordered,
-    sentence_end,
-    span_key,
-    tail_start,
-    tool_entries,
-    trimmed,
-    value_token,
-)
+from app.prefix.conversation import TenantPast, continues, span_key
+from app.prefix.diagnose import Diagnosis, Finding
 from app.prefix.dynamic import (
     LINE_SCAN_CHARS,
     DynamicDetector,
@@ -53,7 +33,10 @@ from app.prefix.dynamic import (
     get_detector,
     rolled_from,
 )
+from app.prefix.history_shape import HistoryKeys, first_exchange, history_compacted, tail_start, trimmed
 from app.prefix.sketch import RequestSketch
+from app.prefix.tool_text import declares_name, schema_tools, schemas_reordered, tool_entries, tools_span
+from app.prefix.value_change import KEYED_KINDS, dynamic_kind, sentence_end, token_span, value_token
 from app.prefix.value_kind import keyed_value, value_kind, value_start
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
@@ -364,7 +347,7 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
                 continue
             s0 = _value_start(text, span) if kind in KEYED_KINDS else span.start
             # a counter is its number (`12` of `12 requests remaining`), as on the text path
-            e = counter_end(text, s0, max(_token(text, s0)[1], s0 + 1)) if kind == "counter" \
+            e = counter_end(text, s0, max(token_span(text, s0)[1], s0 + 1)) if kind == "counter" \
                 else sentence_end(text, s0, span.end)
             out.append(Span(s0, e, kind, text[s0:e]))
     if out or end - start > SHORT_LINE:
@@ -372,7 +355,7 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
     pos = start
     while pos < end:
         if text[pos].isalnum():
-            a, b = _token(text, pos)
+            a, b = token_span(text, pos)
             a, b = value_token(text, a, b, b)  # as on the text path (where it changed is not known here)
             b = min(b, end)
             tok = text[a:b]
@@ -416,7 +399,7 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     mine = RequestDigest.of(cur)
     bounds = head_lines(cur)
     reordered, set_changed = _tool_keys_change(prev.tools, mine.tools)
-    tools_at = _tools_span(cur)
+    tools_at = tools_span(cur)
     i = next((k for k, (a, b) in enumerate(zip(prev.lines, mine.lines, strict=False))
               if a != b or prev.seps[k:k + 1] != mine.seps[k:k + 1]), min(len(prev.lines), len(mine.lines)))
     head_changed = i < max(len(prev.lines), len(mine.lines))

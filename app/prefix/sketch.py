@@ -44,7 +44,7 @@ class RequestSketch:
     tools_raw: list[str] = field(default_factory=list)  # each tool as sent (key order kept)
     tools_canon: list[str] = field(default_factory=list)  # each tool with sorted keys
     tail_start: int = 0  # where the content that is expected to vary (the last turn) begins
-    # diagnose.turn_keys of this sketch, kept once computed (it is read several times per request
+    # conversation.turn_keys of this sketch, kept once computed (it is read several times per request
     # and again for each kept sketch by later requests); with the region count it was computed at
     turn_keys_memo: tuple[int, list[str]] | None = field(default=None, repr=False, compare=False)
     _message_keys: list[str] | None = field(default=None, repr=False, compare=False)

@@ -34,20 +34,10 @@ from typing import Any
 
 from app.prefix.bill import BreakBill, recomputed_blocks
 from app.prefix.breakview import break_view
-from app.prefix.diagnose import (
-    NOT_A_PROBLEM,
-    Diagnosis,
-    TenantPast,
-    compacted,
-    continues,
-    diagnose,
-    fix_for,
-    last_turn_key,
-    snippet,
-    system_key,
-    turn_keys,
-)
+from app.prefix.conversation import TenantPast, continues, last_turn_key, system_key, turn_keys
+from app.prefix.diagnose import NOT_A_PROBLEM, Diagnosis, diagnose, fix_for, snippet
 from app.prefix.digest import RequestDigest, diagnose_digest
+from app.prefix.history_shape import compacted
 from app.prefix.runs import RUN_BYTES, RunTree, joined
 from app.prefix.sketch import RequestSketch, sketch_bytes
 

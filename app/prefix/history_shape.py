@@ -1,0 +1,150 @@
+"""How a conversation's history changed between two requests: trimmed at the front (possibly with
+its first exchange kept pinned) or compacted into a summary (docs/diagnosis.md, `compaction`).
+The tests read message keys and sizes, so the text path and another pod's digest share them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from app.prefix.conversation import span_key
+from app.prefix.sketch import RequestSketch
+
+COMPACTED_MIN_MESSAGES = 4  # a history this long before it, at least (one exchange is no context to compact)
+PINNED_MESSAGES = 2  # a front trim may keep this many first history messages (the task, its first reply)
+MAX_PINNED_EXCHANGE = 32  # ... or the whole first exchange (an agent's: its tool calls too), up to this long
+COMPACTED_SHARE = 0.5  # the history after a compaction holds at most this share of the text before
+
+
+# ---------------------------------------------------------------------- sketch geometry
+
+def tail_start(sk: RequestSketch) -> int:
+    """Where the part expected to vary begins: the last user turn (trailing system messages after it
+    included); the sketch's own tail for prompts without one."""
+    for region in reversed(sk.regions):
+        if region.role == "user":
+            return region.start
+    return sk.tail_start
+
+
+def reusable_end(sk: RequestSketch) -> int:
+    """End of the reusable part of a previous prompt: system messages after its last turn are
+    re-sent elsewhere by the next request of the conversation, so they end it."""
+    if sk.kind != "chat" or not sk.regions:
+        return len(sk.text)
+    last = len(sk.regions) - 1
+    while last >= 0 and sk.regions[last].role in ("system", "developer"):
+        last -= 1
+    if last < 0 or last == len(sk.regions) - 1:
+        return len(sk.text)
+    return sk.regions[last].end
+
+
+def front_trimmed(prev: RequestSketch, cur: RequestSketch) -> bool:
+    pm = [k for k in prev.message_keys if not k.startswith(("system:", "developer:"))]
+    cm = [k for k in cur.message_keys if not k.startswith(("system:", "developer:"))]
+    return trimmed(pm, cm, first_exchange([k.startswith("user:") for k in pm]))
+
+
+def trimmed(pm: list[str], cm: list[str], first_exchange: int = 0) -> bool:
+    """Do the history keys `cm` continue `pm` with its first turns dropped or summarised, after at
+    most PINNED_MESSAGES messages that stay (a sliding window that keeps the task: the first user
+    message, or the first exchange), or after the whole first exchange (`first_exchange` messages,
+    when the caller knows the roles: an agent's first exchange holds its tool calls and results)?
+    Not when only the first of the remaining messages differs and all the others follow in place:
+    that message was edited (a value in it changed), nothing was dropped."""
+    pins = list(range(min(PINNED_MESSAGES, len(pm), len(cm)) + 1))
+    if PINNED_MESSAGES < first_exchange <= min(MAX_PINNED_EXCHANGE, len(pm), len(cm)):
+        pins.append(first_exchange)
+    for pinned in pins:
+        if pm[:pinned] != cm[:pinned]:
+            return False
+        if _trimmed_front(pm[pinned:], cm[pinned:]):
+            return True
+    return False
+
+
+def first_exchange(is_user: Sequence[bool]) -> int:
+    """How many history messages the first exchange holds, given which history messages are the
+    user's: up to the second user message; 0 when there is none within MAX_PINNED_EXCHANGE + 1
+    messages."""
+    users = [i for i, user in enumerate(is_user[:MAX_PINNED_EXCHANGE + 1]) if user]
+    return users[1] if len(users) > 1 else 0
+
+
+def _trimmed_front(pm: list[str], cm: list[str]) -> bool:
+    if not pm or not cm or cm[0] == pm[0] or (len(cm) >= len(pm) and cm[1:len(pm)] == pm[1:]):
+        return False
+    for j in range(min(3, len(cm) - 1)):  # a summary (one turn, or a user/assistant pair) may replace the dropped ones
+        for k in range(j if j >= 2 else j + 1, len(pm)):
+            if cm[j] == pm[k] and (j + 1 >= len(cm) or k + 1 >= len(pm) or cm[j + 1] == pm[k + 1]
+                                   or j + 1 == len(cm) - 1):
+                return True
+    return False
+
+
+def _history(sk: RequestSketch) -> list[tuple[str, str, int]]:
+    """(role, key, length) of each non-system message, in order."""
+    return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in sk.history_regions()]
+
+
+def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """Did the agent compact its context between `prev` and `cur` (module docstring)? The system
+    prompt and tools unchanged, the previous history at least COMPACTED_MIN_MESSAGES long, the
+    current one shrunk (`history_shrunk`), and a new message standing in for the rest
+    (`summary_stands_in`)."""
+    if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
+        return False
+    pn = [r.end - r.start for r in prev.history_regions()]
+    cn = [r.end - r.start for r in cur.history_regions()]
+    return history_compacted((len(pn), sum(pn), len(cn), sum(cn)), lambda: (
+        [(role == "user", k) for role, k, _ in _history(prev)], [(role == "user", k) for role, k, _ in _history(cur)]))
+
+
+HistoryKeys = list[tuple[bool, str]]  # (a user message?, key) of each history message, in order
+
+
+def history_compacted(sizes: tuple[int, int, int, int],
+                      keys: Callable[[], tuple[HistoryKeys, HistoryKeys]]) -> bool:
+    """The history test of a compaction, on either path (the text's and another pod's digest):
+    `sizes` (messages and characters before, then now) shrunk as the summary's shape asks
+    (`history_shrunk`), and a new message standing in for the rest (`summary_stands_in`). Lengths
+    first: `keys` (the previous and the current history's, a hash of each message's ends) is
+    called only for a pair that can be one."""
+    if not history_shrunk(*sizes, users_kept=True):
+        return False
+    prev, cur = keys()
+    shape = summary_stands_in(prev, {k for _, k in prev}, cur)
+    return shape == USERS_KEPT or shape == SUMMARY_FIRST and history_shrunk(*sizes)
+
+
+def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_chars: int,
+                   users_kept: bool = False) -> bool:
+    """A history long enough to compact, and the current one at most COMPACTED_SHARE of its text, or
+    at most half of its messages in less text (a summary may be long next to short turns). With
+    the earlier user messages kept before the summary (`users_kept`, Codex's shape, which no new
+    conversation has), half of the messages is enough: the summary may outweigh short turns."""
+    return prev_messages >= COMPACTED_MIN_MESSAGES and cur_messages > 0 and (
+        cur_chars <= COMPACTED_SHARE * prev_chars
+        or cur_messages * 2 <= prev_messages and (users_kept or cur_chars < prev_chars))
+
+
+SUMMARY_FIRST = "summary first"  # Claude Code: the summary opens the history
+USERS_KEPT = "users kept"  # Codex: the latest earlier user messages, then the summary
+
+
+def summary_stands_in(prev: list[tuple[bool, str]], seen: set[str], cur: list[tuple[bool, str]]) -> str | None:
+    """In which shape a new message stands in for the dropped turns, if one does. `prev` and `cur`
+    are (a user message?, key) of the history messages in order (`prev` may be only its last ones:
+    what is kept is at its end), `seen` every key of the previous history that is known. A new
+    message before the newest user turn, a user message, with no new reply beside it
+    (`SUMMARY_FIRST`), or as the newest message when what is kept is only the latest of the earlier
+    user messages (`USERS_KEPT`)."""
+    newest = max((i for i, (user, _) in enumerate(cur) if user), default=len(cur) - 1)
+    added = [user for user, k in cur[:newest] if k not in seen]
+    if added:  # only user messages are new (a conversation never seen before brings replies too)
+        return SUMMARY_FIRST if all(added) else None
+    kept = [k for _, k in cur[:newest]]
+    earlier_users = [k for user, k in prev if user]
+    if cur[newest][1] not in seen and kept and kept == earlier_users[len(earlier_users) - len(kept):]:
+        return USERS_KEPT
+    return None

@@ -1,0 +1,303 @@
+"""Tools written into the prompt's text rather than `tools`: entries listed in a system prompt
+(markdown, tags, code, CLI help), JSON tool schemas in a message, and whether two requests hold
+them in another order (a `tool_order` break wherever the tools sit)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from app.prefix.sketch import Region, RequestSketch
+
+# a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
+# `* name -> ...` (`nox --list`),
+# `` `name`: ...``, `<function>{...}</function>` (Anthropic's legacy tool prompt; a case test has
+# it), `{"name": ...}`, `## name`, a declaration in code, lower-case keywords before the name
+# and its parameters (`def name(`, `async function name(`, `pub fn name(`), an HTTP route
+# (`GET /lessons/{id} - ...`), and a name in columns: its arguments, then a tab or a gap of two
+# spaces or more before the description (a CLI's `--help`, `bin/rails -T`, a tab-separated table)
+# what stands before a declared name in code: lower-case keywords (`def`, `pub fn`), Java's
+# modifiers and capitalised type, C#'s access modifier, modifiers and type
+_KEYWORDS = r"(?:[a-z]+\s+){1,3}"
+_JAVA_TYPE = r"(?:(?:public|private|protected|static|final|abstract)\s+)*[A-Z][\w<>\[\],.? ]*\s"
+_CSHARP_TYPE = r"(?:public|private|protected|internal)\s+(?:(?:static|async|virtual|override|sealed)\s+)*[A-Za-z_][\w<>\[\],.?]*\s+"
+TOOL_LINE = re.compile(
+    r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
+    rf"""{_KEYWORDS}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+/|"""
+    r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
+    rf"""{_JAVA_TYPE}[a-z_]\w*\s*\(|{_CSHARP_TYPE}[A-Za-z_]\w*\s*\(|"""
+    r"""[A-Za-z_][\w.\-/:]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
+    r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s|\s(?:->|→|=>)\s))""")
+# a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
+# with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name
+# (`<tool_name>x</tool_name>`), a bold, code or table-cell name (`**x**`, `` `x` ``, `| x |`). Outside
+# an attribute or code the name must read as an identifier (lower-case first, or with `_ . : /`
+# inside): `- **Tone**: friendly` is a rule with a bold heading, not a tool.
+_NAME = r"[A-Za-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*"
+# a command named by a sign glued to it, whatever the sign (`/status`, a bot's `!cmd`, `@name`):
+# punctuation that is not a bullet, a quote, a bracket or other markup handled above
+_SIGIL = r"""[^\w\s"'`(\[{<|*#>•+\-.,:;]"""
+_IDENT = r"(?:[a-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*|[A-Za-z][A-Za-z\d]*(?:[_.:/][A-Za-z\d][\w\-]*)+)"
+NAMED_LINE = re.compile(
+    rf"""^\s*(?:[-*•+>]|\d+[.)])?\s*(?:<[\w:\-]+\s[^>]*?\b(?:name|id)\s*=\s*["']?{_NAME}"""
+    rf"""|<([\w:\-]+)>\s*(?:`{_NAME}`|{_IDENT})\s*</\1>\s*$|\*\*(?:`{_NAME}`|{_IDENT})\*\*|`{_NAME}`"""
+    rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|"""
+    rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
+# a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
+# `> Tool Name: x`, ADK's `Agent name: x`, `name: x`, a Lisp keyword's `:name "x"`: gptel's
+# `gptel-make-tool`, a Clojure map's `:function {:name "x"`, a PHP array's `'name' => 'x',`), the
+# first line of a block that describes the tool
+TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:(?:[a-z]+[ _]?)?name\s*[:=]\s*["'`]?{_NAME}["'`]?|"""
+                            rf"""(?::[a-z]+\s*\{{\s*)?:name\s+"{_NAME}"|["']name["']\s*=>\s*["']{_NAME}["'])\s*,?\s*$""")
+# a name written as code (snake_case, dotted, camelCase): `- rom_report: ...` names a tool, `- Tone: ...` does not
+_CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.][A-Za-z0-9]+)+|[a-z]+[A-Z]\w*)`?\s*[(:]")
+_ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `, `(3) `
+# a declaration in code: keywords, a Java or a C# type before a name and `(`
+_DECLARATION = re.compile(rf"^\s*(?:{_KEYWORDS}|{_JAVA_TYPE}|{_CSHARP_TYPE})[A-Za-z_]\w*\s*\(")
+# a type declared in code (`class WeinSuchen < RubyLLM::Tool`, `struct StartSessionTool: Tool {`,
+# Go's `type SiloStand struct{`)
+_TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|abstract|export|sealed)\s+)*"
+                               r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*"
+                               r"|^\s*type\s+[A-Z]\w*\s+(?:struct|interface)\b"  # Go: `type SiloStand struct{`
+                               r"|^\s*impl(?:<[^>]*>)?\s+[\w:]+\s+for\s+[A-Z]\w*")  # Rust: `impl Tool for Rufbereitschaft {`
+# a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`,
+# a constructor's: `new McpSchema.Tool("x", …)`)
+_CALL_NAMED = re.compile(rf"""^\s*(?:\.|new\s+)?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
+# a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`)
+_LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$"""
+                        r"""|^\s+[a-z][a-z0-9]*(?:_[a-z0-9]+)+\s*$""")  # indented alone: Django's `manage.py help`
+_NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*name\s*(?::\s*[^=\n]{{1,30}})?[:=]\s*["']{_NAME}["']""")
+# a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
+_BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
+_POSITION_NUMBER = re.compile(r"(?<=#)\d{1,3}\b")  # a block's number by its position: it stays, the block moves
+ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
+_SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
+# JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
+# with a name and one of these parameter-schema keys (OpenAI, Anthropic, MCP)
+_OBJECT_START = re.compile(r'\{\s*"')
+SCHEMA_KEYS = frozenset({"parameters", "input_schema", "inputSchema"})
+SCHEMA_SCAN_CHARS = 512 * 1024
+
+
+def tools_span(sketch: RequestSketch) -> tuple[int, int] | None:
+    """Where the rendered tool definitions lie (templates render them with tojson)."""
+    found = [(p, p + len(raw)) for p, raw in ((sketch.text.find(raw), raw) for raw in sketch.tools_raw) if p >= 0]
+    if not found:
+        return None
+    return min(p for p, _ in found), max(e for _, e in found)
+
+
+# ---------------------------------------------------------------------- tools in two requests
+
+def tool_change(prev: RequestSketch, cur: RequestSketch) -> tuple[bool, bool, str]:
+    """(reordered, set changed, detail) for the tools of two requests. Reordered: the tools both
+    send come in another relative order, or one of them with its keys in another order."""
+    pc, cc = prev.tools_canon, cur.tools_canon
+    common = Counter(pc) & Counter(cc)
+    set_changed = Counter(pc) != Counter(cc)
+
+    def kept(canon: list[str], raw: list[str]) -> list[tuple[str, str]]:
+        left = Counter(common)
+        out = []
+        for c, r in zip(canon, raw, strict=True):
+            if left[c] > 0:
+                left[c] -= 1
+                out.append((c, r))
+        return out
+
+    kp, kc = kept(pc, prev.tools_raw), kept(cc, cur.tools_raw)
+    if [c for c, _ in kp] != [c for c, _ in kc]:
+        return True, set_changed, "same tools, different order"
+    if [r for _, r in kp] != [r for _, r in kc]:
+        return True, set_changed, "same tools, different key order"
+    return False, set_changed, "tools added, removed or edited"
+
+
+def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
+    """(permuted, tool-like): the lines that differ between two system prompts are the same lines
+    in another order; tool-like when they read as tool entries (`- name(args): ...`, <tool ...>)."""
+    p, c = prev_text.splitlines(), cur_text.splitlines()
+    i = 0
+    while i < min(len(p), len(c)) and p[i] == c[i]:
+        i += 1
+    s = 0
+    while s < min(len(p), len(c)) - i and p[-1 - s] == c[-1 - s]:
+        s += 1
+    pw, cw = p[i:len(p) - s], c[i:len(c) - s]
+    if len(pw) < 2 or pw == cw:
+        return False, False
+    if sorted(pw) == sorted(cw):
+        return True, tool_entries(cw) or tool_blocks(p, c)
+    # entries numbered by position (`1. name …`, `(1) name …`): the numbers stay, the entries move
+    pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
+    if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:
+        return True, tool_entries(cw)
+    # blocks numbered by position inside their banner (`BEGIN FUNCTION #3: name`): the numbers stay
+    pn, cn = [_POSITION_NUMBER.sub("#", ln) for ln in pw], [_POSITION_NUMBER.sub("#", ln) for ln in cw]
+    if pn != cn and sorted(pn) == sorted(cn) and any(_BANNER_NAME.match(ln) for ln in cn):
+        return True, tool_blocks(pn, cn)
+    return False, False
+
+
+def tool_entries(lines: list[str]) -> bool:
+    """Do these reordered lines of a system text read as a list of tool entries? Each entry names
+    its tool on a line of its own (`TOOL_LINE`, `NAMED_LINE`): at least half of the lines do, or,
+    for entries of several lines (a tag block, a heading and its text), at least two do, all in
+    one shape (same indentation and opening markup), and no other shape occurs more often than
+    once per entry (plus one for a block cut at the window's edge). Prose rules reordered name
+    nothing and stay a `template_change`."""
+    named: list[str] = []
+    rest: list[str] = []
+    for ln in lines:
+        (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) else rest).append(ln)
+    if len(named) * 2 >= len(lines):
+        return True
+    if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:
+        return False
+    # blocks whose every entry is named as a tool is (markup, a name key, a name written as code)
+    # may hold a few lines of one shape each (arguments, description); others one at most
+    strong = all(NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CODE_NAME.match(ln) or _DECLARATION.match(ln)
+                 for ln in named)
+    per_entry = ENTRY_LINES if strong else 1
+    return max(Counter(map(_shape, rest)).values(), default=0) <= per_entry * len(named) + 1
+
+
+def tool_blocks(prev: list[str], cur: list[str]) -> bool:
+    """Did lines that declare names move, in two texts that hold the same lines? What each tool's
+    block declares (its name in a tag, `class X < RubyLLM::Tool`, `struct XTool: Tool {` with its
+    `let name = "x"`) moves with the block, whatever separates the blocks. Rules moved as
+    paragraphs declare nothing and stay a `template_change`."""
+    dp, dc = [ln for ln in prev if declares_name(ln)], [ln for ln in cur if declares_name(ln)]
+    return dp != dc and sorted(dp) == sorted(dc)
+
+
+# a member of a TypeScript type whose type is a function (Cloudflare Code Mode's `declare const
+# codemode: { name: (input: {...}) => Promise<unknown>; }`): a tool declared by its name
+_FUNCTION_MEMBER = re.compile(r"^\s*(?:readonly\s+)?[A-Za-z_$][\w$]*\??\s*:\s*\(\s*(?:[A-Za-z_$][\w$]*\??\s*:|\))")
+
+
+def declares_name(line: str) -> bool:
+    """Does a line name a tool as code or markup does (a tag holding the name, a name key, a
+    declaration of a function or a type, `let name = "x"`, a call given the name first)?"""
+    return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
+                or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
+                or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line))
+
+
+def _shape(line: str) -> str:
+    """A line's indentation and opening markup (`  <id`, `* **`, `###`): what entries share."""
+    m = _SHAPE.match(line)
+    return m.group(0) if m else ""
+
+
+def schema_tools(text: str, start: int = 0, end: int | None = None,
+                 python_literals: bool = False) -> list[tuple[str, str, int, int]]:
+    """The JSON tool schemas written into `text[start:end]` (a client that serialises its tools into
+    the system prompt or a message rather than `tools`), in order, each as (canonical JSON, JSON as
+    written, where the object it is in starts and ends): an object with a `name` and a parameter schema, OpenAI's `{"type": "function",
+    "function": {...}}` wrapper and a `{"tools": [...]}` list included. One decode per object
+    start that is not inside a decoded object; nothing past SCHEMA_SCAN_CHARS. `python_literals`:
+    without JSON ones, schemas printed as a Python literal (`_python_tools`; the diagnosis of a
+    break reads them, not every request's digest)."""
+    end = min(len(text) if end is None else end, start + SCHEMA_SCAN_CHARS)
+    out: list[tuple[str, str, int, int]] = []
+    decoder = json.JSONDecoder()
+    pos = start
+    while (m := _OBJECT_START.search(text, pos, end)) is not None:
+        try:
+            obj, stop = decoder.raw_decode(text, m.start())
+        except ValueError:
+            pos = m.start() + 1
+            continue
+        if stop > end:
+            break
+        items = _tool_list(obj)
+        listed = items is not None  # under a key that lists tools: a name and a description are one
+        items = items if items is not None else [obj]
+        raw = text[m.start():stop]
+        for item in items:
+            fn = next((item[k] for k in _TOOL_WRAPPERS if isinstance(item, dict) and isinstance(item.get(k), dict)),
+                      item)  # OpenAI's wrapper, Bedrock Converse's `toolSpec`, Ultravox's `temporaryTool`
+            if isinstance(fn, dict) and isinstance(fn.get("name", fn.get("modelToolName")), str) and (
+                    _declares_parameters(fn) or listed and isinstance(fn.get("description"), str)):
+                written = raw if len(items) == 1 else json.dumps(item, ensure_ascii=False)
+                out.append((json.dumps(item, sort_keys=True, ensure_ascii=False), written, m.start(), stop))
+        pos = stop
+    return out or (_python_tools(text, start, end) if python_literals else [])
+
+
+_PYTHON_LITERAL_START = re.compile(r"\{\s*'")  # a dict's first key; a list before it is taken in
+
+
+def _python_tools(text: str, start: int, end: int) -> list[tuple[str, str, int, int]]:
+    """Tool schemas written as a Python literal that ends its line (ToolLLaMA's `APIs: [{'name':
+    ...}, ...]`: a list of dicts printed with `repr`), as `schema_tools` gives them; parsed by
+    `ast.literal_eval` (C), at most one literal per line."""
+    out: list[tuple[str, str, int, int]] = []
+    pos = start
+    while (m := _PYTHON_LITERAL_START.search(text, pos, end)) is not None:
+        first = m.start() - 1 if m.start() > start and text[m.start() - 1] == "[" else m.start()
+        line_end = text.find("\n", first, end)
+        line_end = end if line_end < 0 else line_end
+        stop = max(text.rfind("]", first, line_end), text.rfind("}", first, line_end)) + 1
+        pos = line_end + 1
+        if stop <= first:
+            continue
+        try:
+            obj = ast.literal_eval(text[first:stop])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        for item in obj if isinstance(obj, list) else (_tool_list(obj) or [obj]):
+            if isinstance(item, dict) and isinstance(item.get("name"), str) and _declares_parameters(item):
+                out.append((json.dumps(item, sort_keys=True, ensure_ascii=False, default=str),
+                            json.dumps(item, ensure_ascii=False, default=str), first, stop))
+    return out
+
+
+_TOOL_WRAPPERS = ("function", "toolSpec", "temporaryTool")
+
+
+def _declares_parameters(fn: dict[str, Any]) -> bool:
+    """Does a named object declare a tool's parameters: a schema under a key tools use
+    (`SCHEMA_KEYS`; Ultravox's `dynamicParameters`), or OpenRPC's `params`, content descriptors
+    each with a name and a schema?"""
+    if SCHEMA_KEYS & fn.keys() or isinstance(fn.get("dynamicParameters"), list):
+        return True
+    params = fn.get("params")
+    return isinstance(params, list) and (bool(params) or "result" in fn) and all(
+        isinstance(p, dict) and isinstance(p.get("name"), str) and "schema" in p for p in params)
+
+
+def _tool_list(obj: Any) -> list[Any] | None:
+    """The tools a decoded object lists: `{"tools": [...]}` (an MCPB manifest's too), MCP's
+    `tools/list` result (`{"result": {"tools": [...]}}`), Gemini's `function_declarations`, an
+    OpenRPC document's `methods`; None when it lists none (it may be one tool itself)."""
+    for holder in (obj, obj.get("result") if isinstance(obj, dict) else None):
+        if isinstance(holder, dict):
+            for key in ("tools", "function_declarations", "functionDeclarations", "methods"):
+                if isinstance(holder.get(key), list):
+                    return holder[key]
+    return None
+
+
+def region_schemas_reordered(prev: RequestSketch, cur: RequestSketch, pd: int, region: Region) -> bool:
+    """Do the messages where the prompts diverge (same role) carry the same JSON tool schemas in
+    another order, or one of them with its keys in another order? (A reorder keeps the message's
+    length: other messages are not scanned.)"""
+    other = prev.region_at(pd)
+    if other is None or other.role != region.role or other.end - other.start != region.end - region.start:
+        return False
+    ps = schema_tools(prev.text, other.start, other.end, python_literals=True)
+    cs = schema_tools(cur.text, region.start, region.end, python_literals=True)
+    return schemas_reordered([(c, w) for c, w, _, _ in ps], [(c, w) for c, w, _, _ in cs])
+
+
+def schemas_reordered(prev: Sequence[Sequence[str]], cur: Sequence[Sequence[str]]) -> bool:
+    """Two lists of JSON tool schemas as (canonical, as written) pairs, texts or keys of them: the
+    same schemas (at least two) in another order, or one of them with its keys in another order."""
+    return len(cur) >= 2 and sorted(c for c, _ in prev) == sorted(c for c, _ in cur) and \
+        [tuple(x) for x in prev] != [tuple(x) for x in cur]

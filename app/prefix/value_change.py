@@ -1,0 +1,279 @@
+"""The per-request value at a divergence: the changed token, its kind and its span
+(app/prefix/dynamic.py's patterns, keyed values, words and tokens that read as values), or
+none when what changed reads as an edit."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.prefix.conversation import span_key
+from app.prefix.dynamic import (
+    LINE_SCAN_CHARS,
+    NOW_CUE,
+    VALUE_WINDOW,
+    VOLATILE_KINDS,
+    DynamicDetector,
+    Span,
+    duration_around,
+    elapsed_value,
+    moved_too_far,
+    number_end,
+    number_start,
+    number_token,
+    rolled_over,
+)
+from app.prefix.strings import common_prefix_len
+from app.prefix.value_kind import (
+    reads_as_value,
+    turn_value,
+    value_kind,
+    value_start,
+    whole_value_change,
+    whole_value_start,
+)
+
+VALUE_CHARS = frozenset("-_.:/+~")
+KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that include the key's words
+ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
+
+
+@dataclass(frozen=True)
+class ValueChange:
+    """What changed at a divergence where the prompts agree again right after one token: the
+    per-request value (`span`, ending at `prev_end` in the previous prompt), or None when no rule
+    judged the token one. `edit_at` says where a token no form judged changed (the line's text
+    before it, as a stable key), so that a later request tells a value that changes there on every
+    request from an edit made once."""
+
+    span: Span | None
+    prev_end: int
+    edit_at: str | None = None
+
+
+def _is_value_char(ch: str) -> bool:
+    return ch.isalnum() or ch in VALUE_CHARS
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _escape_at(text: str, i: int) -> bool:
+    """Does a URL's percent escape (`%3A`) start at `i`, inside a token (a value character before it)?"""
+    return (text[i] == "%" and i > 0 and _is_value_char(text[i - 1]) and i + 2 < len(text)
+            and text[i + 1] in _HEX and text[i + 2] in _HEX)
+
+
+def token_span(text: str, at: int) -> tuple[int, int]:
+    """The value-like token around `at` (letters, digits, - _ . : / +, a URL's `%XX` escapes: an
+    express-session cookie `s%3A…`), without end punctuation."""
+    start = at
+    while start > 0 and (_is_value_char(text[start - 1]) and text[start - 1] != "\n" or _escape_at(text, start - 1)):
+        start -= 1
+    end = at
+    while end < len(text) and (_is_value_char(text[end]) or _escape_at(text, end)):
+        end += 1
+    while end > start and text[end - 1] in ".:,;":  # a clause's end, not an id's last `-` or `/`
+        end -= 1
+    if end - start >= 16:  # base64's padding belongs to its value (`…XtZcQ==`), a key's `=` does not
+        pad = end
+        while pad < len(text) and pad - end < 2 and text[pad] == "=":
+            pad += 1
+        if pad > end and (pad == len(text) or not _is_value_char(text[pad])):
+            end = pad
+        elif pad > end and (m := _B64_HALF_AFTER.match(text, pad)) is not None:
+            end = m.end()  # two base64 halves joined by `:` (Nextcloud's requesttoken `…=:…=`)
+    if end - start >= 16 and (m := _SIGNATURE_VERSION.search(text, max(0, start - 4), start)) is not None:
+        start = m.start()  # a versioned signature (Standard Webhooks' `v1,<base64>`)
+    if text[max(0, start - 2):start] == "=:":  # the second half: the first is part of the value
+        first = start - 2
+        while first > 0 and text[first - 1] == "=" and start - first < 4:
+            first -= 1
+        k = first
+        while k > 0 and first - k < 4096 and (text[k - 1].isalnum() or text[k - 1] in "+/"):
+            k -= 1
+        if first - k >= 16:
+            start = k
+    return start, max(end, start)
+
+
+def url_segment(text: str, start: int, end: int, at: int) -> tuple[int, int]:
+    """The part of a URL token between the `/` before `at` and the next `/`, `?` or `#`."""
+    seg_start = max(start, text.rfind("/", start, at) + 1)
+    stops = [i for i in (text.find(c, at, end) for c in "/?#") if i >= 0]
+    return seg_start, min(stops, default=end)
+
+
+_SIGNATURE_VERSION = re.compile(r"(?<![\w,])v\d{1,2},$")
+_B64_HALF_AFTER = re.compile(r":[A-Za-z0-9+/]{16,}={0,2}(?![\w+/=])")
+
+
+def sentence_end(text: str, start: int, end: int) -> int:
+    """`end` without a full stop that ends the sentence ("at 5:00 PM." but not "P.M.")."""
+    if end > start and text[end - 1] == "." and "." not in text[max(start, end - 4):end - 1]:
+        return end - 1
+    return end
+
+
+def dynamic_kind(text: str, line0: int, span: Span) -> str | None:
+    """The kind a detected span counts as per-request with, or None: volatile kinds always, a
+    date only after a "today / current / date:" cue on its line (a fixed policy date is static),
+    and a date with a clock time as a timestamp (it changes within the day)."""
+    kind = span.kind
+    if kind == "date" and re.search(r"\d[:h]\d\d|\s\d{1,2}\.\d\d$", span.text):  # `, 21.46` ends it too
+        kind = "timestamp"
+    if kind in ALWAYS_DYNAMIC or kind == "time" or NOW_CUE.search(text, line0, span.start):
+        return kind
+    return None
+
+
+def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int,
+                  stop: int | None = None, earlier_turn: bool = False,
+                  edits: set[str] | frozenset[str] = frozenset()) -> ValueChange | None:
+    """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
+    key or line), and where it ends in `prev` (`ValueChange`, its span None when one token changed
+    that no rule judged); None when more than one token differs. `stop`: where the message holding
+    `cd` ends (its line ends there, not in the template text after it). `earlier_turn`: `cd` is in
+    a user turn before the last (`turn_value` judges a token there). `edits`: the places
+    (`ValueChange.edit_at`) where a token changed in the tenant's recent requests: a value-like
+    token that changes there again is a per-request value (an edit is made once)."""
+    cs, ce = token_span(cur, cd)
+    ps, pe = token_span(prev, pd)
+    line0 = cur.rfind("\n", 0, cs) + 1
+    line1 = cur.find("\n", cd)
+    line1 = len(cur) if line1 < 0 else line1
+    pline0 = prev.rfind("\n", 0, ps) + 1
+    pline1 = prev.find("\n", pd)
+    pline1 = len(prev) if pline1 < 0 else pline1
+    if cd - line0 >= LINE_SCAN_CHARS or pd - pline0 >= LINE_SCAN_CHARS:
+        return None  # deep in a document's line: no value is read there (dynamic.LINE_SCAN_CHARS)
+    # the window reaches past the changed token's end: a long token (a JWT) is read whole
+    span = next((s for s in detector.find(cur, max(line0, cd - VALUE_WINDOW),
+                                          min(line1, max(cd + VALUE_WINDOW, ce + 2), line0 + LINE_SCAN_CHARS))
+                 if s.start <= cd <= s.end), None)
+    pspan = next((s for s in detector.find(prev, max(pline0, pd - VALUE_WINDOW),
+                                           min(pline1, max(pd + VALUE_WINDOW, pe + 2), pline0 + LINE_SCAN_CHARS))
+                  if s.start <= pd <= s.end), None)
+    if span is not None and pspan is not None and span.start - line0 == pspan.start - pline0:
+        kind = dynamic_kind(cur, line0, span)
+        if kind is None and span.kind == pspan.kind == "date" and rolled_over(pspan.text, span.text):
+            kind = "date"  # no "today" cue, but it moved on by a day: a clock's date, not an edit
+        elif kind in ("timestamp", "date") and moved_too_far(pspan.text, span.text):
+            kind = None  # years on: an edited stamp that is still a valid one
+        elif kind == "time" and _ON_THE_HOUR.fullmatch(pspan.text) and _ON_THE_HOUR.fullmatch(span.text) \
+                and not NOW_CUE.search(cur, line0, span.start):
+            kind = None  # `held until 10:00` -> `11:00`: an hour of a rule edited; a clock read twice on the hour is rare
+        if kind is not None:
+            start, end, pend = span.start, span.end, pspan.end
+            trim = end - sentence_end(cur, start, end)
+            end, pend = end - trim, pend - trim
+            if kind == "elapsed":  # the duration, not the words before it
+                start, end = elapsed_value(cur, span)
+                pend = elapsed_value(prev, pspan)[1]
+            elif kind in KEYED_KINDS:  # the value, not the words of its key
+                start = max(start, cs)
+                dur, pdur = duration_around(cur, span.start, span.end, cd), duration_around(prev, pspan.start, pspan.end, pd)
+                if kind == "counter" and dur is not None and pdur is not None:  # a duration, whole (`5 min 09 s`)
+                    (start, end), pend = dur, pdur[1]
+                elif kind == "counter":  # the number, with its decimal or thousands groups (`48,213`)
+                    start = number_start(cur, start, span.start)
+                    end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
+            if common_prefix_len(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
+                return ValueChange(Span(start, end, kind, cur[start:end]), pend)
+    (cs, ce), (ps, pe) = value_token(cur, cs, ce, cd), value_token(prev, ps, pe, pd)
+    if ce <= cs or pe <= ps:
+        return None
+    quoted, pquoted = quoted_words(cur, cs, ce), quoted_words(prev, ps, pe)
+    if quoted is not None and pquoted is not None and (quoted != (cs, ce) or pquoted != (ps, pe)):
+        (cs, ce), (ps, pe) = quoted, pquoted  # `mode="STAT only"` -> `"routine"`: the quoted words
+    if common_prefix_len(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
+        # more than one token changed: an edit, not a value, unless a key line's whole value changed
+        # in a shape values have (`whole_value_change`)
+        return _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
+    rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
+    before = cur[max(line0, cs - VALUE_WINDOW):cs]
+    whole = _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
+    if whole is not None and whole.span is not None and whole.span.kind == "counter":
+        return whole  # a list of readings, whole, though one of them changed (`2427, 109343.643` -> `2427, 110167.307`)
+    kind = value_kind(before, prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
+    if kind is None and earlier_turn:
+        kind = turn_value(prev[ps:pe], cur[cs:ce], before, cur[ce:rest_end])
+    if kind is None and whole is not None:
+        return whole  # a key line's whole value that changed as values do (`whole_value_change`)
+    key = None
+    if kind is None:
+        key = span_key("edit", before, 0, len(before))
+        old, new = prev[ps:pe], cur[cs:ce]
+        if key not in edits or not ((reads_as_value(old, new) and any(c.isdigit() for c in old + new))
+                                     or (old.isalpha() and new.isalpha())):
+            return ValueChange(None, pe, key)
+        kind = "value"  # changed here again: a value the client writes per request
+    cs = value_start(kind, cur, cs, ce, line0)
+    return ValueChange(Span(cs, ce, kind, cur[cs:ce]), pe, key)
+
+
+def _whole_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line1: int, cs: int,
+                 stop: int | None) -> ValueChange | None:
+    """The whole value of a `key: value` line in which more than one token changed, when it changed
+    as values do (`whole_value_change`: `in Betrieb` -> `aus`, `19.97, 19.09, 18.9` -> `20.0, …`,
+    `DE 09 524 46487` -> `DE 09 200 33728`), from the value's start to the line's or its message's
+    end (`stop`; the template text after a message is no part of it); None otherwise."""
+    at = whole_value_start(cur[line0:cs])
+    vend = line1 if stop is None else min(line1, stop)
+    tail = cur[vend:line1]  # the same template text ends the line in both prompts
+    if at is None or not prev.endswith(tail, 0, pline1):
+        return None
+    start, ve, pve = line0 + at, _before_space(cur, line0, vend), _before_space(prev, pline0, pline1 - len(tail))
+    if start >= ve or pline0 + at >= pve or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
+        return None
+    kind = whole_value_change(prev[pline0 + at:pve], cur[start:ve])
+    return ValueChange(Span(start, ve, kind, cur[start:ve]), pve) if kind is not None else None
+
+
+def _before_space(text: str, floor: int, end: int) -> int:
+    """`end` moved back over the white space before it, not past `floor` (a line's start): the line's
+    text is read, never the prompt before it."""
+    while end > floor and text[end - 1].isspace():
+        end -= 1
+    return end
+
+
+def value_token(text: str, start: int, end: int, at: int) -> tuple[int, int]:
+    """The value of the token at start..end, as the text path and another pod's digest both read
+    it: after a key glued to it (`after_glued_key`), over a number's digit groups (`38,9`, not
+    `38`), and in a URL the path segment at `at` (a build scan's id). `at`: where it changed, or
+    the token's end when that is not known."""
+    start = after_glued_key(text, start, at)
+    start, end = number_token(text, start, end)
+    return url_segment(text, start, end, at) if "://" in text[start:end] else (start, end)
+
+
+_GLUED_KEY = re.compile(r"(?:[A-Za-z](?:[\w.-]*[A-Za-z_-])?[:=])+(?=[^\s=:/])")  # not base64's padding, not `://`
+
+
+def after_glued_key(text: str, start: int, at: int) -> int:
+    """Where a token's value starts when a key is glued to it before `at` (the divergence, or
+    the token's end: iCalendar's `X-SMH-EINSATZSTUFE:Volleinsatz`, `mode=on`): after the key's sign."""
+    m = _GLUED_KEY.match(text, start, min(len(text), at + 1))
+    return m.end() if m is not None and m.end() <= at else start
+
+
+_ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.]00(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
+_QUOTED_AFTER_KEY = re.compile(r"""(?:[=:]\s*)"$""")
+
+
+def quoted_words(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """The words (one to three) between the quotes a key's value opens with (`{mode="STAT only"}`,
+    `"shift": "Tagschicht Nord"`) when the token at start..end is one of them; None otherwise."""
+    line0 = text.rfind("\n", 0, start) + 1
+    open_at = text.rfind('"', line0, start)
+    if open_at < 0 or not _QUOTED_AFTER_KEY.search(text, max(line0, open_at - 4), open_at + 1):
+        return None
+    close = text.find('"', end)
+    if close < 0 or close - open_at > 64 or "\n" in text[end:close]:
+        return None
+    inner = text[open_at + 1:close]
+    return (open_at + 1, close) if _WORDS.fullmatch(inner) else None
+
+
+_WORDS = re.compile(r"[^\W\d_]+(?: [^\W\d_]+){0,2}")
