@@ -64,3 +64,56 @@ def test_console_script_runs(tmp_path: Path) -> None:
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr  # new_session is not a problem
     assert json.loads(proc.stdout.splitlines()[1])["cause"] == "new_session"
+
+
+def test_a_body_the_proxy_refuses_is_reported_with_its_message_and_exit_2(tmp_path: Path, capsys) -> None:
+    """Bent bodies in a sequence (a role that is no string, a message that is no object, a
+    Messages `system` that is a number) are reported with the message the proxy answers them
+    with, and the other bodies are still analysed: no traceback."""
+    bodies = [body(STATIC, "a"), {"model": "m", "messages": [{"role": 5, "content": {"a": 1}}]},
+              {"model": "m", "messages": [None, 5, "x"]},
+              {"model": "m", "system": 5, "messages": [{"role": "user", "content": "hi"}]},
+              body(STATIC, "b")]
+    f = write_jsonl(tmp_path / "seq.jsonl", bodies)
+    assert main(["lint", str(f), "--json"]) == 2
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2, 3, 4]
+    assert rows[1]["error"] == rows[2]["error"] == \
+        "the proxy would refuse it (chat): 'messages[0]' must be an object with a string 'role'"
+    assert rows[3]["error"] == "the proxy would refuse it (messages): 'system' must be a string or a list of content blocks"
+    assert "error" not in rows[0] and "error" not in rows[4]
+    assert rows[4]["cause"] == "new_session" and rows[4]["continuity"] > 0.9  # analysed against request 0
+    assert main(["lint", str(f)]) == 2
+    assert capsys.readouterr().out.splitlines()[-1] == "5 request(s), 0 problem(s), 3 refused"
+
+
+def test_a_jsonl_line_that_is_no_json_is_named(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "seq.jsonl"
+    f.write_text(json.dumps(body(STATIC, "a")) + "\nnot json\n")
+    assert main(["lint", str(f)]) == 2
+    assert "line 2 is no JSON" in capsys.readouterr().err
+
+
+def test_a_messages_sequence_is_read_with_its_top_level_system(tmp_path: Path, capsys) -> None:
+    """Anthropic Messages bodies (Claude Code's shape: `system` beside `messages`, content blocks):
+    the clock in `system` is found, as the gateway finds it on /v1/messages."""
+    bodies = [{"model": "m", "max_tokens": 64, "system": f"Current time: 2026-04-14T09:3{i}:07Z\n{STATIC}",
+               "messages": [{"role": "user", "content": [{"type": "text", "text": f"question {i}"}]}]}
+              for i in range(2)]
+    f = write_jsonl(tmp_path / "seq.jsonl", bodies)
+    assert main(["lint", str(f), "--json"]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[1]["cause"] == "dynamic_head" and rows[1]["spans"] == ["2026-04-14T09:31:07Z"]
+
+
+def test_a_responses_sequence_is_read_with_its_instructions(tmp_path: Path, capsys) -> None:
+    """Responses bodies (Codex's shape: `instructions` and `input`) are rendered as the engine
+    renders them, not skipped as bodies without messages."""
+    bodies = [{"model": "m", "instructions": f"Current time: 2026-04-14T09:3{i}:07Z\n{STATIC}",
+               "input": [{"type": "message", "role": "user", "content": f"question {i}"}]} for i in range(2)]
+    f = write_jsonl(tmp_path / "seq.jsonl", bodies)
+    assert main(["lint", str(f), "--json"]) == 1
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[1]["cause"] == "dynamic_head" and rows[1]["spans"] == ["2026-04-14T09:31:07Z"]
+    assert main(["lint", str(f), "--json", "--api", "chat"]) == 2  # forced to chat: no `messages`, refused
+    assert "'messages' is a required property" in capsys.readouterr().out

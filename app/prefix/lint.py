@@ -6,11 +6,17 @@ proxy uses, matched against the earlier ones and diagnosed (app/prefix/diagnose.
 request has nothing to compare with, so it is checked statically: a value that is almost surely
 per-request (a clock time, a uuid, a request id...) placed before static content is reported.
 
-Exit status: 1 when a problem was found (any break but `new_session` or `compaction`), 0 otherwise,
-2 on bad input.
+Each body is read as the API it is written for (`--api`, default `auto`: Responses' `input`,
+completions' `prompt`, Messages' top-level `system` or Anthropic-only content blocks, else chat),
+checked as the proxy checks it (a body the proxy would answer 400 is reported with the same
+message, not analysed) and rendered as the engine named by `--engine` renders it (default vLLM).
+
+Exit status: 2 on bad input (a file that is no JSON, JSONL or array of objects, or a body the proxy
+would refuse), else 1 when a problem was found (any break but `new_session` or `compaction`), else 0.
 `--json` prints one object per request: {"index", "continuity", "cause", "spans", "span_kinds",
-"fix", "secondary"}: `spans` are the changed values themselves; `secondary` lists the further
-causes after the first one, in prompt order, as {"cause", "spans", "span_kinds"}.
+"fix", "secondary"}, and "error" for a body that was not analysed: `spans` are the changed values
+themselves; `secondary` lists the further causes after the first one, in prompt order, as
+{"cause", "spans", "span_kinds"}.
 """
 
 from __future__ import annotations
@@ -19,12 +25,18 @@ import argparse
 import asyncio
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from app.dialects import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Dialect
+from app.dialects.validation import check_common
+from app.errors import ProxyError
+from app.prefix.convert_messages import requires_system_first
+from app.prefix.convert_responses import ResponseHistory
 from app.prefix.diagnose import NOT_A_PROBLEM, Diagnosis, fix_for
 from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, Span, get_detector
-from app.prefix.fingerprint import Fingerprinter, prompt_input
+from app.prefix.fingerprint import Fingerprinter
 from app.prefix.sketch import RequestSketch, build_sketch
 from app.prefix.tokens import SegmentTokenizer
 from app.prefix.tracker import TenantTracker
@@ -38,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per request analysed")
     parser.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: built-in)")
     parser.add_argument("--block-size", type=int, default=16, help="engine block size (default 16)")
+    parser.add_argument("--api", choices=("auto", *APIS), default="auto",
+                        help="the API the bodies are written for (default: told by each body's members)")
+    parser.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                        help="render as this engine does (billing header, tool dump; default vllm)")
     parser.add_argument("--dynamic-pattern", action="append", default=[], metavar="REGEX",
                         help="extra dynamic-value regex (repeatable)")
     parser.add_argument("--html", metavar="REPORT", help="also write the /ui break view as one offline HTML file")
@@ -51,12 +67,67 @@ def load_requests(path: str) -> list[dict[str, Any]]:
     try:
         data = json.loads(stripped)
     except json.JSONDecodeError:
-        data = [json.loads(line) for line in stripped.splitlines() if line.strip()]
+        data = []
+        for number, line in enumerate(stripped.splitlines(), 1):
+            if line.strip():
+                try:
+                    data.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"line {number} is no JSON ({exc})") from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
         raise ValueError("expected a JSON object, a JSON array of objects, or JSONL")
     return [d.get("body", d) if isinstance(d.get("body"), dict) else d for d in data]
+
+
+APIS: dict[str, Dialect] = {"chat": CHAT, "completions": COMPLETIONS, "messages": MESSAGES, "responses": RESPONSES}
+ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking", "document"})
+
+
+def api_of(body: dict[str, Any]) -> Dialect:
+    """The API a body is written for, as far as its members tell: Responses' `input`, completions'
+    `prompt`, Messages' top-level `system` or a content block only Anthropic's API has, else chat."""
+    if "input" in body and "messages" not in body:
+        return RESPONSES
+    if "prompt" in body and "messages" not in body:
+        return COMPLETIONS
+    messages = body.get("messages")
+    if "system" in body or any(isinstance(m, dict) and isinstance(m.get("content"), list)
+                               and any(isinstance(b, dict) and b.get("type") in ANTHROPIC_BLOCKS for b in m["content"])
+                               for m in messages if isinstance(messages, list)):
+        return MESSAGES
+    return CHAT
+
+
+@dataclass
+class OfflineEngine:
+    """The engine facts a body is rendered with offline (`--engine`): what the prefix stage learns
+    from the replicas when serving (app/pipeline/prefix_stage.py). No stored responses: a Responses
+    body that names a previous one is rendered without its history."""
+
+    kind: Literal["vllm", "sglang"] = "vllm"
+    template: Any = None  # the tokenizer's chat template (system-first ordering)
+    response_history: ResponseHistory = field(default_factory=ResponseHistory)
+
+    def engine_strips_billing(self) -> bool:
+        return self.kind == "vllm"  # vLLM 0.32 drops Claude Code's billing header, SGLang does not
+
+    def system_first(self) -> bool:
+        return requires_system_first(self.template)
+
+    def engine_tool_dump(self) -> Literal["vllm", "sglang"]:
+        return self.kind
+
+
+def refusal(dialect: Dialect, body: dict[str, Any]) -> str | None:
+    """Why the proxy would answer `body` 400 on this API (its message), else None. A missing
+    `model` is no concern of the analysis."""
+    try:
+        check_common(body if "model" in body else {**body, "model": "-"}, dialect.validate)
+    except ProxyError as exc:
+        return exc.message
+    return None
 
 
 def static_findings(sketch: RequestSketch, material: int, extra: tuple[str, ...] = ()) -> list[Span]:
@@ -74,12 +145,21 @@ def static_findings(sketch: RequestSketch, material: int, extra: tuple[str, ...]
 
 
 async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, block_size: int,
-                  extra: tuple[str, ...] = (), store: MemoryStore | None = None) -> list[dict[str, Any]]:
+                  extra: tuple[str, ...] = (), store: MemoryStore | None = None, api: str = "auto",
+                  engine: OfflineEngine | None = None) -> list[dict[str, Any]]:
     tracker = TenantTracker(store or MemoryStore(), show_text=True, extra_patterns=extra)
+    if engine is None:
+        engine = OfflineEngine(template=getattr(fingerprinter.tokenizer, "template", None))
     results: list[dict[str, Any]] = []
     material = max(64, 6 * block_size)
     for index, body in enumerate(bodies):
-        inp = prompt_input("chat" if "messages" in body else "completions", body)
+        dialect = api_of(body) if api == "auto" else APIS[api]
+        refused = refusal(dialect, body)
+        if refused is not None:
+            results.append({"index": index, "continuity": None, "cause": None, "spans": [], "fix": None,
+                            "error": f"the proxy would refuse it ({dialect.name}): {refused}", "refused": True})
+            continue
+        inp = dialect.prompt_input(body, engine)
         if inp is None:
             results.append({"index": index, "continuity": None, "cause": None, "spans": [],
                             "fix": None, "error": "no messages or prompt"})
@@ -110,10 +190,10 @@ async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, bl
 
 
 def _human(r: dict[str, Any]) -> str:
+    if r.get("error"):  # not analysed: no tokens or continuity to report
+        return f"request {r['index']}: {r['error']}"
     cont = "–" if r["continuity"] is None else f"{r['continuity']:.2f}"
     head = f"request {r['index']}: {r.get('tokens') or 0} tokens, continuity {cont}"
-    if r.get("error"):
-        return f"{head}: {r['error']}"
     if not r["cause"]:
         return f"{head}: ok"
     where = " (suspected, single request)" if r.get("static") else \
@@ -134,8 +214,9 @@ def run(args: argparse.Namespace) -> int:
     fingerprinter = Fingerprinter(tokenizer)
     extra = tuple(args.dynamic_pattern)
     store = MemoryStore(history_len=max(1, len(bodies)))
+    engine = OfflineEngine(args.engine, getattr(tokenizer, "template", None))
     try:
-        results = asyncio.run(analyse(bodies, fingerprinter, args.block_size, extra, store))
+        results = asyncio.run(analyse(bodies, fingerprinter, args.block_size, extra, store, args.api, engine))
     finally:
         fingerprinter.close()
     if args.html:
@@ -145,11 +226,12 @@ def run(args: argparse.Namespace) -> int:
     problems = [r for r in results if r["cause"] and r["cause"] not in NOT_A_PROBLEM]
     for r in results:
         if args.json:
-            print(json.dumps({k: r.get(k) for k in ("index", "continuity", "cause", "spans", "span_kinds", "fix",
-                                                    "secondary")},
+            keys = ("index", "continuity", "cause", "spans", "span_kinds", "fix", "secondary")
+            print(json.dumps({k: r.get(k) for k in keys} | ({"error": r["error"]} if r.get("error") else {}),
                              ensure_ascii=False))
         else:
             print(_human(r))
+    refused = sum(1 for r in results if r.get("refused"))
     if not args.json:
-        print(f"{len(results)} request(s), {len(problems)} problem(s)")
-    return 1 if problems else 0
+        print(f"{len(results)} request(s), {len(problems)} problem(s)" + (f", {refused} refused" if refused else ""))
+    return 2 if refused else 1 if problems else 0
