@@ -117,3 +117,14 @@ def test_a_responses_sequence_is_read_with_its_instructions(tmp_path: Path, caps
     assert rows[1]["cause"] == "dynamic_head" and rows[1]["spans"] == ["2026-04-14T09:31:07Z"]
     assert main(["lint", str(f), "--json", "--api", "chat"]) == 2  # forced to chat: no `messages`, refused
     assert "'messages' is a required property" in capsys.readouterr().out
+
+
+def test_token_ids_that_are_no_ids_are_reported_not_raised(tmp_path: Path, capsys) -> None:
+    """A completions prompt of token ids the engine cannot hold (negative, past 32 bits): the proxy
+    forwards it without a fingerprint; lint reports it (found by tests/test_lint_fuzz.py)."""
+    f = write_jsonl(tmp_path / "seq.jsonl", [{"model": "m", "prompt": [-1]}, {"model": "m", "prompt": [2**40, 5]},
+                                             {"model": "m", "prompt": [1, 2, 3]}])
+    assert main(["lint", str(f), "--json"]) == 2
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["error"].split(":")[0] for r in rows[:2]] == ["the engine could not render it (completions)"] * 2
+    assert "error" not in rows[2]

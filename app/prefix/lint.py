@@ -11,8 +11,10 @@ completions' `prompt`, Messages' top-level `system` or Anthropic-only content bl
 checked as the proxy checks it (a body the proxy would answer 400 is reported with the same
 message, not analysed) and rendered as the engine named by `--engine` renders it (default vLLM).
 
-Exit status: 2 on bad input (a file that is no JSON, JSONL or array of objects, or a body the proxy
-would refuse), else 1 when a problem was found (any break but `new_session` or `compaction`), else 0.
+Exit status: 2 on bad input (a file that is no JSON, JSONL or array of objects, a body the proxy
+would refuse, or one whose prompt the engine could not render: token ids that are no 32-bit ids, a
+template that raises), else 1 when a problem was found (any break but `new_session` or
+`compaction`), else 0.
 `--json` prints one object per request: {"index", "continuity", "cause", "spans", "span_kinds",
 "fix", "secondary"}, and "error" for a body that was not analysed: `spans` are the changed values
 themselves; `secondary` lists the further causes after the first one, in prompt order, as
@@ -38,6 +40,7 @@ from app.prefix.diagnose import NOT_A_PROBLEM, Diagnosis, fix_for
 from app.prefix.dynamic import NOW_CUE, VOLATILE_KINDS, Span, get_detector
 from app.prefix.fingerprint import Fingerprinter
 from app.prefix.sketch import RequestSketch, build_sketch
+from app.prefix.template import TemplateError
 from app.prefix.tokens import SegmentTokenizer
 from app.prefix.tracker import TenantTracker
 from app.state.memory import MemoryStore
@@ -93,11 +96,15 @@ def api_of(body: dict[str, Any]) -> Dialect:
     if "prompt" in body and "messages" not in body:
         return COMPLETIONS
     messages = body.get("messages")
-    if "system" in body or any(isinstance(m, dict) and isinstance(m.get("content"), list)
-                               and any(isinstance(b, dict) and b.get("type") in ANTHROPIC_BLOCKS for b in m["content"])
-                               for m in messages if isinstance(messages, list)):
+    contents = [m.get("content") for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+    if "system" in body or any(_anthropic_only(block) for c in contents if isinstance(c, list) for block in c):
         return MESSAGES
     return CHAT
+
+
+def _anthropic_only(block: Any) -> bool:
+    kind = block.get("type") if isinstance(block, dict) else None
+    return isinstance(kind, str) and kind in ANTHROPIC_BLOCKS
 
 
 @dataclass
@@ -164,7 +171,13 @@ async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, bl
             results.append({"index": index, "continuity": None, "cause": None, "spans": [],
                             "fix": None, "error": "no messages or prompt"})
             continue
-        fp = fingerprinter.complete_sync(fingerprinter.prepare(inp, block_size))
+        try:
+            fp = fingerprinter.complete_sync(fingerprinter.prepare(inp, block_size))
+        except (TemplateError, ValueError, TypeError, OverflowError) as exc:  # the engine refuses it too
+            results.append({"index": index, "continuity": None, "cause": None, "spans": [], "fix": None,
+                            "error": f"the engine could not render it ({dialect.name}): {type(exc).__name__}: {exc}",
+                            "refused": True})
+            continue
         sketch = build_sketch(inp, fp.text or "")
         obs = await tracker.observe("lint", fp.block_hashes, sketch, block_size)
         cause = obs.diagnosis.cause if obs.diagnosis else None
