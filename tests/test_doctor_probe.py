@@ -115,3 +115,33 @@ async def test_real_sglang_streams() -> None:
     assert (cold.prompt_tokens, cold.completion_tokens, cold.cached_tokens) == (904, 8, 0)
     assert (warm.prompt_tokens, warm.completion_tokens, warm.cached_tokens) == (904, 8, 903)
     assert cold.ttft_s is not None and 1 <= len(cold.text_event_times) <= 8
+
+
+
+async def test_bent_answers_are_read_around_not_raised() -> None:
+    """Found by tests/test_doctor_fuzz.py: events, choices, deltas and usages that are no objects
+    raised in the probe, a `/v1/models` that is no JSON (or no object) raised, and a count sent as
+    a string reached the sizing's arithmetic; a model id that is no text could not be sent."""
+    sse = ('data: 5\n\ndata: [1]\n\ndata: null\n\ndata: {"choices": [5, {"delta": "x"}]}\n\n'
+           'data: {"choices": [{"delta": {"content": "Hi"}}]}\n\ndata: {"choices": [], "usage": "u"}\n\n'
+           'data: {"choices": [], "usage": {"prompt_tokens": "12", "completion_tokens": -1,'
+           ' "prompt_tokens_details": {"cached_tokens": true}}}\n\ndata: [DONE]\n\n')
+    answer = {"models": b""}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/chat/completions":
+            return httpx.Response(200, text=sse)
+        return httpx.Response(200, content=answer["models"])
+
+    endpoint = Endpoint.from_url("http://e")
+    async with _client(httpx.MockTransport(handler)) as client:
+        result = await stream_chat(client, endpoint, "m", "doc", 8)
+        assert len(result.text_event_times) == 1 and result.ttft_s is not None
+        assert (result.prompt_tokens, result.completion_tokens, result.cached_tokens) == (None, None, None)
+        answer["models"] = b"not json"
+        with pytest.raises(ProbeError, match="no JSON"):
+            await list_models(client, endpoint)
+        answer["models"] = b'[{"id": "m"}]'
+        assert await list_models(client, endpoint) == []
+        answer["models"] = b'{"data": [{"id": "\\ud800"}, {"id": "ok", "max_model_len": Infinity}, 7]}'
+        assert [(m.id, m.max_model_len) for m in await list_models(client, endpoint)] == [("ok", None)]

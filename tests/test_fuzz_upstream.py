@@ -24,18 +24,16 @@ was not a list cut the client's stream when it broke in turn (the migration case
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import operator
 import os
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from bend import bend_json, bend_stream, sse_events
 from fake_upstream import FakeResponse, SeenRequest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -65,94 +63,6 @@ REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
     "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}),
     "responses": ("/v1/responses", {"input": "Hello", "max_output_tokens": 8}),
 }
-VALUES: list[Any] = [None, True, False, 0, -1, -(2**63), 2**64 + 1, 10**30, 1.5, -0.0, 1e308, float("nan"),
-                     float("inf"), "", "x", "12", "NaN", "\u0000", "\ud800", [], [0], ["a", 1], {}, {"cached_tokens": -3},
-                     {"a": {"b": None}}]
-GARBAGE = [b"{", b"not json", b"\xff\xfe\xfd", b"[]", b"null", b"5", b'"text"', b'{"choices": 5}',
-           b'{"type": 7}', b"{}" * 3, b"data: data: {}"]
-
-
-def _nodes(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield path
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _nodes(v, (*path, k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _nodes(v, (*path, i))
-
-
-def _bend_json(obj: Any, r: random.Random) -> Any:
-    """One value replaced (half the time one under a `usage`, where the counts are) or one key
-    or item deleted."""
-    paths = [p for p in _nodes(obj) if p]
-    if not paths:
-        return r.choice(VALUES)
-    counts = [p for p in paths if "usage" in p]
-    path = r.choice(counts if counts and r.random() < 0.5 else paths)
-    parent = functools.reduce(operator.getitem, path[:-1], obj)
-    if r.random() < 0.25:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = r.choice(VALUES)
-    return obj
-
-
-def _dump(obj: Any, r: random.Random) -> bytes:
-    return json.dumps(obj, ensure_ascii=r.random() < 0.5, separators=(",", ":")).encode("utf-8", "surrogatepass")
-
-
-def _events(answer: bytes) -> list[bytes]:
-    return [e + b"\n\n" for e in answer.split(b"\n\n") if e.strip()]
-
-
-def _bend_event(event: bytes, r: random.Random) -> bytes:
-    """An SSE event with its JSON bent, or its data replaced by garbage."""
-    head, sep, data = event.rstrip(b"\n").rpartition(b"data: ")
-    if not sep:
-        return event
-    try:
-        obj = json.loads(data)
-    except ValueError:  # [DONE], or an event an earlier bend cut
-        obj = None
-    if obj is None or r.random() < 0.3:
-        return head + b"data: " + r.choice(GARBAGE) + b"\n\n"
-    return head + b"data: " + _dump(_bend_json(obj, r), r) + b"\n\n"
-
-
-def bend_stream(answer: bytes, r: random.Random) -> tuple[bytes, list[str]]:
-    events, done = _events(answer), []
-    for _ in range(r.randint(1, 3)):
-        how = r.choice(["event", "event", "event", "drop", "repeat", "move", "cut_last", "garbage_line"])
-        i = r.randrange(len(events)) if events else 0
-        if not events:
-            break
-        if how == "event":
-            events[i] = _bend_event(events[i], r)
-        elif how == "drop":
-            del events[i]
-        elif how == "repeat":
-            events.insert(i, events[i])
-        elif how == "move":
-            moved = events.pop(i)
-            events.insert(r.randrange(len(events) + 1), moved)
-        elif how == "cut_last":
-            events[-1] = events[-1][:r.randrange(len(events[-1]) + 1)]
-        else:  # a line that is no SSE field, or a comment
-            events.insert(i, r.choice([b": keep-alive\n\n", b"garbage\n\n", b"id: 7\nretry: x\n\n", b"\n"]))
-        done.append(how)
-    return b"".join(events), done
-
-
-def bend_json(answer: bytes, r: random.Random) -> tuple[bytes, list[str]]:
-    if r.random() < 0.2:
-        return r.choice(GARBAGE), ["garbage"]
-    obj = json.loads(answer)
-    for _ in range(r.randint(1, 3)):
-        obj = _bend_json(obj, r)
-    return _dump(obj, r), ["json"]
-
-
 def _pieces(raw: bytes, r: random.Random) -> list[tuple[float, bytes]]:
     cuts = sorted(r.sample(range(1, len(raw)), min(len(raw) - 1, r.randint(0, 6)))) if len(raw) > 1 else []
     bounds = [0, *cuts, len(raw)]
@@ -259,7 +169,7 @@ def test_bent_continuations_of_a_migrated_stream(fake_upstream_factory, proxy_fa
     for i in range(CASES // 4):
         r = random.Random(10_000 + i)
         route = r.choice(["chat", "completions"])
-        events = _events(bend_stream(ANSWERS[(route, True)], r)[0] if r.random() < 0.3 else ANSWERS[(route, True)])
+        events = sse_events(bend_stream(ANSWERS[(route, True)], r)[0] if r.random() < 0.3 else ANSWERS[(route, True)])
         first = FakeResponse(chunks=[(0.0, e) for e in events], die_after=r.randrange(1, max(2, len(events))))
         raw, how = bend_stream(ANSWERS[(route, True)], r)
         status = r.choice([200, 200, 200, 500, 400])
@@ -344,7 +254,7 @@ def test_an_event_whose_type_is_not_a_string_is_relayed(route, event, fake_upstr
     """A Messages or Responses event whose `type` (or its delta's) is an object or a list is
     relayed as it came: the stream reaches the client whole, no 500."""
     answer = ANSWERS[(route, True)]
-    events = _events(answer)
+    events = sse_events(answer)
     name = b"event: content_block_delta\n" if route == "messages" else b"event: response.output_text.delta\n"
     bent = b"".join([*events[:2], name + b"data: " + json.dumps(event).encode() + b"\n\n", *events[2:]])
     upstream = fake_upstream_factory(lambda req: FakeResponse(chunks=[(0.0, bent)]))

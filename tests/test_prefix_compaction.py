@@ -300,3 +300,36 @@ def test_gateway_names_a_codex_shaped_compaction_on_the_responses_route(sim_fact
     assert mine[-1]["continuity"] > 0.5  # the turn after it continues the compacted prefix
     assert report["unmatched_blocks"]["compaction"] > 0 and report["unmatched_blocks"]["break"] == 0
     assert report["bill"] == {}  # a compaction is not billed
+
+
+def messages_body(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same session as Claude Code sends it on /v1/messages: `system` beside the messages,
+    tool calls as `tool_use` blocks, their outputs as `tool_result` blocks in a user turn."""
+    turns: list[dict[str, Any]] = []
+    for m in history:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            blocks = [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                       "input": json.loads(c["function"]["arguments"])} for c in m["tool_calls"]]
+            turns.append({"role": "assistant", "content": blocks})
+        elif m["role"] == "tool":
+            turns.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": m["tool_call_id"],
+                                                       "content": m["content"]}]})
+        else:
+            turns.append({"role": m["role"], "content": m["content"]})
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    return {"model": "m", "max_tokens": 1024, "system": SYSTEM, "tools": tools, "messages": turns}
+
+
+def test_lint_names_a_compaction_in_a_messages_session(tmp_path: Path, capsys) -> None:
+    """A Claude Code session as the Messages bodies it sends: lint names its compaction, the turns
+    around it continue (that its `system` is read at all: test_prefix_lint's Messages test)."""
+    before = growing(8)
+    after = growing(3, start=8, history=[{"role": "user", "content": SUMMARY}])
+    f = tmp_path / "session.jsonl"
+    f.write_text("".join(json.dumps(messages_body(h)) + "\n" for h in [*before, *after]))
+    status = main(["lint", str(f), "--json"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["cause"] for r in rows] == [None] * 8 + ["compaction", None, None], rows
+    assert rows[8]["fix"].startswith(FIX) and status == 0
+    assert all(r["continuity"] > 0.5 for r in rows[1:8])  # the turns before it continue their session

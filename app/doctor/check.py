@@ -298,13 +298,19 @@ async def _two_point(client: httpx.AsyncClient, endpoint: Endpoint, model: str, 
 
 
 def ladder_cap(opts: CheckOptions, max_model_len: int | None) -> int:
-    """Highest prompt length to try: the model's context minus room for the answer, or --max-tokens-ladder."""
-    limits = [opts.ladder_max_tokens] if opts.ladder_max_tokens else []
+    """Highest prompt length to try: the model's context minus room for the answer, or
+    --max-tokens-ladder; never past LADDER_NO_LIMIT_CAP unless --max-tokens-ladder says so (an
+    endpoint that claims a context of 10**30 tokens and accepts anything must not make the check
+    build documents without end)."""
+    if opts.ladder_max_tokens:
+        limits = [opts.ladder_max_tokens]
+    else:
+        limits = [LADDER_NO_LIMIT_CAP]
     if max_model_len:
         # Aim a little under the hard limit: the document is sized by calibration, and a rung that
         # overshoots by a handful of tokens would be rejected and hide the real ceiling.
         limits.append(int((max_model_len - LADDER_MAX_TOKENS) * (1 - LADDER_CAP_MARGIN)))
-    return min(limits) if limits else LADDER_NO_LIMIT_CAP
+    return min(limits)
 
 
 async def _ladder(client: httpx.AsyncClient, endpoint: Endpoint, model: str, opts: CheckOptions,

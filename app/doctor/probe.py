@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from app.engines.request_metrics import EngineTiming, parse_metrics
+from app.proxy.shape import count
 
 
 class ProbeError(Exception):
@@ -62,11 +63,13 @@ class ProbeResult:
     engine_timing: EngineTiming | None = None  # vLLM --enable-per-request-metrics, when it reports them
 
 
-def _has_text(choice: dict[str, Any]) -> bool:
+def _has_text(choice: Any) -> bool:
+    if not isinstance(choice, dict):
+        return False
     if choice.get("text"):
         return True
-    delta = choice.get("delta") or {}
-    return bool(
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and bool(
         delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content") or delta.get("tool_calls")
     )
 
@@ -112,26 +115,29 @@ async def stream_chat(
                     event = json.loads(data)
                 except ValueError:
                     continue
+                if not isinstance(event, dict):  # an event that is no object carries nothing we read
+                    continue
                 if "error" in event:
                     raise ProbeError(_error_text(event["error"]), 500)
                 now = time.perf_counter() - t0
-                if any(_has_text(c) for c in event.get("choices") or []):
+                choices = event.get("choices")
+                if isinstance(choices, list) and any(_has_text(c) for c in choices):
                     times.append(now)
                     if ttft is None:
                         ttft = now
-                if event.get("usage"):
+                if isinstance(event.get("usage"), dict) and event["usage"]:
                     usage = event["usage"]
                 timing = parse_metrics(event.get("metrics")) or timing
     except httpx.HTTPError as exc:
         raise ProbeError(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
     total = time.perf_counter() - t0
-    details = usage.get("prompt_tokens_details") or {}
-    return ProbeResult(
+    details = usage.get("prompt_tokens_details")
+    return ProbeResult(  # a count that is no non-negative int is unknown, never a number that looks like data
         total_s=total,
         ttft_s=ttft,
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-        cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
+        prompt_tokens=count(usage.get("prompt_tokens")),
+        completion_tokens=count(usage.get("completion_tokens")),
+        cached_tokens=count(details.get("cached_tokens")) if isinstance(details, dict) else None,
         text_event_times=tuple(times),
         engine_timing=timing,
     )
@@ -170,12 +176,28 @@ async def list_models(client: httpx.AsyncClient, endpoint: Endpoint) -> list[Mod
     if response.status_code != 200:
         raise ProbeError(f"GET /v1/models: {_error_message(response.content, response.status_code)}",
                          response.status_code)
+    try:
+        payload = response.json()
+    except ValueError:
+        raise ProbeError("GET /v1/models: the answer is no JSON") from None
+    data = payload.get("data") if isinstance(payload, dict) else None
     models = []
-    for entry in response.json().get("data") or []:
-        if isinstance(entry, dict) and entry.get("id"):
-            limit = entry.get("max_model_len")
-            models.append(ModelInfo(str(entry["id"]), int(limit) if isinstance(limit, int | float) else None))
+    for entry in data if isinstance(data, list) else []:
+        if isinstance(entry, dict) and _model_id(entry.get("id")):
+            limit = count(entry.get("max_model_len"))
+            models.append(ModelInfo(entry["id"], limit or None))
     return models
+
+
+def _model_id(value: Any) -> bool:
+    """An id a request can name: a non-empty string that is text (a lone surrogate is not)."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 async def health(client: httpx.AsyncClient, endpoint: Endpoint) -> bool | None:
@@ -204,8 +226,8 @@ async def tokenize_count(client: httpx.AsyncClient, endpoint: Endpoint, model: s
         payload = response.json()
     except ValueError:
         return None
-    count = payload.get("count") if isinstance(payload, dict) else None
-    if isinstance(count, int):
-        return count
+    counted = count(payload.get("count")) if isinstance(payload, dict) else None
+    if counted is not None:
+        return counted
     tokens = payload.get("tokens") if isinstance(payload, dict) else None
     return len(tokens) if isinstance(tokens, list) else None
