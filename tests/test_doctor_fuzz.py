@@ -70,7 +70,7 @@ class Engine:
         self.queries = self.hits = 0  # vllm:prefix_cache_{queries,hits}_total
         self.lock = threading.Lock()
 
-    def answer(self, method: str, path: str, raw: bytes) -> tuple[int, str, bytes, float]:
+    def answer(self, path: str, raw: bytes) -> tuple[int, str, bytes, float]:
         """(status, content type, body, prefill seconds: 50 us a token not cached)."""
         with self.lock:
             self.largest = max(self.largest, len(raw))
@@ -151,7 +151,7 @@ def _serve(engine_for: dict[str, Engine]) -> ThreadingHTTPServer:
         def _answer(self) -> None:
             raw = self.rfile.read(int(self.headers.get("content-length") or 0))
             engine = engine_for["now"]
-            status, ctype, body, prefill_s = engine.answer(self.command, self.path, raw)
+            status, ctype, body, prefill_s = engine.answer(self.path, raw)
             time.sleep(prefill_s)  # outside the engine's lock: TTFT follows the uncached tokens
             self.send_response(status)
             self.send_header("content-type", ctype)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from app.engines.request_metrics import EngineTiming, parse_metrics
-from app.proxy.shape import count
+from app.proxy.shape import count, usage_counts
 
 
 class ProbeError(Exception):
@@ -131,13 +131,13 @@ async def stream_chat(
     except httpx.HTTPError as exc:
         raise ProbeError(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
     total = time.perf_counter() - t0
-    details = usage.get("prompt_tokens_details")
-    return ProbeResult(  # a count that is no non-negative int is unknown, never a number that looks like data
+    usage = usage_counts(usage) or {}  # a count that is no non-negative int is unknown (absent)
+    return ProbeResult(
         total_s=total,
         ttft_s=ttft,
-        prompt_tokens=count(usage.get("prompt_tokens")),
-        completion_tokens=count(usage.get("completion_tokens")),
-        cached_tokens=count(details.get("cached_tokens")) if isinstance(details, dict) else None,
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+        cached_tokens=usage.get("prompt_tokens_details", {}).get("cached_tokens"),
         text_event_times=tuple(times),
         engine_timing=timing,
     )

@@ -163,20 +163,17 @@ async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, bl
         dialect = api_of(body) if api == "auto" else APIS[api]
         refused = refusal(dialect, body)
         if refused is not None:
-            results.append({"index": index, "continuity": None, "cause": None, "spans": [], "fix": None,
-                            "error": f"the proxy would refuse it ({dialect.name}): {refused}", "refused": True})
+            results.append(_unanalysed(index, f"the proxy would refuse it ({dialect.name}): {refused}", True))
             continue
         inp = dialect.prompt_input(body, engine)
         if inp is None:
-            results.append({"index": index, "continuity": None, "cause": None, "spans": [],
-                            "fix": None, "error": "no messages or prompt"})
+            results.append(_unanalysed(index, "no messages or prompt", False))
             continue
         try:
             fp = fingerprinter.complete_sync(fingerprinter.prepare(inp, block_size))
         except (TemplateError, ValueError, TypeError, OverflowError) as exc:  # the engine refuses it too
-            results.append({"index": index, "continuity": None, "cause": None, "spans": [], "fix": None,
-                            "error": f"the engine could not render it ({dialect.name}): {type(exc).__name__}: {exc}",
-                            "refused": True})
+            why = f"the engine could not render it ({dialect.name}): {type(exc).__name__}: {exc}"
+            results.append(_unanalysed(index, why, True))
             continue
         sketch = build_sketch(inp, fp.text or "")
         obs = await tracker.observe("lint", fp.block_hashes, sketch, block_size)
@@ -200,6 +197,12 @@ async def analyse(bodies: list[dict[str, Any]], fingerprinter: Fingerprinter, bl
         result["tokens"] = fp.num_tokens
         results.append(result)
     return results
+
+
+def _unanalysed(index: int, error: str, refused: bool) -> dict[str, Any]:
+    """The result of a body that was not analysed; `refused`: bad input (exit 2)."""
+    return {"index": index, "continuity": None, "cause": None, "spans": [], "fix": None, "error": error,
+            "refused": refused}
 
 
 def _human(r: dict[str, Any]) -> str:
