@@ -594,13 +594,13 @@ def test_a_long_number_edited_once_after_a_key_stays_an_edit(fpr) -> None:
 
 def test_a_one_letter_key_glued_to_its_value_is_no_part_of_it(fpr) -> None:
     """A printer's M105 reply (`T:214.8 /215.0`): the value starts after its one-letter key, as
-    after a longer glued key (round 18); its first change is the edit it looks like, the next one
-    a value (the repeat rule)."""
+    after a longer glued key (round 18); one of a status line's four readings changed, written with
+    decimals, is a value on its first change (round 22: `status_readings`), the number alone."""
     values = ["214.8", "214.3", "213.9", "214.6"]
     bodies = [body(f"Hotend: ok T:{v} /215.0 B:60.1 /60.0\n{SYSTEM}", t) for v, t in zip(values, conversation(4), strict=True)]
     got = run(fpr, bodies)
-    assert [r["cause"] for r in got] == ["template_change", "dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[], ["213.9"], ["214.6"]]
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [["214.3"], ["213.9"], ["214.6"]]
 
 
 def test_a_number_edited_once_stays_an_edit(fpr) -> None:
@@ -1114,3 +1114,132 @@ def test_static_look_alikes_raise_no_alarm(fpr) -> None:
     for head in heads:
         assert causes(fpr, [body(head + SYSTEM, t) for t in conversation(4)]) == [None] * 3
         assert causes(fpr, [body(head + SYSTEM, [q]) for q in QUESTIONS[:4]]) == ["new_session"] * 3
+
+
+# ------------------------------------------------------------------ round 22: status lines, named blocks, kept turns
+@pytest.mark.parametrize(("line", "values", "spans"), [
+    # readings redrawn together: the value, whole
+    ("Tug Harbour Star: {}", ["4.6 nm off, SOG 9.8 kn", "4.1 nm off, SOG 10.2 kn", "3.5 nm off, SOG 10.4 kn"], None),
+    ("Wind at the quay: {}", ["SW 5, gusting 7", "W 5, gusting 6", "W 6, gusting 8"], None),  # a direction with speeds
+    ("Last query (prod): {}", ["rows_read=1204 rows_written=0 duration=0.2210ms", "rows_read=88 rows_written=3 "
+                               "duration=0.0912ms", "rows_read=4411 rows_written=0 duration=0.7305ms"], None),
+    ("Keep replies short. Wind at buoy B2: {}", ["SW 5, gusting 7", "SW 6, gusting 8", "S 6, gusting 9"],
+     None),  # after the line's sentence
+    # one reading of several changed: the number alone
+    ("Press 3: ok P:{} /180.0 bar, cycle 41 s", ["162.4", "171.0", "158.8"], ["171.0", "158.8"]),
+])
+def test_a_status_lines_readings_are_values_on_their_first_change(fpr, line: str, values: list[str],
+                                                                   spans: list[str] | None) -> None:
+    """A key line's value holding several numbers that changed in its numbers only (a wind's
+    direction with them), one of them written to a reading's precision: a status line the client
+    writes per request, a value on its first change, not the edit a rule's number is (round 22)."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[s] for s in (spans or values[1:])]
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("Note: delivery in 4 to 7 business days.", "Note: delivery in 3 to 5 business days."),  # small round numbers
+    ("Front desk: open 06:15 to 20:00, last entry 19:45", "Front desk: open 06:15 to 21:00, last entry 20:45"),  # hours
+    ("Rate: 59 € for 45 minutes", "Rate: 64 € for 45 minutes"),  # a price: two digits
+    ("Lab limits: NH4-N 10 mg/l, valid from 01.01.2025", "Lab limits: NH4-N 12 mg/l, valid from 01.07.2026"),  # dated
+    ("Runtime: Koha 24.11.03, 2 servers", "Runtime: Koha 25.05.01, 2 servers"),  # a release
+])
+def test_a_rules_numbers_edited_in_a_key_line_stay_an_edit(fpr, old: str, new: str) -> None:
+    bodies = [body(f"{v}\n{SYSTEM}", t) for v, t in zip([old, new], conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["template_change"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Next tram: 14:10 to Harbour Road, doors close in {} min", ["17", "12", "9"]),  # counted down
+    ("Waiting time at the gate: ca. {} min", ["25", "20", "35"]),  # an approximation after the key
+])
+def test_a_time_counted_down_or_approximated_after_a_key_is_a_value(fpr, line: str, values: list[str]) -> None:
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_a_state_counted_in_its_first_word_is_a_value(fpr) -> None:
+    """`2 pending` -> `up to date`: a state whose words change, one side counted (round 22)."""
+    states = ["2 pending", "up to date", "1 pending"]
+    bodies = [body(f"Schema migrations (prod): {v}\n{SYSTEM}", t) for v, t in zip(states, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [["up to date"], ["1 pending"]]
+
+
+def test_a_counted_number_changed_alone_stays_an_edit(fpr) -> None:
+    """`2 per call` -> `3 per call`: the words stay, the number of a rule changed."""
+    bodies = [body(f"Retries: {v}\n{SYSTEM}", t) for v, t in zip(["2 per call", "3 per call"], conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["template_change"]
+
+
+SCRIPT_BLOCKS = ["  build\n    vite build", "  db:reset\n    prisma migrate reset --force",
+                 "  lint:fix\n    eslint . --fix", "  e2e\n    playwright test --project chromium"]
+
+
+@pytest.mark.parametrize("form", ["script-help", "named-blocks", "webhook-json"])
+def test_named_blocks_in_the_system_text_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Entries of several lines that each open with their name alone on a line (a package's scripts
+    as `npm run` lists them; skills whose name tag holds the name on a line of its own), or JSON
+    objects whose parameter schema sits deeper than `parameters` (a webhook's body schema), moved
+    as wholes: the tools the agent may run, in another order (round 22)."""
+    if form == "script-help":
+        entries, heading = SCRIPT_BLOCKS, "Scripts available via `npm run-script`"
+    elif form == "named-blocks":
+        entries = [f"<skill>\n<name>\n{n}\n</name>\n<description>\n{d}\n</description>\n</skill>" for n, d in [
+            ("invoice-audit", "Checks an invoice against its order lines."),
+            ("refund-draft", "Drafts a refund for a damaged parcel."),
+            ("carrier-claim", "Files a claim with the carrier for a lost parcel."),
+            ("stock-check", "Reads the stock of a product in every warehouse.")]]
+        heading = "Skills"
+    else:
+        entries = [json.dumps({"type": "webhook", "name": t["function"]["name"], "description": t["function"]["description"],
+                               "api_schema": {"url": f"https://api.example.test/{t['function']['name']}", "method": "POST",
+                                              "request_body_schema": t["function"]["parameters"]}}, indent=2)
+                   for t in TOOLS]
+        heading = "Webhook tools"
+    assert reordered_listing_causes(fpr, entries, heading, [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_paragraphs_of_rules_in_another_order_stay_a_template_change(fpr) -> None:
+    """Blocks of prose moved as wholes name nothing: an edit of the system text."""
+    paragraphs = ["Returns\n  Unused items within 60 days.", "Shipping\n  Four to seven business days.",
+                  "Escalation\n  Warranty disputes go to a human.", "Tone\n  Friendly and precise."]
+    assert reordered_listing_causes(fpr, paragraphs, "Policies", [2, 0, 3, 1])[0] == "template_change"
+
+
+def _kept_history(summary: dict[str, Any], keep_from: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A history of six exchanges, then the same with a summary before its newest messages kept as
+    they were (from `keep_from` on) and the conversation gone on by one exchange."""
+    msgs = agent_history(6)
+    later = [{"role": "assistant", "content": "Reply 7: the invoice tests pass now."},
+             {"role": "user", "content": "Then migrate the credit notes the same way."}]
+    return msgs, [summary, *msgs[keep_from:], *later]
+
+
+@pytest.mark.parametrize("shape", ["summary-as-system-message", "summary-as-user-message"])
+def test_a_compaction_that_keeps_the_newest_messages_is_a_compaction(fpr, shape: str) -> None:
+    """A summary opens the history (a system message after the prompt, or a user message before a
+    kept reply) and the newest messages follow as they were, most of the history gone: a
+    compaction, not a front trim (round 22)."""
+    text = "Summary of the conversation so far: the invoice module is migrated, its tests pass."
+    if shape == "summary-as-system-message":
+        before, after = _kept_history({"role": "system", "content": text}, 9)
+    else:
+        before, after = _kept_history({"role": "user", "content": text}, 10)
+    bodies = [Gen.body(CODER, before[:11], None, None), Gen.body(CODER, before, None, None),
+              Gen.body(CODER, after, None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_window_that_drops_its_oldest_exchange_under_a_summary_stays_a_front_trim(fpr) -> None:
+    """A summary in the place of the one exchange a sliding window dropped: most of the history is
+    kept, a front trim (a summary memory buffer trims on every request once it is full)."""
+    before, after = _kept_history({"role": "system", "content": "Summary: the user asked to migrate invoices."}, 3)
+    bodies = [Gen.body(CODER, before[:11], None, None), Gen.body(CODER, before, None, None),
+              Gen.body(CODER, after, None, None)]
+    assert causes(fpr, bodies) == [None, "front_trim"]

@@ -8,8 +8,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was,
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
-when `heldout20` was, `heldout20` when `heldout21` was) is what the detector is developed against: its
-scores may rise, never fall below the floors. The held-out split `heldout21` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was) is what the detector is
+developed against: its scores may rise, never fall below the floors. The held-out split `heldout22` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -71,7 +71,8 @@ FLOORS = {
     # the fifteenth (measured 0.948 / 0.926 / 0.703), tune side since heldout16: 0.9903 / 0.9829 / 0.9626
     # since round 19 (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
     # each the first time it changes; `12 von 18` read as `12`)
-    "heldout15": (0.990, 0.982, 0.962),
+    # round 22 (a wind reading with its direction on its first change): 0.9935 / 0.9883 / 0.9681
+    "heldout15": (0.993, 0.988, 0.968),
     # the sixteenth (measured 0.929 / 0.799 / 0.663), tune side since heldout17: 0.9873 / 0.9780 / 0.9235
     # since round 21 (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
     # number, a pair `90 / 30`; distances without their bearing, `45 / 15` read as `45`)
@@ -79,7 +80,8 @@ FLOORS = {
     # the seventeenth (measured 0.951 / 0.930 / 0.752), tune side since heldout18: 0.9796 / 0.9665 / 0.9362
     # since round 19 (counters and a storage bin read as edits the first time they change, an option symbol, a
     # balance's `$`, an antenna's AZ/EL)
-    "heldout17": (0.979, 0.966, 0.936),
+    # round 22 (a printer's and an antenna's readings on their first change): 0.9874 / 0.9779 / 0.9606
+    "heldout17": (0.987, 0.977, 0.960),
     # the eighteenth (measured 0.928 / 0.746 / 0.708), tune side since heldout19: 0.9873 / 0.9761 / 0.9171
     # since round 21
     # (a time in a railway's form, readings below two significant digits, an event id, a week and its
@@ -90,26 +92,33 @@ FLOORS = {
     # (a count of vehicles waiting, AIS targets, a ship's MMSI with most digits kept, a pressure pair
     # read as edits the first time they change; llm-functions' and A2A's tool lists; a goose summary
     # longer than the turns it replaced; labels that take in a reading's unit and trend words)
-    "heldout19": (0.978, 0.954, 0.842),
-    # the twentieth (measured 0.938 / 0.785 / 0.539), tune side since heldout21: 0.9688 / 0.9227 / 0.6011
+    # round 22 (a pressure pair on its first change): 0.9805 / 0.9569 / 0.8453
+    "heldout19": (0.980, 0.956, 0.845),
+    # the twentieth (measured 0.938 / 0.785 / 0.539), tune side since heldout21: 0.9688 / 0.9227 / 0.6011;
+    # since round 22 (a status line's readings on their first change): 0.9782 / 0.9387 / 0.6332
     # (counters, ids and states read as edits the first time they change; Agent Skills' and Flowise's
     # tool lists; front trims and compactions in new shapes; labels that take in a unit or the date
     # after a clock; the look-alike alarm below)
-    "heldout20": (0.968, 0.922, 0.601),
+    "heldout20": (0.978, 0.938, 0.633),
+    # the twenty-first (measured 0.889 / 0.688 / 0.288), tune side since heldout22: 0.9889 / 0.8515 / 0.5385
+    # (a phantom history_edit: a status line's reading added; a compaction that drops one exchange under its summary;
+    # a wind's gusts, a departure's clock range, counts of one small integer read as edits the first time they
+    # change; labels that take in a value's unit and words, which earlier pools' labels leave out)
+    "heldout21": (0.988, 0.851, 0.538),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout21), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout22), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
-              "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20")
+              "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -206,7 +215,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout21`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout22`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

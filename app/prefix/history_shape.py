@@ -97,7 +97,29 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
     return history_compacted((len(pn), sum(pn), len(cn), sum(cn)), lambda: (
-        [(role == "user", k) for role, k, _ in _history(prev)], [(role == "user", k) for role, k, _ in _history(cur)]))
+        [(role == "user", k) for role, k, _ in _history(prev)], [(role == "user", k) for role, k, _ in _history(cur)])) \
+        or newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys))
+
+
+def _after_prompt(keys: list[str]) -> list[str]:
+    """Message keys after the system prompt (the first message, when it is a system or developer one)."""
+    return keys[1:] if keys and keys[0].startswith(("system:", "developer:")) else keys
+
+
+def newest_kept(prev: list[str], cur: list[str]) -> bool:
+    """A compaction that keeps the newest messages as they were (LangMem's SummarizationNode, Strands'
+    SummarizingConversationManager): a new message that is no reply (the summary, as a system
+    message after the prompt or as a user message) opens the history, the previous history's
+    newest messages follow unchanged through its end, and most of it is gone. A sliding window that
+    drops the oldest exchange under a summary keeps most of it: a front trim."""
+    if len(prev) < COMPACTED_MIN_MESSAGES or len(cur) < 2 or cur[0] in prev or cur[0].startswith("assistant:"):
+        return False
+    try:
+        dropped = prev.index(cur[1])
+    except ValueError:
+        return False
+    kept = prev[dropped:]
+    return dropped * 2 > len(prev) and cur[1:1 + len(kept)] == kept
 
 
 HistoryKeys = list[tuple[bool, str]]  # (a user message?, key) of each history message, in order

@@ -67,9 +67,11 @@ _TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|ab
 # a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`,
 # a constructor's: `new McpSchema.Tool("x", …)`)
 _CALL_NAMED = re.compile(rf"""^\s*(?:\.|new\s+)?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
-# a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`)
+# a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`);
+# indented alone, a command's name as a help lists it (Django's `manage.py help`, `npm run`'s `  db:seed`);
+# a name with a separator alone on a line (a skill's `<name>` tag on lines of its own: `schneeprofil-auswerten`)
 _LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$"""
-                        r"""|^\s+[a-z][a-z0-9]*(?:_[a-z0-9]+)+\s*$""")  # indented alone: Django's `manage.py help`
+                        r"""|^\s+[a-z][a-z0-9]*(?:[_:-][a-z0-9]+)*\s*$|^[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+$""")
 _NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*name\s*(?::\s*[^=\n]{{1,30}})?[:=]\s*["']{_NAME}["']""")
 # a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
 _BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
@@ -263,13 +265,27 @@ _TOOL_WRAPPERS = ("function", "toolSpec", "temporaryTool")
 
 def _declares_parameters(fn: dict[str, Any]) -> bool:
     """Does a named object declare a tool's parameters: a schema under a key tools use
-    (`SCHEMA_KEYS`; Ultravox's `dynamicParameters`), or OpenRPC's `params`, content descriptors
-    each with a name and a schema?"""
-    if SCHEMA_KEYS & fn.keys() or isinstance(fn.get("dynamicParameters"), list):
+    (`SCHEMA_KEYS`; Ultravox's `dynamicParameters`) or an object's schema under any key, two levels
+    down at most (`_holds_schema`), or OpenRPC's `params`, content descriptors each with a name and
+    a schema?"""
+    if SCHEMA_KEYS & fn.keys() or isinstance(fn.get("dynamicParameters"), list) or _holds_schema(fn, 2):
         return True
     params = fn.get("params")
     return isinstance(params, list) and (bool(params) or "result" in fn) and all(
         isinstance(p, dict) and isinstance(p.get("name"), str) and "schema" in p for p in params)
+
+
+def _holds_schema(obj: dict[str, Any], depth: int) -> bool:
+    """Does an object hold a JSON Schema of an object's properties (`{"type": "object",
+    "properties": {...}}`) under its keys, `depth` levels down at most (ElevenLabs' webhook tool:
+    `api_schema.request_body_schema`)? A config's members are values, not schemas."""
+    for value in obj.values():
+        if isinstance(value, dict):
+            if value.get("type") == "object" and isinstance(value.get("properties"), dict):
+                return True
+            if depth > 1 and _holds_schema(value, depth - 1):
+                return True
+    return False
 
 
 def _tool_list(obj: Any) -> list[Any] | None:

@@ -26,6 +26,7 @@ from app.prefix.dynamic import (
 from app.prefix.strings import common_prefix_len
 from app.prefix.value_kind import (
     reads_as_value,
+    status_readings,
     turn_value,
     value_kind,
     value_start,
@@ -189,7 +190,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     if common_prefix_len(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         # more than one token changed: an edit, not a value, unless a key line's whole value changed
         # in a shape values have (`whole_value_change`)
-        return _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
+        return _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop) or \
+            _status_reading(prev, cur, pline0, pline1, line0, line1, cs, stop)
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
     whole = _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
@@ -200,6 +202,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         kind = turn_value(prev[ps:pe], cur[cs:ce], before, cur[ce:rest_end])
     if kind is None and whole is not None:
         return whole  # a key line's whole value that changed as values do (`whole_value_change`)
+    if kind is None and (reading := _status_reading(prev, cur, pline0, pline1, line0, line1, cs, stop)) is not None:
+        return reading  # one of a status line's readings (`status_readings`)
     key = None
     if kind is None:
         key = span_key("edit", before, 0, len(before))
@@ -228,6 +232,26 @@ def _whole_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line
         return None
     kind = whole_value_change(prev[pline0 + at:pve], cur[start:ve])
     return ValueChange(Span(start, ve, kind, cur[start:ve]), pve) if kind is not None else None
+
+
+def _status_reading(prev: str, cur: str, pline0: int, pline1: int, line0: int, line1: int, cs: int,
+                    stop: int | None) -> ValueChange | None:
+    """The readings that changed in a `key: value` line's value holding several (`status_readings`:
+    `MV Lonan: 8.2 nm off, SOG 13.5 kn` -> `7.8 nm off, SOG 13.9 kn`), as a `counter`; None when the
+    line's value did not change as a status line's does."""
+    at = whole_value_start(cur[line0:cs])
+    vend = line1 if stop is None else min(line1, stop)
+    tail = cur[vend:line1]
+    if at is None or not prev.endswith(tail, 0, pline1):
+        return None
+    start, ve, pve = line0 + at, _before_space(cur, line0, vend), _before_space(prev, pline0, pline1 - len(tail))
+    if start >= ve or pline0 + at >= pve:
+        return None
+    found = status_readings(prev[pline0 + at:pve], cur[start:ve])
+    if found is None:
+        return None
+    s, e, pe = found
+    return ValueChange(Span(start + s, start + e, "counter", cur[start + s:start + e]), pline0 + at + pe)
 
 
 def _before_space(text: str, floor: int, end: int) -> int:

@@ -33,7 +33,9 @@ _FLAG_VALUE = re.compile(r"[^\W\d_]{1,24}(?:[ -][^\W\d_]{1,16}){0,2}|(?=[0-9]*[A
 _WEEK_NUMBER = re.compile(r"\d{1,2}(?:/\d{4})?")
 _WEEK_KEY = re.compile(r"(?i)(?:\bKW|week|woche|wk|semaine|semana|settimana)\W*$")
 # `Bid: £6,900`; a key may end in brackets (`Flow at J15 southbound (MIDAS): `)
-_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?(?:\([\w.\-/ ]{1,24}\))?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?[$€£]?$")
+# a key, its sign, and what may open its value: a quote, a currency, an approximation (`Wartezeit: ca. `)
+_KEY = re.compile(r"(?i)([A-Za-z_][\w.\-/ ]{0,40}?(?:\([\w.\-/ ]{1,24}\))?)\s*(?:[:=]|\":|→|->|=>)\s*[\"']?[$€£]?"
+                  r"(?:(?:ca\.|about|etwa|rund|~)\s?)?$")
 KEY_SIGNS = (":", "=", "→", "->", "=>")  # what ends a key before its value
 _TAG_OPEN = re.compile(r"<([A-Za-z_][\w.\-]*)>\s*$")  # `<reasoning_effort>` as a value's key
 _LABEL = re.compile(r"^\s*[^\W\d_][\w-]{2,40} $")  # one word and a space: `Rechenzentrum Nord`
@@ -51,7 +53,8 @@ _RANGE = re.compile(r"\d+(?:[.,]\d+)?[–-]\d+(?:[.,]\d+)?")  # `10–15` (minut
 _COUNTER_KEY = re.compile(r"(?i)(percent|prozent|free|frei|used|usage|auslastung|beleg|remaining|left|übrig|position|"
                           r"queue|warteschlange|elapsed|uptime|spent|cost|kosten|ausgegeben|reset|expires|ttl)")
 _DURATION = re.compile(r"(?:\d+h)?(?:\d+m(?!s))?\d+(?:\.\d+)?(?:ms|s|m|h)")  # Go's `2m59.257s`, `322ms`
-_COUNTDOWN = re.compile(r"(?i)\b(?:resets?|expires?|ends?|läuft|endet)\b[^.\n]{0,12}\b(?:in|ab in)\s*$")  # `resets in …`
+_COUNTDOWN = re.compile(r"(?i)\b(?:resets?|expires?|ends?|closes?|läuft|endet)\b"
+                        r"[^.\n]{0,12}\b(?:in|ab in)\s*$")  # `resets in …`, `boarding closes in …`
 # a position (latitude, longitude) with its decimals: a moving one changes per request
 _POSITION = re.compile(r"-?\d{1,2}\.\d{4,7},\s?-?\d{1,3}\.\d{4,7}")
 # a sum spent so far in a sentence (`This session has cost $0.4390 so far.`)
@@ -264,9 +267,20 @@ _DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` i
 
 def whole_value_start(line_prefix: str) -> int | None:
     """Where the value of a `key: value` line starts, the line's text before a changed token given
-    (`line_prefix`); None when the line opens with no key."""
+    (`line_prefix`), the key at the line's start or after its last sentence (`… outlined here. MV
+    Lonan: `); None when there is no key."""
     m = _LINE_KEY.match(line_prefix)
-    return m.end() if m is not None else None
+    if m is not None:
+        return m.end()
+    ends = list(_SENTENCE_END.finditer(line_prefix))  # a `key: value` put after the line's sentences
+    if ends:
+        at = ends[-1].end()
+        m = _LINE_KEY.match(line_prefix[at:])
+        return at + m.end() if m is not None else None
+    return None
+
+
+_SENTENCE_END = re.compile(r"[.!?] +(?=[^\W\d_])")
 
 
 def whole_value_change(old: str, new: str) -> str | None:
@@ -284,6 +298,8 @@ def whole_value_change(old: str, new: str) -> str | None:
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
             and _DECIMALS.search(f"{old} {new}"):
         return "counter"
+    if _counted_state(old, new):
+        return "flag"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
             a != b and not (a.isalnum() and b.isalnum()) for a, b in zip(old, new, strict=True)):
         return None
@@ -291,6 +307,90 @@ def whole_value_change(old: str, new: str) -> str | None:
     if len(changed) >= 2 and not any(_VERSION.match(a) for a, _ in changed):
         return "value"  # two parts drawn again, not a release bumped with its build (`Godot v4.3.stable [77dcf97d8]`)
     return None
+
+
+# a number as a status line writes it: digits with decimal, thousands or clock groups (`12.8`,
+# `2.400`, `0,69`, `16:30`); one glued to a letter before it is part of an id or a version (`NH4`, `v5.4`)
+_STATUS_NUMBER = re.compile(r"(?<![^\W\d_])\d+(?:[.,:]\d+)*|[^\W\d_]\d+(?:[.,:]\d+)*")
+_COMPASS = re.compile(r"[NESW]{1,3}|[NSO]{1,3}")  # a wind's direction (`SW`, `NNO`), redrawn with its speed
+_DATED = re.compile(r"\d{1,4}[./-]\d{1,2}[./-]\d{1,4}|\d+(?:\.\d+){2,}|(?<!\d)(?:19|20)\d\d(?!\d)")
+
+
+def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
+    """Where a key line's value that holds two numbers or more changed, when it changed in its
+    numbers only (and a wind's direction beside them), its words the same, one changed number
+    written to a reading's precision (`_precise`) or beside a wind's direction: a status line the
+    client writes per request (`12.8 nm off, SOG 12.7 kn`, `W 6, gusting 7`, `rows_read=34222
+    rows_written=0 duration=0.0446ms`). As (start, end) in `new` and the end in `old`: the one
+    number that changed, or the whole value when more changed; None otherwise. A rule edited
+    changes small round numbers or its words (`4 to 7 business days`); a date, a year or a release
+    in the value is read on its own (`gültig ab 01.01.2025`, `Koha 24.11.03`), and so is a number
+    glued to a letter (`NH4-N`, `v5.4`); a price is a rule's (`$0.65 per options contract`)."""
+    if _DATED.search(old) or _DATED.search(new):
+        return None
+    a, b = list(_STATUS_NUMBER.finditer(old)), list(_STATUS_NUMBER.finditer(new))
+    if len(a) != len(b) or len(a) < 2:
+        return None
+    gaps_a, gaps_b = _gaps(old, a), _gaps(new, b)
+    if any(g != h and not _compass_only(g, h) for g, h in zip(gaps_a, gaps_b, strict=True)):
+        return None
+    changed = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x.group() != y.group()]
+    redrawn = [k for k, (g, h) in enumerate(zip(gaps_a, gaps_b, strict=True)) if g != h]  # a wind's direction
+    if not (changed or redrawn) or any(not a[i].group()[0].isdigit() or not b[i].group()[0].isdigit()
+                                       or _priced(new, b[i]) for i in changed):
+        return None
+    compass = bool(redrawn) or any(_COMPASS.fullmatch(w) for g in gaps_b for w in g.replace(",", " ").split())
+    if not compass and not any(_precise(a[i].group()) or _precise(b[i].group()) for i in changed):
+        return None
+    if len(changed) == 1 and not redrawn:  # one reading: the number alone
+        return b[changed[0]].start(), b[changed[0]].end(), a[changed[0]].end()
+    if not any(c.isalpha() for g in gaps_b[:-1] for c in g):  # numbers sharing one unit (`9,0 / 4,0 bar`): the numbers
+        return b[0].start(), b[-1].end(), a[-1].end()
+    return 0, len(new), len(old)  # readings redrawn together: the value, whole
+
+
+def _priced(text: str, number: re.Match[str]) -> bool:
+    """Is the number a price (a currency sign before or after it)? A rule's, when it changes (`$0.65
+    per options contract`)."""
+    return bool(_CURRENCY_BEFORE.search(text, 0, number.start())) or bool(_CURRENCY_AFTER.match(text, number.end()))
+
+
+_CURRENCY_BEFORE = re.compile(r"[$€£¥]\s?$")
+_CURRENCY_AFTER = re.compile(r"\s?[$€£¥]")
+
+
+def _gaps(text: str, numbers: list[re.Match[str]]) -> list[str]:
+    """The text before, between and after the numbers found in `text`."""
+    edges = [0, *(e for m in numbers for e in (m.start(), m.end())), len(text)]
+    return [text[edges[i]:edges[i + 1]] for i in range(0, len(edges), 2)]
+
+
+def _precise(number: str) -> bool:
+    """A number written to a reading's precision: decimals or digit groups, three digits or more, a
+    clock off the quarter hours (a rule's hours are round: `open 06:30 to 20:00`)."""
+    if ":" in number:
+        return not number.rsplit(":", 1)[1].isdigit() or int(number.rsplit(":", 1)[1]) % 15 != 0
+    return "." in number or "," in number or len(number) >= 3
+
+
+def _compass_only(old: str, new: str) -> bool:
+    """Do two stretches between numbers differ only in a wind's direction (`NW ` -> `W `)?"""
+    x, y = old.split(), new.split()
+    return len(x) == len(y) and all(p == q or (_COMPASS.fullmatch(p) and _COMPASS.fullmatch(q))
+                                    for p, q in zip(x, y, strict=True))
+
+
+# a state counted in its first word (`1 pending`, `3 offen`) or told in words (`up to date`)
+_COUNTED_STATE = re.compile(r"(?:\d{1,3} )?[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}")
+
+
+def _counted_state(old: str, new: str) -> bool:
+    """A state one side of which opens with a count and whose words changed (`1 pending` ->
+    `up to date`): the words kept and the count changed is a setting's (`2 per call` -> `3 per call`)."""
+    if not (_COUNTED_STATE.fullmatch(old) and _COUNTED_STATE.fullmatch(new)):
+        return False
+    words = [w for w in old.split() if not w.isdigit()], [w for w in new.split() if not w.isdigit()]
+    return (old[0].isdigit() or new[0].isdigit()) and not set(words[0]) & set(words[1])
 
 
 def _replaced(old: list[str], new: list[str]) -> bool:
@@ -379,7 +479,8 @@ def _significant(number: str) -> int:
 
 def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | None, line_prefix: str) -> bool:
     """A reading that moves per request: a number before the unit of an instrument's reading (`6.4
-    °C`, `18.42 kWh`, `-63 dBm`) or of a time after a key or with decimals (`Wartezeit: 12 Min.`),
+    °C`, `18.42 kWh`, `-63 dBm`) or of a time after a key, with decimals or counted down
+    (`Wartezeit: 12 Min.`, `boarding closes in 41 min`),
     or after a key that names a time taken (`openai-processing-ms`, `dur=`) or the current value
     (`Current bid: £6,900`), or after a key with a unit ending the value (`Pegel Kaub: 465 cm`),
     not round in both (`Timeout: 30 s` -> `60 s` is an edit); an instrument's reading with four
@@ -401,7 +502,8 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
     if decimals and line_rest is not None and _MEASURE_UNIT.match(line_rest) and not _THRESHOLD_BEFORE.search(line_prefix):
         return True  # a measurement, not a rule's threshold (`below 1.5 m` -> `1.2 m` is an edit)
     if line_rest is not None and (_READING_UNIT.match(line_rest) or _UNIT_AFTER.match(line_rest) and (
-            key is not None or ("." in new and "." in old) or ("," in new and "," in old))) \
+            key is not None or ("." in new and "." in old) or ("," in new and "," in old)
+            or _COUNTDOWN.search(line_prefix))) \
             and not _THRESHOLD_BEFORE.search(line_prefix):
         # a time after a key or with decimals: in a sentence, `below 30 ms` -> `15 ms` is an edit, and
         # a reading's unit after a threshold's word is a rule's (`above 27 °C` -> `25 °C`)
