@@ -122,3 +122,39 @@ def test_any_split_of_a_sequence_into_events_gives_the_same_chain(tokens, cut):
     up = EventIndexer().apply([BlockStored(engine[:cut], None, tokens[:cut * B], B),
                                BlockStored(engine[cut:], engine[cut - 1], tokens[cut * B:full * B], B)])
     assert [h for _, hs, _ in up.ops for h in hs] == proxy_chain(tokens, B)
+
+
+def test_a_batch_with_an_event_no_engine_sends_is_malformed_whole():
+    """Found by tests/test_kv_events_fuzz.py. Before, members were coerced (a float or string hash
+    to an int, a block size "4" to 4, token ids given as bytes or with a bool, a group "0") and
+    the block indexed under what no engine sent; others raised halfway through the batch (token
+    ids with a float, extra_keys a map) after the hash map had already dropped the batch's
+    removals. Each is now refused before anything is applied."""
+    import pytest
+
+    from app.engines.kv_event_decode import MalformedBatch
+
+    toks = [1, 2, 3, 4]
+    bent = [stored_map([1.5], None, toks), stored_map(["12"], None, toks), stored_map([True], None, toks),
+            stored_map([None], None, toks), stored_map([1], "12", toks), stored_map([1], 2.0, toks),
+            stored_map([1], None, bytes(toks)), stored_map([1], None, {t: 0 for t in toks}),
+            stored_map([1], None, [1, 2, 3, True]), stored_map([1], None, [1, 2, 3, 1.5]),
+            stored_map([1], None, [1, 2, 3, -1]), stored_map([1], None, [1, 2, 3, 2**32]),
+            stored_map([1], None, toks, block_size="4"), stored_map([1], None, toks, block_size=4.0),
+            stored_map([1], None, toks, block_size=None), stored_map([1], None, toks, group_idx="0"),
+            stored_map([1], None, toks, lora_name=5), stored_map([1], None, toks, medium=[]),
+            stored_map([1], None, toks, extra_keys={"a": 1}), stored_map([1], None, toks, cache_salt=5),
+            {"type": "BlockStored", "parent_block_hash": None, "token_ids": toks, "block_size": B},
+            ["BlockStored", [1], None, toks], stored_array([1], None, "abcd"),
+            {"type": "BlockRemoved", "block_hashes": None}, {"type": "BlockRemoved", "block_hashes": [1], "medium": 5},
+            {"type": "BlockRemoved", "block_hashes": 1}, ["BlockRemoved"], ["BlockRemoved", [1.0]]]
+    for ev in bent:
+        with pytest.raises(MalformedBatch):
+            decode_batch(enc([0.0, [stored_map([7], None, toks), ev], 0]))
+    for payload in [b"\xc1", enc([0.0, [stored_map([7], None, toks)], 0])[:-3], enc(5), enc([0.0]),
+                    enc([0.0, 5, 0]), enc([0.0, "events", 0]), enc(["x", [], 0]), b"\x91" * 5000 + b"\xc0"]:
+        with pytest.raises(MalformedBatch):
+            decode_batch(payload)
+    # what engines do send still decodes: SGLang's signed hashes, no token ids on another tier
+    batch = decode_batch(enc([0, [stored_map([-5], None, toks), stored_map([6], None, None, medium="CPU")], None]))
+    assert batch.events[0].block_hashes == [-5] and batch.events[1].token_ids == []

@@ -201,3 +201,101 @@ async def test_bent_events_are_counted_and_the_subscription_goes_on():
         await sub.stop()
         pub.sock.close(0)
         ctx.term()
+
+
+# ---------------------------------------------------------------- found by tests/test_kv_events_fuzz.py
+async def test_a_seq_that_is_not_8_bytes_is_dropped():
+    store, metrics = MemoryStore(), Metrics()
+    sub = KVEventSubscriber({"r0": "tcp://127.0.0.1:1"}, ReplicaIndex(store, True), metrics)
+    frames = message(1, [stored([1], None, [1, 2, 3, 4])])
+    await sub.handle("r0", [frames[0], frames[1][1:], frames[2]])  # 7 bytes: applied as seq 1 before
+    assert store.residency_size("r0") == 0
+    assert metrics.registry.get_sample_value("prefixgate_kv_events_total", {"backend": "r0", "kind": "malformed"}) == 1
+
+
+async def test_a_seq_that_goes_back_or_far_ahead_does_not_stop_the_stream():
+    """An engine that restarted counts from 0 again; a stranger on the port may send any seq.
+    Before, a seq at or below the last one was dropped as 'already applied', so after a restart
+    (or one message far ahead) every batch was dropped and the index kept what the engine lost."""
+    store = MemoryStore()
+    sub = KVEventSubscriber({"r0": "tcp://127.0.0.1:1"}, ReplicaIndex(store, True))
+    a, b, c = [1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]
+    await sub.handle("r0", message(40, [stored([1], None, a)]))
+    await sub.handle("r0", message(0, [stored([2], None, b)]))  # the engine restarted
+    assert store.residency_hashes("r0") == set(proxy_chain(b, B))
+    await sub.handle("r0", message(2**62, []))  # another publisher, far ahead
+    await sub.handle("r0", message(1, [stored([3], None, c)]))
+    assert store.residency_hashes("r0") == set(proxy_chain(c, B))
+
+
+async def test_a_batch_with_an_event_no_engine_sends_is_dropped_whole():
+    """Before, a removal whose medium was no string was skipped as another tier's and the rest of
+    its batch applied: the index kept the block the engine removed, for good."""
+    store = MemoryStore()
+    sub = KVEventSubscriber({"r0": "tcp://127.0.0.1:1"}, ReplicaIndex(store, True))
+    a, b = [1, 1, 1, 1], [2, 2, 2, 2]
+    await sub.handle("r0", message(1, [stored([1], None, a)]))
+    await sub.handle("r0", message(2, [{"type": "BlockRemoved", "block_hashes": [1], "medium": 5},
+                                       stored([2.0], None, b)]))
+    assert store.residency_hashes("r0") == set(proxy_chain(a, B))  # dropped: the float hash not stored
+    await sub.handle("r0", message(3, []))  # the next batch finds the gap: no replay, start over
+    assert store.residency_size("r0") == 0
+
+
+async def _replaying(answers):
+    """A subscriber with a replay ROUTER that answers each request with `answers(start)`."""
+    ctx = zmq.asyncio.Context()
+    port = free_port()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    store = MemoryStore()
+    sub = KVEventSubscriber({"r0": f"tcp://127.0.0.1:{free_port()}"}, ReplicaIndex(store, True), Metrics(),
+                            replay_endpoints={"r0": f"tcp://127.0.0.1:{port}"}, replay_timeout_s=1.0)
+    await sub.start()
+
+    async def serve():
+        while True:
+            ident, _, start = await router.recv_multipart()
+            for seq, body in answers(int.from_bytes(start, "big")):
+                await router.send_multipart([ident, b"", seq.to_bytes(8, "big"), body])
+            await router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    task = asyncio.create_task(serve())
+
+    async def close():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sub.stop()
+        router.close(0)
+        ctx.term()
+    return sub, store, close
+
+
+async def test_a_bad_batch_in_the_replay_buffer_does_not_wedge_the_stream():
+    """Before, a replayed batch that did not decode raised out of the gap handling: the batch that
+    found the gap was lost, and so was every later one (each found the gap again)."""
+    a, b, c = [1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]
+    sub, store, close = await _replaying(lambda start: [(2, b"\xc1 no msgpack")])
+    try:
+        await sub.handle("r0", message(1, [stored([1], None, a)]))
+        await sub.handle("r0", message(3, [stored([2], None, b)]))  # seq 2 lost; its replay is garbage
+        await sub.handle("r0", message(4, [stored([3], 2, c)]))
+        assert store.residency_hashes("r0") == set(proxy_chain(b + c, B))  # a cleared (2 may have removed it)
+        assert sub.streams["r0"].last_seq == 4
+    finally:
+        await close()
+
+
+async def test_a_replay_past_the_gap_does_not_run_ahead_of_the_engine():
+    """Before, batches the replay answered past the gap were applied and the next live batches
+    dropped as already applied (a replay endpoint that answers seqs no engine sent lost a removal)."""
+    a, b = [1, 1, 1, 1], [2, 2, 2, 2]
+    sub, store, close = await _replaying(lambda start: [(s, msgspec.msgpack.encode([0.0, [], 0]))
+                                                        for s in range(start, start + 5)])
+    try:
+        await sub.handle("r0", message(1, [stored([1], None, a)]))
+        await sub.handle("r0", message(3, [stored([2], None, b)]))  # seq 2 lost, replayed (with 3..6)
+        await sub.handle("r0", message(4, [{"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU"}]))
+        assert store.residency_hashes("r0") == set(proxy_chain(b, B))
+    finally:
+        await close()

@@ -17,6 +17,7 @@ roots it for a salted request.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,8 +65,60 @@ class EventBatch:
     dp_rank: int | None = None
 
 
-def _h(value: Any) -> EngineHash:
-    return bytes(value) if isinstance(value, bytes | bytearray | memoryview) else int(value)
+class MalformedBatch(ValueError):
+    """A payload that is no `[ts, events, dp_rank]` batch, or one with an event of a known type
+    that is not what the engine sends (a hash that is no int or bytes, token ids that are no list
+    of 32-bit ids, ...). The whole batch is dropped: applying the rest could leave a removal out."""
+
+
+def _hash(value: Any) -> EngineHash:
+    if isinstance(value, bytes) or type(value) is int:  # not bool, float or a string of digits
+        return value
+    raise MalformedBatch(f"block hash {value!r:.40}")
+
+
+def _hashes(value: Any) -> list[EngineHash]:
+    if not isinstance(value, list):
+        raise MalformedBatch(f"block_hashes {value!r:.40}")
+    return [_hash(x) for x in value]
+
+
+def _parent(value: Any) -> EngineHash | None:
+    return None if value is None else _hash(value)
+
+
+def _token_ids(value: Any) -> list[int]:
+    if value is None:  # an offload tier's event carries none
+        return []
+    if not isinstance(value, list):
+        raise MalformedBatch(f"token_ids {value!r:.40}")
+    try:  # each an int (not a bool, which array() takes as 0/1) and a 32-bit id, at C speed
+        if not set(map(type, value)) <= {int}:
+            raise TypeError(f"a {set(map(type, value)) - {int}} among them")
+        array("I", value)
+    except (TypeError, OverflowError) as exc:
+        raise MalformedBatch(f"token_ids: {exc}") from None
+    return value
+
+
+def _int(value: Any, default: int | None = None) -> int:
+    if value is None and default is not None:
+        return default
+    if type(value) is not int:
+        raise MalformedBatch(f"{value!r:.40} is no int")
+    return value
+
+
+def _text(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise MalformedBatch(f"{value!r:.40} is no string")
+    return value
+
+
+def _extra_keys(value: Any) -> list[Any] | None:
+    if value is not None and not isinstance(value, list):
+        raise MalformedBatch(f"extra_keys {value!r:.40}")
+    return value
 
 
 def _at(items: Sequence[Any], i: int, default: Any = None) -> Any:
@@ -73,46 +126,62 @@ def _at(items: Sequence[Any], i: int, default: Any = None) -> Any:
 
 
 def decode_event(raw: Any) -> KVEvent | None:
-    """One event in either shape; None for types this proxy does not use."""
+    """One event in either shape; None for types this proxy does not use. Raises MalformedBatch
+    for a known type whose members are not what an engine sends."""
     if isinstance(raw, dict):
         kind = raw.get("type")
         if kind == "BlockStored":
+            if "block_hashes" not in raw:
+                raise MalformedBatch("BlockStored without block_hashes")
             return BlockStored(
-                block_hashes=[_h(x) for x in raw.get("block_hashes") or []],
-                parent_block_hash=None if raw.get("parent_block_hash") is None else _h(raw["parent_block_hash"]),
-                token_ids=list(raw.get("token_ids") or []), block_size=int(raw.get("block_size") or 0),
-                medium=raw.get("medium"), lora_name=raw.get("lora_name"), extra_keys=raw.get("extra_keys"),
-                group_idx=int(raw.get("group_idx") or 0), cache_salt=raw.get("cache_salt"))
+                block_hashes=_hashes(raw["block_hashes"]), parent_block_hash=_parent(raw.get("parent_block_hash")),
+                token_ids=_token_ids(raw.get("token_ids")), block_size=_int(raw.get("block_size")),
+                medium=_text(raw.get("medium")), lora_name=_text(raw.get("lora_name")),
+                extra_keys=_extra_keys(raw.get("extra_keys")), group_idx=_int(raw.get("group_idx"), 0),
+                cache_salt=_text(raw.get("cache_salt")))
         if kind == "BlockRemoved":
-            return BlockRemoved([_h(x) for x in raw.get("block_hashes") or []], raw.get("medium"),
-                                int(raw.get("group_idx") or 0))
+            if "block_hashes" not in raw:
+                raise MalformedBatch("BlockRemoved without block_hashes")
+            return BlockRemoved(_hashes(raw["block_hashes"]), _text(raw.get("medium")),
+                                _int(raw.get("group_idx"), 0))
         if kind == "AllBlocksCleared":
             return AllBlocksCleared()
         return None
-    if isinstance(raw, list | tuple) and raw:
+    if isinstance(raw, list) and raw:
         kind = raw[0]
         if kind == "BlockStored":
-            parent = _at(raw, 2)
+            if len(raw) < 5:
+                raise MalformedBatch("BlockStored without its block size")
             return BlockStored(
-                block_hashes=[_h(x) for x in _at(raw, 1) or []],
-                parent_block_hash=None if parent is None else _h(parent),
-                token_ids=list(_at(raw, 3) or []), block_size=int(_at(raw, 4) or 0),
-                medium=_at(raw, 6), lora_name=_at(raw, 7), extra_keys=_at(raw, 8),
-                group_idx=int(_at(raw, 9) or 0))
+                block_hashes=_hashes(raw[1]), parent_block_hash=_parent(raw[2]), token_ids=_token_ids(raw[3]),
+                block_size=_int(raw[4]), medium=_text(_at(raw, 6)), lora_name=_text(_at(raw, 7)),
+                extra_keys=_extra_keys(_at(raw, 8)), group_idx=_int(_at(raw, 9), 0))
         if kind == "BlockRemoved":
-            return BlockRemoved([_h(x) for x in _at(raw, 1) or []], _at(raw, 2), int(_at(raw, 3) or 0))
+            if len(raw) < 2:
+                raise MalformedBatch("BlockRemoved without block_hashes")
+            return BlockRemoved(_hashes(raw[1]), _text(_at(raw, 2)), _int(_at(raw, 3), 0))
         if kind == "AllBlocksCleared":
             return AllBlocksCleared()
     return None
 
 
 def decode_batch(payload: bytes) -> EventBatch:
-    """The msgpack `[ts, events, dp_rank]` payload (a map-shaped batch is accepted too)."""
-    raw = msgspec.msgpack.decode(payload)
+    """The msgpack `[ts, events, dp_rank]` payload (a map-shaped batch is accepted too); raises
+    MalformedBatch for anything else."""
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise MalformedBatch(f"no msgpack: {exc}") from None
     if isinstance(raw, dict):
-        ts, events, rank = raw.get("ts", 0.0), raw.get("events") or [], raw.get("data_parallel_rank")
+        ts, events, rank = raw.get("ts", 0.0), raw.get("events", []), raw.get("data_parallel_rank")
+    elif isinstance(raw, list) and len(raw) >= 2:
+        ts, events, rank = raw[0], raw[1], _at(raw, 2)
     else:
-        ts, events, rank = _at(raw, 0, 0.0), _at(raw, 1) or [], _at(raw, 2)
+        raise MalformedBatch(f"no [ts, events, dp_rank] batch: {raw!r:.40}")
+    if not isinstance(events, list):
+        raise MalformedBatch(f"events {events!r:.40}")
+    if ts is not None and (type(ts) is not float and type(ts) is not int):
+        raise MalformedBatch(f"timestamp {ts!r:.40}")
     decoded = [e for e in (decode_event(x) for x in events) if e is not None]
     return EventBatch(float(ts or 0.0), decoded, rank)
 

@@ -234,12 +234,14 @@ class Metrics:
         self.kv_events = Counter(
             "prefixgate_kv_events_total",
             "Engine KV-cache events applied to the residency index, by kind (stored, removed, "
-            "cleared; orphan = a stored block whose parent was unknown, skipped).",
+            "cleared; orphan = a stored block whose parent was unknown, skipped; malformed = a "
+            "message that was no valid batch, dropped).",
             ["backend", "kind"], registry=r)
         self.kv_event_gaps = Counter(
             "prefixgate_kv_event_gaps_total",
-            "Sequence gaps in a replica's KV event stream; the replica's index was replayed or "
-            "cleared and rebuilt, so predictions undercount until it refills.", ["backend"], registry=r)
+            "Sequence gaps (or a seq going back: an engine restart) in a replica's KV event stream; "
+            "the replica's index was replayed or cleared and rebuilt, so predictions undercount "
+            "until it refills.", ["backend"], registry=r)
         self.upstream_errors = Counter(
             "prefixgate_upstream_errors_total",
             "Upstream failures by kind (connect, status_5xx, timeout, midstream, ...).",
