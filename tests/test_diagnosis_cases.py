@@ -1127,6 +1127,16 @@ def test_static_look_alikes_raise_no_alarm(fpr) -> None:
      None),  # after the line's sentence
     # one reading of several changed: the number alone
     ("Press 3: ok P:{} /180.0 bar, cycle 41 s", ["162.4", "171.0", "158.8"], ["171.0", "158.8"]),
+    # round 23: units glued to the numbers, a compass word, a zero-padded number, a line with a decimal
+    # reading, a range that is no date
+    ("Bins at the depot: {}", ["paper 55%, glass 76%, metal 22%", "paper 61%, glass 76%, metal 23%",
+                               "paper 61%, glass 80%, metal 31%"], None),
+    ("On stage: {}", ["Act One 35m 45s", "Act One 41m 40s", "Act One 44m 30s"], None),
+    ("Wind am Mast: {}", ["aus Nordwest, 20 km/h (Böen 30)", "aus Nord, 22 km/h (Böen 36)",
+                          "aus Nordost, 24 km/h (Böen 36)"], None),
+    ("Dock 2: {}", ["truck 21, waiting 1", "truck 07, waiting 0", "truck 07, waiting 2"], ["truck 07, waiting 0", "2"]),
+    ("Humidity at the tower: {} % (dew point 13.1 °C)", ["48", "47", "51"], ["47", "51"]),
+    ("orders, first page: Content-Range 0-24/{}", ["248", "252", "253"], ["252", "253"]),
 ])
 def test_a_status_lines_readings_are_values_on_their_first_change(fpr, line: str, values: list[str],
                                                                    spans: list[str] | None) -> None:
@@ -1145,6 +1155,7 @@ def test_a_status_lines_readings_are_values_on_their_first_change(fpr, line: str
     ("Rate: 59 € for 45 minutes", "Rate: 64 € for 45 minutes"),  # a price: two digits
     ("Lab limits: NH4-N 10 mg/l, valid from 01.01.2025", "Lab limits: NH4-N 12 mg/l, valid from 01.07.2026"),  # dated
     ("Runtime: Koha 24.11.03, 2 servers", "Runtime: Koha 25.05.01, 2 servers"),  # a release
+    ("Client: timeout=30s retries=3", "Client: timeout=60s retries=3"),  # a round setting with its unit glued
 ])
 def test_a_rules_numbers_edited_in_a_key_line_stay_an_edit(fpr, old: str, new: str) -> None:
     bodies = [body(f"{v}\n{SYSTEM}", t) for v, t in zip([old, new], conversation(2), strict=True)]
@@ -1181,7 +1192,7 @@ SCRIPT_BLOCKS = ["  build\n    vite build", "  db:reset\n    prisma migrate rese
                  "  lint:fix\n    eslint . --fix", "  e2e\n    playwright test --project chromium"]
 
 
-@pytest.mark.parametrize("form", ["script-help", "named-blocks", "webhook-json"])
+@pytest.mark.parametrize("form", ["script-help", "named-blocks", "webhook-json", "plugin-manifest"])
 def test_named_blocks_in_the_system_text_in_another_order_are_a_tool_order(fpr, form: str) -> None:
     """Entries of several lines that each open with their name alone on a line (a package's scripts
     as `npm run` lists them; skills whose name tag holds the name on a line of its own), or JSON
@@ -1196,6 +1207,16 @@ def test_named_blocks_in_the_system_text_in_another_order_are_a_tool_order(fpr, 
             ("carrier-claim", "Files a claim with the carrier for a lost parcel."),
             ("stock-check", "Reads the stock of a product in every warehouse.")]]
         heading = "Skills"
+    elif form == "plugin-manifest":  # a plugin's manifest lists its tools under a key of its own (`api`)
+        def manifest(order: list[int]) -> str:
+            return json.dumps({"identifier": "shop", "api": [{"url": f"https://api.example.test/{TOOLS[k]['function']['name']}",
+                                                              **TOOLS[k]["function"]} for k in order],
+                               "version": "1"}, indent=2)
+        convo = conversation(3)
+        bodies = [body(f"{SYSTEM}\nPlugin manifest:\n{manifest(o)}\nAnswer briefly.", t)
+                  for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=True)]
+        assert causes(fpr, bodies) == ["tool_order", None]
+        return
     else:
         entries = [json.dumps({"type": "webhook", "name": t["function"]["name"], "description": t["function"]["description"],
                                "api_schema": {"url": f"https://api.example.test/{t['function']['name']}", "method": "POST",
@@ -1221,7 +1242,7 @@ def _kept_history(summary: dict[str, Any], keep_from: int) -> tuple[list[dict[st
     return msgs, [summary, *msgs[keep_from:], *later]
 
 
-@pytest.mark.parametrize("shape", ["summary-as-system-message", "summary-as-user-message"])
+@pytest.mark.parametrize("shape", ["summary-as-system-message", "summary-as-user-message", "first-message-kept"])
 def test_a_compaction_that_keeps_the_newest_messages_is_a_compaction(fpr, shape: str) -> None:
     """A summary opens the history (a system message after the prompt, or a user message before a
     kept reply) and the newest messages follow as they were, most of the history gone: a
@@ -1229,6 +1250,9 @@ def test_a_compaction_that_keeps_the_newest_messages_is_a_compaction(fpr, shape:
     text = "Summary of the conversation so far: the invoice module is migrated, its tests pass."
     if shape == "summary-as-system-message":
         before, after = _kept_history({"role": "system", "content": text}, 9)
+    elif shape == "first-message-kept":  # the task kept, the summary as the assistant's message after it
+        before, after = _kept_history({"role": "assistant", "content": text}, 10)
+        after = [before[0], *after]
     else:
         before, after = _kept_history({"role": "user", "content": text}, 10)
     bodies = [Gen.body(CODER, before[:11], None, None), Gen.body(CODER, before, None, None),
@@ -1243,3 +1267,16 @@ def test_a_window_that_drops_its_oldest_exchange_under_a_summary_stays_a_front_t
     bodies = [Gen.body(CODER, before[:11], None, None), Gen.body(CODER, before, None, None),
               Gen.body(CODER, after, None, None)]
     assert causes(fpr, bodies) == [None, "front_trim"]
+
+
+def test_a_window_that_notes_its_cut_in_the_first_reply_stays_a_front_trim(fpr) -> None:
+    """The task and the first reply kept, a note that history was removed appended to that reply,
+    half of the messages after them gone: nothing stands in for them, a front trim (round 23)."""
+    msgs = agent_history(6)
+    note = {"role": "assistant", "content": msgs[1]["content"] + "\n\n[NOTE] Some earlier history was removed."}
+    later = [{"role": "assistant", "content": "Reply 7: the invoice tests pass now."},
+             {"role": "user", "content": "Then migrate the credit notes the same way."}]
+    after = [msgs[0], note, *msgs[7:], *later]
+    bodies = [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None), Gen.body(CODER, after, None, None)]
+    assert causes(fpr, bodies) == [None, "front_trim"]
+

@@ -194,3 +194,56 @@ def test_sentence_ends_are_the_look_behind_patterns_matches(text: str, cut0: int
 
     start, end = min(cut0, len(text)), max(min(cut0, len(text)), len(text) - cut1)
     assert list(_sentence_ends(text, start, end)) == [m.span() for m in SENTENCE_END.finditer(text, start, end)]
+
+
+def _sketch(fpr: Fingerprinter, messages: list[dict]) -> RequestSketch:
+    inp = prompt_input("chat", {"model": "m", "messages": messages})
+    fp = fpr.complete_sync(fpr.prepare(inp, 16))
+    return build_sketch(inp, fp.text or "")
+
+
+RULES = "\n- Returns are accepted within 60 days for unused items; shipping takes 4 to 7 business days." * 3
+
+
+@pytest.mark.parametrize(("old", "new", "cause"), [
+    ("Tug Harbour Star: 4.6 nm off, SOG 9.8 kn", "Tug Harbour Star: 4.1 nm off, SOG 10.2 kn", "dynamic_head"),
+    ("Bins at the depot: paper 55%, glass 76%", "Bins at the depot: paper 61%, glass 76%", "dynamic_head"),
+    ("Note: delivery in 4 to 7 business days.", "Note: delivery in 3 to 5 business days.", "template_change"),
+])
+def test_a_status_line_that_changed_in_its_numbers_is_told_by_its_shape_and_an_older_record_reads_without_it(
+        fingerprinter: Fingerprinter, old: str, new: str, cause: str) -> None:
+    """Another pod cannot compare the numbers (it has no previous text): the digest keeps each
+    short head unit's key with its digits masked, so a line that changed in its numbers only reads
+    as a status line from the current side (round 23); a rule's small numbers stay an edit."""
+    turns = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi, how can I help?"}]
+    sks = [_sketch(fingerprinter, [{"role": "system", "content": f"{line}\nYou help the harbour office.{RULES}"},
+                                   *turns, {"role": "user", "content": q}])
+           for line, q in ((old, "Where is the tug?"), (new, "When does it berth?"))]
+    record = json.loads(json.dumps(RequestDigest.of(sks[0]).to_record()))
+    full = RequestDigest.from_record(record)
+    assert full is not None and full.shapes
+    got = diagnose_digest(full, sks[1])
+    assert got.cause == cause == diagnose(sks[0], sks[1]).cause
+    if cause == "dynamic_head":  # the value, or a reading of it a pattern knows from this side (`10.2` before `kn`)
+        assert got.spans and got.spans[0].text in new.split(": ", 1)[1]
+        older = RequestDigest.from_record({key: v for key, v in record.items() if key != "shapes"})
+        assert older is not None
+        if "%" in new:  # no reading a pattern knows from one side: an older record reads an edit
+            assert diagnose_digest(older, sks[1]).cause == "template_change"
+
+
+def test_a_developer_messages_context_block_is_head_on_both_paths(fingerprinter: Fingerprinter) -> None:
+    """A context block sent as a developer message after the system prompt is head, not history,
+    for both paths (OpenAI's developer role is the system's): another pod finds its changed value."""
+    def messages(clock: str, question: str) -> list[dict]:
+        return [{"role": "system", "content": f"You help the harbour office.{RULES}"},
+                {"role": "developer", "content": f"<status>\nLocal time: {clock}\nBerths: 4\n</status>"},
+                {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi, how can I help?"},
+                {"role": "user", "content": question}]
+    sks = [_sketch(fingerprinter, messages(c, q)) for c, q in (("14:32:08", "Where is the tug?"),
+                                                                ("14:41:55", "When does it berth?"))]
+    full = RequestDigest.from_record(json.loads(json.dumps(RequestDigest.of(sks[0]).to_record())))
+    assert full is not None
+    text, digest = diagnose(sks[0], sks[1]), diagnose_digest(full, sks[1])
+    assert text.cause == digest.cause == "dynamic_head"
+    assert [s.text for s in digest.spans] == [s.text for s in text.spans] == ["14:41:55"]

@@ -8,8 +8,9 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was,
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
-when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was) is what the detector is
-developed against: its scores may rise, never fall below the floors. The held-out split `heldout22` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
+was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout23` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -105,20 +106,25 @@ FLOORS = {
     # a wind's gusts, a departure's clock range, counts of one small integer read as edits the first time they
     # change; labels that take in a value's unit and words, which earlier pools' labels leave out)
     "heldout21": (0.988, 0.851, 0.538),
+    # the twenty-second (measured 0.917 / 0.867 / 0.576), tune side since heldout23: 0.9906 / 0.9829 / 0.7506
+    # (cues, a queue in words, a show clock's act, a wind whose gusts appear read as edits the first time they
+    # change; labels that take in a value's unit and words)
+    "heldout22": (0.990, 0.982, 0.750),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout22), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout23), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
 # the pools whose material the detector may have been developed against
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
-              "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21")
+              "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
+              "heldout22")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -214,7 +220,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout22`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout23`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

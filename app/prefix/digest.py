@@ -37,7 +37,7 @@ from app.prefix.history_shape import HistoryKeys, first_exchange, history_compac
 from app.prefix.sketch import RequestSketch
 from app.prefix.tool_text import declares_name, schema_tools, schemas_reordered, tool_entries, tools_span
 from app.prefix.value_change import KEYED_KINDS, dynamic_kind, sentence_end, token_span, value_token
-from app.prefix.value_kind import keyed_value, value_kind, value_start
+from app.prefix.value_kind import keyed_value, reads_as_status, value_kind, value_start, whole_value_start
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
 MAX_TURNS = 64  # turn keys per request (the first ones: where trims and edits show)
@@ -163,6 +163,22 @@ class _Head:
     seps: str
     dates: tuple[str, ...]
     schemas: tuple[tuple[str, str], ...]  # JSON tool schemas written into the head: (canonical, as written) keys
+    shapes: tuple[str, ...]  # `<unit>:<key>` of each unit holding a digit, its digits masked (`_shape`)
+
+
+def _shape(line: str) -> str | None:
+    """The key of a line with its digit runs masked, when it holds a digit: two lines with equal
+    shapes differ in their numbers only (a status line's readings, `status_readings`)."""
+    return _key(_DIGITS.sub("#", line)) if _DIGITS.search(line) else None
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _shape_of(digest: RequestDigest, index: int) -> str | None:
+    """The masked key `_head_part` kept for a head unit, or None (no digit, or an older pod's record)."""
+    prefix = f"{index}:"
+    return next((e[len(prefix):] for e in digest.shapes if e.startswith(prefix)), None)
 
 
 HEAD_MEMO_ENTRIES = 256  # heads read once per process: ~10 KB each (256 unit keys), ~2.5 MB at most
@@ -187,9 +203,11 @@ def _head_part(sk: RequestSketch) -> _Head:
             _head_memo.move_to_end(key)
             return hit
     units = head_lines(sk)
+    shapes = ((i, _shape(text[a:b])) for i, (a, b) in enumerate(units) if b - a <= SHORT_LINE)
     head = _Head(tuple(_key(text[a:b]) for a, b in units), "".join(_sep(text, b) for _, b in units),
                  tuple(_unit_dates(text, units, "h")),
-                 tuple((_key(c), _key(w)) for c, w, _, _ in schema_tools(text, 0, end)[:MAX_SCHEMAS]))
+                 tuple((_key(c), _key(w)) for c, w, _, _ in schema_tools(text, 0, end)[:MAX_SCHEMAS]),
+                 tuple(f"{i}:{key}" for i, key in shapes if key is not None))
     with _head_lock:
         _head_memo[key] = head
         while len(_head_memo) > HEAD_MEMO_ENTRIES:
@@ -218,6 +236,9 @@ class RequestDigest:
     # order: another pod tells them reordered on one line (Mistral's `[AVAILABLE_TOOLS]`) or over
     # more lines than the head's units reach
     schemas: list[list[str]] = field(default_factory=list)
+    # "<unit>:<key>" of each short head unit holding a digit, its digits masked: another pod tells a
+    # line that changed in its numbers only (a status line) from one rewritten
+    shapes: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, sk: RequestSketch) -> RequestDigest:
@@ -233,6 +254,7 @@ class RequestDigest:
         return cls(
             dates=[*head.dates, *_unit_dates(text, first_lines, "f")][:MAX_DATES],
             schemas=[list(pair) for pair in head.schemas],
+            shapes=list(head.shapes),
             lines=list(head.lines),  # the digest's own list: the memo's entry stays as it was
             seps=head.seps,
             turns=[span_key(r.role, text, r.start, r.end) for r in history[:MAX_TURNS]],
@@ -250,7 +272,8 @@ class RequestDigest:
     def to_record(self) -> dict[str, Any]:
         return {"lines": self.lines, "turns": self.turns, "tools": self.tools, "last": self.last, "seps": self.seps,
                 "users": self.users, "history": self.history, "last_turns": self.last_turns,
-                "last_users": self.last_users, "first": self.first, "dates": self.dates, "schemas": self.schemas}
+                "last_users": self.last_users, "first": self.first, "dates": self.dates, "schemas": self.schemas,
+                "shapes": self.shapes}
 
     @classmethod
     def from_record(cls, rec: dict[str, Any] | None) -> RequestDigest | None:
@@ -265,7 +288,8 @@ class RequestDigest:
                        last_turns=[str(x) for x in rec.get("last_turns") or []],
                        last_users=str(rec.get("last_users") or ""), first=[str(x) for x in rec.get("first") or []],
                        dates=[str(x) for x in rec.get("dates") or []],
-                       schemas=[[str(a), str(b)] for a, b in rec.get("schemas") or []])
+                       schemas=[[str(a), str(b)] for a, b in rec.get("schemas") or []],
+                       shapes=[str(x) for x in rec.get("shapes") or []])
         except (TypeError, ValueError):
             return None
 
@@ -372,6 +396,19 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
     return out
 
 
+def _status_value(text: str, start: int, end: int) -> list[Span]:
+    """A `key: value` line that changed in its numbers only, read as a status line from this side
+    (`reads_as_status`): its whole value, a `counter`; [] otherwise."""
+    at = whole_value_start(text[start:end])
+    if at is None:
+        return []
+    vend = end
+    while vend > start + at and text[vend - 1].isspace():
+        vend -= 1
+    value = text[start + at:vend]
+    return [Span(start + at, vend, "counter", value)] if value and reads_as_status(value) else []
+
+
 def _tool_keys_change(prev: list[list[str]], cur: list[list[str]]) -> tuple[bool, bool]:
     from collections import Counter
 
@@ -439,6 +476,9 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         same_shape = len(prev.lines) == len(mine.lines) and prev.lines[i + 1:i + 2] == mine.lines[i + 1:i + 2]
         if same_shape and i < len(bounds):
             spans = dynamic_candidates(detector, cur.text, *bounds[i], _dates_of(prev, "h", i))
+            shape = _shape_of(mine, i)
+            if not spans and shape is not None and shape == _shape_of(prev, i):
+                spans = _status_value(cur.text, *bounds[i])
             if spans:
                 later: list[Finding] = []
                 for j in range(i + 1, min(len(mine.lines), len(bounds))):

@@ -98,28 +98,53 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     cn = [r.end - r.start for r in cur.history_regions()]
     return history_compacted((len(pn), sum(pn), len(cn), sum(cn)), lambda: (
         [(role == "user", k) for role, k, _ in _history(prev)], [(role == "user", k) for role, k, _ in _history(cur)])) \
-        or newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys))
+        or newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
+                       lambda i: _extended(prev, cur, i + _prompt_messages(prev.message_keys)))
+
+
+def _prompt_messages(keys: list[str]) -> int:
+    """1 when the first message is the system prompt (a system or developer message), else 0."""
+    return 1 if keys and keys[0].startswith(("system:", "developer:")) else 0
 
 
 def _after_prompt(keys: list[str]) -> list[str]:
-    """Message keys after the system prompt (the first message, when it is a system or developer one)."""
-    return keys[1:] if keys and keys[0].startswith(("system:", "developer:")) else keys
+    """Message keys after the system prompt."""
+    return keys[_prompt_messages(keys):]
 
 
-def newest_kept(prev: list[str], cur: list[str]) -> bool:
+def _extended(prev: RequestSketch, cur: RequestSketch, index: int) -> bool:
+    """Is message `index` of `cur` that of `prev` with text added after it (Cline's note that
+    history was removed, appended to the first reply)?"""
+    p = next((r for r in prev.regions if r.index == index), None)
+    c = next((r for r in cur.regions if r.index == index), None)
+    return p is not None and c is not None and p.role == c.role and c.end - c.start > p.end - p.start \
+        and cur.text.startswith(prev.text[p.start:p.end], c.start)
+
+
+def newest_kept(prev: list[str], cur: list[str], extended: Callable[[int], bool] = lambda i: False) -> bool:
     """A compaction that keeps the newest messages as they were (LangMem's SummarizationNode, Strands'
-    SummarizingConversationManager): a new message that is no reply (the summary, as a system
-    message after the prompt or as a user message) opens the history, the previous history's
-    newest messages follow unchanged through its end, and most of it is gone. A sliding window that
-    drops the oldest exchange under a summary keeps most of it: a front trim."""
-    if len(prev) < COMPACTED_MIN_MESSAGES or len(cur) < 2 or cur[0] in prev or cur[0].startswith("assistant:"):
-        return False
-    try:
-        dropped = prev.index(cur[1])
-    except ValueError:
-        return False
-    kept = prev[dropped:]
-    return dropped * 2 > len(prev) and cur[1:1 + len(kept)] == kept
+    SummarizingConversationManager, Roo Code's condense): after the first messages that stay (none,
+    or up to PINNED_MESSAGES: the task), a new message stands in for the rest (the summary; no
+    reply when it opens the history: a new conversation brings replies too), the previous
+    history's newest messages follow unchanged through its end, and most of what was not pinned is
+    gone. A sliding window that drops the oldest exchange under a summary keeps most of it, and one
+    that notes the cut in a pinned message (`extended`: message i with text added) stands nothing
+    in for it: front trims."""
+    for pinned in range(min(PINNED_MESSAGES, len(prev), len(cur) - 2) + 1):
+        if prev[:pinned] != cur[:pinned]:
+            break
+        rest, summary = prev[pinned:], cur[pinned]
+        if len(rest) < COMPACTED_MIN_MESSAGES or summary in prev or extended(pinned) \
+                or (not pinned and summary.startswith("assistant:")):
+            continue
+        try:
+            dropped = rest.index(cur[pinned + 1])
+        except ValueError:
+            continue
+        kept = rest[dropped:]
+        if dropped * 2 > len(rest) and cur[pinned + 1:pinned + 1 + len(kept)] == kept:
+            return True
+    return False
 
 
 HistoryKeys = list[tuple[bool, str]]  # (a user message?, key) of each history message, in order

@@ -70,9 +70,10 @@ class RequestSketch:
         return [r for r in self.regions if r.role not in ("system", "developer")]
 
     def first_history_start(self) -> int:
-        """Start of the first non-system message's content (len(text) when none)."""
+        """Start of the first message's content that is no system or developer message (len(text)
+        when none): where the history begins, as `history_regions` has it."""
         for region in self.regions:
-            if region.role != "system":
+            if region.role not in ("system", "developer"):
                 return region.start
         return len(self.text)
 

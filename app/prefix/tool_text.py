@@ -291,12 +291,18 @@ def _holds_schema(obj: dict[str, Any], depth: int) -> bool:
 def _tool_list(obj: Any) -> list[Any] | None:
     """The tools a decoded object lists: `{"tools": [...]}` (an MCPB manifest's too), MCP's
     `tools/list` result (`{"result": {"tools": [...]}}`), Gemini's `function_declarations`, an
-    OpenRPC document's `methods`; None when it lists none (it may be one tool itself)."""
+    OpenRPC document's `methods`, or under any key a list whose every item is named and declares
+    parameters (a LobeChat plugin manifest's `api`); None when it lists none (it may be one tool
+    itself)."""
     for holder in (obj, obj.get("result") if isinstance(obj, dict) else None):
         if isinstance(holder, dict):
             for key in ("tools", "function_declarations", "functionDeclarations", "methods"):
                 if isinstance(holder.get(key), list):
                     return holder[key]
+            for value in holder.values():  # under another key: a list of named objects that declare parameters
+                if isinstance(value, list) and value and all(
+                        isinstance(t, dict) and isinstance(t.get("name"), str) and _declares_parameters(t) for t in value):
+                    return value
     return None
 
 

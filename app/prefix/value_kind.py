@@ -312,8 +312,10 @@ def whole_value_change(old: str, new: str) -> str | None:
 # a number as a status line writes it: digits with decimal, thousands or clock groups (`12.8`,
 # `2.400`, `0,69`, `16:30`); one glued to a letter before it is part of an id or a version (`NH4`, `v5.4`)
 _STATUS_NUMBER = re.compile(r"(?<![^\W\d_])\d+(?:[.,:]\d+)*|[^\W\d_]\d+(?:[.,:]\d+)*")
-_COMPASS = re.compile(r"[NESW]{1,3}|[NSO]{1,3}")  # a wind's direction (`SW`, `NNO`), redrawn with its speed
-_DATED = re.compile(r"\d{1,4}[./-]\d{1,2}[./-]\d{1,4}|\d+(?:\.\d+){2,}|(?<!\d)(?:19|20)\d\d(?!\d)")
+# a wind's direction (`SW`, `NNO`, `Südwest`, `north-east`), redrawn with its speed
+_COMPASS = re.compile(r"[NESW]{1,3}|[NSO]{1,3}|(?i:(?:nord|süd|ost|west|north|south|east)(?:-?(?:west|ost|east))?)")
+# a date (one separator, twice: not a range `0-24/248`), a release, a year
+_DATED = re.compile(r"\d{1,4}([./-])\d{1,2}\1\d{1,4}|\d+(?:\.\d+){2,}|(?<!\d)(?:19|20)\d\d(?!\d)")
 
 
 def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
@@ -339,14 +341,30 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     if not (changed or redrawn) or any(not a[i].group()[0].isdigit() or not b[i].group()[0].isdigit()
                                        or _priced(new, b[i]) for i in changed):
         return None
-    compass = bool(redrawn) or any(_COMPASS.fullmatch(w) for g in gaps_b for w in g.replace(",", " ").split())
-    if not compass and not any(_precise(a[i].group()) or _precise(b[i].group()) for i in changed):
+    compass = bool(redrawn) or any(_COMPASS.fullmatch(w.strip(",;()")) for g in gaps_b for w in g.split())
+    if not compass and not any(_precise(x.group()) for x in b) and not any(
+            _precise(a[i].group()) or _unit_glued(old, a[i], new, b[i]) for i in changed):
         return None
     if len(changed) == 1 and not redrawn:  # one reading: the number alone
         return b[changed[0]].start(), b[changed[0]].end(), a[changed[0]].end()
     if not any(c.isalpha() for g in gaps_b[:-1] for c in g):  # numbers sharing one unit (`9,0 / 4,0 bar`): the numbers
         return b[0].start(), b[-1].end(), a[-1].end()
     return 0, len(new), len(old)  # readings redrawn together: the value, whole
+
+
+def reads_as_status(value: str) -> bool:
+    """`status_readings` from one side, for a pod that knows only that a line changed in its digits
+    (another pod's digest: `RequestDigest.shapes`): the value holds two numbers or more, none of
+    them glued to a letter or priced, no date, year or release, and one written to a reading's
+    precision, with a unit glued to it, or beside a wind's direction."""
+    if _DATED.search(value):
+        return False
+    numbers = list(_STATUS_NUMBER.finditer(value))
+    if len(numbers) < 2 or any(not n.group()[0].isdigit() or _priced(value, n) for n in numbers):
+        return False
+    if any(_COMPASS.fullmatch(w.strip(",;()")) for g in _gaps(value, numbers) for w in g.split()):
+        return True
+    return any(_precise(n.group()) or _unit_glued(value, n, value, n) for n in numbers)
 
 
 def _priced(text: str, number: re.Match[str]) -> bool:
@@ -366,17 +384,28 @@ def _gaps(text: str, numbers: list[re.Match[str]]) -> list[str]:
 
 
 def _precise(number: str) -> bool:
-    """A number written to a reading's precision: decimals or digit groups, three digits or more, a
-    clock off the quarter hours (a rule's hours are round: `open 06:30 to 20:00`)."""
+    """A number written to a reading's precision: decimals or digit groups, three digits or more,
+    zero-padded (`07`), a clock off the quarter hours (a rule's hours are round: `open 06:30 to
+    20:00`)."""
     if ":" in number:
         return not number.rsplit(":", 1)[1].isdigit() or int(number.rsplit(":", 1)[1]) % 15 != 0
-    return "." in number or "," in number or len(number) >= 3
+    return "." in number or "," in number or len(number) >= 3 or (len(number) >= 2 and number[0] == "0")
+
+
+def _unit_glued(old: str, a: re.Match[str], new: str, b: re.Match[str]) -> bool:
+    """A changed number with its unit glued to it, as machines write readings (`55%`, `35m 45s`),
+    not round on both sides (`30s` -> `60s` is a setting's)."""
+    glued = a.end() < len(old) and _GLUED_UNIT.match(old, a.end()) and b.end() < len(new) and _GLUED_UNIT.match(new, b.end())
+    return bool(glued) and max(_significant(a.group()), _significant(b.group())) > 1
+
+
+_GLUED_UNIT = re.compile(r"(?:%|°|[a-zµ]{1,3})(?![\w])")
 
 
 def _compass_only(old: str, new: str) -> bool:
     """Do two stretches between numbers differ only in a wind's direction (`NW ` -> `W `)?"""
     x, y = old.split(), new.split()
-    return len(x) == len(y) and all(p == q or (_COMPASS.fullmatch(p) and _COMPASS.fullmatch(q))
+    return len(x) == len(y) and all(p == q or (_COMPASS.fullmatch(p.strip(",;()")) and _COMPASS.fullmatch(q.strip(",;()")))
                                     for p, q in zip(x, y, strict=True))
 
 
