@@ -96,9 +96,12 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return False
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
-    return history_compacted((len(pn), sum(pn), len(cn), sum(cn)), lambda: (
-        [(role == "user", k) for role, k, _ in _history(prev)], [(role == "user", k) for role, k, _ in _history(cur)])) \
-        or newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
+    if history_compacted((len(pn), sum(pn), len(cn), sum(cn)), lambda: (
+            [(role == "user", k) for role, k, _ in _history(prev)], [(role == "user", k) for role, k, _ in _history(cur)])):
+        return True
+    if len(prev.message_parts) < COMPACTED_MIN_MESSAGES:  # too short to compact: no message keys computed
+        return False
+    return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + _prompt_messages(prev.message_keys)))
 
 
