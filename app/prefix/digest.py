@@ -36,7 +36,14 @@ from app.prefix.dynamic import (
 from app.prefix.history_shape import HistoryKeys, first_exchange, history_compacted, tail_start, trimmed
 from app.prefix.sketch import RequestSketch
 from app.prefix.tool_text import declares_name, schema_tools, schemas_reordered, tool_entries, tools_span
-from app.prefix.value_change import KEYED_KINDS, dynamic_kind, sentence_end, token_span, value_token
+from app.prefix.value_change import (
+    KEYED_KINDS,
+    before_space,
+    dynamic_kind,
+    sentence_end,
+    token_span,
+    value_token,
+)
 from app.prefix.value_kind import keyed_value, reads_as_status, value_kind, value_start, whole_value_start
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
@@ -402,9 +409,7 @@ def _status_value(text: str, start: int, end: int) -> list[Span]:
     at = whole_value_start(text[start:end])
     if at is None:
         return []
-    vend = end
-    while vend > start + at and text[vend - 1].isspace():
-        vend -= 1
+    vend = before_space(text, start + at, end)
     value = text[start + at:vend]
     return [Span(start + at, vend, "counter", value)] if value and reads_as_status(value) else []
 

@@ -190,11 +190,12 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     if common_prefix_len(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
         # more than one token changed: an edit, not a value, unless a key line's whole value changed
         # in a shape values have (`whole_value_change`)
-        return _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop) or \
-            _status_reading(prev, cur, pline0, pline1, line0, line1, cs, stop)
+        line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
+        return _whole_value(prev, cur, line_value, pline1, line1) or _status_reading(prev, cur, line_value)
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
-    whole = _whole_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
+    line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
+    whole = _whole_value(prev, cur, line_value, pline1, line1)
     if whole is not None and whole.span is not None and whole.span.kind == "counter":
         return whole  # a list of readings, whole, though one of them changed (`2427, 109343.643` -> `2427, 110167.307`)
     kind = value_kind(before, prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
@@ -202,7 +203,7 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         kind = turn_value(prev[ps:pe], cur[cs:ce], before, cur[ce:rest_end])
     if kind is None and whole is not None:
         return whole  # a key line's whole value that changed as values do (`whole_value_change`)
-    if kind is None and (reading := _status_reading(prev, cur, pline0, pline1, line0, line1, cs, stop)) is not None:
+    if kind is None and (reading := _status_reading(prev, cur, line_value)) is not None:
         return reading  # one of a status line's readings (`status_readings`)
     key = None
     if kind is None:
@@ -216,45 +217,52 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     return ValueChange(Span(cs, ce, kind, cur[cs:ce]), pe, key)
 
 
-def _whole_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line1: int, cs: int,
-                 stop: int | None) -> ValueChange | None:
-    """The whole value of a `key: value` line in which more than one token changed, when it changed
-    as values do (`whole_value_change`: `in Betrieb` -> `aus`, `19.97, 19.09, 18.9` -> `20.0, …`,
-    `DE 09 524 46487` -> `DE 09 200 33728`), from the value's start to the line's or its message's
-    end (`stop`; the template text after a message is no part of it); None otherwise."""
-    at = whole_value_start(cur[line0:cs])
-    vend = line1 if stop is None else min(line1, stop)
-    tail = cur[vend:line1]  # the same template text ends the line in both prompts
-    if at is None or not prev.endswith(tail, 0, pline1):
-        return None
-    start, ve, pve = line0 + at, _before_space(cur, line0, vend), _before_space(prev, pline0, pline1 - len(tail))
-    if start >= ve or pline0 + at >= pve or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
-        return None
-    kind = whole_value_change(prev[pline0 + at:pve], cur[start:ve])
-    return ValueChange(Span(start, ve, kind, cur[start:ve]), pve) if kind is not None else None
+LineValue = tuple[int, int, int, int]  # a key line's value: (start, end) in the current prompt, then in the previous
 
 
-def _status_reading(prev: str, cur: str, pline0: int, pline1: int, line0: int, line1: int, cs: int,
-                    stop: int | None) -> ValueChange | None:
-    """The readings that changed in a `key: value` line's value holding several (`status_readings`:
-    `MV Lonan: 8.2 nm off, SOG 13.5 kn` -> `7.8 nm off, SOG 13.9 kn`), as a `counter`; None when the
-    line's value did not change as a status line's does."""
+def _line_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line1: int, cs: int,
+                stop: int | None) -> LineValue | None:
+    """Where the value of the `key: value` line holding the change at `cs` lies in both prompts:
+    from after the key's sign to the line's or its message's end (`stop`; the template text after a
+    message is no part of it, and ends the line in both), without the white space before that end;
+    None when the line has no key or a side's value is empty."""
     at = whole_value_start(cur[line0:cs])
     vend = line1 if stop is None else min(line1, stop)
     tail = cur[vend:line1]
     if at is None or not prev.endswith(tail, 0, pline1):
         return None
-    start, ve, pve = line0 + at, _before_space(cur, line0, vend), _before_space(prev, pline0, pline1 - len(tail))
-    if start >= ve or pline0 + at >= pve:
+    start, end = line0 + at, before_space(cur, line0, vend)
+    pstart, pend = pline0 + at, before_space(prev, pline0, pline1 - len(tail))
+    return (start, end, pstart, pend) if start < end and pstart < pend else None
+
+
+def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:
+    """The whole value of a `key: value` line (`_line_value`) in which more than one token changed,
+    when it changed as values do (`whole_value_change`: `in Betrieb` -> `aus`, `19.97, 19.09, 18.9`
+    -> `20.0, …`, `DE 09 524 46487` -> `DE 09 200 33728`) and the prompts agree again after the
+    line; None otherwise."""
+    if value is None or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
         return None
-    found = status_readings(prev[pline0 + at:pve], cur[start:ve])
+    start, end, pstart, pend = value
+    kind = whole_value_change(prev[pstart:pend], cur[start:end])
+    return ValueChange(Span(start, end, kind, cur[start:end]), pend) if kind is not None else None
+
+
+def _status_reading(prev: str, cur: str, value: LineValue | None) -> ValueChange | None:
+    """The readings that changed in a `key: value` line's value holding several (`status_readings`:
+    `MV Lonan: 8.2 nm off, SOG 13.5 kn` -> `7.8 nm off, SOG 13.9 kn`), as a `counter`; None when the
+    line's value did not change as a status line's does."""
+    if value is None:
+        return None
+    start, end, pstart, pend = value
+    found = status_readings(prev[pstart:pend], cur[start:end])
     if found is None:
         return None
     s, e, pe = found
-    return ValueChange(Span(start + s, start + e, "counter", cur[start + s:start + e]), pline0 + at + pe)
+    return ValueChange(Span(start + s, start + e, "counter", cur[start + s:start + e]), pstart + pe)
 
 
-def _before_space(text: str, floor: int, end: int) -> int:
+def before_space(text: str, floor: int, end: int) -> int:
     """`end` moved back over the white space before it, not past `floor` (a line's start): the line's
     text is read, never the prompt before it."""
     while end > floor and text[end - 1].isspace():

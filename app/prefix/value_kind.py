@@ -341,7 +341,7 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     if not (changed or redrawn) or any(not a[i].group()[0].isdigit() or not b[i].group()[0].isdigit()
                                        or _priced(new, b[i]) for i in changed):
         return None
-    compass = bool(redrawn) or any(_COMPASS.fullmatch(w.strip(",;()")) for g in gaps_b for w in g.split())
+    compass = bool(redrawn) or _beside_compass(gaps_b)
     if not compass and not any(_precise(x.group()) for x in b) and not any(
             _precise(a[i].group()) or _unit_glued(old, a[i], new, b[i]) for i in changed):
         return None
@@ -362,7 +362,7 @@ def reads_as_status(value: str) -> bool:
     numbers = list(_STATUS_NUMBER.finditer(value))
     if len(numbers) < 2 or any(not n.group()[0].isdigit() or _priced(value, n) for n in numbers):
         return False
-    if any(_COMPASS.fullmatch(w.strip(",;()")) for g in _gaps(value, numbers) for w in g.split()):
+    if _beside_compass(_gaps(value, numbers)):
         return True
     return any(_precise(n.group()) or _unit_glued(value, n, value, n) for n in numbers)
 
@@ -405,8 +405,17 @@ _GLUED_UNIT = re.compile(r"(?:%|°|[a-zµ]{1,3})(?![\w])")
 def _compass_only(old: str, new: str) -> bool:
     """Do two stretches between numbers differ only in a wind's direction (`NW ` -> `W `)?"""
     x, y = old.split(), new.split()
-    return len(x) == len(y) and all(p == q or (_COMPASS.fullmatch(p.strip(",;()")) and _COMPASS.fullmatch(q.strip(",;()")))
-                                    for p, q in zip(x, y, strict=True))
+    return len(x) == len(y) and all(p == q or (_is_compass(p) and _is_compass(q)) for p, q in zip(x, y, strict=True))
+
+
+def _is_compass(word: str) -> bool:
+    """Is a word (its list punctuation aside: `Südwest,`) a wind's direction?"""
+    return _COMPASS.fullmatch(word.strip(",;()")) is not None
+
+
+def _beside_compass(gaps: list[str]) -> bool:
+    """Does a wind's direction stand among the words between a value's numbers?"""
+    return any(_is_compass(w) for g in gaps for w in g.split())
 
 
 # a state counted in its first word (`1 pending`, `3 offen`) or told in words (`up to date`)
