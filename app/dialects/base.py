@@ -30,6 +30,14 @@ if TYPE_CHECKING:
     from app.proxy.shape import StreamShape
 
 
+def strips_billing_header(engine: ToolDump) -> bool:
+    """Whether `engine` drops Claude Code's billing header before tokenising (the block on
+    /v1/messages, a system text's first line on every route): vLLM 0.32 does, SGLang does not
+    (docs/agents-apis.md). The prefix stage (for its fleet) and `prefixgate lint` (for `--engine`)
+    both ask here."""
+    return engine == "vllm"
+
+
 class EngineFacts(Protocol):
     """What the fingerprint needs to know of the engine to render a body as it does (the prefix
     stage answers, app/pipeline/prefix_stage.py); each is asked only by the dialects it matters to."""

@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
+from app.dialects.base import strips_billing_header
 from app.prefix.bill import BreakBill, price_break
 from app.prefix.blocks import predicted_hit_tokens
 from app.prefix.budget import RECENT_ENTRY_BYTES, MemoryCaps
@@ -152,14 +153,13 @@ class PrefixStage:
         return self._system_first
 
     def engine_strips_billing(self) -> bool:
-        """Whether the engine drops Claude Code's billing header before tokenising (the block on
-        /v1/messages, a system text's first line on every route): vLLM 0.32 does, SGLang does
-        not (docs/agents-apis.md). `auto` reads
-        the replicas' engine kinds (a fleet of SGLang only: no)."""
+        """Whether the engine drops Claude Code's billing header before tokenising
+        (`strips_billing_header`); `auto` reads the replicas' engine kinds (a fleet of SGLang only:
+        no)."""
         choice = self.settings.prefix.billing_header
         if choice != "auto":
             return choice == "strip"
-        return not self._sglang_only()
+        return strips_billing_header(self.engine_tool_dump())
 
     def engine_tool_dump(self) -> ToolDump:
         """Whose request model the chat `tools` are dumped with before rendering (vLLM: fixed

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from app.dialects import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Dialect
+from app.dialects.base import strips_billing_header
 from app.dialects.validation import check_common
 from app.errors import ProxyError
 from app.prefix.convert_messages import requires_system_first
@@ -118,7 +119,7 @@ class OfflineEngine:
     response_history: ResponseHistory = field(default_factory=ResponseHistory)
 
     def engine_strips_billing(self) -> bool:
-        return self.kind == "vllm"  # vLLM 0.32 drops Claude Code's billing header, SGLang does not
+        return strips_billing_header(self.kind)
 
     def system_first(self) -> bool:
         return requires_system_first(self.template)
