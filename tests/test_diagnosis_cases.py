@@ -1280,3 +1280,143 @@ def test_a_window_that_notes_its_cut_in_the_first_reply_stays_a_front_trim(fpr) 
     bodies = [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None), Gen.body(CODER, after, None, None)]
     assert causes(fpr, bodies) == [None, "front_trim"]
 
+
+
+# ------------------------------------------------------------------ round 24
+def test_a_key_lines_value_changed_in_many_tokens_again_is_a_value(fpr) -> None:
+    """A key line's value that changed in several tokens and in no shape a rule knows is an edit the
+    first time; when its key's value changes again on the next request, it is a value the client
+    writes per request, whole (round 24: the place of a change is its key, not only its token)."""
+    values = ["web-2 to eu-west in 41 s (7 files)", "api-1 to us-east in 63 s (12 files)",
+              "web-3 to eu-north in 38 s (4 files)", "worker to ap-south in 52 s (9 files)"]
+    bodies = [body(f"Last deploy: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(4), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["template_change", "dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[], [values[2]], [values[3]]]
+
+
+def test_a_value_found_at_a_key_keeps_its_place_for_the_next_change(fpr) -> None:
+    """A clock read in a queue's line is a value; the next request writes the same key's value in
+    another shape (no clock in it): still that key's value, changed again (round 24)."""
+    values = ["2 waiting, oldest since 09:41", "2 waiting, oldest since 09:55", "nobody waiting"]
+    bodies = [body(f"Callback queue: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [["09:55"], [values[2]]]
+
+
+def test_an_edit_made_once_at_a_key_stays_an_edit(fpr) -> None:
+    """A key line's value rewritten once (a rule's sentence) stays an edit: nothing changed there
+    before."""
+    values = ["answer in English, briefly.", "answer in the customer's language, in full sentences."]
+    bodies = [body(f"Language: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["template_change"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    # a state with its reason in brackets on either side
+    ("Kiln 2: {}", ["firing", "cooling (door shut)", "firing"]),
+    # a tally: every count changed, each of something named after it
+    ("Tickets: {}", ["14 open, 9 resolved", "12 open, 11 resolved", "13 open, 11 resolved"]),
+    ("Car park: {}", ["Deck A 41 free, Deck B 7 free, Deck C 19 free", "Deck A 38 free, Deck B 12 free, Deck C 16 free",
+                      "Deck A 30 free, Deck B 12 free, Deck C 16 free"]),
+    # a counted state with what it counts in brackets
+    ("Boats out: {}", ["none", "2 boats (Kestrel, Tern)", "none"]),
+])
+def test_states_and_tallies_on_their_first_change_are_values(fpr, line: str, values: list[str]) -> None:
+    """Round 24: a key line's state with a reason in brackets, a tally of named counts, a count with
+    what it counts in brackets are values on their first change (the whole value: the second
+    change's span is its key's value once its key changed before)."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert got[0]["spans"] == [values[1]]
+
+
+def test_a_rules_count_changed_alone_in_a_tally_stays_an_edit(fpr) -> None:
+    """A limit raised among others (`5 uploads, 20 downloads` -> `10 uploads, 20 downloads`): one
+    count of several changed, a rule's edit."""
+    values = ["5 uploads, 20 downloads", "10 uploads, 20 downloads"]
+    bodies = [body(f"Daily limits: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["template_change"]
+
+
+def test_values_found_one_after_another_in_one_key_line_are_one_value(fpr) -> None:
+    """Two readings of one line changed (a temperature, then a weight): the line's value, whole, not
+    a value and a secondary finding (round 24)."""
+    values = ["1.182 °C, 2,4 t im Ofen", "1.196 °C, 2,9 t im Ofen", "1.205 °C, 3,3 t im Ofen"]
+    bodies = [body(f"Schmelze Ofen 1: {v}\n{SYSTEM_DE}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert [r["secondary"] for r in got] == [[], []]
+
+
+def test_a_hash_in_a_preview_urls_host_is_the_value(fpr) -> None:
+    """A preview deployment's URL holds a new hash in its host per build: the hash, not the host,
+    is the value (round 24)."""
+    hashes = ["q7x2kd9pm", "b3nw8r1tz", "m9c4vy2ke"]
+    bodies = [body(f"Staging: https://orders-{h}-acme-team.vercel.app\n{SYSTEM}", t)
+              for h, t in zip(hashes, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[hashes[1]], [hashes[2]]]
+
+
+APEX_ACTIONS = [
+    f"public with sharing class {name} {{\n    @InvocableMethod(label='{label}' description='{text}')\n"
+    f"    public static List<String> run(List<String> orders) {{\n        return OrderService.{method}(orders);\n    }}\n}}\n"
+    for name, label, text, method in [("LookupOrder", "Lookup Order", "Find an order by number.", "lookup"),
+                                      ("CreateReturn", "Create Return", "Open a return for an order.", "openReturn"),
+                                      ("TrackShipment", "Track Shipment", "Tracking events of a parcel.", "track"),
+                                      ("UpdateAddress", "Update Address", "Change the delivery address.", "readdress")]]
+
+
+def test_apex_actions_in_another_order_are_a_tool_order(fpr) -> None:
+    """Classes declared with modifiers before `class` (Apex's `with sharing`), one per action, moved
+    as wholes: the agent's actions in another order (round 24)."""
+    assert reordered_listing_causes(fpr, APEX_ACTIONS, "Actions (Apex)", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_plugins_functions_without_parameters_in_another_order_are_a_tool_order(fpr) -> None:
+    """A plugin manifest lists its functions under `functions`, by name and description only (their
+    parameters live in an API description elsewhere): reordered, a tool order (round 24)."""
+    def manifest(order: list[int]) -> str:
+        fns = [{"name": TOOLS[k]["function"]["name"], "description": TOOLS[k]["function"]["description"]} for k in order]
+        return json.dumps({"schema_version": "v2", "name_for_human": "Shop", "functions": fns}, indent=2)
+    bodies = [body(f"{SYSTEM}\nPlugin:\n{manifest(o)}\nAnswer briefly.", t)
+              for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_a_compaction_whose_summary_the_model_acknowledges_is_a_compaction(fpr) -> None:
+    """The summary as a user message, the model's acknowledgement after it, then the newest
+    messages as they were (Gemini CLI's compression): a compaction, not a front trim (round 24)."""
+    text = "<state_snapshot>The invoice module is migrated and its tests pass.</state_snapshot>"
+    before, after = _kept_history({"role": "user", "content": text}, 10)
+    after = [after[0], {"role": "assistant", "content": "Got it. Thanks for the additional context!"}, *after[1:]]
+    bodies = [Gen.body(CODER, before[:11], None, None), Gen.body(CODER, before, None, None),
+              Gen.body(CODER, after, None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_summary_appended_to_the_system_prompt_with_the_history_gone_is_a_compaction(fpr) -> None:
+    """A running summary kept at the end of the system prompt, the history dropped, a new question:
+    a compaction (round 24)."""
+    msgs = agent_history(6)
+    summary = "\n\nSummary of the session so far: the invoice module is migrated, its tests pass, credit notes are next."
+    bodies = [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None),
+              Gen.body(CODER + summary, [{"role": "user", "content": "Now migrate the credit notes."}], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_rule_appended_to_the_system_prompt_over_a_conversation_that_goes_on_is_a_template_change(fpr) -> None:
+    """Text added at the end of the system prompt while the history is sent on: an edit of the
+    system prompt, not a compaction."""
+    msgs = agent_history(6)
+    rule = "\n4. Never push to the main branch; open a pull request and wait for a review."
+    more = [*msgs, {"role": "assistant", "content": "Reply 7: the invoice tests pass now."},
+            {"role": "user", "content": "Then migrate the credit notes the same way."}]
+    bodies = [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None),
+              Gen.body(CODER + rule, more, None, None)]
+    assert causes(fpr, bodies) == [None, "template_change"]

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout23` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout24` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -63,7 +63,8 @@ FLOORS = {
     # the thirteenth (measured 0.916 / 0.786 / 0.678), tune side since heldout14: 0.9887 / 0.9798 / 0.8906
     # since round 16 (clocks in words, Java's zone names, a Vite asset's hash in its path, a Tomcat
     # session id's jvmRoute; the look-alike alarm below)
-    "heldout13": (0.988, 0.979, 0.890),
+    # round 24 (values found one after another in a key line's value read as one): 0.9887 / 0.9798 / 0.9029
+    "heldout13": (0.988, 0.979, 0.902),
     # the fourteenth (measured 0.915 / 0.796 / 0.639), tune side since heldout15: 0.9765 / 0.9621 / 0.8315
     # (a voice agent's expressions as a list of words, number plates, pH, a fuel gauge in eighths, the
     # runway in use, an ATIS letter, Erlang pids and references the first time they change; spans
@@ -77,24 +78,28 @@ FLOORS = {
     # the sixteenth (measured 0.929 / 0.799 / 0.663), tune side since heldout17: 0.9873 / 0.9780 / 0.9235
     # since round 21 (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
     # number, a pair `90 / 30`; distances without their bearing, `45 / 15` read as `45`)
-    "heldout16": (0.987, 0.978, 0.923),
+    # round 24 (a key line's value changed again at its key; a distance with its bearing whole): 0.9905 / 0.9830 / 0.9442
+    "heldout16": (0.990, 0.983, 0.944),
     # the seventeenth (measured 0.951 / 0.930 / 0.752), tune side since heldout18: 0.9796 / 0.9665 / 0.9362
     # since round 19 (counters and a storage bin read as edits the first time they change, an option symbol, a
     # balance's `$`, an antenna's AZ/EL)
     # round 22 (a printer's and an antenna's readings on their first change): 0.9874 / 0.9779 / 0.9606
-    "heldout17": (0.987, 0.977, 0.960),
+    # round 24: 0.9921 / 0.9856 / 0.9765
+    "heldout17": (0.992, 0.985, 0.976),
     # the eighteenth (measured 0.928 / 0.746 / 0.708), tune side since heldout19: 0.9873 / 0.9761 / 0.9171
     # since round 21
     # (a time in a railway's form, readings below two significant digits, an event id, a week and its
     # day, odds each read as an edit the first time they change; sums whose labels keep the currency
     # sign, which the earlier pools' labels leave out; a tool list with a nameless entry; the look-alike alarm below)
-    "heldout18": (0.987, 0.976, 0.917),
+    # round 24: 0.9889 / 0.9787 / 0.9199
+    "heldout18": (0.988, 0.978, 0.919),
     # the nineteenth (measured 0.950 / 0.921 / 0.707), tune side since heldout20: 0.9789 / 0.9547 / 0.8421
     # (a count of vehicles waiting, AIS targets, a ship's MMSI with most digits kept, a pressure pair
     # read as edits the first time they change; llm-functions' and A2A's tool lists; a goose summary
     # longer than the turns it replaced; labels that take in a reading's unit and trend words)
     # round 22 (a pressure pair on its first change): 0.9805 / 0.9569 / 0.8453
-    "heldout19": (0.980, 0.956, 0.845),
+    # round 24: 0.9838 / 0.9616 / 0.8667
+    "heldout19": (0.983, 0.961, 0.866),
     # the twentieth (measured 0.938 / 0.785 / 0.539), tune side since heldout21: 0.9688 / 0.9227 / 0.6011;
     # since round 22 (a status line's readings on their first change): 0.9782 / 0.9387 / 0.6332
     # (counters, ids and states read as edits the first time they change; Agent Skills' and Flowise's
@@ -105,18 +110,26 @@ FLOORS = {
     # (a phantom history_edit: a status line's reading added; a compaction that drops one exchange under its summary;
     # a wind's gusts, a departure's clock range, counts of one small integer read as edits the first time they
     # change; labels that take in a value's unit and words, which earlier pools' labels leave out)
-    "heldout21": (0.988, 0.851, 0.538),
+    # round 24 (a key line's value changed again, readings of one line as one value): 0.9921 / 0.8563 / 0.6488
+    "heldout21": (0.992, 0.856, 0.648),
     # the twenty-second (measured 0.917 / 0.867 / 0.576), tune side since heldout23: 0.9906 / 0.9829 / 0.7506
     # (cues, a queue in words, a show clock's act, a wind whose gusts appear read as edits the first time they
     # change; labels that take in a value's unit and words)
-    "heldout22": (0.990, 0.982, 0.750),
+    # round 24 (a state with its reason in brackets on its first change): 0.9953 / 0.9911 / 0.8123
+    "heldout22": (0.995, 0.991, 0.812),
+    # the twenty-third (measured 0.923 / 0.787 / 0.477), tune side since heldout24: 0.9859 / 0.9672 / 0.8156
+    # (states and counts in words, a countdown that loses its hours, a crew list that grows, a path and
+    # timings of a dev server's line read as edits the first time they change; a summary the model's
+    # acknowledgement follows; a summary appended to the system text; Apex actions and a Copilot plugin's
+    # functions; labels that take in a value's unit, weekday and target time)
+    "heldout23": (0.985, 0.967, 0.815),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout23), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout24), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -124,7 +137,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22")
+              "heldout22", "heldout23")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -221,7 +234,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout23`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout24`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

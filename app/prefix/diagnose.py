@@ -55,7 +55,8 @@ from app.prefix.realign import LINE_WINDOW, NEAR_WINDOW, Realignment, find_reali
 from app.prefix.sketch import RequestSketch
 from app.prefix.strings import common_prefix_len
 from app.prefix.tool_text import lines_permuted, region_schemas_reordered, tool_change, tools_span
-from app.prefix.value_change import changed_value
+from app.prefix.value_change import before_space, changed_value
+from app.prefix.value_kind import whole_value_start
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
           "question_first", "new_session", "compaction")
@@ -234,7 +235,32 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
     diag = pair.classify(d, d, realign, primary=True)
     if diag.cause not in NOT_A_PROBLEM:  # what follows a new start is not a finding of its own
         diag.secondary = _secondary(pair, diag)
+        if diag.cause == "dynamic_head" and diag.secondary:
+            _one_value_per_line(cur, diag)
     return diag
+
+
+def _one_value_per_line(cur: RequestSketch, diag: Diagnosis) -> None:
+    """Values found one after another in the value of one `key: value` line are that line's value,
+    whole (`Schmelze: 1.496 °C, 1,7 t flüssig`: one value, not a temperature and a secondary
+    weight; round 24): the primary's span becomes the value from after the key to the line's end,
+    and the secondary values inside it go."""
+    first = diag.spans[0] if diag.spans else None
+    if first is None:
+        return
+    text = cur.text
+    line0 = text.rfind("\n", 0, first.start) + 1
+    line1 = text.find("\n", first.start)
+    region = cur.region_at(first.start)
+    end = min(len(text) if line1 < 0 else line1, region.end if region is not None else len(text))
+    inside = [f for f in diag.secondary if f.cause == "dynamic_head" and f.spans
+              and first.end <= f.spans[0].start and f.spans[-1].end <= end]
+    vs = whole_value_start(text[line0:first.start]) if inside else None
+    if vs is None:
+        return
+    end = before_space(text, line0, end)
+    diag.spans = [Span(line0 + vs, end, first.kind, text[line0 + vs:end])] + diag.spans[1:]
+    diag.secondary = [f for f in diag.secondary if not any(f is g for g in inside)]
 
 
 def _secondary(pair: _Pair, diag: Diagnosis) -> list[Finding]:

@@ -92,8 +92,10 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     prompt and tools unchanged, the previous history at least COMPACTED_MIN_MESSAGES long, the
     current one shrunk (`history_shrunk`), and a new message standing in for the rest
     (`summary_stands_in`)."""
-    if prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
+    if prev.tools_canon != cur.tools_canon:
         return False
+    if prev.system_text != cur.system_text:
+        return summary_in_system(prev, cur)
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
     if history_compacted((len(pn), sum(pn), len(cn), sum(cn)), lambda: (
@@ -103,6 +105,25 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return False
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + _prompt_messages(prev.message_keys)))
+
+
+SUMMARY_IN_SYSTEM_CHARS = 64  # a summary appended to the system prompt is this long at least
+
+
+def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """A compaction that appends its summary to the system prompt (a running summary kept there,
+    round 24): the system text is the previous one with text added after it, the previous history
+    (at least COMPACTED_MIN_MESSAGES) is gone but for its newest messages, at most half of it, and
+    a new user message follows. An edited system prompt over a conversation that goes on keeps its
+    history: a `template_change`."""
+    ps, cs = prev.system_text, cur.system_text
+    if ps is None or cs is None or len(cs) - len(ps) < SUMMARY_IN_SYSTEM_CHARS or not cs.startswith(ps):
+        return False
+    pm, cm = _history(prev), _history(cur)
+    if len(pm) < COMPACTED_MIN_MESSAGES or not cm or cm[-1][0] != "user" or (len(cm) - 1) * 2 > len(pm):
+        return False
+    kept = [k for _, k, _ in cm[:-1]]
+    return not kept or [k for _, k, _ in pm[len(pm) - len(kept):]] == kept
 
 
 def _prompt_messages(keys: list[str]) -> int:
@@ -140,12 +161,14 @@ def newest_kept(prev: list[str], cur: list[str], extended: Callable[[int], bool]
         if len(rest) < COMPACTED_MIN_MESSAGES or summary in prev or extended(pinned) \
                 or (not pinned and summary.startswith("assistant:")):
             continue
-        try:
-            dropped = rest.index(cur[pinned + 1])
-        except ValueError:
+        follows = pinned + 1
+        if cur[follows].startswith("assistant:") and cur[follows] not in prev and not summary.startswith("assistant:"):
+            follows += 1  # the model's acknowledgement of the summary (Gemini CLI's "Got it. ..."; round 24)
+        if follows >= len(cur) or cur[follows] not in rest:
             continue
+        dropped = rest.index(cur[follows])
         kept = rest[dropped:]
-        if dropped * 2 > len(rest) and cur[pinned + 1:pinned + 1 + len(kept)] == kept:
+        if dropped * 2 > len(rest) and cur[follows:follows + len(kept)] == kept:
             return True
     return False
 

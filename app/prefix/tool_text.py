@@ -60,7 +60,8 @@ _ENUMERATOR = re.compile(r"^\s*(?:\(\d{1,3}\)|\d{1,3}[.)])\s*")  # `1. `, `2) `,
 _DECLARATION = re.compile(rf"^\s*(?:{_KEYWORDS}|{_JAVA_TYPE}|{_CSHARP_TYPE})[A-Za-z_]\w*\s*\(")
 # a type declared in code (`class WeinSuchen < RubyLLM::Tool`, `struct StartSessionTool: Tool {`,
 # Go's `type SiloStand struct{`)
-_TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|abstract|export|sealed)\s+)*"
+_TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|abstract|export|sealed|global|with|without"
+                               r"|inherited|sharing|virtual|static|data|case)\s+)*"
                                r"(?:class|struct|interface|record|object|protocol|enum|module)\s+[A-Z]\w*"
                                r"|^\s*type\s+[A-Z]\w*\s+(?:struct|interface)\b"  # Go: `type SiloStand struct{`
                                r"|^\s*impl(?:<[^>]*>)?\s+[\w:]+\s+for\s+[A-Z]\w*")  # Rust: `impl Tool for Rufbereitschaft {`
@@ -296,7 +297,7 @@ def _tool_list(obj: Any) -> list[Any] | None:
     itself)."""
     for holder in (obj, obj.get("result") if isinstance(obj, dict) else None):
         if isinstance(holder, dict):
-            for key in ("tools", "function_declarations", "functionDeclarations", "methods"):
+            for key in ("tools", "function_declarations", "functionDeclarations", "methods", "functions"):
                 if isinstance(holder.get(key), list):
                     return holder[key]
             for value in holder.values():  # under another key: a list of named objects that declare parameters

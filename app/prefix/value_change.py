@@ -99,10 +99,16 @@ def token_span(text: str, at: int) -> tuple[int, int]:
 
 
 def url_segment(text: str, start: int, end: int, at: int) -> tuple[int, int]:
-    """The part of a URL token between the `/` before `at` and the next `/`, `?` or `#`."""
+    """The part of a URL token between the `/` before `at` and the next `/`, `?` or `#`; in the
+    host, the label part between the `.` or `-` around `at` (a preview deployment's hash:
+    `app-f9arh59jm-team.vercel.app`; round 24)."""
     seg_start = max(start, text.rfind("/", start, at) + 1)
     stops = [i for i in (text.find(c, at, end) for c in "/?#") if i >= 0]
-    return seg_start, min(stops, default=end)
+    seg_end = min(stops, default=end)
+    if text.startswith("//", seg_start - 2) and text.rfind("//", start, at) == seg_start - 2:  # the host
+        seg_start = max(seg_start, text.rfind(".", seg_start, at) + 1, text.rfind("-", seg_start, at) + 1)
+        seg_end = min([i for i in (text.find(c, at, seg_end) for c in ".-:") if i >= 0], default=seg_end)
+    return seg_start, seg_end
 
 
 _SIGNATURE_VERSION = re.compile(r"(?<![\w,])v\d{1,2},$")
@@ -132,12 +138,55 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
                   stop: int | None = None, earlier_turn: bool = False,
                   edits: set[str] | frozenset[str] = frozenset()) -> ValueChange | None:
     """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
-    key or line), and where it ends in `prev` (`ValueChange`, its span None when one token changed
-    that no rule judged); None when more than one token differs. `stop`: where the message holding
-    `cd` ends (its line ends there, not in the template text after it). `earlier_turn`: `cd` is in
-    a user turn before the last (`turn_value` judges a token there). `edits`: the places
-    (`ValueChange.edit_at`) where a token changed in the tenant's recent requests: a value-like
-    token that changes there again is a per-request value (an edit is made once)."""
+    key or line), and where it ends in `prev` (`ValueChange`, its span None when one token, or a
+    key line's value, changed that no rule judged); None when more than one token differs
+    elsewhere. `stop`: where the message holding `cd` ends (its line ends there, not in the
+    template text after it). `earlier_turn`: `cd` is in a user turn before the last (`turn_value`
+    judges a token there). `edits`: the places (`ValueChange.edit_at`) where something changed in
+    the tenant's recent requests: what changes there again is a per-request value (an edit is made
+    once). A value found here keeps its place too (round 24: a queue's `1 waiting, longest 3:45`
+    read as a value, then `no callers waiting` at the same key)."""
+    change = _changed_value(detector, prev, cur, pd, cd, stop, earlier_turn, edits)
+    if change is None or change.span is None:
+        return change
+    place = change.edit_at or value_place(cur, change.span.start)
+    if place in edits:  # changed here before: the key's value changed, all of it that did
+        change = _whole_line(prev, cur, pd, change.span, change.prev_end, stop) or change
+    return ValueChange(change.span, change.prev_end, place)
+
+
+def _whole_line(prev: str, cur: str, pd: int, span: Span, pend: int, stop: int | None) -> ValueChange | None:
+    """The whole value of the `key: value` line holding `span` when more of it changed after the
+    span and the prompts agree again after the line (`11.6 km S` -> `15.3 km SSW`: one reading,
+    not a number and a secondary finding); None otherwise."""
+    line0 = cur.rfind("\n", 0, span.start) + 1
+    line1 = cur.find("\n", span.start)
+    line1 = len(cur) if line1 < 0 else line1
+    pline0 = prev.rfind("\n", 0, pd) + 1
+    pline1 = prev.find("\n", pd)
+    pline1 = len(prev) if pline1 < 0 else pline1
+    value = _line_value(prev, cur, pline0, pline1, line0, line1, span.start, stop)
+    if value is None or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
+        return None
+    start, end, _, vpend = value
+    if cur[span.end:end] == prev[pend:vpend]:
+        return None
+    return ValueChange(Span(start, end, span.kind, cur[start:end]), vpend)
+
+
+def value_place(text: str, at: int) -> str:
+    """Where a value starting at `at` sits, as a stable key (no text): its key when its line is a
+    `key: value` line (any token of that value changes at the same place), else its line's text
+    before it."""
+    line0 = text.rfind("\n", 0, at) + 1
+    vs = whole_value_start(text[line0:at]) if at - line0 < LINE_SCAN_CHARS else None
+    if vs is not None:
+        at = line0 + vs
+    return span_key("edit", text, max(line0, at - VALUE_WINDOW), at)
+
+
+def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int, stop: int | None,
+                   earlier_turn: bool, edits: set[str] | frozenset[str]) -> ValueChange | None:
     cs, ce = token_span(cur, cd)
     ps, pe = token_span(prev, pd)
     line0 = cur.rfind("\n", 0, cs) + 1
@@ -191,7 +240,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         # more than one token changed: an edit, not a value, unless a key line's whole value changed
         # in a shape values have (`whole_value_change`)
         line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
-        return _whole_value(prev, cur, line_value, pline1, line1) or _status_reading(prev, cur, line_value)
+        return _whole_value(prev, cur, line_value, pline1, line1) or _status_reading(prev, cur, line_value) \
+            or _changed_again(prev, cur, line_value, pline1, line1, edits)
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
     line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
@@ -205,11 +255,15 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         return whole  # a key line's whole value that changed as values do (`whole_value_change`)
     if kind is None and (reading := _status_reading(prev, cur, line_value)) is not None:
         return reading  # one of a status line's readings (`status_readings`)
+    if kind is None and line_value is not None and cur[ce:line_value[1]] != prev[pe:line_value[3]]:
+        # more of the key's value changed after the token (`/outings in 4.0s` -> `/bookings in 2.6s`)
+        return _changed_again(prev, cur, line_value, pline1, line1, edits)
     key = None
     if kind is None:
-        key = span_key("edit", before, 0, len(before))
+        token_key = span_key("edit", before, 0, len(before))
+        key = token_key if line_value is None else value_place(cur, cs)
         old, new = prev[ps:pe], cur[cs:ce]
-        if key not in edits or not ((reads_as_value(old, new) and any(c.isdigit() for c in old + new))
+        if (key not in edits and token_key not in edits) or not ((reads_as_value(old, new) and any(c.isdigit() for c in old + new))
                                      or (old.isalpha() and new.isalpha())):
             return ValueChange(None, pe, key)
         kind = "value"  # changed here again: a value the client writes per request
@@ -246,6 +300,23 @@ def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line
     start, end, pstart, pend = value
     kind = whole_value_change(prev[pstart:pend], cur[start:end])
     return ValueChange(Span(start, end, kind, cur[start:end]), pend) if kind is not None else None
+
+
+def _changed_again(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int,
+                   edits: set[str] | frozenset[str]) -> ValueChange | None:
+    """A `key: value` line's value that changed in more than one token and in no shape a rule
+    judged: a value when something changed at its key in a recent request of the tenant (a dev
+    server's `✓ Compiled /outings in 4.0s (1291 modules)` -> `✓ Compiled /bookings in 2.6s (1280
+    modules)` -> …; round 24), else an edit
+    whose place (`edit_at`) is kept for the next request; None when the prompts do not agree again
+    after the line."""
+    if value is None or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
+        return None
+    start, end, _, pend = value
+    key = value_place(cur, start)
+    if key not in edits:
+        return ValueChange(None, pend, key)
+    return ValueChange(Span(start, end, "value", cur[start:end]), pend, key)
 
 
 def _status_reading(prev: str, cur: str, value: LineValue | None) -> ValueChange | None:

@@ -260,6 +260,8 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()]|:(?=\d)){
 # a state's words: one to four, a small number among them (`returning to base`, `unter Meldestufe 1`,
 # `Stewards' enquiry`)
 _STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,3}")
+# a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
+_STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\))?")
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
 _DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` is no decimal)
@@ -292,7 +294,7 @@ def whole_value_change(old: str, new: str) -> str | None:
     an id drawn again in the same shape (`DE 09 524 46487` -> `DE 09 200 33728`: capitals and
     digits, the same length and separators, two parts or more changed: a `value`). A sentence rewritten is
     none of these, nor a setting's one number (`limit: 15` -> `30`)."""
-    if _STATE_WORDS.fullmatch(old) and _STATE_WORDS.fullmatch(new) and _replaced(old.split(), new.split()) \
+    if _STATE.fullmatch(old) and _STATE.fullmatch(new) and _replaced(old.split(), new.split()) \
             or _CODED.fullmatch(old) and _CODED.fullmatch(new):
         return "flag"
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
@@ -343,7 +345,8 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
         return None
     compass = bool(redrawn) or _beside_compass(gaps_b)
     if not compass and not any(_precise(x.group()) for x in b) and not any(
-            _precise(a[i].group()) or _unit_glued(old, a[i], new, b[i]) for i in changed):
+            _precise(a[i].group()) or _unit_glued(old, a[i], new, b[i]) for i in changed) \
+            and not _counts_redrawn(b, gaps_b, changed):
         return None
     if len(changed) == 1 and not redrawn:  # one reading: the number alone
         return b[changed[0]].start(), b[changed[0]].end(), a[changed[0]].end()
@@ -383,6 +386,23 @@ def _gaps(text: str, numbers: list[re.Match[str]]) -> list[str]:
     return [text[edges[i]:edges[i + 1]] for i in range(0, len(edges), 2)]
 
 
+_COUNTED = re.compile(r"\s[^\W\d_]{2,}")  # a count's noun after it: `33 offen`, `16 frei`
+
+
+def _counts_redrawn(numbers: list[re.Match[str]], gaps: list[str], changed: list[int]) -> bool:
+    """Every count of a status line changed (its names, `P1`, stay) and each counts something
+    named after it (`33 offen, 27 erledigt` -> `31 offen, 29 erledigt`, `P1 Altstadt 16 frei, P2
+    Bahnhof 28 frei`): a tally the client writes again, round 24. A rule's numbers change one at a
+    time or bound a range (`4 to 7 business days`)."""
+    counts = [i for i, n in enumerate(numbers) if n.group()[0].isdigit()]
+    if len(counts) < 2 or changed != counts:
+        return False
+    return all(_COUNTED.match(gaps[i + 1]) and not _RANGE_WORD.match(gaps[i + 1]) for i in counts)
+
+
+_RANGE_WORD = re.compile(r"\s(?:to|bis|and|und|or|oder|of|von|per|pro|je|x|mal)\b", re.IGNORECASE)
+
+
 def _precise(number: str) -> bool:
     """A number written to a reading's precision: decimals or digit groups, three digits or more,
     zero-padded (`07`), a clock off the quarter hours (a rule's hours are round: `open 06:30 to
@@ -419,7 +439,8 @@ def _beside_compass(gaps: list[str]) -> bool:
 
 
 # a state counted in its first word (`1 pending`, `3 offen`) or told in words (`up to date`)
-_COUNTED_STATE = re.compile(r"(?:\d{1,3} )?[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}")
+# (with what it counts in brackets: `no crews out` -> `1 crew (J16 2x)`, round 24)
+_COUNTED_STATE = re.compile(r"(?:\d{1,3} )?[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}(?: \([^()\n]{1,40}\))?")
 
 
 def _counted_state(old: str, new: str) -> bool:
