@@ -247,3 +247,18 @@ def test_a_developer_messages_context_block_is_head_on_both_paths(fingerprinter:
     text, digest = diagnose(sks[0], sks[1]), diagnose_digest(full, sks[1])
     assert text.cause == digest.cause == "dynamic_head"
     assert [s.text for s in digest.spans] == [s.text for s in text.spans] == ["14:41:55"]
+
+
+def test_raised_digits_in_a_changed_head_value_are_diagnosed_on_another_pod() -> None:
+    """A timetable writes its minutes raised (`9¹⁵`): `str.isdigit` holds for them and `int` refuses
+    them. Another pod, diagnosing against the digest, read such a token as a port number and raised
+    (found by heldout24), so the request was recorded nowhere. Two trackers sharing a Store, in turn."""
+    import asyncio
+
+    from bench.diagnosis import _answers
+    from tests.test_diagnosis_cases import SYSTEM_DE, body, conversation
+
+    values = ["Linie 3 um 9¹⁵", "Linie 5 um 9³⁰", "Linie 3 um 9⁴⁵", "Linie 5 um 10⁰⁰"]
+    bodies = [body(f"Nächster Bus Marktplatz: {v}\n{SYSTEM_DE}", t) for v, t in zip(values, conversation(4), strict=True)]
+    answers = asyncio.run(_answers(bodies, Fingerprinter(SegmentTokenizer.load()), 2))
+    assert len(answers) == 4 and all(cause is not None for cause, _, _ in answers[1:])

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -367,3 +368,33 @@ def test_predictions_stay_exact_when_requests_leave_partial_blocks_and_the_repli
     rows = list(hook.predictions)
     assert all(0 < d < len(p) for (_, _, _, d), p in zip(rows[2:], (a, b, a, b), strict=True))  # evicted, not all
     assert [(p, d) for _, _, p, d in rows if p != d] == []
+
+
+def test_a_diagnosis_that_raises_is_counted_apart_and_the_request_still_tracked(fake_upstream_factory, proxy_factory,
+                                                                              monkeypatch) -> None:
+    """Through the gateway: a break whose diagnosis raises (a bug of ours) is served, counted in
+    prefixgate_observation_errors_total{stage="diagnosis"} (not as a lost `prefix` observation:
+    the request is recorded, undiagnosed), and the tenant keeps both requests."""
+    from fake_upstream import FakeResponse
+
+    from app.prefix import tracker as tracker_module
+    from tests.test_fuzz_upstream import ANSWERS
+
+    def broken(*args, **kwargs):
+        raise ValueError("a diagnosis bug")
+
+    monkeypatch.setattr(tracker_module, "diagnose", broken)
+    upstream = fake_upstream_factory(lambda req: FakeResponse(headers={"content-type": "application/json"},
+                                                              chunks=[(0.0, ANSWERS[("chat", False)])]))
+    proxy = proxy_factory(upstream.url)
+    policy = "".join(f"Rule {i}: answer from the handbook and cite the section.\n" for i in range(20))
+    for head in ("Edition 1.", "Edition 2."):
+        got = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10, headers={"x-tenant-id": "acme"}, json={
+            "model": "fake", "max_tokens": 4, "messages": [{"role": "system", "content": head + "\n" + policy},
+                                                           {"role": "user", "content": "Where is my order?"}]})
+        assert got.status_code == 200
+    proxy.drain()
+    assert proxy.sample("prefixgate_observation_errors_total", stage="diagnosis") == 1
+    assert proxy.sample("prefixgate_observation_errors_total", stage="prefix") in (None, 0)
+    records = asyncio.run_coroutine_threadsafe(proxy.services.store.history_recent("acme", 8), proxy.server.loop).result()
+    assert len(records) == 2 and records[-1].get("diagnosed") is False

@@ -291,3 +291,26 @@ async def test_a_continuing_conversation_is_not_diagnosed_and_a_break_is_off_the
     assert obs.diagnosis is not None and obs.diagnosis.cause == "template_change"
     assert tr.diagnoses == 1 and threads and all(t.startswith("prefixgate-diagnose") for t in threads)
     assert threading.current_thread().name not in threads
+
+
+@pytest.mark.parametrize("repeat", [1, 40])  # 40: a prompt pair diagnosed in the diagnosis thread
+async def test_a_diagnosis_that_raises_leaves_the_request_recorded_undiagnosed(monkeypatch, caplog, repeat: int) -> None:
+    """A bug in the diagnosis (it raised on a prompt it was not written for) costs that request its
+    cause, never its record: the continuity and the chain are kept, the record says `diagnosed:
+    false`, the failure is counted, and the log names where it raised without the exception's
+    message (which may quote the prompt)."""
+    from app.prefix import tracker as tracker_module
+
+    def broken(*args, **kwargs):
+        raise ValueError("invalid literal for int(): 'SECRET-PROMPT-TEXT'")
+
+    monkeypatch.setattr(tracker_module, "diagnose", broken)
+    store = MemoryStore()
+    tr = TenantTracker(store)
+    await tr.observe("t", chain(0, 20, 1), _chat_sketch(POLICY * repeat, "first question"), 16)
+    obs = await tr.observe("t", [7] + chain(1, 20, 1), _chat_sketch("Edited. " + POLICY * repeat, "first question"), 16)
+    assert obs.diagnosis is None and obs.continuity == 0.0
+    records = await store.history_recent("t", 8)
+    assert len(records) == 2 and records[-1]["diagnosed"] is False
+    assert tr.diagnoses_failed == 1
+    assert "ValueError" in caplog.text and "SECRET-PROMPT-TEXT" not in caplog.text

@@ -53,7 +53,7 @@ def request_id_from(headers: dict[str, str]) -> str:
 async def read_body(scope: dict[str, Any], receive: Any, headers: dict[str, str], limit: int) -> bytes:
     """The whole request body; ProxyError(413) as soon as it exceeds `limit` bytes."""
     declared = headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise await _too_large(receive, f"request body of {declared} bytes exceeds the limit of {limit} bytes")
     parts: list[bytes] = []
     size = 0

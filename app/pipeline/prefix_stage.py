@@ -125,6 +125,7 @@ class PrefixStage:
         # the index may hold chains this process never walked: their next turns must not route blind
         self.blind_wait_s = settings.prefix.blind_wait_ms / 1000.0 if shared_index and self.router_looks_up else 0.0
         self._evictions_seen = 0
+        self._failures_seen = 0  # tracker.diagnoses_failed counted so far
         self._system_first: bool | None = None  # system_first(), once probed
         self.processed = 0  # requests fully processed after their response (tests poll it)
         # (request id, tenant, predicted, engine-reported) of recent requests: for audits and tests
@@ -440,6 +441,10 @@ class PrefixStage:
         if evicted > 0:
             self.metrics.tenant_evictions.inc(evicted)
             self._evictions_seen += evicted
+        failed = self.tracker.diagnoses_failed - self._failures_seen
+        if failed > 0:  # the request was recorded undiagnosed: a bug of ours, logged where it raised
+            self.metrics.observation_errors.labels("diagnosis").inc(failed)
+            self._failures_seen += failed
         if state is not None:
             state.observation = obs
         self.processed += 1

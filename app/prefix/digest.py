@@ -355,7 +355,7 @@ def _dates_of(digest: RequestDigest, tag: str, index: int) -> list[int]:
     """The day numbers `_unit_dates` kept for a unit of the digest's request (none: [])."""
     prefix = f"{tag}{index}:"
     entry = next((e for e in digest.dates if e.startswith(prefix)), "")
-    return [int(x) for x in entry[len(prefix):].split(",") if x.isdigit()]
+    return [int(x) for x in entry[len(prefix):].split(",") if x.isdecimal()]
 
 
 def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: int,

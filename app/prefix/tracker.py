@@ -22,9 +22,12 @@ it diagnoses it against the same request (docs/diagnosis.md); /hygiene reads onl
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import os
 import secrets
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +43,8 @@ from app.prefix.digest import RequestDigest, diagnose_digest
 from app.prefix.history_shape import compacted
 from app.prefix.runs import RUN_BYTES, RunTree, joined
 from app.prefix.sketch import RequestSketch, sketch_bytes
+
+log = logging.getLogger("prefixgate.prefix")
 
 SAMPLE_POINTS = 24
 PAST_RECORDS = 16  # Store records read per request: the tenant's recent conversations, from every pod
@@ -183,6 +188,7 @@ class TenantTracker:
         self._diagnosing = 0  # diagnoses queued or running (DIAGNOSE_QUEUE)
         self.diagnoses = 0  # diagnoses run
         self.diagnoses_skipped = 0  # breaks recorded undiagnosed: the queue was full
+        self.diagnoses_failed = 0  # breaks recorded undiagnosed: the diagnosis raised (a bug of ours)
         self.pod = secrets.token_hex(4)  # names this tracker's records, so it knows which it holds texts of
 
     @property
@@ -310,26 +316,34 @@ class TenantTracker:
         if newest is None:
             return True
         pod, _, seq = str(newest.get("rid") or "").partition(":")
-        return pod == self.pod and seq.isdigit() and int(seq) <= best_seq
+        return pod == self.pod and seq.isdecimal() and int(seq) <= best_seq
 
     async def _run_diagnosis(self, call: partial, sketch: RequestSketch, matched: int, block_size: int,
                              prev: RequestSketch | None) -> tuple[Diagnosis, dict[str, Any]] | None:
         """The diagnosis and the record fields of a break: inline for a small prompt pair, else in
         the diagnosis thread (off the event loop); None when DIAGNOSE_QUEUE diagnoses are already
-        waiting there (counted, not queued)."""
-        if len(sketch.text) + (len(prev.text) if prev is not None else 0) <= INLINE_DIAGNOSE_CHARS:
-            return self._diagnose_and_describe(call, sketch, matched, block_size, prev)
-        if self._diagnosing >= DIAGNOSE_QUEUE:
-            self.diagnoses_skipped += 1
-            return None
-        if self._diagnose_pool is None:
-            self._diagnose_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixgate-diagnose")
-        self._diagnosing += 1
+        waiting there (counted, not queued), or when the diagnosis raised: the request is still
+        recorded (its continuity and chain kept), undiagnosed."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(
-                self._diagnose_pool, self._diagnose_and_describe, call, sketch, matched, block_size, prev)
-        finally:
-            self._diagnosing -= 1
+            if len(sketch.text) + (len(prev.text) if prev is not None else 0) <= INLINE_DIAGNOSE_CHARS:
+                return self._diagnose_and_describe(call, sketch, matched, block_size, prev)
+            if self._diagnosing >= DIAGNOSE_QUEUE:
+                self.diagnoses_skipped += 1
+                return None
+            if self._diagnose_pool is None:
+                self._diagnose_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixgate-diagnose")
+            self._diagnosing += 1
+            try:
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._diagnose_pool, self._diagnose_and_describe, call, sketch, matched, block_size, prev)
+            finally:
+                self._diagnosing -= 1
+        except Exception as exc:  # noqa: BLE001 - a diagnosis bug must not lose the request's record
+            self.diagnoses_failed += 1
+            frame = traceback.extract_tb(exc.__traceback__)[-1]  # where, never the message (it may quote the prompt)
+            log.error("diagnosis failed: %s at %s:%s; the request is recorded undiagnosed",
+                      type(exc).__name__, os.path.basename(frame.filename), frame.lineno)
+            return None
 
     def _diagnose_and_describe(self, call: partial, sketch: RequestSketch, matched: int, block_size: int,
                                prev: RequestSketch | None) -> tuple[Diagnosis, dict[str, Any]]:
@@ -371,7 +385,7 @@ class TenantTracker:
         if target is not None:
             rid = str(target.get("rid") or "")
             pod, _, seq = rid.partition(":")
-            local = state.sketches.get(int(seq)) if pod == self.pod and seq.isdigit() else None
+            local = state.sketches.get(int(seq)) if pod == self.pod and seq.isdecimal() else None
             if local is not None:
                 return partial(diagnose, local, sketch, **kw)
             digest = RequestDigest.from_record(target.get("digest"))  # parsed only when needed
@@ -401,7 +415,7 @@ class TenantTracker:
         candidates = [newest, *(r for r in records if r is not newest and r.get("rid") == through_match)]
         for rec in candidates:
             pod, _, seq = str(rec.get("rid") or "").partition(":")
-            prev = state.sketches.get(int(seq)) if pod == self.pod and seq.isdigit() else None
+            prev = state.sketches.get(int(seq)) if pod == self.pod and seq.isdecimal() else None
             if prev is not None and compacted(prev, sketch):
                 return rec
         return found

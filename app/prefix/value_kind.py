@@ -165,7 +165,7 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if _WEEK_NUMBER.fullmatch(new) and _WEEK_NUMBER.fullmatch(old) and _WEEK_KEY.search(line_prefix) \
             and int(new.split("/")[0]) <= 53:
         return "week"  # `KW 46`, `KW 46/2026`
-    if new.isdigit() and old.isdigit() and 1024 <= int(new) <= 65535 and _PORT_BEFORE.search(line_prefix):
+    if new.isdecimal() and old.isdecimal() and 1024 <= int(new) <= 65535 and _PORT_BEFORE.search(line_prefix):
         return "port"
     a, b = _HOST_PORT.fullmatch(old), _HOST_PORT.fullmatch(new)
     if a and b and a.group(1) == b.group(1) and (a.group(2) != b.group(2) or old == new):
@@ -408,7 +408,7 @@ def _precise(number: str) -> bool:
     zero-padded (`07`), a clock off the quarter hours (a rule's hours are round: `open 06:30 to
     20:00`)."""
     if ":" in number:
-        return not number.rsplit(":", 1)[1].isdigit() or int(number.rsplit(":", 1)[1]) % 15 != 0
+        return not number.rsplit(":", 1)[1].isdecimal() or int(number.rsplit(":", 1)[1]) % 15 != 0
     return "." in number or "," in number or len(number) >= 3 or (len(number) >= 2 and number[0] == "0")
 
 
