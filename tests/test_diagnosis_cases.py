@@ -1420,3 +1420,102 @@ def test_a_rule_appended_to_the_system_prompt_over_a_conversation_that_goes_on_i
     bodies = [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None),
               Gen.body(CODER + rule, more, None, None)]
     assert causes(fpr, bodies) == [None, "template_change"]
+
+
+# ------------------------------------------------------------------ round 25
+WP_ABILITIES = [
+    f"\twp_register_ability(\n\t\t'northwind/{slug}',\n\t\tarray(\n\t\t\t'label'       => __( '{label}', 'northwind' ),\n"
+    f"\t\t\t'description' => __( '{text}', 'northwind' ),\n\t\t)\n\t);\n"
+    for slug, label, text in [("lookup-order", "Lookup order", "Find an order by number."),
+                              ("create-return", "Create return", "Open a return for an order."),
+                              ("track-shipment", "Track shipment", "Tracking events of a parcel."),
+                              ("update-address", "Update address", "Change the delivery address.")]]
+JULIA_TOOLS = [
+    f'"""\n    {name}({args})\n\n{text}\n"""\n{name}({args}) = ShopAPI.{name}(; {names})\n'
+    for name, args, names, text in [("lookup_order", "number::String", "number", "Find an order by number."),
+                                    ("create_return", "number::String, reason::String", "number, reason",
+                                     "Open a return for an order."),
+                                    ("track_shipment", "tracking_id::String", "tracking_id", "Tracking events of a parcel."),
+                                    ("readdress", "number::String, address::String", "number, address",
+                                     "Change the delivery address.")]]
+
+
+@pytest.mark.parametrize("form", ["wordpress-abilities", "julia-functions"])
+def test_tools_registered_by_a_namespaced_name_or_defined_in_one_line_in_another_order(fpr, form: str) -> None:
+    """Abilities registered by a quoted `plugin/ability` name alone on its line (WordPress's
+    Abilities API), and functions defined in one line by assignment after their docstring (Julia,
+    PromptingTools.jl), moved as wholes: a tool order (round 25)."""
+    entries = WP_ABILITIES if form == "wordpress-abilities" else JULIA_TOOLS
+    assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_summary_as_a_system_message_before_the_system_prompt_is_a_compaction(fpr) -> None:
+    """A `[Summary: …]` system message put before the system prompt, the newest exchange kept and
+    the conversation gone on (SillyTavern's summary): a compaction (round 25)."""
+    msgs = agent_history(6)
+    summary = {"role": "system", "content": "[Summary: the invoice module is migrated and its tests pass; "
+                                            "the credit notes are next, in the same way.]"}
+    later = [{"role": "assistant", "content": "Reply 7: the invoice tests pass now."},
+             {"role": "user", "content": "Then migrate the credit notes the same way."}]
+    after = [{"role": "system", "content": CODER}, *msgs[-1:], *later]
+    bodies = [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None),
+              {**Gen.body(CODER, after[1:], None, None), "messages": [summary, *after]}]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_system_message_added_before_the_prompt_over_a_conversation_that_goes_on_is_a_template_change(fpr) -> None:
+    """A system message put before the system prompt while the whole history is sent on: an edit."""
+    msgs = agent_history(6)
+    note = {"role": "system", "content": "Note for this deployment: never push to the main branch; open a pull request."}
+    more = [*msgs, {"role": "assistant", "content": "Reply 7: the invoice tests pass now."},
+            {"role": "user", "content": "Then migrate the credit notes the same way."}]
+    bodies = [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None),
+              {**Gen.body(CODER, more, None, None), "messages": [note, {"role": "system", "content": CODER}, *more]}]
+    assert causes(fpr, bodies) == [None, "template_change"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    # one reading with its words: signed, or to two decimals
+    ("Level at the outfall: {} on the gauge board, falling", ["+12 mm", "-4 mm", "+7 mm"]),
+    ("Drained since 05:30: {} Ml to the river", ["1.27", "1.64", "1.91"]),  # a clock in the key
+    # nothing to count, then counts
+    ("Lift queue: {}", ["no one waiting", "2 waiting upstairs, 1 below", "no one waiting"]),
+])
+def test_one_reading_or_counts_after_nothing_on_their_first_change_are_values(fpr, line: str, values: list[str]) -> None:
+    """Round 25: a key's one reading, signed or to two decimals, and counts that replace a state in
+    words, are values on their first change."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+
+
+@pytest.mark.parametrize(("line", "old", "new"), [
+    ("Pallets per bay: {} on the floor, none stacked", "1,500", "1,200"),  # `1,500`: thousands, unsigned
+])
+def test_a_settings_one_number_among_words_stays_an_edit(fpr, line: str, old: str, new: str) -> None:
+    """One number changed among words that stay, unsigned and in thousands (not two decimals): a rule's."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip([old, new], conversation(2), strict=True)]
+    assert causes(fpr, bodies) == ["template_change"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Mission clock: {}", ["2026-278 11:51:55 BST", "2026-278 11:59:41 BST", "2026-278 12:11:13 BST"]),  # ISO ordinal, a space
+    ("Session cookie expires {}", ["Sat, 25-Apr-2026 23:50:06 GMT", "Sat, 25-Apr-2026 23:50:32 GMT",
+                                   "Sun, 26-Apr-2026 00:01:10 GMT"]),  # PHP's setcookie, a four-digit year
+])
+def test_timestamps_in_round_25s_forms_are_found_whole(fpr, line: str, values: list[str]) -> None:
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_a_value_found_again_wider_in_its_key_line_is_one_value(fpr) -> None:
+    """A number of a key line's value found first, then the line's whole value found from the same
+    place as a secondary value: one value, the line's (round 25; round 24 merged only values found
+    one after another)."""
+    values = ["418 of 2,250 at the gates (19%)", "655 of 2,250 at the gates (29%)", "1,020 of 2,250 at the gates (45%)"]
+    bodies = [body(f"Tickets scanned: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [(r["cause"], r["spans"], r["secondary"]) for r in got] == [("dynamic_head", [values[1]], []),
+                                                                     ("dynamic_head", [values[2]], [])]

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout24` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout25` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -69,7 +69,8 @@ FLOORS = {
     # (a voice agent's expressions as a list of words, number plates, pH, a fuel gauge in eighths, the
     # runway in use, an ATIS letter, Erlang pids and references the first time they change; spans
     # of a GS1 SSCC's `(00)`, OPC UA's `ns=1;g=`, a Kafka `topic-3@offset`)
-    "heldout14": (0.976, 0.962, 0.831),
+    # round 25 (one reading with a sign or two decimals on its first change): 0.9781 / 0.9642 / 0.8347
+    "heldout14": (0.978, 0.964, 0.834),
     # the fifteenth (measured 0.948 / 0.926 / 0.703), tune side since heldout16: 0.9903 / 0.9829 / 0.9626
     # since round 19 (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
     # each the first time it changes; `12 von 18` read as `12`)
@@ -79,7 +80,8 @@ FLOORS = {
     # since round 21 (counters after a key the first time they change, callers' numbers in E.164, a Booking.com
     # number, a pair `90 / 30`; distances without their bearing, `45 / 15` read as `45`)
     # round 24 (a key line's value changed again at its key; a distance with its bearing whole): 0.9905 / 0.9830 / 0.9442
-    "heldout16": (0.990, 0.983, 0.944),
+    # round 25: 0.9921 / 0.9857 / 0.9468
+    "heldout16": (0.992, 0.985, 0.946),
     # the seventeenth (measured 0.951 / 0.930 / 0.752), tune side since heldout18: 0.9796 / 0.9665 / 0.9362
     # since round 19 (counters and a storage bin read as edits the first time they change, an option symbol, a
     # balance's `$`, an antenna's AZ/EL)
@@ -111,25 +113,34 @@ FLOORS = {
     # a wind's gusts, a departure's clock range, counts of one small integer read as edits the first time they
     # change; labels that take in a value's unit and words, which earlier pools' labels leave out)
     # round 24 (a key line's value changed again, readings of one line as one value): 0.9921 / 0.8563 / 0.6488
-    "heldout21": (0.992, 0.856, 0.648),
+    # round 25 (a value found again, wider, at its key: the line's value): 0.9921 / 0.8563 / 0.6523
+    "heldout21": (0.992, 0.856, 0.652),
     # the twenty-second (measured 0.917 / 0.867 / 0.576), tune side since heldout23: 0.9906 / 0.9829 / 0.7506
     # (cues, a queue in words, a show clock's act, a wind whose gusts appear read as edits the first time they
     # change; labels that take in a value's unit and words)
     # round 24 (a state with its reason in brackets on its first change): 0.9953 / 0.9911 / 0.8123
-    "heldout22": (0.995, 0.991, 0.812),
+    # round 25: 0.9953 / 0.9911 / 0.8294
+    "heldout22": (0.995, 0.991, 0.829),
     # the twenty-third (measured 0.923 / 0.787 / 0.477), tune side since heldout24: 0.9859 / 0.9672 / 0.8156
     # (states and counts in words, a countdown that loses its hours, a crew list that grows, a path and
     # timings of a dev server's line read as edits the first time they change; a summary the model's
     # acknowledgement follows; a summary appended to the system text; Apex actions and a Copilot plugin's
     # functions; labels that take in a value's unit, weekday and target time)
-    "heldout23": (0.985, 0.967, 0.815),
+    # round 25: 0.9859 / 0.9672 / 0.8225
+    "heldout23": (0.985, 0.967, 0.822),
+    # the twenty-fourth (measured 0.919 / 0.653 / 0.550), tune side since heldout25: 0.9380 / 0.6960 / 0.6268
+    # (29 values in a `document` content part of a chat message, which vLLM refuses and the gateway does not
+    # render, labelled as if an engine saw them change; Zed's new thread from a summary read as a new
+    # conversation; a timetable's raised minutes, pytest's summary line gaining a count, a kiln car's number
+    # read as edits the first time they change)
+    "heldout24": (0.937, 0.696, 0.626),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout24), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout25), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -137,7 +148,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23")
+              "heldout22", "heldout23", "heldout24")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -235,7 +246,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout24`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout25`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -243,8 +243,9 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
 def _one_value_per_line(cur: RequestSketch, diag: Diagnosis) -> None:
     """Values found one after another in the value of one `key: value` line are that line's value,
     whole (`Schmelze: 1.496 °C, 1,7 t flüssig`: one value, not a temperature and a secondary
-    weight; round 24): the primary's span becomes the value from after the key to the line's end,
-    and the secondary values inside it go."""
+    weight; round 24; or the value again, wider: `1:56.160` then `1:56.160 (car 31)`, round 25): the
+    primary's span becomes the value from after the key to the line's end, and the secondary values
+    inside it go."""
     first = diag.spans[0] if diag.spans else None
     if first is None:
         return
@@ -254,7 +255,7 @@ def _one_value_per_line(cur: RequestSketch, diag: Diagnosis) -> None:
     region = cur.region_at(first.start)
     end = min(len(text) if line1 < 0 else line1, region.end if region is not None else len(text))
     inside = [f for f in diag.secondary if f.cause == "dynamic_head" and f.spans
-              and first.end <= f.spans[0].start and f.spans[-1].end <= end]
+              and first.start <= f.spans[0].start and f.spans[-1].end <= end]
     vs = whole_value_start(text[line0:first.start]) if inside else None
     if vs is None:
         return

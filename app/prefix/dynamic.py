@@ -132,7 +132,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # a weekday before a numeric date belongs to it (Windows' `%date% %time%`: `Thu 10/14/2026  6:58:06.02`;
     # RFC 850's `Wednesday, 06-Nov-26 14:15:26 GMT`), so a day that moves on changes the span's own text
     ("date", _named(rf"(?i)\b(?:{_WEEKDAYS})\.?,?\s+(?:{_MON}/{_DAY}/{_YEAR}|{_DAY}\.{_MON}\.{_YEAR}|{_YEAR}-{_MON}-{_DAY}|"
-                    rf"{_DAY}-{_MON_ABBR}-\d{{2}})\b(?:,?\s*{_TIME}(?:\s?GMT)?)?")),
+                    rf"{_DAY}-{_MON_ABBR}-(?:{_YEAR}|\d{{2}}))\b(?:,?\s*{_TIME}(?:\s?GMT)?)?")),  # PHP's cookie `-2026` too
     # an ISO date with its weekday in brackets after it (`2026-09-05 (Sat)`)
     ("date", _named(rf"(?i)\b{_YEAR}-{_MON}-{_DAY} \((?:{_WEEKDAYS})\.?\)")),
     # a weekday and a day and month without a year (`Fri 16/01`, `Dienstag, 9.1.`): a shift plan's or a rota's day
@@ -207,6 +207,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # `2026-036T07:06:34.627Z`), a clock in dotted hours and minutes with am or pm (`11.32am`)
     ("timestamp", rf"\b{_YEAR}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])-(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{{1,9}})?\b"),
     ("timestamp", rf"\b{_YEAR}-(?:[0-2]\d\d|3[0-5]\d|36[0-6])T(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d(?:\.\d{{1,9}})?)?Z?"),
+    ("timestamp", rf"\b{_YEAR}-(?:[0-2]\d\d|3[0-5]\d|36[0-6])\s{_TIME}"),  # the ordinal date, a space, the clock (round 25)
     ("time", r"(?<![\w.:/-])(?:0?[1-9]|1[0-2])\.[0-5]\d\s?(?:am|pm)\b"),
     # a BEAM process's, port's or reference's inspect form (Elixir's `#PID<0.37766.0>`), whole
     ("instance", r"#(?:PID|Port)<\d+(?:\.\d+){2}>"),

@@ -111,19 +111,34 @@ SUMMARY_IN_SYSTEM_CHARS = 64  # a summary appended to the system prompt is this 
 
 
 def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
-    """A compaction that appends its summary to the system prompt (a running summary kept there,
-    round 24): the system text is the previous one with text added after it, the previous history
-    (at least COMPACTED_MIN_MESSAGES) is gone but for its newest messages, at most half of it, and
-    a new user message follows. An edited system prompt over a conversation that goes on keeps its
-    history: a `template_change`."""
+    """A compaction that keeps its summary with the system prompt (round 24): appended to it (a
+    running summary kept there), or as a system message of its own before it (SillyTavern's
+    `[Summary: …]`, round 25); the previous history (at least COMPACTED_MIN_MESSAGES) is gone but
+    for its newest messages (at most half of it), the current history is short (half the previous
+    one's messages, and its new user message), and it ends with a user message. An edited system prompt over a conversation that goes on keeps its history: a
+    `template_change`."""
     ps, cs = prev.system_text, cur.system_text
-    if ps is None or cs is None or len(cs) - len(ps) < SUMMARY_IN_SYSTEM_CHARS or not cs.startswith(ps):
+    if ps is None or cs is None:
         return False
-    pm, cm = _history(prev), _history(cur)
-    if len(pm) < COMPACTED_MIN_MESSAGES or not cm or cm[-1][0] != "user" or (len(cm) - 1) * 2 > len(pm):
+    appended = len(cs) - len(ps) >= SUMMARY_IN_SYSTEM_CHARS and cs.startswith(ps)
+    if not appended and not (len(cs) >= SUMMARY_IN_SYSTEM_CHARS and ps in _leading_system_texts(cur)[1:]):
         return False
-    kept = [k for _, k, _ in cm[:-1]]
-    return not kept or [k for _, k, _ in pm[len(pm) - len(kept):]] == kept
+    pm, cm = [k for _, k, _ in _history(prev)], _history(cur)
+    if len(pm) < COMPACTED_MIN_MESSAGES or not cm or cm[-1][0] != "user":
+        return False
+    ck = [k for _, k, _ in cm]
+    kept = next((n for n in range(min(len(ck), len(pm)), 0, -1) if ck[:n] == pm[len(pm) - n:]), 0)
+    return kept * 2 <= len(pm) and (len(ck) - 1) * 2 <= len(pm)
+
+
+def _leading_system_texts(sk: RequestSketch) -> list[str]:
+    """The texts of the system and developer messages that open the prompt, in order."""
+    out = []
+    for region in sk.regions:
+        if region.role not in ("system", "developer") or region.index != len(out):
+            break
+        out.append(sk.text[region.start:region.end])
+    return out
 
 
 def _prompt_messages(keys: list[str]) -> int:

@@ -71,7 +71,7 @@ _CALL_NAMED = re.compile(rf"""^\s*(?:\.|new\s+)?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*
 # a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`);
 # indented alone, a command's name as a help lists it (Django's `manage.py help`, `npm run`'s `  db:seed`);
 # a name with a separator alone on a line (a skill's `<name>` tag on lines of its own: `schneeprofil-auswerten`)
-_LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$"""
+_LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*(?:/[A-Za-z_][\w.-]*)?["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$"""
                         r"""|^\s+[a-z][a-z0-9]*(?:[_:-][a-z0-9]+)*\s*$|^[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+$""")
 _NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*name\s*(?::\s*[^=\n]{{1,30}})?[:=]\s*["']{_NAME}["']""")
 # a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
@@ -183,12 +183,18 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
 _FUNCTION_MEMBER = re.compile(r"^\s*(?:readonly\s+)?[A-Za-z_$][\w$]*\??\s*:\s*\(\s*(?:[A-Za-z_$][\w$]*\??\s*:|\))")
 
 
+# a function defined in one line by assignment (Julia's `api_logs(; lines=nothing) = SiteAPI.api_logs(; lines)`,
+# the form PromptingTools.jl's tools take; round 25)
+_SHORT_DEFINITION = re.compile(r"^[a-z_][\w!]*\([^()\n]*(?:\([^()\n]*\)[^()\n]*)*\)\s*=\s*\S")
+
+
 def declares_name(line: str) -> bool:
     """Does a line name a tool as code or markup does (a tag holding the name, a name key, a
     declaration of a function or a type, `let name = "x"`, a call given the name first)?"""
     return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
                 or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
-                or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line))
+                or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line)
+                or _SHORT_DEFINITION.match(line))
 
 
 def _shape(line: str) -> str:

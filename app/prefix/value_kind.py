@@ -333,6 +333,8 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     if _DATED.search(old) or _DATED.search(new):
         return None
     a, b = list(_STATUS_NUMBER.finditer(old)), list(_STATUS_NUMBER.finditer(new))
+    if len(a) == len(b) == 1 and _one_reading(old, a[0], new, b[0]):
+        return b[0].start() - (new[b[0].start() - 1:b[0].start()] in ("+", "-", "±")), b[0].end(), a[0].end()
     if len(a) != len(b) or len(a) < 2:
         return None
     gaps_a, gaps_b = _gaps(old, a), _gaps(new, b)
@@ -353,6 +355,23 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     if not any(c.isalpha() for g in gaps_b[:-1] for c in g):  # numbers sharing one unit (`9,0 / 4,0 bar`): the numbers
         return b[0].start(), b[-1].end(), a[-1].end()
     return 0, len(new), len(old)  # readings redrawn together: the value, whole
+
+
+def _one_reading(old: str, a: re.Match[str], new: str, b: re.Match[str]) -> bool:
+    """A key's value that is one reading with its words (`1.33 Ml` -> `1.58 Ml`, `+5 mm on weir crest,
+    rising` -> `+16 mm …`; round 25): the words the same, the number changed, written with a sign
+    (which may change) or to two decimals on both sides (a measurement's deviation, a meter's
+    reading). A setting's number is unsigned and round (`Max load: 2.5 t per axle` -> `3.0 t`)."""
+    sa, sb = _signed(old, a.start()), _signed(new, b.start())
+    if a.group() == b.group() or old[:a.start() - sa] != new[:b.start() - sb] or old[a.end():] != new[b.end():] \
+            or not (a.group()[0].isdigit() and b.group()[0].isdigit()) or _priced(new, b):
+        return False
+    return (sa and sb) or all(re.fullmatch(r"\d+[.,]\d\d", n) for n in (a.group(), b.group()))  # `1,500`: thousands
+
+
+def _signed(text: str, at: int) -> int:
+    """1 when the number at `at` has its own sign (`+5`, `-4`, `±2`: after a space or the start), else 0."""
+    return int(at >= 1 and text[at - 1] in "+-±" and (at == 1 or not text[at - 2].isalnum()))
 
 
 def reads_as_status(value: str) -> bool:
@@ -446,10 +465,17 @@ _COUNTED_STATE = re.compile(r"(?:\d{1,3} )?[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3
 def _counted_state(old: str, new: str) -> bool:
     """A state one side of which opens with a count and whose words changed (`1 pending` ->
     `up to date`): the words kept and the count changed is a setting's (`2 per call` -> `3 per call`)."""
+    if _NO_COUNT.fullmatch(old) and _COUNTS.fullmatch(new) or _NO_COUNT.fullmatch(new) and _COUNTS.fullmatch(old):
+        return True  # nothing to count, then counts (`no boats waiting` -> `1 boat waiting below, 0 above`; round 25)
     if not (_COUNTED_STATE.fullmatch(old) and _COUNTED_STATE.fullmatch(new)):
         return False
     words = [w for w in old.split() if not w.isdigit()], [w for w in new.split() if not w.isdigit()]
     return (old[0].isdigit() or new[0].isdigit()) and not set(words[0]) & set(words[1])
+
+
+_NO_COUNT = re.compile(r"[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}")  # a state in words only
+# counts of named things, two or more (`1 boat waiting below, 0 above`, `2 open, 1 closed`)
+_COUNTS = re.compile(r"\d{1,3} [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}(?:, \d{1,3}(?: [^\W\d_]{1,16}){1,4})+")
 
 
 def _replaced(old: list[str], new: list[str]) -> bool:
