@@ -1519,3 +1519,82 @@ def test_a_value_found_again_wider_in_its_key_line_is_one_value(fpr) -> None:
     got = run(fpr, bodies)
     assert [(r["cause"], r["spans"], r["secondary"]) for r in got] == [("dynamic_head", [values[1]], []),
                                                                      ("dynamic_head", [values[2]], [])]
+
+
+# ------------------------------------------------------------------ round 26
+MATLAB_TOOLS = [f'% {n}\nf = openAIFunction("{n}", "{d}");\nf = addParameter(f, "{p}", type="string");\ntools(end+1) = f;\n'
+                for n, d, p in [("lookup_order", "Find an order by number.", "number"),
+                                ("create_return", "Open a return for an order.", "number"),
+                                ("track_shipment", "Tracking events of a parcel.", "tracking_id"),
+                                ("update_address", "Change the delivery address.", "address")]]
+WOLFRAM_TOOLS = [f'  LLMTool[\n    {{"{n}", "{d}"}},\n    {{"{p}" -> <|"Interpreter" -> "String", "Required" -> True|>}},\n'
+                 f'    ShopTools`{n}\n  ],'
+                 for n, d, p in [("lookup_order", "Find an order by number.", "number"),
+                                 ("create_return", "Open a return for an order.", "number"),
+                                 ("track_shipment", "Tracking events of a parcel.", "tracking_id"),
+                                 ("update_address", "Change the delivery address.", "address")]]
+
+
+@pytest.mark.parametrize("form", ["matlab-functions", "wolfram-llmtools"])
+def test_tools_built_by_an_assigned_call_or_a_named_brace_list_in_another_order(fpr, form: str) -> None:
+    """Tools built by a call assigned to a variable with the name first (MATLAB's `f =
+    openAIFunction("name", …)`), or declared by a brace list that opens with the quoted name
+    (Wolfram's `LLMTool[{"name", "…"}, …]`), moved as wholes: a tool order (round 26)."""
+    entries = MATLAB_TOOLS if form == "matlab-functions" else WOLFRAM_TOOLS
+    assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    # a possessive key: its apostrophe belongs to the key
+    ("Today's call: {}", ["NO SAILING", "SAILING AS PLANNED", "NO SAILING"]),
+    # a state with its detail after a comma
+    ("Swing bridge: {}", ["open to road traffic", "closed, boats passing through", "open to road traffic"]),
+])
+def test_a_state_after_a_possessive_key_or_with_its_detail_is_a_value_on_its_first_change(fpr, line: str,
+                                                                                           values: list[str]) -> None:
+    """Round 26: a key in the possessive (`Today's call:`) is a key, and a state may carry its detail
+    after a comma: values on their first change, whole."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Report filed {}", ["031415Z MAR 27", "031622Z MAR 27", "040807Z MAR 27"]),  # a military date-time group
+    ("Last backup: {} ago", ["2 h 41 min", "2 h 58 min", "3 h 12 min"]),  # hours and minutes, not a clock
+])
+def test_a_date_time_group_and_an_hours_duration_are_found_whole(fpr, line: str, values: list[str]) -> None:
+    """Round 26: NATO's date-time group (DDHHMMZ MON YY) is a timestamp, and `2 h 58` that a
+    clock's pattern reads is the duration `2 h 58 min`."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_a_value_in_a_welcome_message_before_the_first_user_message_is_a_value(fpr) -> None:
+    """A chat widget opens the conversation with its own message (an assistant message before the
+    first user message) holding live status lines: a number changed there is a value the client
+    refreshes, not an edit of the history (round 26)."""
+    def welcome(free: int) -> dict[str, str]:
+        return {"role": "assistant", "content": f"Hello! I'm the Northwind assistant.\nParcels in transit: {free}\n"
+                                                "Ask me about orders, returns and delivery."}
+    convo = conversation(3)
+    bodies = [Gen.body(SYSTEM, [welcome(n), *[{"role": "user" if i % 2 == 0 else "assistant", "content": x}
+                                              for i, x in enumerate(turns)]], None, None)
+              for n, turns in zip([4127, 4133, 4140], convo, strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [["4133"], ["4140"]]
+
+
+def test_a_key_lines_value_in_braces_is_what_the_braces_hold(fpr) -> None:
+    """A value a client writes in braces (a voice agent's top expressions, `{very tired, …}`): the
+    span is what the braces hold, as it is for a quoted value (round 26)."""
+    values = ["{quite calm, slightly curious, very patient}", "{very tired, slightly impatient, quite doubtful}",
+              "{quite calm, slightly amused, very patient}"]
+    bodies = [body(f"Caller expressions: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["template_change", "dynamic_head"]
+    assert got[1]["spans"] == [values[2][1:-1]]

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout25` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout26` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -70,7 +70,9 @@ FLOORS = {
     # runway in use, an ATIS letter, Erlang pids and references the first time they change; spans
     # of a GS1 SSCC's `(00)`, OPC UA's `ns=1;g=`, a Kafka `topic-3@offset`)
     # round 25 (one reading with a sign or two decimals on its first change): 0.9781 / 0.9642 / 0.8347
-    "heldout14": (0.978, 0.964, 0.834),
+    # round 26 (a possessive key, `Caller's top expressions, …:`; a value in braces is what they hold):
+    # 0.9875 / 0.9779 / 0.8533
+    "heldout14": (0.987, 0.977, 0.853),
     # the fifteenth (measured 0.948 / 0.926 / 0.703), tune side since heldout16: 0.9903 / 0.9829 / 0.9626
     # since round 19 (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
     # each the first time it changes; `12 von 18` read as `12`)
@@ -134,13 +136,17 @@ FLOORS = {
     # conversation; a timetable's raised minutes, pytest's summary line gaining a count, a kiln car's number
     # read as edits the first time they change)
     "heldout24": (0.937, 0.696, 0.626),
+    # the twenty-fifth (measured 0.966 / 0.827 / 0.621), tune side since heldout26: 0.9969 / 0.9940 / 0.6854
+    # (a possessive key, a state with its detail after a comma, military date-time groups, MATLAB's and
+    # Wolfram's tool forms, values in a chat widget's welcome message; labels that take in a value's words)
+    "heldout25": (0.996, 0.993, 0.685),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout25), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout26), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -148,7 +154,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24")
+              "heldout22", "heldout23", "heldout24", "heldout25")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -245,7 +251,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout25`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout26`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

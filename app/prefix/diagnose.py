@@ -52,7 +52,7 @@ from app.prefix.conversation import TenantPast, continues, past_of, system_key
 from app.prefix.dynamic import DynamicDetector, Span, get_detector
 from app.prefix.history_shape import compacted, front_trimmed, reusable_end, tail_start
 from app.prefix.realign import LINE_WINDOW, NEAR_WINDOW, Realignment, find_realignment
-from app.prefix.sketch import RequestSketch
+from app.prefix.sketch import Region, RequestSketch
 from app.prefix.strings import common_prefix_len
 from app.prefix.tool_text import lines_permuted, region_schemas_reordered, tool_change, tools_span
 from app.prefix.value_change import before_space, changed_value
@@ -154,7 +154,8 @@ class _Pair:
             return Diagnosis("template_change", cd, [], realign, "system prompt lines reordered")
         # a user turn or a tool result before the last turn (a client that refreshes a prefetched tool
         # result, its call fixed, before every model call)
-        earlier_turn = region is not None and region.role in ("user", "tool") and first_history <= cd < tail_start(cur)
+        earlier_turn = region is not None and first_history <= cd < tail_start(cur) and (
+            region.role in ("user", "tool") or region.role == "assistant" and _opens_conversation(cur, region))
         value = changed_value(self.detector, prev.text, cur.text, pd, cd, region.end if region is not None else None,
                               earlier_turn, self.past.edits)
         edit_at = value.edit_at if value is not None else None
@@ -238,6 +239,12 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
         if diag.cause == "dynamic_head" and diag.secondary:
             _one_value_per_line(cur, diag)
     return diag
+
+
+def _opens_conversation(sk: RequestSketch, region: Region) -> bool:
+    """Is this assistant message before the first user message (a chat widget's welcome, written
+    by the client with its status lines, not a reply of the model; round 26)?"""
+    return not any(r.role == "user" and r.start < region.start for r in sk.regions)
 
 
 def _one_value_per_line(cur: RequestSketch, diag: Diagnosis) -> None:

@@ -208,6 +208,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"\b{_YEAR}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])-(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{{1,9}})?\b"),
     ("timestamp", rf"\b{_YEAR}-(?:[0-2]\d\d|3[0-5]\d|36[0-6])T(?:[01]\d|2[0-3]):[0-5]\d(?::[0-5]\d(?:\.\d{{1,9}})?)?Z?"),
     ("timestamp", rf"\b{_YEAR}-(?:[0-2]\d\d|3[0-5]\d|36[0-6])\s{_TIME}"),  # the ordinal date, a space, the clock (round 25)
+    # a military date-time group, DDHHMMZ MON YY (`241204Z FEB 26`; round 26)
+    ("timestamp", r"\b(?:0[1-9]|[12]\d|3[01])(?:[01]\d|2[0-3])[0-5]\d[A-Z]\s(?:JAN|FEB|MAR|APR|MAY|JUN|JUL|AUG|SEP|OCT|NOV|DEC)\s\d{2}\b"),
     ("time", r"(?<![\w.:/-])(?:0?[1-9]|1[0-2])\.[0-5]\d\s?(?:am|pm)\b"),
     # a BEAM process's, port's or reference's inspect form (Elixir's `#PID<0.37766.0>`), whole
     ("instance", r"#(?:PID|Port)<\d+(?:\.\d+){2}>"),

@@ -67,7 +67,10 @@ _TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|ab
                                r"|^\s*impl(?:<[^>]*>)?\s+[\w:]+\s+for\s+[A-Z]\w*")  # Rust: `impl Tool for Rufbereitschaft {`
 # a call whose first argument is the tool's quoted name (Prism's `Tool::as('x')`, `FunctionSchema("x", …)`,
 # a constructor's: `new McpSchema.Tool("x", …)`)
-_CALL_NAMED = re.compile(rf"""^\s*(?:\.|new\s+)?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
+_CALL_NAMED = re.compile(rf"""^\s*(?:[A-Za-z_]\w*\s*=\s*)?(?:\.|new\s+)?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
+# (an assignment may take the call: MATLAB's `f = openAIFunction("salt_stock", …)`, round 26)
+# a brace list that opens with the tool's quoted name (Wolfram's `LLMTool[{"gate_status", "…"}, …]`, round 26)
+_LISTED_NAME = re.compile(rf"""^\s*\{{\s*"{_NAME}"\s*,""")
 # a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`);
 # indented alone, a command's name as a help lists it (Django's `manage.py help`, `npm run`'s `  db:seed`);
 # a name with a separator alone on a line (a skill's `<name>` tag on lines of its own: `schneeprofil-auswerten`)
@@ -194,7 +197,7 @@ def declares_name(line: str) -> bool:
     return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
                 or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
                 or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line)
-                or _SHORT_DEFINITION.match(line))
+                or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line))
 
 
 def _shape(line: str) -> str:

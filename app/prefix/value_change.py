@@ -217,7 +217,11 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
             start, end, pend = span.start, span.end, pspan.end
             trim = end - sentence_end(cur, start, end)
             end, pend = end - trim, pend - trim
-            if kind == "elapsed":  # the duration, not the words before it
+            dur, pdur = (duration_around(cur, span.start, line1, cd), duration_around(prev, pspan.start, pline1, pd)) \
+                if kind == "time" else (None, None)
+            if dur is not None and pdur is not None:  # `3 h 47` read as a clock is `3 h 47 min`, a duration (round 26)
+                kind, (start, end), pend = "counter", dur, pdur[1]
+            elif kind == "elapsed":  # the duration, not the words before it
                 start, end = elapsed_value(cur, span)
                 pend = elapsed_value(prev, pspan)[1]
             elif kind in KEYED_KINDS:  # the value, not the words of its key
@@ -287,7 +291,20 @@ def _line_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line1
         return None
     start, end = line0 + at, before_space(cur, line0, vend)
     pstart, pend = pline0 + at, before_space(prev, pline0, pline1 - len(tail))
+    if _enclosed(cur, start, end) and _enclosed(prev, pstart, pend):  # `{very tired, …}`: what the braces hold
+        start, end, pstart, pend = start + 1, end - 1, pstart + 1, pend - 1
     return (start, end, pstart, pend) if start < end and pstart < pend else None
+
+
+_CLOSERS = {"{": "}", "[": "]", "(": ")", "<": ">", '"': '"', "'": "'"}
+
+
+def _enclosed(text: str, start: int, end: int) -> bool:
+    """Is text[start:end] one pair of brackets or quotes and what they hold (round 26)?"""
+    if end - start < 3 or _CLOSERS.get(text[start]) != text[end - 1]:
+        return False
+    inner = text[start + 1:end - 1]
+    return text[start] not in inner and text[end - 1] not in inner
 
 
 def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:

@@ -256,12 +256,13 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 
 # a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
 # (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `; a range's dash: `J14–J15`)
-_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()]|:(?=\d)){0,48}?\s*[:=]\s+")
+_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\d)){0,48}?\s*[:=]\s+")  # `Tonight's decision:` (round 26)
 # a state's words: one to four, a small number among them (`returning to base`, `unter Meldestufe 1`,
 # `Stewards' enquiry`)
 _STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,3}")
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
-_STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\))?")
+# or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26)
+_STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\)|, [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,4})?")
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
 _DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` is no decimal)
