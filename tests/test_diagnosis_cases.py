@@ -1598,3 +1598,58 @@ def test_a_key_lines_value_in_braces_is_what_the_braces_hold(fpr) -> None:
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["template_change", "dynamic_head"]
     assert got[1]["spans"] == [values[2][1:-1]]
+
+
+# ------------------------------------------------------------------ round 27
+def test_schema_org_actions_in_another_order_are_a_tool_order(fpr) -> None:
+    """A JSON-LD thing's `potentialAction` list (named actions with their targets, no parameter
+    schema) written into the system text and reordered: a tool order (round 27)."""
+    actions = [{"@type": "SearchAction", "name": "Find an order", "target": "https://shop.example/orders?q={number}",
+                "query-input": "required name=number"},
+               {"@type": "ReturnAction", "name": "Open a return", "target": "https://shop.example/returns/new"},
+               {"@type": "TrackAction", "name": "Track a parcel", "target": "https://shop.example/track/{id}"},
+               {"@type": "UpdateAction", "name": "Change the address", "target": "https://shop.example/address"}]
+
+    def ld(order: list[int]) -> str:
+        return json.dumps({"@context": "https://schema.org", "@type": "Store", "name": "Northwind",
+                           "potentialAction": [actions[k] for k in order]}, indent=2)
+    bodies = [body(f"{SYSTEM}\nActions:\n{ld(o)}\nAnswer briefly.", t)
+              for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_a_state_whose_detail_and_reason_change_with_it_is_a_value(fpr) -> None:
+    """`Spalt offen, nachgeführt` -> `Spalt zu (Regenmelder)`: the state (`offen` -> `zu`) changed with
+    its detail; a word they share does not make it a word swapped in a phrase (round 27)."""
+    values = ["Spalt offen, nachgeführt", "Spalt zu (Regenmelder)", "Spalt offen, nachgeführt"]
+    bodies = [body(f"Kuppel 2: {v}\n{SYSTEM_DE}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert got[0]["spans"] == [values[1]]
+
+
+def _asked_summary(primer: bool) -> list[dict]:
+    """A long history, then a history that opens with a question, a long reply and a user message:
+    opencode's compaction (`primer` False), or a conversation whose primer the client sent before."""
+    msgs = agent_history(6)
+    ask = {"role": "user", "content": "What did we do so far?"}
+    summary = {"role": "assistant", "content": "We migrated the invoice module: the models, the views and their "
+                                               "tests, which pass now; the credit notes are next, in the same way, "
+                                               "then the reminders. Nothing is deployed yet; the branch is "
+                                               "invoice-migration and the pull request is a draft."}
+    go_on = {"role": "user", "content": "Continue if you have next steps"}
+    first = [ask, summary, *msgs] if primer else msgs
+    return [Gen.body(CODER, first[:11], None, None), Gen.body(CODER, first, None, None),
+            Gen.body(CODER, [ask, summary, go_on], None, None)]
+
+
+def test_a_summary_asked_for_and_kept_as_the_reply_is_a_compaction(fpr) -> None:
+    """The history replaced by a question, the summary as the model's reply and a request to go on
+    (opencode's compaction): a compaction (round 27)."""
+    assert causes(fpr, _asked_summary(primer=False)) == [None, "compaction"]
+
+
+def test_a_primer_the_client_sent_before_does_not_make_a_compaction(fpr) -> None:
+    """The same short history, but its question and reply opened the earlier requests too (a primer
+    the client always sends): a new conversation over the shared head, not a compaction."""
+    assert causes(fpr, _asked_summary(primer=True))[-1] != "compaction"

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout26` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout27` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -109,7 +109,8 @@ FLOORS = {
     # (counters, ids and states read as edits the first time they change; Agent Skills' and Flowise's
     # tool lists; front trims and compactions in new shapes; labels that take in a unit or the date
     # after a clock; the look-alike alarm below)
-    "heldout20": (0.978, 0.938, 0.633),
+    # round 27 (a summary asked for and kept as the model's reply): 0.9798 / 0.9505 / 0.6332
+    "heldout20": (0.979, 0.950, 0.633),
     # the twenty-first (measured 0.889 / 0.688 / 0.288), tune side since heldout22: 0.9889 / 0.8515 / 0.5385
     # (a phantom history_edit: a status line's reading added; a compaction that drops one exchange under its summary;
     # a wind's gusts, a departure's clock range, counts of one small integer read as edits the first time they
@@ -140,13 +141,17 @@ FLOORS = {
     # (a possessive key, a state with its detail after a comma, military date-time groups, MATLAB's and
     # Wolfram's tool forms, values in a chat widget's welcome message; labels that take in a value's words)
     "heldout25": (0.996, 0.993, 0.685),
+    # the twenty-sixth (measured 0.969 / 0.888 / 0.682), tune side since heldout27: 0.9953 / 0.9911 / 0.7065
+    # (schema.org potentialAction lists, opencode's compaction, a state with its detail, labels that take
+    # in a value's key words)
+    "heldout26": (0.995, 0.991, 0.706),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout26), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout27), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -154,7 +159,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -250,7 +255,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout26`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout27`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

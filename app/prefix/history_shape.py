@@ -103,6 +103,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return True
     if len(prev.message_parts) < COMPACTED_MIN_MESSAGES:  # too short to compact: no message keys computed
         return False
+    if summary_asked(_history(prev), _history(cur)):
+        return True
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + _prompt_messages(prev.message_keys)))
 
@@ -129,6 +131,24 @@ def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
     ck = [k for _, k, _ in cm]
     kept = next((n for n in range(min(len(ck), len(pm)), 0, -1) if ck[:n] == pm[len(pm) - n:]), 0)
     return kept * 2 <= len(pm) and (len(ck) - 1) * 2 <= len(pm)
+
+
+SUMMARY_REPLY_CHARS = 200  # a summary given as the model's reply is this long at least
+
+
+def summary_asked(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:
+    """A compaction that asks for the summary and keeps it as the model's reply (opencode: "What did
+    we do so far?", the summary, then "Continue if you have next steps"; round 27): the previous
+    history (COMPACTED_MIN_MESSAGES or more) is gone, the current one opens with a user message, a
+    reply at least four times as long and SUMMARY_REPLY_CHARS, then a user message, none of them
+    sent before, and holds at most half as many messages. A conversation that opens with a primer
+    the client sends every time has sent it before."""
+    if len(prev) < COMPACTED_MIN_MESSAGES or len(cur) < 3 or len(cur) * 2 > len(prev):
+        return False
+    (r0, k0, n0), (r1, k1, n1), (r2, k2, _) = cur[:3]
+    seen = {k for _, k, _ in prev}
+    return (r0, r1, r2) == ("user", "assistant", "user") and not {k0, k1, k2} & seen \
+        and n1 >= max(SUMMARY_REPLY_CHARS, 4 * n0)
 
 
 def _leading_system_texts(sk: RequestSketch) -> list[str]:

@@ -228,14 +228,14 @@ def schema_tools(text: str, start: int = 0, end: int | None = None,
         if stop > end:
             break
         items = _tool_list(obj)
-        listed = items is not None  # under a key that lists tools: a name and a description are one
+        listed = items is not None  # under a key that lists tools: a named object is one (schema.org's actions)
         items = items if items is not None else [obj]
         raw = text[m.start():stop]
         for item in items:
             fn = next((item[k] for k in _TOOL_WRAPPERS if isinstance(item, dict) and isinstance(item.get(k), dict)),
                       item)  # OpenAI's wrapper, Bedrock Converse's `toolSpec`, Ultravox's `temporaryTool`
             if isinstance(fn, dict) and isinstance(fn.get("name", fn.get("modelToolName")), str) and (
-                    _declares_parameters(fn) or listed and isinstance(fn.get("description"), str)):
+                    _declares_parameters(fn) or listed):  # under a key that lists tools, a name is an entry
                 written = raw if len(items) == 1 else json.dumps(item, ensure_ascii=False)
                 out.append((json.dumps(item, sort_keys=True, ensure_ascii=False), written, m.start(), stop))
         pos = stop
@@ -306,7 +306,8 @@ def _tool_list(obj: Any) -> list[Any] | None:
     itself)."""
     for holder in (obj, obj.get("result") if isinstance(obj, dict) else None):
         if isinstance(holder, dict):
-            for key in ("tools", "function_declarations", "functionDeclarations", "methods", "functions"):
+            for key in ("tools", "function_declarations", "functionDeclarations", "methods", "functions",
+                        "potentialAction"):  # schema.org's actions of a JSON-LD thing (round 27)
                 if isinstance(holder.get(key), list):
                     return holder[key]
             for value in holder.values():  # under another key: a list of named objects that declare parameters

@@ -295,7 +295,7 @@ def whole_value_change(old: str, new: str) -> str | None:
     an id drawn again in the same shape (`DE 09 524 46487` -> `DE 09 200 33728`: capitals and
     digits, the same length and separators, two parts or more changed: a `value`). A sentence rewritten is
     none of these, nor a setting's one number (`limit: 15` -> `30`)."""
-    if _STATE.fullmatch(old) and _STATE.fullmatch(new) and _replaced(old.split(), new.split()) \
+    if _STATE.fullmatch(old) and _STATE.fullmatch(new) and _replaced(_state_head(old), _state_head(new)) \
             or _CODED.fullmatch(old) and _CODED.fullmatch(new):
         return "flag"
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
@@ -477,6 +477,12 @@ def _counted_state(old: str, new: str) -> bool:
 _NO_COUNT = re.compile(r"[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}")  # a state in words only
 # counts of named things, two or more (`1 boat waiting below, 0 above`, `2 open, 1 closed`)
 _COUNTS = re.compile(r"\d{1,3} [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}(?:, \d{1,3}(?: [^\W\d_]{1,16}){1,4})+")
+
+
+def _state_head(state: str) -> list[str]:
+    """A state's words without its detail or reason (`Spalt offen, nachgeführt` -> `Spalt offen`,
+    `Spalt zu (Regenmelder)` -> `Spalt zu`; round 27): the state is what must have been replaced."""
+    return re.split(r",| \(", state, maxsplit=1)[0].split()
 
 
 def _replaced(old: list[str], new: list[str]) -> bool:
