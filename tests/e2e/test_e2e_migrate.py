@@ -80,22 +80,29 @@ def text_and_usage(raws: list[bytes]) -> tuple[str, dict[str, Any] | None]:
     return text, usage
 
 
-@pytest.mark.parametrize("at_least", [2, 5, 12])
-def test_greedy_answer_cut_after_k_events_and_continued_elsewhere_is_the_same(vllm_b32: Any, vllm_b128: Any,
-                                                                             at_least: int) -> None:
-    body = chat_body(PROMPT, MAX_TOKENS)
+# Further prompts for a generation that has no cut the continuation reads back exactly (the claim's
+# precondition, below): the random model's first tokens may merge with the chat template's text
+# before them when the text is sent back, and then every later cut is off by the same count.
+MORE_PROMPTS = [[{"role": "user", "content": "Explain what a block hash chains over, in two sentences."}],
+                [{"role": "user", "content": "Why does one changed character early in a prompt cost a cache hit?"}]]
+
+
+def _exact_cut(vllm_b32: Any, vllm_b128: Any, prompt: list[dict[str, str]], at_least: int) -> tuple[Any, ...]:
+    """Generate greedily on one replica, then find the first cut at or after `at_least` events that
+    the continuation on the other replica reads back exactly. The claim holds where the
+    continuation's engine reads the text so far as exactly the tokens sent. `/tokenize` of the
+    bare text says so for `canonical_cuts`; the continuation's own usage says so in the chat
+    template's context (its prompt = the original's + the tokens sent, which the splicer reports as
+    the original's prompt_tokens). Where the two disagree (seen in CI: the streamed ids vary between
+    runs of the random tiny model, and the continuation read 2-26 tokens more), the cut is not
+    canonical and the next one is taken. Returns (k or None, partial, spliced text and usage, the
+    uninterrupted text and usage, the cuts skipped)."""
+    body = chat_body(prompt, MAX_TOKENS)
     whole = events(vllm_b32.url, {**body, "return_token_ids": True})
     expected_text, expected_usage = text_and_usage(whole)
     assert expected_usage is not None
-    cuts = canonical_cuts(vllm_b32.url, whole)
-    # The claim holds where the continuation's engine reads the text so far as exactly the tokens
-    # sent. `/tokenize` of the bare text says so for the cuts above; the continuation's own usage
-    # says so in the chat template's context (its prompt = the original's + the tokens sent, which
-    # the splicer reports as the original's prompt_tokens). Where the two disagree (seen in CI:
-    # the streamed ids vary between runs of the random tiny model, and at such a cut the
-    # continuation read 2-26 tokens more), the cut is not canonical and the next one is taken.
-    k, partial, got_text, got_usage, skipped = None, None, "", None, []
-    for cut in (c for c in cuts if c >= at_least):
+    partial, got_text, got_usage, skipped = None, "", None, []
+    for cut in (c for c in canonical_cuts(vllm_b32.url, whole) if c >= at_least):
         sent = b"".join(whole[:cut])  # what the client had when the first replica died
         partial = read_partial(CHAT, sent)
         assert partial.blocker is None and partial.tokens == cut - 1  # the role chunk, then one token per event
@@ -105,12 +112,25 @@ def test_greedy_answer_cut_after_k_events_and_continued_elsewhere_is_the_same(vl
         spliced = [splicer.feed(raw) for raw in events(vllm_b128.url, continued)]
         got_text, got_usage = text_and_usage([e for e in spliced if e])
         if got_usage is not None and got_usage.get("prompt_tokens") == expected_usage["prompt_tokens"]:
-            k = cut
-            break
+            return cut, partial, got_text, got_usage, expected_text, expected_usage, skipped
         skipped.append((cut, got_usage))
-    assert k is not None and partial is not None, f"no cut at or after {at_least} events read back exactly: {skipped}"
-    print(f"\nk={k}: partial {partial.text!r} + continuation -> {len(got_text)} chars; usage {got_usage}"
-          f"; cuts not read back exactly: {skipped}")
+    return None, partial, got_text, got_usage, expected_text, expected_usage, skipped
+
+
+@pytest.mark.parametrize("at_least", [2, 5, 12])
+def test_greedy_answer_cut_after_k_events_and_continued_elsewhere_is_the_same(vllm_b32: Any, vllm_b128: Any,
+                                                                             at_least: int) -> None:
+    tried = []
+    for prompt in [PROMPT, *MORE_PROMPTS]:  # the next prompt only when no cut of this one reads back exactly
+        k, partial, got_text, got_usage, expected_text, expected_usage, skipped = \
+            _exact_cut(vllm_b32, vllm_b128, prompt, at_least)
+        if k is not None:
+            break
+        tried.append(skipped)
+    assert k is not None and partial is not None, \
+        f"no cut at or after {at_least} events read back exactly, for any of {len(tried)} prompts: {tried}"
+    print(f"\nk={k} (prompt {len(tried) + 1}): partial {partial.text!r} + continuation -> {len(got_text)} chars; "
+          f"usage {got_usage}; cuts not read back exactly: {skipped}")
     assert partial.text + got_text == expected_text
     assert got_usage is not None
     assert {key: got_usage[key] for key in ("prompt_tokens", "completion_tokens", "total_tokens")} == \
