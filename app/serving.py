@@ -114,10 +114,14 @@ class ServerThread:
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int | None = None, **kwargs: Any) -> None:
         self.host = host
-        self.port = port or free_port(host)
-        self.server = _PromptServer(uvicorn_config(app, host, self.port, **kwargs))
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"uvicorn:{self.port}")
+        self._app, self._kwargs, self._chosen = app, kwargs, port is None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._prepare(port or free_port(host))
+
+    def _prepare(self, port: int) -> None:
+        self.port = port
+        self.server = _PromptServer(uvicorn_config(self._app, self.host, port, **self._kwargs))
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"uvicorn:{port}")
 
     @property
     def url(self) -> str:
@@ -133,8 +137,14 @@ class ServerThread:
     def start(self, timeout: float = 20.0) -> ServerThread:
         self._thread.start()
         deadline = time.monotonic() + timeout
-        while not self.server.started:
+        tries = 3  # a port this thread chose may be taken between the check and the bind (another process
+        while not self.server.started:  # drew it too): it draws another, as a port given to it never does
             if not self._thread.is_alive():
+                if self._chosen and tries > 0:
+                    tries -= 1
+                    self._prepare(free_port(self.host))
+                    self._thread.start()
+                    continue
                 raise RuntimeError(f"server on port {self.port} exited during start-up")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"server on port {self.port} did not start in {timeout}s")
