@@ -55,7 +55,7 @@ from app.prefix.realign import LINE_WINDOW, NEAR_WINDOW, Realignment, find_reali
 from app.prefix.sketch import Region, RequestSketch
 from app.prefix.strings import common_prefix_len
 from app.prefix.tool_text import lines_permuted, region_schemas_reordered, tool_change, tools_span
-from app.prefix.value_change import before_space, changed_value
+from app.prefix.value_change import before_space, changed_value, line_bounds
 from app.prefix.value_kind import whole_value_start
 
 CAUSES = ("dynamic_head", "tool_order", "front_trim", "template_change", "history_edit",
@@ -257,10 +257,9 @@ def _one_value_per_line(cur: RequestSketch, diag: Diagnosis) -> None:
     if first is None:
         return
     text = cur.text
-    line0 = text.rfind("\n", 0, first.start) + 1
-    line1 = text.find("\n", first.start)
+    line0, line1 = line_bounds(text, first.start)
     region = cur.region_at(first.start)
-    end = min(len(text) if line1 < 0 else line1, region.end if region is not None else len(text))
+    end = min(line1, region.end if region is not None else len(text))
     inside = [f for f in diag.secondary if f.cause == "dynamic_head" and f.spans
               and first.start <= f.spans[0].start and f.spans[-1].end <= end]
     vs = whole_value_start(text[line0:first.start]) if inside else None

@@ -5,6 +5,7 @@ The tests read message keys and sizes, so the text path and another pod's digest
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 
 from app.prefix.conversation import span_key
 from app.prefix.sketch import RequestSketch
@@ -82,6 +83,11 @@ def _trimmed_front(pm: list[str], cm: list[str]) -> bool:
     return False
 
 
+def _by_user(history: list[tuple[str, str, int]]) -> HistoryKeys:
+    """(a user message?, key) of each message of `_history`'s list."""
+    return [(role == "user", key) for role, key, _ in history]
+
+
 def _history(sk: RequestSketch) -> list[tuple[str, str, int]]:
     """(role, key, length) of each non-system message, in order."""
     return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in sk.history_regions()]
@@ -98,12 +104,13 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return summary_in_system(prev, cur)
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
-    if history_compacted((len(pn), sum(pn), len(cn), sum(cn)), lambda: (
-            [(role == "user", k) for role, k, _ in _history(prev)], [(role == "user", k) for role, k, _ in _history(cur)])):
+    histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
+    if history_compacted((len(pn), sum(pn), len(cn), sum(cn)),
+                         lambda: (_by_user(histories()[0]), _by_user(histories()[1]))):
         return True
     if len(prev.message_parts) < COMPACTED_MIN_MESSAGES:  # too short to compact: no message keys computed
         return False
-    if summary_asked(_history(prev), _history(cur)):
+    if len(cn) * 2 <= len(pn) and summary_asked(*histories()):
         return True
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + _prompt_messages(prev.message_keys)))
@@ -117,8 +124,8 @@ def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
     running summary kept there), or as a system message of its own before it (SillyTavern's
     `[Summary: …]`, round 25); the previous history (at least COMPACTED_MIN_MESSAGES) is gone but
     for its newest messages (at most half of it), the current history is short (half the previous
-    one's messages, and its new user message), and it ends with a user message. An edited system prompt over a conversation that goes on keeps its history: a
-    `template_change`."""
+    one's messages, and its new user message), and it ends with a user message. An edited system
+    prompt over a conversation that goes on keeps its history: a `template_change`."""
     ps, cs = prev.system_text, cur.system_text
     if ps is None or cs is None:
         return False

@@ -159,19 +159,26 @@ def _whole_line(prev: str, cur: str, pd: int, span: Span, pend: int, stop: int |
     """The whole value of the `key: value` line holding `span` when more of it changed after the
     span and the prompts agree again after the line (`11.6 km S` -> `15.3 km SSW`: one reading,
     not a number and a secondary finding); None otherwise."""
-    line0 = cur.rfind("\n", 0, span.start) + 1
-    line1 = cur.find("\n", span.start)
-    line1 = len(cur) if line1 < 0 else line1
-    pline0 = prev.rfind("\n", 0, pd) + 1
-    pline1 = prev.find("\n", pd)
-    pline1 = len(prev) if pline1 < 0 else pline1
+    (line0, line1), (pline0, pline1) = line_bounds(cur, span.start), line_bounds(prev, pd)
     value = _line_value(prev, cur, pline0, pline1, line0, line1, span.start, stop)
-    if value is None or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
+    if value is None or not agree_after(prev, cur, pline1, line1):
         return None
     start, end, _, vpend = value
     if cur[span.end:end] == prev[pend:vpend]:
         return None
     return ValueChange(Span(start, end, span.kind, cur[start:end]), vpend)
+
+
+def agree_after(prev: str, cur: str, p: int, c: int) -> bool:
+    """Do the prompts agree again right after `p` (previous) and `c` (current): 4 characters, or
+    to the end of the shorter one?"""
+    return common_prefix_len(prev, cur, p, c) >= min(4, len(cur) - c, len(prev) - p)
+
+
+def line_bounds(text: str, at: int) -> tuple[int, int]:
+    """The start and end (its newline, or the text's end) of the line holding `at`."""
+    end = text.find("\n", at)
+    return text.rfind("\n", 0, at) + 1, len(text) if end < 0 else end
 
 
 def value_place(text: str, at: int) -> str:
@@ -189,12 +196,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
                    earlier_turn: bool, edits: set[str] | frozenset[str]) -> ValueChange | None:
     cs, ce = token_span(cur, cd)
     ps, pe = token_span(prev, pd)
-    line0 = cur.rfind("\n", 0, cs) + 1
-    line1 = cur.find("\n", cd)
-    line1 = len(cur) if line1 < 0 else line1
-    pline0 = prev.rfind("\n", 0, ps) + 1
-    pline1 = prev.find("\n", pd)
-    pline1 = len(prev) if pline1 < 0 else pline1
+    (line0, line1), (pline0, pline1) = line_bounds(cur, cd), line_bounds(prev, pd)  # the token holds no newline
     if cd - line0 >= LINE_SCAN_CHARS or pd - pline0 >= LINE_SCAN_CHARS:
         return None  # deep in a document's line: no value is read there (dynamic.LINE_SCAN_CHARS)
     # the window reaches past the changed token's end: a long token (a JWT) is read whole
@@ -232,7 +234,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
                 elif kind == "counter":  # the number, with its decimal or thousands groups (`48,213`)
                     start = number_start(cur, start, span.start)
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
-            if common_prefix_len(prev, cur, pend, end) >= min(4, len(cur) - end, len(prev) - pend):
+            if agree_after(prev, cur, pend, end):
                 return ValueChange(Span(start, end, kind, cur[start:end]), pend)
     (cs, ce), (ps, pe) = value_token(cur, cs, ce, cd), value_token(prev, ps, pe, pd)
     if ce <= cs or pe <= ps:
@@ -240,7 +242,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
     quoted, pquoted = quoted_words(cur, cs, ce), quoted_words(prev, ps, pe)
     if quoted is not None and pquoted is not None and (quoted != (cs, ce) or pquoted != (ps, pe)):
         (cs, ce), (ps, pe) = quoted, pquoted  # `mode="STAT only"` -> `"routine"`: the quoted words
-    if common_prefix_len(prev, cur, pe, ce) < min(4, len(cur) - ce, len(prev) - pe):
+    if not agree_after(prev, cur, pe, ce):
         # more than one token changed: an edit, not a value, unless a key line's whole value changed
         # in a shape values have (`whole_value_change`)
         line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
@@ -312,7 +314,7 @@ def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line
     when it changed as values do (`whole_value_change`: `in Betrieb` -> `aus`, `19.97, 19.09, 18.9`
     -> `20.0, …`, `DE 09 524 46487` -> `DE 09 200 33728`) and the prompts agree again after the
     line; None otherwise."""
-    if value is None or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
+    if value is None or not agree_after(prev, cur, pline1, line1):
         return None
     start, end, pstart, pend = value
     kind = whole_value_change(prev[pstart:pend], cur[start:end])
@@ -324,10 +326,9 @@ def _changed_again(prev: str, cur: str, value: LineValue | None, pline1: int, li
     """A `key: value` line's value that changed in more than one token and in no shape a rule
     judged: a value when something changed at its key in a recent request of the tenant (a dev
     server's `✓ Compiled /outings in 4.0s (1291 modules)` -> `✓ Compiled /bookings in 2.6s (1280
-    modules)` -> …; round 24), else an edit
-    whose place (`edit_at`) is kept for the next request; None when the prompts do not agree again
-    after the line."""
-    if value is None or common_prefix_len(prev, cur, pline1, line1) < min(4, len(cur) - line1, len(prev) - pline1):
+    modules)` -> …; round 24), else an edit whose place (`edit_at`) is kept for the next request;
+    None when the prompts do not agree again after the line."""
+    if value is None or not agree_after(prev, cur, pline1, line1):
         return None
     start, end, _, pend = value
     key = value_place(cur, start)

@@ -335,7 +335,7 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
         return None
     a, b = list(_STATUS_NUMBER.finditer(old)), list(_STATUS_NUMBER.finditer(new))
     if len(a) == len(b) == 1 and _one_reading(old, a[0], new, b[0]):
-        return b[0].start() - (new[b[0].start() - 1:b[0].start()] in ("+", "-", "±")), b[0].end(), a[0].end()
+        return b[0].start() - _signed(new, b[0].start()), b[0].end(), a[0].end()
     if len(a) != len(b) or len(a) < 2:
         return None
     gaps_a, gaps_b = _gaps(old, a), _gaps(new, b)
