@@ -1653,3 +1653,68 @@ def test_a_primer_the_client_sent_before_does_not_make_a_compaction(fpr) -> None
     """The same short history, but its question and reply opened the earlier requests too (a primer
     the client always sends): a new conversation over the shared head, not a compaction."""
     assert causes(fpr, _asked_summary(primer=True))[-1] != "compaction"
+
+
+# ------------------------------------------------------------------ round 28
+HTTP_FILE = ["### Find an order\n# @name findOrder\nGET {{shop}}/orders/{{number}}\nAccept: application/json\n",
+             "### Open a return\n# @name openReturn\nPOST {{shop}}/returns\nContent-Type: application/json\n\n"
+             '{\n  "order": "{{number}}",\n  "reason": "{{reason}}"\n}\n',
+             "### Track a parcel\n# @name trackParcel\nGET {{shop}}/parcels/{{tracking}}/events\n",
+             "### Change the address\n# @name changeAddress\nPATCH {{shop}}/orders/{{number}}\n"
+             "Content-Type: application/json\n\n{\n  \"address\": \"{{address}}\"\n}\n"]
+
+
+def test_requests_of_an_http_client_file_in_another_order_are_a_tool_order(fpr) -> None:
+    """A request file of an editor's HTTP client (`### title`, `# @name x`, then the request line to
+    a variable host) written into the system text as the agent's tools, its requests moved: a tool
+    order (round 28)."""
+    assert reordered_listing_causes(fpr, HTTP_FILE, "Requests (shop.http)", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    # a state's word, then a reading that changes on its own: the state and its reading, whole
+    ("Mixer 1: {}", ["running 42 rpm", "running 47 rpm", "running 45 rpm"]),
+    # a state replaced by another with its reading (or the reverse)
+    ("Dryer 2: {}", ["idle", "heating, 64 °C", "idle"]),
+])
+def test_a_state_with_its_reading_is_one_value_on_its_first_change(fpr, line: str, values: list[str]) -> None:
+    """Round 28: a key line's value that is a state's word and a reading with its unit is the
+    line's value, whole, on its first change, as a state alone is."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_a_rule_sentence_with_a_distance_is_still_an_edit(fpr) -> None:
+    """The guard: `Note: within 10 km.` -> `within 15 km.` is a rule's sentence edited (its full stop),
+    not a state's reading."""
+    values = ["within 10 km.", "within 15 km.", "within 15 km."]
+    bodies = [body(f"{SYSTEM}Note: {v}\nAnswer briefly and politely to every customer.", t)
+              for v, t in zip(values, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["template_change", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Build host: {}, 3 users", ["up 12 days,  4:05", "up 12 days,  4:19", "up 12 days,  4:31"]),  # uptime(1)
+    ("Stand {}", ["14:02:10 MEZ, Fr 06.03.26", "14:09:44 MEZ, Fr 06.03.26", "14:15:02 MEZ, Fr 06.03.26"]),  # clock, then date
+    ("Grid draw: {}", ["3.21 MW of 5.00 MW", "3.35 MW of 5.00 MW", "3.30 MW of 5.00 MW"]),  # a reading and its capacity
+])
+def test_values_in_round_28s_forms_are_found_whole(fpr, line: str, values: list[str]) -> None:
+    """Round 28: uptime's `up N days, H:MM`, a clock with its date after it, a reading with the
+    capacity it is read against: each one value, whole."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_a_value_found_again_wider_from_before_it_is_one_value(fpr) -> None:
+    """A number of a key line's value found first, then the line's whole value, which opens before
+    that number, as a secondary value: one value, the line's (round 28; round 25 merged only a
+    wider value that opened at the number)."""
+    values = ["press 6 of 14, 326 kg/h", "press 8 of 14, 348 kg/h", "press 10 of 14, 358 kg/h"]
+    bodies = [body(f"{SYSTEM}Line 3: {v}\nAnswer briefly and politely to every customer.", t)
+              for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [(r["cause"], r["spans"], r["secondary"]) for r in got][0] == ("dynamic_head", [values[1]], [])

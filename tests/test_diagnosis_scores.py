@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout27` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout28` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -72,7 +72,8 @@ FLOORS = {
     # round 25 (one reading with a sign or two decimals on its first change): 0.9781 / 0.9642 / 0.8347
     # round 26 (a possessive key, `Caller's top expressions, …:`; a value in braces is what they hold):
     # 0.9875 / 0.9779 / 0.8533
-    "heldout14": (0.987, 0.977, 0.853),
+    # round 28 (a state replaced by another with its reading): 0.9906 / 0.9829 / 0.8700
+    "heldout14": (0.990, 0.982, 0.870),
     # the fifteenth (measured 0.948 / 0.926 / 0.703), tune side since heldout16: 0.9903 / 0.9829 / 0.9626
     # since round 19 (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
     # each the first time it changes; `12 von 18` read as `12`)
@@ -123,7 +124,8 @@ FLOORS = {
     # change; labels that take in a value's unit and words)
     # round 24 (a state with its reason in brackets on its first change): 0.9953 / 0.9911 / 0.8123
     # round 25: 0.9953 / 0.9911 / 0.8294
-    "heldout22": (0.995, 0.991, 0.829),
+    # round 28 (a value found again, wider, from before it): 0.9953 / 0.9911 / 0.8391
+    "heldout22": (0.995, 0.991, 0.839),
     # the twenty-third (measured 0.923 / 0.787 / 0.477), tune side since heldout24: 0.9859 / 0.9672 / 0.8156
     # (states and counts in words, a countdown that loses its hours, a crew list that grows, a path and
     # timings of a dev server's line read as edits the first time they change; a summary the model's
@@ -140,18 +142,25 @@ FLOORS = {
     # the twenty-fifth (measured 0.966 / 0.827 / 0.621), tune side since heldout26: 0.9969 / 0.9940 / 0.6854
     # (a possessive key, a state with its detail after a comma, military date-time groups, MATLAB's and
     # Wolfram's tool forms, values in a chat widget's welcome message; labels that take in a value's words)
-    "heldout25": (0.996, 0.993, 0.685),
+    # round 28 (a state and its reading, whole; a value found again, wider, from before it): 0.9969 / 0.9939 / 0.7282
+    "heldout25": (0.996, 0.993, 0.728),
     # the twenty-sixth (measured 0.969 / 0.888 / 0.682), tune side since heldout27: 0.9953 / 0.9911 / 0.7065
     # (schema.org potentialAction lists, opencode's compaction, a state with its detail, labels that take
     # in a value's key words)
-    "heldout26": (0.995, 0.991, 0.706),
+    # round 28 (a state replaced by another with its reading): 0.9969 / 0.9939 / 0.7098
+    "heldout26": (0.996, 0.993, 0.709),
+    # the twenty-seventh (measured 0.951 / 0.926 / 0.638), tune side since heldout28: 0.9809 / 0.9788 / 0.8511
+    # (REST Client request files as tool lists; a state's word before its reading, a state replaced by one with
+    # its reading; uptime's days and clock, a clock with its date after it, a reading with its capacity;
+    # values at the very end of the system text labelled breaks, with less than `material` reusable text after)
+    "heldout27": (0.980, 0.978, 0.851),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout27), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout28), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -159,7 +168,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -256,7 +265,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout27`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout28`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

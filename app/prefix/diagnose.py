@@ -250,7 +250,8 @@ def _opens_conversation(sk: RequestSketch, region: Region) -> bool:
 def _one_value_per_line(cur: RequestSketch, diag: Diagnosis) -> None:
     """Values found one after another in the value of one `key: value` line are that line's value,
     whole (`Schmelze: 1.496 °C, 1,7 t flüssig`: one value, not a temperature and a secondary
-    weight; round 24; or the value again, wider: `1:56.160` then `1:56.160 (car 31)`, round 25): the
+    weight; round 24; or the value again, wider: `1:56.160` then `1:56.160 (car 31)`, round 25, also
+    when the wider one opens before it: `6` then `chamber 6 of 14, 326 kg/h`, round 28): the
     primary's span becomes the value from after the key to the line's end, and the secondary values
     inside it go."""
     first = diag.spans[0] if diag.spans else None
@@ -261,7 +262,7 @@ def _one_value_per_line(cur: RequestSketch, diag: Diagnosis) -> None:
     region = cur.region_at(first.start)
     end = min(line1, region.end if region is not None else len(text))
     inside = [f for f in diag.secondary if f.cause == "dynamic_head" and f.spans
-              and first.start <= f.spans[0].start and f.spans[-1].end <= end]
+              and line0 <= f.spans[0].start and first.start < f.spans[-1].end <= end]
     vs = whole_value_start(text[line0:first.start]) if inside else None
     if vs is None:
         return

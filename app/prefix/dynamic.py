@@ -219,6 +219,11 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", rf"\bDT#{_YEAR}-{_MON}-{_DAY}-{_CLOCK}"),
     # SNMP's TimeTicks as Net-SNMP prints them: hundredths since a restart, then the same as days and a clock
     ("timestamp", r"\(\d{3,}\) \d+ days?, \d{1,2}:[0-5]\d:[0-5]\d\.\d\d\b"),
+    # uptime(1)'s time since the boot (`up 73 days, 18:36`), whole; a clock, then its date (`06:09:14 MESZ, Mi
+    # 21.10.26`, a weekday between them or none), whole (round 28)
+    ("timestamp", r"\bup\s+\d+\s+days?,\s+\d{1,2}:[0-5]\d\b"),
+    ("timestamp", rf"\b{_CLOCK}{_TZ},?\s+(?:(?:{_WEEKDAYS}|Mo|Di|Mi|Do|Fr|Sa|So)\.?,?\s+)?"
+                  rf"(?:{_DAY}\.{_MON}\.(?:{_YEAR}|\d\d)|{_YEAR}-{_MON}-{_DAY})\b"),
     # an Elixir sigil's date and time (`~U[2026-02-25 19:25:47.028415Z]`, `~N[…]`), whole
     ("timestamp", rf"~[UN]\[{_YEAR}-{_MON}-{_DAY}[T ]{_CLOCK}(?:\.\d{{1,6}})?Z?\]"),
     # Claude Code's x-anthropic-billing-header: its 5-hex `cch=` changes on every request

@@ -18,7 +18,7 @@ from app.prefix.sketch import Region, RequestSketch
 # `` `name`: ...``, `<function>{...}</function>` (Anthropic's legacy tool prompt; a case test has
 # it), `{"name": ...}`, `## name`, a declaration in code, lower-case keywords before the name
 # and its parameters (`def name(`, `async function name(`, `pub fn name(`), an HTTP route
-# (`GET /lessons/{id} - ...`), and a name in columns: its arguments, then a tab or a gap of two
+# (`GET /lessons/{id} - ...`; a request line to a variable or a full URL, `GET {{host}}/x`, round 28), and a name in columns: its arguments, then a tab or a gap of two
 # spaces or more before the description (a CLI's `--help`, `bin/rails -T`, a tab-separated table)
 # what stands before a declared name in code: lower-case keywords (`def`, `pub fn`), Java's
 # modifiers and capitalised type, C#'s access modifier, modifiers and type
@@ -27,7 +27,7 @@ _JAVA_TYPE = r"(?:(?:public|private|protected|static|final|abstract)\s+)*[A-Z][\
 _CSHARP_TYPE = r"(?:public|private|protected|internal)\s+(?:(?:static|async|virtual|override|sealed)\s+)*[A-Za-z_][\w<>\[\],.?]*\s+"
 TOOL_LINE = re.compile(
     r"""^\s*(?:<function\b|\{\s*"(?:name|type)"|#+\s*`?[A-Za-z_][\w.\-]*`?\s*$|"""
-    rf"""{_KEYWORDS}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+/|"""
+    rf"""{_KEYWORDS}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+(?:/|\{{\{{|https?://)|"""
     r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
     rf"""{_JAVA_TYPE}[a-z_]\w*\s*\(|{_CSHARP_TYPE}[A-Za-z_]\w*\s*\(|"""
     r"""[A-Za-z_][\w.\-/:]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
@@ -76,6 +76,9 @@ _LISTED_NAME = re.compile(rf"""^\s*\{{\s*"{_NAME}"\s*,""")
 # a name with a separator alone on a line (a skill's `<name>` tag on lines of its own: `schneeprofil-auswerten`)
 _LONE_NAME = re.compile(r"""^\s*(?:["'][A-Za-z_][\w.-]*(?:/[A-Za-z_][\w.-]*)?["']|[a-z][a-z0-9]*(?:_[a-z0-9]+)+),\s*$"""
                         r"""|^\s+[a-z][a-z0-9]*(?:[_:-][a-z0-9]+)*\s*$|^[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+$""")
+# a name given by an annotation in a comment (a REST Client or JetBrains HTTP Client request's `# @name x`,
+# JSDoc's `// @name x`): the block below it is the named entry (round 28)
+_ANNOTATED_NAME = re.compile(rf"^\s*(?:#+|//+|/?\*+|--|;+)\s*@name\s+{_NAME}\s*$")
 _NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*name\s*(?::\s*[^=\n]{{1,30}})?[:=]\s*["']{_NAME}["']""")
 # a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
 _BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
@@ -197,7 +200,7 @@ def declares_name(line: str) -> bool:
     return bool(NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _DECLARATION.match(line)
                 or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
                 or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line)
-                or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line))
+                or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line) or _ANNOTATED_NAME.match(line))
 
 
 def _shape(line: str) -> str:

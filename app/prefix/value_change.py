@@ -25,6 +25,7 @@ from app.prefix.dynamic import (
 )
 from app.prefix.strings import common_prefix_len
 from app.prefix.value_kind import (
+    after_state,
     reads_as_value,
     status_readings,
     turn_value,
@@ -149,6 +150,10 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     change = _changed_value(detector, prev, cur, pd, cd, stop, earlier_turn, edits)
     if change is None or change.span is None:
         return change
+    if change.span.kind == "counter":  # with the capacity it is read against (`1.43 MW of 2.50 MW`)
+        span, end = change.span, _with_capacity(cur, change.span.end)
+        change = ValueChange(Span(span.start, end, span.kind, cur[span.start:end]),
+                             _with_capacity(prev, change.prev_end), change.edit_at)
     place = change.edit_at or value_place(cur, change.span.start)
     if place in edits:  # changed here before: the key's value changed, all of it that did
         change = _whole_line(prev, cur, pd, change.span, change.prev_end, stop) or change
@@ -255,6 +260,9 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
     if whole is not None and whole.span is not None and whole.span.kind == "counter":
         return whole  # a list of readings, whole, though one of them changed (`2427, 109343.643` -> `2427, 110167.307`)
     kind = value_kind(before, prev[ps:pe], cur[cs:ce], cur[ce:rest_end])
+    if kind == "counter" and line_value is not None and after_state(cur[line0:cs]) and agree_after(prev, cur, pline1, line1):
+        start, end, _, vpend = line_value  # a state and its reading: the line's value, whole (round 28)
+        return ValueChange(Span(start, end, kind, cur[start:end]), vpend)
     if kind is None and earlier_turn:
         kind = turn_value(prev[ps:pe], cur[cs:ce], before, cur[ce:rest_end])
     if kind is None and whole is not None:
@@ -275,6 +283,16 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
         kind = "value"  # changed here again: a value the client writes per request
     cs = value_start(kind, cur, cs, ce, line0)
     return ValueChange(Span(cs, ce, kind, cur[cs:ce]), pe, key)
+
+
+# a reading's unit and the capacity it is read against (`1.43 MW of 2.50 MW`, `40 von 120 kg`)
+_CAPACITY_AFTER = re.compile(r"( ?[^\W\d_]{1,3}) (?:of|von) \d+(?:[.,]\d+)*\1(?![\w.,])")
+
+
+def _with_capacity(text: str, end: int) -> int:
+    """A counter's end, taken past its unit and the capacity after it, the same unit (round 28)."""
+    m = _CAPACITY_AFTER.match(text, end)
+    return m.end() if m is not None else end
 
 
 LineValue = tuple[int, int, int, int]  # a key line's value: (start, end) in the current prompt, then in the previous

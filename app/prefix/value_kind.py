@@ -261,8 +261,10 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\
 # `Stewards' enquiry`)
 _STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,3}")
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
-# or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26)
-_STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\)|, [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,4})?")
+# or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26) or its reading
+# (`warming up` -> `running 32 m/min`, `Störung Antrieb` -> `läuft, 10–25 mm`, round 28)
+_STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\)|, [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,4}"
+                    r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
 _DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` is no decimal)
@@ -602,8 +604,26 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
         return True
     if key is not None and line_rest is not None and _UNIT_ENDS_LINE.match(line_rest):
         return True  # `Pegel Kaub: 465 cm`, `<Lautheit>-26,8 LUFS</Lautheit>`: a key's value, with its unit
+    if line_rest is not None and _UNIT_ENDS_LINE.match(line_rest) and not line_rest.rstrip().endswith(".") \
+            and after_state(line_prefix) and not _THRESHOLD_BEFORE.search(line_prefix):
+        # `Presse 2: läuft, 14 t/h`: a key's value, its state's word before the reading; a sentence's
+        # (`Note: within 15 km.`) is a rule's (round 28)
+        return True
     return key is not None and (_TIMING_KEY.search(_words(key.group(1))) is not None
                                 or NOW_CUE.search(key.group(1)) is not None)  # `Current bid: £6,900`
+
+
+# a state's word or two before a reading in a key line's value (`running `, `läuft, `, `in Betrieb mit `)
+_STATE_LEAD = re.compile(r"[^\W\d_]{2,16}(?: [^\W\d_]{2,16})?,? ")
+
+
+def after_state(line_prefix: str) -> bool:
+    """Is the text before a number a key line's key, then a state's word or two (round 28)? The
+    state and its reading are then the line's value, whole (`running 38 m/min`)."""
+    vs = whole_value_start(line_prefix)
+    if vs is None or _STATE_LEAD.fullmatch(line_prefix[vs:]) is None:
+        return False
+    return not any(w.isupper() for w in line_prefix[vs:].split())  # a currency's or a scale's code (`GBP `, `ML `)
 
 
 def _words(key: str) -> str:
