@@ -1718,3 +1718,64 @@ def test_a_value_found_again_wider_from_before_it_is_one_value(fpr) -> None:
               for v, t in zip(values, conversation(3), strict=True)]
     got = run(fpr, bodies)
     assert [(r["cause"], r["spans"], r["secondary"]) for r in got][0] == ("dynamic_head", [values[1]], [])
+
+
+# ------------------------------------------------------------------ round 29
+BLUEPRINT = [f"## {n} [/tools/{n}]\n\n### Call {n} [POST]\n{d}\n\n+ Request (application/json)\n"
+             f"    + Attributes\n        + {p} (string, required)\n"
+             for n, d, p in [("lookup_order", "Find an order by its number.", "number"),
+                             ("create_return", "Open a return for an order.", "number"),
+                             ("track_shipment", "Tracking events of a parcel.", "tracking_id"),
+                             ("update_address", "Change the delivery address.", "address")]]
+
+
+def test_resources_of_an_api_description_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools written as an API description's resources (a heading with the resource's route or
+    the action's method in brackets, API Blueprint's `## name [/tools/name]`), moved: a tool order
+    (round 29)."""
+    assert reordered_listing_causes(fpr, BLUEPRINT, "Tools (tools.apib)", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_window_that_keeps_a_long_head_and_drops_from_the_middle_is_a_front_trim(fpr) -> None:
+    """A context window that keeps every first message it had (here five: longer than the first
+    exchange) and drops the oldest turns after them (AutoGen's token-limited context): the
+    conversation goes on after the cut, a front trim (round 29)."""
+    msgs = agent_history(8)
+    head, rest = msgs[:5], msgs[5:]
+    bodies = [Gen.body(CODER, [*head, *rest[:n]], None, None) for n in (5, 7)] + \
+             [Gen.body(CODER, [*head, *rest[2:9]], None, None)]
+    assert causes(fpr, bodies) == [None, "front_trim"]
+
+
+def test_a_summary_asked_for_by_a_system_instruction_is_a_compaction(fpr) -> None:
+    """The history replaced by an instruction to summarise in a system message of its own, the
+    summary as the model's reply and the next user message (Pydantic AI's summarizing history
+    processor): a compaction (round 29)."""
+    msgs = agent_history(6)
+    ask = {"role": "system", "content": "Summarise the conversation so far for the next model call. Keep open "
+                                        "tasks, file names and decisions; leave out greetings."}
+    summary = {"role": "assistant", "content": "We migrated the invoice module: the models, the views and their "
+                                               "tests, which pass now; the credit notes are next, in the same way, "
+                                               "then the reminders. Nothing is deployed yet; the branch is "
+                                               "invoice-migration and the pull request is a draft. Open "
+                                               "questions: whether the old PDF layout stays for credit notes, "
+                                               "and who reviews the migration of the tax tables."}
+    nxt = {"role": "user", "content": "Start on the credit notes."}
+    bodies = [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None),
+              Gen.body(CODER, [ask, summary, nxt], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    # a payment's codes, each drawn again or risen
+    ("Last card payment: {}", ["auth 4KQ9ZT, trace 301772", "auth M7XW2P, trace 301779", "auth QPLRTV, trace 301781"]),
+    # a run's day and its clock
+    ("Proofing room: {}", ["day 3, 09:41", "day 3, 10:02", "day 3, 10:17"]),
+])
+def test_values_in_round_29s_forms_are_found_whole(fpr, line: str, values: list[str]) -> None:
+    """Round 29: a key line's codes that all changed as draws or a rising sequence, and a run's
+    day with its clock: one value each, whole."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]

@@ -221,7 +221,7 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("timestamp", r"\(\d{3,}\) \d+ days?, \d{1,2}:[0-5]\d:[0-5]\d\.\d\d\b"),
     # uptime(1)'s time since the boot (`up 73 days, 18:36`), whole; a clock, then its date (`06:09:14 MESZ, Mi
     # 21.10.26`, a weekday between them or none), whole (round 28)
-    ("timestamp", r"\bup\s+\d+\s+days?,\s+\d{1,2}:[0-5]\d\b"),
+    ("timestamp", r"\b(?:up\s+\d+\s+days?|day\s+\d+),\s+\d{1,2}:[0-5]\d\b"),  # or a run's `day 4, 15:19` (round 29)
     ("timestamp", rf"\b{_CLOCK}{_TZ},?\s+(?:(?:{_WEEKDAYS}|Mo|Di|Mi|Do|Fr|Sa|So)\.?,?\s+)?"
                   rf"(?:{_DAY}\.{_MON}\.(?:{_YEAR}|\d\d)|{_YEAR}-{_MON}-{_DAY})\b"),
     # an Elixir sigil's date and time (`~U[2026-02-25 19:25:47.028415Z]`, `~N[…]`), whole

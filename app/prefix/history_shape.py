@@ -50,18 +50,33 @@ def trimmed(pm: list[str], cm: list[str], first_exchange: int = 0) -> bool:
     """Do the history keys `cm` continue `pm` with its first turns dropped or summarised, after at
     most PINNED_MESSAGES messages that stay (a sliding window that keeps the task: the first user
     message, or the first exchange), or after the whole first exchange (`first_exchange` messages,
-    when the caller knows the roles: an agent's first exchange holds its tool calls and results)?
+    when the caller knows the roles: an agent's first exchange holds its tool calls and results),
+    or after all the first messages both share, up to MAX_PINNED_EXCHANGE (a window that keeps its
+    head and drops from the middle, AutoGen's token-limited context; round 29)?
     Not when only the first of the remaining messages differs and all the others follow in place:
     that message was edited (a value in it changed), nothing was dropped."""
     pins = list(range(min(PINNED_MESSAGES, len(pm), len(cm)) + 1))
     if PINNED_MESSAGES < first_exchange <= min(MAX_PINNED_EXCHANGE, len(pm), len(cm)):
         pins.append(first_exchange)
+    shared = _shared_head(pm, cm)
+    if shared > max(pins) and shared <= MAX_PINNED_EXCHANGE:
+        pins.append(shared)  # a window that keeps the head it had and drops from the middle (round 29)
     for pinned in pins:
         if pm[:pinned] != cm[:pinned]:
             return False
         if _trimmed_front(pm[pinned:], cm[pinned:]):
             return True
     return False
+
+
+def _shared_head(pm: list[str], cm: list[str]) -> int:
+    """How many first history messages two requests share."""
+    n = 0
+    for a, b in zip(pm, cm, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def first_exchange(is_user: Sequence[bool]) -> int:
@@ -110,7 +125,7 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return True
     if len(prev.message_parts) < COMPACTED_MIN_MESSAGES:  # too short to compact: no message keys computed
         return False
-    if len(cn) * 2 <= len(pn) and summary_asked(*histories()):
+    if len(cn) * 2 <= len(pn) and summary_asked(histories()[0], _asked_history(cur)):
         return True
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + _prompt_messages(prev.message_keys)))
@@ -146,16 +161,28 @@ SUMMARY_REPLY_CHARS = 200  # a summary given as the model's reply is this long a
 def summary_asked(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:
     """A compaction that asks for the summary and keeps it as the model's reply (opencode: "What did
     we do so far?", the summary, then "Continue if you have next steps"; round 27): the previous
-    history (COMPACTED_MIN_MESSAGES or more) is gone, the current one opens with a user message, a
-    reply at least four times as long and SUMMARY_REPLY_CHARS, then a user message, none of them
-    sent before, and holds at most half as many messages. A conversation that opens with a primer
-    the client sends every time has sent it before."""
+    history (COMPACTED_MIN_MESSAGES or more) is gone, the current one (`cur`: the messages after the
+    system prompt) opens with a user message, a reply at least four times as long and
+    SUMMARY_REPLY_CHARS, then a user message, none of them sent before, and holds at most half as
+    many messages. The ask may be an instruction in a system message of its own, the reply then at
+    least twice its length (Pydantic AI's summarizing history processor; round 29). A conversation
+    that opens with a primer the client sends every time has sent it before."""
     if len(prev) < COMPACTED_MIN_MESSAGES or len(cur) < 3 or len(cur) * 2 > len(prev):
         return False
     (r0, k0, n0), (r1, k1, n1), (r2, k2, _) = cur[:3]
     seen = {k for _, k, _ in prev}
-    return (r0, r1, r2) == ("user", "assistant", "user") and not {k0, k1, k2} & seen \
-        and n1 >= max(SUMMARY_REPLY_CHARS, 4 * n0)
+    if (r1, r2) != ("assistant", "user") or {k0, k1, k2} & seen:
+        return False
+    if r0 == "user":
+        return n1 >= max(SUMMARY_REPLY_CHARS, 4 * n0)
+    return r0 in ("system", "developer") and n1 >= max(SUMMARY_REPLY_CHARS, 2 * n0)
+
+
+def _asked_history(sk: RequestSketch) -> list[tuple[str, str, int]]:
+    """(role, key, length) of each message after the system prompt (the first message, when it is
+    a system or developer message), in order: a later system message too (an instruction)."""
+    return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in sk.regions
+            if not (r.index == 0 and r.role in ("system", "developer"))]
 
 
 def _leading_system_texts(sk: RequestSketch) -> list[str]:
