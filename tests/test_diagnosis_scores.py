@@ -227,21 +227,20 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout28 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.641, overlap 0.969 (labels that take in a value's words, "
-                                       "`284 passed, 1 skipped in 7.10s`; card authorisations and counts read as edits the "
-                                       "first time they change); strict, so it turns red when the goal is reached and this "
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout29 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.412, overlap 0.953 (labels that take in a value's key or "
+                                       "its words, `Sec-WebSocket-Key: …`, `Check-in #612`, `Protokoll 2026/0354`, where the "
+                                       "span is the value alone); strict, so it turns red when the goal is reached and this "
                                        "mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout28 (measured once, 2026-12-05): "
-                                       "macro-F1 0.760 (front_trim recall 0.59: a window that keeps the first message and "
-                                       "drops from the middle, read as a history edit or within `material` of the end; "
-                                       "tool_order recall 0.77: API Blueprint documents; 6 history_edit answers where "
-                                       "none is labelled add a cause at F1 0); strict, so it turns red when the goal is "
-                                       "reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout29 (measured once, 2026-12-05): "
+                                       "macro-F1 0.940 (tool_order recall 0.85: WIT interface files; dynamic_head recall "
+                                       "0.91: rising booking and check-in numbers, entry codes, a gate's state read as "
+                                       "edits the first time they change; template_change precision 0.57); strict, so it "
+                                       "turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
