@@ -1779,3 +1779,36 @@ def test_values_in_round_29s_forms_are_found_whole(fpr, line: str, values: list[
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+# ------------------------------------------------------------------ round 30
+WIT_TOOLS = ["  /// Find an order by its number.\n  /// `number`: e.g. NW-48213\n"
+             "  lookup-order: func(number: string) -> result<string, string>;\n",
+             "  /// Open a return for an order.\n  /// `reason`: one of damaged, wrong-size, other\n"
+             "  create-return: func(number: string, reason: option<string>) -> result<string, string>;\n",
+             "  /// Tracking events of a parcel.\n  /// `tracking-id`: the carrier's number\n"
+             "  track-shipment: func(tracking-id: string) -> result<string, string>;\n",
+             "  /// Pending orders of the store.\n  /// `days`: 1 to 30\n"
+             "  pending-orders: func(days: option<u32>) -> result<string, string>;\n"]
+
+
+def test_functions_of_a_wit_interface_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools exported as a WebAssembly component's WIT interface (`name: func(…)`, names in kebab
+    case, doc comments above), moved: a tool order (round 30)."""
+    assert reordered_listing_causes(fpr, WIT_TOOLS, "interface tools {", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Last reservation: #{}", ["RS-4410-KW", "RS-4413-KW", "RS-4420-KW"]),  # the one number of a code, risen
+    ("Letzter Einlass: Gast #{}", ["4410", "4417", "4431"]),  # a number after its sign, risen
+    ("Gate pass: Code {}", ["QWRT-7HKD", "ZPLM-XC4B", "HJ3K-WQRT"]),  # a code in capitals, drawn again
+    ("Weir gate: {}", ["hydraulic fault", "12 % open", "hydraulic fault"]),  # a state, then a reading and its state
+])
+def test_values_in_round_30s_forms_are_values_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """Round 30: a booking code's one number that rose, a ticket number after `#` that rose, an
+    entry code in capitals drawn again, a state replaced by a reading with its state's word."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+

@@ -189,7 +189,9 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
 
 # a member of a TypeScript type whose type is a function (Cloudflare Code Mode's `declare const
 # codemode: { name: (input: {...}) => Promise<unknown>; }`): a tool declared by its name
-_FUNCTION_MEMBER = re.compile(r"^\s*(?:readonly\s+)?[A-Za-z_$][\w$]*\??\s*:\s*\(\s*(?:[A-Za-z_$][\w$]*\??\s*:|\))")
+# a WebAssembly component's WIT `name: func(…)`, its name in kebab case, too (round 30)
+_FUNCTION_MEMBER = re.compile(r"^\s*(?:readonly\s+)?[A-Za-z_$][\w$]*(?:-[A-Za-z0-9]+)*\??\s*:\s*(?:func\s*)?"
+                              r"\(\s*(?:[A-Za-z_$][\w$-]*\??\s*:|\))")
 
 
 # a function defined in one line by assignment (Julia's `api_logs(; lines=nothing) = SiteAPI.api_logs(; lines)`,

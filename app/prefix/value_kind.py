@@ -155,6 +155,11 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return number
     if _rising_sequence(old, new):
         return "id"
+    if line_prefix.endswith("#") and len(old) >= 3 and old.isdecimal() and new.isdecimal() \
+            and 0 < int(new) - int(old) <= 50:
+        return "id"  # a number after its sign that rose a little: `Check-in #597` -> `#606` (round 30)
+    if _code_redrawn(old, new):
+        return "nonce"  # a code in capitals drawn again: an entry's `EKZN-3FJA` -> `CWXK-TWLC` (round 30)
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
         # a build of the same release, some commits on (`v0.13.8-18-g9711b4d` -> `-19-g5fd58c3`),
         # moves with the working tree; another release is an edit
@@ -303,7 +308,7 @@ def whole_value_change(old: str, new: str) -> str | None:
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
             and _DECIMALS.search(f"{old} {new}"):
         return "counter"
-    if _counted_state(old, new):
+    if _counted_state(old, new) or _reading_state(old, new):
         return "flag"
     if _codes_drawn(old, new):
         return "value"
@@ -478,6 +483,15 @@ def _counted_state(old: str, new: str) -> bool:
     return (old[0].isdigit() or new[0].isdigit()) and not set(words[0]) & set(words[1])
 
 
+def _reading_state(old: str, new: str) -> bool:
+    """A state in words replaced by a reading and its state's word, or the reverse (`Störung
+    Hydraulik` -> `5 % offen`; round 30)."""
+    return bool(_NO_COUNT.fullmatch(old) and _READING_WORDS.fullmatch(new)
+                or _NO_COUNT.fullmatch(new) and _READING_WORDS.fullmatch(old))
+
+
+# a reading, then a state's word or two (`5 % offen`, `12 m³/s steigend`)
+_READING_WORDS = re.compile(r"\d+(?:[.,]\d+)?\s?(?:%|[^\W\d_]{1,4}[²³]?(?:/[^\W\d_]{1,3})?) [^\W\d_]{2,16}(?: [^\W\d_]{2,16})?")
 _NO_COUNT = re.compile(r"[^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}")  # a state in words only
 # counts of named things, two or more (`1 boat waiting below, 0 above`, `2 open, 1 closed`)
 _COUNTS = re.compile(r"\d{1,3} [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,3}(?:, \d{1,3}(?: [^\W\d_]{1,16}){1,4})+")
@@ -527,6 +541,19 @@ def _whole_value_kind(old: str, new: str) -> str | None:
 _RUNS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]+")
 
 
+def _code_redrawn(old: str, new: str) -> bool:
+    """A code of capitals and digits (6 or more of them, a third of them letters at least on both
+    sides: a date or a stamp is no code; a digit on one side at least) drawn again:
+    the same length and separators, most of its characters different."""
+    return (len(old) == len(new) and sum(c.isalnum() for c in new) >= 6 and any(c.isdigit() for c in old + new)
+            and sum(c.isalpha() for c in old) * 3 >= len(old) and sum(c.isalpha() for c in new) * 3 >= len(new)
+            and _CAPITALS_CODE.fullmatch(old) is not None and _CAPITALS_CODE.fullmatch(new) is not None
+            and _redrawn(old, new))
+
+
+_CAPITALS_CODE = re.compile(r"[A-Z0-9]+(?:[-/.][A-Z0-9]+)*")
+
+
 def _rising_sequence(old: str, new: str) -> bool:
     """A value of one shape whose first changed part is a number that rose a little: a sequence
     others advance too (a CI run id, an update id, a log position `10/9C5FA374`, a waiting ticket
@@ -549,6 +576,8 @@ def _rising_sequence(old: str, new: str) -> bool:
             return False  # a word of hex letters (`cafe`) is no number
         if base == 10 and len(x) >= 3 and x[0] == "0":
             return 0 < v - u <= 50  # zero-padded: a formatted counter (`0000028`)
+        if base == 10 and 3 <= len(x) < 6 and any(r.isalpha() for r in a) and sum(r.isdigit() for r in a) == 1:
+            return 0 < v - u <= 50  # the one number between a code's letters: a booking's `BK-3859-TL` (round 30)
         return len(x) >= 6 and 0 < v - u <= u // 100
     return False
 
