@@ -232,20 +232,21 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout29 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.412, overlap 0.953 (labels that take in a value's key or "
-                                       "its words, `Sec-WebSocket-Key: …`, `Check-in #612`, `Protokoll 2026/0354`, where the "
-                                       "span is the value alone); strict, so it turns red when the goal is reached and this "
-                                       "mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout30 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.640, overlap 0.944 (labels that take in a value's words, "
+                                       "`last report 288 s ago`; ages, running numbers and station counts read as edits "
+                                       "the first time they change); strict, so it turns red when the goal is reached and "
+                                       "this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout29 (measured once, 2026-12-05): "
-                                       "macro-F1 0.940 (tool_order recall 0.85: WIT interface files; dynamic_head recall "
-                                       "0.91: rising booking and check-in numbers, entry codes, a gate's state read as "
-                                       "edits the first time they change; template_change precision 0.57); strict, so it "
-                                       "turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout30 (measured once, 2026-12-05): "
+                                       "macro-F1 0.879 (compaction recall 0.38: Google ADK's sliding-window compaction, "
+                                       "its summary an assistant message with nothing before it, read as a front trim; "
+                                       "dynamic_head recall 0.89: ages in seconds and minutes, running numbers, station "
+                                       "counts and states read as edits the first time they change); strict, so it turns "
+                                       "red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
