@@ -132,7 +132,12 @@ class ServerThread:
         factory = self.server.config.get_loop_factory()
         self.loop = factory() if factory is not None else asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.server.serve())
+        try:
+            self.loop.run_until_complete(self.server.serve())
+        except SystemExit:
+            # uvicorn exits on a failed start-up (the port taken): the thread ends quietly, and
+            # `start()`, which sees it end before the server started, draws another port or raises
+            return
 
     def start(self, timeout: float = 20.0) -> ServerThread:
         self._thread.start()
