@@ -1812,3 +1812,56 @@ def test_values_in_round_30s_forms_are_values_on_their_first_change(fpr, line: s
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
+
+
+# ------------------------------------------------------------------ round 31
+def _summary_opens(summary: str) -> list[dict]:
+    """A long history, then the history replaced by `summary` as the model's message, the previous
+    request's newest user message kept after it, its answer and a new question."""
+    msgs = agent_history(6)
+    return [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None),
+            Gen.body(CODER, [{"role": "assistant", "content": summary}, msgs[-1],
+                             {"role": "assistant", "content": "Done: the credit notes use the new layout now."},
+                             {"role": "user", "content": "Now the reminders, please."}], None, None)]
+
+
+def test_a_long_summary_that_opens_the_history_as_the_models_message_is_a_compaction(fpr) -> None:
+    """Google ADK's sliding-window compaction: the summary is a model message with nothing before
+    it, then the newest messages as they were: a compaction (round 31)."""
+    summary = ("Summary of the earlier events: the invoice module was migrated, its models, views and tests; "
+               "the tests pass; the credit notes were started in the same way and their layout question is "
+               "open; nothing is deployed; the branch is invoice-migration and its pull request is a draft "
+               "waiting for a review of the tax tables.")
+    assert causes(fpr, _summary_opens(summary)) == [None, "compaction"]
+
+
+def test_a_short_greeting_before_the_same_question_is_no_compaction(fpr) -> None:
+    """The guard: a short message of the model opening the history (a widget's greeting) is no
+    summary, whatever follows it."""
+    assert causes(fpr, _summary_opens("Hi! How can I help?"))[-1] != "compaction"
+
+
+@pytest.mark.parametrize(("line", "values", "spans"), [
+    ("Dock sync: last report {} s ago", ["119", "56", "141"], ["56", "141"]),  # a time ago, its unit abbreviated
+    ("Eisfläche: letzte Aufbereitung vor {} min", ["69", "9", "24"], ["9", "24"]),  # German: `vor` before it
+    ("On air: {}", ["Automation", "Live: Breakfast", "Silence alarm"], ["Live: Breakfast", "Silence alarm"]),  # a state's detail after a colon
+    # four decimals after a comma (its word before it taken in, as a state's is: round 28)
+    ("Leitwarte: Tag {}", ["194,9653", "194,9721", "194,9804"], ["Tag 194,9721", "Tag 194,9804"]),
+])
+def test_values_in_round_31s_forms_are_values_on_their_first_change(fpr, line: str, values: list[str],
+                                                                     spans: list[str]) -> None:
+    """Round 31: a time ago with its unit abbreviated (`119 s ago`, `vor 69 min`), a state with its
+    detail after a colon, a reading with four decimals after a decimal comma."""
+    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[spans[0]], [spans[1]]]
+
+
+def test_a_four_decimal_number_moved_years_on_is_an_edit(fpr) -> None:
+    """The guard: a serial date with five decimals edited years on (`46023,25000` -> `57134,36111`)
+    moved far more than a reading does: an edit."""
+    values = ["46023,25000", "57134,36111", "57134,36111"]
+    bodies = [body(f"{SYSTEM}Template valid from serial {v}\nAnswer briefly.", t)
+              for v, t in zip(values, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["template_change", None]

@@ -153,7 +153,9 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # a weak entity tag (RFC 9110: `W/"<opaque>"`), whole
     ("etag", r'\bW/"[\x21\x23-\x7e]{6,}"'),
     # a time ago (`refreshed 23 minutes ago`, `vor 12 Minuten`): it grows as the clock runs
-    ("counter", r"(?i)\b\d+\s?(?:seconds?|minutes?|hours?|days?)\s+ago\b"),
+    # (its unit abbreviated too, `last report 119 s ago`, `vor 69 min`; round 31)
+    ("counter", r"(?i)\b\d+\s?(?:seconds?|minutes?|hours?|days?|secs?|mins?|hrs?|s|h)\s+ago\b"
+                r"|\bvor\s+\d+\s?(?:Sekunden|Minuten|Stunden|Tagen|Sek\.|Min\.|Std\.|s\b|min\b|h\b)"),
     # `uptime`'s line (procps): the clock, the time since boot, the users and the load averages, one reading
     ("reading", r"\b(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d up (?:\d+ days?, +)?(?:\d{1,2}:[0-5]\d|\d+ min), +\d+ users?, +"
                 r"load average: \d+\.\d\d, \d+\.\d\d, \d+\.\d\d"),

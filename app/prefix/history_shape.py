@@ -127,8 +127,10 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return False
     if len(cn) * 2 <= len(pn) and summary_asked(histories()[0], _asked_history(cur)):
         return True
+    offset = _prompt_messages(prev.message_keys)
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
-                       lambda i: _extended(prev, cur, i + _prompt_messages(prev.message_keys)))
+                       lambda i: _extended(prev, cur, i + offset),
+                       lambda i: _long_message(cur, i + _prompt_messages(cur.message_keys)))
 
 
 SUMMARY_IN_SYSTEM_CHARS = 64  # a summary appended to the system prompt is this long at least
@@ -205,6 +207,12 @@ def _after_prompt(keys: list[str]) -> list[str]:
     return keys[_prompt_messages(keys):]
 
 
+def _long_message(sk: RequestSketch, index: int) -> bool:
+    """Does message `index` hold SUMMARY_REPLY_CHARS or more of text?"""
+    region = next((r for r in sk.regions if r.index == index), None)
+    return region is not None and region.end - region.start >= SUMMARY_REPLY_CHARS
+
+
 def _extended(prev: RequestSketch, cur: RequestSketch, index: int) -> bool:
     """Is message `index` of `cur` that of `prev` with text added after it (Cline's note that
     history was removed, appended to the first reply)?"""
@@ -214,7 +222,8 @@ def _extended(prev: RequestSketch, cur: RequestSketch, index: int) -> bool:
         and cur.text.startswith(prev.text[p.start:p.end], c.start)
 
 
-def newest_kept(prev: list[str], cur: list[str], extended: Callable[[int], bool] = lambda i: False) -> bool:
+def newest_kept(prev: list[str], cur: list[str], extended: Callable[[int], bool] = lambda i: False,
+                long_summary: Callable[[int], bool] = lambda i: False) -> bool:
     """A compaction that keeps the newest messages as they were (LangMem's SummarizationNode, Strands'
     SummarizingConversationManager, Roo Code's condense): after the first messages that stay (none,
     or up to PINNED_MESSAGES: the task), a new message stands in for the rest (the summary; no
@@ -222,13 +231,15 @@ def newest_kept(prev: list[str], cur: list[str], extended: Callable[[int], bool]
     history's newest messages follow unchanged through its end, and most of what was not pinned is
     gone. A sliding window that drops the oldest exchange under a summary keeps most of it, and one
     that notes the cut in a pinned message (`extended`: message i with text added) stands nothing
-    in for it: front trims."""
+    in for it: front trims. A summary that opens the history as the model's message counts when it
+    is long (`long_summary`: message i holds SUMMARY_REPLY_CHARS or more; Google ADK's sliding-window
+    compaction, round 31): a greeting that opens a new conversation is short."""
     for pinned in range(min(PINNED_MESSAGES, len(prev), len(cur) - 2) + 1):
         if prev[:pinned] != cur[:pinned]:
             break
         rest, summary = prev[pinned:], cur[pinned]
         if len(rest) < COMPACTED_MIN_MESSAGES or summary in prev or extended(pinned) \
-                or (not pinned and summary.startswith("assistant:")):
+                or (not pinned and summary.startswith("assistant:") and not long_summary(pinned)):
             continue
         follows = pinned + 1
         if cur[follows].startswith("assistant:") and cur[follows] not in prev and not summary.startswith("assistant:"):

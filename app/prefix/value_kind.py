@@ -81,7 +81,7 @@ _THRESHOLD_BEFORE = re.compile(r"(?i)\b(?:below|above|under|over|less than|more 
                                r"limit)\W*$")
 # two signed 64-bit numbers and more, joined by `:` (JSF's `javax.faces.ViewState`): random draws
 _LONG_DRAWS = re.compile(r"-?\d{15,20}(?::-?\d{15,20})+|-?\d{17,20}")
-_FINE = re.compile(r"\d+\.\d{4,}")  # a reading with four decimals or more
+_FINE = re.compile(r"\d+[.,]\d{4,}")  # a reading with four decimals or more (a decimal comma too: `194,9653`, round 31)
 _ISO_DURATION = re.compile(r"P(?:\d+D)?T(?:\d+H)?(?:\d+M)?\d+(?:[.,]\d+)?S")  # ISO 8601, seconds included
 _EPOCH_ID = re.compile(r"1[5-9]\d{11}-\d{1,6}")  # milliseconds since the epoch, then a sequence number
 # a count out of a capacity that stays (`53/220 climbers`): the capacity a number, not a month or a year (`KW 15/2026`)
@@ -266,9 +266,10 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\
 # `Stewards' enquiry`)
 _STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,3}")
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
-# or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26) or its reading
+# or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
+# Breakfast`, `fault: gripper jam`, round 31) or its reading
 # (`warming up` -> `running 32 m/min`, `Störung Antrieb` -> `läuft, 10–25 mm`, round 28)
-_STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\)|, [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,4}"
+_STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\)|[,:] [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,4}"
                     r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
@@ -635,7 +636,7 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
     if max(_significant(new), _significant(old)) <= 1:
         return False
     if _FINE.fullmatch(new) and _FINE.fullmatch(old):
-        return True
+        return _moved_little(old, new)  # a fine reading moves a little; one years on is an edit (`46023,25` -> `57134,36`)
     decimals = ("." in new and "." in old) or ("," in new and "," in old)
     if decimals and line_rest is not None and _MEASURE_UNIT.match(line_rest) and not _THRESHOLD_BEFORE.search(line_prefix):
         return True  # a measurement, not a rule's threshold (`below 1.5 m` -> `1.2 m` is an edit)
@@ -668,6 +669,12 @@ def after_state(line_prefix: str) -> bool:
     if vs is None or _STATE_LEAD.fullmatch(line_prefix[vs:]) is None:
         return False
     return not any(w.isupper() for w in line_prefix[vs:].split())  # a currency's or a scale's code (`GBP `, `ML `)
+
+
+def _moved_little(old: str, new: str) -> bool:
+    """Did a number written with four decimals or more move by 1% of itself at most (round 31)?"""
+    a, b = float(old.replace(",", ".")), float(new.replace(",", "."))
+    return abs(b - a) <= 0.01 * max(abs(a), abs(b))
 
 
 def _words(key: str) -> str:
