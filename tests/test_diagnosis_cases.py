@@ -1865,3 +1865,60 @@ def test_a_four_decimal_number_moved_years_on_is_an_edit(fpr) -> None:
     bodies = [body(f"{SYSTEM}Template valid from serial {v}\nAnswer briefly.", t)
               for v, t in zip(values, conversation(3), strict=True)]
     assert causes(fpr, bodies) == ["template_change", None]
+
+
+# ------------------------------------------------------------------ round 32
+NU_TOOLS = [f'# {d}\nexport def "tool {n}" [\n    {p}: string  # {h}\n]: nothing -> any {{\n'
+            f'    http post --content-type application/json $"($env.TOOLS_URL)/{n}" {{{p}: ${p}}}\n}}\n'
+            for n, d, p, h in [("lookup_order", "Find an order by its number.", "number", "e.g. NW-48213"),
+                               ("create_return", "Open a return for an order.", "number", "the order"),
+                               ("track_shipment", "Tracking events of a parcel.", "tracking_id", "the carrier's"),
+                               ("update_address", "Change the delivery address.", "address", "one line")]]
+
+
+def test_commands_of_a_nushell_module_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools written as a Nushell module's custom commands (`export def "tool name" [`, a quoted
+    name and its parameters in brackets), moved: a tool order (round 32)."""
+    assert reordered_listing_causes(fpr, NU_TOOLS, "Tool commands (tools.nu)", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_minimum_after_ab_edited_is_an_edit(fpr) -> None:
+    """`Fahren erst ab 1,40 m` -> `1,45 m`: a rule's minimum after German `ab` (from) edited once,
+    not a measurement (round 32)."""
+    values = ["1,40", "1,45", "1,45"]
+    bodies = [body(f"{SYSTEM_DE}- Kinder fahren erst ab {v} m Körpergröße allein.\nAntworte kurz.", t)
+              for v, t in zip(values, conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["template_change", None]
+
+
+def _tool_turns(results: list[str]) -> list[dict]:
+    """A user turn, then a tool call and its result per entry of `results`, then a reply each."""
+    msgs: list[dict] = [{"role": "user", "content": TASK}]
+    for k, result in enumerate(results):
+        call = {"id": f"call_{k}", "type": "function", "function": {"name": "read_file", "arguments": f'{{"path": "m{k}.py"}}'}}
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": f"call_{k}", "content": result},
+                 {"role": "assistant", "content": f"Module {k} read; it calls the legacy API once."}]
+    return msgs
+
+
+def test_old_tool_results_cleared_in_place_are_a_compaction(fpr) -> None:
+    """Old tool results replaced by one placeholder, every turn kept (Anthropic's context editing,
+    Claude Code's microcompaction): paid once, a compaction (round 32)."""
+    results = [f"def handler_{k}(request):\n    return legacy(request)\n" * 6 for k in range(3)]
+    cleared = ["[Old tool result content cleared]"] * 2 + results[2:]
+    ask = {"role": "user", "content": "Now port the third module."}
+    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
+              Gen.body(CODER, [*_tool_turns(cleared), ask], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_tool_result_refreshed_with_new_values_is_no_compaction(fpr) -> None:
+    """The guard: a tool result re-sent with other values of about its length (a prefetched result
+    refreshed) is no compaction."""
+    results = [f"stock of warehouse {k}: 1{k}4 units\n" * 6 for k in range(3)]
+    refreshed = [results[0].replace("units", "pcs."), *results[1:]]
+    ask = {"role": "user", "content": "And warehouse 3?"}
+    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
+              Gen.body(CODER, [*_tool_turns(refreshed), ask], None, None)]
+    assert causes(fpr, bodies)[-1] != "compaction"

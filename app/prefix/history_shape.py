@@ -127,6 +127,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return False
     if len(cn) * 2 <= len(pn) and summary_asked(histories()[0], _asked_history(cur)):
         return True
+    if len(cn) >= len(pn) and results_cleared(*histories()):
+        return True
     offset = _prompt_messages(prev.message_keys)
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + offset),
@@ -178,6 +180,19 @@ def summary_asked(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, in
     if r0 == "user":
         return n1 >= max(SUMMARY_REPLY_CHARS, 4 * n0)
     return r0 in ("system", "developer") and n1 >= max(SUMMARY_REPLY_CHARS, 2 * n0)
+
+
+def results_cleared(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:
+    """A compaction that clears old tool results in place (Anthropic's context editing, Claude Code's
+    microcompaction; round 32): the previous history's messages all follow in their roles, the ones
+    that changed are tool results, each now one placeholder (the same text for all) at most half
+    as long as before, the rest unchanged. Paid once, as a summary is; a refreshed result keeps
+    its length."""
+    changed = [(p, c) for p, c in zip(prev, cur, strict=False) if p[1] != c[1]]
+    if not changed or any(p[0] != c[0] for p, c in zip(prev, cur, strict=False)):
+        return False
+    return len({c[1] for _, c in changed}) == 1 and all(
+        p[0] == "tool" and c[2] * 2 <= p[2] for p, c in changed)
 
 
 def _asked_history(sk: RequestSketch) -> list[tuple[str, str, int]]:

@@ -77,7 +77,7 @@ _MEASURE_UNIT = re.compile(r"\s?(?:[mck]?m[²³]?|m/s|km/h|kn|[hk]?Pa|m?bar|[mk]
                            r"[kMG]?Hz|ppm|rpm)(?![\w/²³])")
 # a threshold a rule states before its number (`only when the wave height is below 1.5 m`)
 _THRESHOLD_BEFORE = re.compile(r"(?i)\b(?:below|above|under|over|less than|more than|at most|at least|up to|exceeds?|"
-                               r"unter|über|unterhalb|oberhalb|höchstens|mindestens|bis|max(?:imum)?|min(?:imum)?|"
+                               r"unter|über|unterhalb|oberhalb|höchstens|mindestens|bis|ab|max(?:imum)?|min(?:imum)?|"
                                r"limit)\W*$")
 # two signed 64-bit numbers and more, joined by `:` (JSF's `javax.faces.ViewState`): random draws
 _LONG_DRAWS = re.compile(r"-?\d{15,20}(?::-?\d{15,20})+|-?\d{17,20}")
