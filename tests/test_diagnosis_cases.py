@@ -1922,3 +1922,25 @@ def test_a_tool_result_refreshed_with_new_values_is_no_compaction(fpr) -> None:
     bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
               Gen.body(CODER, [*_tool_turns(refreshed), ask], None, None)]
     assert causes(fpr, bodies)[-1] != "compaction"
+
+
+# ------------------------------------------------------------------ round 33
+KDL_TOOLS = ['tool "lookup_order" description="Find an order by its number." {\n'
+             '    param "number" type="string" required=#true\n}',
+             'tool "create_return" description="Open a return for an order." {\n'
+             '    param "number" type="string" required=#true\n    param "reason" type="string" required=#false\n}',
+             'tool "pending_orders" description="Orders not shipped yet."',
+             'tool "track_shipment" description="Tracking events of a parcel." {\n'
+             '    param "tracking_id" type="string" required=#true\n}']
+CUE_TOOLS = ["// Find an order by its number.\n#lookup_order: {\n\tnumber!: string // e.g. NW-48213\n}\n",
+             "// Open a return for an order.\n#create_return: {\n\tnumber!: string\n\treason?: \"damaged\" | \"other\"\n}\n",
+             "// Orders not shipped yet.\n#pending_orders: {}\n",
+             "// Tracking events of a parcel.\n#track_shipment: {\n\ttracking_id!: string\n}\n"]
+
+
+@pytest.mark.parametrize("form", ["kdl-nodes", "cue-definitions"])
+def test_tools_as_named_blocks_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Tools written as blocks that a keyword and a quoted name open (KDL nodes, with children or
+    none) or as definitions named after `#` (CUE, an empty struct too), moved: a tool order (round 33)."""
+    entries = KDL_TOOLS if form == "kdl-nodes" else CUE_TOOLS
+    assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]

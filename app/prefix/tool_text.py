@@ -85,6 +85,11 @@ _ROUTE_HEADING = re.compile(r"^#{1,6}\s+\S[^\[\n]{0,80}\s\[(?:/[^\]\s]*|(?:GET|P
 # a command declared by keywords and its quoted name, then its parameters in brackets (a Nushell
 # module's `export def "tool launch_log" [`; round 32)
 _QUOTED_DECLARATION = re.compile(rf'^\s*{_KEYWORDS}"[^"\n]{{1,60}}"\s*\[')
+# a block opened by a keyword and a quoted name, its properties after it (a KDL node, `tool "race_results"
+# description="…" {`, or with no children and no braces; an HCL block's `tool "x" {`), and a definition
+# named after `#` that opens a struct, empty too (CUE's `#race_results: {`, `#milk_tank: {}`; round 33)
+_NAMED_BLOCK = re.compile(rf'^\s*[a-z][\w-]*\s+"{_NAME}"(?:(?:\s+[\w-]+=(?:"[^"\n]*"|[^\s{{]+))+\s*(?:\{{\s*\}}?)?'
+                          rf'|\s*\{{\s*\}}?)\s*$|^\s*#{_NAME}!?\s*:\s*\{{\s*\}}?\s*$')
 _NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*name\s*(?::\s*[^=\n]{{1,30}})?[:=]\s*["']{_NAME}["']""")
 # a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
 _BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
@@ -209,7 +214,7 @@ def declares_name(line: str) -> bool:
                 or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
                 or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line)
                 or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line) or _ANNOTATED_NAME.match(line)
-                or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line))
+                or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line))
 
 
 def _shape(line: str) -> str:
