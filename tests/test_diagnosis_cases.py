@@ -1944,3 +1944,35 @@ def test_tools_as_named_blocks_in_another_order_are_a_tool_order(fpr, form: str)
     none) or as definitions named after `#` (CUE, an empty struct too), moved: a tool order (round 33)."""
     entries = KDL_TOOLS if form == "kdl-nodes" else CUE_TOOLS
     assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+# ------------------------------------------------------------------ round 34
+def _env_block(value: str) -> str:
+    return ("<environment_context>\n  <cwd>/srv/shop</cwd>\n  <approval_policy>on-request</approval_policy>\n"
+            f"  <last_deploy>{value}</last_deploy>\n  <shell>bash</shell>\n</environment_context>")
+
+
+def test_a_tag_line_of_a_context_block_sent_as_an_earlier_user_message_is_a_value(fpr) -> None:
+    """A coding agent sends its instructions and its environment block as user messages of their
+    own before the user's words, re-rendered on every request (Codex CLI): a tag line's content that
+    changed there, in more than one token, is a per-request value, whole (round 34)."""
+    values = ["build 2361 · blue", "build 2364 · green", "build 2370 · blue"]
+    instructions = {"role": "user", "content": "<user_instructions>\nRun the tests before you finish.\n</user_instructions>"}
+    bodies = [Gen.body(CODER, [instructions, {"role": "user", "content": _env_block(v)},
+                               *[{"role": "user" if i % 2 == 0 else "assistant", "content": x} for i, x in enumerate(turns)]],
+                       None, None) for v, turns in zip(values, conversation(3), strict=True)]
+    got = run(fpr, bodies)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+CRON_TOOLS = ["15 2 * * * /srv/shop/bin/manage export_orders --since yesterday",
+              "*/10 * * * * /srv/shop/bin/manage sync_stock",
+              "@reboot /srv/shop/bin/start-worker",
+              "0 6 * * 1-5 /srv/shop/bin/manage send_digest  # the morning digest"]
+
+
+def test_a_cron_tables_jobs_in_another_order_are_a_tool_order(fpr) -> None:
+    """The jobs an agent may run, listed as a cron table's lines (`crontab -l`: five schedule fields
+    or an `@` nickname, then the command), moved: a tool order (round 34)."""
+    assert reordered_listing_causes(fpr, CRON_TOOLS, "Scheduled jobs (crontab -l)", [2, 0, 3, 1]) == ["tool_order", None]

@@ -94,6 +94,9 @@ _NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*nam
 # a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
 _BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
 _POSITION_NUMBER = re.compile(r"(?<=#)\d{1,3}\b")  # a block's number by its position: it stays, the block moves
+# a cron table's line: five schedule fields or an `@` nickname, then the command it runs (`crontab -l`,
+# the scheduled jobs an agent may run; round 34)
+_CRON_LINE = re.compile(r"^\s*(?:(?:[\d*][\d*/,\-]*\s+){5}|@(?:reboot|yearly|annually|monthly|weekly|daily|midnight|hourly)\s+)[/~\w$.]")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 # JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
@@ -173,7 +176,8 @@ def tool_entries(lines: list[str]) -> bool:
     named: list[str] = []
     rest: list[str] = []
     for ln in lines:
-        (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) else rest).append(ln)
+        (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
+         else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:

@@ -250,6 +250,8 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
     if not agree_after(prev, cur, pe, ce):
         # more than one token changed: an edit, not a value, unless a key line's whole value changed
         # in a shape values have (`whole_value_change`)
+        if earlier_turn and (tagged := _tag_line_value(prev, cur, pline0, pline1, line0, line1)) is not None:
+            return tagged
         line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
         return _whole_value(prev, cur, line_value, pline1, line1) or _status_reading(prev, cur, line_value) \
             or _changed_again(prev, cur, line_value, pline1, line1, edits)
@@ -293,6 +295,20 @@ def _with_capacity(text: str, end: int) -> int:
     """A counter's end, taken past its unit and the capacity after it, the same unit (round 28)."""
     m = _CAPACITY_AFTER.match(text, end)
     return m.end() if m is not None else end
+
+
+_TAG_LINE = re.compile(r"[ \t]*<([\w.:-]+)>([^<>\n]+)</\1>[ \t]*")
+
+
+def _tag_line_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, line1: int) -> ValueChange | None:
+    """In a user turn before the last, a line that is one tag element (`<last_game>game 2362 · The
+    Vault</last_game>`) whose content changed, the prompts agreeing again after the line: an
+    agent's context block refreshed (Codex CLI's `<environment_context>`), its content a value,
+    whole (round 34). A person who edits a turn writes prose, not a tag's content."""
+    m, pm = _TAG_LINE.fullmatch(cur, line0, line1), _TAG_LINE.fullmatch(prev, pline0, pline1)
+    if m is None or pm is None or m.group(1) != pm.group(1) or not agree_after(prev, cur, pline1, line1):
+        return None
+    return ValueChange(Span(m.start(2), m.end(2), "value", m.group(2)), pm.end(2))
 
 
 LineValue = tuple[int, int, int, int]  # a key line's value: (start, end) in the current prompt, then in the previous
