@@ -517,8 +517,9 @@ _RUNS_OF_WORDS = re.compile(r"[\w.]+")
 
 def _codes_drawn(old: str, new: str) -> bool:
     """Its words the same, two codes or more changed, each drawn again (5 characters or more, most
-    of them different, a digit on one side at least) or a sequence that rose (`_rising_sequence`): a payment's `Autorisierung
-    DM4M0B, Trace 080585` -> `Autorisierung 7EV8WM, Trace 080587` (round 29)."""
+    of them different, a digit on one side at least) or a sequence that rose (`_rising_sequence`):
+    a payment's `Autorisierung DM4M0B, Trace 080585` -> `Autorisierung 7EV8WM, Trace 080587`
+    (round 29)."""
     a, b = _RUNS_OF_WORDS.findall(old), _RUNS_OF_WORDS.findall(new)
     if len(a) != len(b) or _RUNS_OF_WORDS.sub("", old) != _RUNS_OF_WORDS.sub("", new):
         return False
@@ -526,6 +527,8 @@ def _codes_drawn(old: str, new: str) -> bool:
     return len(changed) >= 2 and all(
         any(c.isdigit() for c in x + y) and (len(x) >= 5 and _redrawn(x, y) or _rising_sequence(x, y))
         for x, y in changed)
+
+
 _CODE = re.compile(r"(?=.*\d)[A-Z0-9 ./-]+")  # capitals and digit groups, no word of prose: an id
 
 
