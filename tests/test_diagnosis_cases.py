@@ -89,6 +89,12 @@ def run(fpr: Fingerprinter, bodies: list[dict]) -> list[dict[str, Any]]:
     return asyncio.run(analyse(bodies, fpr, 16))[1:]
 
 
+def run_value_line(fpr: Fingerprinter, line: str, values: list[str]) -> list[dict[str, Any]]:
+    """Three requests of one growing conversation whose system text opens with `line` holding each
+    of `values` in turn: the analysis of the second and the third."""
+    return run(fpr, [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)])
+
+
 def causes(fpr: Fingerprinter, bodies: list[dict]) -> list[str | None]:
     return [r["cause"] for r in run(fpr, bodies)]
 
@@ -1143,8 +1149,7 @@ def test_a_status_lines_readings_are_values_on_their_first_change(fpr, line: str
     """A key line's value holding several numbers that changed in its numbers only (a wind's
     direction with them), one of them written to a reading's precision: a status line the client
     writes per request, a value on its first change, not the edit a rule's number is (round 22)."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[s] for s in (spans or values[1:])]
 
@@ -1167,8 +1172,7 @@ def test_a_rules_numbers_edited_in_a_key_line_stay_an_edit(fpr, old: str, new: s
     ("Waiting time at the gate: ca. {} min", ["25", "20", "35"]),  # an approximation after the key
 ])
 def test_a_time_counted_down_or_approximated_after_a_key_is_a_value(fpr, line: str, values: list[str]) -> None:
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
@@ -1327,8 +1331,7 @@ def test_states_and_tallies_on_their_first_change_are_values(fpr, line: str, val
     """Round 24: a key line's state with a reason in brackets, a tally of named counts, a count with
     what it counts in brackets are values on their first change (the whole value: the second
     change's span is its key's value once its key changed before)."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert got[0]["spans"] == [values[1]]
 
@@ -1484,8 +1487,7 @@ def test_a_system_message_added_before_the_prompt_over_a_conversation_that_goes_
 def test_one_reading_or_counts_after_nothing_on_their_first_change_are_values(fpr, line: str, values: list[str]) -> None:
     """Round 25: a key's one reading, signed or to two decimals, and counts that replace a state in
     words, are values on their first change."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
 
 
@@ -1504,8 +1506,7 @@ def test_a_settings_one_number_among_words_stays_an_edit(fpr, line: str, old: st
                                    "Sun, 26-Apr-2026 00:01:10 GMT"]),  # PHP's setcookie, a four-digit year
 ])
 def test_timestamps_in_round_25s_forms_are_found_whole(fpr, line: str, values: list[str]) -> None:
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
@@ -1554,8 +1555,7 @@ def test_a_state_after_a_possessive_key_or_with_its_detail_is_a_value_on_its_fir
                                                                                            values: list[str]) -> None:
     """Round 26: a key in the possessive (`Today's call:`) is a key, and a state may carry its detail
     after a comma: values on their first change, whole."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
@@ -1567,8 +1567,7 @@ def test_a_state_after_a_possessive_key_or_with_its_detail_is_a_value_on_its_fir
 def test_a_date_time_group_and_an_hours_duration_are_found_whole(fpr, line: str, values: list[str]) -> None:
     """Round 26: NATO's date-time group (DDHHMMZ MON YY) is a timestamp, and `2 h 58` that a
     clock's pattern reads is the duration `2 h 58 min`."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
@@ -1680,8 +1679,7 @@ def test_requests_of_an_http_client_file_in_another_order_are_a_tool_order(fpr) 
 def test_a_state_with_its_reading_is_one_value_on_its_first_change(fpr, line: str, values: list[str]) -> None:
     """Round 28: a key line's value that is a state's word and a reading with its unit is the
     line's value, whole, on its first change, as a state alone is."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
@@ -1703,8 +1701,7 @@ def test_a_rule_sentence_with_a_distance_is_still_an_edit(fpr) -> None:
 def test_values_in_round_28s_forms_are_found_whole(fpr, line: str, values: list[str]) -> None:
     """Round 28: uptime's `up N days, H:MM`, a clock with its date after it, a reading with the
     capacity it is read against: each one value, whole."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
@@ -1775,8 +1772,7 @@ def test_a_summary_asked_for_by_a_system_instruction_is_a_compaction(fpr) -> Non
 def test_values_in_round_29s_forms_are_found_whole(fpr, line: str, values: list[str]) -> None:
     """Round 29: a key line's codes that all changed as draws or a rising sequence, and a run's
     day with its clock: one value each, whole."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
@@ -1807,8 +1803,7 @@ def test_functions_of_a_wit_interface_in_another_order_are_a_tool_order(fpr) -> 
 def test_values_in_round_30s_forms_are_values_on_their_first_change(fpr, line: str, values: list[str]) -> None:
     """Round 30: a booking code's one number that rose, a ticket number after `#` that rose, an
     entry code in capitals drawn again, a state replaced by a reading with its state's word."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
@@ -1852,8 +1847,7 @@ def test_values_in_round_31s_forms_are_values_on_their_first_change(fpr, line: s
                                                                      spans: list[str]) -> None:
     """Round 31: a time ago with its unit abbreviated (`119 s ago`, `vor 69 min`), a state with its
     detail after a colon, a reading with four decimals after a decimal comma."""
-    bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
-    got = run(fpr, bodies)
+    got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[spans[0]], [spans[1]]]
 
