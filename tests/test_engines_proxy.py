@@ -35,6 +35,9 @@ def test_proxy_serves_engine_gauges_and_verdicts(sim_factory, proxy_factory) -> 
     proxy = proxy_factory([on.urls[0], off.urls[0]], names=["on", "off"], routing={"policy": "round_robin"},
                           scrape={"interval_s": 0.1, "timeout_s": 2.0})
     client = OpenAI(base_url=proxy.base_url, api_key="x", max_retries=0, timeout=30)
+    # the hit ratio is a window's deltas (app/engines/rates.py): the traffic must come after a first
+    # sample of "on", or no window sees it (on a busy machine the 8 requests can beat the first scrape)
+    wait_for(lambda: httpx.get(f"{proxy.url}/hygiene/engines").json()["backends"]["on"]["scraped_at"])
     for i in range(8):
         client.completions.create(model="sim", prompt=f"{PROMPT} #{i // 4}", max_tokens=4)
 
