@@ -222,9 +222,11 @@ async def _answers(bodies: list[dict], fpr: Fingerprinter, pods: int) -> list[tu
 def pod_agreement(path: Path, fpr: Fingerprinter, pods: int) -> tuple[int, int, list[str]]:
     """(answers that differ from one pod's, transitions, which)."""
     differ, total, which = 0, 0, []
-    for name, bodies, _ in load(path):
-        one, many = asyncio.run(_answers(bodies, fpr, 1)), asyncio.run(_answers(bodies, fpr, pods))
-        for i in range(1, len(bodies)):
+    with asyncio.Runner() as runner:  # one event loop for every tenant, as `score` has
+        rows = [(name, len(bodies), runner.run(_answers(bodies, fpr, 1)), runner.run(_answers(bodies, fpr, pods)))
+                for name, bodies, _ in load(path)]
+    for name, n, one, many in rows:
+        for i in range(1, n):
             total += 1
             if one[i] != many[i]:
                 differ += 1

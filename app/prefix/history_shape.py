@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from functools import cache
 
 from app.prefix.conversation import span_key
-from app.prefix.sketch import RequestSketch
+from app.prefix.sketch import Region, RequestSketch
 
 COMPACTED_MIN_MESSAGES = 4  # a history this long before it, at least (one exchange is no context to compact)
 PINNED_MESSAGES = 2  # a front trim may keep this many first history messages (the task, its first reply)
@@ -103,9 +103,14 @@ def _by_user(history: list[tuple[str, str, int]]) -> HistoryKeys:
     return [(role == "user", key) for role, key, _ in history]
 
 
+def _keyed(sk: RequestSketch, regions: Sequence[Region]) -> list[tuple[str, str, int]]:
+    """(role, key, length) of each of these messages of `sk`, in order."""
+    return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in regions]
+
+
 def _history(sk: RequestSketch) -> list[tuple[str, str, int]]:
     """(role, key, length) of each non-system message, in order."""
-    return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in sk.history_regions()]
+    return _keyed(sk, sk.history_regions())
 
 
 def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
@@ -129,10 +134,10 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return True
     if len(cn) >= len(pn) and results_cleared(*histories()):
         return True
-    offset = _prompt_messages(prev.message_keys)
+    prev_offset, cur_offset = _prompt_messages(prev.message_keys), _prompt_messages(cur.message_keys)
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
-                       lambda i: _extended(prev, cur, i + offset),
-                       lambda i: _long_message(cur, i + _prompt_messages(cur.message_keys)))
+                       lambda i: _extended(prev, cur, i + prev_offset),
+                       lambda i: _long_message(cur, i + cur_offset))
 
 
 SUMMARY_IN_SYSTEM_CHARS = 64  # a summary appended to the system prompt is this long at least
@@ -198,8 +203,7 @@ def results_cleared(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, 
 def _asked_history(sk: RequestSketch) -> list[tuple[str, str, int]]:
     """(role, key, length) of each message after the system prompt (the first message, when it is
     a system or developer message), in order: a later system message too (an instruction)."""
-    return [(r.role, span_key(r.role, sk.text, r.start, r.end), r.end - r.start) for r in sk.regions
-            if not (r.index == 0 and r.role in ("system", "developer"))]
+    return _keyed(sk, [r for r in sk.regions if not (r.index == 0 and r.role in ("system", "developer"))])
 
 
 def _leading_system_texts(sk: RequestSketch) -> list[str]:
@@ -224,15 +228,19 @@ def _after_prompt(keys: list[str]) -> list[str]:
 
 def _long_message(sk: RequestSketch, index: int) -> bool:
     """Does message `index` hold SUMMARY_REPLY_CHARS or more of text?"""
-    region = next((r for r in sk.regions if r.index == index), None)
+    region = _region(sk, index)
     return region is not None and region.end - region.start >= SUMMARY_REPLY_CHARS
+
+
+def _region(sk: RequestSketch, index: int) -> Region | None:
+    """The region of message `index` (None when its content was not found in the text)."""
+    return next((r for r in sk.regions if r.index == index), None)
 
 
 def _extended(prev: RequestSketch, cur: RequestSketch, index: int) -> bool:
     """Is message `index` of `cur` that of `prev` with text added after it (Cline's note that
     history was removed, appended to the first reply)?"""
-    p = next((r for r in prev.regions if r.index == index), None)
-    c = next((r for r in cur.regions if r.index == index), None)
+    p, c = _region(prev, index), _region(cur, index)
     return p is not None and c is not None and p.role == c.role and c.end - c.start > p.end - p.start \
         and cur.text.startswith(prev.text[p.start:p.end], c.start)
 
