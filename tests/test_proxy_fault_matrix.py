@@ -21,8 +21,10 @@ from openai._streaming import SSEDecoder
 from app.proxy.sse import SSEParser
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real_vllm"
-STALL_S = 2.0  # a stall: far past both timeouts below
-TIMEOUT_S = 0.5  # limits.first_byte_timeout_s and limits.read_timeout_s
+STALL_S = 3.0  # a stall: far past both timeouts below
+# limits.first_byte_timeout_s and limits.read_timeout_s: the replica a stalled request is retried on
+# must answer within it too, and at 0.5 s a busy test machine (4 workers on 2 cores) sometimes did not
+TIMEOUT_S = 1.0
 TRICKLE = (16, 0.002)  # slow trickle: 16-byte writes, 2 ms apart (well inside the read timeout)
 
 COMPLETIONS_JSON = orjson.dumps({
