@@ -1970,3 +1970,112 @@ def test_a_cron_tables_jobs_in_another_order_are_a_tool_order(fpr) -> None:
     """The jobs an agent may run, listed as a cron table's lines (`crontab -l`: five schedule fields
     or an `@` nickname, then the command), moved: a tool order (round 34)."""
     assert reordered_listing_causes(fpr, CRON_TOOLS, "Scheduled jobs (crontab -l)", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+# ------------------------------------------------------------------ round 35
+RECORD_TOOLS = ['[ { name = "lookup_order"\n  , summary = "Find an order by its number."\n  , args = [ "number" ]\n  }',
+                ', { name = "create_return"\n  , summary = "Open a return for an order."\n  , args = [ "number", "reason" ]\n  }',
+                ', { name = "pending_orders"\n  , summary = "Orders not shipped yet."\n  , args = [] : List Text\n  }',
+                ', { name = "track_shipment"\n  , summary = "Tracking events of a parcel."\n  , args = [ "tracking_id" ]\n  }']
+ALIAS_TOOLS = ["alias nw-orders='bin/manage orders --open'", "alias nw-stock='bin/manage stock --low'",
+               "alias nw-refund='bin/manage refund --dry-run'", "abbr -a nw-ship bin/manage ship --today"]
+
+
+@pytest.mark.parametrize("form", ["records-with-leading-commas", "shell-aliases"])
+def test_tools_as_records_or_command_aliases_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Tools written as a list of records whose first field is the name, commas leading (Dhall's,
+    Elm's style), or the commands a team runs as shell aliases, moved: a tool order (round 35).
+    The first record keeps its place: the list's opening bracket stays with it."""
+    entries = RECORD_TOOLS if form == "records-with-leading-commas" else ALIAS_TOOLS
+    assert reordered_listing_causes(fpr, entries, "Tools", [0, 3, 1, 2]) == ["tool_order", None]
+
+
+def test_exported_settings_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: a shell's exported settings moved name no command: a template change."""
+    entries = ["export SHOP_REGION=eu-west", "export SHOP_CURRENCY=EUR", "export SHOP_LOCALE=de_DE",
+               "export SHOP_TIMEZONE=Europe/Berlin"]
+    assert reordered_listing_causes(fpr, entries, "Environment", [2, 0, 3, 1]) == ["template_change", None]
+
+
+CONDENSE_SUMMARY = ("The user asked to port the billing module off the legacy API. Modules 0 and 1 were read: both "
+                    "call legacy.charge once, in handle(). The agent replaced the call in module 0 with "
+                    "payments.charge, ran the tests (green) and was about to start on module 1.")
+
+
+def _condensed(summary: str) -> list[dict]:
+    """The first user message kept, the model's call of a condense tool with the summary as its
+    arguments, the tool's answer, then the next user message (Cline's condense)."""
+    call = {"id": "call_condense", "type": "function",
+            "function": {"name": "condense", "arguments": json.dumps({"context": summary})}}
+    return [{"role": "user", "content": TASK}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_condense", "content": "The summary was accepted; go on from it."},
+            {"role": "user", "content": "Now port module 1."}]
+
+
+def test_a_summary_in_a_tool_calls_arguments_after_the_task_is_a_compaction(fpr) -> None:
+    """The task kept, the rest of the history replaced by the model's call of a tool whose arguments
+    hold the summary and the tool's answer (Cline's condense): a compaction (round 35)."""
+    results = [f"def handle_{k}(order):\n    return legacy.charge(order)\n" * 4 for k in range(3)]
+    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
+              Gen.body(CODER, _condensed(CONDENSE_SUMMARY), None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_the_same_task_started_over_with_a_short_call_is_no_compaction(fpr) -> None:
+    """The guard: the same first message, then a call that reads a file (short arguments) and its
+    result: a new conversation's path, no summary stands in for the dropped turns."""
+    results = [f"def handle_{k}(order):\n    return legacy.charge(order)\n" * 4 for k in range(3)]
+    restart = _condensed("x")
+    restart[1]["tool_calls"][0]["function"] = {"name": "read_file", "arguments": '{"path": "m9.py"}'}
+    restart[2]["content"] = "def handle_9(order):\n    return payments.charge(order)\n"
+    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
+              Gen.body(CODER, restart, None, None)]
+    assert causes(fpr, bodies)[-1] != "compaction"
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Clock face: {}", ["IT IS TWENTY PAST NINE", "IT IS HALF PAST NINE", "IT IS TEN TO TEN"]),
+    ("Uhr am Empfang: {}", ["Es ist Viertel nach drei", "Es ist halb vier", "Es ist fünf vor vier"]),
+])
+def test_a_clock_in_words_after_a_key_is_a_value_on_its_first_change(fpr, line: str, values: list[str]) -> None:
+    """A time of day in words as a word clock or a speaking clock says it, a key line's whole value:
+    a per-request value, whole, on its first change (round 35)."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_an_opening_hour_in_words_edited_in_a_sentence_stays_an_edit(fpr) -> None:
+    """The guard: a rule's time in words inside its sentence, edited once, is no clock."""
+    got = run_value_line(fpr, "Opening hours: {}, Monday to Saturday", ["from nine o'clock", "from ten o'clock",
+                                                                         "from ten o'clock"])
+    assert [r["cause"] for r in got][0] == "template_change"
+
+
+def test_a_records_rising_id_with_its_note_in_brackets_is_a_value_on_its_first_change(fpr) -> None:
+    """The newest record's id, risen, with what it is in brackets (`SR-00412 (printer jam)` ->
+    `SR-00415 (password reset)`): a per-request value, whole, on its first change (round 35)."""
+    values = ["SR-00412 (printer jam)", "SR-00415 (password reset)", "SR-00419 (new laptop)"]
+    got = run_value_line(fpr, "Newest ticket: {}", values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_an_id_with_its_note_edited_to_an_older_one_stays_an_edit(fpr) -> None:
+    """The guard: a reference edited to an older record (its number fell) with another note is no
+    sequence that moved on."""
+    got = run_value_line(fpr, "Example ticket: {}", ["SR-00412 (printer jam)", "SR-00208 (password reset)",
+                                                     "SR-00208 (password reset)"])
+    assert [r["cause"] for r in got][0] == "template_change"
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Kiln 2: {}", ["firing for 3 hrs 12 mins", "firing for 3 hrs 40 mins", "firing for 4 hrs 5 mins"]),
+    ("Backofen: {}", ["heizt seit 1 Std. 05 Min.", "heizt seit 1 Std. 32 Min.", "heizt seit 2 Std. 01 Min."]),
+])
+def test_a_state_held_for_a_time_of_two_parts_is_a_value_whole(fpr, line: str, values: list[str]) -> None:
+    """A key's state and how long it has held, in hours and minutes (`seit`, `for`; `Std.`, `Min.`):
+    a per-request value, the state with its time, on its first change (round 35)."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout34` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout35` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -160,11 +160,11 @@ FLOORS = {
     # cuts with less than `material` reusable text after them labelled front trims; labels that take in a
     # status line's other readings, `284 passed, 1 skipped in 7.10s`)
     "heldout28": (0.976, 0.961, 0.701),
-    # the twenty-ninth (measured 0.964 / 0.940 / 0.412), tune side since heldout30: 0.9921 / 0.9898 / 0.4140
+    # the twenty-ninth (measured 0.964 / 0.940 / 0.412), tune side since heldout30: 0.9937 / 0.9929 / 0.4266 (round 35)
     # (WIT interface files as tool lists; a booking code's one number and a number after `#` that rose, an
     # entry code drawn again, a state replaced by a reading with its state's word; labels that take in a
     # value's key, `Sec-WebSocket-Key: …`, where the span is the value alone)
-    "heldout29": (0.992, 0.989, 0.413),
+    "heldout29": (0.993, 0.992, 0.426),
     # the thirtieth (measured 0.962 / 0.879 / 0.640), tune side since heldout31: 0.9892 / 0.9803 / 0.6558
     # (Google ADK's compaction, its long summary the model's message opening the history; a time ago with its
     # unit abbreviated or in German, a state's detail after a colon, four decimals after a comma; station
@@ -183,13 +183,18 @@ FLOORS = {
     # (values in Codex CLI's environment block, a user message of its own; crontab lines as a tool list;
     # values in forms no rule reads on their first change; labels that take in a value's words)
     "heldout33": (0.982, 0.970, 0.755),
+    # the thirty-fourth (measured 0.933 / 0.709 / 0.683), tune side since heldout35: 0.9953 / 0.9911 / 0.7507
+    # (Dhall's record lists and a shell alias file as tool lists; Cline's condense, the summary in a tool
+    # call's arguments; a word clock, a state held for hours and minutes, a record's id with its note; a
+    # running count and a board number still read as edits the first time they change)
+    "heldout34": (0.995, 0.991, 0.750),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout34), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout35), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -197,7 +202,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -293,7 +298,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout34`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout35`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

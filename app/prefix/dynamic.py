@@ -251,6 +251,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("counter", rf"(?i)\b\d+(?:[.,]\d+)?\s?%(?:[ \t]+[^\W\d_]+){{0,6}}?[ \t]+(?:free|frei|used|belegt|verbraucht|{_LEFT})\b"),
     # time since a session or a process started (`Elapsed in this session: 6m 41s`, `uptime 5979684 ms`)
     ("elapsed", r"(?i)(?:\b|_)(?:elapsed|uptime|laufzeit)\b[^\n\d]{0,30}?\d+\s?(?:h|min|m|s|ms)\b(?:\s?\d+\s?(?:min|m|s|ms)\b){0,2}"),
+    # a state held for a time of two parts (`läuft seit 2 Std. 11 Min.`, `running for 2 hrs 11 mins`; round 35)
+    ("elapsed", r"(?i)\b(?:seit|since|for)\s\d+\s?(?:h|std\.?|hrs?\.?|hours?|stunden?)\s\d+\s?(?:min|mins|minutes|minuten)\b\.?"),
     # a usage meter: `48,213 / 200K tokens used`
     ("counter", r"(?i)\b\d+(?:[.,]\d+)*\s*/\s*\d+(?:[.,]\d+)*\s?[KkMm]?(?:[ \t]+[^\W\d_]+){0,2}[ \t]+"
                 r"(?:used|verbraucht|genutzt|belegt)\b"),
@@ -469,7 +471,7 @@ def number_end(text: str, at: int) -> int:
     return at
 
 
-_DURATION_PART = r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms)\b"  # `6m`, `13.597s`, `9 min`
+_DURATION_PART = r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms|Std\.|Min\.)(?:(?<=\.)|\b)"  # `6m`, `13.597s`, `9 min`
 _DURATION_PARTS = re.compile(_DURATION_PART)
 
 

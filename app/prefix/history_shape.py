@@ -132,6 +132,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return False
     if len(cn) * 2 <= len(pn) and summary_asked(histories()[0], _asked_history(cur)):
         return True
+    if len(cn) * 2 <= len(pn) and summary_in_call(cur, *histories()):
+        return True
     if len(cn) >= len(pn) and results_cleared(*histories()):
         return True
     prev_offset, cur_offset = _prompt_messages(prev.message_keys), _prompt_messages(cur.message_keys)
@@ -185,6 +187,30 @@ def summary_asked(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, in
     if r0 == "user":
         return n1 >= max(SUMMARY_REPLY_CHARS, 4 * n0)
     return r0 in ("system", "developer") and n1 >= max(SUMMARY_REPLY_CHARS, 2 * n0)
+
+
+def summary_in_call(cur: RequestSketch, prev: list[tuple[str, str, int]], history: list[tuple[str, str, int]]) -> bool:
+    """A compaction whose summary is the arguments of the model's tool call after the task (Cline's
+    condense: the first user message kept, the model's call whose arguments hold the summary, the
+    tool's answer that it was accepted, then the new user message; round 35): the previous history
+    (COMPACTED_MIN_MESSAGES or more) is gone but for its first messages (PINNED_MESSAGES at most),
+    the current one (`history`, `_history(cur)`) holds at most half as many messages, and between
+    the kept messages and the new user message stand only new tool results, after a call of
+    SUMMARY_REPLY_CHARS or more. A new conversation that opens with the same question has the
+    model's reply before its next question, and a call that reads a file is short."""
+    if len(prev) < COMPACTED_MIN_MESSAGES or len(history) < 3 or len(history) * 2 > len(prev) \
+            or history[-1][0] != "user":
+        return False
+    seen = {k for _, k, _ in prev}
+    regions = cur.history_regions()
+    for pinned in range(1, min(PINNED_MESSAGES, len(history) - 2) + 1):
+        if [k for _, k, _ in history[:pinned]] != [k for _, k, _ in prev[:pinned]]:
+            break
+        between = history[pinned:-1]
+        if all(role == "tool" and key not in seen for role, key, _ in between) \
+                and regions[pinned].start - regions[pinned - 1].end >= SUMMARY_REPLY_CHARS:
+            return True
+    return False
 
 
 def results_cleared(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:

@@ -50,8 +50,9 @@ NAMED_LINE = re.compile(
 # a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
 # `> Tool Name: x`, ADK's `Agent name: x`, `name: x`, a Lisp keyword's `:name "x"`: gptel's
 # `gptel-make-tool`, a Clojure map's `:function {:name "x"`, a PHP array's `'name' => 'x',`), the
-# first line of a block that describes the tool
-TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:(?:[a-z]+[ _]?)?name\s*[:=]\s*["'`]?{_NAME}["'`]?|"""
+# first line of a block that describes the tool; a record that opens with its name key in a list
+# written with leading commas (Dhall's, Elm's, Haskell's style: `, { name = "x"`; round 35)
+TOOL_NAME_LINE = re.compile(rf"""(?i)^\s*(?:>\s*)?(?:[,\[]\s*)?(?:\{{\s*)?(?:(?:[a-z]+[ _]?)?name\s*[:=]\s*["'`]?{_NAME}["'`]?|"""
                             rf"""(?::[a-z]+\s*\{{\s*)?:name\s+"{_NAME}"|["']name["']\s*=>\s*["']{_NAME}["'])\s*,?\s*$""")
 # a name written as code (snake_case, dotted, camelCase): `- rom_report: ...` names a tool, `- Tone: ...` does not
 _CODE_NAME = re.compile(r"^\s*(?:[-*•+]|\d+[.)])?\s*`?(?:[a-z][a-z0-9]*(?:[_.][A-Za-z0-9]+)+|[a-z]+[A-Z]\w*)`?\s*[(:]")
@@ -97,6 +98,9 @@ _POSITION_NUMBER = re.compile(r"(?<=#)\d{1,3}\b")  # a block's number by its pos
 # a cron table's line: five schedule fields or an `@` nickname, then the command it runs (`crontab -l`,
 # the scheduled jobs an agent may run; round 34)
 _CRON_LINE = re.compile(r"^\s*(?:(?:[\d*][\d*/,\-]*\s+){5}|@(?:reboot|yearly|annually|monthly|weekly|daily|midnight|hourly)\s+)[/~\w$.]")
+# a shell's command alias (`alias name='command'` in an aliases file, fish's `abbr -a name command`,
+# `doskey name=command`): the commands a team runs, one a line (round 35)
+_ALIAS_LINE = re.compile(r"^\s*(?:alias|abbr|doskey)\s+(?:-{1,2}[a-z]+\s+)*[\w.:@+\-]+(?:=|\s+\S)")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 # JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
@@ -177,7 +181,7 @@ def tool_entries(lines: list[str]) -> bool:
     rest: list[str] = []
     for ln in lines:
         (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
-         else rest).append(ln)
+         or _ALIAS_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:

@@ -36,6 +36,7 @@ from app.prefix.value_kind import (
 )
 
 VALUE_CHARS = frozenset("-_.:/+~")
+_HELD_FOR = re.compile(r"(?i)(?:seit|since|for)\s")  # how long a state has held (`läuft seit 2 Std. 11 Min.`)
 KEYED_KINDS = frozenset({"id", "user", "epoch", "counter"})  # patterns that include the key's words
 ALWAYS_DYNAMIC = VOLATILE_KINDS | {"email", "user", "custom"}
 
@@ -231,6 +232,9 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
             elif kind == "elapsed":  # the duration, not the words before it
                 start, end = elapsed_value(cur, span)
                 pend = elapsed_value(prev, pspan)[1]
+                if _HELD_FOR.match(cur, span.start) and after_state(cur[line0:span.start]):
+                    # a key's state held for a time, whole: `läuft seit 2 Std. 11 Min.` (round 35)
+                    start = line0 + (whole_value_start(cur[line0:span.start]) or 0)
             elif kind in KEYED_KINDS:  # the value, not the words of its key
                 start = max(start, cs)
                 dur, pdur = duration_around(cur, span.start, span.end, cd), duration_around(prev, pspan.start, pspan.end, pd)

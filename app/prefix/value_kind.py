@@ -271,6 +271,7 @@ _STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2}))
 # (`warming up` -> `running 32 m/min`, `Störung Antrieb` -> `läuft, 10–25 mm`, round 28)
 _STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\)|[,:] [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,4}"
                     r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
+_ID_NOTED = re.compile(r"(\S{3,40}) \([^()\n]{1,40}\)")  # an id and a note on it in brackets
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
 _DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` is no decimal)
@@ -303,9 +304,14 @@ def whole_value_change(old: str, new: str) -> str | None:
     an id drawn again in the same shape (`DE 09 524 46487` -> `DE 09 200 33728`: capitals and
     digits, the same length and separators, two parts or more changed: a `value`). A sentence rewritten is
     none of these, nor a setting's one number (`limit: 15` -> `30`)."""
+    if _WORD_TIME.fullmatch(old) and _WORD_TIME.fullmatch(new):
+        return "time"  # a clock in words: a word clock's `ES IST ZEHN NACH SIEBEN` -> `HALB ACHT` (round 35)
     if _STATE.fullmatch(old) and _STATE.fullmatch(new) and _replaced(_state_head(old), _state_head(new)) \
             or _CODED.fullmatch(old) and _CODED.fullmatch(new):
         return "flag"
+    a, b = _ID_NOTED.fullmatch(old), _ID_NOTED.fullmatch(new)
+    if a and b and _rising_sequence(a.group(1), b.group(1)):
+        return "id"  # the newest record's id, risen, with what it is in brackets (`T-2026-0755 (Meerschweinchen)`; round 35)
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
             and _DECIMALS.search(f"{old} {new}"):
         return "counter"
@@ -322,6 +328,16 @@ def whole_value_change(old: str, new: str) -> str | None:
     return None
 
 
+# a time of day in words, as a word clock or a speaking clock says it: English (`quarter past seven`,
+# `twenty-five to eight`, `eight o'clock`) and German (`zehn nach sieben`, `fünf vor halb elf`,
+# `dreiviertel neun`, `acht Uhr`), after `it is` / `es ist` or not
+_HOURS_EN = "one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
+_HOURS_DE = "eins|ein|zwei|drei|vier|fünf|sechs|sieben|acht|neun|zehn|elf|zwölf"
+_WORD_TIME = re.compile(
+    rf"(?i)(?:(?:it is|it's) )?(?:(?:(?:five|ten|twenty|twenty-five)(?: minutes)?|(?:a )?quarter|half) (?:past|to) "
+    rf"(?:{_HOURS_EN})|(?:{_HOURS_EN}) o'clock)"
+    rf"|(?:es ist )?(?:(?:fünf|zehn|zwanzig|viertel) (?:nach|vor) (?:halb )?|halb |dreiviertel )(?:{_HOURS_DE})(?: uhr)?"
+    rf"|(?:es ist (?:{_HOURS_DE})|(?:{_HOURS_DE}) uhr)(?: uhr)?")
 # a number as a status line writes it: digits with decimal, thousands or clock groups (`12.8`,
 # `2.400`, `0,69`, `16:30`); one glued to a letter before it is part of an id or a version (`NH4`, `v5.4`)
 _STATUS_NUMBER = re.compile(r"(?<![^\W\d_])\d+(?:[.,:]\d+)*|[^\W\d_]\d+(?:[.,:]\d+)*")
