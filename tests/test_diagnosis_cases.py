@@ -2079,3 +2079,95 @@ def test_a_state_held_for_a_time_of_two_parts_is_a_value_whole(fpr, line: str, v
     got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+# ------------------------------------------------------------------ round 36
+CONFIG_BLOCK_TOOLS = ['  lookup_order {\n    description = "Find an order by its number."\n    params { number { type: "string" } }\n  }',
+                      '  create_return {\n    description = "Open a return for an order."\n    params {\n      number { type: "string" }\n    }\n  }',
+                      '  pendingOrders {\n    description = "Orders not shipped yet."\n    params {}\n  }',
+                      '  track-shipment {\n    description = "Tracking events of a parcel."\n    params { tracking_id { type: "string" } }\n  }']
+GIT_ALIAS_TOOLS = ["alias.st status --short", "alias.last log -1 HEAD --stat", "alias.ship !bin/release --tag",
+                   "alias.undo reset --soft HEAD~1"]
+
+
+@pytest.mark.parametrize("form", ["config-blocks", "git-aliases"])
+def test_tools_as_config_blocks_or_git_aliases_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Tools written as a config file's blocks that a name written as code opens (HOCON's, an
+    nginx-style file's), or as git's aliases the way `git config --get-regexp '^alias\\.'` prints
+    them, moved: a tool order (round 36)."""
+    entries = CONFIG_BLOCK_TOOLS if form == "config-blocks" else GIT_ALIAS_TOOLS
+    assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_configs_sections_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: a config's sections named by plain words (`server {`, `logging {`) moved name no
+    tool: a template change."""
+    entries = ['server {\n  port = 8080\n}', 'logging {\n  level = "info"\n}', 'cache {\n  ttl = 60\n}',
+               'limits {\n  burst = 20\n}']
+    assert reordered_listing_causes(fpr, entries, "Settings", [2, 0, 3, 1]) == ["template_change", None]
+
+
+def _replies(results: list[str | None]) -> list[dict]:
+    """`_tool_turns`' conversation with each exchange's own question; an exchange's tool call and
+    result are left out where its result is None."""
+    msgs: list[dict] = []
+    for k, result in enumerate(results):
+        msgs.append({"role": "user", "content": f"{TASK} Part {k}."})
+        if result is not None:
+            call = {"id": f"call_{k}", "type": "function", "function": {"name": "read_file", "arguments": f'{{"path": "m{k}.py"}}'}}
+            msgs += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"call_{k}", "content": result}]
+        msgs.append({"role": "assistant", "content": f"Module {k} read; it calls the legacy API once."})
+    return msgs
+
+
+def test_tool_calls_and_results_pruned_from_the_history_are_a_compaction(fpr) -> None:
+    """Every tool call and result before the new question dropped, every other message kept in its
+    place (the Vercel AI SDK's `pruneMessages`): paid once, a compaction (round 36)."""
+    results = [f"def handle_{k}(order):\n    return legacy.charge(order)\n" * 4 for k in range(3)]
+    ask = {"role": "user", "content": "Now port module 1."}
+    bodies = [Gen.body(CODER, [*_replies(results[:2]), {"role": "user", "content": f"{TASK} Part 2."}], None, None),
+              Gen.body(CODER, [*_replies(results), ask], None, None),
+              Gen.body(CODER, [*_replies([None] * 3), ask, {"role": "assistant", "content": "Ported."},
+                               {"role": "user", "content": "And module 2?"}], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_the_answered_exchanges_tool_call_dropped_is_no_compaction(fpr) -> None:
+    """The guard: a client that drops the current exchange's tool call and result once the model
+    answered it drops nothing older: no compaction."""
+    results = [f"def handle_{k}(order):\n    return legacy.charge(order)\n" * 4 for k in range(2)]
+    first = _replies([None, None])[:3]
+    call = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "m1.py"}'}}
+    bodies = [Gen.body(CODER, [*first, {"role": "assistant", "content": None, "tool_calls": [call]},
+                               {"role": "tool", "tool_call_id": "call_1", "content": results[1]}], None, None),
+              Gen.body(CODER, [*first, {"role": "assistant", "content": "Module 1 read."},
+                               {"role": "user", "content": "And module 2?"}], None, None)]
+    assert causes(fpr, bodies)[-1] != "compaction"
+
+
+def test_a_clock_in_words_ending_its_sentence_is_a_value_on_its_first_change(fpr) -> None:
+    """A speaking clock's sentence with its full stop, the hour alone too (`Es ist neun.`): a
+    per-request value, whole, on its first change (round 36)."""
+    values = ["Es ist neun.", "Es ist Viertel nach neun.", "Es ist halb zehn."]
+    got = run_value_line(fpr, "Uhrzeit: {}", values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+@pytest.mark.parametrize("values", [["loading cars for the crossing", "tied up at the pier", "sailing to the island now"],
+                                    ["shunting in the sidings", "sidings being cleared now", "coupling the night train"]])
+def test_a_state_of_up_to_five_words_replaced_by_another_is_a_value(fpr, values: list[str]) -> None:
+    """A key's state of up to five words replaced by another with fewer than half of its words in
+    common: a per-request value, whole, on its first change (round 36)."""
+    got = run_value_line(fpr, "Ferry: {}", values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_a_rule_of_four_words_with_half_of_them_kept_stays_an_edit(fpr) -> None:
+    """The guard: a phrase of four words that keeps two of them (`answer in plain English` ->
+    `answer in short sentences`) was edited, not replaced."""
+    got = run_value_line(fpr, "Style: {}", ["answer in plain English", "answer in short sentences",
+                                            "answer in short sentences"])
+    assert [r["cause"] for r in got][0] == "template_change"

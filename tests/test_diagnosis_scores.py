@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout35` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout36` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -149,11 +149,11 @@ FLOORS = {
     # in a value's key words)
     # round 28 (a state replaced by another with its reading): 0.9969 / 0.9939 / 0.7098
     "heldout26": (0.996, 0.993, 0.709),
-    # the twenty-seventh (measured 0.951 / 0.926 / 0.638), tune side since heldout28: 0.9809 / 0.9788 / 0.8511
+    # the twenty-seventh (measured 0.951 / 0.926 / 0.638), tune side since heldout28: 0.9825 / 0.9817 / 0.8545 (round 36)
     # (REST Client request files as tool lists; a state's word before its reading, a state replaced by one with
     # its reading; uptime's days and clock, a clock with its date after it, a reading with its capacity;
     # values at the very end of the system text labelled breaks, with less than `material` reusable text after)
-    "heldout27": (0.980, 0.978, 0.851),
+    "heldout27": (0.982, 0.981, 0.854),
     # the twenty-eighth (measured 0.935 / 0.760 / 0.641), tune side since heldout29: 0.9769 / 0.9617 / 0.7018
     # (API Blueprint resources as tool lists; AutoGen's window that keeps its head and drops from the middle;
     # Pydantic AI's summary asked for by a system instruction; a card payment's codes; a run's day and clock;
@@ -174,11 +174,11 @@ FLOORS = {
     # 0.9938 / 0.9884 / 0.6817, no alarm (Nushell modules as tool lists; old tool results cleared in place as a
     # compaction; a rule's minimum after German `ab`; labels that take in a value's words)
     "heldout31": (0.993, 0.988, 0.681),
-    # the thirty-second (measured 0.923 / 0.808 / 0.697), tune side since heldout33: 0.9671 / 0.8889 / 0.6966
+    # the thirty-second (measured 0.923 / 0.808 / 0.697), tune side since heldout33: 0.9703 / 0.8927 / 0.7039 (round 36)
     # (KDL nodes and CUE definitions as tool lists; CrewAI's compaction of the whole prompt into one user
     # message, which a new conversation without a system prompt also looks like; scores, race numbers, boat
     # counts and states read as edits the first time they change)
-    "heldout32": (0.967, 0.888, 0.696),
+    "heldout32": (0.970, 0.892, 0.703),
     # the thirty-third (measured 0.943 / 0.823 / 0.696), tune side since heldout34: 0.9825 / 0.9708 / 0.7553
     # (values in Codex CLI's environment block, a user message of its own; crontab lines as a tool list;
     # values in forms no rule reads on their first change; labels that take in a value's words)
@@ -188,13 +188,18 @@ FLOORS = {
     # call's arguments; a word clock, a state held for hours and minutes, a record's id with its note; a
     # running count and a board number still read as edits the first time they change)
     "heldout34": (0.995, 0.991, 0.750),
+    # the thirty-fifth (measured 0.922 / 0.695 / 0.675), tune side since heldout36: 0.9867 / 0.9780 / 0.6995
+    # (a HOCON file and git's aliases as tool lists; the Vercel AI SDK's pruning of tool calls; a word clock's
+    # sentence with its full stop, states of five words; running numbers with a note, `seq 2, train 5
+    # (parcels)`, and crew counts still read as edits the first time they change)
+    "heldout35": (0.986, 0.977, 0.699),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout35), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout36), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -202,7 +207,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -298,7 +303,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout35`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout36`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -136,6 +136,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return True
     if len(cn) >= len(pn) and results_cleared(*histories()):
         return True
+    if tool_turns_pruned(*histories()):
+        return True
     prev_offset, cur_offset = _prompt_messages(prev.message_keys), _prompt_messages(cur.message_keys)
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + prev_offset),
@@ -224,6 +226,20 @@ def results_cleared(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, 
         return False
     return len({c[1] for _, c in changed}) == 1 and all(
         p[0] == "tool" and c[2] * 2 <= p[2] for p, c in changed)
+
+
+def tool_turns_pruned(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:
+    """A compaction that drops the tool calls and their results and keeps every other message in
+    place (the Vercel AI SDK's `pruneMessages`; round 36): the previous history (COMPACTED_MIN_MESSAGES
+    or more) without its tool results opens the current one, message for message, and the current
+    one goes on after it; a tool result of an earlier exchange (before the previous request's last
+    user message) is among those dropped. Paid once, as a summary is. A client that drops the
+    current exchange's tool call once it is answered drops nothing older."""
+    last_user = max((i for i, (role, _, _) in enumerate(prev) if role == "user"), default=-1)
+    if len(prev) < COMPACTED_MIN_MESSAGES or not any(role == "tool" for role, _, _ in prev[:last_user]):
+        return False
+    kept = [key for role, key, _ in prev if role != "tool"]
+    return len(cur) > len(kept) and [key for _, key, _ in cur[:len(kept)]] == kept
 
 
 def _asked_history(sk: RequestSketch) -> list[tuple[str, str, int]]:

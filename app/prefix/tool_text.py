@@ -95,12 +95,16 @@ _NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*nam
 # a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
 _BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
 _POSITION_NUMBER = re.compile(r"(?<=#)\d{1,3}\b")  # a block's number by its position: it stays, the block moves
+# a block that a name written as code opens, its properties inside (a HOCON or nginx-style config's
+# `  run_go_tests {`; snake, kebab or camel case: a config's `server {` section is no tool; round 36)
+_CODE_NAMED_BLOCK = re.compile(r"^\s*(?:[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+|[a-z]+[A-Z]\w*)\s*[:=]?\s*\{\s*$")
 # a cron table's line: five schedule fields or an `@` nickname, then the command it runs (`crontab -l`,
 # the scheduled jobs an agent may run; round 34)
 _CRON_LINE = re.compile(r"^\s*(?:(?:[\d*][\d*/,\-]*\s+){5}|@(?:reboot|yearly|annually|monthly|weekly|daily|midnight|hourly)\s+)[/~\w$.]")
 # a shell's command alias (`alias name='command'` in an aliases file, fish's `abbr -a name command`,
 # `doskey name=command`): the commands a team runs, one a line (round 35)
-_ALIAS_LINE = re.compile(r"^\s*(?:alias|abbr|doskey)\s+(?:-{1,2}[a-z]+\s+)*[\w.:@+\-]+(?:=|\s+\S)")
+# git's aliases as `git config --get-regexp '^alias\.'` prints them: `alias.name command` (round 36)
+_ALIAS_LINE = re.compile(r"^\s*(?:(?:alias|abbr|doskey)\s+(?:-{1,2}[a-z]+\s+)*|alias\.)[\w.:@+\-]+(?:=|\s+\S)")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 # JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
@@ -222,7 +226,8 @@ def declares_name(line: str) -> bool:
                 or _TYPE_DECLARATION.match(line) or _NAME_ASSIGNED.match(line) or _CALL_NAMED.match(line)
                 or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line)
                 or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line) or _ANNOTATED_NAME.match(line)
-                or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line))
+                or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line)
+                or _CODE_NAMED_BLOCK.match(line))
 
 
 def _shape(line: str) -> str:

@@ -262,9 +262,9 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 # a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
 # (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `; a range's dash: `J14–J15`)
 _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\d)){0,48}?\s*[:=]\s+")  # `Tonight's decision:` (round 26)
-# a state's words: one to four, a small number among them (`returning to base`, `unter Meldestufe 1`,
-# `Stewards' enquiry`)
-_STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,3}")
+# a state's words: one to five, a small number among them (`returning to base`, `unter Meldestufe 1`,
+# `Stewards' enquiry`, `ALB recovering up the slip`: round 36)
+_STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,4}")
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
 # Breakfast`, `fault: gripper jam`, round 31) or its reading
@@ -334,10 +334,11 @@ def whole_value_change(old: str, new: str) -> str | None:
 _HOURS_EN = "one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve"
 _HOURS_DE = "eins|ein|zwei|drei|vier|fünf|sechs|sieben|acht|neun|zehn|elf|zwölf"
 _WORD_TIME = re.compile(
-    rf"(?i)(?:(?:it is|it's) )?(?:(?:(?:five|ten|twenty|twenty-five)(?: minutes)?|(?:a )?quarter|half) (?:past|to) "
+    rf"(?i)(?:(?:(?:it is|it's) )?(?:(?:(?:five|ten|twenty|twenty-five)(?: minutes)?|(?:a )?quarter|half) (?:past|to) "
     rf"(?:{_HOURS_EN})|(?:{_HOURS_EN}) o'clock)"
     rf"|(?:es ist )?(?:(?:fünf|zehn|zwanzig|viertel) (?:nach|vor) (?:halb )?|halb |dreiviertel )(?:{_HOURS_DE})(?: uhr)?"
-    rf"|(?:es ist (?:{_HOURS_DE})|(?:{_HOURS_DE}) uhr)(?: uhr)?")
+    rf"|(?:es ist (?:{_HOURS_DE})|(?:{_HOURS_DE}) uhr)(?: uhr)?"
+    r")\.?")  # a sentence's full stop may end it (`Es ist halb sieben.`; round 36)
 # a number as a status line writes it: digits with decimal, thousands or clock groups (`12.8`,
 # `2.400`, `0,69`, `16:30`); one glued to a letter before it is part of an id or a version (`NH4`, `v5.4`)
 _STATUS_NUMBER = re.compile(r"(?<![^\W\d_])\d+(?:[.,:]\d+)*|[^\W\d_]\d+(?:[.,:]\d+)*")
@@ -522,10 +523,11 @@ def _state_head(state: str) -> list[str]:
 
 def _replaced(old: list[str], new: list[str]) -> bool:
     """A state replaced by another, not a word swapped inside a phrase that stays: two words or
-    fewer, or phrases of other lengths (`Meldestufe 1` -> `unter Meldestufe 1`) or with no word in
-    common (`on station` -> `returning to base`). In `information Foxtrot is current` -> `Golf`
-    (or `Tone: friendly and brief` -> `formal and brief`) one word changed in place: read on its own."""
-    return max(len(old), len(new)) <= 2 or len(old) != len(new) or not set(old) & set(new)
+    fewer, or phrases of other lengths (`Meldestufe 1` -> `unter Meldestufe 1`) or with fewer than
+    half of their words in common (`on station` -> `returning to base`, `shunting in the yard` ->
+    `fiddle yard being reset`: round 36). In `information Foxtrot is current` -> `Golf` (or `Tone:
+    friendly and brief` -> `formal and brief`) one word changed in place: read on its own."""
+    return max(len(old), len(new)) <= 2 or len(old) != len(new) or len(set(old) & set(new)) * 2 < len(old)
 
 
 _RUNS_OF_WORDS = re.compile(r"[\w.]+")
