@@ -260,19 +260,18 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout35 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.675, overlap 0.960 (labels that take in a value's words, "
-                                       "`2026/008 (ILB)`, `13:42 (4:1)`); strict, so it turns red when the goal is reached "
-                                       "and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout36 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.663, overlap 1.000 (labels that take in a value's words, "
+                                       "`HY-2026-0223 (Tri-X @ 400)`, `5 of 16 rolls`); strict, so it turns red when the goal "
+                                       "is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout35 (measured once, 2026-12-05): "
-                                       "macro-F1 0.695 (tool_order recall 0.58: a HOCON file and git's aliases; "
-                                       "compaction recall 0.25: the Vercel AI SDK's pruning of tool calls, read as a front "
-                                       "trim; history_edit answered where none is labelled); strict, so it turns red when "
-                                       "the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout36 (measured once, 2026-12-05): "
+                                       "macro-F1 0.923 (tool_order recall 0.76: an INI file's `[tool:name]` sections; "
+                                       "compaction recall 0.75: aider's summary of the older head, read as a front trim); "
+                                       "strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
