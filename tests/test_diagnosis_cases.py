@@ -2171,3 +2171,30 @@ def test_a_rule_of_four_words_with_half_of_them_kept_stays_an_edit(fpr) -> None:
     got = run_value_line(fpr, "Style: {}", ["answer in plain English", "answer in short sentences",
                                             "answer in short sentences"])
     assert [r["cause"] for r in got][0] == "template_change"
+
+
+# ------------------------------------------------------------------ round 37
+SECTION_TOOLS = {
+    "kind-and-name": ["[tool:lookup_order]\ndescription = Find an order by its number.\nparam.number.type = string\n",
+                      "[tool:create_return]\ndescription = Open a return for an order.\nparam.number.type = string\n",
+                      "[tool:pending_orders]\ndescription = Orders not shipped yet.\n",
+                      "[tool:track_shipment]\ndescription = Tracking events of a parcel.\nparam.tracking_id.type = string\n"],
+    "quoted-name": ['[tool "lookup_order"]\n\tdescription = Find an order by its number.\n',
+                    '[tool "create_return"]\n\tdescription = Open a return for an order.\n',
+                    '[tool "pending_orders"]\n\tdescription = Orders not shipped yet.\n',
+                    '[tool "track_shipment"]\n\tdescription = Tracking events of a parcel.\n'],
+}
+
+
+@pytest.mark.parametrize("form", list(SECTION_TOOLS))
+def test_tools_as_config_sections_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Tools written as a config file's sections whose header names the entry with its kind
+    (configparser's `[tool:name]`, git config's `[tool "name"]`), moved: a tool order (round 37)."""
+    assert reordered_listing_causes(fpr, SECTION_TOOLS[form], "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_configs_plain_sections_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: a config's sections named by plain words (`[server]`, `[logging]`) moved name no
+    tool: a template change."""
+    entries = ["[server]\nport = 8080\n", "[logging]\nlevel = info\n", "[cache]\nttl = 60\n", "[limits]\nburst = 20\n"]
+    assert reordered_listing_causes(fpr, entries, "Settings", [2, 0, 3, 1]) == ["template_change", None]

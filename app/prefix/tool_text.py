@@ -98,6 +98,11 @@ _POSITION_NUMBER = re.compile(r"(?<=#)\d{1,3}\b")  # a block's number by its pos
 # a block that a name written as code opens, its properties inside (a HOCON or nginx-style config's
 # `  run_go_tests {`; snake, kebab or camel case: a config's `server {` section is no tool; round 36)
 _CODE_NAMED_BLOCK = re.compile(r"^\s*(?:[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+|[a-z]+[A-Z]\w*)\s*[:=]?\s*\{\s*$")
+# a config file's section header that names its entry: a kind and the name (configparser's
+# `[tool:film_order]`, a TOML table's `[tools.film_order]`, git config's `[tool "film_order"]`) or a
+# name written as code alone (`[film_order]`); a config's `[server]` names no tool (round 37)
+_SECTION_NAMED = re.compile(r'^\s*\[\[?(?:[A-Za-z_][\w-]*(?::|\.|\s+")[A-Za-z_][\w.-]*"?'
+                            r'|[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+)\]\]?\s*$')
 # a cron table's line: five schedule fields or an `@` nickname, then the command it runs (`crontab -l`,
 # the scheduled jobs an agent may run; round 34)
 _CRON_LINE = re.compile(r"^\s*(?:(?:[\d*][\d*/,\-]*\s+){5}|@(?:reboot|yearly|annually|monthly|weekly|daily|midnight|hourly)\s+)[/~\w$.]")
@@ -227,7 +232,7 @@ def declares_name(line: str) -> bool:
                 or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line)
                 or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line) or _ANNOTATED_NAME.match(line)
                 or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line)
-                or _CODE_NAMED_BLOCK.match(line))
+                or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line))
 
 
 def _shape(line: str) -> str:
