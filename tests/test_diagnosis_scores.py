@@ -264,18 +264,18 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout36 (measured once, 2026-12-05): "
-                                       "span exact-match F1 0.663, overlap 1.000 (labels that take in a value's words, "
-                                       "`HY-2026-0223 (Tri-X @ 400)`, `5 of 16 rolls`); strict, so it turns red when the goal "
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout37 (measured once, 2026-12-05): "
+                                       "span exact-match F1 0.635, overlap 0.982 (labels that take in a value's words, "
+                                       "`CS-26-0675 (bed 7)`, `12 of 16 raised today`); strict, so it turns red when the goal "
                                        "is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout36 (measured once, 2026-12-05): "
-                                       "macro-F1 0.923 (tool_order recall 0.76: an INI file's `[tool:name]` sections; "
-                                       "compaction recall 0.75: aider's summary of the older head, read as a front trim); "
-                                       "strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout37 (measured once, 2026-12-05): "
+                                       "macro-F1 0.800 (compaction recall 0.38: AutoGen's message token limiter, every "
+                                       "message cut to a budget, read as a new conversation; history_edit answered where none "
+                                       "is labelled); strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
