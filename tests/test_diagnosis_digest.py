@@ -101,6 +101,34 @@ def test_the_head_part_is_read_once_per_head_and_equals_a_fresh_reading(fingerpr
     assert len(digest._head_memo) == 2 and other.dates != RequestDigest.of(later).dates
 
 
+def test_a_head_changed_in_one_line_is_read_in_that_line_and_equals_a_fresh_reading(fingerprinter: Fingerprinter) -> None:
+    """A head not seen before is read unit by unit, each unit memoised with the characters around it
+    that its reading looks at: a timestamp on top of a long system prompt reads that line (and the
+    one after it, whose look-behind sees its end), not the other units, and the digest equals one
+    read with every memo empty."""
+    from app.prefix import digest
+
+    rules = "".join(f"- Rule {k}: as of 07/16/2026 answer topic {k} in two sentences.\n" for k in range(40))
+
+    def record(stamp: str) -> dict:
+        system = f"Now: {stamp}\n{rules}"
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "and now?"}]
+        inp = prompt_input("chat", {"messages": messages})
+        sk = build_sketch(inp, fingerprinter.complete_sync(fingerprinter.prepare(inp, 16)).text or "")
+        return RequestDigest.of(sk).to_record()
+
+    digest._head_memo.clear()
+    digest._unit_memo.clear()
+    record("2026-07-16T09:31:07Z")
+    read = len(digest._unit_memo)
+    assert read > 40
+    second = record("2026-07-16T09:31:08Z")
+    assert len(digest._unit_memo) - read <= 2  # the changed line, and the next one's context
+    digest._head_memo.clear()
+    digest._unit_memo.clear()
+    assert record("2026-07-16T09:31:08Z") == second
+
+
 def test_a_pasted_documents_long_line_is_compared_whole_by_another_pod(fingerprinter: Fingerprinter) -> None:
     """A line over LONG_UNIT characters (a document pasted on one line) is keyed from its length,
     its ends and a CRC of all of it. Another pod still tells a question put before the same

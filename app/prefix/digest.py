@@ -198,7 +198,8 @@ def _head_part(sk: RequestSketch) -> _Head:
     repeats its system prompt and tools, and reading them (line keys, the date detector on each
     unit) was ~1.7 ms a request in bench/agents_growth.py. Keyed by a hash of the head's text, the
     character after it (what ends the last unit) and the message ends inside it: the inputs of
-    `head_lines`, `_sep` and `_unit_dates`."""
+    `head_lines`, `_sep` and `_unit_dates`. A head not seen before is read unit by unit
+    (`_unit_part`): a head whose one line holds a per-request value reads that line only."""
     text = sk.text
     end = head_end(sk)
     cuts = sorted(r.end for r in sk.regions if r.end < end)
@@ -210,16 +211,55 @@ def _head_part(sk: RequestSketch) -> _Head:
             _head_memo.move_to_end(key)
             return hit
     units = head_lines(sk)
-    shapes = ((i, _shape(text[a:b])) for i, (a, b) in enumerate(units) if b - a <= SHORT_LINE)
-    head = _Head(tuple(_key(text[a:b]) for a, b in units), "".join(_sep(text, b) for _, b in units),
-                 tuple(_unit_dates(text, units, "h")),
+    parts = [_unit_part(text, a, b) for a, b in units]
+    head = _Head(tuple(p.key for p in parts), "".join(p.sep for p in parts), tuple(_unit_dates(text, units, "h", parts)),
                  tuple((_key(c), _key(w)) for c, w, _, _ in schema_tools(text, 0, end)[:MAX_SCHEMAS]),
-                 tuple(f"{i}:{key}" for i, key in shapes if key is not None))
+                 tuple(f"{i}:{p.shape}" for i, p in enumerate(parts) if p.shape is not None))
     with _head_lock:
         _head_memo[key] = head
         while len(_head_memo) > HEAD_MEMO_ENTRIES:
             _head_memo.popitem(last=False)
     return head
+
+
+@dataclass(frozen=True)
+class _UnitPart:
+    """What one head unit gives the digest: its key, what ends it, its digits-masked key (short
+    units holding a digit), and its first date without a cue as day numbers (`_unit_date`)."""
+
+    key: str
+    sep: str
+    shape: str | None
+    date: _UnitDate
+
+
+UNIT_MEMO_ENTRIES = 4096  # head units read once per process (~0.6 KB each, ~2.5 MB at most)
+UNIT_MEMO_CHARS = 512  # a longer unit is read every time (a document's line: rarely repeated in pieces)
+UNIT_CONTEXT = 8  # chars before a unit that the patterns' look-behinds and `\b` may read (2 at most)
+_unit_memo: OrderedDict[tuple[int, str], _UnitPart] = OrderedDict()
+
+
+def _unit_part(text: str, a: int, b: int) -> _UnitPart:
+    """A head unit's part, read once per distinct unit: keyed by the unit's text with the
+    UNIT_CONTEXT chars before it and the char after it, all that its key, its end and its date
+    read. A head that changes in one line (a timestamp on top) costs that line, not the head."""
+    c0 = max(0, a - UNIT_CONTEXT)
+    memo_key = (a - c0, text[c0:b + 1]) if b - a <= UNIT_MEMO_CHARS else None
+    if memo_key is not None:
+        with _head_lock:
+            hit = _unit_memo.get(memo_key)
+            if hit is not None:
+                _unit_memo.move_to_end(memo_key)
+                return hit
+    unit = text[a:b]
+    part = _UnitPart(_key(unit), _sep(text, b), _shape(unit) if b - a <= SHORT_LINE else None,
+                     _unit_date(text, a, b, DATE_WINDOWS))
+    if memo_key is not None and not part.date.cut:
+        with _head_lock:
+            _unit_memo[memo_key] = part
+            while len(_unit_memo) > UNIT_MEMO_ENTRIES:
+                _unit_memo.popitem(last=False)
+    return part
 
 
 @dataclass
@@ -327,27 +367,49 @@ def _value_start(text: str, span: Span) -> int:
     return span.start
 
 
-def _unit_dates(text: str, units: list[tuple[int, int]], tag: str) -> list[str]:
-    """`tag<index>:<day numbers>` for the units holding a date that counts only with a "today" cue
-    and has none (`As of 07/16/2026, ...`): the first such date of each."""
-    out = []
+@dataclass(frozen=True)
+class _UnitDate:
+    """The first date without a "today" cue in one unit, as sorted day numbers (empty: none), and
+    how many of the years in it were looked at to find it; `cut`: the budget ran out before."""
+
+    days: tuple[int, ...]
+    years: int
+    cut: bool = False
+
+
+def _unit_date(text: str, a: int, b: int, budget: int) -> _UnitDate:
+    """`_unit_dates`' reading of one unit, looking at `budget` years at most."""
+    b = min(b, a + LINE_SCAN_CHARS)  # a longer unit is a document: its head only, as on every path
     detector = get_detector()
+    years = 0
+    for year in _YEARISH.finditer(text, a, b):  # the detector around each year, not over the unit
+        if years >= budget:
+            return _UnitDate((), years, cut=True)
+        years += 1
+        w0, w1 = max(a, year.start() - DATE_REACH), min(b, year.end() + DATE_REACH)
+        span = next((s for s in detector.find(text, w0, w1)
+                     if s.kind == "date" and dynamic_kind(text, a, s) is None), None)
+        if span is not None:
+            return _UnitDate(tuple(sorted(date_days(span.text))), years)
+    return _UnitDate((), years)
+
+
+def _unit_dates(text: str, units: list[tuple[int, int]], tag: str,
+                parts: list[_UnitPart] | None = None) -> list[str]:
+    """`tag<index>:<day numbers>` for the units holding a date that counts only with a "today" cue
+    and has none (`As of 07/16/2026, ...`): the first such date of each, DATE_WINDOWS years looked
+    at in all. `parts`: the units' memoised readings, when the caller has them."""
+    out = []
     windows = DATE_WINDOWS
     for i, (a, b) in enumerate(units):
-        b = min(b, a + LINE_SCAN_CHARS)  # a longer unit is a document: its head only, as on every path
-        span = None
-        for year in _YEARISH.finditer(text, a, b):  # the detector around each year, not over the unit
-            if windows <= 0:
-                return out
-            windows -= 1
-            w0, w1 = max(a, year.start() - DATE_REACH), min(b, year.end() + DATE_REACH)
-            span = next((s for s in detector.find(text, w0, w1)
-                         if s.kind == "date" and dynamic_kind(text, a, s) is None), None)
-            if span is not None:
-                break
-        days = date_days(span.text) if span is not None else set()
-        if days:
-            out.append(f"{tag}{i}:" + ",".join(map(str, sorted(days))))
+        date = parts[i].date if parts is not None else None
+        if date is None or date.years > windows or date.cut:
+            date = _unit_date(text, a, b, windows)  # read again within what is left of the budget
+        if date.cut:
+            return out
+        windows -= date.years
+        if date.days:
+            out.append(f"{tag}{i}:" + ",".join(map(str, date.days)))
     return out
 
 
