@@ -2198,3 +2198,55 @@ def test_a_configs_plain_sections_in_another_order_stay_a_template_change(fpr) -
     tool: a template change."""
     entries = ["[server]\nport = 8080\n", "[logging]\nlevel = info\n", "[cache]\nttl = 60\n", "[limits]\nburst = 20\n"]
     assert reordered_listing_causes(fpr, entries, "Settings", [2, 0, 3, 1]) == ["template_change", None]
+
+
+# ------------------------------------------------------------------ round 38
+def test_messages_cut_in_place_to_a_budget_are_a_compaction(fpr) -> None:
+    """Every long message of the history cut to its first words, nothing dropped or summarised
+    (AutoGen's message token limiter): paid once, a compaction (round 38)."""
+    results = [f"def handle_{k}(order):\n    return legacy.charge(order)\n" * 4 for k in range(3)]
+    full = [*_replies(results), {"role": "user", "content": "Now port module 1."}]
+    cut = [dict(m, content=m["content"][:40]) if isinstance(m.get("content"), str) and len(m["content"]) > 40 else m
+           for m in full]
+    bodies = [Gen.body(CODER, [*_replies(results[:2]), {"role": "user", "content": f"{TASK} Part 2."}], None, None),
+              Gen.body(CODER, full, None, None),
+              Gen.body(CODER, [*cut, {"role": "assistant", "content": "Ported."}, {"role": "user", "content": "And 2?"}],
+                       None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_message_rewritten_shorter_is_no_compaction(fpr) -> None:
+    """The guard: an earlier message rewritten in other, fewer words is no cut to its start."""
+    results = [f"def handle_{k}(order):\n    return legacy.charge(order)\n" * 4 for k in range(3)]
+    full = [*_replies(results), {"role": "user", "content": "Now port module 1."}]
+    edited = [dict(m, content="Port part one.") if m.get("content") == f"{TASK} Part 0." else m for m in full]
+    edited = [dict(m, content="Port part two.") if m.get("content") == f"{TASK} Part 1." else m for m in edited]
+    bodies = [Gen.body(CODER, [*_replies(results[:2]), {"role": "user", "content": f"{TASK} Part 2."}], None, None),
+              Gen.body(CODER, full, None, None),
+              Gen.body(CODER, [*edited, {"role": "assistant", "content": "Ported."}, {"role": "user", "content": "And 2?"}],
+                       None, None)]
+    assert causes(fpr, bodies)[-1] != "compaction"
+
+
+@pytest.mark.parametrize("values", [
+    ["2026-07-16T09:31:07.114Z info: orders: synced 12 orders", "2026-07-16T09:34:52.908Z warn: stock: feed late by 3s",
+     "2026-07-16T09:40:01.377Z info: orders: synced 4 orders"],
+    ["16.07.2026 09:31:07,114 [main] INFO  d.n.Sync - Bestellungen abgeglichen",
+     "16.07.2026 09:34:52,908 [pool-2-thread-1] WARN  d.n.Lager - Meldung verspätet",
+     "16.07.2026 09:40:01,377 [main] INFO  d.n.Sync - Bestellungen abgeglichen"],
+])
+def test_a_log_line_whose_stamp_and_message_changed_is_a_value_whole(fpr, values: list[str]) -> None:
+    """A key line's value that a timestamp opens, the stamp moved on and the message after it
+    changed too: a log line the client writes per request, whole, on its first change (round 38)."""
+    got = run_value_line(fpr, "Log: {}", values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+def test_a_state_held_for_days_and_hours_is_a_value_whole(fpr) -> None:
+    """A key's state and how long it has held in days and hours (`Tg.`, `days`): a per-request
+    value, the state with its time, on its first change (round 38)."""
+    values = ["brennt seit 6 Tg. 22 Std.", "brennt seit 7 Tg. 2 Std.", "brennt seit 7 Tg. 5 Std."]
+    got = run_value_line(fpr, "Ofen: {}", values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]

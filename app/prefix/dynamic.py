@@ -89,6 +89,11 @@ _REMAINING = (r"remaining|verbleibend\w*|übrig\w*|restlich\w*|restant\w*|restan
 _AMOUNT = r"[$€£]?\s?\d+(?:[.,]\d+)*"  # `41`, `$4.17`, `4,17`, `48,213`
 _LEFT = rf"left|remain|{_REMAINING}"
 
+# the units of a time held written out or abbreviated, English or German (`Tg.`, `Std.`, `Min.`)
+_DAYS_UNIT = r"(?:d|tg\.?|tagen?|days?)"
+_HOURS_UNIT = r"(?:h|std\.?|hrs?\.?|hours?|stunden?)"
+_MINUTES_UNIT = r"(?:min\.?|mins|minutes|minuten)"
+
 # (kind, pattern). Order matters only for ties; overlapping matches are merged by start/length.
 # ISO 8601 basic format (`20260504T220037Z`), recognised by its shape: two-digit fields in range
 _BASIC_TS = (r"\b(?:19|20)\d{2}(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])T(?:[01]\d|2[0-3])[0-5]\d"
@@ -251,8 +256,9 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     ("counter", rf"(?i)\b\d+(?:[.,]\d+)?\s?%(?:[ \t]+[^\W\d_]+){{0,6}}?[ \t]+(?:free|frei|used|belegt|verbraucht|{_LEFT})\b"),
     # time since a session or a process started (`Elapsed in this session: 6m 41s`, `uptime 5979684 ms`)
     ("elapsed", r"(?i)(?:\b|_)(?:elapsed|uptime|laufzeit)\b[^\n\d]{0,30}?\d+\s?(?:h|min|m|s|ms)\b(?:\s?\d+\s?(?:min|m|s|ms)\b){0,2}"),
-    # a state held for a time of two parts (`läuft seit 2 Std. 11 Min.`, `running for 2 hrs 11 mins`; round 35)
-    ("elapsed", r"(?i)\b(?:seit|since|for)\s\d+\s?(?:h|std\.?|hrs?\.?|hours?|stunden?)\s\d+\s?(?:min|mins|minutes|minuten)\b\.?"),
+    # a state held for a time of two parts (`läuft seit 2 Std. 11 Min.`, `running for 2 hrs 11 mins`; round 35;
+    # days and hours, `brennt seit 7 Tg. 5 Std.`, round 38)
+    ("elapsed", rf"(?i)\b(?:seit|since|for)\s\d+\s?(?:{_DAYS_UNIT}\s\d+\s?{_HOURS_UNIT}|{_HOURS_UNIT}\s\d+\s?{_MINUTES_UNIT})(?!\w)"),
     # a usage meter: `48,213 / 200K tokens used`
     ("counter", r"(?i)\b\d+(?:[.,]\d+)*\s*/\s*\d+(?:[.,]\d+)*\s?[KkMm]?(?:[ \t]+[^\W\d_]+){0,2}[ \t]+"
                 r"(?:used|verbraucht|genutzt|belegt)\b"),
@@ -471,7 +477,7 @@ def number_end(text: str, at: int) -> int:
     return at
 
 
-_DURATION_PART = r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms|Std\.|Min\.)(?:(?<=\.)|\b)"  # `6m`, `13.597s`, `9 min`
+_DURATION_PART = r"\d+(?:[.,]\d+)?\s?(?:h|min|m|s|ms|Tg\.|Std\.|Min\.)(?:(?<=\.)|\b)"  # `6m`, `13.597s`, `9 min`
 _DURATION_PARTS = re.compile(_DURATION_PART)
 
 

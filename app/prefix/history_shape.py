@@ -138,6 +138,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return True
     if tool_turns_pruned(*histories()):
         return True
+    if messages_truncated(prev, cur):
+        return True
     prev_offset, cur_offset = _prompt_messages(prev.message_keys), _prompt_messages(cur.message_keys)
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + prev_offset),
@@ -240,6 +242,26 @@ def tool_turns_pruned(prev: list[tuple[str, str, int]], cur: list[tuple[str, str
         return False
     kept = [key for role, key, _ in prev if role != "tool"]
     return len(cur) > len(kept) and [key for _, key, _ in cur[:len(kept)]] == kept
+
+
+def messages_truncated(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """A compaction that cuts messages in place to a budget and drops nothing (AutoGen's
+    `MessageTokenLimiter`; round 38): the previous history (COMPACTED_MIN_MESSAGES or more) follows
+    message for message in its roles, two messages or more each now the start of what it was, the
+    rest unchanged. Paid once, as a summary is; a message edited is rewritten, not cut to its start."""
+    ph, ch = prev.history_regions(), cur.history_regions()
+    if len(ph) < COMPACTED_MIN_MESSAGES or len(ch) < len(ph):
+        return False
+    cut = 0
+    for p, c in zip(ph, ch, strict=False):
+        if p.role != c.role:
+            return False
+        if c.end - c.start == p.end - p.start and prev.text.startswith(cur.text[c.start:c.end], p.start):
+            continue
+        if c.end - c.start >= p.end - p.start or not prev.text.startswith(cur.text[c.start:c.end], p.start):
+            return False
+        cut += 1
+    return cut >= 2
 
 
 def _asked_history(sk: RequestSketch) -> list[tuple[str, str, int]]:
