@@ -2250,3 +2250,52 @@ def test_a_state_held_for_days_and_hours_is_a_value_whole(fpr) -> None:
     got = run_value_line(fpr, "Ofen: {}", values)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
+# ------------------------------------------------------------------ round 39
+ORG_TOOLS = ["* lookup_order\n:PROPERTIES:\n:REQUIRED: number\n:END:\nFind an order by its number.\n- number :: string",
+             "* create_return\n:PROPERTIES:\n:REQUIRED: number\n:END:\nOpen a return for an order.\n- number :: string",
+             "* pending_orders\n:PROPERTIES:\n:REQUIRED: nil\n:END:\nOrders not shipped yet.",
+             "* track_shipment\n:PROPERTIES:\n:REQUIRED: tracking_id\n:END:\nTracking events of a parcel.\n- tracking_id :: string"]
+MACRO_TOOLS = ["st=git status -sb", "t=dotnet test Shop.sln --no-restore $*", "mig=dotnet ef migrations add $1",
+               "pub=dotnet publish src\\Shop.Web -c Release"]
+
+
+@pytest.mark.parametrize("form", ["org-headings", "command-macros"])
+def test_tools_as_org_headings_or_command_macros_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Tools written as an Org file's headings that hold a name written as code (a property drawer
+    and text below each), or as command macros the way `doskey /macros` prints them (`name=command
+    args`), moved: a tool order (round 39)."""
+    entries = ORG_TOOLS if form == "org-headings" else MACRO_TOOLS
+    assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_configs_key_value_lines_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: a config's `key=value` lines (one value each, no command) moved name no tool."""
+    entries = ["port=8080", "region=eu-west", "currency=EUR", "timezone=Europe/Berlin"]
+    assert reordered_listing_causes(fpr, entries, "Settings", [2, 0, 3, 1]) == ["template_change", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Log: {}", ["[09:31:07 INF] Orders synced", "[09:34:52 WRN] Stock feed late by 3s", "[09:40:01 INF] Orders synced"]),
+    ("Varnish: coat 1 in the cabinet, {}", ["PT5H4M", "PT5H50M", "PT6H17M"]),
+    ("Flights: {}", ["GO, surface wind 4 kt", "HOLD, awaiting pilot", "NO-GO, gusts 18 kt"]),
+    ("Dampf: {}", ["Stumpen im Dampf seit 3′33″", "Stumpen im Dampf seit 4′59″", "Stumpen im Dampf seit 6′12″"]),
+])
+def test_round_39s_values_are_values_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 39 reads: a log line whose clock,
+    read to the second, opens it in brackets; a time taken as an ISO 8601 duration in hours and
+    minutes; a state whose detail holds a reading; minutes and seconds written with primes."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Opening: {}", ["09:00 weekdays only", "10:00 weekends too", "10:00 weekends too"]),
+    ("Reminder: {} before the tour", ["PT1H30M", "PT1H45M", "PT1H45M"]),
+])
+def test_a_rules_hour_or_round_duration_edited_stays_an_edit(fpr, line: str, values: list[str]) -> None:
+    """The guards: a rule's hour with its words edited (no seconds: no log's clock), a reminder's
+    round duration in its sentence edited."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change"

@@ -207,6 +207,8 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # minutes and seconds (`9 min 12 s`), a time since (`5h 7min ago`): a clock's reading, not a rule's
     ("elapsed", r"\b(?:\d+(?:h|min)\s)+\d+\.\d{1,6}s\b|\b\d+\s?min\s[0-5]?\d\s?s\b|"
                 r"\b\d+(?:h|min|s)(?:\s\d+(?:h|min|s))*\s+ago\b"),
+    # minutes and seconds written with primes, as a stopwatch or a sports result reads (`seit 3′33″`; round 39)
+    ("elapsed", r"(?<![\d′])\d{1,3}\s?′\s?[0-5]\d\s?″"),
     # a military or emergency services' clock (`0657 hrs`)
     ("time", r"\b(?:[01]\d|2[0-3])[0-5]\d\s?hrs\b"),
     ("instance", rf"\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-{_POD_SUFFIX}{{6,10}}-{_POD_SUFFIX}{{5}}\b"),  # a pod's name

@@ -103,6 +103,12 @@ _CODE_NAMED_BLOCK = re.compile(r"^\s*(?:[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+|[a-z]+[
 # name written as code alone (`[film_order]`); a config's `[server]` names no tool (round 37)
 _SECTION_NAMED = re.compile(r'^\s*\[\[?(?:[A-Za-z_][\w-]*(?::|\.|\s+")[A-Za-z_][\w.-]*"?'
                             r'|[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+)\]\]?\s*$')
+# a heading that holds only a name written as code (an Org file's `* wachs_vorrat`, its property drawer
+# and text below it; round 39)
+_CODE_HEADING = re.compile(r"^(?:\*+|#+)\s+(?:[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+|[a-z]+[A-Z]\w*)\s*$")
+# a command macro as `doskey /macros` prints it: a short lower-case name, `=`, a command with its
+# arguments (`mig=dotnet ef migrations add $1 --project src`; round 39)
+_MACRO_LINE = re.compile(r"^[a-z][\w.-]{0,23}=[\w.\\/-]+\s+\S")
 # a cron table's line: five schedule fields or an `@` nickname, then the command it runs (`crontab -l`,
 # the scheduled jobs an agent may run; round 34)
 _CRON_LINE = re.compile(r"^\s*(?:(?:[\d*][\d*/,\-]*\s+){5}|@(?:reboot|yearly|annually|monthly|weekly|daily|midnight|hourly)\s+)[/~\w$.]")
@@ -190,7 +196,7 @@ def tool_entries(lines: list[str]) -> bool:
     rest: list[str] = []
     for ln in lines:
         (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
-         or _ALIAS_LINE.match(ln) else rest).append(ln)
+         or _ALIAS_LINE.match(ln) or _MACRO_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:
@@ -232,7 +238,7 @@ def declares_name(line: str) -> bool:
                 or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line)
                 or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line) or _ANNOTATED_NAME.match(line)
                 or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line)
-                or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line))
+                or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line))
 
 
 def _shape(line: str) -> str:

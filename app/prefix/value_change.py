@@ -245,8 +245,8 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
             if agree_after(prev, cur, pend, end):
                 return ValueChange(Span(start, end, kind, cur[start:end]), pend)
-            if kind == "timestamp" and (logged := _log_line(prev, cur, span, pspan, (pline0, pline1, line0, line1),
-                                                             stop)) is not None:
+            if (kind == "timestamp" or kind == "time" and _SECONDS.search(span.text)) and (logged := _log_line(
+                    prev, cur, span, pspan, (pline0, pline1, line0, line1), stop)) is not None:
                 return logged
     (cs, ce), (ps, pe) = value_token(cur, cs, ce, cd), value_token(prev, ps, pe, pd)
     if ce <= cs or pe <= ps:
@@ -320,16 +320,23 @@ def _tag_line_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, l
 
 def _log_line(prev: str, cur: str, span: Span, pspan: Span, lines: tuple[int, int, int, int],
               stop: int | None) -> ValueChange | None:
-    """A key line's whole value that a timestamp opens, the stamp moved on and the message after it
-    changed too: a log line the client writes per request (`Log: 2026-10-18T15:38:17…+01:00 info:
-    reading …` -> `…T15:52:16…+01:00 warning: sensor 2 late`; round 38), whole, the prompts agreeing
-    again after the line."""
+    """A key line's whole value that a timestamp opens (or a clock read to the second, in brackets
+    too: `[19:22:32 DBG] …`, round 39), the stamp moved on and the message after it changed too: a
+    log line the client writes per request (`Log: 2026-10-18T15:38:17…+01:00 info: reading …` ->
+    `…T15:52:16…+01:00 warning: sensor 2 late`; round 38), whole, the prompts agreeing again after
+    the line."""
     pline0, pline1, line0, line1 = lines
     value = _line_value(prev, cur, pline0, pline1, line0, line1, span.start, stop)
-    if value is None or value[0] != span.start or value[2] != pspan.start or not agree_after(prev, cur, pline1, line1):
+    if value is None or not agree_after(prev, cur, pline1, line1):
+        return None
+    opens = cur[value[0]:span.start], prev[value[2]:pspan.start]  # nothing before the stamp, or one bracket
+    if opens[0] != opens[1] or opens[0] not in ("", "[", "("):  # (Serilog's `[19:22:32 DBG] …`; round 39)
         return None
     start, end, _, pend = value
     return ValueChange(Span(start, end, "timestamp", cur[start:end]), pend)
+
+
+_SECONDS = re.compile(r"\d:[0-5]\d:[0-5]\d")  # a clock read to the second: a log's, not a rule's hour
 
 
 LineValue = tuple[int, int, int, int]  # a key line's value: (start, end) in the current prompt, then in the previous

@@ -83,6 +83,7 @@ _THRESHOLD_BEFORE = re.compile(r"(?i)\b(?:below|above|under|over|less than|more 
 _LONG_DRAWS = re.compile(r"-?\d{15,20}(?::-?\d{15,20})+|-?\d{17,20}")
 _FINE = re.compile(r"\d+[.,]\d{4,}")  # a reading with four decimals or more (a decimal comma too: `194,9653`, round 31)
 _ISO_DURATION = re.compile(r"P(?:\d+D)?T(?:\d+H)?(?:\d+M)?\d+(?:[.,]\d+)?S")  # ISO 8601, seconds included
+_ISO_HOURS_MINUTES = re.compile(r"P(?:\d+D)?T\d+H(\d+)M")  # ISO 8601 in hours and minutes (`PT5H4M`; round 39)
 _EPOCH_ID = re.compile(r"1[5-9]\d{11}-\d{1,6}")  # milliseconds since the epoch, then a sequence number
 # a count out of a capacity that stays (`53/220 climbers`): the capacity a number, not a month or a year (`KW 15/2026`)
 _OF_CAPACITY = re.compile(r"(\d+)/(?!(?:19|20)\d\d$)(\d{2,})")
@@ -270,6 +271,7 @@ _STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2}))
 # Breakfast`, `fault: gripper jam`, round 31) or its reading
 # (`warming up` -> `running 32 m/min`, `Störung Antrieb` -> `läuft, 10–25 mm`, round 28)
 _STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\)|[,:] [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,4}"
+                    r"(?: \d+(?:[.,]\d+)? ?[^\W\d_]{1,4})?"  # a detail with its reading: `GO, surface wind 4 kt` (round 39)
                     r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
 _ID_NOTED = re.compile(r"(\S{3,40}) \([^()\n]{1,40}\)")  # an id and a note on it in brackets
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
@@ -644,11 +646,15 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
     or after a key that names a time taken (`openai-processing-ms`, `dur=`) or the current value
     (`Current bid: £6,900`), or after a key with a unit ending the value (`Pegel Kaub: 465 cm`),
     not round in both (`Timeout: 30 s` -> `60 s` is an edit); an instrument's reading with four
-    decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`); a number
+    decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`), or in hours and minutes not round on
+    both sides (`PT5H4M` -> `PT5H50M`, round 39); a number
     with decimals before a unit of measure, in a sentence too (`3.1 m`, `95,7 %`), unless a
     threshold's word precedes it (`below 1.5 m`)."""
     if _ISO_DURATION.fullmatch(new) and _ISO_DURATION.fullmatch(old):
         return True
+    a, b = _ISO_HOURS_MINUTES.fullmatch(old), _ISO_HOURS_MINUTES.fullmatch(new)
+    if a and b:  # a time taken in hours and minutes, not a setting's round one (`PT30M`, `PT1H45M`)
+        return int(a.group(1)) % 5 != 0 or int(b.group(1)) % 5 != 0
     if key is not None and _SCIENTIFIC.fullmatch(new) and _SCIENTIFIC.fullmatch(old):
         return max(_significant(new), _significant(old)) > 1  # `1e-4` -> `3e-4` is a setting edited
     new, old = new.lstrip("+-" + MINUS), old.lstrip("+-" + MINUS)  # `-63 dBm`, `−18,4 °C`, `+0,92 kg`
