@@ -121,6 +121,17 @@ def turn(url: str, tenant: str, messages: list[dict[str, str]]) -> httpx.Respons
     return resp
 
 
+def tracked(url: str, tenant: str, requests: int) -> None:
+    """Wait (10 s at most) until the tenant's history holds `requests` requests. A turn is tracked
+    after its response: on a loaded machine the next turn, sent at once, could reach the other
+    worker before the record landed and be the tenant's first there (continuity unknown). What
+    the workers share is what the test checks, not that race."""
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{url}/hygiene/tenants/{tenant}", timeout=5).json().get("requests", 0) < requests \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def gateways() -> Any:
     procs: list[GatewayProcess] = []
@@ -162,6 +173,7 @@ def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim
                 assert matched > 0, failure_report(history, gw)  # the other worker knew the prefix
                 crossed += worker != first_worker
             messages.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
+            tracked(gw.url, tenant, n + 1)
     assert crossed > 0, "no turn reached another worker than its conversation's first: the test proves nothing"
 
     deadline = time.monotonic() + 10  # continuity is tracked after the response
