@@ -95,6 +95,14 @@ def run_value_line(fpr: Fingerprinter, line: str, values: list[str]) -> list[dic
     return run(fpr, [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)])
 
 
+def assert_values_whole(fpr: Fingerprinter, line: str, values: list[str]) -> None:
+    """`run_value_line`'s second and third requests are each a `dynamic_head` whose span is the
+    value it sent, whole."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+
+
 def causes(fpr: Fingerprinter, bodies: list[dict]) -> list[str | None]:
     return [r["cause"] for r in run(fpr, bodies)]
 
@@ -1172,9 +1180,7 @@ def test_a_rules_numbers_edited_in_a_key_line_stay_an_edit(fpr, old: str, new: s
     ("Waiting time at the gate: ca. {} min", ["25", "20", "35"]),  # an approximation after the key
 ])
 def test_a_time_counted_down_or_approximated_after_a_key_is_a_value(fpr, line: str, values: list[str]) -> None:
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, line, values)
 
 
 def test_a_state_counted_in_its_first_word_is_a_value(fpr) -> None:
@@ -1555,9 +1561,7 @@ def test_a_state_after_a_possessive_key_or_with_its_detail_is_a_value_on_its_fir
                                                                                            values: list[str]) -> None:
     """Round 26: a key in the possessive (`Today's call:`) is a key, and a state may carry its detail
     after a comma: values on their first change, whole."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, line, values)
 
 
 @pytest.mark.parametrize(("line", "values"), [
@@ -1679,9 +1683,7 @@ def test_requests_of_an_http_client_file_in_another_order_are_a_tool_order(fpr) 
 def test_a_state_with_its_reading_is_one_value_on_its_first_change(fpr, line: str, values: list[str]) -> None:
     """Round 28: a key line's value that is a state's word and a reading with its unit is the
     line's value, whole, on its first change, as a state alone is."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, line, values)
 
 
 def test_a_rule_sentence_with_a_distance_is_still_an_edit(fpr) -> None:
@@ -1701,9 +1703,7 @@ def test_a_rule_sentence_with_a_distance_is_still_an_edit(fpr) -> None:
 def test_values_in_round_28s_forms_are_found_whole(fpr, line: str, values: list[str]) -> None:
     """Round 28: uptime's `up N days, H:MM`, a clock with its date after it, a reading with the
     capacity it is read against: each one value, whole."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, line, values)
 
 
 def test_a_value_found_again_wider_from_before_it_is_one_value(fpr) -> None:
@@ -1772,9 +1772,7 @@ def test_a_summary_asked_for_by_a_system_instruction_is_a_compaction(fpr) -> Non
 def test_values_in_round_29s_forms_are_found_whole(fpr, line: str, values: list[str]) -> None:
     """Round 29: a key line's codes that all changed as draws or a rising sequence, and a run's
     day with its clock: one value each, whole."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, line, values)
 
 
 # ------------------------------------------------------------------ round 30
@@ -1803,9 +1801,7 @@ def test_functions_of_a_wit_interface_in_another_order_are_a_tool_order(fpr) -> 
 def test_values_in_round_30s_forms_are_values_on_their_first_change(fpr, line: str, values: list[str]) -> None:
     """Round 30: a booking code's one number that rose, a ticket number after `#` that rose, an
     entry code in capitals drawn again, a state replaced by a reading with its state's word."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, line, values)
 
 
 
@@ -2040,9 +2036,7 @@ def test_the_same_task_started_over_with_a_short_call_is_no_compaction(fpr) -> N
 def test_a_clock_in_words_after_a_key_is_a_value_on_its_first_change(fpr, line: str, values: list[str]) -> None:
     """A time of day in words as a word clock or a speaking clock says it, a key line's whole value:
     a per-request value, whole, on its first change (round 35)."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, line, values)
 
 
 def test_an_opening_hour_in_words_edited_in_a_sentence_stays_an_edit(fpr) -> None:
@@ -2056,9 +2050,7 @@ def test_a_records_rising_id_with_its_note_in_brackets_is_a_value_on_its_first_c
     """The newest record's id, risen, with what it is in brackets (`SR-00412 (printer jam)` ->
     `SR-00415 (password reset)`): a per-request value, whole, on its first change (round 35)."""
     values = ["SR-00412 (printer jam)", "SR-00415 (password reset)", "SR-00419 (new laptop)"]
-    got = run_value_line(fpr, "Newest ticket: {}", values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, "Newest ticket: {}", values)
 
 
 def test_an_id_with_its_note_edited_to_an_older_one_stays_an_edit(fpr) -> None:
@@ -2076,9 +2068,7 @@ def test_an_id_with_its_note_edited_to_an_older_one_stays_an_edit(fpr) -> None:
 def test_a_state_held_for_a_time_of_two_parts_is_a_value_whole(fpr, line: str, values: list[str]) -> None:
     """A key's state and how long it has held, in hours and minutes (`seit`, `for`; `Std.`, `Min.`):
     a per-request value, the state with its time, on its first change (round 35)."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, line, values)
 
 
 # ------------------------------------------------------------------ round 36
@@ -2150,9 +2140,7 @@ def test_a_clock_in_words_ending_its_sentence_is_a_value_on_its_first_change(fpr
     """A speaking clock's sentence with its full stop, the hour alone too (`Es ist neun.`): a
     per-request value, whole, on its first change (round 36)."""
     values = ["Es ist neun.", "Es ist Viertel nach neun.", "Es ist halb zehn."]
-    got = run_value_line(fpr, "Uhrzeit: {}", values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, "Uhrzeit: {}", values)
 
 
 @pytest.mark.parametrize("values", [["loading cars for the crossing", "tied up at the pier", "sailing to the island now"],
@@ -2160,9 +2148,7 @@ def test_a_clock_in_words_ending_its_sentence_is_a_value_on_its_first_change(fpr
 def test_a_state_of_up_to_five_words_replaced_by_another_is_a_value(fpr, values: list[str]) -> None:
     """A key's state of up to five words replaced by another with fewer than half of its words in
     common: a per-request value, whole, on its first change (round 36)."""
-    got = run_value_line(fpr, "Ferry: {}", values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, "Ferry: {}", values)
 
 
 def test_a_rule_of_four_words_with_half_of_them_kept_stays_an_edit(fpr) -> None:
@@ -2238,18 +2224,14 @@ def test_a_message_rewritten_shorter_is_no_compaction(fpr) -> None:
 def test_a_log_line_whose_stamp_and_message_changed_is_a_value_whole(fpr, values: list[str]) -> None:
     """A key line's value that a timestamp opens, the stamp moved on and the message after it
     changed too: a log line the client writes per request, whole, on its first change (round 38)."""
-    got = run_value_line(fpr, "Log: {}", values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, "Log: {}", values)
 
 
 def test_a_state_held_for_days_and_hours_is_a_value_whole(fpr) -> None:
     """A key's state and how long it has held in days and hours (`Tg.`, `days`): a per-request
     value, the state with its time, on its first change (round 38)."""
     values = ["brennt seit 6 Tg. 22 Std.", "brennt seit 7 Tg. 2 Std.", "brennt seit 7 Tg. 5 Std."]
-    got = run_value_line(fpr, "Ofen: {}", values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
-    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
+    assert_values_whole(fpr, "Ofen: {}", values)
 
 
 # ------------------------------------------------------------------ round 39
