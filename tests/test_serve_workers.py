@@ -176,12 +176,7 @@ def test_turns_on_different_workers_keep_affinity_and_one_continuity_history(sim
             tracked(gw.url, tenant, n + 1)
     assert crossed > 0, "no turn reached another worker than its conversation's first: the test proves nothing"
 
-    deadline = time.monotonic() + 10  # continuity is tracked after the response
-    while True:
-        reports = [httpx.get(f"{gw.url}/hygiene/tenants/conv{c}", timeout=5).json() for c in range(6)]
-        if all(r["requests"] == 4 for r in reports) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    reports = [httpx.get(f"{gw.url}/hygiene/tenants/conv{c}", timeout=5).json() for c in range(6)]  # each turn tracked
     for report in reports:
         assert report["requests"] == 4, report
         assert report["breaks"] == 0 and report["new_sessions"] == 0, report  # one conversation, not 2

@@ -253,14 +253,11 @@ def messages_truncated(prev: RequestSketch, cur: RequestSketch) -> bool:
     if len(ph) < COMPACTED_MIN_MESSAGES or len(ch) < len(ph):
         return False
     cut = 0
-    for p, c in zip(ph, ch, strict=False):
-        if p.role != c.role:
+    for p, c in zip(ph, ch, strict=False):  # each message unchanged, or the start of what it was
+        if p.role != c.role or c.end - c.start > p.end - p.start \
+                or not prev.text.startswith(cur.text[c.start:c.end], p.start):
             return False
-        if c.end - c.start == p.end - p.start and prev.text.startswith(cur.text[c.start:c.end], p.start):
-            continue
-        if c.end - c.start >= p.end - p.start or not prev.text.startswith(cur.text[c.start:c.end], p.start):
-            return False
-        cut += 1
+        cut += c.end - c.start < p.end - p.start
     return cut >= 2
 
 

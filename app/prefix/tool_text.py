@@ -95,17 +95,21 @@ _NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*nam
 # a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
 _BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
 _POSITION_NUMBER = re.compile(r"(?<=#)\d{1,3}\b")  # a block's number by its position: it stays, the block moves
+# a name written as code in a config or a heading: snake or kebab case (`run_go_tests`, `film-order`),
+# or camel case (`pendingOrders`); a config's plain word (`server`) is none
+_SNAKE_OR_KEBAB = r"[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+"
+_AS_CODE = rf"(?:{_SNAKE_OR_KEBAB}|[a-z]+[A-Z]\w*)"
 # a block that a name written as code opens, its properties inside (a HOCON or nginx-style config's
-# `  run_go_tests {`; snake, kebab or camel case: a config's `server {` section is no tool; round 36)
-_CODE_NAMED_BLOCK = re.compile(r"^\s*(?:[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+|[a-z]+[A-Z]\w*)\s*[:=]?\s*\{\s*$")
+# `  run_go_tests {`; a config's `server {` section is no tool; round 36)
+_CODE_NAMED_BLOCK = re.compile(rf"^\s*{_AS_CODE}\s*[:=]?\s*\{{\s*$")
 # a config file's section header that names its entry: a kind and the name (configparser's
 # `[tool:film_order]`, a TOML table's `[tools.film_order]`, git config's `[tool "film_order"]`) or a
 # name written as code alone (`[film_order]`); a config's `[server]` names no tool (round 37)
 _SECTION_NAMED = re.compile(r'^\s*\[\[?(?:[A-Za-z_][\w-]*(?::|\.|\s+")[A-Za-z_][\w.-]*"?'
-                            r'|[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+)\]\]?\s*$')
+                            rf'|{_SNAKE_OR_KEBAB})\]\]?\s*$')
 # a heading that holds only a name written as code (an Org file's `* wachs_vorrat`, its property drawer
 # and text below it; round 39)
-_CODE_HEADING = re.compile(r"^(?:\*+|#+)\s+(?:[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+|[a-z]+[A-Z]\w*)\s*$")
+_CODE_HEADING = re.compile(rf"^(?:\*+|#+)\s+{_AS_CODE}\s*$")
 # a command macro as `doskey /macros` prints it: a short lower-case name, `=`, a command with its
 # arguments (`mig=dotnet ef migrations add $1 --project src`; round 39)
 _MACRO_LINE = re.compile(r"^[a-z][\w.-]{0,23}=[\w.\\/-]+\s+\S")
@@ -113,8 +117,8 @@ _MACRO_LINE = re.compile(r"^[a-z][\w.-]{0,23}=[\w.\\/-]+\s+\S")
 # the scheduled jobs an agent may run; round 34)
 _CRON_LINE = re.compile(r"^\s*(?:(?:[\d*][\d*/,\-]*\s+){5}|@(?:reboot|yearly|annually|monthly|weekly|daily|midnight|hourly)\s+)[/~\w$.]")
 # a shell's command alias (`alias name='command'` in an aliases file, fish's `abbr -a name command`,
-# `doskey name=command`): the commands a team runs, one a line (round 35)
-# git's aliases as `git config --get-regexp '^alias\.'` prints them: `alias.name command` (round 36)
+# `doskey name=command`; round 35) or git's as `git config --get-regexp '^alias\.'` prints them
+# (`alias.name command`; round 36): the commands a team runs, one a line
 _ALIAS_LINE = re.compile(r"^\s*(?:(?:alias|abbr|doskey)\s+(?:-{1,2}[a-z]+\s+)*|alias\.)[\w.:@+\-]+(?:=|\s+\S)")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")

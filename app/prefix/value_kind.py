@@ -646,10 +646,10 @@ def _measured(key: re.Match[str] | None, old: str, new: str, line_rest: str | No
     or after a key that names a time taken (`openai-processing-ms`, `dur=`) or the current value
     (`Current bid: £6,900`), or after a key with a unit ending the value (`Pegel Kaub: 465 cm`),
     not round in both (`Timeout: 30 s` -> `60 s` is an edit); an instrument's reading with four
-    decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`), or in hours and minutes not round on
-    both sides (`PT5H4M` -> `PT5H50M`, round 39); a number
-    with decimals before a unit of measure, in a sentence too (`3.1 m`, `95,7 %`), unless a
-    threshold's word precedes it (`below 1.5 m`)."""
+    decimals or more (`MJD 61292.24174`); an ISO 8601 duration with seconds (`PT8M1S`), or in
+    hours and minutes not round on both sides (`PT5H4M` -> `PT5H50M`, round 39); a number with
+    decimals before a unit of measure, in a sentence too (`3.1 m`, `95,7 %`), unless a threshold's
+    word precedes it (`below 1.5 m`)."""
     if _ISO_DURATION.fullmatch(new) and _ISO_DURATION.fullmatch(old):
         return True
     a, b = _ISO_HOURS_MINUTES.fullmatch(old), _ISO_HOURS_MINUTES.fullmatch(new)
