@@ -177,7 +177,7 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     if len(pw) < 2 or pw == cw:
         return False, False
     if sorted(pw) == sorted(cw):
-        return True, tool_entries(cw) or tool_blocks(p, c)
+        return True, tool_entries(cw) or tool_blocks(pw, cw)
     # entries numbered by position (`1. name …`, `(1) name …`): the numbers stay, the entries move
     pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
     if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:
@@ -217,7 +217,8 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
     """Did lines that declare names move, in two texts that hold the same lines? What each tool's
     block declares (its name in a tag, `class X < RubyLLM::Tool`, `struct XTool: Tool {` with its
     `let name = "x"`) moves with the block, whatever separates the blocks. Rules moved as
-    paragraphs declare nothing and stay a `template_change`."""
+    paragraphs declare nothing and stay a `template_change`. Lines the two texts share at their
+    start and end declare the same names in both, so callers pass only the lines between them."""
     dp, dc = [ln for ln in prev if declares_name(ln)], [ln for ln in cur if declares_name(ln)]
     return dp != dc and sorted(dp) == sorted(dc)
 
