@@ -2281,3 +2281,92 @@ def test_a_rules_hour_or_round_duration_edited_stays_an_edit(fpr, line: str, val
     round duration in its sentence edited."""
     got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got][0] == "template_change"
+
+
+# ------------------------------------------------------------------ round 40
+DIRECTIVE_TOOLS = [".. py:function:: find_invoice(number)\n\n   An invoice by its number.\n\n   :param number: e.g. RE-1042",
+                   ".. py:function:: open_tickets(team=None)\n\n   Tickets still open.\n\n   :type team: str",
+                   ".. function:: refund(order, amount)\n\n   Refund part of an order.",
+                   ".. py:function:: carrier_status()\n\n   Whether the carriers' APIs answer."]
+
+
+def test_tools_declared_by_markup_directives_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools written as a markup file's directives that declare a function by its name written
+    as code (`.. py:function:: find_invoice(number)`, a field list below each) moved: a tool order
+    (round 40)."""
+    assert reordered_listing_causes(fpr, DIRECTIVE_TOOLS, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_directives_that_name_files_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: directives that name a file or nothing (an image, a note) moved declare no tool."""
+    entries = [".. image:: shop-logo.png\n\n   The logo.", ".. note::\n\n   Prices include VAT.",
+               ".. image:: opening-hours.png\n\n   The hours.", ".. warning::\n\n   No refunds on sale items."]
+    assert reordered_listing_causes(fpr, entries, "Notes", [2, 0, 3, 1]) == ["template_change", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Last delivery: {}", ["TR4471/dock 2", "TR4476/dock 5", "TR4479/dock 1"]),
+    ("Letzte Bestellung: {}", ["B-2026/1187 (Ersatzteil)", "B-2026/1190 (Wartung)", "B-2026/1191 (Wartung)"]),
+    ("Current ticket: {}", ["Nr. 5512 (printer jam)", "Nr. 5513 (printer jam)", "Nr. 5516 (VPN)"]),
+])
+def test_the_newest_entry_a_key_names_is_a_value_whole_on_its_first_change(fpr, line: str, values: list[str]) -> None:
+    """A `key: value` line whose key names the newest entry of a series (`Last …`, `Letzte …`,
+    `Current …`) holds whichever entry came last: on its first change a value, the entry with its
+    note whole, whether its number alone or more of it changed (round 40)."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Max retries: {}", ["3 per call", "5 per call", "5 per call"]),
+    ("Last admission: {}", ["17:30, 45 min before closing", "18:00, 30 min before closing",
+                            "18:00, 30 min before closing"]),
+])
+def test_a_settings_number_or_a_last_admissions_hour_edited_stay_an_edit(fpr, line: str, values: list[str]) -> None:
+    """The guards: a setting's key names no newest entry; a `Last …` key whose value holds a clock
+    and small numbers, no entry's number, is a rule edited."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change", got
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Remittance reference: {}", ["RF18 5390 0754 7034", "RF71 ZK2M 91QD 8", "RF09 L4TR 2VX8 P33K 7"]),
+    ("Shot clock: {}", ["quarter 2, 24 s on the clock", "quarter 2, 11 s on the clock", "quarter 3, 20 s on the clock"]),
+])
+def test_round_40s_values_are_values_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 40 reads: a reference written as
+    an IBAN or a creditor reference is (two letters, two check digits, groups of four), drawn again
+    at another length; a countdown's seconds with their unit, `on the clock`."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+
+
+def context_block_causes(fpr: Fingerprinter, lines: list[str], values: list[str]) -> list[str | None]:
+    """The causes of a conversation whose first user message opens with a `<workspace>` block
+    holding `lines`, `{}` in one of them filled with each of `values` in turn."""
+    def first(value: str) -> str:
+        block = "\n".join(line.format(value) for line in lines)
+        return f"<workspace>\n{block}\n</workspace>\n\n" + TASK
+
+    return causes(fpr, [body(CODER, [first(v), *t[1:]]) for v, t in zip(values, conversation(3), strict=True)])
+
+
+@pytest.mark.parametrize("values", [["cue 14 GO, sound 7", "cue 16 standby, sound 9", "cue 17 GO, sound 9"],
+                                    ["Act II, scene 3 running", "curtain down, notes", "Act II, scene 1 running"],
+                                    ["ch 1-4 @ 80% 20% 0 0", "ch 1-4 @ 80% 0 35% 0", "ch 1-4 @ 60% 0 35% 10%"]])
+def test_a_key_lines_value_in_a_context_block_of_the_first_user_message_is_a_value(fpr, values: list[str]) -> None:
+    """An agent's context block (a tag alone on its line opens it, another closes it) refreshed on
+    every request: a `key: value` line in it whose value changed in more than one word is a value,
+    not the person editing their turn (round 40)."""
+    lines = ["repo: ticketing (main)", "django: 5.1.4", "stage: {}", "open file: seats/views.py"]
+    assert context_block_causes(fpr, lines, values) == ["dynamic_head", "dynamic_head"]
+
+
+def test_a_key_line_rewritten_after_the_context_block_closed_is_no_value(fpr) -> None:
+    """The guard: a `key: value` line of the person's own text, after the block closed, rewritten,
+    is what it was before round 40 (the person's own message changed), not a value."""
+    def first(goal: str) -> str:
+        return f"<workspace>\nrepo: ticketing (main)\ndjango: 5.1.4\n</workspace>\n\nGoal: {goal}\n" + TASK
+
+    goals = ["keep row C in the stalls", "move row C to the balcony", "move row C to the balcony"]
+    bodies = [body(CODER, [first(g), *t[1:]]) for g, t in zip(goals, conversation(3), strict=True)]
+    assert causes(fpr, bodies)[0] not in ("dynamic_head", None)

@@ -149,7 +149,8 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
     """Values told by their line's form or their shape, not their key's words (tests/
     test_diagnosis_cases.py): one word or an id as a key line's whole value, an id ending in `-`, a
     date without a cue that moves on by a day (in the system text, and in the first user message's
-    context block), and such a date moved by months (an edit)."""
+    context block), and such a date moved by months (an edit); tools declared by markup directives
+    moved and the newest entry a `Last …` key names (round 40)."""
     convo = conversation(4)
 
     def sys_line(line: str, values: list[str]) -> list[dict]:
@@ -249,9 +250,18 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         ("xml-tool-blocks", [body(f"{SYSTEM}\n<tools>\n" + "\n".join(XML_TOOLS[k] for k in o) + "\n</tools>\nAnswer briefly.", t)
                              for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
          [None, "tool_order", None]),
+        # round 40
+        ("latest-entry", sys_line("Last delivery: {}", ["TR4471/dock 2", "TR4476/dock 5", "TR4479/dock 1"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("directive-tools", [body(f"{SYSTEM}\nTools:\n" + "\n\n".join(DIRECTIVE_TOOLS[k] for k in o) + "\nAnswer briefly.", t)
+                             for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
+         [None, "tool_order", None]),
     ]
 
 
+DIRECTIVE_TOOLS = [f".. py:function:: {n}\n\n   {d}" for n, d in (
+    ("order_show(number)", "One order with its lines."), ("return_open(number)", "Open a return."),
+    ("parcel_track(code)", "Tracking events."), ("address_set(number, address)", "Change the address."))]
 XML_TOOLS = [f"<function>\n<name>{n}</name>\n<description>{d}</description>\n<parameters>\n<parameter>\n"
              f"<name>order</name>\n<type>string</type>\n</parameter>\n</parameters>\n</function>"
              for n, d in (("order_show", "One order with its lines."), ("return_open", "Open a return."),

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout39` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout40` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -118,7 +118,8 @@ FLOORS = {
     # change; labels that take in a value's unit and words, which earlier pools' labels leave out)
     # round 24 (a key line's value changed again, readings of one line as one value): 0.9921 / 0.8563 / 0.6488
     # round 25 (a value found again, wider, at its key: the line's value): 0.9921 / 0.8563 / 0.6523
-    "heldout21": (0.992, 0.856, 0.652),
+    # round 40: 0.9936 / 0.9791 / 0.6559
+    "heldout21": (0.993, 0.979, 0.655),
     # the twenty-second (measured 0.917 / 0.867 / 0.576), tune side since heldout23: 0.9906 / 0.9829 / 0.7506
     # (cues, a queue in words, a show clock's act, a wind whose gusts appear read as edits the first time they
     # change; labels that take in a value's unit and words)
@@ -138,7 +139,8 @@ FLOORS = {
     # render, labelled as if an engine saw them change; Zed's new thread from a summary read as a new
     # conversation; a timetable's raised minutes, pytest's summary line gaining a count, a kiln car's number
     # read as edits the first time they change)
-    "heldout24": (0.937, 0.696, 0.626),
+    # round 40: 0.9395 / 0.6981 / 0.6307
+    "heldout24": (0.939, 0.698, 0.630),
     # the twenty-fifth (measured 0.966 / 0.827 / 0.621), tune side since heldout26: 0.9969 / 0.9940 / 0.6854
     # (a possessive key, a state with its detail after a comma, military date-time groups, MATLAB's and
     # Wolfram's tool forms, values in a chat widget's welcome message; labels that take in a value's words)
@@ -159,7 +161,8 @@ FLOORS = {
     # Pydantic AI's summary asked for by a system instruction; a card payment's codes; a run's day and clock;
     # cuts with less than `material` reusable text after them labelled front trims; labels that take in a
     # status line's other readings, `284 passed, 1 skipped in 7.10s`)
-    "heldout28": (0.976, 0.961, 0.701),
+    # round 40: 0.9770 / 0.9618 / 0.7396
+    "heldout28": (0.976, 0.961, 0.739),
     # the twenty-ninth (measured 0.964 / 0.940 / 0.412), tune side since heldout30: 0.9937 / 0.9929 / 0.4266 (round 35)
     # (WIT interface files as tool lists; a booking code's one number and a number after `#` that rose, an
     # entry code drawn again, a state replaced by a reading with its state's word; labels that take in a
@@ -169,51 +172,65 @@ FLOORS = {
     # (Google ADK's compaction, its long summary the model's message opening the history; a time ago with its
     # unit abbreviated or in German, a state's detail after a colon, four decimals after a comma; station
     # counts, running numbers and labels that take in a value's words)
-    "heldout30": (0.989, 0.980, 0.655),
+    # round 40: 0.9923 / 0.9855 / 0.6739
+    "heldout30": (0.992, 0.985, 0.673),
     # the thirty-first (measured 0.966 / 0.794 / 0.678, one look-alike alarm), tune side since heldout32:
     # 0.9938 / 0.9884 / 0.6817, no alarm (Nushell modules as tool lists; old tool results cleared in place as a
     # compaction; a rule's minimum after German `ab`; labels that take in a value's words)
-    "heldout31": (0.993, 0.988, 0.681),
+    # round 40: 0.9938 / 0.9884 / 0.6917
+    "heldout31": (0.993, 0.988, 0.691),
     # the thirty-second (measured 0.923 / 0.808 / 0.697), tune side since heldout33: 0.9703 / 0.8927 / 0.7039 (round 36)
     # (KDL nodes and CUE definitions as tool lists; CrewAI's compaction of the whole prompt into one user
     # message, which a new conversation without a system prompt also looks like; scores, race numbers, boat
     # counts and states read as edits the first time they change)
-    "heldout32": (0.970, 0.892, 0.703),
+    # round 40: 0.9703 / 0.8927 / 0.7263
+    "heldout32": (0.970, 0.892, 0.726),
     # the thirty-third (measured 0.943 / 0.823 / 0.696), tune side since heldout34: 0.9825 / 0.9708 / 0.7660 (round 39)
     # (values in Codex CLI's environment block, a user message of its own; crontab lines as a tool list;
     # values in forms no rule reads on their first change; labels that take in a value's words)
-    "heldout33": (0.982, 0.970, 0.765),
+    # round 40: 0.9841 / 0.9731 / 0.7692
+    "heldout33": (0.984, 0.973, 0.769),
     # the thirty-fourth (measured 0.933 / 0.709 / 0.683), tune side since heldout35: 0.9953 / 0.9911 / 0.7507
     # (Dhall's record lists and a shell alias file as tool lists; Cline's condense, the summary in a tool
     # call's arguments; a word clock, a state held for hours and minutes, a record's id with its note; a
     # running count and a board number still read as edits the first time they change)
-    "heldout34": (0.995, 0.991, 0.750),
+    # round 40: 0.9953 / 0.9911 / 0.7612
+    "heldout34": (0.995, 0.991, 0.761),
     # the thirty-fifth (measured 0.922 / 0.695 / 0.675), tune side since heldout36: 0.9867 / 0.9780 / 0.6995
     # (a HOCON file and git's aliases as tool lists; the Vercel AI SDK's pruning of tool calls; a word clock's
     # sentence with its full stop, states of five words; running numbers with a note, `seq 2, train 5
     # (parcels)`, and crew counts still read as edits the first time they change)
-    "heldout35": (0.986, 0.977, 0.699),
+    # round 40: 0.9867 / 0.9780 / 0.7565
+    "heldout35": (0.986, 0.977, 0.756),
     # the thirty-sixth (measured 0.973 / 0.923 / 0.663), tune side since heldout37: 0.9969 / 0.9743 / 0.6634
     # (an INI file's `[tool:name]` sections as a tool list; aider's summary of the older head, which keeps
     # more than half of the history, still read as a front trim; labels that take in a value's note)
-    "heldout36": (0.996, 0.974, 0.663),
+    # round 40: 0.9969 / 0.9743 / 0.7366
+    "heldout36": (0.996, 0.974, 0.736),
     # the thirty-seventh (measured 0.981 / 0.800 / 0.635), tune side since heldout38: 0.9951 / 0.8694 / 0.6683
     # (AutoGen's message token limiter, messages cut in place; log lines whose stamp and message changed; a
     # burn time in days and hours; running numbers with a note, `Nr. 31 (Buche/Eiche)`, still read as edits
     # the first time they change, and in a context block as a history edit, which costs macro-F1 a class)
-    "heldout37": (0.995, 0.869, 0.668),
+    # round 40: 0.9968 / 0.9940 / 0.7065
+    "heldout37": (0.996, 0.993, 0.706),
     # the thirty-eighth (measured 0.915 / 0.756 / 0.762), tune side since heldout39: 0.9853 / 0.9575 / 0.7853
     # (an Org file's headings and doskey's macros as tool lists; Serilog's log lines, an ISO 8601 duration in
     # hours and minutes, a state's detail with its reading, minutes and seconds in primes; running numbers
     # with a note, `Op. 216 (cello)`, still read as edits the first time they change)
-    "heldout38": (0.985, 0.957, 0.785),
+    # round 40: 0.9870 / 0.9601 / 0.8042
+    "heldout38": (0.986, 0.960, 0.804),
+    # the thirty-ninth (measured 0.948 / 0.799 / 0.441), tune side since heldout40: 0.9935 / 0.9789 / 0.5594
+    # (markup directives as a tool list, the newest entry a `Last …` key names, a reference written as a
+    # creditor reference, a countdown `on the clock`, a context block's key line; states replaced by
+    # others, channel levels and a merged summary still missed; its labels take in a value's words)
+    "heldout39": (0.993, 0.978, 0.559),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout39), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout40), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -221,7 +238,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -317,7 +334,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout39`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout40`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -40,6 +40,7 @@ from app.prefix.value_change import (
     KEYED_KINDS,
     before_space,
     dynamic_kind,
+    latest_entry,
     sentence_end,
     token_span,
     value_token,
@@ -443,6 +444,8 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             e = counter_end(text, s0, max(token_span(text, s0)[1], s0 + 1)) if kind == "counter" \
                 else sentence_end(text, s0, span.end)
             out.append(Span(s0, e, kind, text[s0:e]))
+    if not out and (entry := latest_entry(text, start, end)) is not None:
+        return [Span(entry[0], entry[1], "id", text[entry[0]:entry[1]])]  # the newest entry of a series, whole
     if out or end - start > SHORT_LINE:
         return out
     pos = start

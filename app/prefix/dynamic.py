@@ -252,6 +252,9 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
     # (`467 tests left before reload`: a clause may follow `left`, not an object: `turn left at`)
     ("counter", rf"(?i)\b\d+(?:[.,]\d+)*(?:[ \t]+[^\W\d_]+){{1,2}}?[ \t]+(?:{_REMAINING}|"
                 rf"left\b(?=\s*(?:[.,;)]|$|(?:before|until|till|bis|vor)\b)))\b"),
+    # a countdown's time shown with its unit, as a game or a timer says it (`92 s on the clock`,
+    # `4 min to go`; round 40)
+    ("counter", r"(?i)\b\d+(?:[.,:]\d+)?\s?(?:s|secs?|seconds|min|mins|minutes)[ \t]+(?:on the clock|to go)\b"),
     # a place in a queue (`Position in der Warteschlange: 8`, `queue_position = 3`)
     ("counter", r"(?i)(?:\b|_)(?:position|queue|warteschlange)\b[^\n:=]{0,30}?\s*[:=]\s*\d+\b"),
     # a share of a window or quota that is free, left or used (`81% of the context window is still free`)

@@ -110,6 +110,11 @@ _SECTION_NAMED = re.compile(r'^\s*\[\[?(?:[A-Za-z_][\w-]*(?::|\.|\s+")[A-Za-z_][
 # a heading that holds only a name written as code (an Org file's `* wachs_vorrat`, its property drawer
 # and text below it; round 39)
 _CODE_HEADING = re.compile(rf"^(?:\*+|#+)\s+{_AS_CODE}\s*$")
+# a markup directive that declares what it names, written as code (reStructuredText's
+# `.. py:function:: lane_availability(day)`, `.. option:: --dry-run`; round 40)
+# (`.. image:: logo.png` names a file, not a tool)
+_DIRECTIVE_NAMED = re.compile(r"^\s*\.\.\s+(?:[a-z]+:[a-z][\w-]*::\s+[A-Za-z_][\w.]*(?:\(|\s*$)"
+                              r"|[a-z][\w-]*::\s+(?:--?[\w-]+\s*$|[A-Za-z_][\w.]*\())")
 # a command macro as `doskey /macros` prints it: a short lower-case name, `=`, a command with its
 # arguments (`mig=dotnet ef migrations add $1 --project src`; round 39)
 _MACRO_LINE = re.compile(r"^[a-z][\w.-]{0,23}=[\w.\\/-]+\s+\S")
@@ -243,7 +248,8 @@ def declares_name(line: str) -> bool:
                 or _LONE_NAME.match(line) or _BANNER_NAME.match(line) or _FUNCTION_MEMBER.match(line)
                 or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line) or _ANNOTATED_NAME.match(line)
                 or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line)
-                or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line))
+                or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line)
+                or _DIRECTIVE_NAMED.match(line))
 
 
 def _shape(line: str) -> str:

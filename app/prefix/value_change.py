@@ -260,8 +260,10 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
         if earlier_turn and (tagged := _tag_line_value(prev, cur, pline0, pline1, line0, line1)) is not None:
             return tagged
         line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
-        return _whole_value(prev, cur, line_value, pline1, line1) or _status_reading(prev, cur, line_value) \
-            or _changed_again(prev, cur, line_value, pline1, line1, edits)
+        if earlier_turn and (block := _block_line_value(prev, cur, line_value, line0, pline1, line1, stop)) is not None:
+            return block
+        return _whole_value(prev, cur, line_value, pline1, line1) or _latest_entry(prev, cur, line_value, pline1, line1) \
+            or _status_reading(prev, cur, line_value) or _changed_again(prev, cur, line_value, pline1, line1, edits)
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
     line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
@@ -272,6 +274,14 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
     if kind == "counter" and line_value is not None and after_state(cur[line0:cs]) and agree_after(prev, cur, pline1, line1):
         start, end, _, vpend = line_value  # a state and its reading: the line's value, whole (round 28)
         return ValueChange(Span(start, end, kind, cur[start:end]), vpend)
+    if (kind is None or kind == "id" and _NOTED.search(cur, cs, line_value[1] if line_value else cs)) \
+            and (latest := _latest_entry(prev, cur, line_value, pline1, line1)) is not None:
+        # the newest entry of a series, whole: its number alone read, it is whole with the note
+        # that says what it is (`Last performance: Perf. 3215 (The Snow Queen)`), as `_ID_NOTED`
+        return latest
+    if kind is None and earlier_turn and \
+            (block := _block_line_value(prev, cur, line_value, line0, pline1, line1, stop)) is not None:
+        return block
     if kind is None and earlier_turn:
         kind = turn_value(prev[ps:pe], cur[cs:ce], before, cur[ce:rest_end])
     if kind is None and whole is not None:
@@ -316,6 +326,36 @@ def _tag_line_value(prev: str, cur: str, pline0: int, pline1: int, line0: int, l
     if m is None or pm is None or m.group(1) != pm.group(1) or not agree_after(prev, cur, pline1, line1):
         return None
     return ValueChange(Span(m.start(2), m.end(2), "value", m.group(2)), pm.end(2))
+
+
+_BLOCK_OPEN = re.compile(r"[ \t]*<([A-Za-z_][\w.:-]*)(?:\s[^<>\n]*)?>[ \t]*")  # a tag alone on its line
+BLOCK_LINES = 32  # lines looked at above a changed line for the tag that opens its block
+
+
+def _block_line_value(prev: str, cur: str, value: LineValue | None, line0: int, pline1: int, line1: int,
+                      stop: int | None) -> ValueChange | None:
+    """In a user turn before the last, the value of a `key: value` line inside a block that a tag
+    alone on its line opens and closes (`<workspace>` … `</workspace>`: an agent's context block,
+    refreshed on every request), when the prompts agree again after the line: a value, whole
+    (round 40). A person who edits a turn rewrites its prose, not a block the client wrote."""
+    if value is None or not agree_after(prev, cur, pline1, line1):
+        return None
+    end = line0 - 1  # the newline before the changed line
+    for _ in range(BLOCK_LINES):
+        if end < 0:
+            return None
+        start = cur.rfind("\n", 0, end) + 1
+        opened = _BLOCK_OPEN.fullmatch(cur, start, end)
+        if opened is not None:
+            close = cur.find(f"</{opened.group(1)}>", line1, len(cur) if stop is None else stop)
+            if close < 0:
+                return None
+            vstart, vend, _, pend = value
+            return ValueChange(Span(vstart, vend, "value", cur[vstart:vend]), pend)
+        if cur.startswith("</", start) or start == end:  # another block closed, or a blank line: not in one
+            return None
+        end = start - 1
+    return None
 
 
 def _log_line(prev: str, cur: str, span: Span, pspan: Span, lines: tuple[int, int, int, int],
@@ -381,6 +421,46 @@ def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line
     start, end, pstart, pend = value
     kind = whole_value_change(prev[pstart:pend], cur[start:end])
     return ValueChange(Span(start, end, kind, cur[start:end]), pend) if kind is not None else None
+
+
+# a key that names the newest entry of a series (`Last lane booking:`, `Letzter Auftrag:`, `Current run:`)
+_LATEST_KEY = re.compile(r"(?i)[^\w\n]*(?:last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|"
+                         r"jüngste[rsn]?)\b[^:=\n]{0,40}[:=]\s*[\"']?")
+LATEST_VALUE_CHARS = 48  # an entry's number with its note; a longer value is text
+
+
+def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:
+    """The whole value of a `key: value` line whose key names the newest entry of a series (`Last
+    lane booking: LB00434/lane 9` -> `LB00439/lane 6`), when both values hold an entry's number (three
+    digits or more, not a clock's): the client writes whichever entry came last, replaced as entries
+    come, not an edit (round 40). A setting's key names no such entry (`limit: 15`), and a rule's
+    `Last admission: 17:30` holds no entry's number."""
+    if value is None or not agree_after(prev, cur, pline1, line1):
+        return None
+    start, end, pstart, pend = value
+    old, new = prev[pstart:pend], cur[start:end]
+    if old == new or max(len(old), len(new)) > LATEST_VALUE_CHARS or not (_ENTRY_NUMBER.search(old) and _ENTRY_NUMBER.search(new)):
+        return None
+    line0 = cur.rfind("\n", 0, start) + 1
+    if _LATEST_KEY.fullmatch(cur, line0, start) is None:
+        return None
+    return ValueChange(Span(start, end, "id", new), pend)
+
+
+def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """(start, end) of the value of the `key: value` line `text[start:end]` when its key names the
+    newest entry of a series and the value holds an entry's number (`_latest_entry`): what another
+    pod, reading one request, takes for a value whole."""
+    key = _LATEST_KEY.match(text, start, end)
+    if key is None:
+        return None
+    vend = before_space(text, key.end(), end)
+    value = text[key.end():vend]
+    return (key.end(), vend) if 0 < len(value) <= LATEST_VALUE_CHARS and _ENTRY_NUMBER.search(value) else None
+
+
+_NOTED = re.compile(r"\([^()\n]{1,40}\)\s*$")  # a note in brackets ends the value (`… (Maßsattel)`)
+_ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?![\d:]|[.,]\d)")  # `LB00434`, `3214`; not `17:30`, `2.500`
 
 
 def _changed_again(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int,

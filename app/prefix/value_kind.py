@@ -319,7 +319,7 @@ def whole_value_change(old: str, new: str) -> str | None:
         return "counter"
     if _counted_state(old, new) or _reading_state(old, new):
         return "flag"
-    if _codes_drawn(old, new):
+    if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
             a != b and not (a.isalnum() and b.isalnum()) for a, b in zip(old, new, strict=True)):
@@ -550,6 +550,10 @@ def _codes_drawn(old: str, new: str) -> bool:
 
 
 _CODE = re.compile(r"(?=.*\d)[A-Z0-9 ./-]+")  # capitals and digit groups, no word of prose: an id
+# a reference written as an IBAN or an ISO 11649 creditor reference is: two letters, two check digits,
+# groups of four (the last may be shorter), a different length once drawn again (`RF47 SSTU MHK6 IOK`;
+# round 40)
+_STRUCTURED_REFERENCE = re.compile(r"[A-Z]{2}\d\d(?: [A-Z0-9]{4}){1,7}(?: [A-Z0-9]{1,3})?")
 
 
 def _whole_value_kind(old: str, new: str) -> str | None:
