@@ -150,7 +150,8 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
     test_diagnosis_cases.py): one word or an id as a key line's whole value, an id ending in `-`, a
     date without a cue that moves on by a day (in the system text, and in the first user message's
     context block), and such a date moved by months (an edit); tools declared by markup directives
-    moved and the newest entry a `Last …` key names (round 40)."""
+    moved and the newest entry a `Last …` key names, whole, but an id in a link there the id alone
+    (round 40)."""
     convo = conversation(4)
 
     def sys_line(line: str, values: list[str]) -> list[dict]:
@@ -252,6 +253,9 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
          [None, "tool_order", None]),
         # round 40
         ("latest-entry", sys_line("Last delivery: {}", ["TR4471/dock 2", "TR4476/dock 5", "TR4479/dock 1"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("latest-id-in-link", sys_line("Last search: /catalogue/search?sid={}", ["scs_1773303933246", "scs_1773304804893",
+                                                                                  "scs_1773305011201"]),
          [None, "dynamic_head", "dynamic_head"]),
         ("directive-tools", [body(f"{SYSTEM}\nTools:\n" + "\n\n".join(DIRECTIVE_TOOLS[k] for k in o) + "\nAnswer briefly.", t)
                              for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],

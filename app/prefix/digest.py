@@ -41,6 +41,7 @@ from app.prefix.value_change import (
     before_space,
     dynamic_kind,
     latest_entry,
+    noted,
     sentence_end,
     token_span,
     value_token,
@@ -444,10 +445,8 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             e = counter_end(text, s0, max(token_span(text, s0)[1], s0 + 1)) if kind == "counter" \
                 else sentence_end(text, s0, span.end)
             out.append(Span(s0, e, kind, text[s0:e]))
-    if not out and (entry := latest_entry(text, start, end)) is not None:
-        return [Span(entry[0], entry[1], "id", text[entry[0]:entry[1]])]  # the newest entry of a series, whole
     if out or end - start > SHORT_LINE:
-        return out
+        return _or_latest_entry(text, start, end, out)
     pos = start
     while pos < end:
         if text[pos].isalnum():
@@ -465,7 +464,17 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             pos = max(b, pos + 1)
         else:
             pos += 1
-    return out
+    return _or_latest_entry(text, start, end, out)
+
+
+def _or_latest_entry(text: str, start: int, end: int, found: list[Span]) -> list[Span]:
+    """`found`, or the value of a line whose key names the newest entry of a series, whole
+    (`latest_entry`), as the text path reads it: when nothing else was found there, or only an id
+    that a note in brackets follows (`Perf. 3215 (The Snow Queen)`)."""
+    entry = latest_entry(text, start, end)
+    if entry is None or found and not (len(found) == 1 and found[0].kind == "id" and noted(text, found[0].end, entry[1])):
+        return found
+    return [Span(entry[0], entry[1], "id", text[entry[0]:entry[1]])]
 
 
 def _status_value(text: str, start: int, end: int) -> list[Span]:

@@ -274,7 +274,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
     if kind == "counter" and line_value is not None and after_state(cur[line0:cs]) and agree_after(prev, cur, pline1, line1):
         start, end, _, vpend = line_value  # a state and its reading: the line's value, whole (round 28)
         return ValueChange(Span(start, end, kind, cur[start:end]), vpend)
-    if (kind is None or kind == "id" and _NOTED.search(cur, cs, line_value[1] if line_value else cs)) \
+    if (kind is None or kind == "id" and noted(cur, cs, line_value[1] if line_value else cs)) \
             and (latest := _latest_entry(prev, cur, line_value, pline1, line1)) is not None:
         # the newest entry of a series, whole: its number alone read, it is whole with the note
         # that says what it is (`Last performance: Perf. 3215 (The Snow Queen)`), as `_ID_NOTED`
@@ -459,7 +459,12 @@ def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:
     return (key.end(), vend) if 0 < len(value) <= LATEST_VALUE_CHARS and _ENTRY_NUMBER.search(value) else None
 
 
-_NOTED = re.compile(r"\([^()\n]{1,40}\)\s*$")  # a note in brackets ends the value (`… (Maßsattel)`)
+_NOTED = re.compile(r"\([^()\n]{1,40}\)\s*$")
+
+
+def noted(text: str, start: int, end: int) -> bool:
+    """Does a note in brackets end `text[start:end]` (`S-2026/0794 (Maßsattel)`)?"""
+    return _NOTED.search(text, start, end) is not None
 _ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?![\d:]|[.,]\d)")  # `LB00434`, `3214`; not `17:30`, `2.500`
 
 
