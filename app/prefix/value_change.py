@@ -424,8 +424,8 @@ def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line
 
 
 # a key that names the newest entry of a series (`Last lane booking:`, `Letzter Auftrag:`, `Current run:`)
-_LATEST_KEY = re.compile(r"(?i)[^\w\n]*(?:last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|"
-                         r"jüngste[rsn]?)\b[^:=\n]{0,40}[:=]\s*[\"']?")
+LATEST_WORDS = r"last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|jüngste[rsn]?"
+_LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}[:=]\s*[\"']?")
 LATEST_VALUE_CHARS = 48  # an entry's number with its note; a longer value is text
 
 
