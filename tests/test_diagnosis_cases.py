@@ -2370,3 +2370,30 @@ def test_a_key_line_rewritten_after_the_context_block_closed_is_no_value(fpr) ->
     goals = ["keep row C in the stalls", "move row C to the balcony", "move row C to the balcony"]
     bodies = [body(CODER, [first(g), *t[1:]]) for g, t in zip(goals, conversation(3), strict=True)]
     assert causes(fpr, bodies)[0] not in ("dynamic_head", None)
+
+
+# ------------------------------------------------------------------ round 41
+PROLOG_TOOLS = ["%! order_lookup(+Number:string) is det.\n%\n%  One order with its lines.\ntool(order_lookup,\n     [ number-string\n     ],\n     [number]).",
+                "%! return_open(+Number:string, ?Reason:atom) is det.\n%\n%  Open a return.\ntool(return_open,\n     [ number-string,\n       reason-atom\n     ],\n     [number]).",
+                "%! pending_orders is det.\n%\n%  Orders not shipped yet.\ntool(pending_orders, [], []).",
+                "%! parcel_track(+Code:string) is det.\n%\n%  Tracking events of a parcel.\ntool(parcel_track,\n     [ code-string\n     ],\n     [code])."]
+SUDO_TOOLS = ["    (root) NOPASSWD: /usr/bin/systemctl restart shop-web", "    (postgres) NOPASSWD: /usr/bin/pg_dump shop",
+              "    (deploy) NOPASSWD: /opt/shop/bin/release --env prod", "    (root) NOPASSWD: /usr/sbin/nginx -s reload"]
+
+
+@pytest.mark.parametrize("form", ["logic-facts", "allowed-commands"])
+def test_tools_as_logic_facts_or_allowed_commands_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Tools written as a logic program's facts whose first argument is the tool's name, each under
+    a structured comment that declares it with its modes (`%! order_lookup(+Number:string) is
+    det.`), or as the commands a user may run, each named by its executable's path in a `bin`
+    directory after whom it runs as (`(root) NOPASSWD: /usr/bin/systemctl restart shop-web`), moved:
+    a tool order (round 41)."""
+    entries = PROLOG_TOOLS if form == "logic-facts" else SUDO_TOOLS
+    assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_list_of_file_paths_in_another_order_stays_a_template_change(fpr) -> None:
+    """The guard: paths that name files and folders, not executables in a `bin` directory, moved."""
+    entries = ["    (read) /srv/shop/config/prices.yaml", "    (read) /srv/shop/templates/invoice.html",
+               "    (write) /var/log/shop/orders.log", "    (read) /etc/shop/carriers.json"]
+    assert reordered_listing_causes(fpr, entries, "Files", [2, 0, 3, 1]) == ["template_change", None]

@@ -151,7 +151,8 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
     date without a cue that moves on by a day (in the system text, and in the first user message's
     context block), and such a date moved by months (an edit); tools declared by markup directives
     moved and the newest entry a `Last …` key names, whole, but an id in a link there the id alone
-    (round 40)."""
+    (round 40); commands allowed to run, named by their executables' paths, moved, and the newest
+    entry whole though its note holds a range (round 41)."""
     convo = conversation(4)
 
     def sys_line(line: str, values: list[str]) -> list[dict]:
@@ -260,9 +261,19 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         ("directive-tools", [body(f"{SYSTEM}\nTools:\n" + "\n\n".join(DIRECTIVE_TOOLS[k] for k in o) + "\nAnswer briefly.", t)
                              for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
          [None, "tool_order", None]),
+        # round 41
+        ("latest-entry-noted", sys_line("Letzte Lieferung: {}", ["L-2026/0412 (Kiefer 1,50–1,75 m)",
+                                                                 "L-2026/0415 (Fichte 1,75–2,00 m)",
+                                                                 "L-2026/0418 (Kiefer 2,00–2,50 m)"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("allowed-commands", [body(f"{SYSTEM}\nCommands you may run:\n" + "\n".join(SUDO_TOOLS[k] for k in o) + "\nAnswer briefly.", t)
+                              for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
+         [None, "tool_order", None]),
     ]
 
 
+SUDO_TOOLS = ["    (root) NOPASSWD: /usr/bin/systemctl restart shop-web", "    (postgres) NOPASSWD: /usr/bin/pg_dump shop",
+              "    (deploy) NOPASSWD: /opt/shop/bin/release --env prod", "    (root) NOPASSWD: /usr/sbin/nginx -s reload"]
 DIRECTIVE_TOOLS = [f".. py:function:: {n}\n\n   {d}" for n, d in (
     ("order_show(number)", "One order with its lines."), ("return_open(number)", "Open a return."),
     ("parcel_track(code)", "Tracking events."), ("address_set(number, address)", "Change the address."))]

@@ -41,7 +41,7 @@ from app.prefix.value_change import (
     before_space,
     dynamic_kind,
     latest_entry,
-    noted,
+    note_start,
     sentence_end,
     token_span,
     value_token,
@@ -469,10 +469,15 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
 
 def _or_latest_entry(text: str, start: int, end: int, found: list[Span]) -> list[Span]:
     """`found`, or the value of a line whose key names the newest entry of a series, whole
-    (`latest_entry`), as the text path reads it: when nothing else was found there, or only an id
-    that a note in brackets follows (`Perf. 3215 (The Snow Queen)`)."""
+    (`latest_entry`), as the text path reads it: when nothing else was found there, only an id that
+    a note in brackets follows (`Perf. 3215 (The Snow Queen)`), or only values inside that note
+    (`CB-26-0613 (Blaufichte 1,50–1,75 m)`: the entry's number changed, not the note's range)."""
     entry = latest_entry(text, start, end)
-    if entry is None or found and not (len(found) == 1 and found[0].kind == "id" and noted(text, found[0].end, entry[1])):
+    if entry is None:
+        return found
+    note = note_start(text, entry[0], entry[1])
+    if found and (note is None or not (len(found) == 1 and found[0].kind == "id" and found[0].end <= note
+                                       or all(s.start >= note for s in found))):
         return found
     return [Span(entry[0], entry[1], "id", text[entry[0]:entry[1]])]
 

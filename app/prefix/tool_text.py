@@ -115,6 +115,16 @@ _CODE_HEADING = re.compile(rf"^(?:\*+|#+)\s+{_AS_CODE}\s*$")
 # (`.. image:: logo.png` names a file, not a tool)
 _DIRECTIVE_NAMED = re.compile(r"^\s*\.\.\s+(?:[a-z]+:[a-z][\w-]*::\s+[A-Za-z_][\w.]*(?:\(|\s*$)"
                               r"|[a-z][\w-]*::\s+(?:--?[\w-]+\s*$|[A-Za-z_][\w.]*\())")
+# a command allowed to run, named by its executable's path in a `bin` directory, after whom it runs
+# as and its tags (`sudo -l`'s `(root) NOPASSWD: /usr/bin/systemctl restart web`; round 41); a list
+# of other paths (files, folders) names no command
+_COMMAND_PATH_LINE = re.compile(r"^\s*(?:\([\w.-]+(?::[\w.-]+)?\)\s*)?(?:[A-Z_]+:\s*)*(?:/[\w.@+-]+)*/s?bin/[\w.@+-]+(?:\s|$)")
+# a logic program's fact or term whose first argument is the tool's name, bare (a Prolog file's
+# `tool(pressing_job,` with its arguments on the lines below, `tool(saegen_pfand, [], []).`), and
+# a structured comment that declares a predicate by its name and modes (PlDoc's `%! name(+A:string)
+# is det.`; round 41)
+_TERM_NAMED = re.compile(rf"^\s*[a-z]\w*\(\s*(?:{_AS_CODE}|[a-z]\w*)\s*,(?:\s*$|.*\)\.\s*$)")
+_DOC_DECLARED = re.compile(r"^\s*%!\s+[a-z]\w*(?:\(|\s+is\s+\w+)")
 # a command macro as `doskey /macros` prints it: a short lower-case name, `=`, a command with its
 # arguments (`mig=dotnet ef migrations add $1 --project src`; round 39)
 _MACRO_LINE = re.compile(r"^[a-z][\w.-]{0,23}=[\w.\\/-]+\s+\S")
@@ -205,7 +215,7 @@ def tool_entries(lines: list[str]) -> bool:
     rest: list[str] = []
     for ln in lines:
         (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
-         or _ALIAS_LINE.match(ln) or _MACRO_LINE.match(ln) else rest).append(ln)
+         or _ALIAS_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:
@@ -249,7 +259,7 @@ def declares_name(line: str) -> bool:
                 or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line) or _ANNOTATED_NAME.match(line)
                 or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line)
                 or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line)
-                or _DIRECTIVE_NAMED.match(line))
+                or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line))
 
 
 def _shape(line: str) -> str:

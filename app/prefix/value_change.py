@@ -464,7 +464,13 @@ _NOTED = re.compile(r"\([^()\n]{1,40}\)\s*$")
 
 def noted(text: str, start: int, end: int) -> bool:
     """Does a note in brackets end `text[start:end]` (`S-2026/0794 (Maßsattel)`)?"""
-    return _NOTED.search(text, start, end) is not None
+    return note_start(text, start, end) is not None
+
+
+def note_start(text: str, start: int, end: int) -> int | None:
+    """Where the note in brackets that ends `text[start:end]` starts, if one does."""
+    m = _NOTED.search(text, start, end)
+    return m.start() if m is not None else None
 _ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?![\d:]|[.,]\d)")  # `LB00434`, `3214`; not `17:30`, `2.500`
 
 
