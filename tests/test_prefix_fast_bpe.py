@@ -106,3 +106,16 @@ def test_other_tokenizers_keep_their_own_encoder(builtin: SegmentTokenizer) -> N
     metaspace = SegmentTokenizer(Tokenizer.from_str(tok.to_str()), None, [])
     metaspace.tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     assert build(metaspace.tokenizer, []) is None
+
+
+def test_loading_the_same_tokenizer_again_reuses_its_verified_encoder(builtin: SegmentTokenizer) -> None:
+    """The probes run once per process for a tokenizer and the strings split out before it: a second
+    load (another app in the process, `prefixgate lint` run twice in one) gets the same FastBPE; a
+    tokenizer changed in its spec, or other splits, are verified anew."""
+    again = SegmentTokenizer.load()
+    assert again.fast is not None and again.fast is builtin.fast
+    changed = _respec(builtin.tokenizer, lambda spec: spec["model"]["vocab"].update({"zzz-probe": 1 << 20}))
+    assert build(changed, SPECIALS) is not builtin.fast
+    added = Tokenizer.from_str(builtin.tokenizer.to_str())
+    added.add_tokens(["<tool>"])
+    assert build(added, SPECIALS) is None and build(added, [*SPECIALS, "<tool>"]) is not None
