@@ -2397,3 +2397,41 @@ def test_a_list_of_file_paths_in_another_order_stays_a_template_change(fpr) -> N
     entries = ["    (read) /srv/shop/config/prices.yaml", "    (read) /srv/shop/templates/invoice.html",
                "    (write) /var/log/shop/orders.log", "    (read) /etc/shop/carriers.json"]
     assert reordered_listing_causes(fpr, entries, "Files", [2, 0, 3, 1]) == ["template_change", None]
+
+
+# ------------------------------------------------------------------ round 42
+DEVICE_TOOLS = ["AT+RATE=<baud>      set the serial rate", "AT+TEMP?            the probe's temperature",
+                "AT+RESET            restart the logger", "MEAS:VOLT:DC?       read the supply voltage"]
+
+
+def test_a_devices_commands_listed_with_their_help_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools written as a device's commands the way its help lists them (capitals joined by a
+    command sign, an argument or a query, then what each does), moved: a tool order (round 42)."""
+    assert reordered_listing_causes(fpr, DEVICE_TOOLS, "Commands", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_time_zones_aligned_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: time zones in capitals with their sign, aligned on two spaces or more before the
+    offices in them, moved: they name no command."""
+    entries = ["UTC+1        the Berlin and Paris offices", "UTC+2        the Athens office",
+               "UTC-5        the New York office", "UTC+9        the Tokyo office"]
+    assert reordered_listing_causes(fpr, entries, "Offices", [2, 0, 3, 1]) == ["template_change", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Last frame: CRC-16 {}", ["0x3A9F", "0xE27C", "0x5B14"]),
+    ("Work order: {}", ["WO-26-417 (pump P3, bay 2)", "WO-26-419 (valve V7, bay 5)", "WO-26-420 (pump P1, bay 1)"]),
+])
+def test_round_42s_values_are_values_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 42 reads: a checksum written as a
+    hex literal, drawn again; a record's code whose last number rose a little (a year before it),
+    with a note that changed too."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+
+
+def test_a_standards_number_that_jumped_with_its_note_stays_an_edit(fpr) -> None:
+    """The guard: a code's last number that jumped (another standard), its note with it, edited."""
+    got = run_value_line(fpr, "Standard: {}", ["EN-26-1090 (steel, execution)", "EN-26-1993 (steel, design)",
+                                               "EN-26-1993 (steel, design)"])
+    assert [r["cause"] for r in got][0] == "template_change", got

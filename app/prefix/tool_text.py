@@ -125,6 +125,10 @@ _COMMAND_PATH_LINE = re.compile(r"^\s*(?:\([\w.-]+(?::[\w.-]+)?\)\s*)?(?:[A-Z_]+
 # is det.`; round 41)
 _TERM_NAMED = re.compile(rf"^\s*[a-z]\w*\(\s*(?:{_AS_CODE}|[a-z]\w*)\s*,(?:\s*$|.*\)\.\s*$)")
 _DOC_DECLARED = re.compile(r"^\s*%!\s+[a-z]\w*(?:\(|\s+is\s+\w+)")
+# a device's command as its help lists it: capitals joined by a command sign, an argument or a
+# query after it, two spaces or more, then what it does (a modem's `AT+BAND=<Hz>    set the band`,
+# an instrument's `MEAS:VOLT:DC?    read the voltage`; round 42); a time zone's `UTC+1` is none
+_DEVICE_COMMAND_LINE = re.compile(r"^\s*[A-Z]{2,}[A-Z0-9]*(?:[+:*#&][A-Z][A-Z0-9]*)+(?:=<[^<>\n]+>|\?)?\s{2,}\S")
 # a command macro as `doskey /macros` prints it: a short lower-case name, `=`, a command with its
 # arguments (`mig=dotnet ef migrations add $1 --project src`; round 39)
 _MACRO_LINE = re.compile(r"^[a-z][\w.-]{0,23}=[\w.\\/-]+\s+\S")
@@ -215,7 +219,8 @@ def tool_entries(lines: list[str]) -> bool:
     rest: list[str] = []
     for ln in lines:
         (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
-         or _ALIAS_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln) else rest).append(ln)
+         or _ALIAS_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln)
+         or _DEVICE_COMMAND_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:

@@ -179,6 +179,9 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return "port"  # its span is the port (`value_start`)
     if _LONG_DRAWS.fullmatch(new) and _LONG_DRAWS.fullmatch(old) and not _rising_sequence(old, new):
         return "nonce"  # no setting is written with 17 digits or more
+    if _HEX_LITERAL.fullmatch(old) and _HEX_LITERAL.fullmatch(new) and _redrawn(old[2:], new[2:]) \
+            and min(len(set(old[2:].lower())), len(set(new[2:].lower()))) >= 3:
+        return "nonce"  # a checksum or a hash as a hex literal, drawn again (`CRC-16 0x5527` -> `0xB14B`; round 42)
     new_random, old_random = random_looking(new), random_looking(old)
     if (new_random or old_random) and (new_random == old_random or _redrawn(old, new)):
         return "nonce"
@@ -579,6 +582,8 @@ def _code_redrawn(old: str, new: str) -> bool:
             and _redrawn(old, new))
 
 
+# a hex literal of four digits or more (a mask, `0xFF00`, repeats two digits: no draw)
+_HEX_LITERAL = re.compile(r"0[xX][0-9A-Fa-f]{4,}")
 _CAPITALS_CODE = re.compile(r"[A-Z0-9]+(?:[-/.][A-Z0-9]+)*")
 
 
@@ -590,7 +595,8 @@ def _rising_sequence(old: str, new: str) -> bool:
     a, b = _RUNS.findall(old), _RUNS.findall(new)
     if len(a) != len(b) or len(old) != len(new):
         return False
-    for x, y in zip(a, b, strict=True):
+    numbers = [k for k, r in enumerate(a) if r.isdigit()]
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
         if x == y:
             continue
         if not x.isalnum() or len(x) != len(y):
@@ -604,8 +610,10 @@ def _rising_sequence(old: str, new: str) -> bool:
             return False  # a word of hex letters (`cafe`) is no number
         if base == 10 and len(x) >= 3 and x[0] == "0":
             return 0 < v - u <= 50  # zero-padded: a formatted counter (`0000028`)
-        if base == 10 and 3 <= len(x) < 6 and any(r.isalpha() for r in a) and sum(r.isdigit() for r in a) == 1:
-            return 0 < v - u <= 50  # the one number between a code's letters: a booking's `BK-3859-TL` (round 30)
+        if base == 10 and 3 <= len(x) < 6 and any(r.isalpha() for r in a) and (len(numbers) == 1 or k == numbers[-1]):
+            # the one number between a code's letters: a booking's `BK-3859-TL` (round 30); or a code's
+            # last number, a year or a series before it: a flight card's `FC-26-823` (round 42)
+            return 0 < v - u <= 50
         return len(x) >= 6 and 0 < v - u <= u // 100
     return False
 
