@@ -2435,3 +2435,41 @@ def test_a_standards_number_that_jumped_with_its_note_stays_an_edit(fpr) -> None
     got = run_value_line(fpr, "Standard: {}", ["EN-26-1090 (steel, execution)", "EN-26-1993 (steel, design)",
                                                "EN-26-1993 (steel, design)"])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 43
+ML_TOOLS = ["(** One order with its lines. *)\nval order_show :\n  number:string -> string Lwt.t",
+            "(** Open a return.\n    @param reason one of damaged, late *)\nval return_open :\n  number:string -> ?reason:string -> unit -> string Lwt.t",
+            "(** Orders not shipped yet. *)\nval pending_orders : unit -> string Lwt.t",
+            "(** Tracking events of a parcel. *)\nval parcel_track :\n  code:string -> string Lwt.t"]
+USAGE_TOOLS = ["  shopctl order show <number>", "  shopctl return open <number> [--reason=<why>]",
+               "  shopctl orders pending [--since=<date>]", "  shopctl parcel track <code> (--dhl | --ups)"]
+STEP_TOOLS = ["Order Show\n    [Documentation]    One order with its lines.\n    ...    - ``number`` (string)\n"
+              "    [Arguments]    ${number}\n    ${result}=    Call Tool    order_show    number=${number}\n"
+              "    RETURN    ${result}",
+              "Return Open\n    [Documentation]    Open a return.\n    ...    - ``number`` (string)\n"
+              "    [Arguments]    ${number}\n    ${result}=    Call Tool    return_open    number=${number}\n"
+              "    RETURN    ${result}",
+              "Pending Orders\n    [Documentation]    Orders not shipped yet.\n    ${result}=    Call Tool    pending_orders\n"
+              "    RETURN    ${result}",
+              "Parcel Track\n    [Documentation]    Tracking events of a parcel.\n    ...    - ``code`` (string)\n"
+              "    [Arguments]    ${code}\n    ${result}=    Call Tool    parcel_track    code=${code}\n"
+              "    RETURN    ${result}"]
+
+
+@pytest.mark.parametrize("form", ["ml-interface", "usage-lines", "keyword-steps"])
+def test_tools_as_ml_values_usage_lines_or_keyword_steps_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Tools written as an ML-family interface's values with their types (`val order_show :`), as a
+    program's usage lines (`  shopctl return open <number> [--reason=<why>]`), or as keywords
+    whose step calls the tool by name and keeps its result (`${result}=    Call Tool    order_show`),
+    moved: a tool order (round 43)."""
+    entries = {"ml-interface": ML_TOOLS, "usage-lines": USAGE_TOOLS, "keyword-steps": STEP_TOOLS}[form]
+    assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_rules_with_placeholders_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: indented rules holding placeholders in angle brackets, words after them, moved:
+    no program's usage lines."""
+    entries = ["  reply to <customer> within <hours> hours", "  greet <customer> by name",
+               "  quote <order> before any refund", "  close <ticket> when the parcel arrived"]
+    assert reordered_listing_causes(fpr, entries, "Rules", [2, 0, 3, 1]) == ["template_change", None]

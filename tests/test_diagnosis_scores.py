@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout42` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout43` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -234,13 +234,18 @@ FLOORS = {
     # last number rose; a countdown's hold, a booking's code glued to its letters, counts and a game's score
     # still read as edits the first time they change)
     "heldout41": (0.991, 0.985, 0.826),
+    # the forty-second (measured 0.922 / 0.802 / 0.802), tune side since heldout43: 0.9650 / 0.8692 / 0.8023
+    # (Robot Framework keywords, an OCaml interface and a docopt usage listing as tool lists; a compaction
+    # that replaces the history chunk by chunk still read as a new conversation, 16 values still read as
+    # edits the first time they change)
+    "heldout42": (0.964, 0.869, 0.802),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout42), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout43), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -248,7 +253,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -346,7 +351,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout42`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout43`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -129,6 +129,17 @@ _DOC_DECLARED = re.compile(r"^\s*%!\s+[a-z]\w*(?:\(|\s+is\s+\w+)")
 # query after it, two spaces or more, then what it does (a modem's `AT+BAND=<Hz>    set the band`,
 # an instrument's `MEAS:VOLT:DC?    read the voltage`; round 42); a time zone's `UTC+1` is none
 _DEVICE_COMMAND_LINE = re.compile(r"^\s*[A-Z]{2,}[A-Z0-9]*(?:[+:*#&][A-Z][A-Z0-9]*)+(?:=<[^<>\n]+>|\?)?\s{2,}\S")
+# a value declared with its type in an ML-family interface (an OCaml `.mli`'s `val trip_departures :`,
+# its arrows below; round 43)
+_VAL_DECLARED = re.compile(r"^\s*(?:val|external)\s+[a-z_][\w']*\s*:(?!=)")
+# a usage line of a program's help: its name, a subcommand, then arguments in usage syntax (docopt's
+# `  ringlog nets close [<net>...] [--reason=<text>]`, `<arg>`, `[--opt]`, `(a | b)`; round 43)
+_USAGE_LINE = re.compile(r"^\s+[a-z][\w.-]*(?:\s+[a-z][\w-]*){1,2}(?:\s+(?:<[^<>\n]+>|\[[^\[\]\n]+\]|\([^()\n]+\)|--?[\w-]+"
+                         r"(?:=<[^<>\n]+>)?)(?:\.\.\.)?)+\s*$")
+# a keyword-driven step that calls a tool by its name written as code, the cells apart by two spaces
+# or more (Robot Framework's `${result}=    Call Tool    trail_zustand    tag=${tag}`; round 43)
+# (the step keeps its result: a table's `Name    first_name` row calls nothing)
+_STEP_CALLS_NAME = re.compile(rf"^\s*\$\{{\w+\}}=?\s{{2,}}[A-Z]\w*(?: [A-Za-z]\w*)*\s{{2,}}{_AS_CODE}(?:\s{{2,}}|\s*$)")
 # a command macro as `doskey /macros` prints it: a short lower-case name, `=`, a command with its
 # arguments (`mig=dotnet ef migrations add $1 --project src`; round 39)
 _MACRO_LINE = re.compile(r"^[a-z][\w.-]{0,23}=[\w.\\/-]+\s+\S")
@@ -220,7 +231,7 @@ def tool_entries(lines: list[str]) -> bool:
     for ln in lines:
         (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
          or _ALIAS_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln)
-         or _DEVICE_COMMAND_LINE.match(ln) else rest).append(ln)
+         or _DEVICE_COMMAND_LINE.match(ln) or _USAGE_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:
@@ -264,7 +275,8 @@ def declares_name(line: str) -> bool:
                 or _SHORT_DEFINITION.match(line) or _LISTED_NAME.match(line) or _ANNOTATED_NAME.match(line)
                 or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line)
                 or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line)
-                or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line))
+                or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line)
+                or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line))
 
 
 def _shape(line: str) -> str:
