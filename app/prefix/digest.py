@@ -475,10 +475,13 @@ def _or_latest_entry(text: str, start: int, end: int, found: list[Span]) -> list
     entry = latest_entry(text, start, end)
     if entry is None:
         return found
-    note = note_start(text, entry[0], entry[1])
-    if found and (note is None or not (len(found) == 1 and found[0].kind == "id" and found[0].end <= note
-                                       or all(s.start >= note for s in found))):
-        return found
+    if found:
+        note = note_start(text, entry[0], entry[1])
+        if note is None:
+            return found
+        id_before_note = len(found) == 1 and found[0].kind == "id" and found[0].end <= note
+        if not id_before_note and not all(s.start >= note for s in found):
+            return found
     return [Span(entry[0], entry[1], "id", text[entry[0]:entry[1]])]
 
 

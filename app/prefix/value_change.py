@@ -274,7 +274,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
     if kind == "counter" and line_value is not None and after_state(cur[line0:cs]) and agree_after(prev, cur, pline1, line1):
         start, end, _, vpend = line_value  # a state and its reading: the line's value, whole (round 28)
         return ValueChange(Span(start, end, kind, cur[start:end]), vpend)
-    if (kind is None or kind == "id" and noted(cur, cs, line_value[1] if line_value else cs)) \
+    if (kind is None or kind == "id" and note_start(cur, cs, line_value[1] if line_value else cs) is not None) \
             and (latest := _latest_entry(prev, cur, line_value, pline1, line1)) is not None:
         # the newest entry of a series, whole: its number alone read, it is whole with the note
         # that says what it is (`Last performance: Perf. 3215 (The Snow Queen)`), as `_ID_NOTED`
@@ -439,7 +439,7 @@ def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, lin
         return None
     start, end, pstart, pend = value
     old, new = prev[pstart:pend], cur[start:end]
-    if old == new or max(len(old), len(new)) > LATEST_VALUE_CHARS or not (_ENTRY_NUMBER.search(old) and _ENTRY_NUMBER.search(new)):
+    if old == new or not (_holds_entry(old) and _holds_entry(new)):
         return None
     line0 = cur.rfind("\n", 0, start) + 1
     if _LATEST_KEY.fullmatch(cur, line0, start) is None:
@@ -455,23 +455,25 @@ def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:
     if key is None:
         return None
     vend = before_space(text, key.end(), end)
-    value = text[key.end():vend]
-    return (key.end(), vend) if 0 < len(value) <= LATEST_VALUE_CHARS and _ENTRY_NUMBER.search(value) else None
+    return (key.end(), vend) if _holds_entry(text[key.end():vend]) else None
+
+
+_ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?![\d:]|[.,]\d)")  # `LB00434`, `3214`; not `17:30`, `2.500`
+
+
+def _holds_entry(value: str) -> bool:
+    """Is a value short enough to be an entry's number with its note, and does it hold one?"""
+    return 0 < len(value) <= LATEST_VALUE_CHARS and _ENTRY_NUMBER.search(value) is not None
 
 
 _NOTED = re.compile(r"\([^()\n]{1,40}\)\s*$")
 
 
-def noted(text: str, start: int, end: int) -> bool:
-    """Does a note in brackets end `text[start:end]` (`S-2026/0794 (Maßsattel)`)?"""
-    return note_start(text, start, end) is not None
-
-
 def note_start(text: str, start: int, end: int) -> int | None:
-    """Where the note in brackets that ends `text[start:end]` starts, if one does."""
+    """Where the note in brackets that ends `text[start:end]` starts (`S-2026/0794 (Maßsattel)`),
+    if one does."""
     m = _NOTED.search(text, start, end)
     return m.start() if m is not None else None
-_ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?![\d:]|[.,]\d)")  # `LB00434`, `3214`; not `17:30`, `2.500`
 
 
 def _changed_again(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int,

@@ -582,7 +582,8 @@ def _code_redrawn(old: str, new: str) -> bool:
             and _redrawn(old, new))
 
 
-# a hex literal of four digits or more (a mask, `0xFF00`, repeats two digits: no draw)
+# a hex literal of four digits or more; `value_kind` reads one as drawn again only with three different
+# digits or more on each side (a mask's `0xFF00` repeats two)
 _HEX_LITERAL = re.compile(r"0[xX][0-9A-Fa-f]{4,}")
 _CAPITALS_CODE = re.compile(r"[A-Z0-9]+(?:[-/.][A-Z0-9]+)*")
 
