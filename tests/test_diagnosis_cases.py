@@ -95,11 +95,17 @@ def run_value_line(fpr: Fingerprinter, line: str, values: list[str]) -> list[dic
     return run(fpr, [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)])
 
 
+def assert_values_found(fpr: Fingerprinter, line: str, values: list[str]) -> list[dict[str, Any]]:
+    """`run_value_line`'s second and third requests are each a `dynamic_head`; their analyses."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    return got
+
+
 def assert_values_whole(fpr: Fingerprinter, line: str, values: list[str]) -> None:
     """`run_value_line`'s second and third requests are each a `dynamic_head` whose span is the
     value it sent, whole."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    got = assert_values_found(fpr, line, values)
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
 
@@ -1157,8 +1163,7 @@ def test_a_status_lines_readings_are_values_on_their_first_change(fpr, line: str
     """A key line's value holding several numbers that changed in its numbers only (a wind's
     direction with them), one of them written to a reading's precision: a status line the client
     writes per request, a value on its first change, not the edit a rule's number is (round 22)."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    got = assert_values_found(fpr, line, values)
     assert [r["spans"] for r in got] == [[s] for s in (spans or values[1:])]
 
 
@@ -1337,8 +1342,7 @@ def test_states_and_tallies_on_their_first_change_are_values(fpr, line: str, val
     """Round 24: a key line's state with a reason in brackets, a tally of named counts, a count with
     what it counts in brackets are values on their first change (the whole value: the second
     change's span is its key's value once its key changed before)."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    got = assert_values_found(fpr, line, values)
     assert got[0]["spans"] == [values[1]]
 
 
@@ -1493,8 +1497,7 @@ def test_a_system_message_added_before_the_prompt_over_a_conversation_that_goes_
 def test_one_reading_or_counts_after_nothing_on_their_first_change_are_values(fpr, line: str, values: list[str]) -> None:
     """Round 25: a key's one reading, signed or to two decimals, and counts that replace a state in
     words, are values on their first change."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert_values_found(fpr, line, values)
 
 
 @pytest.mark.parametrize(("line", "old", "new"), [
@@ -1843,8 +1846,7 @@ def test_values_in_round_31s_forms_are_values_on_their_first_change(fpr, line: s
                                                                      spans: list[str]) -> None:
     """Round 31: a time ago with its unit abbreviated (`119 s ago`, `vor 69 min`), a state with its
     detail after a colon, a reading with four decimals after a decimal comma."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    got = assert_values_found(fpr, line, values)
     assert [r["spans"] for r in got] == [[spans[0]], [spans[1]]]
 
 
@@ -2268,8 +2270,7 @@ def test_round_39s_values_are_values_on_their_first_change(fpr, line: str, value
     """On their first change, per-request values in forms round 39 reads: a log line whose clock,
     read to the second, opens it in brackets; a time taken as an ISO 8601 duration in hours and
     minutes; a state whose detail holds a reading; minutes and seconds written with primes."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert_values_found(fpr, line, values)
 
 
 @pytest.mark.parametrize(("line", "values"), [
@@ -2336,8 +2337,7 @@ def test_round_40s_values_are_values_on_their_first_change(fpr, line: str, value
     """On their first change, per-request values in forms round 40 reads: a reference written as
     an IBAN or a creditor reference is (two letters, two check digits, groups of four), drawn again
     at another length; a countdown's seconds with their unit, `on the clock`."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert_values_found(fpr, line, values)
 
 
 def context_block_causes(fpr: Fingerprinter, lines: list[str], values: list[str]) -> list[str | None]:
@@ -2426,8 +2426,7 @@ def test_round_42s_values_are_values_on_their_first_change(fpr, line: str, value
     """On their first change, per-request values in forms round 42 reads: a checksum written as a
     hex literal, drawn again; a record's code whose last number rose a little (a year before it),
     with a note that changed too."""
-    got = run_value_line(fpr, line, values)
-    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"], got
+    assert_values_found(fpr, line, values)
 
 
 def test_a_standards_number_that_jumped_with_its_note_stays_an_edit(fpr) -> None:
