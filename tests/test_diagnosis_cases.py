@@ -412,7 +412,6 @@ def test_a_value_in_the_first_user_messages_context_block(fpr, key: str, values:
     # weekday's abbreviation before a date without a year, a date then `at` and a clock, a zone's
     # name with its offset, a true minus sign
     ("Load-lock vacuum: {} mbar", ["3.1E-05", "2.8E-05", "4.4E-06"], "counter"),
-    ("Parking deck: {} spaces taken", ["212/450", "219/450", "231/450"], "counter"),
     ("Plant calendar: {}", ["WW12.2", "WW12.3", "WW12.4"], "week"),
     ("Stand: {}", ["Mo., 9. März", "Di., 10. März", "Mi., 11. März"], "date"),
     ("Stock counted {}", ["3 March 2026 at 09:12", "3 March 2026 at 09:40", "3 March 2026 at 10:05"], "timestamp"),
@@ -1154,7 +1153,7 @@ def test_static_look_alikes_raise_no_alarm(fpr) -> None:
     ("On stage: {}", ["Act One 35m 45s", "Act One 41m 40s", "Act One 44m 30s"], None),
     ("Wind am Mast: {}", ["aus Nordwest, 20 km/h (Böen 30)", "aus Nord, 22 km/h (Böen 36)",
                           "aus Nordost, 24 km/h (Böen 36)"], None),
-    ("Dock 2: {}", ["truck 21, waiting 1", "truck 07, waiting 0", "truck 07, waiting 2"], ["truck 07, waiting 0", "2"]),
+    ("Dock 2: {}", ["truck 21, waiting 1", "truck 07, waiting 0", "truck 07, waiting 2"], ["truck 07, waiting 0", "truck 07, waiting 2"]),  # round 44: whole
     ("Humidity at the tower: {} % (dew point 13.1 °C)", ["48", "47", "51"], ["47", "51"]),
     ("orders, first page: Content-Range 0-24/{}", ["248", "252", "253"], ["252", "253"]),
 ])
@@ -1181,7 +1180,7 @@ def test_a_rules_numbers_edited_in_a_key_line_stay_an_edit(fpr, old: str, new: s
 
 
 @pytest.mark.parametrize(("line", "values"), [
-    ("Next tram: 14:10 to Harbour Road, doors close in {} min", ["17", "12", "9"]),  # counted down
+    ("Next tram: {}", [f"14:10 to Harbour Road, doors close in {m} min" for m in (17, 12, 9)]),  # counted down: the status, whole (round 44)
     ("Waiting time at the gate: ca. {} min", ["25", "20", "35"]),  # an approximation after the key
 ])
 def test_a_time_counted_down_or_approximated_after_a_key_is_a_value(fpr, line: str, values: list[str]) -> None:
@@ -1312,12 +1311,13 @@ def test_a_key_lines_value_changed_in_many_tokens_again_is_a_value(fpr) -> None:
 
 def test_a_value_found_at_a_key_keeps_its_place_for_the_next_change(fpr) -> None:
     """A clock read in a queue's line is a value; the next request writes the same key's value in
-    another shape (no clock in it): still that key's value, changed again (round 24)."""
+    another shape (no clock in it): still that key's value, changed again (round 24). The queue's
+    status is short: the clock is read with it, whole (round 44)."""
     values = ["2 waiting, oldest since 09:41", "2 waiting, oldest since 09:55", "nobody waiting"]
     bodies = [body(f"Callback queue: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
     got = run(fpr, bodies)
     assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
-    assert [r["spans"] for r in got] == [["09:55"], [values[2]]]
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]]
 
 
 def test_an_edit_made_once_at_a_key_stays_an_edit(fpr) -> None:
@@ -1836,8 +1836,10 @@ def test_a_short_greeting_before_the_same_question_is_no_compaction(fpr) -> None
 
 
 @pytest.mark.parametrize(("line", "values", "spans"), [
-    ("Dock sync: last report {} s ago", ["119", "56", "141"], ["56", "141"]),  # a time ago, its unit abbreviated
-    ("Eisfläche: letzte Aufbereitung vor {} min", ["69", "9", "24"], ["9", "24"]),  # German: `vor` before it
+    # a time ago, its unit abbreviated; in German, `vor` before it (a short status: whole since round 44)
+    ("Dock sync: last report {} s ago", ["119", "56", "141"], ["last report 56 s ago", "last report 141 s ago"]),
+    ("Eisfläche: letzte Aufbereitung vor {} min", ["69", "9", "24"],
+     ["letzte Aufbereitung vor 9 min", "letzte Aufbereitung vor 24 min"]),
     ("On air: {}", ["Automation", "Live: Breakfast", "Silence alarm"], ["Live: Breakfast", "Silence alarm"]),  # a state's detail after a colon
     # four decimals after a comma (its word before it taken in, as a state's is: round 28)
     ("Leitwarte: Tag {}", ["194,9653", "194,9721", "194,9804"], ["Tag 194,9721", "Tag 194,9804"]),
@@ -2472,3 +2474,95 @@ def test_rules_with_placeholders_in_another_order_stay_a_template_change(fpr) ->
     entries = ["  reply to <customer> within <hours> hours", "  greet <customer> by name",
                "  quote <order> before any refund", "  close <ticket> when the parcel arrived"]
     assert reordered_listing_causes(fpr, entries, "Rules", [2, 0, 3, 1]) == ["template_change", None]
+
+
+# ------------------------------------------------------------------ round 44
+@pytest.mark.parametrize(("line", "values"), [
+    ("Boiler: {}", ["heating, ready in 1 h 12 min", "heating, ready in 1 h 05 min", "heating, ready in 0 h 58 min"]),
+    ("Lift: {}", ["14 of 20 chairs running today", "15 of 20 chairs running today", "17 of 20 chairs running today"]),
+    ("Order: {}", ["SO-26-00418 · two pallets", "SO-26-00419 · two pallets", "SO-26-00421 · two pallets"]),
+    # round 12 read the count alone (`219/450`)
+    ("Parking deck: {}", ["212/450 spaces taken", "219/450 spaces taken", "231/450 spaces taken"]),
+])
+def test_a_short_status_whose_number_changed_is_a_value_whole(fpr, line: str, values: list[str]) -> None:
+    """A short status after a label of a word or two, whose number alone changed: a time running in
+    its words, a count with words of its own, or an entry's id with what it is after it. The client
+    writes the status whole on each request: the span is the whole value (round 44)."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Car deck space left on the next sailing: {}", ["228 lane metres", "196 lane metres", "190 lane metres"]),
+    ("Context: {}", ["14.2k of the 128k window", "20.9k of the 128k window", "25.6k of the 128k window"]),
+    ("Timing: {}", ["retrieval;dur=114.1 done", "retrieval;dur=232.3 done", "retrieval;dur=298.5 done"]),
+])
+def test_a_number_after_a_long_key_a_meters_unit_or_its_own_key_is_read_alone(fpr, line: str, values: list[str]) -> None:
+    """The guards: a number after a key of more than two words, one beside its unit and a single word,
+    or one after a key of its own in the value is read alone, as before round 44."""
+    got = assert_values_found(fpr, line, values)
+    assert [r["spans"] for r in got] == [[v.split(";dur=")[-1].split(" ")[0]] for v in values[1:]], got
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Bakery: {}", ["baking, side-loading the deck", "cooling on the racks", "last batch 17:00"]),
+    ("Funicular: {}", ["paused, gusts above 40 mph at the top", "running every 6 min", "paused, wind 45 mph"]),
+    ("Hall: {}", ["12 in the hall, 4 waiting, 1 desk open", "15 in the hall, 6 waiting, 2 desks open",
+                  "9 in the hall, 2 waiting, 2 desks open"]),
+    ("Cars: {}", ["Anna 1,240 kg at the top, Berta 310 kg below; 6 up, 4 down",
+                  "Berta 980 kg at the top, Anna 450 kg below; 7 up, 5 down",
+                  "Anna 1,020 kg at the top, Berta 200 kg below; 8 up, 5 down"]),
+    ("Next tram: {}", ["Anna departs 09:12 (in 3 min)", "Berta departs 09:20 (in 4 min)", "Berta departs 09:20 (in 2 min)"]),
+    ("Kiln: {}", ["day 3 of 7, 52 h 10 min since lighting", "day 3 of 7, 52 h 24 min since lighting",
+                  "day 3 of 7, 53 h 02 min since lighting"]),
+])
+def test_round_44s_statuses_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request statuses in forms round 44 reads, each whole: a state
+    with a hyphenated detail, a detail with a reading, or a clock; counts whose nouns agree with
+    them; two named things that traded places with their readings; a running time with one of its
+    words changed, or alone."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Returns: {}", ["accepted within 30 days, receipt needed", "accepted within 14 days, receipt needed",
+                     "accepted within 14 days, receipt needed"]),
+    ("Ferries: {}", ["Anna 12 cars, Berta 9 cars", "Anna 14 cars, Clara 9 cars", "Anna 14 cars, Clara 9 cars"]),
+])
+def test_a_rules_number_or_a_name_edited_with_a_count_stays_an_edit(fpr, line: str, values: list[str]) -> None:
+    """The guards: a rule whose number changed in its phrase; a name replaced, not traded, beside
+    counts."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change", got
+
+
+def _restored(files: int) -> list[dict]:
+    """After a compaction, Claude Code's summary as the first user message, then the files read
+    last restored as Read calls and their results, each a user message of its own."""
+    msgs = [{"role": "user", "content": "This session is being continued from a previous conversation that ran "
+                                        "out of context. The conversation is summarized below:\nInvoices half migrated; "
+                                        "tests green up to module 3."}]
+    for k in range(files):
+        path = f"/home/dev/billing/m{k}.py"
+        msgs += [{"role": "user", "content": f'Called the Read tool with the following input: {{"file_path":"{path}"}}'},
+                 {"role": "user", "content": f'Result of calling the Read tool: {{"filePath":"{path}","content":"'
+                                             + "def charge(order):\\n    return api.invoice(order)\\n" * 40 + '"}'}]
+    return msgs
+
+
+def test_a_summary_followed_by_the_files_read_last_restored_is_a_compaction(fpr) -> None:
+    """Claude Code's compaction restores the files read last after the summary, as user messages of
+    their own: more text than the short turns replaced, yet the history lost half of its messages
+    and only user messages are new: a compaction (round 44)."""
+    history = agent_history(6)
+    bodies = [Gen.body(CODER, history[:11], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, [*_restored(2), {"role": "user", "content": "Go on with module 4."}], None, None)]
+    assert sum(len(m["content"]) for m in bodies[2]["messages"][1:]) > sum(len(m["content"]) for m in history)
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_new_conversation_with_one_short_message_after_a_long_one_stays_a_new_session(fpr) -> None:
+    """The guard: a new conversation of one message after a long one, no summary before it."""
+    history = agent_history(6)
+    bodies = [Gen.body(CODER, history[:11], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, [{"role": "user", "content": "Write a haiku about invoices."}], None, None)]
+    assert causes(fpr, bodies)[-1] == "new_session"

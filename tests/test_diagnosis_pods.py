@@ -283,6 +283,27 @@ XML_TOOLS = [f"<function>\n<name>{n}</name>\n<description>{d}</description>\n<pa
                           ("parcel_track", "Tracking events."), ("address_set", "Change the address."))]
 
 
+STATUSES = [("Lift: {}", ["14 of 20 chairs running today", "15 of 20 chairs running today", "17 of 20 chairs running today"]),
+            ("Boiler: {}", ["heating, ready in 1 h 12 min", "heating, ready in 1 h 05 min", "heating, ready in 0 h 58 min"]),
+            ("Order: {}", ["SO-26-00418 · two pallets", "SO-26-00419 · two pallets", "SO-26-00421 · two pallets"])]
+
+
+def test_two_pods_read_a_short_status_whole(sim_factory, proxy_factory, redis_proc: RedisServer) -> None:
+    """A short status whose number changed is a value whole on both paths (round 44): the second pod,
+    holding only the first one's digest, widens the number it finds to the line's whole value."""
+    sim = sim_factory(replicas=2, time_scale=0.0)
+    alone = proxy_factory(sim, hygiene={"show_text": True})
+    pods = [proxy_factory(sim, state=redis_proc.url, hygiene={"show_text": True}) for _ in range(2)]
+    convo = conversation(3)
+    for k, (line, values) in enumerate(STATUSES):
+        bodies = [body(f"{line.format(v)}\n{SYSTEM}", t) for v, t in zip(values, convo, strict=True)]
+        send([alone], f"status-{k}", bodies)
+        send(pods, f"status-{k}", bodies)
+        one, two = verdicts(alone, f"status-{k}"), verdicts(pods[0], f"status-{k}")
+        assert [v[:2] for v in one] == [(None, ()), ("dynamic_head", (values[1],)), ("dynamic_head", (values[2],))], one
+        assert one == two, (line, one, two)
+
+
 def test_two_pods_agree_on_values_told_by_shape_and_dates_that_roll_over(
         sim_factory, proxy_factory, redis_proc: RedisServer) -> None:
     """The second pod has only the first one's digest: it reads the value from the current prompt

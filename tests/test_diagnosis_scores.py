@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout43` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout44` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -104,14 +104,16 @@ FLOORS = {
     # longer than the turns it replaced; labels that take in a reading's unit and trend words)
     # round 22 (a pressure pair on its first change): 0.9805 / 0.9569 / 0.8453
     # round 24: 0.9838 / 0.9616 / 0.8667
-    "heldout19": (0.983, 0.961, 0.866),
+    # round 44: 0.9838 / 0.9616 / 0.8944
+    "heldout19": (0.983, 0.961, 0.894),
     # the twentieth (measured 0.938 / 0.785 / 0.539), tune side since heldout21: 0.9688 / 0.9227 / 0.6011;
     # since round 22 (a status line's readings on their first change): 0.9782 / 0.9387 / 0.6332
     # (counters, ids and states read as edits the first time they change; Agent Skills' and Flowise's
     # tool lists; front trims and compactions in new shapes; labels that take in a unit or the date
     # after a clock; the look-alike alarm below)
     # round 27 (a summary asked for and kept as the model's reply): 0.9798 / 0.9505 / 0.6332
-    "heldout20": (0.979, 0.950, 0.633),
+    # round 44: 0.9798 / 0.9505 / 0.7230
+    "heldout20": (0.979, 0.950, 0.722),
     # the twenty-first (measured 0.889 / 0.688 / 0.288), tune side since heldout22: 0.9889 / 0.8515 / 0.5385
     # (a phantom history_edit: a status line's reading added; a compaction that drops one exchange under its summary;
     # a wind's gusts, a departure's clock range, counts of one small integer read as edits the first time they
@@ -119,133 +121,161 @@ FLOORS = {
     # round 24 (a key line's value changed again, readings of one line as one value): 0.9921 / 0.8563 / 0.6488
     # round 25 (a value found again, wider, at its key: the line's value): 0.9921 / 0.8563 / 0.6523
     # round 40: 0.9936 / 0.9791 / 0.6559
-    "heldout21": (0.993, 0.979, 0.655),
+    # round 44: 0.9936 / 0.9791 / 0.7634
+    "heldout21": (0.993, 0.979, 0.763),
     # the twenty-second (measured 0.917 / 0.867 / 0.576), tune side since heldout23: 0.9906 / 0.9829 / 0.7506
     # (cues, a queue in words, a show clock's act, a wind whose gusts appear read as edits the first time they
     # change; labels that take in a value's unit and words)
     # round 24 (a state with its reason in brackets on its first change): 0.9953 / 0.9911 / 0.8123
     # round 25: 0.9953 / 0.9911 / 0.8294
     # round 28 (a value found again, wider, from before it): 0.9953 / 0.9911 / 0.8391
-    "heldout22": (0.995, 0.991, 0.839),
+    # round 44: 0.9969 / 0.9940 / 0.8526
+    "heldout22": (0.996, 0.993, 0.852),
     # the twenty-third (measured 0.923 / 0.787 / 0.477), tune side since heldout24: 0.9859 / 0.9672 / 0.8156
     # (states and counts in words, a countdown that loses its hours, a crew list that grows, a path and
     # timings of a dev server's line read as edits the first time they change; a summary the model's
     # acknowledgement follows; a summary appended to the system text; Apex actions and a Copilot plugin's
     # functions; labels that take in a value's unit, weekday and target time)
     # round 25: 0.9859 / 0.9672 / 0.8225
-    "heldout23": (0.985, 0.967, 0.822),
+    # round 44: 0.9859 / 0.9672 / 0.8676
+    "heldout23": (0.985, 0.967, 0.867),
     # the twenty-fourth (measured 0.919 / 0.653 / 0.550), tune side since heldout25: 0.9380 / 0.6960 / 0.6268
     # (29 values in a `document` content part of a chat message, which vLLM refuses and the gateway does not
     # render, labelled as if an engine saw them change; Zed's new thread from a summary read as a new
     # conversation; a timetable's raised minutes, pytest's summary line gaining a count, a kiln car's number
     # read as edits the first time they change)
     # round 40: 0.9395 / 0.6981 / 0.6307
-    "heldout24": (0.939, 0.698, 0.630),
+    # round 44: 0.9395 / 0.6981 / 0.7102
+    "heldout24": (0.939, 0.698, 0.710),
     # the twenty-fifth (measured 0.966 / 0.827 / 0.621), tune side since heldout26: 0.9969 / 0.9940 / 0.6854
     # (a possessive key, a state with its detail after a comma, military date-time groups, MATLAB's and
     # Wolfram's tool forms, values in a chat widget's welcome message; labels that take in a value's words)
     # round 28 (a state and its reading, whole; a value found again, wider, from before it): 0.9969 / 0.9939 / 0.7282
-    "heldout25": (0.996, 0.993, 0.728),
+    # round 44: 0.9969 / 0.9940 / 0.8564
+    "heldout25": (0.996, 0.993, 0.856),
     # the twenty-sixth (measured 0.969 / 0.888 / 0.682), tune side since heldout27: 0.9953 / 0.9911 / 0.7065
     # (schema.org potentialAction lists, opencode's compaction, a state with its detail, labels that take
     # in a value's key words)
     # round 28 (a state replaced by another with its reading): 0.9969 / 0.9939 / 0.7098
-    "heldout26": (0.996, 0.993, 0.709),
+    # round 44: 0.9984 / 0.9969 / 0.8217
+    "heldout26": (0.998, 0.996, 0.821),
     # the twenty-seventh (measured 0.951 / 0.926 / 0.638), tune side since heldout28: 0.9825 / 0.9817 / 0.8545 (round 36)
     # (REST Client request files as tool lists; a state's word before its reading, a state replaced by one with
     # its reading; uptime's days and clock, a clock with its date after it, a reading with its capacity;
     # values at the very end of the system text labelled breaks, with less than `material` reusable text after)
-    "heldout27": (0.982, 0.981, 0.854),
+    # round 44: 0.9825 / 0.9817 / 0.9455
+    "heldout27": (0.982, 0.981, 0.945),
     # the twenty-eighth (measured 0.935 / 0.760 / 0.641), tune side since heldout29: 0.9769 / 0.9617 / 0.7018
     # (API Blueprint resources as tool lists; AutoGen's window that keeps its head and drops from the middle;
     # Pydantic AI's summary asked for by a system instruction; a card payment's codes; a run's day and clock;
     # cuts with less than `material` reusable text after them labelled front trims; labels that take in a
     # status line's other readings, `284 passed, 1 skipped in 7.10s`)
     # round 40: 0.9770 / 0.9618 / 0.7396
-    "heldout28": (0.976, 0.961, 0.739),
+    # round 44: 0.9770 / 0.9618 / 0.7472
+    "heldout28": (0.976, 0.961, 0.747),
     # the twenty-ninth (measured 0.964 / 0.940 / 0.412), tune side since heldout30: 0.9937 / 0.9929 / 0.4266 (round 35)
     # (WIT interface files as tool lists; a booking code's one number and a number after `#` that rose, an
     # entry code drawn again, a state replaced by a reading with its state's word; labels that take in a
     # value's key, `Sec-WebSocket-Key: …`, where the span is the value alone)
-    "heldout29": (0.993, 0.992, 0.426),
+    # round 44: 0.9937 / 0.9929 / 0.4685
+    "heldout29": (0.993, 0.992, 0.468),
     # the thirtieth (measured 0.962 / 0.879 / 0.640), tune side since heldout31: 0.9892 / 0.9803 / 0.6558
     # (Google ADK's compaction, its long summary the model's message opening the history; a time ago with its
     # unit abbreviated or in German, a state's detail after a colon, four decimals after a comma; station
     # counts, running numbers and labels that take in a value's words)
     # round 40: 0.9923 / 0.9855 / 0.6739
-    "heldout30": (0.992, 0.985, 0.673),
+    # round 44: 0.9923 / 0.9855 / 0.8625
+    "heldout30": (0.992, 0.985, 0.862),
     # the thirty-first (measured 0.966 / 0.794 / 0.678, one look-alike alarm), tune side since heldout32:
     # 0.9938 / 0.9884 / 0.6817, no alarm (Nushell modules as tool lists; old tool results cleared in place as a
     # compaction; a rule's minimum after German `ab`; labels that take in a value's words)
     # round 40: 0.9938 / 0.9884 / 0.6917
-    "heldout31": (0.993, 0.988, 0.691),
+    # round 44: 0.9938 / 0.9884 / 0.8321
+    "heldout31": (0.993, 0.988, 0.832),
     # the thirty-second (measured 0.923 / 0.808 / 0.697), tune side since heldout33: 0.9703 / 0.8927 / 0.7039 (round 36)
     # (KDL nodes and CUE definitions as tool lists; CrewAI's compaction of the whole prompt into one user
     # message, which a new conversation without a system prompt also looks like; scores, race numbers, boat
     # counts and states read as edits the first time they change)
     # round 40: 0.9703 / 0.8927 / 0.7263
-    "heldout32": (0.970, 0.892, 0.726),
+    # round 44: 0.9734 / 0.8968 / 0.9111
+    "heldout32": (0.973, 0.896, 0.911),
     # the thirty-third (measured 0.943 / 0.823 / 0.696), tune side since heldout34: 0.9825 / 0.9708 / 0.7660 (round 39)
     # (values in Codex CLI's environment block, a user message of its own; crontab lines as a tool list;
     # values in forms no rule reads on their first change; labels that take in a value's words)
     # round 40: 0.9841 / 0.9731 / 0.7692
-    "heldout33": (0.984, 0.973, 0.769),
+    # round 44: 0.9856 / 0.9755 / 0.8836
+    "heldout33": (0.985, 0.975, 0.883),
     # the thirty-fourth (measured 0.933 / 0.709 / 0.683), tune side since heldout35: 0.9953 / 0.9911 / 0.7507
     # (Dhall's record lists and a shell alias file as tool lists; Cline's condense, the summary in a tool
     # call's arguments; a word clock, a state held for hours and minutes, a record's id with its note; a
     # running count and a board number still read as edits the first time they change)
     # round 40: 0.9953 / 0.9911 / 0.7612
-    "heldout34": (0.995, 0.991, 0.761),
+    # round 44: 0.9984 / 0.9969 / 0.8877
+    "heldout34": (0.998, 0.996, 0.887),
     # the thirty-fifth (measured 0.922 / 0.695 / 0.675), tune side since heldout36: 0.9867 / 0.9780 / 0.6995
     # (a HOCON file and git's aliases as tool lists; the Vercel AI SDK's pruning of tool calls; a word clock's
     # sentence with its full stop, states of five words; running numbers with a note, `seq 2, train 5
     # (parcels)`, and crew counts still read as edits the first time they change)
     # round 40: 0.9867 / 0.9780 / 0.7565
-    "heldout35": (0.986, 0.977, 0.756),
+    # round 44: 0.9867 / 0.9780 / 0.8497
+    "heldout35": (0.986, 0.977, 0.849),
     # the thirty-sixth (measured 0.973 / 0.923 / 0.663), tune side since heldout37: 0.9969 / 0.9743 / 0.6634
     # (an INI file's `[tool:name]` sections as a tool list; aider's summary of the older head, which keeps
     # more than half of the history, still read as a front trim; labels that take in a value's note)
     # round 40: 0.9969 / 0.9743 / 0.7366
-    "heldout36": (0.996, 0.974, 0.736),
+    # round 44: 0.9969 / 0.9743 / 0.8585
+    "heldout36": (0.996, 0.974, 0.858),
     # the thirty-seventh (measured 0.981 / 0.800 / 0.635), tune side since heldout38: 0.9951 / 0.8694 / 0.6683
     # (AutoGen's message token limiter, messages cut in place; log lines whose stamp and message changed; a
     # burn time in days and hours; running numbers with a note, `Nr. 31 (Buche/Eiche)`, still read as edits
     # the first time they change, and in a context block as a history edit, which costs macro-F1 a class)
     # round 40: 0.9968 / 0.9940 / 0.7065
-    "heldout37": (0.996, 0.993, 0.706),
+    # round 44: 0.9968 / 0.9940 / 0.8507
+    "heldout37": (0.996, 0.993, 0.850),
     # the thirty-eighth (measured 0.915 / 0.756 / 0.762), tune side since heldout39: 0.9853 / 0.9575 / 0.7853
     # (an Org file's headings and doskey's macros as tool lists; Serilog's log lines, an ISO 8601 duration in
     # hours and minutes, a state's detail with its reading, minutes and seconds in primes; running numbers
     # with a note, `Op. 216 (cello)`, still read as edits the first time they change)
     # round 40: 0.9870 / 0.9601 / 0.8042
-    "heldout38": (0.986, 0.960, 0.804),
+    # round 44: 0.9870 / 0.9601 / 0.9556
+    "heldout38": (0.986, 0.960, 0.955),
     # the thirty-ninth (measured 0.948 / 0.799 / 0.441), tune side since heldout40: 0.9935 / 0.9789 / 0.5594
     # (markup directives as a tool list, the newest entry a `Last …` key names, a reference written as a
     # creditor reference, a countdown `on the clock`, a context block's key line; states replaced by
     # others, channel levels and a merged summary still missed; its labels take in a value's words)
-    "heldout39": (0.993, 0.978, 0.559),
+    # round 44: 0.9952 / 0.9817 / 0.8895
+    "heldout39": (0.995, 0.981, 0.889),
     # the fortieth (measured 0.944 / 0.903 / 0.619), tune side since heldout41: 0.9936 / 0.9883 / 0.6190
     # (a Prolog file's tool/3 facts under PlDoc comments and a `sudo -l` listing as tool lists; a state
     # replaced by another, a bout's score and a voucher code with its check symbol still read as edits the
     # first time they change; its labels take in a value's words)
-    "heldout40": (0.993, 0.988, 0.619),
+    # round 44: 0.9936 / 0.9883 / 0.9471
+    "heldout40": (0.993, 0.988, 0.947),
     # the forty-first (measured 0.961 / 0.936 / 0.821), tune side since heldout42: 0.9919 / 0.9857 / 0.8262
     # (a modem's AT command listing as a tool list; a checksum as a hex literal, a flight card's code whose
     # last number rose; a countdown's hold, a booking's code glued to its letters, counts and a game's score
     # still read as edits the first time they change)
-    "heldout41": (0.991, 0.985, 0.826),
+    # round 44: 0.9919 / 0.9857 / 0.9270
+    "heldout41": (0.991, 0.985, 0.926),
     # the forty-second (measured 0.922 / 0.802 / 0.802), tune side since heldout43: 0.9650 / 0.8692 / 0.8023
     # (Robot Framework keywords, an OCaml interface and a docopt usage listing as tool lists; a compaction
     # that replaces the history chunk by chunk still read as a new conversation, 16 values still read as
     # edits the first time they change)
-    "heldout42": (0.964, 0.869, 0.802),
+    # round 44: 0.9666 / 0.8712 / 0.9159
+    "heldout42": (0.966, 0.871, 0.915),
+    # the forty-third (measured 0.976 / 0.945 / 0.855), tune side since heldout44: 0.9984 / 0.9897 / 1.0000
+    # (a C header's prototypes, a D-Bus introspection file and a task listing as tool lists, found by earlier
+    # rules; states, counts, departures and readings read whole on their first change, and Claude Code's
+    # compaction with the files read last restored after the summary; one such compaction whose restored files
+    # leave more than half of the messages is still read as a new conversation)
+    "heldout43": (0.998, 0.989, 1.0),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout43), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout44), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -253,7 +283,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -349,7 +379,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout43`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout44`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

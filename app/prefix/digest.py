@@ -43,6 +43,7 @@ from app.prefix.value_change import (
     latest_entry,
     note_start,
     sentence_end,
+    status_whole,
     token_span,
     value_token,
 )
@@ -446,7 +447,7 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
                 else sentence_end(text, s0, span.end)
             out.append(Span(s0, e, kind, text[s0:e]))
     if out or end - start > SHORT_LINE:
-        return _or_latest_entry(text, start, end, out)
+        return _or_status(text, start, end, _or_latest_entry(text, start, end, out))
     pos = start
     while pos < end:
         if text[pos].isalnum():
@@ -464,7 +465,24 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             pos = max(b, pos + 1)
         else:
             pos += 1
-    return _or_latest_entry(text, start, end, out)
+    return _or_status(text, start, end, _or_latest_entry(text, start, end, out))
+
+
+def _or_status(text: str, start: int, end: int, found: list[Span]) -> list[Span]:
+    """`found`, or, when its values lie inside a short status that is the whole value of the `key:
+    value` line `text[start:end]` ends (`status_whole`, judged by the first), that value whole, as
+    the text path reads it."""
+    if not found or text[end:end + 1] in (" ", "\t"):  # not a sentence of a longer line
+        return found
+    span = found[0]
+    line0 = text.rfind("\n", 0, start) + 1
+    at = whole_value_start(text[line0:span.start])
+    if at is None:
+        return found
+    vstart, vend = line0 + at, before_space(text, line0 + at, end)
+    if not status_whole(text, line0, vstart, vend, span) or any(s.end > vend for s in found):
+        return found
+    return [Span(vstart, vend, span.kind, text[vstart:vend])]
 
 
 def _or_latest_entry(text: str, start: int, end: int, found: list[Span]) -> list[Span]:

@@ -346,12 +346,14 @@ def history_compacted(sizes: tuple[int, int, int, int],
     `sizes` (messages and characters before, then now) shrunk as the summary's shape asks
     (`history_shrunk`), and a new message standing in for the rest (`summary_stands_in`). Lengths
     first: `keys` (the previous and the current history's, a hash of each message's ends) is
-    called only for a pair that can be one."""
+    called only for a pair that can be one. With the files read last restored after the summary
+    (`SUMMARY_RESTORED`), half of the messages is enough, as with the user messages kept: restored
+    files may hold more text than the turns they replaced."""
     if not history_shrunk(*sizes, users_kept=True):
         return False
     prev, cur = keys()
     shape = summary_stands_in(prev, {k for _, k in prev}, cur)
-    return shape == USERS_KEPT or shape == SUMMARY_FIRST and history_shrunk(*sizes)
+    return shape in (USERS_KEPT, SUMMARY_RESTORED) or shape == SUMMARY_FIRST and history_shrunk(*sizes)
 
 
 def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_chars: int,
@@ -366,6 +368,7 @@ def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_c
 
 
 SUMMARY_FIRST = "summary first"  # Claude Code: the summary opens the history
+SUMMARY_RESTORED = "summary restored"  # Claude Code: the summary, then the files read last, restored
 USERS_KEPT = "users kept"  # Codex: the latest earlier user messages, then the summary
 
 
@@ -374,12 +377,15 @@ def summary_stands_in(prev: list[tuple[bool, str]], seen: set[str], cur: list[tu
     are (a user message?, key) of the history messages in order (`prev` may be only its last ones:
     what is kept is at its end), `seen` every key of the previous history that is known. A new
     message before the newest user turn, a user message, with no new reply beside it
-    (`SUMMARY_FIRST`), or as the newest message when what is kept is only the latest of the earlier
-    user messages (`USERS_KEPT`)."""
+    (`SUMMARY_FIRST`; `SUMMARY_RESTORED` when more new user messages follow it: the files read last,
+    restored as Read calls and results, round 44), or as the newest message when what is kept is only
+    the latest of the earlier user messages (`USERS_KEPT`)."""
     newest = max((i for i, (user, _) in enumerate(cur) if user), default=len(cur) - 1)
     added = [user for user, k in cur[:newest] if k not in seen]
     if added:  # only user messages are new (a conversation never seen before brings replies too)
-        return SUMMARY_FIRST if all(added) else None
+        if not all(added):
+            return None
+        return SUMMARY_RESTORED if len(added) > 1 else SUMMARY_FIRST
     kept = [k for _, k in cur[:newest]]
     earlier_users = [k for user, k in prev if user]
     if cur[newest][1] not in seen and kept and kept == earlier_users[len(earlier_users) - len(kept):]:

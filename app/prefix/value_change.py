@@ -25,6 +25,9 @@ from app.prefix.dynamic import (
 )
 from app.prefix.strings import common_prefix_len
 from app.prefix.value_kind import (
+    RUNNING_TIME,
+    STATUS_LETTERS,
+    STATUS_VALUE_CHARS,
     after_state,
     reads_as_value,
     status_readings,
@@ -155,6 +158,8 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
         span, end = change.span, _with_capacity(cur, change.span.end)
         change = ValueChange(Span(span.start, end, span.kind, cur[span.start:end]),
                              _with_capacity(prev, change.prev_end), change.edit_at)
+    if (status := _status_value(prev, cur, pd, change.span, stop)) is not None:
+        change = status  # the short status line the number is part of, whole
     place = change.edit_at or value_place(cur, change.span.start)
     if place in edits:  # changed here before: the key's value changed, all of it that did
         change = _whole_line(prev, cur, pd, change.span, change.prev_end, stop) or change
@@ -173,6 +178,51 @@ def _whole_line(prev: str, cur: str, pd: int, span: Span, pend: int, stop: int |
     if cur[span.end:end] == prev[pend:vpend]:
         return None
     return ValueChange(Span(start, end, span.kind, cur[start:end]), vpend)
+
+
+_STATUS_WORD = re.compile(r"[^\W\d_]{3,}")
+_FUNCTION_WORDS = frozenset({"the", "and", "von", "der", "die", "das", "und"})
+_OWN_KEY = re.compile(r"(?:[\w\]][=:]|[=/])$")  # a number's own key inside the value (`dur=114.1`, `0-24/158`)
+_ENTRY_NOTE = re.compile(r" [·•|–—] [^\n]{1,40}| \([^()\n]{1,40}\)")  # what an entry is, after its id
+STATUS_KEY_WORDS = 2  # a status line's label: `Casks:`, `Court timer:`
+
+
+def _status_value(prev: str, cur: str, pd: int, span: Span, stop: int | None) -> ValueChange | None:
+    """The whole value of the `key: value` line holding `span` when it is a short status on both
+    sides (`status_whole`); None otherwise."""
+    (line0, line1), (pline0, pline1) = line_bounds(cur, span.start), line_bounds(prev, pd)
+    value = _line_value(prev, cur, pline0, pline1, line0, line1, span.start, stop)
+    if value is None or not agree_after(prev, cur, pline1, line1):
+        return None
+    start, end, pstart, pend = value
+    if pend - pstart > STATUS_VALUE_CHARS or not status_whole(cur, line0, start, end, span):
+        return None
+    return ValueChange(Span(start, end, span.kind, cur[start:end]), pend)
+
+
+def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> bool:
+    """Is `span`, a value read alone, part of a short status that is the whole value
+    `text[start:end]` of the `key: value` line starting at `line0` (round 44)? The client writes
+    the status whole on each request (`Court timer: court 1, 36:24 left of 60 min`, `Casks: 12 of
+    20 raised today`, `Kiln: cooling, unpack in 7 h 59 min`, `Ticket: MZ26-00364 · family of 4`):
+    an id with what the entry is after it, a time running in the status's words (`RUNNING_TIME`,
+    words before it), or a number in a value holding two words of its own after a label of
+    STATUS_KEY_WORDS words at most. Not a random token (its key's words are no part of it), a
+    timestamp (a log line's stamp: `_log_line` reads the line), a number after a key of its own in
+    the value (`retrieval;dur=114.1`), or one in a URL."""
+    if span.kind in ("nonce", "timestamp") or end - start > STATUS_VALUE_CHARS or not start <= span.start < span.end <= end \
+            or (start, end) == (span.start, span.end):
+        return False
+    if span.kind == "id" and span.start == start and _ENTRY_NOTE.fullmatch(text, span.end, end):
+        return True
+    if any(m.start() <= span.start and span.end <= m.end() for m in RUNNING_TIME.finditer(text, start, end)) \
+            and STATUS_LETTERS.search(text, start, span.start):
+        return True
+    words = [w for w in _STATUS_WORD.findall(f"{text[start:span.start]} {text[span.end:end]}")
+             if w.lower() not in _FUNCTION_WORDS]
+    return len(words) >= 2 and len(text[line0:start].strip().rstrip(":=").split()) <= STATUS_KEY_WORDS \
+        and "://" not in text[start:end] and any(c.isdigit() for c in span.text) \
+        and not _OWN_KEY.search(text, start, span.start)
 
 
 def agree_after(prev: str, cur: str, p: int, c: int) -> bool:

@@ -272,8 +272,11 @@ _STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2}))
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
 # Breakfast`, `fault: gripper jam`, round 31) or its reading
-# (`warming up` -> `running 32 m/min`, `Störung Antrieb` -> `läuft, 10–25 mm`, round 28)
-_STATE = re.compile(_STATE_WORDS.pattern + r"(?: \([^()\n]{1,40}\)|[,:] [^\W\d_]{1,16}(?: [^\W\d_]{1,16}){0,4}"
+# (`warming up` -> `running 32 m/min`, `Störung Antrieb` -> `läuft, 10–25 mm`, round 28); a clock may end
+# the state (`last entry 17:00`), its detail hold hyphenated words and small numbers (`wood firing,
+# side-stoking`, `paused, gusts above 40 mph on the cliff`; round 44)
+_STATE = re.compile(_STATE_WORDS.pattern + r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"
+                    r"(?: \([^()\n]{1,40}\)|[,:] [^\W\d_]{1,16}(?:[ -](?:[^\W\d_]{1,16}|\d{1,3})){0,6}"
                     r"(?: \d+(?:[.,]\d+)? ?[^\W\d_]{1,4})?"  # a detail with its reading: `GO, surface wind 4 kt` (round 39)
                     r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
 _ID_NOTED = re.compile(r"(\S{3,40}) \([^()\n]{1,40}\)")  # an id and a note on it in brackets
@@ -322,6 +325,8 @@ def whole_value_change(old: str, new: str) -> str | None:
         return "counter"
     if _counted_state(old, new) or _reading_state(old, new):
         return "flag"
+    if _running_status(old, new):
+        return "time"
     if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
@@ -371,7 +376,9 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     if len(a) != len(b) or len(a) < 2:
         return None
     gaps_a, gaps_b = _gaps(old, a), _gaps(new, b)
-    if any(g != h and not _compass_only(g, h) for g, h in zip(gaps_a, gaps_b, strict=True)):
+    traded = _names_traded(gaps_a, gaps_b)
+    if any(g != h and not _compass_only(g, h) and not _agreement_only(g, h) and not traded
+           for g, h in zip(gaps_a, gaps_b, strict=True)):
         return None
     changed = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x.group() != y.group()]
     redrawn = [k for k, (g, h) in enumerate(zip(gaps_a, gaps_b, strict=True)) if g != h]  # a wind's direction
@@ -478,6 +485,47 @@ def _compass_only(old: str, new: str) -> bool:
     """Do two stretches between numbers differ only in a wind's direction (`NW ` -> `W `)?"""
     x, y = old.split(), new.split()
     return len(x) == len(y) and all(p == q or (_is_compass(p) and _is_compass(q)) for p, q in zip(x, y, strict=True))
+
+
+# a time that runs in a status's words: hours and minutes, minutes and seconds, a countdown
+RUNNING_TIME = re.compile(r"\d{1,3} ?h \d{1,2} ?min|\d{1,3}:\d\d ?min|\bin \d{1,3} ?min\b")
+STATUS_LETTERS = re.compile(r"[^\W\d_]{2,}")
+STATUS_VALUE_CHARS = 48  # a status line's value; a longer one is text or a log
+
+
+def _running_status(old: str, new: str) -> bool:
+    """A short status whose time runs (`RUNNING_TIME`, after its words) and changed with at most one
+    of its words (`Maud departs 12:18 (in 2 min)` -> `Lily departs 12:21 (in 3 min)`, `day 2 of 5, 41 h
+    45 min since lighting` -> `41 h 57 min`; round 44): the client writes it on each request."""
+    if max(len(old), len(new)) > STATUS_VALUE_CHARS:
+        return False
+    a, b = RUNNING_TIME.search(old), RUNNING_TIME.search(new)
+    if a is None or b is None or a.group() == b.group() and old.replace(a.group(), "") == new.replace(b.group(), ""):
+        return False
+    x, y = STATUS_LETTERS.findall(old[:a.start()]), STATUS_LETTERS.findall(new[:b.start()])
+    wx, wy = STATUS_LETTERS.findall(old), STATUS_LETTERS.findall(new)
+    return bool(x and y) and len(wx) == len(wy) and sum(p != q for p, q in zip(wx, wy, strict=True)) <= 1 \
+        and len(_STATUS_NUMBER.findall(old)) == len(_STATUS_NUMBER.findall(new))
+
+
+_AGREEMENT = ("s", "es", "e", "en", "n")  # a noun's plural endings, English and German
+
+
+def _agreement_only(old: str, new: str) -> bool:
+    """Do two stretches between numbers differ only in a noun that agrees with its count (`1 flag
+    up` -> `2 flags up`, round 44)?"""
+    x, y = old.split(), new.split()
+    return len(x) == len(y) and all(
+        p == q or any(p + e == q or q + e == p for e in _AGREEMENT) for p, q in zip(x, y, strict=True))
+
+
+def _names_traded(old: list[str], new: list[str]) -> bool:
+    """Did the words between a value's numbers trade places, none gained or lost (`Maud 3,280 gal at
+    the top, Lily 200 gal below` -> `Lily 2,600 gal at the top, Maud 300 gal below`: the two cars of
+    a funicular, round 44)?"""
+    x, y = [g.split() for g in old], [g.split() for g in new]
+    return x != y and sorted(w for g in x for w in g) == sorted(w for g in y for w in g) \
+        and all(len(g) == len(h) for g, h in zip(x, y, strict=True))
 
 
 def _is_compass(word: str) -> bool:
