@@ -337,18 +337,15 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout43 (measured once, 2026-12-06): "
-                                       "span exact-match F1 0.855, overlap 0.966 (labels that take in a value's words, "
-                                       "`day 2 of 5, 41 h 57 min since lighting`, values first read as edits); strict, so it "
-                                       "turns red when the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout43 (measured once, 2026-12-06): "
-                                       "macro-F1 0.945 (template_change precision 0.67: 13 values read as edits on their first "
-                                       "change; compaction recall 0.75: the files read last restored after the summary, read as "
-                                       "new conversations); strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout44 (measured once, 2026-12-06): "
+                                       "macro-F1 0.808 (tool_order recall 0.52: a coding agent's slash commands and a "
+                                       "shell's functions listed in the system text; compaction recall 0.38: a new shape; 11 "
+                                       "values read as edits on their first change); strict, so it turns red when the goal is "
+                                       "reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
