@@ -2566,3 +2566,92 @@ def test_a_new_conversation_with_one_short_message_after_a_long_one_stays_a_new_
     bodies = [Gen.body(CODER, history[:11], None, None), Gen.body(CODER, history, None, None),
               Gen.body(CODER, [{"role": "user", "content": "Write a haiku about invoices."}], None, None)]
     assert causes(fpr, bodies)[-1] == "new_session"
+
+
+# ------------------------------------------------------------------ round 45
+COMMAND_FILES = [f"`.cursor/commands/{n}.md`\n```markdown\n---\ndescription: {d}\n---\nRun {n} for $1.\n```"
+                 for n, d in (("order-show", "One order with its lines."), ("return-open", "Open a return."),
+                              ("parcel-track", "Tracking events of a parcel."), ("stock-count", "Stock of an item."))]
+SHELL_FUNCTIONS = [f"function {n} {{\n    <#\n    .SYNOPSIS\n    {d}\n    #>\n    [CmdletBinding()]\n    param(\n"
+                   f"        [Parameter(Mandatory)]\n        [string]$Id\n    )\n    Send-ToolCall -Tool {t} -Arguments $PSBoundParameters\n}}"
+                   for n, d, t in (("Get-OrderShow", "One order.", "order_show"), ("New-ReturnOpen", "Open a return.", "return_open"),
+                                   ("Get-ParcelTrack", "Tracking events.", "parcel_track"), ("Get-StockCount", "Stock of an item.", "stock_count"))]
+
+
+@pytest.mark.parametrize("form", ["command-files", "shell-functions"])
+def test_tools_as_command_files_or_shell_functions_in_another_order_are_a_tool_order(fpr, form: str) -> None:
+    """Tools written as an editor's command files, each named by its path written as code in a
+    hidden folder (`` `.cursor/commands/order-show.md` `` over its front matter), or as a shell's
+    functions declared by keyword and name before their body's brace (PowerShell's `function
+    Get-OrderShow {`), moved: a tool order (round 45)."""
+    entries = COMMAND_FILES if form == "command-files" else SHELL_FUNCTIONS
+    assert reordered_listing_causes(fpr, entries, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_calls_of_functions_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: steps that call functions (no keyword declares them, no brace opens a body),
+    moved."""
+    entries = ["Invoke-Tool -Name 'order_show' -Id 5", "Invoke-Tool -Name 'return_open' -Id 7",
+               "Invoke-Tool -Name 'parcel_track' -Id 9", "Invoke-Tool -Name 'stock_count' -Id 2"]
+    assert reordered_listing_causes(fpr, entries, "Steps", [2, 0, 3, 1]) == ["template_change", None]
+
+
+def rebuilt_history(history: list[dict], summary: str, question: str) -> list[dict]:
+    """Codex CLI's compacted history: the previous history's user messages in order, every reply
+    and tool result dropped, then the summary as a user message, then the new question."""
+    return [*(m for m in history if m["role"] == "user"), {"role": "user", "content": summary},
+            {"role": "user", "content": question}]
+
+
+def test_the_user_messages_kept_every_reply_dropped_and_a_summary_after_them_is_a_compaction(fpr) -> None:
+    """The history rebuilt from the user messages, every reply gone, the summary after them: a
+    compaction, whatever share of the messages is left (round 45)."""
+    history = agent_history(3)
+    summary = "Another model worked on this; its summary: invoices half migrated, tests green."
+    bodies = [Gen.body(CODER, history[:5], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, rebuilt_history(history, summary, "Go on with module 4."), None, None)]
+    assert len(bodies[2]["messages"]) * 2 > len(bodies[1]["messages"])  # fewer than half of the messages gone
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_the_user_messages_resent_without_replies_and_nothing_new_is_no_compaction(fpr) -> None:
+    """The guard: a client that re-sends the user messages without the replies and adds nothing
+    stands no summary in for them."""
+    history = agent_history(3)
+    bodies = [Gen.body(CODER, history[:5], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, [m for m in history if m["role"] == "user"], None, None)]
+    assert causes(fpr, bodies)[-1] != "compaction"
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Oven: {}", ["batch 2 of the day, 37 min in the oven", "batch 2 of the day, 41 min in the oven",
+                  "batch 2 of the day, 48 min in the oven"]),
+    ("Next ferry: {}", ["14:20 (car deck full), in 12 min", "14:50 (foot passengers only), in 31 min",
+                        "14:50 (foot passengers only), in 27 min"]),
+    ("Werkstatt: {}", ["Kurs 10 Uhr: noch 25 Min., Schleifen", "Kurs 10 Uhr: noch 12 Min., Polieren und Fassen",
+                       "Kurs 10 Uhr: noch 7 Min., Polieren und Fassen"]),
+    ("Tour: {}", ["Harbour walk 58 (12 guests, guide Ana)", "Harbour walk 59 (9 guests, guide Ben)",
+                  "Harbour walk 60 (14 guests, guide Ana)"]),
+    ("Bikes: {}", ["30 out, 12 in the shed, 2 in repair", "30 out, 13 in the shed, 1 in repair",
+                   "29 out, 14 in the shed, 1 in repair"]),
+    ("Kitchen: {}", ["oven on, bread proving", "line cleaned for the gluten-free bake", "oven on, rolls proving"]),
+])
+def test_round_45s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 45 reads, each whole: minutes alone
+    running in a status's words (not round), a running time beside a note or a state that changed
+    with it, German `noch … Min.`, a running number with its words and a note, counts of which two
+    changed, a state of six words."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Breaks: {}", ["a pause of 15 min after each session", "a pause of 20 min after each session",
+                    "a pause of 20 min after each session"]),
+    ("Guided tours: {}", ["Harbour walk 58 (Mondays only)", "Harbour walk 72 (Mondays only)", "Harbour walk 72 (Mondays only)"]),
+    ("Edition: {}", ["Harbour guide 4 (2024 print)", "Harbour guide 5 (2026 print)", "Harbour guide 5 (2026 print)"]),
+])
+def test_a_rules_round_minutes_or_a_number_that_jumped_or_is_dated_stay_an_edit(fpr, line: str, values: list[str]) -> None:
+    """The guards: round minutes in a rule changed; a number with its note that jumped, not rose;
+    an edition's number that rose with a year in its note."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -18,12 +18,15 @@ from tests.fixtures.diagnosis_v2.build import Gen
 from tests.redis_server import RedisServer
 from tests.test_diagnosis_cases import (
     CODER,
+    COMMAND_FILES,
+    SHELL_FUNCTIONS,
     SYSTEM,
     TASK,
     TOOLS,
     agent_history,
     body,
     conversation,
+    rebuilt_history,
     schemas_in_text,
 )
 from tests.test_state_proxies import settle
@@ -88,7 +91,11 @@ def agent_scenarios() -> list[tuple[str, list[dict]]]:
 
     note = "Earlier in this chat the customer asked whether e-bikes are repaired here (yes, all brands)."
     noted = [chat(None, 0, 3), chat(note, 1, 4), chat(note, 1, 5)]
-    return [("agent-window", window), ("agent-schemas", schemas), ("agent-note", noted)]
+    # Codex CLI's rebuilt history: the user messages kept, every reply dropped, the summary after them (round 45)
+    short = agent_history(3)
+    rebuilt = [Gen.body(CODER, short[:5], None, None), Gen.body(CODER, short, None, None),
+               Gen.body(CODER, rebuilt_history(short, "Summary: invoices half migrated, tests green.", "Go on."), None, None)]
+    return [("agent-window", window), ("agent-schemas", schemas), ("agent-note", noted), ("agent-rebuilt", rebuilt)]
 
 
 def test_two_pods_agree_on_agents_patterns(sim_factory, proxy_factory, redis_proc: RedisServer) -> None:
@@ -96,7 +103,8 @@ def test_two_pods_agree_on_agents_patterns(sim_factory, proxy_factory, redis_pro
     alone = proxy_factory(sim)
     pods = [proxy_factory(sim, state=redis_proc.url) for _ in range(2)]
     expected = {"agent-window": [None, "front_trim", "front_trim", "front_trim"],
-                "agent-schemas": [None, "tool_order", None], "agent-note": [None, "front_trim", None]}
+                "agent-schemas": [None, "tool_order", None], "agent-note": [None, "front_trim", None],
+                "agent-rebuilt": [None, None, "compaction"]}
     for tenant, bodies in agent_scenarios():
         send([alone], tenant, bodies)
         send(pods, tenant, bodies)
@@ -269,6 +277,10 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         ("allowed-commands", [body(f"{SYSTEM}\nCommands you may run:\n" + "\n".join(SUDO_TOOLS[k] for k in o) + "\nAnswer briefly.", t)
                               for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
          [None, "tool_order", None]),
+        # round 45
+        *((name, [body(f"{SYSTEM}\nTools:\n" + "\n\n".join(entries[k] for k in o) + "\nAnswer briefly.", t)
+                  for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)], [None, "tool_order", None])
+          for name, entries in (("command-files", COMMAND_FILES), ("shell-functions", SHELL_FUNCTIONS))),
     ]
 
 

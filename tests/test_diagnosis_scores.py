@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout44` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout45` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -204,7 +204,8 @@ FLOORS = {
     # values in forms no rule reads on their first change; labels that take in a value's words)
     # round 40: 0.9841 / 0.9731 / 0.7692
     # round 44: 0.9856 / 0.9755 / 0.8836
-    "heldout33": (0.985, 0.975, 0.883),
+    # round 45: 0.9904 / 0.9829 / 0.8924
+    "heldout33": (0.990, 0.982, 0.892),
     # the thirty-fourth (measured 0.933 / 0.709 / 0.683), tune side since heldout35: 0.9953 / 0.9911 / 0.7507
     # (Dhall's record lists and a shell alias file as tool lists; Cline's condense, the summary in a tool
     # call's arguments; a word clock, a state held for hours and minutes, a record's id with its note; a
@@ -218,7 +219,8 @@ FLOORS = {
     # (parcels)`, and crew counts still read as edits the first time they change)
     # round 40: 0.9867 / 0.9780 / 0.7565
     # round 44: 0.9867 / 0.9780 / 0.8497
-    "heldout35": (0.986, 0.977, 0.849),
+    # round 45: 0.9917 / 0.9856 / 0.8586
+    "heldout35": (0.991, 0.985, 0.858),
     # the thirty-sixth (measured 0.973 / 0.923 / 0.663), tune side since heldout37: 0.9969 / 0.9743 / 0.6634
     # (an INI file's `[tool:name]` sections as a tool list; aider's summary of the older head, which keeps
     # more than half of the history, still read as a front trim; labels that take in a value's note)
@@ -231,14 +233,16 @@ FLOORS = {
     # the first time they change, and in a context block as a history edit, which costs macro-F1 a class)
     # round 40: 0.9968 / 0.9940 / 0.7065
     # round 44: 0.9968 / 0.9940 / 0.8507
-    "heldout37": (0.996, 0.993, 0.850),
+    # round 45: 1.0000 / 1.0000 / 0.8614
+    "heldout37": (1.0, 1.0, 0.861),
     # the thirty-eighth (measured 0.915 / 0.756 / 0.762), tune side since heldout39: 0.9853 / 0.9575 / 0.7853
     # (an Org file's headings and doskey's macros as tool lists; Serilog's log lines, an ISO 8601 duration in
     # hours and minutes, a state's detail with its reading, minutes and seconds in primes; running numbers
     # with a note, `Op. 216 (cello)`, still read as edits the first time they change)
     # round 40: 0.9870 / 0.9601 / 0.8042
     # round 44: 0.9870 / 0.9601 / 0.9556
-    "heldout38": (0.986, 0.960, 0.955),
+    # round 45: 0.9951 / 0.9740 / 0.9742
+    "heldout38": (0.995, 0.974, 0.974),
     # the thirty-ninth (measured 0.948 / 0.799 / 0.441), tune side since heldout40: 0.9935 / 0.9789 / 0.5594
     # (markup directives as a tool list, the newest entry a `Last …` key names, a reference written as a
     # creditor reference, a countdown `on the clock`, a context block's key line; states replaced by
@@ -256,26 +260,34 @@ FLOORS = {
     # last number rose; a countdown's hold, a booking's code glued to its letters, counts and a game's score
     # still read as edits the first time they change)
     # round 44: 0.9919 / 0.9857 / 0.9270
-    "heldout41": (0.991, 0.985, 0.926),
+    # round 45: 0.9936 / 0.9884 / 0.9296
+    "heldout41": (0.993, 0.988, 0.929),
     # the forty-second (measured 0.922 / 0.802 / 0.802), tune side since heldout43: 0.9650 / 0.8692 / 0.8023
     # (Robot Framework keywords, an OCaml interface and a docopt usage listing as tool lists; a compaction
     # that replaces the history chunk by chunk still read as a new conversation, 16 values still read as
     # edits the first time they change)
     # round 44: 0.9666 / 0.8712 / 0.9159
-    "heldout42": (0.966, 0.871, 0.915),
+    # round 45: 0.9713 / 0.8777 / 0.9253
+    "heldout42": (0.971, 0.877, 0.925),
     # the forty-third (measured 0.976 / 0.945 / 0.855), tune side since heldout44: 0.9984 / 0.9897 / 1.0000
     # (a C header's prototypes, a D-Bus introspection file and a task listing as tool lists, found by earlier
     # rules; states, counts, departures and readings read whole on their first change, and Claude Code's
     # compaction with the files read last restored after the summary; one such compaction whose restored files
     # leave more than half of the messages is still read as a new conversation)
     "heldout43": (0.998, 0.989, 1.0),
+    # the forty-fourth (measured 0.924 / 0.808 / 0.946), tune side since round 45: 1.0000 / 1.0000 / 0.9749
+    # (Claude Code's custom slash commands and PowerShell functions as tool lists, Codex CLI's rebuilt history,
+    # a lavender still's charges, running walks with their notes and tallies of which two counts changed, all
+    # read by round 45's rules; spans of longer statuses, `closed, next safe crossing from 15:57 (in 3 h 13
+    # min)`, still read as their time)
+    "heldout44": (1.0, 1.0, 0.974),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout44), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout45), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -283,7 +295,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -376,7 +388,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout44`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout45`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

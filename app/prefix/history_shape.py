@@ -348,12 +348,37 @@ def history_compacted(sizes: tuple[int, int, int, int],
     first: `keys` (the previous and the current history's, a hash of each message's ends) is
     called only for a pair that can be one. With the files read last restored after the summary
     (`SUMMARY_RESTORED`), half of the messages is enough, as with the user messages kept: restored
-    files may hold more text than the turns they replaced."""
-    if not history_shrunk(*sizes, users_kept=True):
+    files may hold more text than the turns they replaced. Every reply dropped, the user messages
+    kept before the summary (`replies_dropped`), needs no share: the history lost all but them."""
+    shrunk = history_shrunk(*sizes, users_kept=True)
+    if not shrunk and not (sizes[0] >= COMPACTED_MIN_MESSAGES and 0 < sizes[2] < sizes[0]):
         return False
     prev, cur = keys()
+    if replies_dropped(prev, cur):
+        return True
+    if not shrunk:
+        return False
     shape = summary_stands_in(prev, {k for _, k in prev}, cur)
     return shape in (USERS_KEPT, SUMMARY_RESTORED) or shape == SUMMARY_FIRST and history_shrunk(*sizes)
+
+
+REPLIES_DROPPED_MIN = 2  # replies the previous history held, at least, for a compaction that drops them all
+
+
+def replies_dropped(prev: HistoryKeys, cur: HistoryKeys) -> bool:
+    """Codex CLI's compacted history rebuilt (round 45): the previous history's user messages kept
+    in order (the latest of them, within a budget), every reply and tool result dropped, then one
+    new user message (the summary), then at most the newest user message. A front trim keeps
+    replies; a new conversation does not repeat the previous one's user messages in order."""
+    if sum(not user for user, _ in prev) < REPLIES_DROPPED_MIN:
+        return False
+    seen = {k for _, k in prev}
+    at = next((i for i, (_, k) in enumerate(cur) if k not in seen), None)
+    if not at or len(cur) - at > 2 or not all(user for user, _ in cur[at:]):
+        return False
+    kept = [k for _, k in cur[:at]]
+    users = [k for user, k in prev if user]
+    return all(user for user, _ in cur[:at]) and kept == users[len(users) - len(kept):]
 
 
 def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_chars: int,

@@ -44,7 +44,7 @@ _SIGIL = r"""[^\w\s"'`(\[{<|*#>•+\-.,:;]"""
 _IDENT = r"(?:[a-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*|[A-Za-z][A-Za-z\d]*(?:[_.:/][A-Za-z\d][\w\-]*)+)"
 NAMED_LINE = re.compile(
     rf"""^\s*(?:[-*•+>]|\d+[.)])?\s*(?:<[\w:\-]+\s[^>]*?\b(?:name|id)\s*=\s*["']?{_NAME}"""
-    rf"""|<([\w:\-]+)>\s*(?:`{_NAME}`|{_IDENT})\s*</\1>\s*$|\*\*(?:`{_NAME}`|{_IDENT})\*\*|`{_NAME}`"""
+    rf"""|<([\w:\-]+)>\s*(?:`{_NAME}`|{_IDENT})\s*</\1>\s*$|\*\*(?:`{_NAME}`|{_IDENT})\*\*|`\.?{_NAME}`"""
     rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|"""
     rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
 # a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
@@ -254,6 +254,11 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
     return dp != dc and sorted(dp) == sorted(dc)
 
 
+# a function declared by its keyword and name, then its body's brace (PowerShell's `function
+# Invoke-OrderShow {`, a shell's `function order_show {` or `order_show() {`; round 45)
+_BRACE_FUNCTION = re.compile(r"^\s*(?:function\s+[A-Za-z_][\w-]*(?:\s*\(\s*\))?|[a-z_][\w-]*\s*\(\s*\))\s*\{\s*$")
+
+
 # a member of a TypeScript type whose type is a function (Cloudflare Code Mode's `declare const
 # codemode: { name: (input: {...}) => Promise<unknown>; }`): a tool declared by its name
 # a WebAssembly component's WIT `name: func(…)`, its name in kebab case, too (round 30)
@@ -276,7 +281,7 @@ def declares_name(line: str) -> bool:
                 or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line)
                 or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line)
                 or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line)
-                or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line))
+                or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line) or _BRACE_FUNCTION.match(line))
 
 
 def _shape(line: str) -> str:

@@ -268,7 +268,8 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\d)){0,48}?\s*[:=]\s+")  # `Tonight's decision:` (round 26)
 # a state's words: one to five, a small number among them (`returning to base`, `unter Meldestufe 1`,
 # `Stewards' enquiry`, `ALB recovering up the slip`: round 36)
-_STATE_WORDS = re.compile(r"[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,4}")
+_STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,4}"
+                          r"|[^\W\d_]{1,16}(?: [^\W\d_]{1,16}(?:-[^\W\d_]{1,16})?){5})")  # or six, hyphenated ones whole (round 45)
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
 # Breakfast`, `fault: gripper jam`, round 31) or its reading
@@ -317,6 +318,8 @@ def whole_value_change(old: str, new: str) -> str | None:
     if _STATE.fullmatch(old) and _STATE.fullmatch(new) and _replaced(_state_head(old), _state_head(new)) \
             or _CODED.fullmatch(old) and _CODED.fullmatch(new):
         return "flag"
+    if _number_noted(old, new):
+        return "id"  # a running number with its words and a note (`walk 133 (18 walkers, guide Morag)`; round 45)
     a, b = _ID_NOTED.fullmatch(old), _ID_NOTED.fullmatch(new)
     if a and b and _rising_sequence(a.group(1), b.group(1)):
         return "id"  # the newest record's id, risen, with what it is in brackets (`T-2026-0755 (Meerschweinchen)`; round 35)
@@ -454,7 +457,7 @@ def _counts_redrawn(numbers: list[re.Match[str]], gaps: list[str], changed: list
     Bahnhof 28 frei`): a tally the client writes again, round 24. A rule's numbers change one at a
     time or bound a range (`4 to 7 business days`)."""
     counts = [i for i, n in enumerate(numbers) if n.group()[0].isdigit()]
-    if len(counts) < 2 or changed != counts:
+    if len(counts) < 2 or len(changed) < 2 or not set(changed) <= set(counts):
         return False
     return all(_COUNTED.match(gaps[i + 1]) and not _RANGE_WORD.match(gaps[i + 1]) for i in counts)
 
@@ -488,7 +491,10 @@ def _compass_only(old: str, new: str) -> bool:
 
 
 # a time that runs in a status's words: hours and minutes, minutes and seconds, a countdown
-RUNNING_TIME = re.compile(r"\d{1,3} ?h \d{1,2} ?min|\d{1,3}:\d\d ?min|\bin \d{1,3} ?min\b")
+RUNNING_TIME = re.compile(r"\d{1,3} ?h \d{1,2} ?min|\d{1,3}:\d\d ?min|\b(?:in|noch) \d{1,3} ?(?:min\b|Min\.)")
+_MINUTES = re.compile(r"(?<![\d:.,])(\d{1,3}) ?min\b")  # minutes alone (`44 min under steam`)
+_NOTE = re.compile(r" ?\([^()\n]{1,40}\)")
+_AFTER_TIME = re.compile(r",? [^\W\d_][^\n]{0,30}$")  # a state after the time (`noch 22 Min., Polieren`)
 STATUS_LETTERS = re.compile(r"[^\W\d_]{2,}")
 STATUS_VALUE_CHARS = 48  # a status line's value; a longer one is text or a log
 
@@ -500,12 +506,34 @@ def _running_status(old: str, new: str) -> bool:
     if max(len(old), len(new)) > STATUS_VALUE_CHARS:
         return False
     a, b = RUNNING_TIME.search(old), RUNNING_TIME.search(new)
-    if a is None or b is None or a.group() == b.group() and old.replace(a.group(), "") == new.replace(b.group(), ""):
+    if a is None or b is None:
+        a, b = _MINUTES.search(old), _MINUTES.search(new)  # minutes alone: a rule's are round
+        if a is None or b is None or int(a.group(1)) % 5 == 0 and int(b.group(1)) % 5 == 0:
+            return False
+    if a.group() == b.group() and old.replace(a.group(), "") == new.replace(b.group(), ""):
         return False
     x, y = STATUS_LETTERS.findall(old[:a.start()]), STATUS_LETTERS.findall(new[:b.start()])
-    wx, wy = STATUS_LETTERS.findall(old), STATUS_LETTERS.findall(new)
+    # what the status says beside its time: its notes in brackets and a state after it may change with it
+    ox = _NOTE.sub("", old[:a.start()]) + old[a.start():a.end()] + _AFTER_TIME.sub("", old[a.end():])
+    ny = _NOTE.sub("", new[:b.start()]) + new[b.start():b.end()] + _AFTER_TIME.sub("", new[b.end():])
+    wx, wy = STATUS_LETTERS.findall(ox), STATUS_LETTERS.findall(ny)
     return bool(x and y) and len(wx) == len(wy) and sum(p != q for p, q in zip(wx, wy, strict=True)) <= 1 \
-        and len(_STATUS_NUMBER.findall(old)) == len(_STATUS_NUMBER.findall(new))
+        and len(_STATUS_NUMBER.findall(_NOTE.sub("", old))) == len(_STATUS_NUMBER.findall(_NOTE.sub("", new)))
+
+
+# words, then a running number, then a note on it in brackets (`Pilgrims' Way walk 133 (18 walkers)`)
+_NUMBER_NOTED = re.compile(r"((?:[^\W\d_][\w'’.-]* ){1,4})(\d{1,6}) \([^()\n]{1,40}\)")
+RUNNING_NUMBER_STEP = 5  # a running number moves on by this much at most between two requests
+
+
+def _number_noted(old: str, new: str) -> bool:
+    """The same words, then a number that rose a little, then a note in brackets that may change
+    (`Führung Nr. 13 (Fußführung, 15:00 Uhr)`, `walk 133 (18 walkers, guide Morag)` -> `walk 134 (17
+    walkers, guide Dev)`): the newest of a running series, whole (round 45). A year in it (`guide 4
+    (2024 print)` -> `guide 5 (2026 print)`) makes it an edition, edited."""
+    a, b = _NUMBER_NOTED.fullmatch(old), _NUMBER_NOTED.fullmatch(new)
+    return bool(a and b and a.group(1) == b.group(1) and not _DATED.search(f"{old} {new}")
+                and 0 < int(b.group(2)) - int(a.group(2)) <= RUNNING_NUMBER_STEP)
 
 
 _AGREEMENT = ("s", "es", "e", "en", "n")  # a noun's plural endings, English and German
