@@ -2655,3 +2655,35 @@ def test_a_rules_round_minutes_or_a_number_that_jumped_or_is_dated_stay_an_edit(
     an edition's number that rose with a year in its note."""
     got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 46
+@pytest.mark.parametrize(("line", "values"), [
+    ("Court 2: {}", ["booked until 19:30 (doubles), next slot in 14 min", "booked until 19:30 (doubles), next slot in 9 min",
+                     "booked until 19:30 (doubles), next slot in 3 min"]),
+    ("Last job: {}", ["job 26-0412 (boiler service, 2 engineers, van 3)", "job 26-0413 (gas safety check, 1 engineer, van 1)",
+                      "job 26-0415 (boiler service, 1 engineer, van 2)"]),
+    ("Last card payment: {}", ["£14.80, Visa contactless ending 4411, auth code 7KQ2ZP",
+                               "£9.35, Mastercard contactless ending 0273, auth code Q81MX4",
+                               "£22.10, Visa contactless ending 9127, auth code 5TR0WB"]),
+    ("Letzte Überweisung: {}", ["120,00 € (SEPA), Referenz K7QX2M9PLT4WZ8RA", "75,50 € (SEPA), Referenz 3HD9QW1ZXM7PLK2C",
+                                "210,00 € (SEPA), Referenz W8ZT5NRQ2LM4XK9D"]),
+    ("Röster 2: {}", ["7. Charge von 12, seit 9 Min. in der Trommel, nächste in 6 Min.",
+                      "8. Charge von 12, seit 2 Min. in der Trommel, nächste in 13 Min.",
+                      "8. Charge von 12, seit 7 Min. in der Trommel, nächste in 8 Min."]),
+])
+def test_round_46s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 46 reads, each whole: a status of
+    up to 56 characters; a running number after a year's series with its note; the newest entry a
+    `Last …` key names, up to 64 characters, or holding a reference drawn at random; a status line
+    whose numbers changed with a time running in it."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_status_lines_round_times_changed_with_its_count_stay_an_edit(fpr) -> None:
+    """The guard: the same line whose running time changed to round minutes only (a rule's times are
+    round), its count with it: what it was before round 46."""
+    got = run_value_line(fpr, "Röster 2: {}", ["7. Charge von 12, seit 10 Min. in der Trommel, nächste in 5 Min.",
+                                                "8. Charge von 12, seit 20 Min. in der Trommel, nächste in 15 Min.",
+                                                "8. Charge von 12, seit 20 Min. in der Trommel, nächste in 15 Min."])
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -297,7 +297,11 @@ XML_TOOLS = [f"<function>\n<name>{n}</name>\n<description>{d}</description>\n<pa
 
 STATUSES = [("Lift: {}", ["14 of 20 chairs running today", "15 of 20 chairs running today", "17 of 20 chairs running today"]),
             ("Boiler: {}", ["heating, ready in 1 h 12 min", "heating, ready in 1 h 05 min", "heating, ready in 0 h 58 min"]),
-            ("Order: {}", ["SO-26-00418 · two pallets", "SO-26-00419 · two pallets", "SO-26-00421 · two pallets"])]
+            ("Order: {}", ["SO-26-00418 · two pallets", "SO-26-00419 · two pallets", "SO-26-00421 · two pallets"]),
+            # round 46: a status line whose numbers changed with a time running in it
+            ("Röster 2: {}", ["7. Charge von 12, seit 9 Min. in der Trommel, nächste in 6 Min.",
+                              "8. Charge von 12, seit 2 Min. in der Trommel, nächste in 13 Min.",
+                              "8. Charge von 12, seit 7 Min. in der Trommel, nächste in 8 Min."])]
 
 
 def test_two_pods_read_a_short_status_whole(sim_factory, proxy_factory, redis_proc: RedisServer) -> None:

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout45` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout46` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -178,7 +178,8 @@ FLOORS = {
     # entry code drawn again, a state replaced by a reading with its state's word; labels that take in a
     # value's key, `Sec-WebSocket-Key: …`, where the span is the value alone)
     # round 44: 0.9937 / 0.9929 / 0.4685
-    "heldout29": (0.993, 0.992, 0.468),
+    # round 46: 0.9937 / 0.9929 / 0.4825
+    "heldout29": (0.993, 0.992, 0.482),
     # the thirtieth (measured 0.962 / 0.879 / 0.640), tune side since heldout31: 0.9892 / 0.9803 / 0.6558
     # (Google ADK's compaction, its long summary the model's message opening the history; a time ago with its
     # unit abbreviated or in German, a state's detail after a colon, four decimals after a comma; station
@@ -261,14 +262,16 @@ FLOORS = {
     # still read as edits the first time they change)
     # round 44: 0.9919 / 0.9857 / 0.9270
     # round 45: 0.9936 / 0.9884 / 0.9296
-    "heldout41": (0.993, 0.988, 0.929),
+    # round 46: 0.9936 / 0.9884 / 0.9397
+    "heldout41": (0.993, 0.988, 0.939),
     # the forty-second (measured 0.922 / 0.802 / 0.802), tune side since heldout43: 0.9650 / 0.8692 / 0.8023
     # (Robot Framework keywords, an OCaml interface and a docopt usage listing as tool lists; a compaction
     # that replaces the history chunk by chunk still read as a new conversation, 16 values still read as
     # edits the first time they change)
     # round 44: 0.9666 / 0.8712 / 0.9159
     # round 45: 0.9713 / 0.8777 / 0.9253
-    "heldout42": (0.971, 0.877, 0.925),
+    # round 46: 0.9713 / 0.8777 / 0.9598
+    "heldout42": (0.971, 0.877, 0.959),
     # the forty-third (measured 0.976 / 0.945 / 0.855), tune side since heldout44: 0.9984 / 0.9897 / 1.0000
     # (a C header's prototypes, a D-Bus introspection file and a task listing as tool lists, found by earlier
     # rules; states, counts, departures and readings read whole on their first change, and Claude Code's
@@ -280,14 +283,20 @@ FLOORS = {
     # a lavender still's charges, running walks with their notes and tallies of which two counts changed, all
     # read by round 45's rules; spans of longer statuses, `closed, next safe crossing from 15:57 (in 3 h 13
     # min)`, still read as their time)
-    "heldout44": (1.0, 1.0, 0.974),
+    # round 46: 1.0000 / 1.0000 / 1.0000
+    "heldout44": (1.0, 1.0, 1.0),
+    # the forty-fifth (measured 0.986 / 0.976 / 0.897), tune side since round 46: 0.9952 / 0.9911 / 0.9481
+    # (GitHub Actions workflows and Puppet Bolt task metadata as tool lists and the pi agent's compaction, read by
+    # earlier rules; kayak trips with their notes, card payments and a ropes course read by round 46's rules; a
+    # tunnel's URL labelled whole where its subdomain's hex changed still missed on its first change)
+    "heldout45": (0.995, 0.991, 0.948),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout45), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout46), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -295,7 +304,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -388,7 +397,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout45`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout46`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

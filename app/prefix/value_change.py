@@ -29,6 +29,7 @@ from app.prefix.value_kind import (
     STATUS_LETTERS,
     STATUS_VALUE_CHARS,
     after_state,
+    random_looking,
     reads_as_value,
     status_readings,
     turn_value,
@@ -476,7 +477,7 @@ def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line
 # a key that names the newest entry of a series (`Last lane booking:`, `Letzter Auftrag:`, `Current run:`)
 LATEST_WORDS = r"last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|jüngste[rsn]?"
 _LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}[:=]\s*[\"']?")
-LATEST_VALUE_CHARS = 48  # an entry's number with its note; a longer value is text
+LATEST_VALUE_CHARS = 64  # an entry's number with its note; a longer value is text (48 before round 46)
 
 
 def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:
@@ -511,9 +512,14 @@ def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:
 _ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?![\d:]|[.,]\d)")  # `LB00434`, `3214`; not `17:30`, `2.500`
 
 
+_REFERENCE = re.compile(r"(?<![\w-])[0-9A-Z]{12,}(?![\w-])")  # a payment's reference drawn at random (round 46)
+
+
 def _holds_entry(value: str) -> bool:
-    """Is a value short enough to be an entry's number with its note, and does it hold one?"""
-    return 0 < len(value) <= LATEST_VALUE_CHARS and _ENTRY_NUMBER.search(value) is not None
+    """Is a value short enough to be an entry's number with its note, and does it hold one (or a
+    reference drawn at random: a payment's `PSP-Referenz ZP4KEJLO6FGLGZ2R`)?"""
+    return 0 < len(value) <= LATEST_VALUE_CHARS and (
+        _ENTRY_NUMBER.search(value) is not None or any(random_looking(m.group()) for m in _REFERENCE.finditer(value)))
 
 
 _NOTED = re.compile(r"\([^()\n]{1,40}\)\s*$")

@@ -364,7 +364,9 @@ _DATED = re.compile(r"\d{1,4}([./-])\d{1,2}\1\d{1,4}|\d+(?:\.\d+){2,}|(?<!\d)(?:
 def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     """Where a key line's value that holds two numbers or more changed, when it changed in its
     numbers only (and a wind's direction beside them), its words the same, one changed number
-    written to a reading's precision (`_precise`) or beside a wind's direction: a status line the
+    written to a reading's precision (`_precise`), beside a wind's direction, or not round with a
+    time running in the value (`RUNNING_TIME`: `seit 11 Min. an der Luft, nächster Zug in 4 Min.`;
+    round 46): a status line the
     client writes per request (`12.8 nm off, SOG 12.7 kn`, `W 6, gusting 7`, `rows_read=34222
     rows_written=0 duration=0.0446ms`). As (start, end) in `new` and the end in `old`: the one
     number that changed, or the whole value when more changed; None otherwise. A rule edited
@@ -389,7 +391,11 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
                                        or _priced(new, b[i]) for i in changed):
         return None
     compass = bool(redrawn) or _beside_compass(gaps_b)
-    if not compass and not any(_precise(x.group()) for x in b) and not any(
+    # a time running in it that changed to a number not round: a status's clock (round 46); a rule's times are round
+    times = [m.span() for m in RUNNING_TIME.finditer(new)] if RUNNING_TIME.search(old) else []
+    running = any(s <= b[i].start() < e and b[i].group().isdigit() and int(b[i].group()) % 5
+                  for i in changed for s, e in times)
+    if not compass and not running and not any(_precise(x.group()) for x in b) and not any(
             _precise(a[i].group()) or _unit_glued(old, a[i], new, b[i]) for i in changed) \
             and not _counts_redrawn(b, gaps_b, changed):
         return None
@@ -421,7 +427,8 @@ def reads_as_status(value: str) -> bool:
     """`status_readings` from one side, for a pod that knows only that a line changed in its digits
     (another pod's digest: `RequestDigest.shapes`): the value holds two numbers or more, none of
     them glued to a letter or priced, no date, year or release, and one written to a reading's
-    precision, with a unit glued to it, or beside a wind's direction."""
+    precision, with a unit glued to it, beside a wind's direction, or not round in a time running
+    in it (round 46)."""
     if _DATED.search(value):
         return False
     numbers = list(_STATUS_NUMBER.finditer(value))
@@ -429,7 +436,10 @@ def reads_as_status(value: str) -> bool:
         return False
     if _beside_compass(_gaps(value, numbers)):
         return True
-    return any(_precise(n.group()) or _unit_glued(value, n, value, n) for n in numbers)
+    times = [m.span() for m in RUNNING_TIME.finditer(value)]
+    return any(_precise(n.group()) or _unit_glued(value, n, value, n)
+               or n.group().isdigit() and int(n.group()) % 5 and any(s <= n.start() < e for s, e in times)
+               for n in numbers)
 
 
 def _priced(text: str, number: re.Match[str]) -> bool:
@@ -496,7 +506,7 @@ _MINUTES = re.compile(r"(?<![\d:.,])(\d{1,3}) ?min\b")  # minutes alone (`44 min
 _NOTE = re.compile(r" ?\([^()\n]{1,40}\)")
 _AFTER_TIME = re.compile(r",? [^\W\d_][^\n]{0,30}$")  # a state after the time (`noch 22 Min., Polieren`)
 STATUS_LETTERS = re.compile(r"[^\W\d_]{2,}")
-STATUS_VALUE_CHARS = 48  # a status line's value; a longer one is text or a log
+STATUS_VALUE_CHARS = 56  # a status line's value; a longer one is text or a log (48 before round 46)
 
 
 def _running_status(old: str, new: str) -> bool:
@@ -522,14 +532,15 @@ def _running_status(old: str, new: str) -> bool:
 
 
 # words, then a running number, then a note on it in brackets (`Pilgrims' Way walk 133 (18 walkers)`)
-_NUMBER_NOTED = re.compile(r"((?:[^\W\d_][\w'’.-]* ){1,4})(\d{1,6}) \([^()\n]{1,40}\)")
+_NUMBER_NOTED = re.compile(r"((?:[^\W\d_][\w'’.-]* ){1,4}(?:\d{2}[-/])?)(\d{1,6}) \([^()\n]{1,48}\)")
 RUNNING_NUMBER_STEP = 5  # a running number moves on by this much at most between two requests
 
 
 def _number_noted(old: str, new: str) -> bool:
     """The same words, then a number that rose a little, then a note in brackets that may change
     (`Führung Nr. 13 (Fußführung, 15:00 Uhr)`, `walk 133 (18 walkers, guide Morag)` -> `walk 134 (17
-    walkers, guide Dev)`): the newest of a running series, whole (round 45). A year in it (`guide 4
+    walkers, guide Dev)`): the newest of a running series, whole (round 45); a year's series may
+    come before the number (`trip 26-0280 (sunset paddle, 10 paddlers)`, round 46). A year in it (`guide 4
     (2024 print)` -> `guide 5 (2026 print)`) makes it an edition, edited."""
     a, b = _NUMBER_NOTED.fullmatch(old), _NUMBER_NOTED.fullmatch(new)
     return bool(a and b and a.group(1) == b.group(1) and not _DATED.search(f"{old} {new}")
