@@ -358,15 +358,15 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout45 (measured once, 2026-12-06): "
-                                       "span exact-match F1 0.897, overlap 0.977 (a tunnel's URL whole where its "
-                                       "subdomain's hex changed, a card payment's amount, card and code, longer statuses "
-                                       "read as their time); strict, so it turns red when the goal is reached and this "
-                                       "mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout46 (measured once, 2026-12-06): "
+                                       "macro-F1 0.911 (tool_order recall 0.73: Discord application commands as a bot "
+                                       "registers them, reordered; template_change precision 0.46: 11 values read as edits "
+                                       "on their first change); strict, so it turns red when the goal is reached and this "
+                                       "mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
