@@ -2687,3 +2687,38 @@ def test_a_status_lines_round_times_changed_with_its_count_stay_an_edit(fpr) -> 
                                                 "8. Charge von 12, seit 20 Min. in der Trommel, nächste in 15 Min.",
                                                 "8. Charge von 12, seit 20 Min. in der Trommel, nächste in 15 Min."])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 47
+def chat_commands(kind: int = 1) -> list[str]:
+    """A chat app's commands as its bot registers them, one JSON object each (Discord's application
+    commands: a numeric command type, options each named with a numeric type, or none)."""
+    commands = [{"name": "order_show", "type": kind, "description": "One order with its lines.",
+                 "options": [{"type": 3, "name": "number", "description": "e.g. 48213", "required": True}]},
+                {"name": "pending_orders", "type": kind, "description": "Orders not shipped yet."},
+                {"name": "parcel_track", "type": kind, "description": "Tracking events of a parcel.",
+                 "options": [{"type": 3, "name": "code", "description": "The carrier's code", "required": True}]},
+                {"name": "opening_hours", "type": kind, "description": "Today's opening hours."}]
+    return [json.dumps(c, indent=2) for c in commands]
+
+
+def test_a_chat_apps_commands_as_its_bot_registers_them_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools written as a chat app's commands in JSON, as a bot registers them (a command type,
+    typed options or none), moved: a tool order (round 47)."""
+    assert reordered_listing_causes(fpr, chat_commands(), "Commands", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_named_records_of_another_numeric_type_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: named records with a description and a numeric type that is no command's (a
+    catalogue's), without options, moved."""
+    entries = [json.dumps({"name": n, "type": 7, "description": d}, indent=2) for n, d in (
+        ("Harbour mug", "Stoneware, 300 ml."), ("Tide chart", "A year of tides."),
+        ("Gull print", "A4, signed."), ("Rope coaster", "Set of four."))]
+    assert reordered_listing_causes(fpr, entries, "Shop", [2, 0, 3, 1]) == ["template_change", None]
+
+
+def test_a_running_status_long_only_by_its_note_is_a_value_whole_on_its_first_change(fpr) -> None:
+    """A status whose time runs, longer than a status is read whole only by its note in brackets:
+    its notes aside it is short, a value whole (round 47)."""
+    values = [f"Smoker 1 (brisket, 6.2 kg, butcher paper): resting, done in {m} min" for m in (14, 9, 3)]
+    assert_values_whole(fpr, "Pit: {}", values)

@@ -25,6 +25,7 @@ from tests.test_diagnosis_cases import (
     TOOLS,
     agent_history,
     body,
+    chat_commands,
     conversation,
     rebuilt_history,
     schemas_in_text,
@@ -280,7 +281,8 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         # round 45
         *((name, [body(f"{SYSTEM}\nTools:\n" + "\n\n".join(entries[k] for k in o) + "\nAnswer briefly.", t)
                   for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)], [None, "tool_order", None])
-          for name, entries in (("command-files", COMMAND_FILES), ("shell-functions", SHELL_FUNCTIONS))),
+          for name, entries in (("command-files", COMMAND_FILES), ("shell-functions", SHELL_FUNCTIONS),
+                                ("chat-commands", chat_commands()))),  # round 47
     ]
 
 

@@ -355,18 +355,28 @@ def _python_tools(text: str, start: int, end: int) -> list[tuple[str, str, int, 
 
 
 _TOOL_WRAPPERS = ("function", "toolSpec", "temporaryTool")
+CHAT_COMMAND_TYPES = (1, 2, 3)  # Discord's application command types: a slash command, a user's, a message's
 
 
 def _declares_parameters(fn: dict[str, Any]) -> bool:
     """Does a named object declare a tool's parameters: a schema under a key tools use
     (`SCHEMA_KEYS`; Ultravox's `dynamicParameters`) or an object's schema under any key, two levels
     down at most (`_holds_schema`), or OpenRPC's `params`, content descriptors each with a name and
-    a schema?"""
+    a schema, or a chat app's command options, each named with a numeric type, or no options and a
+    command type with a description (Discord's application commands as a bot registers them)?"""
     if SCHEMA_KEYS & fn.keys() or isinstance(fn.get("dynamicParameters"), list) or _holds_schema(fn, 2):
         return True
     params = fn.get("params")
-    return isinstance(params, list) and (bool(params) or "result" in fn) and all(
-        isinstance(p, dict) and isinstance(p.get("name"), str) and "schema" in p for p in params)
+    if isinstance(params, list) and (bool(params) or "result" in fn) and all(
+            isinstance(p, dict) and isinstance(p.get("name"), str) and "schema" in p for p in params):
+        return True
+    options = fn.get("options")  # a chat app's command options, each named and typed (Discord's; round 47)
+    if isinstance(options, list) and options and all(
+            isinstance(o, dict) and isinstance(o.get("name"), str) and isinstance(o.get("type"), int) for o in options):
+        return True
+    # a chat command without options: its numeric command type (Discord's 1, 2, 3) and its description
+    return options is None and fn.get("type") in CHAT_COMMAND_TYPES and isinstance(fn.get("description"), str) \
+        and not isinstance(fn.get("type"), bool)
 
 
 def _holds_schema(obj: dict[str, Any], depth: int) -> bool:

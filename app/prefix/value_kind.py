@@ -513,7 +513,7 @@ def _running_status(old: str, new: str) -> bool:
     """A short status whose time runs (`RUNNING_TIME`, after its words) and changed with at most one
     of its words (`Maud departs 12:18 (in 2 min)` -> `Lily departs 12:21 (in 3 min)`, `day 2 of 5, 41 h
     45 min since lighting` -> `41 h 57 min`; round 44): the client writes it on each request."""
-    if max(len(old), len(new)) > STATUS_VALUE_CHARS:
+    if max(len(_NOTE.sub("", old)), len(_NOTE.sub("", new))) > STATUS_VALUE_CHARS:  # its notes aside (round 47)
         return False
     a, b = RUNNING_TIME.search(old), RUNNING_TIME.search(new)
     if a is None or b is None:
