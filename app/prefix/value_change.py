@@ -25,10 +25,10 @@ from app.prefix.dynamic import (
 )
 from app.prefix.strings import common_prefix_len
 from app.prefix.value_kind import (
-    RUNNING_TIME,
     STATUS_LETTERS,
     STATUS_VALUE_CHARS,
     after_state,
+    in_running_time,
     random_looking,
     reads_as_value,
     status_readings,
@@ -216,8 +216,7 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
         return False
     if span.kind == "id" and span.start == start and _ENTRY_NOTE.fullmatch(text, span.end, end):
         return True
-    if any(m.start() <= span.start and span.end <= m.end() for m in RUNNING_TIME.finditer(text, start, end)) \
-            and STATUS_LETTERS.search(text, start, span.start):
+    if in_running_time(text, span.start, span.end, start, end) and STATUS_LETTERS.search(text, start, span.start):
         return True
     words = [w for w in _STATUS_WORD.findall(f"{text[start:span.start]} {text[span.end:end]}")
              if w.lower() not in _FUNCTION_WORDS]

@@ -392,9 +392,8 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
         return None
     compass = bool(redrawn) or _beside_compass(gaps_b)
     # a time running in it that changed to a number not round: a status's clock (round 46); a rule's times are round
-    times = [m.span() for m in RUNNING_TIME.finditer(new)] if RUNNING_TIME.search(old) else []
-    running = any(s <= b[i].start() < e and b[i].group().isdigit() and int(b[i].group()) % 5
-                  for i in changed for s, e in times)
+    running = RUNNING_TIME.search(old) is not None and any(
+        _off_the_five(b[i].group()) and in_running_time(new, b[i].start(), b[i].end()) for i in changed)
     if not compass and not running and not any(_precise(x.group()) for x in b) and not any(
             _precise(a[i].group()) or _unit_glued(old, a[i], new, b[i]) for i in changed) \
             and not _counts_redrawn(b, gaps_b, changed):
@@ -436,10 +435,8 @@ def reads_as_status(value: str) -> bool:
         return False
     if _beside_compass(_gaps(value, numbers)):
         return True
-    times = [m.span() for m in RUNNING_TIME.finditer(value)]
     return any(_precise(n.group()) or _unit_glued(value, n, value, n)
-               or n.group().isdigit() and int(n.group()) % 5 and any(s <= n.start() < e for s, e in times)
-               for n in numbers)
+               or _off_the_five(n.group()) and in_running_time(value, n.start(), n.end()) for n in numbers)
 
 
 def _priced(text: str, number: re.Match[str]) -> bool:
@@ -509,16 +506,28 @@ STATUS_LETTERS = re.compile(r"[^\W\d_]{2,}")
 STATUS_VALUE_CHARS = 56  # a status line's value; a longer one is text or a log (48 before round 46)
 
 
+def in_running_time(text: str, start: int, end: int, lo: int = 0, hi: int | None = None) -> bool:
+    """Does `text[start:end]` lie inside a time running in `text[lo:hi]` (`RUNNING_TIME`)?"""
+    return any(m.start() <= start and end <= m.end()
+               for m in RUNNING_TIME.finditer(text, lo, len(text) if hi is None else hi))
+
+
+def _off_the_five(number: str) -> bool:
+    """Is a whole number off the five minutes? A rule's times are round (`in 30 min`), a clock's not."""
+    return number.isdigit() and int(number) % 5 != 0
+
+
 def _running_status(old: str, new: str) -> bool:
     """A short status whose time runs (`RUNNING_TIME`, after its words) and changed with at most one
     of its words (`Maud departs 12:18 (in 2 min)` -> `Lily departs 12:21 (in 3 min)`, `day 2 of 5, 41 h
     45 min since lighting` -> `41 h 57 min`; round 44): the client writes it on each request."""
-    if max(len(_NOTE.sub("", old)), len(_NOTE.sub("", new))) > STATUS_VALUE_CHARS:  # its notes aside (round 47)
+    bare_old, bare_new = _NOTE.sub("", old), _NOTE.sub("", new)
+    if max(len(bare_old), len(bare_new)) > STATUS_VALUE_CHARS:  # its notes aside (round 47)
         return False
     a, b = RUNNING_TIME.search(old), RUNNING_TIME.search(new)
     if a is None or b is None:
         a, b = _MINUTES.search(old), _MINUTES.search(new)  # minutes alone: a rule's are round
-        if a is None or b is None or int(a.group(1)) % 5 == 0 and int(b.group(1)) % 5 == 0:
+        if a is None or b is None or not (_off_the_five(a.group(1)) or _off_the_five(b.group(1))):
             return False
     if a.group() == b.group() and old.replace(a.group(), "") == new.replace(b.group(), ""):
         return False
@@ -528,7 +537,7 @@ def _running_status(old: str, new: str) -> bool:
     ny = _NOTE.sub("", new[:b.start()]) + new[b.start():b.end()] + _AFTER_TIME.sub("", new[b.end():])
     wx, wy = STATUS_LETTERS.findall(ox), STATUS_LETTERS.findall(ny)
     return bool(x and y) and len(wx) == len(wy) and sum(p != q for p, q in zip(wx, wy, strict=True)) <= 1 \
-        and len(_STATUS_NUMBER.findall(_NOTE.sub("", old))) == len(_STATUS_NUMBER.findall(_NOTE.sub("", new)))
+        and len(_STATUS_NUMBER.findall(bare_old)) == len(_STATUS_NUMBER.findall(bare_new))
 
 
 # words, then a running number, then a note on it in brackets (`Pilgrims' Way walk 133 (18 walkers)`)
