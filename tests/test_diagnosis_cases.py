@@ -2722,3 +2722,85 @@ def test_a_running_status_long_only_by_its_note_is_a_value_whole_on_its_first_ch
     its notes aside it is short, a value whole (round 47)."""
     values = [f"Smoker 1 (brisket, 6.2 kg, butcher paper): resting, done in {m} min" for m in (14, 9, 3)]
     assert_values_whole(fpr, "Pit: {}", values)
+
+
+# ------------------------------------------------------------------ round 48
+PROMPT_FILES = [f"# .assist/prompts/{n}.toml  (/{n})\ndescription = \"{d}\"\nprompt = \"\"\"\nCall the `{n.replace('-', '_')}` "
+                f"tool for the request below.\n\nRequest: {{{{args}}}}\n\"\"\"\n"
+                for n, d in (("order-show", "One order with its lines."), ("return-open", "Open a return."),
+                             ("parcel-track", "Tracking events of a parcel."), ("stock-count", "Stock of an item."))]
+
+
+def test_tools_as_files_each_opened_by_a_comment_with_its_path_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools written as files, one per tool, each opened by a comment holding the file's path in a
+    folder (`# .assist/prompts/order-show.yaml`, as Gemini CLI's custom commands are dumped), moved:
+    a tool order (round 48)."""
+    assert reordered_listing_causes(fpr, PROMPT_FILES, "Commands", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_paragraphs_opened_by_comments_without_a_path_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: rules in paragraphs, each opened by a comment that names no file, moved."""
+    entries = [f"# {h}\n{t}\n" for h, t in (("Returns", "Within 60 days, unused."), ("Shipping", "Four to seven days."),
+                                            ("Warranty", "Two years on seams."), ("Tone", "Friendly and brief."))]
+    assert reordered_listing_causes(fpr, entries, "Rules", [2, 0, 3, 1]) == ["template_change", None]
+
+
+def manifest_causes(fpr: Fingerprinter, key: str, items: list[dict[str, Any]]) -> list[str | None]:
+    """The causes of a conversation whose system text holds a manifest listing `items` under `key`,
+    then the same items in another order on the next two requests."""
+    moved = [items[k] for k in (2, 0, 3, 1)]
+    texts = [json.dumps({"name": "front-desk", "title": "Front Desk", key: listed}, indent=2)
+             for listed in (items, moved, moved)]
+    return causes(fpr, [body(f"{SYSTEM}\nThe extension's package.json:\n```json\n{text}\n```\nAnswer briefly.", t)
+                        for text, t in zip(texts, conversation(3), strict=True)])
+
+
+def test_a_manifests_commands_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools written as a launcher extension's manifest, its `commands` each named (with typed
+    arguments or none), moved: a tool order (round 48)."""
+    commands = [{"name": "order-show", "title": "Order Show", "description": "One order.", "mode": "no-view",
+                 "arguments": [{"name": "number", "placeholder": "48213", "type": "text", "required": True}]},
+                {"name": "pending-orders", "title": "Pending Orders", "description": "Orders not shipped.", "mode": "view"},
+                {"name": "parcel-track", "title": "Parcel Track", "description": "Tracking events.", "mode": "no-view",
+                 "arguments": [{"name": "code", "placeholder": "Code", "type": "text", "required": True}]},
+                {"name": "opening-hours", "title": "Opening Hours", "description": "Today's hours.", "mode": "view"}]
+    assert manifest_causes(fpr, "commands", commands) == ["tool_order", None]
+
+
+def test_a_manifests_named_products_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: named records under another key (a shop's products: no parameters), moved."""
+    products = [{"name": n, "price": p, "description": d} for n, p, d in (
+        ("Harbour mug", 12, "Stoneware."), ("Tide chart", 8, "A year of tides."),
+        ("Gull print", 25, "A4, signed."), ("Rope coaster", 6, "Set of four."))]
+    assert manifest_causes(fpr, "products", products) == ["template_change", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Last café payment: {}", ["£4.20 (flat white, oat), Zettle KQ7RWMXT2B", "£11.80 (two lunches), Zettle 3PZHAVNC9W",
+                               "£11.80 (two lunches), Zettle T8MXQERB4K"]),
+    ("Pool: {}", ["race 12 (6 swimmers) in the water, finish in 4 min", "race 12 leaving the pool, race 13 on the blocks at 15:40",
+                  "race 13 (8 swimmers) in the water, finish in 7 min"]),
+    ("Ferries: {}", ["evening crossing out, back 21:10; next sailing at 07:45 (in 11 h 42 min)",
+                     "evening crossing out, back 21:10; next sailing at 07:45 (in 11 h 23 min)",
+                     "evening crossing out, back 21:10; next sailing at 07:45 (in 11 h 13 min)"]),
+])
+def test_round_48s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 48 reads, each whole: the newest
+    payment whose reference of ten capitals and digits was drawn again, its note before it changed
+    or not; a running series' status rewritten as its item moves on (the first change at a
+    bracket); a status long only by the countdown in brackets that ends it."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Last voucher: {}", ["£10 (spring offer), code SPRING24X", "£15 (summer offer), code SUMMER24X",
+                          "£15 (summer offer), code SUMMER24X"]),
+    ("Session 2: {}", ["doors at 18:00, talk at 18:30", "doors at 19:00, talk at 19:30, bring your ticket",
+                       "doors at 19:00, talk at 19:30, bring your ticket"]),
+])
+def test_a_code_edited_or_a_series_items_clocks_moved_without_a_running_time_stay_an_edit(fpr, line: str,
+                                                                                         values: list[str]) -> None:
+    """The guards: the newest entry's code edited in a few letters, not drawn again; the same item
+    of a series whose clocks changed, no time running in it."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -19,6 +19,7 @@ from tests.redis_server import RedisServer
 from tests.test_diagnosis_cases import (
     CODER,
     COMMAND_FILES,
+    PROMPT_FILES,
     SHELL_FUNCTIONS,
     SYSTEM,
     TASK,
@@ -282,7 +283,8 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         *((name, [body(f"{SYSTEM}\nTools:\n" + "\n\n".join(entries[k] for k in o) + "\nAnswer briefly.", t)
                   for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)], [None, "tool_order", None])
           for name, entries in (("command-files", COMMAND_FILES), ("shell-functions", SHELL_FUNCTIONS),
-                                ("chat-commands", chat_commands()))),  # round 47
+                                ("chat-commands", chat_commands()),  # round 47
+                                ("prompt-files", PROMPT_FILES))),  # round 48
     ]
 
 

@@ -271,6 +271,11 @@ _FUNCTION_MEMBER = re.compile(r"^\s*(?:readonly\s+)?[A-Za-z_$][\w$]*(?:-[A-Za-z0
 _SHORT_DEFINITION = re.compile(r"^[a-z_][\w!]*\([^()\n]*(?:\([^()\n]*\)[^()\n]*)*\)\s*=\s*\S")
 
 
+# a comment that opens a tool's block with the path of its file, a file per tool (Gemini CLI's
+# `# .gemini/commands/order-status.toml  (/order-status)`; round 48): a path in a folder, with an extension
+_FILE_HEADING = re.compile(r"^\s*(?:#+|//+|--|;+)\s*\.?[\w@-]+(?:/[\w.@-]+)*/[\w.@-]+\.[A-Za-z]\w{0,5}(?:\s|$)")
+
+
 def declares_name(line: str) -> bool:
     """Does a line name a tool as code or markup does (a tag holding the name, a name key, a
     declaration of a function or a type, `let name = "x"`, a call given the name first)?"""
@@ -281,7 +286,8 @@ def declares_name(line: str) -> bool:
                 or _ROUTE_HEADING.match(line) or _QUOTED_DECLARATION.match(line) or _NAMED_BLOCK.match(line)
                 or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line)
                 or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line)
-                or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line) or _BRACE_FUNCTION.match(line))
+                or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line) or _BRACE_FUNCTION.match(line)
+                or _FILE_HEADING.match(line))
 
 
 def _shape(line: str) -> str:
@@ -401,7 +407,7 @@ def _tool_list(obj: Any) -> list[Any] | None:
     for holder in (obj, obj.get("result") if isinstance(obj, dict) else None):
         if isinstance(holder, dict):
             for key in ("tools", "function_declarations", "functionDeclarations", "methods", "functions",
-                        "potentialAction"):  # schema.org's actions of a JSON-LD thing (round 27)
+                        "potentialAction", "commands"):  # schema.org's actions of a JSON-LD thing (round 27)
                 if isinstance(holder.get(key), list):
                     return holder[key]
             for value in holder.values():  # under another key: a list of named objects that declare parameters

@@ -28,6 +28,7 @@ from app.prefix.value_kind import (
     STATUS_LETTERS,
     STATUS_VALUE_CHARS,
     after_state,
+    code_redrawn,
     in_running_time,
     random_looking,
     reads_as_value,
@@ -196,7 +197,7 @@ def _status_value(prev: str, cur: str, pd: int, span: Span, stop: int | None) ->
     if value is None or not agree_after(prev, cur, pline1, line1):
         return None
     start, end, pstart, pend = value
-    if pend - pstart > STATUS_VALUE_CHARS or not status_whole(cur, line0, start, end, span):
+    if _status_chars(prev, pstart, pend) > STATUS_VALUE_CHARS or not status_whole(cur, line0, start, end, span):
         return None
     return ValueChange(Span(start, end, span.kind, cur[start:end]), pend)
 
@@ -211,7 +212,8 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
     STATUS_KEY_WORDS words at most. Not a random token (its key's words are no part of it), a
     timestamp (a log line's stamp: `_log_line` reads the line), a number after a key of its own in
     the value (`retrieval;dur=114.1`), or one in a URL."""
-    if span.kind in ("nonce", "timestamp") or end - start > STATUS_VALUE_CHARS or not start <= span.start < span.end <= end \
+    if span.kind in ("nonce", "timestamp") or _status_chars(text, start, end) > STATUS_VALUE_CHARS \
+            or not start <= span.start < span.end <= end \
             or (start, end) == (span.start, span.end):
         return False
     if span.kind == "id" and span.start == start and _ENTRY_NOTE.fullmatch(text, span.end, end):
@@ -223,6 +225,13 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
     return len(words) >= 2 and len(text[line0:start].strip().rstrip(":=").split()) <= STATUS_KEY_WORDS \
         and "://" not in text[start:end] and any(c.isdigit() for c in span.text) \
         and not _OWN_KEY.search(text, start, span.start)
+
+
+def _status_chars(text: str, start: int, end: int) -> int:
+    """A status's length without the note in brackets that ends it (`next fell walk at 09:30 (in 13
+    h 42 min)`: a countdown to its clock; round 48)."""
+    note = note_start(text, start, end)
+    return (end if note is None else note) - start
 
 
 def agree_after(prev: str, cur: str, p: int, c: int) -> bool:
@@ -299,8 +308,8 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
                     prev, cur, span, pspan, (pline0, pline1, line0, line1), stop)) is not None:
                 return logged
     (cs, ce), (ps, pe) = value_token(cur, cs, ce, cd), value_token(prev, ps, pe, pd)
-    if ce <= cs or pe <= ps:
-        return None
+    if ce <= cs or pe <= ps:  # no value's token where they part (`heat 24 (7 drivers) …` -> `heat 24 clearing …`)
+        return _whole_value(prev, cur, _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop), pline1, line1)
     quoted, pquoted = quoted_words(cur, cs, ce), quoted_words(prev, ps, pe)
     if quoted is not None and pquoted is not None and (quoted != (cs, ce) or pquoted != (ps, pe)):
         (cs, ce), (ps, pe) = quoted, pquoted  # `mode="STAT only"` -> `"routine"`: the quoted words
@@ -324,7 +333,8 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
     if kind == "counter" and line_value is not None and after_state(cur[line0:cs]) and agree_after(prev, cur, pline1, line1):
         start, end, _, vpend = line_value  # a state and its reading: the line's value, whole (round 28)
         return ValueChange(Span(start, end, kind, cur[start:end]), vpend)
-    if (kind is None or kind == "id" and note_start(cur, cs, line_value[1] if line_value else cs) is not None) \
+    if (kind is None or kind == "id" and note_start(cur, cs, line_value[1] if line_value else cs) is not None
+            or kind == "nonce" and line_value is not None and _NOTE.search(cur, line_value[0], cs) is not None) \
             and (latest := _latest_entry(prev, cur, line_value, pline1, line1)) is not None:
         # the newest entry of a series, whole: its number alone read, it is whole with the note
         # that says what it is (`Last performance: Perf. 3215 (The Snow Queen)`), as `_ID_NOTED`
@@ -489,7 +499,7 @@ def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, lin
         return None
     start, end, pstart, pend = value
     old, new = prev[pstart:pend], cur[start:end]
-    if old == new or not (_holds_entry(old) and _holds_entry(new)):
+    if old == new or not (_holds_entry(old) and _holds_entry(new) or _reference_redrawn(old, new)):
         return None
     line0 = cur.rfind("\n", 0, start) + 1
     if _LATEST_KEY.fullmatch(cur, line0, start) is None:
@@ -514,6 +524,20 @@ _ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?![\d:]|[.,]\d)")  # `LB00434`, 
 _REFERENCE = re.compile(r"(?<![\w-])[0-9A-Z]{12,}(?![\w-])")  # a payment's reference drawn at random (round 46)
 
 
+# a reference of capitals and digits, set apart (SumUp's transaction code `DI9VTWSKGI`)
+_CAPITALS_REFERENCE = re.compile(r"(?<![\w-])[0-9A-Z]{6,}(?![\w-])")
+
+
+def _reference_redrawn(old: str, new: str) -> bool:
+    """Do two short values each hold one reference, drawn again from one to the other (`£5.50
+    (watercress pesto), SumUp DI9VTWSKGI` -> `£32.00 (gift box), SumUp 33ZEWIIPTI`; round 48)? A
+    code of ten drawn characters reads as random only beside the other draw."""
+    if not (0 < len(old) <= LATEST_VALUE_CHARS and 0 < len(new) <= LATEST_VALUE_CHARS):
+        return False
+    a, b = _CAPITALS_REFERENCE.findall(old), _CAPITALS_REFERENCE.findall(new)
+    return len(a) == len(b) == 1 and code_redrawn(a[0], b[0])
+
+
 def _holds_entry(value: str) -> bool:
     """Is a value short enough to be an entry's number with its note, and does it hold one (or a
     reference drawn at random: a payment's `PSP-Referenz ZP4KEJLO6FGLGZ2R`)?"""
@@ -521,7 +545,8 @@ def _holds_entry(value: str) -> bool:
         _ENTRY_NUMBER.search(value) is not None or any(random_looking(m.group()) for m in _REFERENCE.finditer(value)))
 
 
-_NOTED = re.compile(r"\([^()\n]{1,40}\)\s*$")
+_NOTE = re.compile(r"\([^()\n]{1,40}\)")  # what an entry is, in brackets: `£5.50 (watercress pesto), SumUp …`
+_NOTED = re.compile(rf"{_NOTE.pattern}\s*$")
 
 
 def note_start(text: str, start: int, end: int) -> int | None:

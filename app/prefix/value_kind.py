@@ -159,7 +159,7 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
     if line_prefix.endswith("#") and len(old) >= 3 and old.isdecimal() and new.isdecimal() \
             and 0 < int(new) - int(old) <= 50:
         return "id"  # a number after its sign that rose a little: `Check-in #597` -> `#606` (round 30)
-    if _code_redrawn(old, new):
+    if code_redrawn(old, new):
         return "nonce"  # a code in capitals drawn again: an entry's `EKZN-3FJA` -> `CWXK-TWLC` (round 30)
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
         # a build of the same release, some commits on (`v0.13.8-18-g9711b4d` -> `-19-g5fd58c3`),
@@ -328,7 +328,7 @@ def whole_value_change(old: str, new: str) -> str | None:
         return "counter"
     if _counted_state(old, new) or _reading_state(old, new):
         return "flag"
-    if _running_status(old, new):
+    if _running_status(old, new) or _series_status(old, new):
         return "time"
     if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
@@ -540,6 +540,26 @@ def _running_status(old: str, new: str) -> bool:
         and len(_STATUS_NUMBER.findall(bare_old)) == len(_STATUS_NUMBER.findall(bare_new))
 
 
+# what a status is about: words, then a running number (`heat 24`, `Lauf 3`); a clock's time of day
+_SERIES_ITEM = re.compile(r"((?:[^\W\d_][\w'’.-]* ){1,3})(\d{1,6})(?![\d:.,]?\d)")  # no clock, no decimals
+_CLOCK = re.compile(r"(?<![\d:.,])\d{1,2}:\d\d(?![\d:])")
+
+
+def _series_status(old: str, new: str) -> bool:
+    """A short status of a running series' item, rewritten whole as the item moves on (`heat 24 (7
+    drivers) on track, chequered flag in 6 min` -> `heat 24 clearing the pit lane, heat 25 briefing
+    at 18:00`; round 48): the same words and a number that stayed or rose a little, a time on both
+    sides, running on one of them at least or the item the next. A rule's time does not run."""
+    if max(len(_NOTE.sub("", old)), len(_NOTE.sub("", new))) > STATUS_VALUE_CHARS:  # its notes aside
+        return False
+    a, b = _SERIES_ITEM.match(old), _SERIES_ITEM.match(new)
+    if not (a and b and a.group(1) == b.group(1) and 0 <= int(b.group(2)) - int(a.group(2)) <= RUNNING_NUMBER_STEP):
+        return False
+    moved = RUNNING_TIME.search(old) or RUNNING_TIME.search(new) or int(b.group(2)) > int(a.group(2))
+    return bool(moved and (RUNNING_TIME.search(old) or _CLOCK.search(old))
+                and (RUNNING_TIME.search(new) or _CLOCK.search(new)))
+
+
 # words, then a running number, then a note on it in brackets (`Pilgrims' Way walk 133 (18 walkers)`)
 _NUMBER_NOTED = re.compile(r"((?:[^\W\d_][\w'’.-]* ){1,4}(?:\d{2}[-/])?)(\d{1,6}) \([^()\n]{1,48}\)")
 RUNNING_NUMBER_STEP = 5  # a running number moves on by this much at most between two requests
@@ -668,7 +688,7 @@ def _whole_value_kind(old: str, new: str) -> str | None:
 _RUNS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]+")
 
 
-def _code_redrawn(old: str, new: str) -> bool:
+def code_redrawn(old: str, new: str) -> bool:
     """A code of capitals and digits (6 or more of them, a third of them letters at least on both
     sides: a date or a stamp is no code; a digit on one side at least) drawn again:
     the same length and separators, most of its characters different."""
