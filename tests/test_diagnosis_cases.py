@@ -2804,3 +2804,27 @@ def test_a_code_edited_or_a_series_items_clocks_moved_without_a_running_time_sta
     of a series whose clocks changed, no time running in it."""
     got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+TEMPLATED_SENTENCES = [f"The tool {n} is available.\n{d}\nArguments: {a}" for n, d, a in (
+    ("order_show", "One order with its lines.", "number"), ("return_open", "Open a return.", "number, reason"),
+    ("parcel_track", "Tracking events of a parcel.", "code"), ("stock_count", "Stock of an item.", "sku"))]
+
+
+def test_blocks_rendered_from_one_template_around_a_code_name_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools in a notation no rule names, blocks of several lines each opened by the same line but
+    for the tool's name written as code (`The tool order_show is available.`), moved: what a client
+    renders with one loop over its tools, a tool order (round 48)."""
+    assert reordered_listing_causes(fpr, TEMPLATED_SENTENCES, "Tools", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+@pytest.mark.parametrize("entries", [
+    ["Prefer order_show for a single order.", "Prefer return_open once the customer agrees.",
+     "Prefer parcel_track when a parcel is late.", "Prefer stock_count before promising an item."],
+    ["When an order is late, check parcel_track first.\nApologise once.", "Refunds go through return_open.\nNever promise a date.",
+     "Stock questions: call stock_count.\nRound down.", "The customer's order is in order_show.\nRead it before answering."],
+], ids=["one-line-rules", "paragraphs"])
+def test_rules_that_name_code_moved_as_lines_or_paragraphs_stay_a_template_change(fpr, entries: list[str]) -> None:
+    """The guards: rules of one line each from one template around a code name (no blocks), and
+    paragraphs naming code in sentences of their own (no template), moved."""
+    assert reordered_listing_causes(fpr, entries, "Rules", [2, 0, 3, 1]) == ["template_change", None]

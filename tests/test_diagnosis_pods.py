@@ -23,6 +23,7 @@ from tests.test_diagnosis_cases import (
     SHELL_FUNCTIONS,
     SYSTEM,
     TASK,
+    TEMPLATED_SENTENCES,
     TOOLS,
     agent_history,
     body,
@@ -284,7 +285,7 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                   for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)], [None, "tool_order", None])
           for name, entries in (("command-files", COMMAND_FILES), ("shell-functions", SHELL_FUNCTIONS),
                                 ("chat-commands", chat_commands()),  # round 47
-                                ("prompt-files", PROMPT_FILES))),  # round 48
+                                ("prompt-files", PROMPT_FILES), ("templated-blocks", TEMPLATED_SENTENCES))),  # round 48
     ]
 
 

@@ -35,7 +35,14 @@ from app.prefix.dynamic import (
 )
 from app.prefix.history_shape import HistoryKeys, first_exchange, history_compacted, tail_start, trimmed
 from app.prefix.sketch import RequestSketch
-from app.prefix.tool_text import declares_name, schema_tools, schemas_reordered, tool_entries, tools_span
+from app.prefix.tool_text import (
+    declares_name,
+    schema_tools,
+    schemas_reordered,
+    templated_blocks,
+    tool_entries,
+    tools_span,
+)
 from app.prefix.value_change import (
     KEYED_KINDS,
     before_space,
@@ -573,7 +580,9 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         if len(wc) >= 2 and sorted(wp) == sorted(wc) and wp != wc:
             cur_lines = [cur.text[a:b] for a, b in bounds[i:i + len(wc)]]
             declaring = {key for key, line in zip(wc, cur_lines, strict=False) if declares_name(line)}
-            if tool_entries(cur_lines) or [k for k in wp if k in declaring] != [k for k in wc if k in declaring]:
+            text_of = dict(zip(wc, cur_lines, strict=False))  # the same lines: the earlier order's text from this one
+            if tool_entries(cur_lines) or [k for k in wp if k in declaring] != [k for k in wc if k in declaring] \
+                    or templated_blocks([text_of[k] for k in wp], cur_lines):
                 return Diagnosis("tool_order", cd, [], None, "tools listed in the system text, other order")
             if i < len(bounds) and _within_schemas(cur, bounds[i][0], bounds[min(i + len(wc), len(bounds)) - 1][1]):
                 return Diagnosis("tool_order", cd, [], None, "tool schemas written in the prompt text, other order")

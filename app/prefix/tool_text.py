@@ -5,6 +5,7 @@ them in another order (a `tool_order` break wherever the tools sit)."""
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import re
 from collections import Counter
@@ -207,7 +208,7 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     if len(pw) < 2 or pw == cw:
         return False, False
     if sorted(pw) == sorted(cw):
-        return True, tool_entries(cw) or tool_blocks(pw, cw)
+        return True, tool_entries(cw) or tool_blocks(pw, cw) or templated_blocks(pw, cw)
     # entries numbered by position (`1. name …`, `(1) name …`): the numbers stay, the entries move
     pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
     if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:
@@ -252,6 +253,45 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
     start and end declare the same names in both, so callers pass only the lines between them."""
     dp, dc = [ln for ln in prev if declares_name(ln)], [ln for ln in cur if declares_name(ln)]
     return dp != dc and sorted(dp) == sorted(dc)
+
+
+# a name written as code: snake_case, kebab-case of two parts or more, camelCase
+_CODE_IDENT = re.compile(r"(?<![\w.-])(?:[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+|[a-z]+(?:[A-Z][a-z0-9]+)+)(?![\w-])")
+
+
+_JSON_MEMBER = re.compile(r'^\s*"')  # JSON's members: named objects are read as JSON (`schema_tools`)
+_FILE_NAMED = re.compile(r"\0\.[A-Za-z]\w{0,5}\b")
+
+
+def _opener(line: str) -> tuple[str, str] | None:
+    """(the line with its name masked, the name) when a line holds one name written as code, once
+    or more: the line a client's loop renders from one template per tool."""
+    names = set(_CODE_IDENT.findall(line))
+    if len(names) != 1 or _JSON_MEMBER.match(line):
+        return None
+    (name,) = names
+    template = line.replace(name, "\0")
+    if template.count("\0") == 1 and _FILE_NAMED.search(template):
+        return None  # a file named, not a tool (`.. image:: shop-logo.png`): a tool's file names it twice
+    return template, name
+
+
+def templated_blocks(prev: list[str], cur: list[str]) -> bool:
+    """Did blocks of several lines move, each opened by a line made from one template but for a
+    name written as code, every name its own (`# .gemini/commands/order-show.toml  (/order-show)`,
+    `### order_show`): what a client renders per tool with one loop, whatever the notation (round
+    48)? Rules moved as paragraphs are not rendered from one template around a code name, and
+    one-line entries (calls in steps) are not blocks."""
+    openers = [(k, o) for k, ln in enumerate(cur) if (o := _opener(ln)) is not None]
+    before = [o for ln in prev if (o := _opener(ln)) is not None]
+    for template in {t for _, (t, _) in openers}:
+        rows = [(k, n) for k, (t, n) in openers if t == template]
+        names = [n for _, n in rows]
+        earlier = [n for t, n in before if t == template]
+        if len(rows) >= 2 and len(set(names)) == len(names) and sorted(earlier) == sorted(names) \
+                and earlier != names and all(b - a >= 2 for (a, _), (b, _) in itertools.pairwise(rows)):
+            return True
+    return False
 
 
 # a function declared by its keyword and name, then its body's brace (PowerShell's `function
