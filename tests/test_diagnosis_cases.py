@@ -2828,3 +2828,92 @@ def test_rules_that_name_code_moved_as_lines_or_paragraphs_stay_a_template_chang
     """The guards: rules of one line each from one template around a code name (no blocks), and
     paragraphs naming code in sentences of their own (no template), moved."""
     assert reordered_listing_causes(fpr, entries, "Rules", [2, 0, 3, 1]) == ["template_change", None]
+
+
+# ------------------------------------------------------------------ round 49
+BOX_TABLE = ["│ deploy        │ cmd       │ Ship the site to the server          │",
+             "│ fmt           │ cmd       │ Format the code                      │",
+             "│ docs          │ shell     │ Build the docs into site/            │",
+             "│ seed          │ composite │ Load the demo data                   │"]
+
+
+def test_tools_as_rows_of_a_box_drawn_table_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools as the rows of a table drawn in box-drawing characters, each named in its first cell
+    (PDM's `pdm run --list`), moved: a tool order, as a table drawn with `|` is (round 49)."""
+    assert reordered_listing_causes(fpr, BOX_TABLE, "Scripts", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_rows_of_a_box_drawn_table_of_opening_hours_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: a box-drawn table whose first cells are words of prose (days), moved."""
+    rows = ["│ Monday    │ 9–17 │", "│ Tuesday   │ 9–17 │", "│ Wednesday │ 9–13 │", "│ Saturday  │ 10–16 │"]
+    assert reordered_listing_causes(fpr, rows, "Hours", [2, 0, 3, 1]) == ["template_change", None]
+
+
+OPENER = "The following is a conversation with an AI assistant. "
+
+
+def test_another_agent_whose_prompt_opens_with_the_same_sentence_is_a_new_conversation(fpr) -> None:
+    """Two agents whose system prompts open with the same canned sentence and share nothing else,
+    not a whole line: switching to the other with a new question is a new conversation (round 49)."""
+    other = (f"{OPENER}The assistant answers in plain words for children.\n"
+             "You answer for the Harbour Kite School: lessons, rentals and the weather window.\n"
+             "- Never book a lesson above 25 knots.\n- Keep answers short.\n")
+    first = f"{OPENER}The assistant tone is technical.\n{SYSTEM}"
+    a = conversation(2)
+    assert causes(fpr, [body(first, a[0]), body(first, a[1]), body(other, ["Can I book a lesson on Sunday?"])]) \
+        == [None, "new_session"]
+
+
+def test_a_prompt_edited_in_its_first_line_keeping_its_other_lines_stays_a_template_change(fpr) -> None:
+    """The guard: the same opener, its first line edited and every other line kept, with a new
+    question: an edited template."""
+    first, edited = f"{OPENER}The assistant tone is technical.\n{SYSTEM}", f"{OPENER}The assistant tone is warm.\n{SYSTEM}"
+    a = conversation(2)
+    assert causes(fpr, [body(first, a[0]), body(first, a[1]), body(edited, ["Can I change the address?"])]) \
+        == [None, "template_change"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Letzte Zahlung: {}", ["48,90 € (Wanderschuhe, Größe 42), PayPal 3f2a9c1e-7b4d-4e8a-9c2f-1d5e6a7b8c9d",
+                            "129,00 € (Regenjacke, Damen M), PayPal 8c1b2d3e-4f5a-4b6c-8d7e-9f0a1b2c3d4e",
+                            "129,00 € (Regenjacke, Damen M), PayPal c4d5e6f7-a8b9-4c0d-9e1f-2a3b4c5d6e7f"]),
+    ("Last repair: {}", ["RP-0412: Fender Rhodes / new tines", "RP-0415: Wurlitzer 200A / reed", "RP-0417: Hohner Clavinet / strings"]),
+    ("Kennels: {}", ["small dogs 3, big dogs 5, out walking 2, collected 1", "small dogs 3, big dogs 4, out walking 3, collected 1",
+                     "small dogs 2, big dogs 4, out walking 3, collected 2"]),
+    ("Bolts: {}", ["Wool Navy 12,5 m | Tweed Grey 8,0 m | Linen Sand 30,5 m | Cord Olive 4,0 m",
+                   "Wool Navy 12,5 m | Tweed Grey 6,5 m | Linen Sand 30,5 m | Cord Olive 4,0 m",
+                   "Wool Navy 11,0 m | Tweed Grey 6,5 m | Linen Sand 30,5 m | Cord Olive 4,0 m"]),
+    ("Brand: {}", ["Auftrag 26/118, Luftklappe auf, Ofen 310 °C, noch 0:04 h", "Auftrag 26/119, Anheizen mit Buche, Ofen 520 °C, noch 1:15 h",
+                   "Auftrag 26/119, Anheizen mit Buche, Ofen 548 °C, noch 1:02 h"]),
+    ("Courier: {}", ["[11:05] delivering at Ludlow (two boxes, one fragile), back ~11:40",
+                     "[11:17] delivering at Ludlow (two boxes, one fragile), back ~11:40",
+                     "[11:29] delivering at Ludlow (two boxes, one fragile), back ~11:40"]),
+])
+def test_round_49s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 49 reads, each whole: the newest
+    payment whose UUID makes it long (a token drawn at random counts as one character); the newest
+    job whose number ends in a colon; a tally of counts after their names, two changed; readings
+    with names and units set apart by bars, one changed; a series' status after a year's series
+    with hours and minutes left; a status long only by its notes in brackets."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Last update: {}", ["replaced the pump seal on unit 204 and flushed the whole line with clean water",
+                         "replaced the pump seal on unit 207 and flushed the whole line with warm water",
+                         "replaced the pump seal on unit 207 and flushed the whole line with warm water"]),
+    ("Limits: {}", ["small dogs 2, big dogs 4, puppies 6", "small dogs 2, big dogs 5, puppies 6", "small dogs 2, big dogs 5, puppies 6"]),
+])
+def test_a_long_entry_of_prose_or_one_count_of_a_tally_changed_stay_an_edit(fpr, line: str, values: list[str]) -> None:
+    """The guards: a newest entry long in words, not in a random token; a tally of which one count
+    changed."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change", got
+
+
+def test_a_dated_status_long_by_its_notes_keeps_its_running_time_alone(fpr) -> None:
+    """The guard: a log-like status with a date in it, long only by its notes, is not read whole:
+    its time alone, as before round 49."""
+    values = [f"active (running) since Tue 2026-05-05 09:12:44 BST; {t} ago" for t in ("4h 38min", "4h 47min", "4h 58min")]
+    got = assert_values_found(fpr, "Service: {}", values)
+    assert [r["spans"] for r in got] == [["4h 47min"], ["4h 58min"]]

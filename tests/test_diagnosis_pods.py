@@ -17,6 +17,7 @@ from openai import OpenAI
 from tests.fixtures.diagnosis_v2.build import Gen
 from tests.redis_server import RedisServer
 from tests.test_diagnosis_cases import (
+    BOX_TABLE,
     CODER,
     COMMAND_FILES,
     PROMPT_FILES,
@@ -285,7 +286,8 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                   for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)], [None, "tool_order", None])
           for name, entries in (("command-files", COMMAND_FILES), ("shell-functions", SHELL_FUNCTIONS),
                                 ("chat-commands", chat_commands()),  # round 47
-                                ("prompt-files", PROMPT_FILES), ("templated-blocks", TEMPLATED_SENTENCES))),  # round 48
+                                ("prompt-files", PROMPT_FILES), ("templated-blocks", TEMPLATED_SENTENCES),  # round 48
+                                ("box-table", BOX_TABLE))),  # round 49
     ]
 
 

@@ -197,7 +197,10 @@ class _Pair:
             known_agent = skey is not None and skey in self.past.systems and cur.system_text != prev.system_text
             first_prev = prev.system_text if prev.system_text is not None else prev.text[:4096]
             first_cur = cur.system_text if cur.system_text is not None else cur.text[:4096]
-            other = _similar(first_cur, first_prev) < 0.5 and common_prefix_len(first_cur or "", first_prev or "") < 64
+            shared = common_prefix_len(first_cur or "", first_prev or "")
+            # less than half the lines shared, and at the start less than 64 characters or than the
+            # first line (two agents' prompts may open with the same sentence; round 49)
+            other = _similar(first_cur, first_prev) < 0.5 and (shared < 64 or "\n" not in (first_cur or "")[:shared])
             if (known_agent or other) and not (cur.system_text == prev.system_text and continues(cur, self.past)):
                 return Diagnosis("new_session", cd, [], realign, "another agent's prompt: a new conversation")
             return None

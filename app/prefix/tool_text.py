@@ -35,7 +35,8 @@ TOOL_LINE = re.compile(
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s|\s(?:->|→|=>)\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
 # with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name
-# (`<tool_name>x</tool_name>`), a bold, code or table-cell name (`**x**`, `` `x` ``, `| x |`). Outside
+# (`<tool_name>x</tool_name>`), a bold, code or table-cell name (`**x**`, `` `x` ``, `| x |`, a table drawn in
+# box-drawing characters too, `│ x │`: PDM's `pdm run --list`; round 49). Outside
 # an attribute or code the name must read as an identifier (lower-case first, or with `_ . : /`
 # inside): `- **Tone**: friendly` is a rule with a bold heading, not a tool.
 _NAME = r"[A-Za-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*"
@@ -46,7 +47,7 @@ _IDENT = r"(?:[a-z_][\w\-]*(?:[.:/][A-Za-z_][\w\-]*)*|[A-Za-z][A-Za-z\d]*(?:[_.:
 NAMED_LINE = re.compile(
     rf"""^\s*(?:[-*•+>]|\d+[.)])?\s*(?:<[\w:\-]+\s[^>]*?\b(?:name|id)\s*=\s*["']?{_NAME}"""
     rf"""|<([\w:\-]+)>\s*(?:`{_NAME}`|{_IDENT})\s*</\1>\s*$|\*\*(?:`{_NAME}`|{_IDENT})\*\*|`\.?{_NAME}`"""
-    rf"""|\|\s*(?:`{_NAME}`|{_IDENT})\s*\|"""
+    rf"""|[|│┃]\s*(?:`{_NAME}`|{_IDENT})\s*[|│┃]"""
     rf"""|{_SIGIL}{_IDENT}(?=[\s(:]|$))""")
 # a tool's name on a line of its own after a name key (CrewAI's `Tool Name: x`, LlamaIndex's
 # `> Tool Name: x`, ADK's `Agent name: x`, `name: x`, a Lisp keyword's `:name "x"`: gptel's

@@ -30,6 +30,7 @@ from app.prefix.value_kind import (
     after_state,
     code_redrawn,
     in_running_time,
+    is_dated,
     random_looking,
     reads_as_value,
     status_readings,
@@ -38,6 +39,7 @@ from app.prefix.value_kind import (
     value_start,
     whole_value_change,
     whole_value_start,
+    without_notes,
 )
 
 VALUE_CHARS = frozenset("-_.:/+~")
@@ -228,10 +230,12 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 
 
 def _status_chars(text: str, start: int, end: int) -> int:
-    """A status's length without the note in brackets that ends it (`next fell walk at 09:30 (in 13
-    h 42 min)`: a countdown to its clock; round 48)."""
-    note = note_start(text, start, end)
-    return (end if note is None else note) - start
+    """A status's length without its notes in brackets (`next fell walk at 09:30 (in 13 h 42 min)`:
+    a countdown to its clock, round 48; `[10:10] tuning at Pontesbury (Blüthner upright), done
+    ~10:15`, round 49). A dated value's notes count (a log line's `active (running) since Tue
+    2026-05-05 09:12:44 BST`)."""
+    value = text[start:end]
+    return len(value) if is_dated(value) else len(without_notes(value))
 
 
 def agree_after(prev: str, cur: str, p: int, c: int) -> bool:
@@ -518,7 +522,7 @@ def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:
     return (key.end(), vend) if _holds_entry(text[key.end():vend]) else None
 
 
-_ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?![\d:]|[.,]\d)")  # `LB00434`, `3214`; not `17:30`, `2.500`
+_ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?!\d|[:.,]\d)")  # `LB00434`, `CP-J0865:`; not `17:30`, `2.500`
 
 
 _REFERENCE = re.compile(r"(?<![\w-])[0-9A-Z]{12,}(?![\w-])")  # a payment's reference drawn at random (round 46)
@@ -538,11 +542,24 @@ def _reference_redrawn(old: str, new: str) -> bool:
     return len(a) == len(b) == 1 and code_redrawn(a[0], b[0])
 
 
+# a long token drawn at random (a UUID, a hex digest): one character of an entry's length
+_LONG_TOKEN = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{15,}")
+
+
+def _drawn_tokens(value: str) -> list[str]:
+    """A value's long tokens drawn at random (a UUID, a hex digest: `Klarna bd730a44-cd46-…`)."""
+    return [m.group() for m in _LONG_TOKEN.finditer(value) if random_looking(m.group())]
+
+
 def _holds_entry(value: str) -> bool:
     """Is a value short enough to be an entry's number with its note, and does it hold one (or a
-    reference drawn at random: a payment's `PSP-Referenz ZP4KEJLO6FGLGZ2R`)?"""
-    return 0 < len(value) <= LATEST_VALUE_CHARS and (
-        _ENTRY_NUMBER.search(value) is not None or any(random_looking(m.group()) for m in _REFERENCE.finditer(value)))
+    reference drawn at random: a payment's `PSP-Referenz ZP4KEJLO6FGLGZ2R`, a UUID)? A token drawn
+    at random counts as one character of its length (round 49): a payment's id is no prose,
+    whatever its length."""
+    drawn = _drawn_tokens(value)
+    return 0 < len(value) - sum(len(t) - 1 for t in drawn) <= LATEST_VALUE_CHARS and (
+        bool(drawn) or _ENTRY_NUMBER.search(value) is not None
+        or any(random_looking(m.group()) for m in _REFERENCE.finditer(value)))
 
 
 _NOTE = re.compile(r"\([^()\n]{1,40}\)")  # what an entry is, in brackets: `£5.50 (watercress pesto), SumUp …`

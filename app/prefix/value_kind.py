@@ -284,6 +284,10 @@ _ID_NOTED = re.compile(r"(\S{3,40}) \([^()\n]{1,40}\)")  # an id and a note on i
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
 _READINGS = re.compile(r"-?\d+(?:[.,]\d+)?(?:,\s+-?\d+(?:[.,]\d+)?)+")  # `0.52, 0.58, 0.59`
 _DECIMALS = re.compile(r"\d[.,]\d")  # a decimal point or comma (a list's `, ` is no decimal)
+# readings each after its name and with its unit, set apart by a bar, a dot or a semicolon (`Leinen Salbei
+# 41,5 m | Seide Altrosa 22,0 m`; round 49)
+_NAMED_READING = r"[^\W\d_][\w'’ -]{0,30}? -?\d+(?:[.,]\d+)? ?[^\W\d_]{1,4}"
+_NAMED_READINGS = re.compile(rf"{_NAMED_READING}(?: [|·;] {_NAMED_READING})+")
 
 
 def whole_value_start(line_prefix: str) -> int | None:
@@ -326,10 +330,16 @@ def whole_value_change(old: str, new: str) -> str | None:
     if _READINGS.fullmatch(old) and _READINGS.fullmatch(new) and old.count(",") == new.count(",") \
             and _DECIMALS.search(f"{old} {new}"):
         return "counter"
+    if _NAMED_READINGS.fullmatch(old) and _NAMED_READINGS.fullmatch(new) and _DECIMALS.search(f"{old} {new}") \
+            and _WHOLE_NUMBER.sub("#", old.replace(",", "#").replace(".", "#")) \
+            == _WHOLE_NUMBER.sub("#", new.replace(",", "#").replace(".", "#")):
+        return "counter"  # the same names and units, their readings changed
     if _counted_state(old, new) or _reading_state(old, new):
         return "flag"
     if _running_status(old, new) or _series_status(old, new):
         return "time"
+    if _named_tally(old, new):
+        return "counter"
     if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
@@ -359,6 +369,16 @@ _STATUS_NUMBER = re.compile(r"(?<![^\W\d_])\d+(?:[.,:]\d+)*|[^\W\d_]\d+(?:[.,:]\
 _COMPASS = re.compile(r"[NESW]{1,3}|[NSO]{1,3}|(?i:(?:nord|süd|ost|west|north|south|east)(?:-?(?:west|ost|east))?)")
 # a date (one separator, twice: not a range `0-24/248`), a release, a year
 _DATED = re.compile(r"\d{1,4}([./-])\d{1,2}\1\d{1,4}|\d+(?:\.\d+){2,}|(?<!\d)(?:19|20)\d\d(?!\d)")
+
+
+def without_notes(value: str) -> str:
+    """A value without its notes in brackets (`Ofen 2 (Hering, 79 kg): …` -> `Ofen 2: …`)."""
+    return _NOTE.sub("", value)
+
+
+def is_dated(value: str) -> bool:
+    """Does a value hold a date or a year (`2026-05-05`, `4.2.1`, `2024`)?"""
+    return _DATED.search(value) is not None
 
 
 def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
@@ -498,7 +518,8 @@ def _compass_only(old: str, new: str) -> bool:
 
 
 # a time that runs in a status's words: hours and minutes, minutes and seconds, a countdown
-RUNNING_TIME = re.compile(r"\d{1,3} ?h \d{1,2} ?min|\d{1,3}:\d\d ?min|\b(?:in|noch) \d{1,3} ?(?:min\b|Min\.)")
+RUNNING_TIME = re.compile(r"\d{1,3} ?h \d{1,2} ?min|\d{1,3}:\d\d ?min|\b(?:in|noch) \d{1,3} ?(?:min\b|Min\.)"
+                          r"|\b(?:in|noch) \d{1,2}:\d\d ?h\b")  # hours and minutes left (`noch 0:35 h`; round 49)
 _MINUTES = re.compile(r"(?<![\d:.,])(\d{1,3}) ?min\b")  # minutes alone (`44 min under steam`)
 _NOTE = re.compile(r" ?\([^()\n]{1,40}\)")
 _AFTER_TIME = re.compile(r",? [^\W\d_][^\n]{0,30}$")  # a state after the time (`noch 22 Min., Polieren`)
@@ -540,9 +561,28 @@ def _running_status(old: str, new: str) -> bool:
         and len(_STATUS_NUMBER.findall(bare_old)) == len(_STATUS_NUMBER.findall(bare_new))
 
 
-# what a status is about: words, then a running number (`heat 24`, `Lauf 3`); a clock's time of day
-_SERIES_ITEM = re.compile(r"((?:[^\W\d_][\w'’.-]* ){1,3})(\d{1,6})(?![\d:.,]?\d)")  # no clock, no decimals
+# a tally of three counts or more, each after its name (`small room 2, big room 4, walking 2, collected 0`)
+_NAMED_COUNTS = re.compile(r"[^\W\d_][\w'’ -]{0,30}? \d{1,4}(?:, [^\W\d_][\w'’ -]{0,30}? \d{1,4}){2,}")
+_WHOLE_NUMBER = re.compile(r"\d+")
+
+
+def _named_tally(old: str, new: str) -> bool:
+    """The same names, each before its count, two counts or more changed (`small room 2, big room 4,
+    walking 2, collected 0` -> `small room 2, big room 2, walking 2, collected 2`; round 49): a tally
+    the client writes again, as `_counts_redrawn` reads counts before their names. One count
+    changed is an edit as often as not."""
+    if not (_NAMED_COUNTS.fullmatch(old) and _NAMED_COUNTS.fullmatch(new)) \
+            or _WHOLE_NUMBER.sub("#", old) != _WHOLE_NUMBER.sub("#", new):
+        return False
+    pairs = zip(_WHOLE_NUMBER.findall(old), _WHOLE_NUMBER.findall(new), strict=True)
+    return sum(a != b for a, b in pairs) >= 2
+
+
+# what a status is about: words, then a running number (`heat 24`, `Lauf 3`), a year's series before it
+# (`Kom. 26/062`; round 49); a clock's time of day
+_SERIES_ITEM = re.compile(r"((?:[^\W\d_][\w'’.-]* ){1,3}(?:\d{2}[-/])?)(\d{1,6})(?![\d:.,]?\d)")  # no clock, no decimals
 _CLOCK = re.compile(r"(?<![\d:.,])\d{1,2}:\d\d(?![\d:])")
+SERIES_STATUS_CHARS = 64  # its item named first, a series' status is as long as a newest entry (56 in round 48)
 
 
 def _series_status(old: str, new: str) -> bool:
@@ -550,7 +590,7 @@ def _series_status(old: str, new: str) -> bool:
     drivers) on track, chequered flag in 6 min` -> `heat 24 clearing the pit lane, heat 25 briefing
     at 18:00`; round 48): the same words and a number that stayed or rose a little, a time on both
     sides, running on one of them at least or the item the next. A rule's time does not run."""
-    if max(len(_NOTE.sub("", old)), len(_NOTE.sub("", new))) > STATUS_VALUE_CHARS:  # its notes aside
+    if max(len(_NOTE.sub("", old)), len(_NOTE.sub("", new))) > SERIES_STATUS_CHARS:  # its notes aside
         return False
     a, b = _SERIES_ITEM.match(old), _SERIES_ITEM.match(new)
     if not (a and b and a.group(1) == b.group(1) and 0 <= int(b.group(2)) - int(a.group(2)) <= RUNNING_NUMBER_STEP):
