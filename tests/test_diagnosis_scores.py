@@ -377,21 +377,10 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout48 (measured once, 2026-12-06): "
-                                       "span exact-match F1 0.835 (statuses and readings longer than a status is read "
-                                       "whole, a grooming salon's tables, a tailor's cloth bolts, a skatepark's sessions, "
-                                       "read as their clock or one number; a daycare's rooms, piano jobs and Klarna "
-                                       "payments read as edits on their first change); strict, so it turns red when the "
-                                       "goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout48 (measured once, 2026-12-06): "
-                                       "macro-F1 0.933 (tool_order recall 0.85: PDM's scripts table in box-drawing "
-                                       "characters, reordered; template_change precision 0.50: 13 values read as edits on "
-                                       "their first change and 3 switches to another agent whose system text changed too); "
-                                       "strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
