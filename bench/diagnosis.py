@@ -1,13 +1,13 @@
 """Diagnosis accuracy: cause and dynamic-span scores on the labelled corpora (issue 20).
 
-    .venv/bin/python bench/diagnosis.py [--split old,tune,heldout,tune2,heldout2,heldout3,heldout4,heldout5,heldout6,heldout7,heldout8,heldout9,heldout10,heldout11,heldout12,heldout13,heldout14,heldout15,heldout16,heldout17,heldout18,heldout19,heldout20,heldout21,heldout22,heldout23,heldout24,heldout25,heldout26,heldout27,heldout28,heldout29,heldout30,heldout31,heldout32,heldout33,heldout34,heldout35,heldout36,heldout37,heldout38,heldout39,heldout40,heldout41,heldout42,heldout43,heldout44,heldout45,heldout46,heldout47,heldout48]
+    .venv/bin/python bench/diagnosis.py [--split old,tune,heldout,tune2,heldout2,heldout3,heldout4,heldout5,heldout6,heldout7,heldout8,heldout9,heldout10,heldout11,heldout12,heldout13,heldout14,heldout15,heldout16,heldout17,heldout18,heldout19,heldout20,heldout21,heldout22,heldout23,heldout24,heldout25,heldout26,heldout27,heldout28,heldout29,heldout30,heldout31,heldout32,heldout33,heldout34,heldout35,heldout36,heldout37,heldout38,heldout39,heldout40,heldout41,heldout42,heldout43,heldout44,heldout45,heldout46,heldout47,heldout48,heldout49]
         [--errors] [--pods 2]
-    .venv/bin/python bench/diagnosis.py --split heldout49   # the held-out split: for reporting only
+    .venv/bin/python bench/diagnosis.py --split heldout50   # the held-out split: for reporting only
     (corpora: tests/fixtures/diagnosis/corpus.jsonl, tests/fixtures/diagnosis_v2/<split>.jsonl)
 
 The default is the tune side (the first corpus, `tune`, `tune2`, and the earlier held-out splits:
 `heldout` joined the tune side when `heldout2` was written, `heldout2` when `heldout3` was,
-`heldout3` when `heldout4` was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was, `heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was, `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was, `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was, `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19` when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23` was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was); `heldout49` is scored only when named (docs/diagnosis.md, *How the held-out split is kept apart*).
+`heldout3` when `heldout4` was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` when `heldout7` was, `heldout7` when `heldout8` was, `heldout8` when `heldout9` was, `heldout9` when `heldout10` was, `heldout10` when `heldout11` was, `heldout11` when `heldout12` was, `heldout12` when `heldout13` was, `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was, `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19` when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23` was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was); `heldout50` is scored only when named (docs/diagnosis.md, *How the held-out split is kept apart*).
 
 Every tenant's requests go through `prefixgate lint`'s analysis (the gateway's fingerprinting,
 tracker and diagnosis, in-process). Each transition (request i against the tenant's earlier
@@ -95,13 +95,14 @@ CORPORA = {
     "heldout46": ROOT / "tests/fixtures/diagnosis_v2/heldout46.jsonl",  # tune side since heldout47 exists
     "heldout47": ROOT / "tests/fixtures/diagnosis_v2/heldout47.jsonl",  # tune side since heldout48 exists
     "heldout48": ROOT / "tests/fixtures/diagnosis_v2/heldout48.jsonl",  # tune side since heldout49 exists
-    "heldout49": ROOT / "tests/fixtures/diagnosis_v2/heldout49.jsonl",
+    "heldout49": ROOT / "tests/fixtures/diagnosis_v2/heldout49.jsonl",  # tune side since heldout50 exists
+    "heldout50": ROOT / "tests/fixtures/diagnosis_v2/heldout50.jsonl",
 }
 TUNE_SIDE = ("old", "tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
              "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
              "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21", "heldout22",
-             "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48")
-HELDOUT = "heldout49"
+             "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49")
+HELDOUT = "heldout50"
 NONE = "none"
 
 

@@ -2917,3 +2917,32 @@ def test_a_dated_status_long_by_its_notes_keeps_its_running_time_alone(fpr) -> N
     values = [f"active (running) since Tue 2026-05-05 09:12:44 BST; {t} ago" for t in ("4h 38min", "4h 47min", "4h 58min")]
     got = assert_values_found(fpr, "Service: {}", values)
     assert [r["spans"] for r in got] == [["4h 47min"], ["4h 58min"]]
+
+
+# ------------------------------------------------------------------ round 50
+@pytest.mark.parametrize(("line", "values"), [
+    ("Bays: {}", ["10:42 · Bay 1 Fiesta (MOT) waiting · Bay 2 Corsa (brakes) on the lift (25') · Bay 3 Polo (tyres) done",
+                  "10:49 · Bay 1 Fiesta (MOT) on the lift (4') · Bay 2 Corsa (brakes) on the lift (32') · Bay 3 empty",
+                  "10:57 · Bay 1 Fiesta (MOT) on the lift (12') · Bay 2 Corsa (brakes) road test · Bay 3 empty"]),
+    ("Fähre: {}", [f"Stand {c} Uhr – nächste Abfahrt ab Glückstadt 14:30, Deck voll, Wagen warten am Anleger"
+                   for c in ("14:07", "14:16", "14:24")]),
+    ("Seats: {}", ["21/40 · sopranos 6/10, mezzos 3/5, altos 5/10, tenors 4/10, baritones 0/5, basses 1/5",
+                   "21/40 · sopranos 6/10, mezzos 3/5, altos 5/10, tenors 4/10, baritones 1/5, basses 0/5",
+                   "21/40 · sopranos 6/10, mezzos 3/5, altos 5/10, tenors 4/10, baritones 0/5, basses 1/5"]),
+    ("Round: {}", ["stop 3/7 · driving to Hebden Bridge, 17 min · clock 10:02",
+                   "stop 3/7 · unloading at Hebden Bridge, 8 min left · clock 10:19",
+                   "stop 4/7 · driving to Mytholmroyd, 13 min · clock 10:31"]),
+])
+def test_round_50s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 50 reads, each whole: a status
+    stamped with its clock first, as long as its entries make it, after an "as of" word too; a
+    tally of fractions with its total first, two changed; a series' status whose minutes alone run."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_dated_status_stamped_with_its_clock_keeps_its_clock_alone(fpr) -> None:
+    """The guard: a status stamped with its clock but holding a date, longer than a status is read
+    whole: a log line's clock alone, as before round 50."""
+    values = [f"{c} · 2026-05-05 · /srv/data copied to the NAS, 3 files skipped, 12 warnings" for c in ("10:42", "10:47", "10:53")]
+    got = assert_values_found(fpr, "Backup: {}", values)
+    assert [r["spans"] for r in got] == [["10:47"], ["10:53"]]

@@ -252,7 +252,8 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
     `let name = "x"`) moves with the block, whatever separates the blocks. Rules moved as
     paragraphs declare nothing and stay a `template_change`. Lines the two texts share at their
     start and end declare the same names in both, so callers pass only the lines between them."""
-    dp, dc = [ln for ln in prev if declares_name(ln)], [ln for ln in cur if declares_name(ln)]
+    declaring = {ln for ln in {*prev, *cur} if declares_name(ln)}  # each distinct line read once
+    dp, dc = [ln for ln in prev if ln in declaring], [ln for ln in cur if ln in declaring]
     return dp != dc and sorted(dp) == sorted(dc)
 
 

@@ -199,7 +199,7 @@ def _status_value(prev: str, cur: str, pd: int, span: Span, stop: int | None) ->
     if value is None or not agree_after(prev, cur, pline1, line1):
         return None
     start, end, pstart, pend = value
-    if _status_chars(prev, pstart, pend) > STATUS_VALUE_CHARS or not status_whole(cur, line0, start, end, span):
+    if _status_chars(prev, pstart, pend) > _status_limit(prev, pstart, pend) or not status_whole(cur, line0, start, end, span):
         return None
     return ValueChange(Span(start, end, span.kind, cur[start:end]), pend)
 
@@ -214,10 +214,12 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
     STATUS_KEY_WORDS words at most. Not a random token (its key's words are no part of it), a
     timestamp (a log line's stamp: `_log_line` reads the line), a number after a key of its own in
     the value (`retrieval;dur=114.1`), or one in a URL."""
-    if span.kind in ("nonce", "timestamp") or _status_chars(text, start, end) > STATUS_VALUE_CHARS \
+    if span.kind in ("nonce", "timestamp") or _status_chars(text, start, end) > _status_limit(text, start, end) \
             or not start <= span.start < span.end <= end \
             or (start, end) == (span.start, span.end):
         return False
+    if (stamp := _STAMPED.match(text, start, end)) is not None and span.end <= stamp.end(1):
+        return True  # the clock a status is stamped with, first: the status whole
     if span.kind == "id" and span.start == start and _ENTRY_NOTE.fullmatch(text, span.end, end):
         return True
     if in_running_time(text, span.start, span.end, start, end) and STATUS_LETTERS.search(text, start, span.start):
@@ -227,6 +229,20 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
     return len(words) >= 2 and len(text[line0:start].strip().rstrip(":=").split()) <= STATUS_KEY_WORDS \
         and "://" not in text[start:end] and any(c.isdigit() for c in span.text) \
         and not _OWN_KEY.search(text, start, span.start)
+
+
+# a status stamped with its clock first (after a word: `Stand 18:03 Uhr`), then set apart by a sign, what
+# it says (`15:01 · T1 Otis (border terrier) drying (18') · T2 …`, `08:59 | Dev with Amira K. till 09:45 |
+# …`; round 50): as long as its entries make it; not a range (`14:00 – 15:30`)
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?) [·|–—] (?!\d)\S")
+STAMPED_STATUS_CHARS = 160
+
+
+def _status_limit(text: str, start: int, end: int) -> int:
+    """How long the status `text[start:end]` may be: STAMPED_STATUS_CHARS stamped with its clock
+    first (undated), STATUS_VALUE_CHARS otherwise."""
+    stamped = _STAMPED.match(text, start, end) is not None and not is_dated(text[start:end])
+    return STAMPED_STATUS_CHARS if stamped else STATUS_VALUE_CHARS
 
 
 def _status_chars(text: str, start: int, end: int) -> int:

@@ -562,7 +562,10 @@ def _running_status(old: str, new: str) -> bool:
 
 
 # a tally of three counts or more, each after its name (`small room 2, big room 4, walking 2, collected 0`)
-_NAMED_COUNTS = re.compile(r"[^\W\d_][\w'’ -]{0,30}? \d{1,4}(?:, [^\W\d_][\w'’ -]{0,30}? \d{1,4}){2,}")
+# (round 49); a count may be a fraction, and the tally's total may come first (`15/26 · cornets 4/10, horns 3/3,
+# …`; round 50)
+_COUNT = r"\d{1,4}(?:/\d{1,4})?"
+_NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}(?:, [^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")
 _WHOLE_NUMBER = re.compile(r"\d+")
 
 
@@ -595,7 +598,9 @@ def _series_status(old: str, new: str) -> bool:
     a, b = _SERIES_ITEM.match(old), _SERIES_ITEM.match(new)
     if not (a and b and a.group(1) == b.group(1) and 0 <= int(b.group(2)) - int(a.group(2)) <= RUNNING_NUMBER_STEP):
         return False
-    moved = RUNNING_TIME.search(old) or RUNNING_TIME.search(new) or int(b.group(2)) > int(a.group(2))
+    minutes = [m.group(1) for m in (_MINUTES.search(old), _MINUTES.search(new)) if m is not None]
+    moved = RUNNING_TIME.search(old) or RUNNING_TIME.search(new) or int(b.group(2)) > int(a.group(2)) \
+        or any(_off_the_five(n) for n in minutes)  # minutes alone running (`11 min`; round 50)
     return bool(moved and (RUNNING_TIME.search(old) or _CLOCK.search(old))
                 and (RUNNING_TIME.search(new) or _CLOCK.search(new)))
 
