@@ -2946,3 +2946,70 @@ def test_a_dated_status_stamped_with_its_clock_keeps_its_clock_alone(fpr) -> Non
     values = [f"{c} · 2026-05-05 · /srv/data copied to the NAS, 3 files skipped, 12 warnings" for c in ("10:42", "10:47", "10:53")]
     got = assert_values_found(fpr, "Backup: {}", values)
     assert [r["spans"] for r in got] == [["10:47"], ["10:53"]]
+
+
+# ------------------------------------------------------------------ round 51
+def test_a_summary_as_one_new_model_message_before_the_next_user_message_is_a_compaction(fpr) -> None:
+    """The history after the system prompt replaced by one model message holding the summary (the
+    Continue CLI's `[COMPACTED HISTORY]` marker line before it), then the user's next message: a
+    compaction (round 51)."""
+    history = agent_history(4)
+    summary = {"role": "assistant", "content": "[COMPACTED HISTORY]\nThe invoices module is half migrated; tests green; "
+                                               "next: module 4, then the export job."}
+    bodies = [Gen.body(CODER, history[:7], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, [summary, {"role": "user", "content": "Go on with module 4."}], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+MAN_PAGES = [f'.TH {n.upper()} 1 2026-03-02 "shoptools 1.2" "Shop Tools Manual"\n.SH NAME\n{n} \\- {d}\n.SH SYNOPSIS\n'
+             f'.B {n}\n.BI \\-\\-{a} " {a}"\n.SH OPTIONS\n.TP\n.BI \\-\\-{a} " {a}"\n{d}\n'
+             for n, d, a in (("ordershow", "One order with its lines.", "number"), ("returnopen", "Open a return.", "number"),
+                             ("parceltrack", "Tracking events of a parcel.", "code"), ("stockcount", "Stock of an item.", "sku"))]
+
+
+def test_tools_as_manual_pages_in_another_order_are_a_tool_order(fpr) -> None:
+    """Tools written as their manual pages in troff, each opened by its title line (`.TH ORDERSHOW 1
+    …`), moved: a tool order (round 51)."""
+    assert reordered_listing_causes(fpr, MAN_PAGES, "Manual pages", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_sections_of_one_manual_page_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: the sections of one manual page (`.SH DESCRIPTION`, `.SH NOTES`, …) moved."""
+    sections = [f".SH {h}\n{t}\n" for h, t in (("DESCRIPTION", "Shows the shop's orders."), ("NOTES", "Prices include VAT."),
+                                               ("BUGS", "None known."), ("AUTHOR", "The shop's team."))]
+    assert reordered_listing_causes(fpr, sections, "Manual", [2, 0, 3, 1]) == ["template_change", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Van: {}", ["14:36 — drop 6/9 Kirkby Lonsdale: 2 parcels left, ~7 min to go — then Sedbergh",
+                 "14:44 — round paused, driver on a break", "14:53 — drop 7/9 Sedbergh: 3 parcels left — then Dent"]),
+    ("Register: {}", ["present 26/30 · excused 0 · instruments out 33/40", "present 28/33 · excused 1 · instruments out 33/40",
+                      "present 29/33 · excused 1 · instruments out 34/40"]),
+    ("Kurse: {}", ["Au 999,9 – 98,77 €/g · Ag 999 – 1,402 €/g · Pt 950 – 29,15 €/g",
+                   "Au 999,9 – 98,91 €/g · Ag 999 – 1,399 €/g · Pt 950 – 29,15 €/g",
+                   "Au 999,9 – 99,02 €/g · Ag 999 – 1,395 €/g · Pt 950 – 29,20 €/g"]),
+    ("Last request: {}", [f"{r} trace|YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXo0MjEx|bookings-web-{w}|{h}|api|" for r, w, h in (
+        ("GET /bookings/availability/next-week 200", 2, "3c1f9a7be2d44e0fa61c2b8d9e7f1a05"),
+        ("POST /bookings/holds/confirm-all 201", 1, "9d2e7b1c4a5f4e8b9c0d1e2f3a4b5c6d"),
+        ("GET /members/renewals/overdue 200", 3, "e4f5a6b7c8d94e0f8a1b2c3d4e5f6a7b"))]),
+])
+def test_round_51s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 51 reads, each whole: a status stamped
+    with its clock first rewritten as its clock moved on; a tally set apart by dots; a board of
+    readings with decimals, two changed; the newest request with its ids drawn at random, up to 72
+    characters with each id counted as one."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Last error: {}", ['level=ERROR thread=#main-7 message="feed timed out" retry=3 backoff=250ms',
+                        'level=ERROR thread=#main-9 message="feed refused" retry=1 backoff=500ms',
+                        'level=ERROR thread=#main-9 message="feed refused" retry=1 backoff=500ms']),
+    ("Hours: {}", ["Mon–Fri 9–17 · Sat 10–14 · Sun closed", "Mon–Fri 8–18 · Sat 10–16 · Sun closed",
+                   "Mon–Fri 8–18 · Sat 10–16 · Sun closed"]),
+])
+def test_a_logged_line_under_a_latest_key_or_whole_hours_in_parts_stay_an_edit(fpr, line: str, values: list[str]) -> None:
+    """The guards: a structured log line's fields under a `Last …` key are no entry; a rule's whole
+    hours in parts set apart by dots are no board of readings."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -20,6 +20,7 @@ from tests.test_diagnosis_cases import (
     BOX_TABLE,
     CODER,
     COMMAND_FILES,
+    MAN_PAGES,
     PROMPT_FILES,
     SHELL_FUNCTIONS,
     SYSTEM,
@@ -287,7 +288,8 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
           for name, entries in (("command-files", COMMAND_FILES), ("shell-functions", SHELL_FUNCTIONS),
                                 ("chat-commands", chat_commands()),  # round 47
                                 ("prompt-files", PROMPT_FILES), ("templated-blocks", TEMPLATED_SENTENCES),  # round 48
-                                ("box-table", BOX_TABLE))),  # round 49
+                                ("box-table", BOX_TABLE),  # round 49
+                                ("man-pages", MAN_PAGES))),  # round 51
     ]
 
 

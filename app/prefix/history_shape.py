@@ -404,9 +404,13 @@ def summary_stands_in(prev: list[tuple[bool, str]], seen: set[str], cur: list[tu
     message before the newest user turn, a user message, with no new reply beside it
     (`SUMMARY_FIRST`; `SUMMARY_RESTORED` when more new user messages follow it: the files read last,
     restored as Read calls and results, round 44), or as the newest message when what is kept is only
-    the latest of the earlier user messages (`USERS_KEPT`)."""
+    the latest of the earlier user messages (`USERS_KEPT`). A new model message is the summary only
+    alone before the newest user message (the Continue CLI's `[COMPACTED HISTORY]`, round 51): a new
+    conversation opens with the user's message, a pinned greeting is no new message."""
     newest = max((i for i, (user, _) in enumerate(cur) if user), default=len(cur) - 1)
     added = [user for user, k in cur[:newest] if k not in seen]
+    if added == [False] and newest == 1:
+        return SUMMARY_FIRST  # the summary as one new model message, then the newest user message alone (round 51)
     if added:  # only user messages are new (a conversation never seen before brings replies too)
         if not all(added):
             return None

@@ -313,6 +313,10 @@ _FUNCTION_MEMBER = re.compile(r"^\s*(?:readonly\s+)?[A-Za-z_$][\w$]*(?:-[A-Za-z0
 _SHORT_DEFINITION = re.compile(r"^[a-z_][\w!]*\([^()\n]*(?:\([^()\n]*\)[^()\n]*)*\)\s*=\s*\S")
 
 
+# a manual page's title line names its command (troff's `.TH ORDER-SHOW 1 2026-03-02 …`; round 51)
+_MAN_TITLE = re.compile(r"^\.TH\s+\"?[A-Za-z_][\w.\\-]*\"?\s+\"?\d")
+
+
 # a comment that opens a tool's block with the path of its file, a file per tool (Gemini CLI's
 # `# .gemini/commands/order-status.toml  (/order-status)`; round 48): a path in a folder, with an extension
 _FILE_HEADING = re.compile(r"^\s*(?:#+|//+|--|;+)\s*\.?[\w@-]+(?:/[\w.@-]+)*/[\w.@-]+\.[A-Za-z]\w{0,5}(?:\s|$)")
@@ -329,7 +333,7 @@ def declares_name(line: str) -> bool:
                 or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line)
                 or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line)
                 or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line) or _BRACE_FUNCTION.match(line)
-                or _FILE_HEADING.match(line))
+                or _FILE_HEADING.match(line) or _MAN_TITLE.match(line))
 
 
 def _shape(line: str) -> str:

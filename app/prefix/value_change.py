@@ -234,7 +234,7 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # a status stamped with its clock first (after a word: `Stand 18:03 Uhr`), then set apart by a sign, what
 # it says (`15:01 · T1 Otis (border terrier) drying (18') · T2 …`, `08:59 | Dev with Amira K. till 09:45 |
 # …`; round 50): as long as its entries make it; not a range (`14:00 – 15:30`)
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?) [·|–—] (?!\d)\S")
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?) [·|¦–—] (?!\d)\S")
 STAMPED_STATUS_CHARS = 160
 
 
@@ -499,14 +499,29 @@ def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line
     if value is None or not agree_after(prev, cur, pline1, line1):
         return None
     start, end, pstart, pend = value
-    kind = whole_value_change(prev[pstart:pend], cur[start:end])
+    kind = whole_value_change(prev[pstart:pend], cur[start:end]) or _stamped_moved(prev, pstart, pend, cur, start, end)
     return ValueChange(Span(start, end, kind, cur[start:end]), pend) if kind is not None else None
+
+
+STAMP_STEP_MINUTES = 60  # a status's clock moves on by this much at most between two requests
+
+
+def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end: int) -> str | None:
+    """`time` when both values are statuses stamped with their clock first (`_STAMPED`, within
+    `_status_limit`) and the clock moved on, by STAMP_STEP_MINUTES at most: the status rewritten
+    whole as time goes on (`15:51 — visit 8/8 …` -> `16:02 — round done, reports syncing`; round 51)."""
+    a, b = _STAMPED.match(prev, pstart, pend), _STAMPED.match(cur, start, end)
+    if a is None or b is None or _status_chars(cur, start, end) > _status_limit(cur, start, end) \
+            or _status_chars(prev, pstart, pend) > _status_limit(prev, pstart, pend):
+        return None
+    (h0, m0), (h1, m1) = (map(int, re.findall(r"\d+", m.group(1))[:2]) for m in (a, b))
+    return "time" if 0 < (h1 * 60 + m1 - h0 * 60 - m0) % (24 * 60) <= STAMP_STEP_MINUTES else None
 
 
 # a key that names the newest entry of a series (`Last lane booking:`, `Letzter Auftrag:`, `Current run:`)
 LATEST_WORDS = r"last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|jüngste[rsn]?"
 _LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}[:=]\s*[\"']?")
-LATEST_VALUE_CHARS = 64  # an entry's number with its note; a longer value is text (48 before round 46)
+LATEST_VALUE_CHARS = 72  # an entry's number with its note; a longer value is text (48 before round 46, 64 before 51)
 
 
 def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:
@@ -562,6 +577,9 @@ def _reference_redrawn(old: str, new: str) -> bool:
 _LONG_TOKEN = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{15,}")
 
 
+_LOGGED_FIELD = re.compile(r"(?<!\S)[a-z_]{2,20}=\S")  # a log line's `key=value` field
+
+
 def _drawn_tokens(value: str) -> list[str]:
     """A value's long tokens drawn at random (a UUID, a hex digest: `Klarna bd730a44-cd46-…`)."""
     return [m.group() for m in _LONG_TOKEN.finditer(value) if random_looking(m.group())]
@@ -573,6 +591,8 @@ def _holds_entry(value: str) -> bool:
     at random counts as one character of its length (round 49): a payment's id is no prose,
     whatever its length."""
     drawn = _drawn_tokens(value)
+    if len(_LOGGED_FIELD.findall(value)) >= 2:
+        return False  # a structured log line's fields (`level=ERROR thread=#zio-fiber-91147 …`): no entry
     return 0 < len(value) - sum(len(t) - 1 for t in drawn) <= LATEST_VALUE_CHARS and (
         bool(drawn) or _ENTRY_NUMBER.search(value) is not None
         or any(random_looking(m.group()) for m in _REFERENCE.finditer(value)))

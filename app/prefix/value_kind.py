@@ -340,6 +340,8 @@ def whole_value_change(old: str, new: str) -> str | None:
         return "time"
     if _named_tally(old, new):
         return "counter"
+    if _readings_board(old, new):
+        return "counter"
     if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
@@ -565,8 +567,24 @@ def _running_status(old: str, new: str) -> bool:
 # (round 49); a count may be a fraction, and the tally's total may come first (`15/26 · cornets 4/10, horns 3/3,
 # …`; round 50)
 _COUNT = r"\d{1,4}(?:/\d{1,4})?"
-_NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}(?:, [^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")
+_NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}"
+                           rf"(?:(?:, | [·|;] )[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")  # `·` apart too (round 51)
 _WHOLE_NUMBER = re.compile(r"\d+")
+
+
+_DECIMAL_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_BOARD_PARTS = re.compile(r" [·|¦;] ")
+
+
+def _readings_board(old: str, new: str) -> bool:
+    """A board of readings in parts set apart by a sign, its words and units the same, two readings
+    or more changed, each written with decimals on both sides (`Au 999,9 – 99,01 €/g · Ag 999 – 1,380
+    €/g · …` -> `… 99,14 €/g · … 1,376 €/g · …`; round 51): prices or measurements read again. A
+    rule's numbers are whole (`9–17 · Sat 10–14`)."""
+    if not _BOARD_PARTS.search(old) or _DECIMAL_NUMBER.sub("#", old) != _DECIMAL_NUMBER.sub("#", new):
+        return False
+    changed = [(a, b) for a, b in zip(_DECIMAL_NUMBER.findall(old), _DECIMAL_NUMBER.findall(new), strict=True) if a != b]
+    return len(changed) >= 2 and all(_DECIMALS.search(a) and _DECIMALS.search(b) for a, b in changed)
 
 
 def _named_tally(old: str, new: str) -> bool:
