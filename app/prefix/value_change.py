@@ -199,7 +199,7 @@ def _status_value(prev: str, cur: str, pd: int, span: Span, stop: int | None) ->
     if value is None or not agree_after(prev, cur, pline1, line1):
         return None
     start, end, pstart, pend = value
-    if _status_chars(prev, pstart, pend) > _status_limit(prev, pstart, pend) or not status_whole(cur, line0, start, end, span):
+    if _status_too_long(prev, pstart, pend) or not status_whole(cur, line0, start, end, span):
         return None
     return ValueChange(Span(start, end, span.kind, cur[start:end]), pend)
 
@@ -214,7 +214,7 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
     STATUS_KEY_WORDS words at most. Not a random token (its key's words are no part of it), a
     timestamp (a log line's stamp: `_log_line` reads the line), a number after a key of its own in
     the value (`retrieval;dur=114.1`), or one in a URL."""
-    if span.kind in ("nonce", "timestamp") or _status_chars(text, start, end) > _status_limit(text, start, end) \
+    if span.kind in ("nonce", "timestamp") or _status_too_long(text, start, end) \
             or not start <= span.start < span.end <= end \
             or (start, end) == (span.start, span.end):
         return False
@@ -238,20 +238,17 @@ _STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?) [·|�
 STAMPED_STATUS_CHARS = 160
 
 
-def _status_limit(text: str, start: int, end: int) -> int:
-    """How long the status `text[start:end]` may be: STAMPED_STATUS_CHARS stamped with its clock
-    first (undated), STATUS_VALUE_CHARS otherwise."""
-    stamped = _STAMPED.match(text, start, end) is not None and not is_dated(text[start:end])
-    return STAMPED_STATUS_CHARS if stamped else STATUS_VALUE_CHARS
-
-
-def _status_chars(text: str, start: int, end: int) -> int:
-    """A status's length without its notes in brackets (`next fell walk at 09:30 (in 13 h 42 min)`:
-    a countdown to its clock, round 48; `[10:10] tuning at Pontesbury (Blüthner upright), done
-    ~10:15`, round 49). A dated value's notes count (a log line's `active (running) since Tue
-    2026-05-05 09:12:44 BST`)."""
+def _status_too_long(text: str, start: int, end: int) -> bool:
+    """Is `text[start:end]` too long to be a status read whole? Its length leaves out its notes in
+    brackets (`next fell walk at 09:30 (in 13 h 42 min)`: a countdown to its clock, round 48;
+    `[10:10] tuning at Pontesbury (Blüthner upright), done ~10:15`, round 49), unless it holds a
+    date (a log line's `active (running) since Tue 2026-05-05 09:12:44 BST`); it may be
+    STAMPED_STATUS_CHARS long stamped with its clock first, STATUS_VALUE_CHARS otherwise."""
     value = text[start:end]
-    return len(value) if is_dated(value) else len(without_notes(value))
+    if is_dated(value):
+        return len(value) > STATUS_VALUE_CHARS
+    limit = STAMPED_STATUS_CHARS if _STAMPED.match(text, start, end) is not None else STATUS_VALUE_CHARS
+    return len(without_notes(value)) > limit
 
 
 def agree_after(prev: str, cur: str, p: int, c: int) -> bool:
@@ -508,11 +505,10 @@ STAMP_STEP_MINUTES = 60  # a status's clock moves on by this much at most betwee
 
 def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end: int) -> str | None:
     """`time` when both values are statuses stamped with their clock first (`_STAMPED`, within
-    `_status_limit`) and the clock moved on, by STAMP_STEP_MINUTES at most: the status rewritten
+    `_status_too_long`) and the clock moved on, by STAMP_STEP_MINUTES at most: the status rewritten
     whole as time goes on (`15:51 — visit 8/8 …` -> `16:02 — round done, reports syncing`; round 51)."""
     a, b = _STAMPED.match(prev, pstart, pend), _STAMPED.match(cur, start, end)
-    if a is None or b is None or _status_chars(cur, start, end) > _status_limit(cur, start, end) \
-            or _status_chars(prev, pstart, pend) > _status_limit(prev, pstart, pend):
+    if a is None or b is None or _status_too_long(cur, start, end) or _status_too_long(prev, pstart, pend):
         return None
     (h0, m0), (h1, m1) = (map(int, re.findall(r"\d+", m.group(1))[:2]) for m in (a, b))
     return "time" if 0 < (h1 * 60 + m1 - h0 * 60 - m0) % (24 * 60) <= STAMP_STEP_MINUTES else None
@@ -590,9 +586,9 @@ def _holds_entry(value: str) -> bool:
     reference drawn at random: a payment's `PSP-Referenz ZP4KEJLO6FGLGZ2R`, a UUID)? A token drawn
     at random counts as one character of its length (round 49): a payment's id is no prose,
     whatever its length."""
-    drawn = _drawn_tokens(value)
     if len(_LOGGED_FIELD.findall(value)) >= 2:
         return False  # a structured log line's fields (`level=ERROR thread=#zio-fiber-91147 …`): no entry
+    drawn = _drawn_tokens(value)
     return 0 < len(value) - sum(len(t) - 1 for t in drawn) <= LATEST_VALUE_CHARS and (
         bool(drawn) or _ENTRY_NUMBER.search(value) is not None
         or any(random_looking(m.group()) for m in _REFERENCE.finditer(value)))

@@ -611,7 +611,7 @@ def _series_status(old: str, new: str) -> bool:
     drivers) on track, chequered flag in 6 min` -> `heat 24 clearing the pit lane, heat 25 briefing
     at 18:00`; round 48): the same words and a number that stayed or rose a little, a time on both
     sides, running on one of them at least or the item the next. A rule's time does not run."""
-    if max(len(_NOTE.sub("", old)), len(_NOTE.sub("", new))) > SERIES_STATUS_CHARS:  # its notes aside
+    if max(len(without_notes(old)), len(without_notes(new))) > SERIES_STATUS_CHARS:  # its notes aside
         return False
     a, b = _SERIES_ITEM.match(old), _SERIES_ITEM.match(new)
     if not (a and b and a.group(1) == b.group(1) and 0 <= int(b.group(2)) - int(a.group(2)) <= RUNNING_NUMBER_STEP):
