@@ -365,6 +365,11 @@ def history_compacted(sizes: tuple[int, int, int, int],
 REPLIES_DROPPED_MIN = 2  # replies the previous history held, at least, for a compaction that drops them all
 
 
+def _latest_of(kept: list[str], earlier: list[str]) -> bool:
+    """Are `kept` the latest of `earlier`, in their order?"""
+    return kept == earlier[len(earlier) - len(kept):]
+
+
 def replies_dropped(prev: HistoryKeys, cur: HistoryKeys) -> bool:
     """Codex CLI's compacted history rebuilt (round 45): the previous history's user messages kept
     in order (the latest of them, within a budget), every reply and tool result dropped, then one
@@ -378,7 +383,7 @@ def replies_dropped(prev: HistoryKeys, cur: HistoryKeys) -> bool:
         return False
     kept = [k for _, k in cur[:at]]
     users = [k for user, k in prev if user]
-    return all(user for user, _ in cur[:at]) and kept == users[len(users) - len(kept):]
+    return all(user for user, _ in cur[:at]) and _latest_of(kept, users)
 
 
 def history_shrunk(prev_messages: int, prev_chars: int, cur_messages: int, cur_chars: int,
@@ -416,7 +421,6 @@ def summary_stands_in(prev: list[tuple[bool, str]], seen: set[str], cur: list[tu
             return None
         return SUMMARY_RESTORED if len(added) > 1 else SUMMARY_FIRST
     kept = [k for _, k in cur[:newest]]
-    earlier_users = [k for user, k in prev if user]
-    if cur[newest][1] not in seen and kept and kept == earlier_users[len(earlier_users) - len(kept):]:
+    if cur[newest][1] not in seen and kept and _latest_of(kept, [k for user, k in prev if user]):
         return USERS_KEPT
     return None

@@ -258,7 +258,7 @@ def tool_blocks(prev: list[str], cur: list[str]) -> bool:
 
 
 # a name written as code: snake_case, kebab-case of two parts or more, camelCase
-_CODE_IDENT = re.compile(r"(?<![\w.-])(?:[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+|[a-z]+(?:[A-Z][a-z0-9]+)+)(?![\w-])")
+_CODE_IDENT = re.compile(rf"(?<![\w.-])(?:{_SNAKE_OR_KEBAB}|[a-z]+(?:[A-Z][a-z0-9]+)+)(?![\w-])")
 
 
 _JSON_MEMBER = re.compile(r'^\s*"')  # JSON's members: named objects are read as JSON (`schema_tools`)

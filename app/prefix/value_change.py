@@ -552,11 +552,10 @@ def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:
 _ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?!\d|[:.,]\d)")  # `LB00434`, `CP-J0865:`; not `17:30`, `2.500`
 
 
-_REFERENCE = re.compile(r"(?<![\w-])[0-9A-Z]{12,}(?![\w-])")  # a payment's reference drawn at random (round 46)
-
-
-# a reference of capitals and digits, set apart (SumUp's transaction code `DI9VTWSKGI`)
+# a reference of capitals and digits, set apart (SumUp's transaction code `DI9VTWSKGI`); one of 12 or more
+# drawn at random marks an entry by itself (a payment's `PSP-Referenz ZP4KEJLO6FGLGZ2R`, round 46)
 _CAPITALS_REFERENCE = re.compile(r"(?<![\w-])[0-9A-Z]{6,}(?![\w-])")
+DRAWN_REFERENCE_CHARS = 12
 
 
 def _reference_redrawn(old: str, new: str) -> bool:
@@ -591,7 +590,7 @@ def _holds_entry(value: str) -> bool:
     drawn = _drawn_tokens(value)
     return 0 < len(value) - sum(len(t) - 1 for t in drawn) <= LATEST_VALUE_CHARS and (
         bool(drawn) or _ENTRY_NUMBER.search(value) is not None
-        or any(random_looking(m.group()) for m in _REFERENCE.finditer(value)))
+        or any(len(r) >= DRAWN_REFERENCE_CHARS and random_looking(r) for r in _CAPITALS_REFERENCE.findall(value)))
 
 
 _NOTE = re.compile(r"\([^()\n]{1,40}\)")  # what an entry is, in brackets: `£5.50 (watercress pesto), SumUp …`

@@ -331,8 +331,7 @@ def whole_value_change(old: str, new: str) -> str | None:
             and _DECIMALS.search(f"{old} {new}"):
         return "counter"
     if _NAMED_READINGS.fullmatch(old) and _NAMED_READINGS.fullmatch(new) and _DECIMALS.search(f"{old} {new}") \
-            and _WHOLE_NUMBER.sub("#", old.replace(",", "#").replace(".", "#")) \
-            == _WHOLE_NUMBER.sub("#", new.replace(",", "#").replace(".", "#")):
+            and _same_but(_NUMBER_OR_MARK, old, new):
         return "counter"  # the same names and units, their readings changed
     if _counted_state(old, new) or _reading_state(old, new):
         return "flag"
@@ -544,7 +543,7 @@ def _running_status(old: str, new: str) -> bool:
     """A short status whose time runs (`RUNNING_TIME`, after its words) and changed with at most one
     of its words (`Maud departs 12:18 (in 2 min)` -> `Lily departs 12:21 (in 3 min)`, `day 2 of 5, 41 h
     45 min since lighting` -> `41 h 57 min`; round 44): the client writes it on each request."""
-    bare_old, bare_new = _NOTE.sub("", old), _NOTE.sub("", new)
+    bare_old, bare_new = without_notes(old), without_notes(new)
     if max(len(bare_old), len(bare_new)) > STATUS_VALUE_CHARS:  # its notes aside (round 47)
         return False
     a, b = RUNNING_TIME.search(old), RUNNING_TIME.search(new)
@@ -570,6 +569,12 @@ _COUNT = r"\d{1,4}(?:/\d{1,4})?"
 _NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}"
                            rf"(?:(?:, | [·|;] )[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")  # `·` apart too (round 51)
 _WHOLE_NUMBER = re.compile(r"\d+")
+_NUMBER_OR_MARK = re.compile(r"\d+|[.,]")  # a reading's digits and its decimal or group marks, each apart
+
+
+def _same_but(numbers: re.Pattern[str], old: str, new: str) -> bool:
+    """Are two values the same text but for what `numbers` matches (their words and units kept)?"""
+    return numbers.sub("#", old) == numbers.sub("#", new)
 
 
 _DECIMAL_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -581,7 +586,7 @@ def _readings_board(old: str, new: str) -> bool:
     or more changed, each written with decimals on both sides (`Au 999,9 – 99,01 €/g · Ag 999 – 1,380
     €/g · …` -> `… 99,14 €/g · … 1,376 €/g · …`; round 51): prices or measurements read again. A
     rule's numbers are whole (`9–17 · Sat 10–14`)."""
-    if not _BOARD_PARTS.search(old) or _DECIMAL_NUMBER.sub("#", old) != _DECIMAL_NUMBER.sub("#", new):
+    if not _BOARD_PARTS.search(old) or not _same_but(_DECIMAL_NUMBER, old, new):
         return False
     changed = [(a, b) for a, b in zip(_DECIMAL_NUMBER.findall(old), _DECIMAL_NUMBER.findall(new), strict=True) if a != b]
     return len(changed) >= 2 and all(_DECIMALS.search(a) and _DECIMALS.search(b) for a, b in changed)
@@ -592,8 +597,7 @@ def _named_tally(old: str, new: str) -> bool:
     walking 2, collected 0` -> `small room 2, big room 2, walking 2, collected 2`; round 49): a tally
     the client writes again, as `_counts_redrawn` reads counts before their names. One count
     changed is an edit as often as not."""
-    if not (_NAMED_COUNTS.fullmatch(old) and _NAMED_COUNTS.fullmatch(new)) \
-            or _WHOLE_NUMBER.sub("#", old) != _WHOLE_NUMBER.sub("#", new):
+    if not (_NAMED_COUNTS.fullmatch(old) and _NAMED_COUNTS.fullmatch(new)) or not _same_but(_WHOLE_NUMBER, old, new):
         return False
     pairs = zip(_WHOLE_NUMBER.findall(old), _WHOLE_NUMBER.findall(new), strict=True)
     return sum(a != b for a, b in pairs) >= 2
@@ -616,11 +620,11 @@ def _series_status(old: str, new: str) -> bool:
     a, b = _SERIES_ITEM.match(old), _SERIES_ITEM.match(new)
     if not (a and b and a.group(1) == b.group(1) and 0 <= int(b.group(2)) - int(a.group(2)) <= RUNNING_NUMBER_STEP):
         return False
+    running_old, running_new = RUNNING_TIME.search(old), RUNNING_TIME.search(new)
     minutes = [m.group(1) for m in (_MINUTES.search(old), _MINUTES.search(new)) if m is not None]
-    moved = RUNNING_TIME.search(old) or RUNNING_TIME.search(new) or int(b.group(2)) > int(a.group(2)) \
+    moved = running_old or running_new or int(b.group(2)) > int(a.group(2)) \
         or any(_off_the_five(n) for n in minutes)  # minutes alone running (`11 min`; round 50)
-    return bool(moved and (RUNNING_TIME.search(old) or _CLOCK.search(old))
-                and (RUNNING_TIME.search(new) or _CLOCK.search(new)))
+    return bool(moved and (running_old or _CLOCK.search(old)) and (running_new or _CLOCK.search(new)))
 
 
 # words, then a running number, then a note on it in brackets (`Pilgrims' Way walk 133 (18 walkers)`)
