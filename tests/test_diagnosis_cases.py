@@ -3013,3 +3013,92 @@ def test_a_logged_line_under_a_latest_key_or_whole_hours_in_parts_stay_an_edit(f
     hours in parts set apart by dots are no board of readings."""
     got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 52
+CHAIN = ("The following is a conversation between a customer and the assistant of a bicycle workshop. The "
+         "assistant answers from the workshop's records and says so when it does not know.\n\nConversation so far:")
+EXCHANGES = [("Customer: Is my gravel bike ready for collection?", "Assistant: Not yet, the rear hub is still being rebuilt."),
+             ("Customer: How much will the hub rebuild cost?", "Assistant: The quote says £85 for parts and labour."),
+             ("Customer: Can you also true the front wheel?", "Assistant: Yes, truing is £15 and takes a day."),
+             ("Customer: When do you close on Saturday?", "Assistant: At four in the afternoon."),
+             ("Customer: Do you sell tubeless sealant?", "Assistant: We stock two brands, from £9 a bottle."),
+             ("Customer: Will it be done by Friday then?", "Assistant: Friday noon, if the spokes arrive on Thursday.")]
+DIGEST = ("Summary: the customer's gravel bike is in for a rear hub rebuild quoted at £85 and a front wheel "
+          "truing at £15; the workshop closes at four on Saturdays.")
+
+
+def transcript_body(lines: list[str], question: str) -> dict:
+    """A chain that keeps the conversation as a transcript in one user message, a line per turn,
+    then the new question and the open reply line."""
+    return Gen.body(SYSTEM, [{"role": "user", "content": "\n".join([CHAIN, *lines, question, "Assistant:"])}], None, None)
+
+
+def said(upto: int) -> list[str]:
+    """The transcript's lines of the first `upto` exchanges."""
+    return [line for exchange in EXCHANGES[:upto] for line in exchange]
+
+
+def test_a_transcript_in_one_message_that_grows_in_place_continues(fpr) -> None:
+    """Each request's one user message is the previous one with the reply and a new question added:
+    the previous prompt is where the new one starts, nothing is lost (round 52)."""
+    bodies = [transcript_body(said(k), EXCHANGES[k][0]) for k in range(4)]
+    assert causes(fpr, bodies) == [None, None, None]
+
+
+def test_a_summary_line_in_place_of_a_transcripts_first_lines_is_a_compaction(fpr) -> None:
+    """The transcript's first exchanges replaced by a summary line, the newest ones kept, the
+    conversation going on: a compaction; then it grows in place again (round 52)."""
+    bodies = [transcript_body(said(3), EXCHANGES[3][0]), transcript_body(said(4), EXCHANGES[4][0]),
+              transcript_body([DIGEST, *said(5)[4:]], EXCHANGES[5][0]),
+              transcript_body([DIGEST, *said(6)[4:]], "Customer: Thanks, see you Friday.")]
+    assert causes(fpr, bodies) == [None, "compaction", None]
+
+
+def test_a_transcript_cut_at_the_front_without_a_summary_is_no_compaction(fpr) -> None:
+    """The guard: a window over the transcript's newest lines (no summary in place of the dropped
+    ones) is no compaction."""
+    bodies = [transcript_body(said(4), EXCHANGES[4][0]), transcript_body(said(5)[4:], EXCHANGES[5][0])]
+    assert causes(fpr, bodies)[0] != "compaction"
+
+
+def test_a_question_put_before_the_same_pasted_lines_is_no_compaction(fpr) -> None:
+    """The guard: a new long first line before the same pasted lines, nothing after them (a question
+    put before a document) reads as before, not as a summary in place of a first line."""
+    doc = [f"Clause {k}: the lessee keeps the premises in good repair and returns them swept." for k in range(12)]
+    questions = ["Summarise the repair obligations of this lease for the tenant in plain words please.",
+                 "Which clauses of this lease would let the landlord charge for redecoration at the end?"]
+    bodies = [Gen.body(SYSTEM, [{"role": "user", "content": "\n".join([q, *doc])}], None, None) for q in questions]
+    assert causes(fpr, bodies) == ["question_first"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Proofs: {}", [f"https://www.dropbox.com/scl/fi/{a}/JOB-{n}_proofs.zip?rlkey={k}&dl=0" for a, n, k in (
+        ("rd64x0cik0lw2ac8y2ape", 4833, "kk4or550hcyfzx8ijz77lrful"), ("1bman743ikhlfintm91e9", 4784, "knj6o2jp7y7mejcaxqezci7jg"),
+        ("6ajt3cl9jjjfpunxqmifq", 4887, "dfmo9uuxxsakzqf4odultqx19"))]),
+    ("Card reader: {}", ["{5D0C2A41-7E3B-4F19-A8C6-2B9E7F1D3A60} · $212.40 · DECLINED",
+                         "{9A7E1C03-2F64-4B8D-B1E5-6C3D8F2A9B17} · $96.00 · APPROVED",
+                         "{C2F8B6D4-1A93-4E7C-9D05-7B2E4A6C8F31} · $1,480.00 · APPROVED"]),
+    ("Last ticket order: {}", ["box office / spring gala · order K7Q2M · 2× stalls · paid",
+                               "box office / spring gala · order X3BNW · 4× circle · paid",
+                               "box office / spring gala · order 9TZRC · 1× box · pending"]),
+    ("Letzter Bon: {}", [f"{a} € · TSE-Transaktion {t} · Signaturzähler {c} · {s}" for a, t, c, s in (
+        ("12,50", 80412, 61207, "MEQCIF7x2kP9+Lm4Qz8rT1vB6nW3yH5cJ0aD2eG7uS4/AiB9kX1mZ3qR6tV8wY0pC2fH4jL7nQ5sU9"),
+        ("7,90", 80415, 61212, "MEUCIQD3vK8pX1mZ7qT4wR9yB2nC6hJ0fL5sA8gE3uV/1AiA7kM2xP9zQ4tW6rY0cB3nH8jF5sL1vD"),
+        ("31,00", 80419, 61218, "MEQCIB6nW2yH8cJ4aD0eG5uS9kX3mZ7qR1tV/pC4fH6jL8nQ2sU0AiA5xK9mZ1qR3tV7wY2pC6fH0jL4n"))]),
+    ("Rooms: {}", ["lab 3/4, studio 5/8, hall 0/20, store 2/2", "lab 3/4, studio 6/8, hall 0/20, store 2/2", "lab 4/4, studio 6/8, hall 0/20, store 2/2"]),
+])
+def test_round_52s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 52 reads, each whole: a link drawn
+    again in more than one part; a payment's id with its amount and result, changed too; the newest
+    entry with a five-character order code drawn again; a receipt with its base64 signature (a token
+    counted as one character); a tally of named shares of a capacity, one of them changed."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_link_that_changed_in_one_path_segment_keeps_that_segment_alone(fpr) -> None:
+    """The guard: a link whose one path segment was drawn again, the rest unchanged, is that
+    segment (a build scan's id), as before round 52."""
+    values = [f"https://scans.example.org/s/{s}/overview" for s in ("k4v8q2mx7zc1t", "w9c3x7kq1mz5b", "r2t6m0xq8kc4v")]
+    got = assert_values_found(fpr, "Scan: {}", values)
+    assert [r["spans"] for r in got] == [["w9c3x7kq1mz5b"], ["r2t6m0xq8kc4v"]]

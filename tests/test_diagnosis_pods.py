@@ -20,6 +20,8 @@ from tests.test_diagnosis_cases import (
     BOX_TABLE,
     CODER,
     COMMAND_FILES,
+    DIGEST,
+    EXCHANGES,
     MAN_PAGES,
     PROMPT_FILES,
     SHELL_FUNCTIONS,
@@ -32,7 +34,9 @@ from tests.test_diagnosis_cases import (
     chat_commands,
     conversation,
     rebuilt_history,
+    said,
     schemas_in_text,
+    transcript_body,
 )
 from tests.test_state_proxies import settle
 
@@ -290,6 +294,13 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                                 ("prompt-files", PROMPT_FILES), ("templated-blocks", TEMPLATED_SENTENCES),  # round 48
                                 ("box-table", BOX_TABLE),  # round 49
                                 ("man-pages", MAN_PAGES))),  # round 51
+        # round 52: a tally with one share of a capacity changed; a transcript in one message, grown in place and compacted
+        ("one-count-tally", sys_line("Rooms: {}", ["lab 3/4, studio 5/8, hall 0/20, store 2/2", "lab 3/4, studio 6/8, hall 0/20, store 2/2",
+                                                   "lab 4/4, studio 6/8, hall 0/20, store 2/2"]), [None, "dynamic_head", "dynamic_head"]),
+        ("transcript", [transcript_body(said(3), EXCHANGES[3][0]), transcript_body(said(4), EXCHANGES[4][0]),
+                        transcript_body([DIGEST, *said(5)[4:]], EXCHANGES[5][0]),
+                        transcript_body([DIGEST, *said(6)[4:]], "Customer: Thanks, see you Friday.")],
+         [None, None, "compaction", None]),
     ]
 
 

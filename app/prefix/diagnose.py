@@ -37,11 +37,13 @@ re-alignment are secondary findings):
   previous history did not have stands in for the dropped turns (a summary: before the newest turn, or as the newest message after the kept
   user messages, Codex's shape). Paid once: the session continues from the new prefix. Not a
   problem: counted apart from breaks, as `new_session` is. A history trimmed a little on every
-  turn keeps its length and stays `front_trim`.
+  turn keeps its length and stays `front_trim`. A transcript kept in the newest user message
+  compacts there: a summary line in place of its first lines (app/prefix/transcript.py).
 
 The tests it combines have modules of their own: conversation keys (app/prefix/conversation.py),
-re-alignment (app/prefix/realign.py), trims and compactions (app/prefix/history_shape.py), tools
-in the prompt text (app/prefix/tool_text.py) and the changed value (app/prefix/value_change.py).
+re-alignment (app/prefix/realign.py), trims and compactions (app/prefix/history_shape.py), a
+transcript in one message (app/prefix/transcript.py), tools in the prompt text
+(app/prefix/tool_text.py) and the changed value (app/prefix/value_change.py).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from app.prefix.realign import LINE_WINDOW, NEAR_WINDOW, Realignment, find_reali
 from app.prefix.sketch import Region, RequestSketch
 from app.prefix.strings import common_prefix_len
 from app.prefix.tool_text import lines_permuted, region_schemas_reordered, tool_change, tools_span
+from app.prefix.transcript import grew_in_place, transcript_compacted
 from app.prefix.value_change import before_space, changed_value, line_bounds
 from app.prefix.value_kind import whole_value_start
 
@@ -125,7 +128,7 @@ class _Pair:
 
     def classify(self, pd: int, cd: int, realign: Realignment | None, primary: bool) -> Diagnosis:
         prev, cur = self.prev, self.cur
-        if primary and compacted(prev, cur):
+        if primary and (compacted(prev, cur) or transcript_compacted(prev, cur)):
             return Diagnosis("compaction", cd, [], realign, "the history was replaced by a summary")
         first_history = cur.first_history_start()
         system_same = prev.system_text == cur.system_text
@@ -231,8 +234,11 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
         if at is not None and at[0] - 32 <= d <= at[1] and tool_change(prev, cur)[0]:
             lost = True
     if not lost:
-        if cur.kind == "chat" and compacted(prev, cur):  # a short compacted history loses little, and is one
+        if cur.kind == "chat" and (compacted(prev, cur) or transcript_compacted(prev, cur)):
+            # a short compacted history loses little, and is one
             return Diagnosis("compaction", d, [], None, "the history was replaced by a summary")
+        if cur.kind == "chat" and grew_in_place(prev, cur, d):
+            return Diagnosis(None, d, detail="the newest message grew in place (a transcript in one message)")
         if cur.kind == "chat" and cur.regions and not continues(cur, past):
             return Diagnosis("new_session", d, [], None, "a new conversation over the shared head")
         return Diagnosis(None, d, detail="diverges in the part expected to vary")

@@ -43,6 +43,7 @@ from app.prefix.tool_text import (
     tool_entries,
     tools_span,
 )
+from app.prefix.transcript import SUMMARY_MIN_CHARS, grew_by_lines, summary_replaced
 from app.prefix.value_change import (
     KEYED_KINDS,
     before_space,
@@ -54,7 +55,14 @@ from app.prefix.value_change import (
     token_span,
     value_token,
 )
-from app.prefix.value_kind import keyed_value, reads_as_status, value_kind, value_start, whole_value_start
+from app.prefix.value_kind import (
+    keyed_value,
+    named_tally,
+    reads_as_status,
+    value_kind,
+    value_start,
+    whole_value_start,
+)
 
 HEAD_LINES = 256  # head lines keyed per request (beyond: not compared)
 MAX_TURNS = 64  # turn keys per request (the first ones: where trims and edits show)
@@ -511,14 +519,15 @@ def _or_latest_entry(text: str, start: int, end: int, found: list[Span]) -> list
 
 
 def _status_value(text: str, start: int, end: int) -> list[Span]:
-    """A `key: value` line that changed in its numbers only, read as a status line from this side
-    (`reads_as_status`): its whole value, a `counter`; [] otherwise."""
+    """A `key: value` line that changed in its numbers only, read as a status line or a tally of
+    named counts from this side (`reads_as_status`, `named_tally`): its whole value, a `counter`;
+    [] otherwise."""
     at = whole_value_start(text[start:end])
     if at is None:
         return []
     vend = before_space(text, start + at, end)
     value = text[start + at:vend]
-    return [Span(start + at, vend, "counter", value)] if value and reads_as_status(value) else []
+    return [Span(start + at, vend, "counter", value)] if value and (reads_as_status(value) or named_tally(value)) else []
 
 
 def _tool_keys_change(prev: list[list[str]], cur: list[list[str]]) -> tuple[bool, bool]:
@@ -626,6 +635,9 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     first_changed = m < len(turns) and turns[m] is next((r for r in turns if r.role == "user"), None) \
         and len(cm) >= len(pm) and cm[m + 1:len(pm)] == pm[m + 1:]
     if not continues(cur, past):
+        in_place = _transcript_in_place(prev, mine, cur, reordered or set_changed)
+        if in_place is not None:
+            return in_place
         pushed = _last_turn_pushed(prev, mine, cur, detector, material)
         if pushed is not None:
             return pushed
@@ -642,6 +654,25 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
         if value is not None:
             return value
     return Diagnosis("history_edit", cd, [], None, "an earlier turn was re-sent with other text")
+
+
+def _transcript_in_place(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch,
+                         tools_changed: bool) -> Diagnosis | None:
+    """Only the newest user message changed, as a transcript kept in it changes (app/prefix/transcript.py):
+    grown in place (no break), or its first lines replaced by a summary (a compaction)."""
+    pm, cm = prev.turns, mine.turns
+    if not pm or len(pm) != len(cm) or len(pm) != prev.history[0] or pm[:-1] != cm[:-1] \
+            or prev.users[-1:] != "u" or mine.users[-1:] != "u":
+        return None
+    if grew_by_lines(prev.last, mine.last, capped=len(prev.last) >= TAIL_LINES):
+        return Diagnosis(None, len(cur.text), detail="the newest message grew in place (line level)")
+    found = None if tools_changed else summary_replaced(prev.last, mine.last)
+    if found is None:
+        return None
+    bounds = last_turn_lines(cur)
+    if sum(b - a for a, b in bounds[found[0]:found[1]]) < SUMMARY_MIN_CHARS:
+        return None
+    return Diagnosis("compaction", bounds[found[0]][0], [], None, "the history was replaced by a summary (line level)")
 
 
 def _first_turn_value(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch, detector: DynamicDetector,

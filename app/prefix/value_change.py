@@ -120,6 +120,28 @@ def url_segment(text: str, start: int, end: int, at: int) -> tuple[int, int]:
     return seg_start, seg_end
 
 
+_PART_TEXT = re.compile(r"[\w.,]+")  # a part's text: what is left is how the parts are set apart
+
+
+def _parts_changed(prev: str, cur: str, value: tuple[int, int, int], kind: str, line0: int, line1: int,
+                   pline1: int) -> ValueChange | None:
+    """A key line's value whole when it opens with the changed value and its later parts, set apart
+    as before, changed too (a card payment's `{<GUID>} · £890.00 · NOTAUTHED` -> `{<GUID>} · £640.00 ·
+    OK`: the entry, not its id; round 52), an entry short enough (`_holds_entry`)."""
+    start, end, pend = value
+    vs = whole_value_start(cur[line0:start])
+    if vs is None or not all(not c.isalnum() for c in cur[line0 + vs:start]) or start - line0 - vs > 2:
+        return None
+    vend, pvend = before_space(cur, end, line1), before_space(prev, pend, pline1)
+    rest, prest = cur[end:vend], prev[pend:pvend]
+    if rest == prest or _PART_TEXT.sub("", rest) != _PART_TEXT.sub("", prest) or not _PART_TEXT.sub("", rest).strip():
+        return None
+    pstart = pend - (end - line0 - vs)
+    if not (_holds_entry(cur[line0 + vs:vend]) and _holds_entry(prev[max(0, pstart):pvend])):
+        return None
+    return ValueChange(Span(line0 + vs, vend, kind, cur[line0 + vs:vend]), pvend)
+
+
 _SIGNATURE_VERSION = re.compile(r"(?<![\w,])v\d{1,2},$")
 _B64_HALF_AFTER = re.compile(r":[A-Za-z0-9+/]{16,}={0,2}(?![\w+/=])")
 
@@ -320,10 +342,13 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
                     start = number_start(cur, start, span.start)
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
             if agree_after(prev, cur, pend, end):
-                return ValueChange(Span(start, end, kind, cur[start:end]), pend)
+                return _parts_changed(prev, cur, (start, end, pend), kind, line0, line1, pline1) \
+                    or ValueChange(Span(start, end, kind, cur[start:end]), pend)
             if (kind == "timestamp" or kind == "time" and _SECONDS.search(span.text)) and (logged := _log_line(
                     prev, cur, span, pspan, (pline0, pline1, line0, line1), stop)) is not None:
                 return logged
+    if (url := _changed_url(prev, cur, ps, pe, cs, ce, pd, cd)) is not None:
+        return url
     (cs, ce), (ps, pe) = value_token(cur, cs, ce, cd), value_token(prev, ps, pe, pd)
     if ce <= cs or pe <= ps:  # no value's token where they part (`heat 24 (7 drivers) …` -> `heat 24 clearing …`)
         return _whole_value(prev, cur, _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop), pline1, line1)
@@ -554,7 +579,10 @@ _ENTRY_NUMBER = re.compile(r"(?<![\d:.,])\d{3,}(?!\d|[:.,]\d)")  # `LB00434`, `C
 
 # a reference of capitals and digits, set apart (SumUp's transaction code `DI9VTWSKGI`); one of 12 or more
 # drawn at random marks an entry by itself (a payment's `PSP-Referenz ZP4KEJLO6FGLGZ2R`, round 46)
-_CAPITALS_REFERENCE = re.compile(r"(?<![\w-])[0-9A-Z]{6,}(?![\w-])")
+_CAPITALS_REFERENCE = re.compile(r"(?<![\w-])[0-9A-Z]{5,}(?![\w-])")
+# beside the other draw, in an entry a `Last …` key names, five characters read as drawn (pretix's
+# order codes: `Bestellung J938Z` -> `CYCQX`; round 52); alone, six
+REDRAWN_REFERENCE_CHARS = 5
 DRAWN_REFERENCE_CHARS = 12
 
 
@@ -565,11 +593,12 @@ def _reference_redrawn(old: str, new: str) -> bool:
     if not (0 < len(old) <= LATEST_VALUE_CHARS and 0 < len(new) <= LATEST_VALUE_CHARS):
         return False
     a, b = _CAPITALS_REFERENCE.findall(old), _CAPITALS_REFERENCE.findall(new)
-    return len(a) == len(b) == 1 and code_redrawn(a[0], b[0])
+    return len(a) == len(b) == 1 and code_redrawn(a[0], b[0], REDRAWN_REFERENCE_CHARS)
 
 
-# a long token drawn at random (a UUID, a hex digest): one character of an entry's length
-_LONG_TOKEN = re.compile(r"[0-9A-Za-z][0-9A-Za-z-]{15,}")
+# a long token drawn at random (a UUID, a hex digest, a base64 signature: a TSE receipt's, round 52): one
+# character of an entry's length
+_LONG_TOKEN = re.compile(r"[0-9A-Za-z][0-9A-Za-z+/=-]{15,}")
 
 
 _LOGGED_FIELD = re.compile(r"(?<!\S)[a-z_]{2,20}=\S")  # a log line's `key=value` field
@@ -650,6 +679,34 @@ def value_token(text: str, start: int, end: int, at: int) -> tuple[int, int]:
     start = after_glued_key(text, start, at)
     start, end = number_token(text, start, end)
     return url_segment(text, start, end, at) if "://" in text[start:end] else (start, end)
+
+
+_URL_TAIL = re.compile(r"[^\s<>\"'`()\[\]{}]*")
+
+
+def _url_end(text: str, start: int) -> int:
+    """Where the URL starting at `start` ends: its query and fragment included, not the
+    punctuation that ends a clause."""
+    end = _URL_TAIL.match(text, start).end()  # type: ignore[union-attr]
+    while end > start and text[end - 1] in ".,;:!?":
+        end -= 1
+    return end
+
+
+def _changed_url(prev: str, cur: str, ps: int, pe: int, cs: int, ce: int, pd: int, cd: int) -> ValueChange | None:
+    """The whole URL when the URL token where the prompts part changed in more than the part there,
+    and that part as a value (`…/fi/<id>/SBX-80404_scans.zip?rlkey=<key>` -> `…/fi/<id>/SBX-80999_…`:
+    a link drawn again; round 52); None when only that part changed (a build scan's id in its
+    path: `value_token` reads it), or the token is no URL."""
+    if "://" not in cur[cs:ce] or "://" not in prev[ps:pe]:
+        return None
+    (a, b), (pa, pb) = url_segment(cur, cs, ce, cd), url_segment(prev, ps, pe, pd)
+    end, pend = _url_end(cur, cs), _url_end(prev, ps)
+    if cur[b:end] == prev[pb:pend] or not agree_after(prev, cur, pend, end):
+        return None
+    line0 = cur.rfind("\n", 0, cs) + 1
+    kind = value_kind(cur[line0:a], prev[pa:pb], cur[a:b], cur[b:line_bounds(cur, b)[1]])
+    return ValueChange(Span(cs, end, kind, cur[cs:end]), pend) if kind is not None else None
 
 
 _GLUED_KEY = re.compile(r"(?:[A-Za-z](?:[\w.-]*[A-Za-z_-])?[:=])+(?=[^\s=:/])")  # not base64's padding, not `://`

@@ -569,6 +569,7 @@ _COUNT = r"\d{1,4}(?:/\d{1,4})?"
 _NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}"
                            rf"(?:(?:, | [·|;] )[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")  # `·` apart too (round 51)
 _WHOLE_NUMBER = re.compile(r"\d+")
+_SHARE = re.compile(r"\d+(?:/\d+)?")  # a count, or a share of a capacity (`12/14`)
 _NUMBER_OR_MARK = re.compile(r"\d+|[.,]")  # a reading's digits and its decimal or group marks, each apart
 
 
@@ -592,15 +593,25 @@ def _readings_board(old: str, new: str) -> bool:
     return len(changed) >= 2 and all(_DECIMALS.search(a) and _DECIMALS.search(b) for a, b in changed)
 
 
+def named_tally(value: str) -> bool:
+    """Is a value a tally of counts after their names, one a share of its capacity at least
+    (`_named_tally` from one side: another pod that knows only that the line changed in its digits
+    reads it whole, as the text path does whichever count changed)?"""
+    return _NAMED_COUNTS.fullmatch(value) is not None and "/" in value
+
+
 def _named_tally(old: str, new: str) -> bool:
     """The same names, each before its count, two counts or more changed (`small room 2, big room 4,
     walking 2, collected 0` -> `small room 2, big room 2, walking 2, collected 2`; round 49): a tally
     the client writes again, as `_counts_redrawn` reads counts before their names. One count
-    changed is an edit as often as not."""
+    changed is an edit as often as not (a rule's `small dogs 2, big dogs 4` -> `big dogs 5`), unless
+    it is a share of a capacity that stayed (a choir's seats taken, `S 12/14 · A 8/12 · T 4/7 · B
+    4/9` -> `B 5/9`; round 52): a capacity is filled, a limit is not."""
     if not (_NAMED_COUNTS.fullmatch(old) and _NAMED_COUNTS.fullmatch(new)) or not _same_but(_WHOLE_NUMBER, old, new):
         return False
-    pairs = zip(_WHOLE_NUMBER.findall(old), _WHOLE_NUMBER.findall(new), strict=True)
-    return sum(a != b for a, b in pairs) >= 2
+    changed = [(a, b) for a, b in zip(_SHARE.findall(old), _SHARE.findall(new), strict=True) if a != b]
+    return len(changed) >= 2 or len(changed) == 1 and "/" in changed[0][0] \
+        and changed[0][0].split("/")[1] == changed[0][1].split("/")[1]
 
 
 # what a status is about: words, then a running number (`heat 24`, `Lauf 3`), a year's series before it
@@ -755,11 +766,11 @@ def _whole_value_kind(old: str, new: str) -> str | None:
 _RUNS = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]+")
 
 
-def code_redrawn(old: str, new: str) -> bool:
-    """A code of capitals and digits (6 or more of them, a third of them letters at least on both
-    sides: a date or a stamp is no code; a digit on one side at least) drawn again:
+def code_redrawn(old: str, new: str, least: int = 6) -> bool:
+    """A code of capitals and digits (`least` or more of them, a third of them letters at least on
+    both sides: a date or a stamp is no code; a digit on one side at least) drawn again:
     the same length and separators, most of its characters different."""
-    return (len(old) == len(new) and sum(c.isalnum() for c in new) >= 6 and any(c.isdigit() for c in old + new)
+    return (len(old) == len(new) and sum(c.isalnum() for c in new) >= least and any(c.isdigit() for c in old + new)
             and sum(c.isalpha() for c in old) * 3 >= len(old) and sum(c.isalpha() for c in new) * 3 >= len(new)
             and _CAPITALS_CODE.fullmatch(old) is not None and _CAPITALS_CODE.fullmatch(new) is not None
             and _redrawn(old, new))

@@ -1,0 +1,82 @@
+"""A conversation kept as a transcript in one user message (round 52).
+
+Some chains render their whole memory into the newest user message, a line per turn under their
+instructions (LangChain's ConversationChain: `Human: …` and `AI: …` lines, then `AI:` for the
+reply). From turn to turn that message grows in place: the previous one is where the new one
+starts, so the engine lost nothing but the message's closing tokens. A summary memory replaces the
+transcript's first lines with a summary line once they overflow its budget: a compaction, paid once.
+
+The tests read lines, as text or as the digest's line keys (app/prefix/digest.py), so the text
+path and another pod answer alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.prefix.sketch import Region, RequestSketch
+
+SUMMARY_MIN_CHARS = 64  # the lines that stand in for the dropped ones hold this much text at least
+MAX_SUMMARY_LINES = 3  # ... on at most this many lines
+MIN_KEPT_LINES = 2  # a compaction keeps the newest exchange at least
+MIN_NEW_LINES = 2  # ... and the conversation goes on after it: a reply and a new question
+
+
+def last_user(sk: RequestSketch) -> Region | None:
+    return next((r for r in reversed(sk.regions) if r.role == "user"), None)
+
+
+def grew_in_place(prev: RequestSketch, cur: RequestSketch, diverges_at: int) -> bool:
+    """Is the current newest user message the previous one continued: the same message start, all
+    of the previous message's text shared (the prompts diverge after it, in its closing) and more
+    after it? The previous request ends with that message."""
+    p, c = last_user(prev), last_user(cur)
+    if p is None or c is None or p.start != c.start or c.end <= p.end or diverges_at < p.end:
+        return False
+    return prev.regions[-1] is p
+
+
+def grew_by_lines(p: Sequence[str], c: Sequence[str], capped: bool) -> bool:
+    """`grew_in_place` on line keys: every line of the previous message but its last (the
+    unfinished line the reply completes) in place, and more lines after them. `capped`: the
+    previous message's lines were keyed up to a cap, so all of them are shared."""
+    if capped:
+        return len(c) >= len(p) >= MIN_KEPT_LINES and list(c[:len(p)]) == list(p)
+    return len(p) >= MIN_KEPT_LINES and len(c) > len(p) and list(c[:len(p) - 1]) == list(p[:-1])
+
+
+def summary_replaced(p: Sequence[str], c: Sequence[str]) -> tuple[int, int] | None:
+    """(first, end) indexes into `c` of the new lines that took the place of the previous
+    message's first transcript lines, or None. After the lines both share (the instructions), the
+    previous lines lose one or more, at most MAX_SUMMARY_LINES lines the previous message did not
+    hold stand in their place, and what follows is the rest of the previous lines but its
+    unfinished last one, MIN_KEPT_LINES at least, in place, and then MIN_NEW_LINES more (the
+    conversation went on: a question put before the same pasted lines is no compaction)."""
+    shared = 0
+    while shared < min(len(p), len(c)) and p[shared] == c[shared]:
+        shared += 1
+    rest_p, rest_c = list(p[shared:-1]), list(c[shared:])
+    in_p = set(rest_p)
+    for k in range(1, len(rest_p) - MIN_KEPT_LINES + 1):
+        kept = rest_p[k:]
+        for j in range(1, min(MAX_SUMMARY_LINES, len(rest_c)) + 1):
+            if rest_c[j - 1] in in_p:
+                break  # a line the previous message had: not a new one
+            if rest_c[j:j + len(kept)] == kept and len(rest_c) - j - len(kept) >= MIN_NEW_LINES:
+                return shared, shared + j
+    return None
+
+
+def _lines(text: str, region: Region) -> list[str]:
+    return text[region.start:region.end].split("\n")
+
+
+def transcript_compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """Did a summary line take the place of the first lines of the transcript in the newest user
+    message (`summary_replaced`), the system prompt and tools kept?"""
+    p, c = last_user(prev), last_user(cur)
+    if p is None or c is None or prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
+        return False
+    cur_lines = _lines(cur.text, c)
+    found = summary_replaced(_lines(prev.text, p), cur_lines)
+    return found is not None and sum(len(line) for line in cur_lines[found[0]:found[1]]) >= SUMMARY_MIN_CHARS
