@@ -3102,3 +3102,66 @@ def test_a_link_that_changed_in_one_path_segment_keeps_that_segment_alone(fpr) -
     values = [f"https://scans.example.org/s/{s}/overview" for s in ("k4v8q2mx7zc1t", "w9c3x7kq1mz5b", "r2t6m0xq8kc4v")]
     got = assert_values_found(fpr, "Scan: {}", values)
     assert [r["spans"] for r in got] == [["w9c3x7kq1mz5b"], ["r2t6m0xq8kc4v"]]
+
+
+# ------------------------------------------------------------------ round 53
+@pytest.mark.parametrize(("line", "values"), [
+    ("Slipway board: {}", ["14:06 · 4/11 dinghies out · next due in: Kestrel at 14:30",
+                           "14:13 · 4/11 dinghies out · next due in: Kestrel at 14:30",
+                           "14:21 · 5/11 dinghies out · next due in: Kestrel at 14:30"]),
+    ("Survey link: {}", [f"https://forms.example.org/f/8kQz2LmW4pXr/edit?token={t}" for t in (
+        "b7Yt2KqLm9xZ4vWp8sRn3cHd6fJg1aQe", "Xq3mV8nK1zLp6wRt4yHs9dBf2cGj7aNe", "Lp9wR2tY6uQm3xKz8vHn1sBd4fCg7jAe")]),
+    ("Last MRI series: {}", [f"Aera 1.5T · knee sag PD · Series UID 2.25.{u}" for u in (
+        "283650113961774206659112845771909431172", "104475209913376085263177045312984460021",
+        "227813460097352619908823374561020774395")]),
+    ("Kennels: {}", ["boarding 8 · walked 3 · groomed 2 · collected 8", "boarding 9 · walked 3 · groomed 2 · collected 8",
+                     "boarding 9 · walked 4 · groomed 2 · collected 8"]),
+])
+def test_round_53s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 53 reads, each whole: a board stamped
+    with its clock whose status opens with a count; a link whose query token was drawn again; the
+    newest entry holding a number of 17 digits or more (a DICOM UID); a tally of named counts, one
+    of them changed."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_rules_time_edited_to_the_hour_or_half_stays_an_edit(fpr) -> None:
+    """The guard (and round 53's look-alike): a rule's return time edited from the half hour to the
+    hour is an edit, not a clock; a clock after a "now" cue on the half hour is still one."""
+    rule = "Boats must be back at the jetty by {}; late returns are charged £20 a half hour."
+    assert [r["cause"] for r in run_value_line(fpr, rule, ["17:30", "18:00", "18:00"])][0] == "template_change"
+    assert_values_whole(fpr, "Current time: {}", ["10:00", "10:30", "11:00"])
+
+
+def test_a_summary_as_a_system_message_where_there_was_none_is_a_compaction(fpr) -> None:
+    """A conversation sent without a system prompt gains one holding the summary, before its newest
+    turns: a compaction (LangGraph's summary pattern; round 53)."""
+    history = agent_history(4)
+    summary = {"role": "system", "content": "Summary of the conversation so far: the invoices module is half migrated, "
+                                            "the tests are green, and module 4 comes next."}
+    bodies = [Gen.body(None, history[:7], None, None), Gen.body(None, history, None, None),
+              Gen.body(None, [summary, *history[-2:], {"role": "user", "content": "Go on with module 4."}], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_new_conversation_under_a_first_system_prompt_stays_a_new_session(fpr) -> None:
+    """The guard: where there was no system prompt, a new conversation that opens with one and keeps
+    none of the earlier turns is a new conversation, not a compaction."""
+    history = agent_history(4)
+    system = {"role": "system", "content": "You are a careful migration assistant for the billing service. Answer in "
+                                           "short steps and name the files you touch."}
+    bodies = [Gen.body(None, history, None, None),
+              Gen.body(None, [system, {"role": "user", "content": "How do I start a new migration?"}], None, None)]
+    assert causes(fpr, bodies) == ["new_session"]
+
+
+FISH_COMPLETIONS = [f"# {n}\ncomplete -c shopctl -n __fish_use_subcommand -a {n} -d '{d}'\n"
+                    f"complete -c shopctl -n '__fish_seen_subcommand_from {n}' -l {a} -x -d 'required'"
+                    for n, d, a in (("ordershow", "One order with its lines", "number"), ("returnopen", "Open a return", "number"),
+                                    ("parceltrack", "Tracking events of a parcel", "code"), ("stockcount", "Stock of an item", "sku"))]
+
+
+def test_tools_as_shell_completions_in_another_order_are_a_tool_order(fpr) -> None:
+    """A CLI's subcommands written as its fish completion file, a block per subcommand, moved: a
+    tool order (round 53)."""
+    assert reordered_listing_causes(fpr, FISH_COMPLETIONS, "Completions of the shop CLI", [2, 0, 3, 1]) == ["tool_order", None]

@@ -22,6 +22,7 @@ from tests.test_diagnosis_cases import (
     COMMAND_FILES,
     DIGEST,
     EXCHANGES,
+    FISH_COMPLETIONS,
     MAN_PAGES,
     PROMPT_FILES,
     SHELL_FUNCTIONS,
@@ -301,6 +302,26 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                         transcript_body([DIGEST, *said(5)[4:]], EXCHANGES[5][0]),
                         transcript_body([DIGEST, *said(6)[4:]], "Customer: Thanks, see you Friday.")],
          [None, None, "compaction", None]),
+        # round 53: a board stamped with its clock, opening with a count; a link's query token; a tally, one
+        # count changed; a summary as a system message where there was none; a CLI's fish completions moved
+        ("stamped-count", sys_line("Slipway board: {}", ["14:06 · 4/11 dinghies out · next due in: Kestrel at 14:30",
+                                                         "14:13 · 4/11 dinghies out · next due in: Kestrel at 14:30",
+                                                         "14:21 · 5/11 dinghies out · next due in: Kestrel at 14:30"]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("query-token", sys_line("Survey link: {}", [f"https://forms.example.org/f/8kQz2LmW4pXr/edit?token={t}" for t in (
+            "b7Yt2KqLm9xZ4vWp8sRn3cHd6fJg1aQe", "Xq3mV8nK1zLp6wRt4yHs9dBf2cGj7aNe", "Lp9wR2tY6uQm3xKz8vHn1sBd4fCg7jAe")]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("kennels", sys_line("Kennels: {}", ["boarding 8 · walked 3 · groomed 2 · collected 8",
+                                             "boarding 9 · walked 3 · groomed 2 · collected 8",
+                                             "boarding 9 · walked 4 · groomed 2 · collected 8"]), [None, "dynamic_head", "dynamic_head"]),
+        ("summary-system", [Gen.body(None, agent_history(4)[:7], None, None), Gen.body(None, agent_history(4), None, None),
+                            Gen.body(None, [{"role": "system", "content": "Summary of the conversation so far: the invoices "
+                                             "module is half migrated, the tests are green, and module 4 comes next."},
+                                            *agent_history(4)[-2:], {"role": "user", "content": "Go on with module 4."}],
+                                     None, None)], [None, None, "compaction"]),
+        ("fish-completions", [body(f"{SYSTEM}\nCompletions:\n" + "\n".join(FISH_COMPLETIONS[k] for k in o) + "\nAnswer briefly.", t)
+                              for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
+         [None, "tool_order", None]),
     ]
 
 

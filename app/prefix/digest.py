@@ -33,7 +33,15 @@ from app.prefix.dynamic import (
     get_detector,
     rolled_from,
 )
-from app.prefix.history_shape import HistoryKeys, first_exchange, history_compacted, tail_start, trimmed
+from app.prefix.history_shape import (
+    COMPACTED_MIN_MESSAGES,
+    SUMMARY_IN_SYSTEM_CHARS,
+    HistoryKeys,
+    first_exchange,
+    history_compacted,
+    tail_start,
+    trimmed,
+)
 from app.prefix.sketch import RequestSketch
 from app.prefix.tool_text import (
     declares_name,
@@ -50,6 +58,7 @@ from app.prefix.value_change import (
     dynamic_kind,
     latest_entry,
     note_start,
+    query_url,
     sentence_end,
     status_whole,
     token_span,
@@ -480,7 +489,14 @@ def dynamic_candidates(detector: DynamicDetector, text: str, start: int, end: in
             pos = max(b, pos + 1)
         else:
             pos += 1
-    return _or_status(text, start, end, _or_latest_entry(text, start, end, out))
+    return _or_status(text, start, end, _or_latest_entry(text, start, end, [_in_query_url(text, s) for s in out]))
+
+
+def _in_query_url(text: str, span: Span) -> Span:
+    """The whole URL when `span` lies in its query (a form's edit token: the link is the value, as
+    on the text path; round 53), else `span`."""
+    url = query_url(text, span.start, span.end)
+    return span if url is None else Span(url[0], url[1], span.kind, text[url[0]:url[1]])
 
 
 def _or_status(text: str, start: int, end: int, found: list[Span]) -> list[Span]:
@@ -527,7 +543,7 @@ def _status_value(text: str, start: int, end: int) -> list[Span]:
         return []
     vend = before_space(text, start + at, end)
     value = text[start + at:vend]
-    return [Span(start + at, vend, "counter", value)] if value and (reads_as_status(value) or named_tally(value)) else []
+    return [Span(start + at, vend, "counter", value)] if value and (reads_as_status(value) or named_tally(value, text[start:start + at])) else []
 
 
 def _tool_keys_change(prev: list[list[str]], cur: list[list[str]]) -> tuple[bool, bool]:
@@ -561,6 +577,8 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     i = next((k for k, (a, b) in enumerate(zip(prev.lines, mine.lines, strict=False))
               if a != b or prev.seps[k:k + 1] != mine.seps[k:k + 1]), min(len(prev.lines), len(mine.lines)))
     head_changed = i < max(len(prev.lines), len(mine.lines))
+    if head_changed and not (reordered or set_changed) and _summary_in_head(prev, mine, cur):
+        return Diagnosis("compaction", head_end(cur), [], None, "the history was replaced by a summary (line level)")
     if head_changed:
         cd = bounds[i][0] if i < len(bounds) else head_end(cur)
         line_end = bounds[i][1] if i < len(bounds) else head_end(cur)
@@ -708,6 +726,27 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
         return ph, [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
     return history_compacted((prev.history[0], prev.history[1], len(history), sum(r.end - r.start for r in history)),
                              keys)
+
+
+def _summary_in_head(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch) -> bool:
+    """`summary_in_system` against a digest: the head holds a system message of
+    SUMMARY_IN_SYSTEM_CHARS or more, most of its lines new (where there was none, or the template's
+    default one: the digest's head lines cannot tell which), the previous history (COMPACTED_MIN_MESSAGES or more) is gone but for
+    its newest messages (one at least, at most half of it), and the current history, at most half
+    as long and its new user message, ends with a user message (round 53)."""
+    system = cur.regions[0] if cur.regions and cur.regions[0].role == "system" else None
+    n = prev.history[0] if len(prev.history) == 2 else 0
+    if system is None or system.end - system.start < SUMMARY_IN_SYSTEM_CHARS or n < COMPACTED_MIN_MESSAGES:
+        return False
+    if mine.users[-1:] != "u" or len(mine.turns) != len(cur.history_regions()):
+        return False
+    own = [key for key, (a, _) in zip(mine.lines, head_lines(cur), strict=False) if a < system.end]
+    if sum(key in set(prev.lines) for key in own) * 2 >= len(own):
+        return False  # the system prompt was there before: an edit of it, not a summary put there
+    ph = prev.turns if n <= MAX_TURNS else prev.turns + prev.last_turns
+    cm = mine.turns
+    kept = next((k for k in range(min(len(cm), len(ph)), 0, -1) if cm[:k] == ph[len(ph) - k:]), 0)
+    return 1 <= kept and kept * 2 <= n and (len(cm) - 1) * 2 <= n  # a new conversation keeps no old turn
 
 
 def _head_schemas(cur: RequestSketch) -> tuple[int, int, int]:

@@ -155,19 +155,24 @@ def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
     `[Summary: …]`, round 25); the previous history (at least COMPACTED_MIN_MESSAGES) is gone but
     for its newest messages (at most half of it), the current history is short (half the previous
     one's messages, and its new user message), and it ends with a user message. An edited system
-    prompt over a conversation that goes on keeps its history: a `template_change`."""
+    prompt over a conversation that goes on keeps its history: a `template_change`. A conversation
+    without a system prompt may gain one that holds the summary (LangGraph's how-to on summaries;
+    round 53)."""
     ps, cs = prev.system_text, cur.system_text
-    if ps is None or cs is None:
+    if cs is None or len(cs) < SUMMARY_IN_SYSTEM_CHARS:
         return False
-    appended = len(cs) - len(ps) >= SUMMARY_IN_SYSTEM_CHARS and cs.startswith(ps)
-    if not appended and not (len(cs) >= SUMMARY_IN_SYSTEM_CHARS and ps in _leading_system_texts(cur)[1:]):
+    # appended to the system prompt, or a system message of its own before it, or where there was
+    # none (LangGraph's summary as a system message before the kept turns; round 53)
+    appended = ps is not None and len(cs) - len(ps) >= SUMMARY_IN_SYSTEM_CHARS and cs.startswith(ps)
+    if ps is not None and not appended and ps not in _leading_system_texts(cur)[1:]:
         return False
     pm, cm = [k for _, k, _ in _history(prev)], _history(cur)
     if len(pm) < COMPACTED_MIN_MESSAGES or not cm or cm[-1][0] != "user":
         return False
     ck = [k for _, k, _ in cm]
     kept = next((n for n in range(min(len(ck), len(pm)), 0, -1) if ck[:n] == pm[len(pm) - n:]), 0)
-    return kept * 2 <= len(pm) and (len(ck) - 1) * 2 <= len(pm)
+    # where there was no system prompt, one that opens a new conversation keeps none of the old turns
+    return kept * 2 <= len(pm) and (len(ck) - 1) * 2 <= len(pm) and (ps is not None or kept >= 1)
 
 
 SUMMARY_REPLY_CHARS = 200  # a summary given as the model's reply is this long at least

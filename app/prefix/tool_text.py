@@ -152,6 +152,9 @@ _CRON_LINE = re.compile(r"^\s*(?:(?:[\d*][\d*/,\-]*\s+){5}|@(?:reboot|yearly|ann
 # `doskey name=command`; round 35) or git's as `git config --get-regexp '^alias\.'` prints them
 # (`alias.name command`; round 36): the commands a team runs, one a line
 _ALIAS_LINE = re.compile(r"^\s*(?:(?:alias|abbr|doskey)\s+(?:-{1,2}[a-z]+\s+)*|alias\.)[\w.:@+\-]+(?:=|\s+\S)")
+# a shell's completion spec for a command (fish's `complete -c fdesk -n __fish_use_subcommand -a hire-booking -d
+# '…'`, bash's `complete -F _fdesk fdesk`; round 53): a CLI's subcommands and options, one a line
+_COMPLETION_LINE = re.compile(r"^\s*complete\s+-{1,2}[A-Za-z][\w-]*\s+\S")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 # JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
@@ -232,7 +235,7 @@ def tool_entries(lines: list[str]) -> bool:
     rest: list[str] = []
     for ln in lines:
         (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
-         or _ALIAS_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln)
+         or _ALIAS_LINE.match(ln) or _COMPLETION_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln)
          or _DEVICE_COMMAND_LINE.match(ln) or _USAGE_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True

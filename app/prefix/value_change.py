@@ -255,8 +255,9 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 
 # a status stamped with its clock first (after a word: `Stand 18:03 Uhr`), then set apart by a sign, what
 # it says (`15:01 · T1 Otis (border terrier) drying (18') · T2 …`, `08:59 | Dev with Amira K. till 09:45 |
-# …`; round 50): as long as its entries make it; not a range (`14:00 – 15:30`)
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?) [·|¦–—] (?!\d)\S")
+# …`; round 50): as long as its entries make it; not a range (`14:00 – 15:30`), but it may open with a count
+# (`10:36 · 9/14 day launches out · …`; round 53)
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?) [·|¦–—] (?!\d{1,2}[:.]\d\d)\S")
 STAMPED_STATUS_CHARS = 160
 
 
@@ -318,7 +319,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
             kind = None  # years on: an edited stamp that is still a valid one
         elif kind == "time" and _ON_THE_HOUR.fullmatch(pspan.text) and _ON_THE_HOUR.fullmatch(span.text) \
                 and not NOW_CUE.search(cur, line0, span.start):
-            kind = None  # `held until 10:00` -> `11:00`: an hour of a rule edited; a clock read twice on the hour is rare
+            kind = None  # `held until 10:00` -> `11:00`: a rule's hour edited; a clock read twice on the hour or half is rare
         if kind is not None:
             start, end, pend = span.start, span.end, pspan.end
             trim = end - sentence_end(cur, start, end)
@@ -521,7 +522,7 @@ def _whole_value(prev: str, cur: str, value: LineValue | None, pline1: int, line
     if value is None or not agree_after(prev, cur, pline1, line1):
         return None
     start, end, pstart, pend = value
-    kind = whole_value_change(prev[pstart:pend], cur[start:end]) or _stamped_moved(prev, pstart, pend, cur, start, end)
+    kind = whole_value_change(prev[pstart:pend], cur[start:end], cur[cur.rfind("\n", 0, start) + 1:start]) or _stamped_moved(prev, pstart, pend, cur, start, end)
     return ValueChange(Span(start, end, kind, cur[start:end]), pend) if kind is not None else None
 
 
@@ -605,8 +606,13 @@ _LOGGED_FIELD = re.compile(r"(?<!\S)[a-z_]{2,20}=\S")  # a log line's `key=value
 
 
 def _drawn_tokens(value: str) -> list[str]:
-    """A value's long tokens drawn at random (a UUID, a hex digest: `Klarna bd730a44-cd46-…`)."""
-    return [m.group() for m in _LONG_TOKEN.finditer(value) if random_looking(m.group())]
+    """A value's long tokens drawn at random (a UUID, a hex digest: `Klarna bd730a44-cd46-…`; a
+    number of 17 digits or more, which no one writes by hand: a DICOM UID's `2.25.<UUID as a
+    decimal>`, round 53)."""
+    return [m.group() for m in _LONG_TOKEN.finditer(value) if random_looking(m.group()) or _LONG_NUMBER.fullmatch(m.group())]
+
+
+_LONG_NUMBER = re.compile(r"\d{17,}")
 
 
 def _holds_entry(value: str) -> bool:
@@ -696,17 +702,40 @@ def _url_end(text: str, start: int) -> int:
 def _changed_url(prev: str, cur: str, ps: int, pe: int, cs: int, ce: int, pd: int, cd: int) -> ValueChange | None:
     """The whole URL when the URL token where the prompts part changed in more than the part there,
     and that part as a value (`…/fi/<id>/SBX-80404_scans.zip?rlkey=<key>` -> `…/fi/<id>/SBX-80999_…`:
-    a link drawn again; round 52); None when only that part changed (a build scan's id in its
-    path: `value_token` reads it), or the token is no URL."""
-    if "://" not in cur[cs:ce] or "://" not in prev[ps:pe]:
-        return None
-    (a, b), (pa, pb) = url_segment(cur, cs, ce, cd), url_segment(prev, ps, pe, pd)
-    end, pend = _url_end(cur, cs), _url_end(prev, ps)
-    if cur[b:end] == prev[pb:pend] or not agree_after(prev, cur, pend, end):
-        return None
+    a link drawn again; round 52), or when it changed in its query (a form's edit link,
+    `…/viewform?edit2=<token>`: the link is the value, not its token; round 53); None when only a
+    path segment or a host's part changed (a build scan's id in its path: `value_token` reads it),
+    or the token is in no URL."""
     line0 = cur.rfind("\n", 0, cs) + 1
+    if "://" in cur[cs:ce] and "://" in prev[ps:pe]:
+        (a, b), (pa, pb) = url_segment(cur, cs, ce, cd), url_segment(prev, ps, pe, pd)
+        start, pstart = cs, ps
+    elif (start := _query_url(cur, line0, cs)) is not None \
+            and (pstart := _query_url(prev, prev.rfind("\n", 0, ps) + 1, ps)) is not None:
+        (a, b), (pa, pb) = (after_glued_key(cur, cs, cd), ce), (after_glued_key(prev, ps, pd), pe)
+    else:
+        return None
+    end, pend = _url_end(cur, start), _url_end(prev, pstart)
+    if start == cs and cur[b:end] == prev[pb:pend] or not agree_after(prev, cur, pend, end):
+        return None
     kind = value_kind(cur[line0:a], prev[pa:pb], cur[a:b], cur[b:line_bounds(cur, b)[1]])
-    return ValueChange(Span(cs, end, kind, cur[cs:end]), pend) if kind is not None else None
+    return ValueChange(Span(start, end, kind, cur[start:end]), pend) if kind is not None else None
+
+
+_QUERY_URL = re.compile(r"https?://[^\s<>\"'`()\[\]{}?#]*\?[^\s<>\"'`()\[\]{}#]*$")
+
+
+def query_url(text: str, start: int, end: int) -> tuple[int, int] | None:
+    """(start, end) of the URL whose query holds `text[start:end]`, or None: what another pod,
+    reading one request, takes for the value (`_changed_url`)."""
+    url = _query_url(text, text.rfind("\n", 0, start) + 1, start)
+    return None if url is None or _url_end(text, url) < end else (url, _url_end(text, url))
+
+
+def _query_url(text: str, line0: int, at: int) -> int | None:
+    """Where the URL starts whose query holds the token at `at` (`…/viewform?edit2=` before it), or None."""
+    m = _QUERY_URL.search(text, max(line0, at - 2048), at)
+    return m.start() if m is not None else None
 
 
 _GLUED_KEY = re.compile(r"(?:[A-Za-z](?:[\w.-]*[A-Za-z_-])?[:=])+(?=[^\s=:/])")  # not base64's padding, not `://`
@@ -719,7 +748,8 @@ def after_glued_key(text: str, start: int, at: int) -> int:
     return m.end() if m is not None and m.end() <= at else start
 
 
-_ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.]00(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
+# a rule's hour: on the hour or the half hour (`back by 17:30` -> `18:00`; round 53)
+_ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.][03]0(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
 _QUOTED_AFTER_KEY = re.compile(r"""(?:[=:]\s*)"$""")
 
 

@@ -308,7 +308,7 @@ def whole_value_start(line_prefix: str) -> int | None:
 _SENTENCE_END = re.compile(r"[.!?] +(?=[^\W\d_])")
 
 
-def whole_value_change(old: str, new: str) -> str | None:
+def whole_value_change(old: str, new: str, key: str = "") -> str | None:
     """The kind of a `key: value` line's whole value that changed in more than one token, when it
     changed as a value the client writes per request does: a state of one or two words on both
     sides (`Gasfackel: in Betrieb` -> `aus`: a `flag`) or a code with its text in brackets
@@ -316,7 +316,8 @@ def whole_value_change(old: str, new: str) -> str | None:
     both sides (a load average, `TPS from last 1m, 5m, 15m: 19.97, 19.09, 18.9`: a `counter`), or
     an id drawn again in the same shape (`DE 09 524 46487` -> `DE 09 200 33728`: capitals and
     digits, the same length and separators, two parts or more changed: a `value`). A sentence rewritten is
-    none of these, nor a setting's one number (`limit: 15` -> `30`)."""
+    none of these, nor a setting's one number (`limit: 15` -> `30`). `key`: the line's text before
+    the value (a tally's key may name its limits)."""
     if _WORD_TIME.fullmatch(old) and _WORD_TIME.fullmatch(new):
         return "time"  # a clock in words: a word clock's `ES IST ZEHN NACH SIEBEN` -> `HALB ACHT` (round 35)
     if _STATE.fullmatch(old) and _STATE.fullmatch(new) and _replaced(_state_head(old), _state_head(new)) \
@@ -337,7 +338,7 @@ def whole_value_change(old: str, new: str) -> str | None:
         return "flag"
     if _running_status(old, new) or _series_status(old, new):
         return "time"
-    if _named_tally(old, new):
+    if _named_tally(old, new, key):
         return "counter"
     if _readings_board(old, new):
         return "counter"
@@ -593,25 +594,28 @@ def _readings_board(old: str, new: str) -> bool:
     return len(changed) >= 2 and all(_DECIMALS.search(a) and _DECIMALS.search(b) for a, b in changed)
 
 
-def named_tally(value: str) -> bool:
-    """Is a value a tally of counts after their names, one a share of its capacity at least
-    (`_named_tally` from one side: another pod that knows only that the line changed in its digits
-    reads it whole, as the text path does whichever count changed)?"""
-    return _NAMED_COUNTS.fullmatch(value) is not None and "/" in value
+def named_tally(value: str, line_prefix: str) -> bool:
+    """Is a value a tally of counts after their names whose key names no limits (`_named_tally`
+    from one side: another pod that knows only that the line changed in its digits reads it whole,
+    as the text path does whichever count changed)?"""
+    return _NAMED_COUNTS.fullmatch(value) is not None and _LIMIT_KEY.search(line_prefix) is None
 
 
-def _named_tally(old: str, new: str) -> bool:
-    """The same names, each before its count, two counts or more changed (`small room 2, big room 4,
+# a key that names a tally's limits, a rule's (`Limits: small dogs 2, big dogs 4`), not what it counts now
+_LIMIT_KEY = re.compile(r"(?i)\b(?:limits?|max(?:ima|imum)?|quotas?|allowed|höchst\w*|grenzen?)\b")
+
+
+def _named_tally(old: str, new: str, line_prefix: str = "") -> bool:
+    """The same names, each before its count, a count or more changed (`small room 2, big room 4,
     walking 2, collected 0` -> `small room 2, big room 2, walking 2, collected 2`; round 49): a tally
     the client writes again, as `_counts_redrawn` reads counts before their names. One count
-    changed is an edit as often as not (a rule's `small dogs 2, big dogs 4` -> `big dogs 5`), unless
-    it is a share of a capacity that stayed (a choir's seats taken, `S 12/14 · A 8/12 · T 4/7 · B
-    4/9` -> `B 5/9`; round 52): a capacity is filled, a limit is not."""
+    changed is one too (round 53: a lab's trays, `in 8 · glazing 3 · …` -> `in 9 · …`, a daycare's
+    rooms, a choir's seats, in three pools), unless the key names limits (`Limits: small dogs 2,
+    big dogs 4` -> `big dogs 5`: a rule edited; round 49's guard)."""
     if not (_NAMED_COUNTS.fullmatch(old) and _NAMED_COUNTS.fullmatch(new)) or not _same_but(_WHOLE_NUMBER, old, new):
         return False
-    changed = [(a, b) for a, b in zip(_SHARE.findall(old), _SHARE.findall(new), strict=True) if a != b]
-    return len(changed) >= 2 or len(changed) == 1 and "/" in changed[0][0] \
-        and changed[0][0].split("/")[1] == changed[0][1].split("/")[1]
+    changed = sum(a != b for a, b in zip(_SHARE.findall(old), _SHARE.findall(new), strict=True))
+    return changed >= 2 or changed == 1 and _LIMIT_KEY.search(line_prefix) is None
 
 
 # what a status is about: words, then a running number (`heat 24`, `Lauf 3`), a year's series before it
