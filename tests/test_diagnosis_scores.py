@@ -399,27 +399,24 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="the held-out split heldout52 raised one look-alike alarm (measured once, "
-                                       "2026-12-06): a rule's return time edited from 17:30 to 18:00 read as a clock; "
-                                       "strict, so it turns red when no alarm is raised and this mark must go")
+@pytest.mark.xfail(strict=True, reason="the held-out split heldout53 raised one look-alike alarm (measured once, "
+                                       "2026-12-06): a rule's first booking time edited from 08:00 to 08:30 read as a "
+                                       "clock; strict, so it turns red when no alarm is raised and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout52 (measured once, 2026-12-06): "
-                                       "span exact-match F1 0.859, overlap 0.982 (Google Forms links read as their "
-                                       "edit token, a launch board stamped with its clock read as the clock, OCT scans "
-                                       "read as their DICOM UID); strict, so it turns red when the goal is reached")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout52 (measured once, 2026-12-06): "
-                                       "macro-F1 0.910 (a compaction that replaces the history with a graph's state "
-                                       "summary read as a new conversation, recall 0.50; tools as fish shell completions "
-                                       "reordered read as an edited template, 6; 6 values read as edits on their first "
-                                       "change); strict, so it turns red when the goal is reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout53 (measured once, 2026-12-06): "
+                                       "macro-F1 0.898 (the Anthropic SDKs' tool runner compaction, the history replaced "
+                                       "by one user message holding its summary, read as a new conversation, compaction "
+                                       "recall 0.38; 10 values read as edits on their first change; tldr pages reordered "
+                                       "once read as an edited template); strict, so it turns red when the goal is "
+                                       "reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
