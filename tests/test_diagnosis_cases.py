@@ -3165,3 +3165,68 @@ def test_tools_as_shell_completions_in_another_order_are_a_tool_order(fpr) -> No
     """A CLI's subcommands written as its fish completion file, a block per subcommand, moved: a
     tool order (round 53)."""
     assert reordered_listing_causes(fpr, FISH_COMPLETIONS, "Completions of the shop CLI", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+# ------------------------------------------------------------------ round 54
+def test_the_history_replaced_by_one_user_message_holding_a_tagged_summary_is_a_compaction(fpr) -> None:
+    """Every message after the system prompt replaced by one user message that is a `<summary>`
+    element, the next turn left to the model (the Anthropic SDKs' tool runner): a compaction; the
+    session then goes on from it (round 54)."""
+    history = agent_history(4)
+    summary = {"role": "user", "content": "<summary>\n## Task\nMigrate the invoices module to the new ledger API.\n"
+                                          "## State\nModules 1 to 3 are migrated and their tests are green; module 4 "
+                                          "still calls the old client in two places.\n## Next\nPort module 4, then the "
+                                          "export job, then remove the old client.\n</summary>"}
+    reply = {"role": "assistant", "content": "Porting module 4: the two calls to the old client are in billing/sync.py."}
+    bodies = [Gen.body(CODER, history[:7], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, [summary], None, None),
+              Gen.body(CODER, [summary, reply, {"role": "user", "content": "Go on."}], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction", None]
+
+
+def test_a_new_conversation_that_opens_with_a_pasted_document_stays_a_new_session(fpr) -> None:
+    """The guard: a new conversation whose one message is a document in markup and a question after
+    it is no summary standing alone."""
+    history = agent_history(4)
+    doc = ("<document>\n" + "\n".join(f"Clause {k}: the lessee keeps the premises in good repair." for k in range(8))
+           + "\n</document>\nWhich clauses bind the lessee?")
+    bodies = [Gen.body(CODER, history, None, None), Gen.body(CODER, [{"role": "user", "content": doc}], None, None)]
+    assert causes(fpr, bodies) == ["new_session"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Bürotafel: {}", ["07.13 Uhr · Büro zu · unterwegs: Säntis-Tour (Urs), zurück ca. 16.40",
+                       "07.21 Uhr · Büro zu · unterwegs: Säntis-Tour (Urs), zurück ca. 16.40",
+                       "07.34 Uhr · Büro offen · unterwegs: Säntis-Tour (Urs), zurück ca. 16.40"]),
+    ("Last inspection logged: {}", ["inspection number 5521 0934 7712 · class B · PASS, 2 advisories on the rear brakes",
+                                    "inspection number 5521 1187 2045 · class B · FAIL (headlamp aim, repaired within the hour)",
+                                    "inspection number 5521 1190 6631 · class C · PASS"]),
+    ("Letzte Rechnung: {}", ["QR-Rechnung CHF 480.00 · Referenz 00 00000 31852 20260 00000 41175 · bezahlt",
+                             "QR-Rechnung CHF 1'120.00 · Referenz 00 00000 72044 20260 00000 41209 · offen",
+                             "QR-Rechnung CHF 95.00 · Referenz 00 00000 18876 20260 00000 41230 · bezahlt"]),
+    ("Letzter Upload: {}", ["Praxis am Markt · https://we.tl/t-Qm7xKd2pLs · 3 Dateien, 48,2 MB",
+                            "Dr. Lange & Partner · https://we.tl/t-Zr4wNb8tYh · 1 Datei, 12,9 MB",
+                            "Kieferorthopädie Süd · https://we.tl/t-Hc9vLq3mXe · 2 Dateien, 30,4 MB"]),
+])
+def test_round_54s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 54 reads, each whole: a board stamped
+    with a clock written with a dot and `Uhr`; the newest entry written as a record, its parts set
+    apart by dots, up to 96 characters; a reference of grouped digits in such a record; a link whose
+    path holds a part drawn at random, counted as one token."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_rules_first_time_edited_beside_readings_stays_an_edit(fpr) -> None:
+    """The guard (and round 54's look-alike): a rule's first booking time edited from the hour to
+    the half hour, in a line that holds readings (a duration, a price), is an edit, not a reading."""
+    rule = "Note: inspections are booked from {}; the test takes about 45 minutes and the fee is £54.85."
+    assert [r["cause"] for r in run_value_line(fpr, rule, ["08:00", "08:30", "08:30"])][0] == "template_change"
+
+
+def test_a_status_that_ends_the_system_message_ends_before_the_templates_text(fpr) -> None:
+    """A status read whole on the last line of the system message ends where the message ends, not
+    with the template's closing text after it (round 54)."""
+    values = ["11:29 | Elm Road 10/18 done | tank 398 L | next: Oak Drive", "11:43 | Elm Road 12/18 done | tank 374 L | next: "
+              "Oak Drive", "11:48 | Elm Road 13/18 done | tank 362 L | next: Oak Drive"]
+    got = run(fpr, [body(f"{SYSTEM}Van: {v}", t) for v, t in zip(values, conversation(3), strict=True)])
+    assert [r["spans"] for r in got] == [[values[1]], [values[2]]], got

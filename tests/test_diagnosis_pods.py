@@ -322,6 +322,13 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         ("fish-completions", [body(f"{SYSTEM}\nCompletions:\n" + "\n".join(FISH_COMPLETIONS[k] for k in o) + "\nAnswer briefly.", t)
                               for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
          [None, "tool_order", None]),
+        # round 54: the history replaced by one user message holding a tagged summary
+        ("tagged-summary", [Gen.body(CODER, agent_history(4)[:7], None, None), Gen.body(CODER, agent_history(4), None, None),
+                            Gen.body(CODER, [{"role": "user", "content": "<summary>\n## Task\nMigrate the invoices module "
+                                              "to the new ledger API.\n## State\nModules 1 to 3 are migrated and their "
+                                              "tests are green; module 4 still calls the old client in two places.\n"
+                                              "## Next\nPort module 4, then the export job.\n</summary>"}], None, None)],
+         [None, None, "compaction"]),
     ]
 
 

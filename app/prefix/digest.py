@@ -39,6 +39,7 @@ from app.prefix.history_shape import (
     HistoryKeys,
     first_exchange,
     history_compacted,
+    summary_alone,
     tail_start,
     trimmed,
 )
@@ -719,6 +720,8 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
     history = cur.history_regions()
     if len(prev.history) != 2:
         return False
+    if prev.history[0] >= COMPACTED_MIN_MESSAGES and summary_alone(cur):
+        return True
 
     def keys() -> tuple[HistoryKeys, HistoryKeys]:
         first = list(zip((u == "u" for u in prev.users), prev.turns, strict=False))

@@ -4,6 +4,7 @@ The tests read message keys and sizes, so the text path and another pod's digest
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import cache
 
@@ -14,6 +15,7 @@ COMPACTED_MIN_MESSAGES = 4  # a history this long before it, at least (one excha
 PINNED_MESSAGES = 2  # a front trim may keep this many first history messages (the task, its first reply)
 MAX_PINNED_EXCHANGE = 32  # ... or the whole first exchange (an agent's: its tool calls too), up to this long
 COMPACTED_SHARE = 0.5  # the history after a compaction holds at most this share of the text before
+SUMMARY_REPLY_CHARS = 200  # a summary given as the model's reply (or alone, in markup) is this long at least
 
 
 # ---------------------------------------------------------------------- sketch geometry
@@ -124,6 +126,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return summary_in_system(prev, cur)
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
+    if len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur):
+        return True
     histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
     if history_compacted((len(pn), sum(pn), len(cn), sum(cn)),
                          lambda: (_by_user(histories()[0]), _by_user(histories()[1]))):
@@ -144,6 +148,22 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     return newest_kept(_after_prompt(prev.message_keys), _after_prompt(cur.message_keys),
                        lambda i: _extended(prev, cur, i + prev_offset),
                        lambda i: _long_message(cur, i + cur_offset))
+
+
+# one element of markup holding the whole message: `<summary>…</summary>`
+_TAGGED_WHOLE = re.compile(r"\s*<([A-Za-z_][\w-]{0,31})>([\s\S]*)</\1>\s*")
+
+
+def summary_alone(cur: RequestSketch) -> bool:
+    """Is the current history one user message, a single element of markup around
+    SUMMARY_REPLY_CHARS characters or more (the Anthropic SDKs' tool runner compaction: every
+    message replaced by a user message holding its `<summary>`, the next turn left to the model;
+    round 54)? A new conversation opens with a question, not one tagged block."""
+    history = cur.history_regions()
+    if len(history) != 1 or history[0].role != "user" or history[0].end - history[0].start < SUMMARY_REPLY_CHARS:
+        return False
+    m = _TAGGED_WHOLE.fullmatch(cur.text, history[0].start, history[0].end)
+    return m is not None and len(m.group(2)) >= SUMMARY_REPLY_CHARS
 
 
 SUMMARY_IN_SYSTEM_CHARS = 64  # a summary appended to the system prompt is this long at least
@@ -175,7 +195,6 @@ def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
     return kept * 2 <= len(pm) and (len(ck) - 1) * 2 <= len(pm) and (ps is not None or kept >= 1)
 
 
-SUMMARY_REPLY_CHARS = 200  # a summary given as the model's reply is this long at least
 
 
 def summary_asked(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:

@@ -124,15 +124,17 @@ _PART_TEXT = re.compile(r"[\w.,]+")  # a part's text: what is left is how the pa
 
 
 def _parts_changed(prev: str, cur: str, value: tuple[int, int, int], kind: str, line0: int, line1: int,
-                   pline1: int) -> ValueChange | None:
+                   pline1: int, stop: int | None) -> ValueChange | None:
     """A key line's value whole when it opens with the changed value and its later parts, set apart
     as before, changed too (a card payment's `{<GUID>} · £890.00 · NOTAUTHED` -> `{<GUID>} · £640.00 ·
-    OK`: the entry, not its id; round 52), an entry short enough (`_holds_entry`)."""
+    OK`: the entry, not its id; round 52), an entry short enough (`_holds_entry`). `stop`: where the
+    message ends, when the line runs on into the template's text after it (the same in both)."""
     start, end, pend = value
     vs = whole_value_start(cur[line0:start])
     if vs is None or not all(not c.isalnum() for c in cur[line0 + vs:start]) or start - line0 - vs > 2:
         return None
-    vend, pvend = before_space(cur, end, line1), before_space(prev, pend, pline1)
+    trailing = line1 - min(line1, stop) if stop is not None else 0
+    vend, pvend = before_space(cur, end, line1 - trailing), before_space(prev, pend, pline1 - trailing)
     rest, prest = cur[end:vend], prev[pend:pvend]
     if rest == prest or _PART_TEXT.sub("", rest) != _PART_TEXT.sub("", prest) or not _PART_TEXT.sub("", rest).strip():
         return None
@@ -256,8 +258,9 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # a status stamped with its clock first (after a word: `Stand 18:03 Uhr`), then set apart by a sign, what
 # it says (`15:01 · T1 Otis (border terrier) drying (18') · T2 …`, `08:59 | Dev with Amira K. till 09:45 |
 # …`; round 50): as long as its entries make it; not a range (`14:00 – 15:30`), but it may open with a count
-# (`10:36 · 9/14 day launches out · …`; round 53)
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?) [·|¦–—] (?!\d{1,2}[:.]\d\d)\S")
+# (`10:36 · 9/14 day launches out · …`; round 53); a clock written with a dot is one with `Uhr` (`07.13 Uhr · Büro
+# zu · …`; round 54), not a price
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr) [·|¦–—] (?!\d{1,2}[:.]\d\d)\S")
 STAMPED_STATUS_CHARS = 160
 
 
@@ -343,7 +346,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
                     start = number_start(cur, start, span.start)
                     end, pend = number_end(cur, max(ce, cd + 1)), number_end(prev, max(pe, pd + 1))
             if agree_after(prev, cur, pend, end):
-                return _parts_changed(prev, cur, (start, end, pend), kind, line0, line1, pline1) \
+                return _parts_changed(prev, cur, (start, end, pend), kind, line0, line1, pline1, stop) \
                     or ValueChange(Span(start, end, kind, cur[start:end]), pend)
             if (kind == "timestamp" or kind == "time" and _SECONDS.search(span.text)) and (logged := _log_line(
                     prev, cur, span, pspan, (pline0, pline1, line0, line1), stop)) is not None:
@@ -544,6 +547,10 @@ def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end:
 LATEST_WORDS = r"last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|jüngste[rsn]?"
 _LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}[:=]\s*[\"']?")
 LATEST_VALUE_CHARS = 72  # an entry's number with its note; a longer value is text (48 before round 46, 64 before 51)
+# an entry written as a record, its parts set apart by a sign (`MOT test number 2037 5336 5606 · class 4 · PRS
+# (repaired within the hour)`), may be longer: prose is not set apart so (round 54)
+LATEST_RECORD_CHARS = 96
+_RECORD_PARTS = re.compile(r" [·|¦] ")
 
 
 def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:
@@ -608,8 +615,18 @@ _LOGGED_FIELD = re.compile(r"(?<!\S)[a-z_]{2,20}=\S")  # a log line's `key=value
 def _drawn_tokens(value: str) -> list[str]:
     """A value's long tokens drawn at random (a UUID, a hex digest: `Klarna bd730a44-cd46-…`; a
     number of 17 digits or more, which no one writes by hand: a DICOM UID's `2.25.<UUID as a
-    decimal>`, round 53)."""
-    return [m.group() for m in _LONG_TOKEN.finditer(value) if random_looking(m.group()) or _LONG_NUMBER.fullmatch(m.group())]
+    decimal>`, round 53; a link whose path holds a part of 8 characters or more drawn at random,
+    `https://we.tl/t-TNHCfq6dlK`, whole, round 54)."""
+    links = [m for m in _LINK.finditer(value)
+             if any(len(part) >= 8 and random_looking(part) for part in _LINK_PARTS.split(m.group()))]
+    return [m.group() for m in links] + [
+        m.group() for m in _LONG_TOKEN.finditer(value)
+        if not any(a.start() <= m.start() < a.end() for a in links)
+        and (random_looking(m.group()) or _LONG_NUMBER.fullmatch(m.group()))]
+
+
+_LINK = re.compile(r"https?://[^\s<>\"'`()\[\]{}]+")
+_LINK_PARTS = re.compile(r"[/?&=#.:]")
 
 
 _LONG_NUMBER = re.compile(r"\d{17,}")
@@ -623,7 +640,8 @@ def _holds_entry(value: str) -> bool:
     if len(_LOGGED_FIELD.findall(value)) >= 2:
         return False  # a structured log line's fields (`level=ERROR thread=#zio-fiber-91147 …`): no entry
     drawn = _drawn_tokens(value)
-    return 0 < len(value) - sum(len(t) - 1 for t in drawn) <= LATEST_VALUE_CHARS and (
+    limit = LATEST_RECORD_CHARS if _RECORD_PARTS.search(value) else LATEST_VALUE_CHARS
+    return 0 < len(value) - sum(len(t) - 1 for t in drawn) <= limit and (
         bool(drawn) or _ENTRY_NUMBER.search(value) is not None
         or any(len(r) >= DRAWN_REFERENCE_CHARS and random_looking(r) for r in _CAPITALS_REFERENCE.findall(value)))
 
@@ -666,6 +684,8 @@ def _status_reading(prev: str, cur: str, value: LineValue | None) -> ValueChange
     if found is None:
         return None
     s, e, pe = found
+    if _ON_THE_HOUR.fullmatch(prev, pstart + s, pstart + pe) and _ON_THE_HOUR.fullmatch(cur, start + s, start + e):
+        return None  # a rule's hour edited (`booked from 08:00` -> `08:30`), not a reading (round 54)
     return ValueChange(Span(start + s, start + e, "counter", cur[start + s:start + e]), pstart + pe)
 
 
