@@ -405,9 +405,6 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="the held-out split heldout53 raised one look-alike alarm (measured once, "
-                                       "2026-12-06): a rule's first booking time edited from 08:00 to 08:30 read as a "
-                                       "clock; strict, so it turns red when no alarm is raised and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
@@ -417,12 +414,11 @@ def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout53 (measured once, 2026-12-06): "
-                                       "macro-F1 0.898 (the Anthropic SDKs' tool runner compaction, the history replaced "
-                                       "by one user message holding its summary, read as a new conversation, compaction "
-                                       "recall 0.38; 10 values read as edits on their first change; tldr pages reordered "
-                                       "once read as an edited template); strict, so it turns red when the goal is "
-                                       "reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout54 (measured once, 2026-12-06): "
+                                       "macro-F1 0.895 (a Postman collection's requests reordered read as an edited "
+                                       "template, tool_order recall 0.76; AutoGPT's running summary read as a front trim, "
+                                       "compaction recall 0.62; 6 values read as edits on their first change); strict, so "
+                                       "it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
