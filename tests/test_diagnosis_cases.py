@@ -3230,3 +3230,74 @@ def test_a_status_that_ends_the_system_message_ends_before_the_templates_text(fp
               "Oak Drive", "11:48 | Elm Road 13/18 done | tank 362 L | next: Oak Drive"]
     got = run(fpr, [body(f"{SYSTEM}Van: {v}", t) for v, t in zip(values, conversation(3), strict=True)])
     assert [r["spans"] for r in got] == [[values[1]], [values[2]]], got
+
+
+# ------------------------------------------------------------------ round 55
+def collection(names: list[str]) -> list[str]:
+    """A JSON collection's items, one per tool, each named as code by its `name` member."""
+    return ["\t\t{\n" + f'\t\t\t"name": "{n}",\n\t\t\t"request": {{\n\t\t\t\t"method": "POST",\n'
+            f'\t\t\t\t"url": "{{{{base}}}}/tools/{n}"\n\t\t\t}}\n\t\t}},' for n in names]
+
+
+def test_json_items_named_as_code_in_another_order_are_a_tool_order(fpr) -> None:
+    """A collection's requests (JSON items, each named as code by its `name` member) moved: a tool
+    order (a Postman collection; round 55)."""
+    items = collection(["order_show", "return_open", "parcel_track", "stock_count"])
+    assert reordered_listing_causes(fpr, items, 'Tools (collection JSON):\n{\n\t"item": [', [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_json_items_named_in_words_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: JSON items named in words (offices, not tools) moved are an edited template."""
+    items = ["\t\t{\n" + f'\t\t\t"name": "{n}",\n\t\t\t"city": "{c}"\n\t\t}},' for n, c in (
+        ("Main office", "Leeds"), ("North depot", "York"), ("South depot", "Derby"), ("Harbour store", "Hull"))]
+    assert reordered_listing_causes(fpr, items, 'Sites:\n{\n\t"item": [', [2, 0, 3, 1]) == ["template_change", None]
+
+
+PLACEHOLDER = "What you remember of earlier turns:\nNothing yet."
+RUNNING_SUMMARY = ("What you remember of earlier turns:\nThe task was to migrate the invoices module to the ledger API; "
+                   "modules 1 and 2 are done and their tests pass, the export job still uses the old client, and the "
+                   "user asked to keep the CSV columns in the same order as before.")
+
+
+def noted(note: str, history: list[dict[str, str]]) -> dict:
+    """A conversation with a system note after the system prompt (a running summary's place)."""
+    return Gen.body(None, [{"role": "system", "content": CODER}, {"role": "system", "content": note}, *history], None, None)
+
+
+def test_a_running_summary_note_rewritten_as_early_turns_go_is_a_compaction(fpr) -> None:
+    """A system note after the system prompt that holds a running summary, rewritten 200 characters
+    longer or more as the history's first turns are dropped: a compaction (AutoGPT's; round 55)."""
+    history = agent_history(5)
+    bodies = [noted(PLACEHOLDER, history[:9]), noted(PLACEHOLDER, history), noted(RUNNING_SUMMARY, history[4:])]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_note_that_first_appears_where_turns_were_dropped_stays_a_front_trim(fpr) -> None:
+    """The guard: a note put after the system prompt where the first turns were, with no note there
+    before, is a front trim (as round 20's labels have it)."""
+    history = agent_history(5)
+    note = ("Earlier in this conversation the user asked to migrate the invoices module to the ledger API and "
+            "to keep the CSV columns in the same order; modules 1 and 2 were done then.")
+    bodies = [Gen.body(CODER, history, None, None), noted(note, history[4:])]
+    assert causes(fpr, bodies) == ["front_trim"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Changeover board: {}", [f"Sat {c} · Heron Cottage: {a} · Beck House: {b} · Loft: guests staying on · "
+                              f"Boathouse: ready for 16:00 arrival · keys: 2 in the safe, 1 out with cleaners · linen van due 14:30"
+                              for c, a, b in (("11:23", "team A cleaning, ready ~12:00", "team B cleaning, ready ~13:30"),
+                                              ("11:41", "team A cleaning, ready ~12:00", "team B cleaning, ready ~13:15"),
+                                              ("11:52", "team A cleaning, ready ~12:00", "team B cleaning, ready ~13:15"))]),
+    ("Last channel booking: {}", ["Airbnb HMKWG60X1B · Heron Cottage · 22 Mar–27 Mar, 5 nights, 5 guests",
+                                  "Airbnb HM54D1VV31 · Beck House · 14 Sep–20 Sep, 6 nights, 2 guests, 1 dog",
+                                  "Airbnb HMX7Q2ZT9C · Loft · 2 Apr–4 Apr, 2 nights, 2 guests"]),
+    ("Letzter Beleg: {}", [f"Beleg {n} · {a} € · _R1-AT1_KASSE-02_{n}_2026-03-02T{t}_{a}_0,00_0,00_0,00_0,00_{s}"
+                           for n, a, t, s in (("5120", "12,50", "09:14:02", "Jq8x2LmZp4K=_7c1e9a0b3d_Zk3Hq9Wm2tY="),
+                                              ("5123", "48,00", "09:31:47", "Pw4nV7cRt2X=_7c1e9a0b3d_Lm8Kd2Qs6vB="),
+                                              ("5127", "7,90", "09:52:30", "Hx6sN1bYq8D=_7c1e9a0b3d_Tg5Wr3Pz9cM="))]),
+])
+def test_round_55s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 55 reads, each whole: a board stamped
+    with a weekday and clock up to 240 characters; a newest entry written as a record with a drawn
+    reference, up to 96 characters; a receipt with its machine-readable code counted as one token."""
+    assert_values_whole(fpr, line, values)

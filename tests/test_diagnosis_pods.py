@@ -24,7 +24,9 @@ from tests.test_diagnosis_cases import (
     EXCHANGES,
     FISH_COMPLETIONS,
     MAN_PAGES,
+    PLACEHOLDER,
     PROMPT_FILES,
+    RUNNING_SUMMARY,
     SHELL_FUNCTIONS,
     SYSTEM,
     TASK,
@@ -33,7 +35,9 @@ from tests.test_diagnosis_cases import (
     agent_history,
     body,
     chat_commands,
+    collection,
     conversation,
+    noted,
     rebuilt_history,
     said,
     schemas_in_text,
@@ -329,9 +333,17 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                                               "tests are green; module 4 still calls the old client in two places.\n"
                                               "## Next\nPort module 4, then the export job.\n</summary>"}], None, None)],
          [None, None, "compaction"]),
+        # round 55: JSON items named as code moved; a running summary note rewritten as early turns go
+        ("json-items", [body(f'{SYSTEM}\nTools (collection JSON):\n{{\n\t"item": [\n' + "\n".join(ITEMS[k] for k in o)
+                             + "\n\t]\n}\nAnswer briefly.", t)
+                        for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
+         [None, "tool_order", None]),
+        ("running-summary", [noted(PLACEHOLDER, agent_history(5)[:9]), noted(PLACEHOLDER, agent_history(5)),
+                             noted(RUNNING_SUMMARY, agent_history(5)[4:])], [None, None, "compaction"]),
     ]
 
 
+ITEMS = collection(["order_show", "return_open", "parcel_track", "stock_count"])
 SUDO_TOOLS = ["    (root) NOPASSWD: /usr/bin/systemctl restart shop-web", "    (postgres) NOPASSWD: /usr/bin/pg_dump shop",
               "    (deploy) NOPASSWD: /opt/shop/bin/release --env prod", "    (root) NOPASSWD: /usr/sbin/nginx -s reload"]
 DIRECTIVE_TOOLS = [f".. py:function:: {n}\n\n   {d}" for n, d in (

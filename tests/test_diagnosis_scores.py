@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout54` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout55` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -112,8 +112,9 @@ FLOORS = {
     # tool lists; front trims and compactions in new shapes; labels that take in a unit or the date
     # after a clock; the look-alike alarm below)
     # round 27 (a summary asked for and kept as the model's reply): 0.9798 / 0.9505 / 0.6332
-    # round 44: 0.9798 / 0.9505 / 0.7230
-    "heldout20": (0.979, 0.950, 0.722),
+    # round 44: 0.9798 / 0.9505 / 0.7230; round 55: 0.9813 / 0.9537 / 0.7230 (Flowise tools, JSON items named as
+    # code, moved: a tool order)
+    "heldout20": (0.981, 0.953, 0.722),
     # the twenty-first (measured 0.889 / 0.688 / 0.288), tune side since heldout22: 0.9889 / 0.8515 / 0.5385
     # (a phantom history_edit: a status line's reading added; a compaction that drops one exchange under its summary;
     # a wind's gusts, a departure's clock range, counts of one small integer read as edits the first time they
@@ -121,8 +122,9 @@ FLOORS = {
     # round 24 (a key line's value changed again, readings of one line as one value): 0.9921 / 0.8563 / 0.6488
     # round 25 (a value found again, wider, at its key: the line's value): 0.9921 / 0.8563 / 0.6523
     # round 40: 0.9936 / 0.9791 / 0.6559
-    # round 44: 0.9936 / 0.9791 / 0.7634
-    "heldout21": (0.993, 0.979, 0.763),
+    # round 44: 0.9936 / 0.9791 / 0.7634; round 55: 0.9952 / 0.9827 / 0.7634 (ElevenLabs webhooks, JSON items
+    # named as code, moved: a tool order)
+    "heldout21": (0.995, 0.982, 0.763),
     # the twenty-second (measured 0.917 / 0.867 / 0.576), tune side since heldout23: 0.9906 / 0.9829 / 0.7506
     # (cues, a queue in words, a show clock's act, a wind whose gusts appear read as edits the first time they
     # change; labels that take in a value's unit and words)
@@ -322,8 +324,9 @@ FLOORS = {
     # (the Continue CLI's compaction, troff manual pages, New Relic request lines, precious metal prices,
     # a music school's register and a contract round's stamped status read by round 51's rules; Excel custom
     # functions read by earlier rules; a club's occupancy and a repair bench's counts still read as edits
-    # on their first change)
-    "heldout50": (0.993, 0.988, 0.989),
+    # on their first change); round 55: 0.9952 / 0.9911 / 0.9921 (New Relic's request lines, a machine-readable
+    # code with a drawn part counted as one token)
+    "heldout50": (0.995, 0.991, 0.992),
     # the fifty-first (measured 0.966 / 0.778 / 0.961), tune side since round 52: 0.9984 / 0.9970 / 0.9976
     # (LangChain's summary buffer memory, its transcript in one user message grown in place and compacted by a
     # summary line, card payments with their amount and result, Dropbox links, pretix orders, TSE receipts and a
@@ -342,13 +345,18 @@ FLOORS = {
     # time edited read by round 54's rules; autoclave cycles, a mountain weather reading and tldr pages reordered
     # once still read as edits)
     "heldout53": (0.993, 0.987, 0.992),
+    # the fifty-fourth (measured 0.960 / 0.895 / 0.948), tune side since round 55: 0.9968 / 0.9940 / 0.9949 (a
+    # Postman collection's requests, AutoGPT's running summary, Airbnb reservations, Austrian receipts with their
+    # signed code and changeover boards up to 240 characters read by round 55's rules; ski binding tests still
+    # read as edits)
+    "heldout54": (0.996, 0.993, 0.994),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout54), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout55), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -356,7 +364,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -449,7 +457,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout54`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout55`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -36,6 +36,7 @@ from app.prefix.dynamic import (
 from app.prefix.history_shape import (
     COMPACTED_MIN_MESSAGES,
     SUMMARY_IN_SYSTEM_CHARS,
+    SUMMARY_REPLY_CHARS,
     HistoryKeys,
     first_exchange,
     history_compacted,
@@ -589,8 +590,10 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
                 return Diagnosis("new_session", cd, [], None, "a new conversation over the shared head")
             return Diagnosis(None, cd, detail="diverges in the part expected to vary")
         system = cur.regions[0] if cur.regions and cur.regions[0].role == "system" else None
-        if system is not None and cd >= system.end and not (reordered or set_changed) \
-                and trimmed(prev.turns, mine.turns, first_exchange([u == "u" for u in prev.users])):
+        dropped = trimmed(prev.turns, mine.turns, first_exchange([u == "u" for u in prev.users]))
+        if dropped and not (reordered or set_changed) and _note_rewritten(prev, mine, cur):
+            return Diagnosis("compaction", cd, [], None, "the history was replaced by a summary (line level)")
+        if system is not None and cd >= system.end and not (reordered or set_changed) and dropped:
             # the system prompt kept, a system note after it where the first turns were, the history
             # without them: the text path's front trim (`_Pair.classify`), not an edited template
             return Diagnosis("front_trim", cd, [], None, "history was cut or summarised at the front")
@@ -729,6 +732,21 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
         return ph, [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
     return history_compacted((prev.history[0], prev.history[1], len(history), sum(r.end - r.start for r in history)),
                              keys)
+
+
+def _note_rewritten(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch) -> bool:
+    """`summary_note_rewritten` against a digest: a system note after the system prompt whose first
+    line was there before holds SUMMARY_REPLY_CHARS or more in lines the previous request did not
+    have (a running summary rewritten as the history's first turns were dropped; round 55)."""
+    if len(cur.regions) < 3 or cur.regions[0].role != "system" or cur.regions[1].role != "system" \
+            or cur.regions[2].role == "system":
+        return False
+    note = cur.regions[1]
+    seen = set(prev.lines)
+    units = [(key, a, b) for key, (a, b) in zip(mine.lines, head_lines(cur), strict=False) if note.start <= a < note.end]
+    if not units or units[0][0] not in seen:
+        return False
+    return sum(b - a for key, a, b in units if key not in seen) >= SUMMARY_REPLY_CHARS
 
 
 def _summary_in_head(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch) -> bool:

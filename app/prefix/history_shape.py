@@ -122,6 +122,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     (`summary_stands_in`)."""
     if prev.tools_canon != cur.tools_canon:
         return False
+    if summary_note_rewritten(prev, cur):
+        return True
     if prev.system_text != cur.system_text:
         return summary_in_system(prev, cur)
     pn = [r.end - r.start for r in prev.history_regions()]
@@ -164,6 +166,18 @@ def summary_alone(cur: RequestSketch) -> bool:
         return False
     m = _TAGGED_WHOLE.fullmatch(cur.text, history[0].start, history[0].end)
     return m is not None and len(m.group(2)) >= SUMMARY_REPLY_CHARS
+
+
+def summary_note_rewritten(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """A running summary kept in a system note after the system prompt (AutoGPT's "This reminds you
+    of these events from your past:"), rewritten SUMMARY_REPLY_CHARS longer or more as the
+    history's first turns are dropped (round 55): the note was there before, so the summary
+    stands in for those turns; a note that first appears where turns were dropped is a front
+    trim's (round 20's labels)."""
+    ps, cs = _leading_system_texts(prev), _leading_system_texts(cur)
+    if len(ps) != 2 or len(cs) != 2 or ps[0] != cs[0] or len(cs[1]) - len(ps[1]) < SUMMARY_REPLY_CHARS:
+        return False
+    return front_trimmed(prev, cur)
 
 
 SUMMARY_IN_SYSTEM_CHARS = 64  # a summary appended to the system prompt is this long at least

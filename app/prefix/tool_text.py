@@ -336,7 +336,12 @@ def declares_name(line: str) -> bool:
                 or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line)
                 or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line)
                 or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line) or _BRACE_FUNCTION.match(line)
-                or _FILE_HEADING.match(line) or _MAN_TITLE.match(line))
+                or _FILE_HEADING.match(line) or _MAN_TITLE.match(line) or _JSON_NAMED_ITEM.match(line))
+
+
+# an item of a JSON list named as code by its `name` member on a line of its own (a Postman collection's
+# requests, `"name": "book_in_device",`; round 55): what moves with the item
+_JSON_NAMED_ITEM = re.compile(rf'^\s*"name"\s*:\s*"{_AS_CODE}"\s*,?\s*$')
 
 
 def _shape(line: str) -> str:

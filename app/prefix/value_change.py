@@ -261,7 +261,7 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # (`10:36 · 9/14 day launches out · …`; round 53); a clock written with a dot is one with `Uhr` (`07.13 Uhr · Büro
 # zu · …`; round 54), not a price
 _STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr) [·|¦–—] (?!\d{1,2}[:.]\d\d)\S")
-STAMPED_STATUS_CHARS = 160
+STAMPED_STATUS_CHARS = 240  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55)
 
 
 def _status_too_long(text: str, start: int, end: int) -> bool:
@@ -553,6 +553,11 @@ LATEST_RECORD_CHARS = 96
 _RECORD_PARTS = re.compile(r" [·|¦] ")
 
 
+def _entry_chars(value: str) -> int:
+    """How long a newest entry may be: a record's parts set apart by signs, or an entry's number with its note."""
+    return LATEST_RECORD_CHARS if _RECORD_PARTS.search(value) else LATEST_VALUE_CHARS
+
+
 def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:
     """The whole value of a `key: value` line whose key names the newest entry of a series (`Last
     lane booking: LB00434/lane 9` -> `LB00439/lane 6`), when both values hold an entry's number (three
@@ -598,7 +603,7 @@ def _reference_redrawn(old: str, new: str) -> bool:
     """Do two short values each hold one reference, drawn again from one to the other (`£5.50
     (watercress pesto), SumUp DI9VTWSKGI` -> `£32.00 (gift box), SumUp 33ZEWIIPTI`; round 48)? A
     code of ten drawn characters reads as random only beside the other draw."""
-    if not (0 < len(old) <= LATEST_VALUE_CHARS and 0 < len(new) <= LATEST_VALUE_CHARS):
+    if not (0 < len(old) <= _entry_chars(old) and 0 < len(new) <= _entry_chars(new)):
         return False
     a, b = _CAPITALS_REFERENCE.findall(old), _CAPITALS_REFERENCE.findall(new)
     return len(a) == len(b) == 1 and code_redrawn(a[0], b[0], REDRAWN_REFERENCE_CHARS)
@@ -616,9 +621,12 @@ def _drawn_tokens(value: str) -> list[str]:
     """A value's long tokens drawn at random (a UUID, a hex digest: `Klarna bd730a44-cd46-…`; a
     number of 17 digits or more, which no one writes by hand: a DICOM UID's `2.25.<UUID as a
     decimal>`, round 53; a link whose path holds a part of 8 characters or more drawn at random,
-    `https://we.tl/t-TNHCfq6dlK`, whole, round 54)."""
+    `https://we.tl/t-TNHCfq6dlK`, whole, round 54; a machine-readable code of 48 characters or more
+    with such a part, whole, round 55)."""
     links = [m for m in _LINK.finditer(value)
              if any(len(part) >= 8 and random_looking(part) for part in _LINK_PARTS.split(m.group()))]
+    links += [m for m in _MACHINE_CODE.finditer(value) if not any(a.start() <= m.start() < a.end() for a in links)
+              and any(len(part) >= 8 and random_looking(part) for part in _CODE_PARTS.split(m.group()))]
     return [m.group() for m in links] + [
         m.group() for m in _LONG_TOKEN.finditer(value)
         if not any(a.start() <= m.start() < a.end() for a in links)
@@ -626,6 +634,10 @@ def _drawn_tokens(value: str) -> list[str]:
 
 
 _LINK = re.compile(r"https?://[^\s<>\"'`()\[\]{}]+")
+# a machine-readable code of 48 characters or more without a space (an Austrian receipt's signed
+# `_R1-AT1_KASSE-01_23586_2026-02-12T10:17:19_58,00_…`; round 55): one token when a part of it is drawn
+_MACHINE_CODE = re.compile(r"(?<!\S)\S{48,}")
+_CODE_PARTS = re.compile(r"[_/.:,;|]")
 _LINK_PARTS = re.compile(r"[/?&=#.:]")
 
 
@@ -640,8 +652,7 @@ def _holds_entry(value: str) -> bool:
     if len(_LOGGED_FIELD.findall(value)) >= 2:
         return False  # a structured log line's fields (`level=ERROR thread=#zio-fiber-91147 …`): no entry
     drawn = _drawn_tokens(value)
-    limit = LATEST_RECORD_CHARS if _RECORD_PARTS.search(value) else LATEST_VALUE_CHARS
-    return 0 < len(value) - sum(len(t) - 1 for t in drawn) <= limit and (
+    return 0 < len(value) - sum(len(t) - 1 for t in drawn) <= _entry_chars(value) and (
         bool(drawn) or _ENTRY_NUMBER.search(value) is not None
         or any(len(r) >= DRAWN_REFERENCE_CHARS and random_looking(r) for r in _CAPITALS_REFERENCE.findall(value)))
 
