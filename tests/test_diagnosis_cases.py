@@ -3301,3 +3301,51 @@ def test_round_55s_values_are_values_whole_on_their_first_change(fpr, line: str,
     with a weekday and clock up to 240 characters; a newest entry written as a record with a drawn
     reference, up to 96 characters; a receipt with its machine-readable code counted as one token."""
     assert_values_whole(fpr, line, values)
+
+
+# ------------------------------------------------------------------ round 56
+ROLLING = ("Summary of the conversation so far: the user is migrating the invoices module to the ledger API; "
+           "modules 1 and 2 are done and tested, and the export job still calls the old client in two places; "
+           "the CSV columns must keep their order.")
+
+
+def test_a_summary_opening_a_shorter_history_in_place_of_its_first_turns_is_a_compaction(fpr) -> None:
+    """A user message holding the summary opens the history where its first turns were, the rest
+    kept, the history shorter than before: a compaction, whatever share stays (round 56)."""
+    history = agent_history(4)
+    bodies = [Gen.body(CODER, history[:7], None, None), Gen.body(CODER, history, None, None),
+              Gen.body(CODER, [{"role": "user", "content": ROLLING}, *history[3:]], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_rolling_summary_rewritten_over_a_window_of_the_same_length_stays_a_front_trim(fpr) -> None:
+    """The guard (issue 29: a session that trims its front on every turn is a front trim): the
+    summary rewritten as the next exchange leaves a window that keeps its length is paid on every
+    turn, a front trim."""
+    history = agent_history(5)
+    again = {"role": "user", "content": ROLLING + " Module 3 was started and its fixtures were regenerated."}
+    bodies = [Gen.body(CODER, [{"role": "user", "content": ROLLING}, *history[3:]], None, None),
+              Gen.body(CODER, [again, *history[5:], *agent_history(6)[11:13]], None, None)]
+    assert causes(fpr, bodies) == ["front_trim"]
+
+
+def test_first_turns_dropped_bare_stay_a_front_trim(fpr) -> None:
+    """The guard: the first exchange dropped with nothing in its place is a front trim."""
+    history = agent_history(4)
+    bodies = [Gen.body(CODER, history, None, None), Gen.body(CODER, history[2:], None, None)]
+    assert causes(fpr, bodies) == ["front_trim"]
+
+
+def test_a_newest_entry_written_as_a_record_replaced_is_a_value_whole(fpr) -> None:
+    """Under a key naming the newest entry, a record of parts set apart by dots, two parts or more
+    changed, is the value whole though it holds no entry's number (round 56)."""
+    assert_values_whole(fpr, "Last checkout: {}", ["60 out: T18 D3 · Ann Hale (The Anchor), board 2",
+                                                    "68 out: 18 14 D18 · Tom Reed (Bridge Inn), board 1",
+                                                    "82 out: T18 D14 · Ann Hale (The Anchor), board 1"])
+
+
+def test_a_newest_entrys_record_with_one_part_edited_stays_an_edit(fpr) -> None:
+    """The guard: one part of such a record edited (no entry's number, one part) is an edit."""
+    got = run_value_line(fpr, "Last note: {}", ["kitchen closed · back at six", "kitchen closed · back at seven",
+                                                "kitchen closed · back at seven"])
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -26,6 +26,7 @@ from tests.test_diagnosis_cases import (
     MAN_PAGES,
     PLACEHOLDER,
     PROMPT_FILES,
+    ROLLING,
     RUNNING_SUMMARY,
     SHELL_FUNCTIONS,
     SYSTEM,
@@ -340,6 +341,10 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
          [None, "tool_order", None]),
         ("running-summary", [noted(PLACEHOLDER, agent_history(5)[:9]), noted(PLACEHOLDER, agent_history(5)),
                              noted(RUNNING_SUMMARY, agent_history(5)[4:])], [None, None, "compaction"]),
+        # round 56: a summary opening a shorter history in place of its first turns
+        ("summary-heads", [Gen.body(CODER, agent_history(4)[:7], None, None), Gen.body(CODER, agent_history(4), None, None),
+                             Gen.body(CODER, [{"role": "user", "content": ROLLING}, *agent_history(4)[3:]], None, None)],
+         [None, None, "compaction"]),
     ]
 
 

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout55` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout56` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -229,7 +229,9 @@ FLOORS = {
     # more than half of the history, still read as a front trim; labels that take in a value's note)
     # round 40: 0.9969 / 0.9743 / 0.7366
     # round 44: 0.9969 / 0.9743 / 0.8585
-    "heldout36": (0.996, 0.974, 0.858),
+    # round 56: 0.9984 / 0.9878 / 0.8585 (a summary opening a shorter history in place of its first turns: a
+    # compaction)
+    "heldout36": (0.998, 0.987, 0.858),
     # the thirty-seventh (measured 0.981 / 0.800 / 0.635), tune side since heldout38: 0.9951 / 0.8694 / 0.6683
     # (AutoGen's message token limiter, messages cut in place; log lines whose stamp and message changed; a
     # burn time in days and hours; running numbers with a note, `Nr. 31 (Buche/Eiche)`, still read as edits
@@ -251,7 +253,8 @@ FLOORS = {
     # creditor reference, a countdown `on the clock`, a context block's key line; states replaced by
     # others, channel levels and a merged summary still missed; its labels take in a value's words)
     # round 44: 0.9952 / 0.9817 / 0.8895
-    "heldout39": (0.995, 0.981, 0.889),
+    # round 56: 0.9968 / 0.9940 / 0.8895 (a summary opening the history in place of its first turns: a compaction)
+    "heldout39": (0.996, 0.993, 0.889),
     # the fortieth (measured 0.944 / 0.903 / 0.619), tune side since heldout41: 0.9936 / 0.9883 / 0.6190
     # (a Prolog file's tool/3 facts under PlDoc comments and a `sudo -l` listing as tool lists; a state
     # replaced by another, a bout's score and a voucher code with its check symbol still read as edits the
@@ -319,7 +322,8 @@ FLOORS = {
     # (an iOS app's App Intents and a Jenkins Job DSL seed script as tool lists, read by earlier rules; a brass band's
     # chairs, a chimney sweep's round and a driving school's diary board read by round 50's rules; a compaction
     # after Forge's whose kept window opens with a reply still read as a front trim)
-    "heldout49": (0.998, 0.987, 1.0),
+    # round 56: 1.0000 / 1.0000 / 1.0000 (Forge's compaction: its summary opens the kept window)
+    "heldout49": (1.0, 1.0, 1.0),
     # the fiftieth (measured 0.960 / 0.858 / 0.960), tune side since round 51: 0.9936 / 0.9883 / 0.9894
     # (the Continue CLI's compaction, troff manual pages, New Relic request lines, precious metal prices,
     # a music school's register and a contract round's stamped status read by round 51's rules; Excel custom
@@ -332,13 +336,15 @@ FLOORS = {
     # summary line, card payments with their amount and result, Dropbox links, pretix orders, TSE receipts and a
     # choir's seats read by round 52's rules; one pretix order whose codes are letters on both sides still read
     # as an edit)
-    "heldout51": (0.998, 0.996, 0.997),
+    # round 56: 1.0000 / 1.0000 / 1.0000 (the pretix order with letters on both sides, a record replaced)
+    "heldout51": (1.0, 1.0, 1.0),
     # the fifty-second (measured 0.973 / 0.910 / 0.859, one look-alike alarm), tune side since round 53: 0.9968 /
     # 0.9940 / 0.9847 (LangGraph's summary as a system message, fish shell completions, Google Forms links, quay and
     # dispatch boards stamped with their clock, OCT scans with their DICOM UID, an optician's trays and a rule's
     # return time edited read by round 53's rules; a stable's yard board, a payment gateway's `status=… txid=…`
     # line and geohash drops still read as an edit or as the geohash)
-    "heldout52": (0.996, 0.993, 0.984),
+    # round 56: 0.9984 / 0.9969 / 0.9924 (geohash drops, a record replaced)
+    "heldout52": (0.998, 0.996, 0.992),
     # the fifty-third (measured 0.973 / 0.898 / 0.954, one look-alike alarm), tune side since round 54: 0.9936 /
     # 0.9876 / 0.9925 (the Anthropic SDKs' tool runner compaction, Dropbox Sign requests, Swiss QR-bill references,
     # WeTransfer links, MOT test numbers, a guides' office board with a dotted clock and a rule's first booking
@@ -350,13 +356,19 @@ FLOORS = {
     # signed code and changeover boards up to 240 characters read by round 55's rules; ski binding tests still
     # read as edits)
     "heldout54": (0.996, 0.993, 0.994),
+    # the fifty-fifth (measured 0.974 / 0.910 / 0.950), tune side since round 56: 0.9822 / 0.9221 / 0.9634
+    # (darts checkouts and curling deliveries read by round 56's rules; Griptape's rolling summary rewritten over
+    # a window of the same length kept a front trim, as issue 29 defines it, against this split's labels; a darts
+    # leg's scores, a paragliding school's day count, curling scores after an end and a flower auction's clock
+    # still read as edits or one number)
+    "heldout55": (0.982, 0.922, 0.963),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout55), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout56), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -364,7 +376,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -457,7 +469,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout55`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout56`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -650,6 +650,8 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     if not (reordered or set_changed) and _compacted(prev, cur):
         return Diagnosis("compaction", head_end(cur), [], None, "the history was replaced by a summary")
     if trimmed(pm, cm, first_exchange([u == "u" for u in prev.users])):
+        if not (reordered or set_changed) and _summary_heads(prev, mine, cur):
+            return Diagnosis("compaction", head_end(cur), [], None, "the history was replaced by a summary (line level)")
         return Diagnosis("front_trim", head_end(cur), [], None, "history was cut or summarised at the front")
     m = next((k for k, (a, b) in enumerate(zip(pm, cm, strict=False)) if a != b), min(len(pm), len(cm)))
     turns = cur.history_regions()
@@ -732,6 +734,17 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
         return ph, [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
     return history_compacted((prev.history[0], prev.history[1], len(history), sum(r.end - r.start for r in history)),
                              keys)
+
+
+def _summary_heads(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch) -> bool:
+    """`summary_heads_trim` against a digest, whose turns the caller found trimmed: the current
+    history, shorter than the previous one, opens with a user message of SUMMARY_REPLY_CHARS or more
+    the previous one did not hold."""
+    history = cur.history_regions()
+    if not history or not mine.turns or history[0].role != "user" \
+            or history[0].end - history[0].start < SUMMARY_REPLY_CHARS:
+        return False
+    return len(history) < prev.history[0] and mine.turns[0] not in {*prev.turns, *prev.last_turns}
 
 
 def _note_rewritten(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch) -> bool:

@@ -128,7 +128,7 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return summary_in_system(prev, cur)
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
-    if len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur):
+    if len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur) or summary_heads_trim(prev, cur):
         return True
     histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
     if history_compacted((len(pn), sum(pn), len(cn), sum(cn)),
@@ -166,6 +166,22 @@ def summary_alone(cur: RequestSketch) -> bool:
         return False
     m = _TAGGED_WHOLE.fullmatch(cur.text, history[0].start, history[0].end)
     return m is not None and len(m.group(2)) >= SUMMARY_REPLY_CHARS
+
+
+def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """Did the history lose its first turns with a new user message of SUMMARY_REPLY_CHARS or more
+    opening it in their place, the history shorter than before (round 56)? A summary that opens a
+    window of the same length again on every turn (a rolling summary: Griptape's
+    SummaryConversationMemory once its window is full) is paid on every turn: issue 29 names that a
+    front trim, and so does this test. A front trim keeps its first messages as they were or drops
+    them bare."""
+    history = cur.history_regions()
+    if not history or history[0].role != "user" or history[0].end - history[0].start < SUMMARY_REPLY_CHARS:
+        return False
+    if len(history) >= len(prev.history_regions()):
+        return False  # the window kept its length: trimmed on every turn, a front trim (issue 29)
+    first = span_key("user", cur.text, history[0].start, history[0].end)
+    return first not in {k for _, k, _ in _history(prev)} and front_trimmed(prev, cur)
 
 
 def summary_note_rewritten(prev: RequestSketch, cur: RequestSketch) -> bool:

@@ -568,12 +568,22 @@ def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, lin
         return None
     start, end, pstart, pend = value
     old, new = prev[pstart:pend], cur[start:end]
-    if old == new or not (_holds_entry(old) and _holds_entry(new) or _reference_redrawn(old, new)):
+    if old == new or not (_holds_entry(old) and _holds_entry(new) or _reference_redrawn(old, new)
+                          or _record_replaced(old, new)):
         return None
     line0 = cur.rfind("\n", 0, start) + 1
     if _LATEST_KEY.fullmatch(cur, line0, start) is None:
         return None
     return ValueChange(Span(start, end, "id", new), pend)
+
+
+def _record_replaced(old: str, new: str) -> bool:
+    """Two records of as many parts set apart by signs, two parts or more changed, each short enough
+    to be an entry (`60 out: T18 D3 · Dave Hedley (The Cluny B), board 2` -> `68 out: 18 14 D18 · Tony
+    Errington (…), board 1`; round 56): the newest entry written as a record, not an edit of one part."""
+    a, b = _RECORD_PARTS.split(old), _RECORD_PARTS.split(new)
+    return len(a) == len(b) >= 2 and sum(x != y for x, y in zip(a, b, strict=True)) >= 2 \
+        and len(old) <= LATEST_RECORD_CHARS and len(new) <= LATEST_RECORD_CHARS
 
 
 def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:
