@@ -545,7 +545,8 @@ def _status_value(text: str, start: int, end: int) -> list[Span]:
         return []
     vend = before_space(text, start + at, end)
     value = text[start + at:vend]
-    return [Span(start + at, vend, "counter", value)] if value and (reads_as_status(value) or named_tally(value, text[start:start + at])) else []
+    whole = value and (reads_as_status(value) or named_tally(value, text[start:start + at]))
+    return [Span(start + at, vend, "counter", value)] if whole else []
 
 
 def _tool_keys_change(prev: list[list[str]], cur: list[list[str]]) -> tuple[bool, bool]:
@@ -765,9 +766,10 @@ def _note_rewritten(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch
 def _summary_in_head(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch) -> bool:
     """`summary_in_system` against a digest: the head holds a system message of
     SUMMARY_IN_SYSTEM_CHARS or more, most of its lines new (where there was none, or the template's
-    default one: the digest's head lines cannot tell which), the previous history (COMPACTED_MIN_MESSAGES or more) is gone but for
-    its newest messages (one at least, at most half of it), and the current history, at most half
-    as long and its new user message, ends with a user message (round 53)."""
+    default one: the digest's head lines cannot tell which), the previous history
+    (COMPACTED_MIN_MESSAGES or more) is gone but for its newest messages (one at least, at most half
+    of it), and the current history, at most half as long and its new user message, ends with a
+    user message (round 53)."""
     system = cur.regions[0] if cur.regions and cur.regions[0].role == "system" else None
     n = prev.history[0] if len(prev.history) == 2 else 0
     if system is None or system.end - system.start < SUMMARY_IN_SYSTEM_CHARS or n < COMPACTED_MIN_MESSAGES:
@@ -775,7 +777,8 @@ def _summary_in_head(prev: RequestDigest, mine: RequestDigest, cur: RequestSketc
     if mine.users[-1:] != "u" or len(mine.turns) != len(cur.history_regions()):
         return False
     own = [key for key, (a, _) in zip(mine.lines, head_lines(cur), strict=False) if a < system.end]
-    if sum(key in set(prev.lines) for key in own) * 2 >= len(own):
+    seen = set(prev.lines)
+    if sum(key in seen for key in own) * 2 >= len(own):
         return False  # the system prompt was there before: an edit of it, not a summary put there
     ph = prev.turns if n <= MAX_TURNS else prev.turns + prev.last_turns
     cm = mine.turns

@@ -128,7 +128,7 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return summary_in_system(prev, cur)
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
-    if len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur) or summary_heads_trim(prev, cur):
+    if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur):
         return True
     histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
     if history_compacted((len(pn), sum(pn), len(cn), sum(cn)),
@@ -173,8 +173,8 @@ def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
     opening it in their place, the history shorter than before (round 56)? A summary that opens a
     window of the same length again on every turn (a rolling summary: Griptape's
     SummaryConversationMemory once its window is full) is paid on every turn: issue 29 names that a
-    front trim, and so does this test. A front trim keeps its first messages as they were or drops
-    them bare."""
+    front trim (tests/test_prefix_compaction.py). A front trim keeps its first messages as they were
+    or drops them bare."""
     history = cur.history_regions()
     if not history or history[0].role != "user" or history[0].end - history[0].start < SUMMARY_REPLY_CHARS:
         return False
@@ -223,8 +223,6 @@ def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
     kept = next((n for n in range(min(len(ck), len(pm)), 0, -1) if ck[:n] == pm[len(pm) - n:]), 0)
     # where there was no system prompt, one that opens a new conversation keeps none of the old turns
     return kept * 2 <= len(pm) and (len(ck) - 1) * 2 <= len(pm) and (ps is not None or kept >= 1)
-
-
 
 
 def summary_asked(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:
