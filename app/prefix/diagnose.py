@@ -57,7 +57,7 @@ from app.prefix.realign import LINE_WINDOW, NEAR_WINDOW, Realignment, find_reali
 from app.prefix.sketch import Region, RequestSketch
 from app.prefix.strings import common_prefix_len
 from app.prefix.tool_text import lines_permuted, region_schemas_reordered, tool_change, tools_span
-from app.prefix.transcript import grew_in_place, transcript_compacted
+from app.prefix.transcript import grew_in_place
 from app.prefix.value_change import before_space, changed_value, line_bounds
 from app.prefix.value_kind import whole_value_start
 
@@ -128,7 +128,7 @@ class _Pair:
 
     def classify(self, pd: int, cd: int, realign: Realignment | None, primary: bool) -> Diagnosis:
         prev, cur = self.prev, self.cur
-        if primary and (compacted(prev, cur) or transcript_compacted(prev, cur)):
+        if primary and compacted(prev, cur):
             return Diagnosis("compaction", cd, [], realign, "the history was replaced by a summary")
         first_history = cur.first_history_start()
         system_same = prev.system_text == cur.system_text
@@ -234,8 +234,7 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
         if at is not None and at[0] - 32 <= d <= at[1] and tool_change(prev, cur)[0]:
             lost = True
     if not lost:
-        if cur.kind == "chat" and (compacted(prev, cur) or transcript_compacted(prev, cur)):
-            # a short compacted history loses little, and is one
+        if cur.kind == "chat" and compacted(prev, cur):  # a short compacted history loses little, and is one
             return Diagnosis("compaction", d, [], None, "the history was replaced by a summary")
         if cur.kind == "chat" and grew_in_place(prev, cur, d):
             return Diagnosis(None, d, detail="the newest message grew in place (a transcript in one message)")

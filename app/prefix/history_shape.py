@@ -10,6 +10,7 @@ from functools import cache
 
 from app.prefix.conversation import span_key
 from app.prefix.sketch import Region, RequestSketch
+from app.prefix.transcript import transcript_compacted
 
 COMPACTED_MIN_MESSAGES = 4  # a history this long before it, at least (one exchange is no context to compact)
 PINNED_MESSAGES = 2  # a front trim may keep this many first history messages (the task, its first reply)
@@ -126,6 +127,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return True
     if prev.system_text != cur.system_text:
         return summary_in_system(prev, cur)
+    if transcript_compacted(prev, cur):  # a transcript kept in one user message, compacted there (round 52)
+        return True
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
     if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur):

@@ -136,7 +136,8 @@ def _parts_changed(prev: str, cur: str, value: tuple[int, int, int], kind: str, 
     trailing = line1 - min(line1, stop) if stop is not None else 0
     vend, pvend = before_space(cur, end, line1 - trailing), before_space(prev, pend, pline1 - trailing)
     rest, prest = cur[end:vend], prev[pend:pvend]
-    if rest == prest or _PART_TEXT.sub("", rest) != _PART_TEXT.sub("", prest) or not _PART_TEXT.sub("", rest).strip():
+    signs = _PART_TEXT.sub("", rest)
+    if rest == prest or signs != _PART_TEXT.sub("", prest) or not signs.strip():
         return None
     pstart = pend - (end - line0 - vs)
     if not (_holds_entry(cur[line0 + vs:vend]) and _holds_entry(prev[max(0, pstart):pvend])):
@@ -633,14 +634,21 @@ def _drawn_tokens(value: str) -> list[str]:
     decimal>`, round 53; a link whose path holds a part of 8 characters or more drawn at random,
     `https://we.tl/t-TNHCfq6dlK`, whole, round 54; a machine-readable code of 48 characters or more
     with such a part, whole, round 55)."""
-    links = [m for m in _LINK.finditer(value)
-             if any(len(part) >= 8 and random_looking(part) for part in _LINK_PARTS.split(m.group()))]
-    links += [m for m in _MACHINE_CODE.finditer(value) if not any(a.start() <= m.start() < a.end() for a in links)
-              and any(len(part) >= 8 and random_looking(part) for part in _CODE_PARTS.split(m.group()))]
+    links = [m for m in _LINK.finditer(value) if _drawn_part(m.group(), _LINK_PARTS)]
+    links += [m for m in _MACHINE_CODE.finditer(value) if not _inside(m, links) and _drawn_part(m.group(), _CODE_PARTS)]
     return [m.group() for m in links] + [
         m.group() for m in _LONG_TOKEN.finditer(value)
-        if not any(a.start() <= m.start() < a.end() for a in links)
-        and (random_looking(m.group()) or _LONG_NUMBER.fullmatch(m.group()))]
+        if not _inside(m, links) and (random_looking(m.group()) or _LONG_NUMBER.fullmatch(m.group()))]
+
+
+def _drawn_part(token: str, parts: re.Pattern[str]) -> bool:
+    """Does a token hold a part of 8 characters or more drawn at random, split where `parts` match?"""
+    return any(len(part) >= 8 and random_looking(part) for part in parts.split(token))
+
+
+def _inside(m: re.Match[str], found: list[re.Match[str]]) -> bool:
+    """Does `m` start inside one of the tokens already `found`?"""
+    return any(a.start() <= m.start() < a.end() for a in found)
 
 
 _LINK = re.compile(r"https?://[^\s<>\"'`()\[\]{}]+")
@@ -770,7 +778,10 @@ def query_url(text: str, start: int, end: int) -> tuple[int, int] | None:
     """(start, end) of the URL whose query holds `text[start:end]`, or None: what another pod,
     reading one request, takes for the value (`_changed_url`)."""
     url = _query_url(text, text.rfind("\n", 0, start) + 1, start)
-    return None if url is None or _url_end(text, url) < end else (url, _url_end(text, url))
+    if url is None:
+        return None
+    url_end = _url_end(text, url)
+    return None if url_end < end else (url, url_end)
 
 
 def _query_url(text: str, line0: int, at: int) -> int | None:

@@ -605,7 +605,7 @@ def named_tally(value: str, line_prefix: str) -> bool:
 _LIMIT_KEY = re.compile(r"(?i)\b(?:limits?|max(?:ima|imum)?|quotas?|allowed|höchst\w*|grenzen?)\b")
 
 
-def _named_tally(old: str, new: str, line_prefix: str = "") -> bool:
+def _named_tally(old: str, new: str, line_prefix: str) -> bool:
     """The same names, each before its count, a count or more changed (`small room 2, big room 4,
     walking 2, collected 0` -> `small room 2, big room 2, walking 2, collected 2`; round 49): a tally
     the client writes again, as `_counts_redrawn` reads counts before their names. One count
