@@ -3349,3 +3349,57 @@ def test_a_newest_entrys_record_with_one_part_edited_stays_an_edit(fpr) -> None:
     got = run_value_line(fpr, "Last note: {}", ["kitchen closed · back at six", "kitchen closed · back at seven",
                                                 "kitchen closed · back at seven"])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 57
+BOT_HELP = ["shopbot order <number> - Shows an order with its lines",
+            "shopbot return open <number> [reason] - Opens a return for an order",
+            "shopbot parcel <code> - Shows a parcel's tracking events",
+            "shopbot help <query> - Displays all help commands that match <query>."]
+
+
+def test_a_chat_bots_help_lines_in_another_order_are_a_tool_order(fpr) -> None:
+    """A chat bot's commands as its help prints them (Hubot's `bot cmd <arg> - what it does`),
+    moved: a tool order (round 57)."""
+    assert reordered_listing_causes(fpr, BOT_HELP, "Commands of the shop's chat bot", [2, 0, 3, 1]) == ["tool_order", None]
+
+
+def test_a_glossarys_lines_in_another_order_stay_a_template_change(fpr) -> None:
+    """The guard: a glossary's `topic - what it means` lines name no command with arguments."""
+    glossary = ["store credit - Given for returns after 30 days", "gift cards - Never paid out in cash",
+                "price match - Only against our own web shop", "repair jobs - Sent to the maker, two weeks"]
+    assert reordered_listing_causes(fpr, glossary, "Words the shop uses", [2, 0, 3, 1]) == ["template_change", None]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Scoreboard: {}", [f"Lane 2, Tuesday league, game 1 (10 throws each): {s} · {t} to throw"
+                        for s, t in (("Ann 28 · Bob 26 · Cat 26 · Dan 23", "Bob"), ("Ann 35 · Bob 33 · Cat 32 · Dan 26", "Bob"),
+                                     ("Ann 38 · Bob 36 · Cat 36 · Dan 30", "Cat"))]),
+    ("Match: {}", ["after end 4: Harriers 3 – 5 Rovers", "after end 6: Harriers 6 – 5 Rovers",
+                   "after end 7: Harriers 8 – 5 Rovers"]),
+    ("Last transfer in: {}", [f"€{a} from {n} (IBAN {i}) · remittance {r} · end-to-end id {e}"
+                              for a, n, i, r, e in (("1,204.10", "Hill Farm Ltd", "IE29 AIBK 9311 5212 3456 78", "INV-2750", "E2E-71828"),
+                                                    ("6,337.70", "Brook Estates", "IE64 BOFI 9000 1712 9876 54", "INV-2989", "E2E-31415"),
+                                                    ("4,841.24", "Marsh End LLP", "IE12 IPBS 9906 2510 1122 33", "INV-2568", "E2E-27182"))]),
+    ("Last throw: {}", ["lane 1, throw 30 (full rack): 3 pins, standing: 1, 2, 3, 4, 6, 9",
+                        "lane 1, throw 26 (full rack): 6 pins, standing: 1, 6, 9",
+                        "lane 2, throw 27 (full rack): 9 pins, standing: 5"]),
+])
+def test_round_57s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 57 reads, each whole: a tally after
+    what it is of, with whose turn it is after it; a match's score after its end; a newest entry
+    written as a record of up to 128 characters; a newest entry in the same words, two numbers
+    or more of it changed."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Opening hours: {}", ["Mon–Fri 9 – 17 Uhr", "Mon–Fri 8 – 18 Uhr", "Mon–Fri 8 – 18 Uhr"]),
+    ("Match: {}", ["Harriers 6 – 5 Rovers", "Harriers 4 – 3 Rovers", "Harriers 4 – 3 Rovers"]),
+    ("Last orders: {}", ["21:30, kitchen 21:00", "22:00, kitchen 21:30", "22:00, kitchen 21:30"]),
+])
+def test_round_57s_look_alikes_stay_edits(fpr, line: str, values: list[str]) -> None:
+    """The guards: a rule's hours name no sides of a score; a score whose counts fell was corrected;
+    a newest-entry key's clocks are a rule's."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change", got

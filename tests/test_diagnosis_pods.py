@@ -17,6 +17,7 @@ from openai import OpenAI
 from tests.fixtures.diagnosis_v2.build import Gen
 from tests.redis_server import RedisServer
 from tests.test_diagnosis_cases import (
+    BOT_HELP,
     BOX_TABLE,
     CODER,
     COMMAND_FILES,
@@ -345,9 +346,21 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
         ("summary-heads", [Gen.body(CODER, agent_history(4)[:7], None, None), Gen.body(CODER, agent_history(4), None, None),
                              Gen.body(CODER, [{"role": "user", "content": ROLLING}, *agent_history(4)[3:]], None, None)],
          [None, None, "compaction"]),
+        # round 57: a tally after what it is of, longer than a short line; a match's score; a chat bot's commands moved
+        ("tally-heading", sys_line("Scoreboard: {}", [f"Lane 2, Tuesday evening league, game 1 (10 throws each): {s} · "
+                                                      "Bartholomew to throw" for s in TALLIES]),
+         [None, "dynamic_head", "dynamic_head"]),
+        ("score", sys_line("Match: {}", ["after end 4: Harriers 3 – 5 Rovers", "after end 6: Harriers 6 – 5 Rovers",
+                                         "after end 7: Harriers 8 – 5 Rovers"]), [None, "dynamic_head", "dynamic_head"]),
+        ("bot-help", [body(f"{SYSTEM}\nCommands of the shop's chat bot:\n" + "\n".join(BOT_HELP[k] for k in o)
+                           + "\nAnswer briefly.", t)
+                      for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
+         [None, "tool_order", None]),
     ]
 
 
+TALLIES = ["Annabel 28 · Bartholomew 26 · Catherine 26 · Dominic 23", "Annabel 35 · Bartholomew 33 · Catherine 32 · Dominic 26",
+           "Annabel 38 · Bartholomew 36 · Catherine 36 · Dominic 30"]
 ITEMS = collection(["order_show", "return_open", "parcel_track", "stock_count"])
 SUDO_TOOLS = ["    (root) NOPASSWD: /usr/bin/systemctl restart shop-web", "    (postgres) NOPASSWD: /usr/bin/pg_dump shop",
               "    (deploy) NOPASSWD: /opt/shop/bin/release --env prod", "    (root) NOPASSWD: /usr/sbin/nginx -s reload"]

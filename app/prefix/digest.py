@@ -68,6 +68,7 @@ from app.prefix.value_change import (
 )
 from app.prefix.value_kind import (
     keyed_value,
+    match_score,
     named_tally,
     reads_as_status,
     value_kind,
@@ -86,6 +87,7 @@ MAX_SCHEMAS = 64  # JSON tool schemas in the head whose keys the digest keeps
 DATE_REACH = 64  # chars each side of a year that a date holding it may span
 DATE_WINDOWS = 64  # years looked at per head or first message (a head is read once; ~0.2 ms each)
 SHORT_LINE = 120  # only a unit this short is read as `key: value` when no pattern matches
+SHAPED_LINE = 160  # a unit's digits masked are kept up to this length (a tally with its heading; 120 before round 57)
 MAX_DATES = 32  # units whose date (without a "today" cue) a record keeps, as day numbers
 _YEARISH = re.compile(r"(?<!\d)(?:19|20)\d\d(?!\d)|\d\.\d{1,2}\.\d\d(?!\d)")  # cheap: may a date be here?
 
@@ -281,7 +283,7 @@ def _unit_part(text: str, a: int, b: int) -> _UnitPart:
                 _unit_memo.move_to_end(memo_key)
                 return hit
     unit = text[a:b]
-    part = _UnitPart(_key(unit), _sep(text, b), _shape(unit) if b - a <= SHORT_LINE else None,
+    part = _UnitPart(_key(unit), _sep(text, b), _shape(unit) if b - a <= SHAPED_LINE else None,
                      _unit_date(text, a, b, DATE_WINDOWS))
     if memo_key is not None and not part.date.cut:
         with _head_lock:
@@ -545,7 +547,7 @@ def _status_value(text: str, start: int, end: int) -> list[Span]:
         return []
     vend = before_space(text, start + at, end)
     value = text[start + at:vend]
-    whole = value and (reads_as_status(value) or named_tally(value, text[start:start + at]))
+    whole = value and (reads_as_status(value) or named_tally(value, text[start:start + at]) or match_score(value))
     return [Span(start + at, vend, "counter", value)] if whole else []
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import zip_longest
 
 from app.prefix.conversation import span_key
 from app.prefix.dynamic import (
@@ -550,7 +551,7 @@ _LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}[:=]\
 LATEST_VALUE_CHARS = 72  # an entry's number with its note; a longer value is text (48 before round 46, 64 before 51)
 # an entry written as a record, its parts set apart by a sign (`MOT test number 2037 5336 5606 · class 4 · PRS
 # (repaired within the hour)`), may be longer: prose is not set apart so (round 54)
-LATEST_RECORD_CHARS = 96
+LATEST_RECORD_CHARS = 128
 _RECORD_PARTS = re.compile(r" [·|¦] ")
 
 
@@ -570,7 +571,7 @@ def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, lin
     start, end, pstart, pend = value
     old, new = prev[pstart:pend], cur[start:end]
     if old == new or not (_holds_entry(old) and _holds_entry(new) or _reference_redrawn(old, new)
-                          or _record_replaced(old, new)):
+                          or _record_replaced(old, new) or _numbers_replaced(old, new)):
         return None
     line0 = cur.rfind("\n", 0, start) + 1
     if _LATEST_KEY.fullmatch(cur, line0, start) is None:
@@ -585,6 +586,25 @@ def _record_replaced(old: str, new: str) -> bool:
     a, b = _RECORD_PARTS.split(old), _RECORD_PARTS.split(new)
     return len(a) == len(b) >= 2 and sum(x != y for x, y in zip(a, b, strict=True)) >= 2 \
         and len(old) <= LATEST_RECORD_CHARS and len(new) <= LATEST_RECORD_CHARS
+
+
+_WORDS = re.compile(r"[^\W\d_]+")
+_CLOCK_GROUP = re.compile(r"\d:\d")
+
+
+def _numbers_replaced(old: str, new: str) -> bool:
+    """Two entries in the same words, each short enough to be one, two numbers or more changed and
+    no clock among them (`Lane 1, throw 30 (full set): 3 pins, standing: 1, 2, 3, 4, 6, 9` -> `Lane 1,
+    throw 26 (full set): 6 pins, standing: 1, 6, 9`; round 57): the newest entry replaced, not an
+    edit. A rule's `Last orders: 21:30, kitchen 21:00` holds clocks."""
+    if not (len(old) <= _entry_chars(old) and len(new) <= _entry_chars(new)) \
+            or _CLOCK_GROUP.search(old) or _CLOCK_GROUP.search(new) or _WORDS.findall(old) != _WORDS.findall(new):
+        return False
+    a, b = _ENTRY_NUMBERS.findall(old), _ENTRY_NUMBERS.findall(new)
+    return sum(x != y for x, y in zip_longest(a, b)) >= 2
+
+
+_ENTRY_NUMBERS = re.compile(r"\d+(?:[.,]\d+)*")  # `213.6`, `1,500`: one number each
 
 
 def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:

@@ -338,7 +338,7 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "flag"
     if _running_status(old, new) or _series_status(old, new):
         return "time"
-    if _named_tally(old, new, key):
+    if _named_tally(old, new, key) or _running_score(old, new):
         return "counter"
     if _readings_board(old, new):
         return "counter"
@@ -598,7 +598,20 @@ def named_tally(value: str, line_prefix: str) -> bool:
     """Is a value a tally of counts after their names whose key names no limits (`_named_tally`
     from one side: another pod that knows only that the line changed in its digits reads it whole,
     as the text path does whichever count changed)?"""
-    return _NAMED_COUNTS.fullmatch(value) is not None and _LIMIT_KEY.search(line_prefix) is None
+    return _NAMED_COUNTS.fullmatch(_tally_core(value)) is not None and _LIMIT_KEY.search(line_prefix) is None
+
+
+# what a tally is of, before it (`Lane 1, game 1 (10 throws): `), and a last part of words after it
+# (` · Manni to throw`): neither counts
+_TALLY_HEADING = re.compile(r"[^\n·|;]{1,80}?: (?=[^\W\d_])")
+_WORDS_PART = re.compile(r" [·|;] [^\d·|;\n]{1,30}$")
+
+
+def _tally_core(value: str) -> str:
+    """A value without what heads its tally and a last part of words (`_TALLY_HEADING`, `_WORDS_PART`)."""
+    head = _TALLY_HEADING.match(value)
+    core = value[head.end():] if head is not None else value
+    return _WORDS_PART.sub("", core)
 
 
 # a key that names a tally's limits, a rule's (`Limits: small dogs 2, big dogs 4`), not what it counts now
@@ -611,11 +624,42 @@ def _named_tally(old: str, new: str, line_prefix: str) -> bool:
     the client writes again, as `_counts_redrawn` reads counts before their names. One count
     changed is one too (round 53: a lab's trays, `in 8 · glazing 3 · …` -> `in 9 · …`, a daycare's
     rooms, a choir's seats, in three pools), unless the key names limits (`Limits: small dogs 2,
-    big dogs 4` -> `big dogs 5`: a rule edited; round 49's guard)."""
+    big dogs 4` -> `big dogs 5`: a rule edited; round 49's guard). What the tally is of may head it,
+    and a last part of words may follow it (`Lane 1, game 1: Heinz 28 · Manni 26 · … · Manni to
+    throw`; round 57): `_tally_core`."""
+    old, new = _tally_core(old), _tally_core(new)
     if not (_NAMED_COUNTS.fullmatch(old) and _NAMED_COUNTS.fullmatch(new)) or not _same_but(_WHOLE_NUMBER, old, new):
         return False
     changed = sum(a != b for a, b in zip(_SHARE.findall(old), _SHARE.findall(new), strict=True))
     return changed >= 2 or changed == 1 and _LIMIT_KEY.search(line_prefix) is None
+
+
+# a match's score: each side's name beside its count, the counts set apart by a dash or a colon (`Kestrels 38 –
+# 40 Hammers`, `Hearts 2:1 Celtic`); a side's name of three letters or more, neither a clock's nor a day's word
+_SCORE = re.compile(r"(?<![\w'’.-])([^\W\d_][\w'’.-]{2,}) (\d{1,3}) ?[–—:-] ?(\d{1,3}) ([^\W\d_][\w'’.-]{2,})(?![\w'’-])")
+_NO_SIDE = re.compile(r"(?i)uhr|hrs?|std|min|mins|am|pm|mon|tue|wed|thu|fri|sat|sun|[a-z]+day|[a-z]+tag")
+SCORE_CHARS = 64  # a score with what it is after (`after heat 13: `), as short as a series' status
+
+
+def _running_score(old: str, new: str) -> bool:
+    """A match's score as it goes on (`after heat 11: Kestrels 35 – 31 Hammers` -> `after heat 13:
+    Kestrels 38 – 40 Hammers`; round 57): the same words, two numbers or more changed, none of the
+    score's counts fell. A rule's hours (`Mon 9 – 17 Uhr`) name no sides."""
+    if len(old) > SCORE_CHARS or not _same_but(_WHOLE_NUMBER, old, new):
+        return False
+    a, b = _SCORE.search(old), _SCORE.search(new)
+    if a is None or b is None or not match_score(new) \
+            or _WHOLE_NUMBER.sub("#", old[:a.start()]) != _WHOLE_NUMBER.sub("#", new[:b.start()]):
+        return False
+    changed = sum(x != y for x, y in zip(_WHOLE_NUMBER.findall(old), _WHOLE_NUMBER.findall(new), strict=True))
+    return changed >= 2 and int(b.group(2)) >= int(a.group(2)) and int(b.group(3)) >= int(a.group(3))
+
+
+def match_score(value: str) -> bool:
+    """Is a value a match's score (`_running_score` from one side: another pod that knows only that
+    the line changed in its digits reads it whole)?"""
+    m = _SCORE.search(value)
+    return len(value) <= SCORE_CHARS and m is not None and not any(_NO_SIDE.fullmatch(m.group(k)) for k in (1, 4))
 
 
 # what a status is about: words, then a running number (`heat 24`, `Lauf 3`), a year's series before it
