@@ -438,11 +438,6 @@ def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout56 (measured once, 2026-12-06): "
-                                       "macro-F1 0.940 (a chat bot's Hubot help lines reordered read as an edited "
-                                       "template, tool_order recall 0.83; 10 values read as edits on their first change: "
-                                       "skittles scores, a speedway match's heat scores, bank credits with their particulars); "
-                                       "strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
