@@ -3403,3 +3403,49 @@ def test_round_57s_look_alikes_stay_edits(fpr, line: str, values: list[str]) -> 
     a newest-entry key's clocks are a rule's."""
     got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 58
+VANS = [f"Sat {t} · Van 1 (North loop): {a} of 8 delivered, driver Sam, next stop Hillside Care Home, Ashby de la "
+        f"Zouch · Van 2 (Canal loop): {b} of 9 delivered, driver Ola, next stop Wharf Hotel, Lock Lane, Market Harborough "
+        f"· Van 3 (Valley loop): {c} of 7 delivered, driver Kim, next stop Dr Patel's surgery, Mill Road, Melton"
+        for t, a, b, c in (("07:23", 0, 1, 0), ("07:35", 1, 1, 1), ("07:39", 1, 1, 1))]
+
+
+SESSIONS = ["registered 18 · seen 11 · deferred 0 (late 0, unwell 0) · walk-ins 1",
+            "registered 22 · seen 13 · deferred 0 (late 0, unwell 0) · walk-ins 1",
+            "registered 23 · seen 14 · deferred 1 (late 1, unwell 0) · walk-ins 1"]
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Session: {}", SESSIONS),
+    ("Yard: {}", ["horses turned out", "farrier's van in", "vet's round on"]),
+    ("Press line: {}", ["Batch 2.114 · 380 kg cotton 60 °C · press 1 · dryer 2: 410 pieces/h",
+                        "Batch 2.116 · 402 kg poly 40 °C · press 1 · dryer 2: 455 pieces/h",
+                        "Batch 2.117 · 366 kg cotton 60 °C · press 2 · dryer 2: 398 pieces/h"]),
+    ("Rounds: {}", VANS),
+    ("Sightings: {}", ["2 seals, 0 otters, 1 heron, 4 kingfishers today", "2 seals, 1 otters, 1 heron, 4 kingfishers today",
+                       "3 seals, 1 otters, 1 heron, 5 kingfishers today"]),
+])
+def test_round_58s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 58 reads, each whole: a tally with a
+    note in brackets; a state whose words hold an apostrophe; a record whose first part names a
+    running item risen a little, a reading changed with it; a board stamped with its clock, up to 320
+    characters, whole when only its clock moved on; a tally of counts each before its name, one
+    changed."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_tally_of_limits_with_counts_before_names_stays_an_edit(fpr) -> None:
+    """The guard: counts before their names under a key that names limits are a rule's (round 58)."""
+    got = run_value_line(fpr, "Limits: {}", ["2 small dogs, 4 big dogs, 1 cat per room", "2 small dogs, 5 big dogs, 1 cat per room",
+                                             "2 small dogs, 5 big dogs, 1 cat per room"])
+    assert [r["cause"] for r in got][0] == "template_change", got
+
+
+def test_a_versions_record_bumped_beside_an_edited_reading_stays_an_edit(fpr) -> None:
+    """The guard: a rule's version bumped beside an edited number is no running item (round 58)."""
+    got = run_value_line(fpr, "Crate rules: {}", ["v6 · 40 kg per crate · two lifters · gloves on",
+                                                   "v7 · 35 kg per crate · two lifters · gloves on",
+                                                   "v7 · 35 kg per crate · two lifters · gloves on"])
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -29,6 +29,7 @@ from tests.test_diagnosis_cases import (
     PROMPT_FILES,
     ROLLING,
     RUNNING_SUMMARY,
+    SESSIONS,
     SHELL_FUNCTIONS,
     SYSTEM,
     TASK,
@@ -356,6 +357,12 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                            + "\nAnswer briefly.", t)
                       for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], convo, strict=False)],
          [None, "tool_order", None]),
+        # round 58: a tally with a note in brackets; counts each before its name, one changed
+        ("tally-note", sys_line("Session: {}", SESSIONS), [None, "dynamic_head", "dynamic_head"]),
+        ("counted-names", sys_line("Sightings: {}", ["2 seals, 0 otters, 1 heron, 4 kingfishers today",
+                                                     "2 seals, 1 otters, 1 heron, 4 kingfishers today",
+                                                     "3 seals, 1 otters, 1 heron, 5 kingfishers today"]),
+         [None, "dynamic_head", "dynamic_head"]),
     ]
 
 

@@ -263,7 +263,7 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # (`10:36 · 9/14 day launches out · …`; round 53); a clock written with a dot is one with `Uhr` (`07.13 Uhr · Büro
 # zu · …`; round 54), not a price
 _STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr) [·|¦–—] (?!\d{1,2}[:.]\d\d)\S")
-STAMPED_STATUS_CHARS = 240  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55)
+STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 
 def _status_too_long(text: str, start: int, end: int) -> bool:

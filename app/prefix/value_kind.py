@@ -267,8 +267,8 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 # (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `; a range's dash: `J14–J15`)
 _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\d)){0,48}?\s*[:=]\s+")  # `Tonight's decision:` (round 26)
 # a state's words: one to five, a small number among them (`returning to base`, `unter Meldestufe 1`,
-# `Stewards' enquiry`, `ALB recovering up the slip`: round 36)
-_STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,16}'?(?:[ -](?:[^\W\d_]{1,16}'?|\d{1,2})){0,4}"
+# `Stewards' enquiry`, `ALB recovering up the slip`: round 36; `planner's controls out`: round 58)
+_STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?(?:[ -](?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?|\d{1,2})){0,4}"
                           r"|[^\W\d_]{1,16}(?: [^\W\d_]{1,16}(?:-[^\W\d_]{1,16})?){5})")  # or six, hyphenated ones whole (round 45)
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
@@ -338,7 +338,7 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "flag"
     if _running_status(old, new) or _series_status(old, new):
         return "time"
-    if _named_tally(old, new, key) or _running_score(old, new):
+    if _named_tally(old, new, key) or _running_score(old, new) or _series_record(old, new):
         return "counter"
     if _readings_board(old, new):
         return "counter"
@@ -569,6 +569,8 @@ def _running_status(old: str, new: str) -> bool:
 _COUNT = r"\d{1,4}(?:/\d{1,4})?"
 _NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}"
                            rf"(?:(?:, | [·|;] )[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")  # `·` apart too (round 51)
+# or each before its name (`1 minke, 2 porpoise, 0 dolphin, 3 basking shark today`; round 58)
+_COUNTED_NAMES = re.compile(rf"{_COUNT} [^\W\d_][\w'’ -]{{0,30}}?(?:(?:, | [·|;] ){_COUNT} [^\W\d_][\w'’ -]{{0,30}}?){{2,}}")
 _WHOLE_NUMBER = re.compile(r"\d+")
 _SHARE = re.compile(r"\d+(?:/\d+)?")  # a count, or a share of a capacity (`12/14`)
 _NUMBER_OR_MARK = re.compile(r"\d+|[.,]")  # a reading's digits and its decimal or group marks, each apart
@@ -598,7 +600,12 @@ def named_tally(value: str, line_prefix: str) -> bool:
     """Is a value a tally of counts after their names whose key names no limits (`_named_tally`
     from one side: another pod that knows only that the line changed in its digits reads it whole,
     as the text path does whichever count changed)?"""
-    return _NAMED_COUNTS.fullmatch(_tally_core(value)) is not None and _LIMIT_KEY.search(line_prefix) is None
+    return _is_tally(_tally_core(value)) and _LIMIT_KEY.search(line_prefix) is None
+
+
+def _is_tally(core: str) -> bool:
+    """Three counts or more, each after its name or each before it (`_NAMED_COUNTS`, `_COUNTED_NAMES`)."""
+    return _NAMED_COUNTS.fullmatch(core) is not None or _COUNTED_NAMES.fullmatch(core) is not None
 
 
 # what a tally is of, before it (`Lane 1, game 1 (10 throws): `), and a last part of words after it
@@ -608,10 +615,11 @@ _WORDS_PART = re.compile(r" [·|;] [^\d·|;\n]{1,30}$")
 
 
 def _tally_core(value: str) -> str:
-    """A value without what heads its tally and a last part of words (`_TALLY_HEADING`, `_WORDS_PART`)."""
+    """A value without what heads its tally, a last part of words (`_TALLY_HEADING`, `_WORDS_PART`)
+    and its notes in brackets (`deferred 0 (low Hb 0, travel 0)`; round 58)."""
     head = _TALLY_HEADING.match(value)
     core = value[head.end():] if head is not None else value
-    return _WORDS_PART.sub("", core)
+    return _WORDS_PART.sub("", without_notes(core))
 
 
 # a key that names a tally's limits, a rule's (`Limits: small dogs 2, big dogs 4`), not what it counts now
@@ -628,7 +636,7 @@ def _named_tally(old: str, new: str, line_prefix: str) -> bool:
     and a last part of words may follow it (`Lane 1, game 1: Heinz 28 · Manni 26 · … · Manni to
     throw`; round 57): `_tally_core`."""
     old, new = _tally_core(old), _tally_core(new)
-    if not (_NAMED_COUNTS.fullmatch(old) and _NAMED_COUNTS.fullmatch(new)) or not _same_but(_WHOLE_NUMBER, old, new):
+    if not (_is_tally(old) and _is_tally(new)) or not _same_but(_WHOLE_NUMBER, old, new):
         return False
     changed = sum(a != b for a, b in zip(_SHARE.findall(old), _SHARE.findall(new), strict=True))
     return changed >= 2 or changed == 1 and _LIMIT_KEY.search(line_prefix) is None
@@ -653,6 +661,34 @@ def _running_score(old: str, new: str) -> bool:
         return False
     changed = sum(x != y for x, y in zip(_WHOLE_NUMBER.findall(old), _WHOLE_NUMBER.findall(new), strict=True))
     return changed >= 2 and int(b.group(2)) >= int(a.group(2)) and int(b.group(3)) >= int(a.group(3))
+
+
+# a record's parts set apart by a sign; the running number that ends its first part, thousands grouped
+# by dots too (`Charge 1.935`); a reading with its unit, a rate per hour too (`49 kg`, `70 °C`, `442 Teile/h`)
+_RECORD_SPLIT = re.compile(r" [·|¦] ")
+_ITEM_NUMBER = re.compile(r"(\d{1,3}(?:\.\d{3})+|\d{1,6})(?![\d.,:]?\d)")
+_VERSION_WORD = re.compile(r"(?i)(?:\bv|version|rev(?:ision)?|edition|stand|fassung|ausgabe)\W*$")
+_UNIT_READING = re.compile(rf"(\d+(?:[.,]\d+)?)(?:{_MEASURE_UNIT.pattern}|{_READING_UNIT.pattern}|\s?[^\W\d_]{{1,8}}/h\b)")
+SERIES_RECORD_CHARS = 160
+
+
+def _series_record(old: str, new: str) -> bool:
+    """A record of three parts or more set apart by signs, its first part naming a running item
+    whose number rose by RUNNING_NUMBER_STEP at most, and another part changed with a reading in it
+    (a tunnel washer's `Charge 1.935 · 43 kg Tischwäsche 60 °C · Presse 2 · …` -> `Charge 1.939 · 49
+    kg Pflegeheim … 70 °C · …`; round 58): the status of a series' item, rewritten as the item moves
+    on. A rule's version bumped beside an edit (`plan v6 · …` -> `v7`) and a threshold (`limit 40
+    km/h`) are no running item and no reading."""
+    a, b = _RECORD_SPLIT.split(old), _RECORD_SPLIT.split(new)
+    if len(a) != len(b) or len(a) < 3 or max(len(old), len(new)) > SERIES_RECORD_CHARS:
+        return False
+    na, nb = list(_ITEM_NUMBER.finditer(a[0])), list(_ITEM_NUMBER.finditer(b[0]))
+    if not na or not nb or a[0][:na[-1].start()] != b[0][:nb[-1].start()] or _VERSION_WORD.search(b[0], 0, nb[-1].start()):
+        return False
+    step = int(nb[-1].group(1).replace(".", "")) - int(na[-1].group(1).replace(".", ""))
+    changed = [y for x, y in zip(a[1:], b[1:], strict=True) if x != y]
+    return 0 < step <= RUNNING_NUMBER_STEP and any(
+        not _THRESHOLD_BEFORE.search(part, 0, m.start()) for part in changed for m in _UNIT_READING.finditer(part))
 
 
 def match_score(value: str) -> bool:
