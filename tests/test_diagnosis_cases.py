@@ -3449,3 +3449,42 @@ def test_a_versions_record_bumped_beside_an_edited_reading_stays_an_edit(fpr) ->
                                                    "v7 · 35 kg per crate · two lifters · gloves on",
                                                    "v7 · 35 kg per crate · two lifters · gloves on"])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 59
+@pytest.mark.parametrize(("line", "values"), [
+    ("Ticket scanned: {}", ["Ticket MUS-7QK2ZD · gallery and garden · 1 adult · scanned at the east gate",
+                            "Ticket MUS-R4XW9B · garden only · 2 adults · scanned at the east gate",
+                            "Ticket MUS-K8P3TV · gallery and garden · family · scanned at the river gate"]),
+    ("Groups desk: {}", ["Booking GB-26-0412 · 24 pupils · pond dipping Tue 10:00",
+                         "Booking GB-26-0413 · 31 pupils · bird walk Wed 09:30",
+                         "Booking GB-26-0415 · 12 ramblers · history talk Thu 14:00"]),
+    ("Display: {}", ["Call B112 to desk 2 · waiting 4 · wait about 10 min", "Call B113 to desk 1 · waiting 4 · wait about 10 min",
+                     "Call B114 to desk 3 · waiting 3 · wait about 8 min"]),
+    ("Zuletzt ausgestellt: {}", ["Geburtsurkunde zu G 311/2004 · 2 Ausfertigungen · 24,00 € · per Post",
+                                 "Sterbeurkunde zu S 58/1987 · 1 Ausfertigung · 12,00 € · an das Nachlassgericht",
+                                 "Eheurkunde zu E 902/2011 · 3 Ausfertigungen · 30,00 € · per Post"]),
+    ("Shop: {}", ["visitors today 204 · till £312.40 · in the cafe 12 of 40", "visitors today 219 · till £355.90 · in the cafe 9 of 40",
+                  "visitors today 230 · till £371.10 · in the cafe 14 of 40"]),
+    ("Live score: {}", [f"Court 2 · Ann 1, Bea 0 · game 3 of 9 next · {m} min played" for m in (4, 9, 13)]),
+    ("Lawns: {}", ["frost, lawns closed until 11:00", "coaching on lawn 2 this morning", "lawns open"]),
+])
+def test_round_59s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 59 reads, each whole: a record whose
+    first part names the entry by a code drawn again, an id or a waiting ticket that rose a little,
+    whatever its key; a newest entry under `Zuletzt …`; a status whose price changed with a count
+    beside it; a status whose minutes played ran; states of six words and with a detail's clock."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Form: {}", ["Form 12 · signed by a parent · handed in at the desk", "Form 14 · signed by a guardian · handed in at the desk",
+                  "Form 14 · signed by a guardian · handed in at the desk"]),
+    ("Family ticket: {}", ["2 adults, 2 children for £30.00", "2 adults, 3 children for £35.00",
+                           "2 adults, 3 children for £35.00"]),
+])
+def test_round_59s_look_alikes_stay_edits(fpr, line: str, values: list[str]) -> None:
+    """The guards: a rule's record whose number is no series and names no drawn code; a price edited
+    beside a small round count, a rule's."""
+    got = run_value_line(fpr, line, values)
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was, `heldout56` when `heldout57` was, `heldout57` when `heldout58` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout58` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was, `heldout56` when `heldout57` was, `heldout57` when `heldout58` was, `heldout58` when `heldout59` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout59` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -90,7 +90,8 @@ FLOORS = {
     # balance's `$`, an antenna's AZ/EL)
     # round 22 (a printer's and an antenna's readings on their first change): 0.9874 / 0.9779 / 0.9606
     # round 24: 0.9921 / 0.9856 / 0.9765
-    "heldout17": (0.992, 0.985, 0.976),
+    # round 59: 0.9937 / 0.9883 / 0.9792 (a transponder under a `Zuletzt …` key)
+    "heldout17": (0.993, 0.988, 0.979),
     # the eighteenth (measured 0.928 / 0.746 / 0.708), tune side since heldout19: 0.9873 / 0.9761 / 0.9171
     # since round 21
     # (a time in a railway's form, readings below two significant digits, an event id, a week and its
@@ -269,7 +270,8 @@ FLOORS = {
     # round 44: 0.9919 / 0.9857 / 0.9270
     # round 45: 0.9936 / 0.9884 / 0.9296
     # round 46: 0.9936 / 0.9884 / 0.9397
-    "heldout41": (0.993, 0.988, 0.939),
+    # round 59: 0.9952 / 0.9911 / 0.9424 (a record whose first part names the entry by an id that rose)
+    "heldout41": (0.995, 0.991, 0.942),
     # the forty-second (measured 0.922 / 0.802 / 0.802), tune side since heldout43: 0.9650 / 0.8692 / 0.8023
     # (Robot Framework keywords, an OCaml interface and a docopt usage listing as tool lists; a compaction
     # that replaces the history chunk by chunk still read as a new conversation, 16 values still read as
@@ -279,7 +281,8 @@ FLOORS = {
     # round 46: 0.9713 / 0.8777 / 0.9598
     # round 50: 0.9713 / 0.8777 / 0.9655
     # round 58: 0.9777 / 0.8871 / 0.9773 (sightings, counts before their names, one changed)
-    "heldout42": (0.977, 0.887, 0.977),
+    # round 59: 0.9809 / 0.8922 / 0.9831 (transponders under a `Zuletzt …` key)
+    "heldout42": (0.980, 0.892, 0.983),
     # the forty-third (measured 0.976 / 0.945 / 0.855), tune side since heldout44: 0.9984 / 0.9897 / 1.0000
     # (a C header's prototypes, a D-Bus introspection file and a task listing as tool lists, found by earlier
     # rules; states, counts, departures and readings read whole on their first change, and Claude Code's
@@ -305,7 +308,8 @@ FLOORS = {
     # time they change)
     # round 49: 0.9887 / 0.9725 / 0.9670; round 52: 0.9920 / 0.9779 / 0.9727 (two proof links read whole: a newest
     # entry's link path with its drawn id counts as one token, as a base64 signature does)
-    "heldout46": (0.991, 0.977, 0.972),
+    # round 59: 0.9952 / 0.9836 / 0.9783 (a state's detail that ends in a clock)
+    "heldout46": (0.995, 0.983, 0.978),
     # the forty-seventh (measured 0.931 / 0.880 / 0.941), tune side since round 48: 1.0000 / 1.0000 / 0.9950
     # (Gemini CLI's custom commands and a Raycast extension's commands as tool lists, SumUp payments, karting
     # heats and a trek's countdown read by round 48's rules; Crush's compaction read by earlier rules; a hive
@@ -373,13 +377,18 @@ FLOORS = {
     # apostrophe and a delivery board stamped with its clock read by round 58's rules; a judo mat's scoreboard, its
     # clock second, still read as the clock when only the clock moved on)
     "heldout57": (1.0, 1.0, 0.995),
+    # the fifty-eighth (measured 0.953 / 0.937 / 0.896), tune side since round 59: 0.9887 / 0.9803 / 0.9749
+    # (records named by a drawn code or a rising id under any key, `Zuletzt …` keys, prices beside counts, minutes
+    # played, states of six words and with a clock read by round 59's rules; race, croquet and show class results
+    # drawn again still read as edits)
+    "heldout58": (0.988, 0.980, 0.974),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout58), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout59), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -387,7 +396,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55", "heldout56", "heldout57")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55", "heldout56", "heldout57", "heldout58")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -484,7 +493,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout58`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout59`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -545,8 +545,9 @@ def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end:
     return "time" if 0 < (h1 * 60 + m1 - h0 * 60 - m0) % (24 * 60) <= STAMP_STEP_MINUTES else None
 
 
-# a key that names the newest entry of a series (`Last lane booking:`, `Letzter Auftrag:`, `Current run:`)
-LATEST_WORDS = r"last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|jüngste[rsn]?"
+# a key that names the newest entry of a series (`Last lane booking:`, `Letzter Auftrag:`, `Current run:`, `Zuletzt
+# ausgestellt:`, round 59)
+LATEST_WORDS = r"last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|jüngste[rsn]?|zuletzt"
 _LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}[:=]\s*[\"']?")
 LATEST_VALUE_CHARS = 72  # an entry's number with its note; a longer value is text (48 before round 46, 64 before 51)
 # an entry written as a record, its parts set apart by a sign (`MOT test number 2037 5336 5606 · class 4 · PRS

@@ -266,9 +266,10 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 # a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
 # (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `; a range's dash: `J14–J15`)
 _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\d)){0,48}?\s*[:=]\s+")  # `Tonight's decision:` (round 26)
-# a state's words: one to five, a small number among them (`returning to base`, `unter Meldestufe 1`,
-# `Stewards' enquiry`, `ALB recovering up the slip`: round 36; `planner's controls out`: round 58)
-_STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?(?:[ -](?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?|\d{1,2})){0,4}"
+# a state's words: one to six, a small number among them (`returning to base`, `unter Meldestufe 1`,
+# `Stewards' enquiry`, `ALB recovering up the slip`: round 36; `planner's controls out`: round 58;
+# `coaching on lawn 1 this morning`: round 59)
+_STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?(?:[ -](?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?|\d{1,2})){0,5}"
                           r"|[^\W\d_]{1,16}(?: [^\W\d_]{1,16}(?:-[^\W\d_]{1,16})?){5})")  # or six, hyphenated ones whole (round 45)
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
@@ -278,6 +279,7 @@ _STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?(?:[ -](?:[
 # side-stoking`, `paused, gusts above 40 mph on the cliff`; round 44)
 _STATE = re.compile(_STATE_WORDS.pattern + r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"
                     r"(?: \([^()\n]{1,40}\)|[,:] [^\W\d_]{1,16}(?:[ -](?:[^\W\d_]{1,16}|\d{1,3})){0,6}"
+                    r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"  # a detail's clock: `frost, lawns closed until 11:00` (round 59)
                     r"(?: \d+(?:[.,]\d+)? ?[^\W\d_]{1,4})?"  # a detail with its reading: `GO, surface wind 4 kt` (round 39)
                     r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
 _ID_NOTED = re.compile(r"(\S{3,40}) \([^()\n]{1,40}\)")  # an id and a note on it in brackets
@@ -344,6 +346,8 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "counter"
     if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
+    if _entry_record(old, new):
+        return "id"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
             a != b and not (a.isalnum() and b.isalnum()) for a, b in zip(old, new, strict=True)):
         return None
@@ -409,8 +413,11 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
         return None
     changed = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x.group() != y.group()]
     redrawn = [k for k, (g, h) in enumerate(zip(gaps_a, gaps_b, strict=True)) if g != h]  # a wind's direction
+    # a price that changes with a count beside it is a reading too (a day's donations beside its
+    # visitors, a tote's pool beside its odds; round 59); alone it is a rule's
+    counted = any(not _priced(new, b[i]) and _precise(b[i].group()) for i in changed)
     if not (changed or redrawn) or any(not a[i].group()[0].isdigit() or not b[i].group()[0].isdigit()
-                                       or _priced(new, b[i]) for i in changed):
+                                       or _priced(new, b[i]) and not counted for i in changed):
         return None
     compass = bool(redrawn) or _beside_compass(gaps_b)
     # a time running in it that changed to a number not round: a status's clock (round 46); a rule's times are round
@@ -521,7 +528,8 @@ def _compass_only(old: str, new: str) -> bool:
 
 # a time that runs in a status's words: hours and minutes, minutes and seconds, a countdown
 RUNNING_TIME = re.compile(r"\d{1,3} ?h \d{1,2} ?min|\d{1,3}:\d\d ?min|\b(?:in|noch) \d{1,3} ?(?:min\b|Min\.)"
-                          r"|\b(?:in|noch) \d{1,2}:\d\d ?h\b")  # hours and minutes left (`noch 0:35 h`; round 49)
+                          r"|\b(?:in|noch) \d{1,2}:\d\d ?h\b"  # hours and minutes left (`noch 0:35 h`; round 49)
+                          r"|\b\d{1,3} ?min(?:utes)? (?:played|gone|elapsed|gespielt|vorbei)\b")  # `9 min played` (round 59)
 _MINUTES = re.compile(r"(?<![\d:.,])(\d{1,3}) ?min\b")  # minutes alone (`44 min under steam`)
 _NOTE = re.compile(r" ?\([^()\n]{1,40}\)")
 _AFTER_TIME = re.compile(r",? [^\W\d_][^\n]{0,30}$")  # a state after the time (`noch 22 Min., Polieren`)
@@ -689,6 +697,44 @@ def _series_record(old: str, new: str) -> bool:
     changed = [y for x, y in zip(a[1:], b[1:], strict=True) if x != y]
     return 0 < step <= RUNNING_NUMBER_STEP and any(
         not _THRESHOLD_BEFORE.search(part, 0, m.start()) for part in changed for m in _UNIT_READING.finditer(part))
+
+
+_ENTRY_TOKEN = re.compile(r"[\w./-]+")
+ENTRY_RECORD_CHARS = 128  # as long as a newest entry written as a record (value_change.LATEST_RECORD_CHARS)
+
+
+def _entry_record(old: str, new: str) -> bool:
+    """Two records of as many parts set apart by signs, three or more, each short enough to be an
+    entry, whose first part names the entry by a code drawn again or an id that rose a little
+    (`_rising_sequence`), another part or the rest of the first changed too (`Ticket EXC-ERE77U · tower
+    tour 13:00 · family ticket · …` -> `Ticket EXC-PK3K2E · crypt and library · 1 adult · …`, `Group visit
+    GV-26-0879 · 17 bell-ringers · …` -> `GV-26-0880 · 38 pupils · …`, `Aufruf A096 an Platz 2 · …` ->
+    `Aufruf A097 an Platz 3 · …`; round 59): the newest entry replaced, whatever its key says. A
+    rule's record holds no drawn code, and its number is no zero-padded series."""
+    a, b = _RECORD_SPLIT.split(old), _RECORD_SPLIT.split(new)
+    if len(a) != len(b) or len(a) < 3 or max(len(old), len(new)) > ENTRY_RECORD_CHARS:
+        return False
+    ta, tb = _ENTRY_TOKEN.findall(a[0]), _ENTRY_TOKEN.findall(b[0])
+    k = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
+    if k is None or (a[1:] == b[1:] and ta[k + 1:] == tb[k + 1:]):
+        return False  # the entry's name alone changed: read on its own
+    x, y = ta[k], tb[k]
+    lx, ly = _LETTERS_BEFORE.match(x), _LETTERS_BEFORE.match(y)  # a waiting ticket's `A096`: its number
+    if _rising_sequence(x, y) or lx and ly and lx.group(1) == ly.group(1) and len(lx.group(2)) == len(ly.group(2)) \
+            and 0 < int(ly.group(2)) - int(lx.group(2)) <= TICKET_STEP:
+        return True
+    # the code's part drawn again, its fixed prefix aside (`EXC-` of `EXC-ERE77U`)
+    px, py = _CODE_SEPARATORS.split(x), _CODE_SEPARATORS.split(y)
+    x, y = next(((p, q) for p, q in zip(px, py, strict=False) if p != q), ("", ""))
+    return len(px) == len(py) and code_redrawn(x, y, REDRAWN_CODE_CHARS)
+
+
+_CODE_SEPARATORS = re.compile(r"[-/.]")
+_LETTERS_BEFORE = re.compile(r"([A-Za-z]{1,3})(\d{3,})")
+TICKET_STEP = 50  # a waiting ticket's number rises by this much at most between two requests
+
+
+REDRAWN_CODE_CHARS = 5  # a record's code drawn again: five capitals and digits at least (`EXC-PK3K2E`)
 
 
 def match_score(value: str) -> bool:
