@@ -450,19 +450,15 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout58 (measured once, 2026-12-06): "
-                                       "span exact-match F1 0.896 (29 values read as edits on their first change: records "
-                                       "set apart by dots under keys that name no newest entry, appointments, certificates, "
-                                       "race results, tickets, a visitor count); strict, so it turns red when the goal is "
-                                       "reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout58 (measured once, 2026-12-06): "
-                                       "macro-F1 0.937 (29 values read as edits on their first change, dynamic_head recall "
-                                       "0.84, template_change precision 0.47); strict, so it turns red when the goal is "
-                                       "reached and this mark must go")
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout59 (measured once, 2026-12-06): "
+                                       "macro-F1 0.841 (SWE-agent's elided observations read once as a history edit, a "
+                                       "cause no label names, at F1 0; 11 values read as edits on their first change: "
+                                       "wristband scans, bingo claims and games, a hostel booking, a deed number); strict, "
+                                       "so it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
