@@ -3488,3 +3488,50 @@ def test_round_59s_look_alikes_stay_edits(fpr, line: str, values: list[str]) -> 
     beside a small round count, a rule's."""
     got = run_value_line(fpr, line, values)
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 60
+def test_old_tool_results_elided_with_their_line_counts_are_a_compaction(fpr) -> None:
+    """Old tool results each replaced by a placeholder that counts what it left out (SWE-agent's
+    `Old environment output: (7 lines omitted)`): one placeholder but for its numbers, a compaction
+    (round 60)."""
+    results = [f"def handler_{k}(request):\n    return legacy(request)\n" * 6 for k in range(3)]
+    elided = [f"Old environment output: ({n} lines omitted)" for n in (12, 9)] + results[2:]
+    ask = {"role": "user", "content": "Now port the third module."}
+    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
+              Gen.body(CODER, [*_tool_turns(elided), ask], None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_old_tool_results_rewritten_as_other_notes_are_no_compaction(fpr) -> None:
+    """The guard: results rewritten as notes that differ in their words are no placeholder."""
+    results = [f"def handler_{k}(request):\n    return legacy(request)\n" * 6 for k in range(3)]
+    noted = ["Module 0 calls the legacy API once.", "Module 1 has no legacy call."] + results[2:]
+    ask = {"role": "user", "content": "Now port the third module."}
+    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
+              Gen.body(CODER, [*_tool_turns(noted), ask], None, None)]
+    assert causes(fpr, bodies)[-1] != "compaction"
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Parcel scanned: {}", ["PX 20418 · 2.4 kg · to Leeds · bay 3", "PX 77103 · 0.8 kg · to York · bay 1",
+                            "PX 51966 · 5.1 kg · to Hull · bay 4"]),
+    ("Just checked in: {}", ["RB-26-09434 · J. Moss · room 4, bed 2 · 2 nights", "RB-26-06687 · K. Ortiz · room 1, bed 1 · 3 nights",
+                             "RB-26-03120 · L. Hart · room 2, bed 3 · 1 night"]),
+    ("Deed roll: {}", ["No. 2886/2026 · transfer of land · 5 parties", "No. 2887/2026 · power of attorney · 1 party",
+                       "No. 2889/2026 · will · 2 parties"]),
+    ("Wristbands: {}", ["FW-K3TQ9A · evening unlimited · Ghost Train", "FW-R8MZ2C · afternoon unlimited · Waltzer · rides with an adult",
+                        "FW-P4XN7D · junior unlimited · Teacups"]),
+])
+def test_round_60s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 60 reads, each whole: a newest entry
+    under a key that names the event that brought it; a record named by a running number with its
+    year; a record named by a drawn code that gained a part."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_rules_hours_under_an_event_key_stay_an_edit(fpr) -> None:
+    """The guard: a key that names an event holds a rule's hours, no entry (round 60)."""
+    got = run_value_line(fpr, "Breakfast served: {}", ["07:00 to 10:00 in the orangery", "07:30 to 10:30 in the orangery",
+                                                        "07:30 to 10:30 in the orangery"])
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -143,7 +143,7 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return True
     if len(cn) * 2 <= len(pn) and summary_in_call(cur, *histories()):
         return True
-    if len(cn) >= len(pn) and results_cleared(*histories()):
+    if len(cn) >= len(pn) and results_cleared(*histories(), lambda i: _message_text(cur, i)):
         return True
     if tool_turns_pruned(*histories()):
         return True
@@ -272,17 +272,28 @@ def summary_in_call(cur: RequestSketch, prev: list[tuple[str, str, int]], histor
     return False
 
 
-def results_cleared(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:
+def results_cleared(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]],
+                    text_of: Callable[[int], str]) -> bool:
     """A compaction that clears old tool results in place (Anthropic's context editing, Claude Code's
     microcompaction; round 32): the previous history's messages all follow in their roles, the ones
-    that changed are tool results, each now one placeholder (the same text for all) at most half
-    as long as before, the rest unchanged. Paid once, as a summary is; a refreshed result keeps
-    its length."""
-    changed = [(p, c) for p, c in zip(prev, cur, strict=False) if p[1] != c[1]]
-    if not changed or any(p[0] != c[0] for p, c in zip(prev, cur, strict=False)):
+    that changed are tool results, each now one placeholder (the same text for all, its numbers
+    aside: SWE-agent's `Old environment output: (7 lines omitted)`, round 60) at most half as long as
+    before, the rest unchanged. Paid once, as a summary is; a refreshed result keeps its length.
+    `text_of(i)`: the current history's message i."""
+    changed = [(i, p, c) for i, (p, c) in enumerate(zip(prev, cur, strict=False)) if p[1] != c[1]]
+    if not changed or any(p[0] != c[0] for p, c in zip(prev, cur, strict=False)) \
+            or not all(p[0] == "tool" and c[2] * 2 <= p[2] for _, p, c in changed):
         return False
-    return len({c[1] for _, c in changed}) == 1 and all(
-        p[0] == "tool" and c[2] * 2 <= p[2] for p, c in changed)
+    return len({c[1] for _, _, c in changed}) == 1 or len({_NUMBERS.sub("#", text_of(i)) for i, _, _ in changed}) == 1
+
+
+_NUMBERS = re.compile(r"\d+")
+
+
+def _message_text(sk: RequestSketch, i: int) -> str:
+    """The text of the sketch's history message i (`_history`'s order)."""
+    region = sk.history_regions()[i]
+    return sk.text[region.start:region.end]
 
 
 def tool_turns_pruned(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:

@@ -548,7 +548,12 @@ def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end:
 # a key that names the newest entry of a series (`Last lane booking:`, `Letzter Auftrag:`, `Current run:`, `Zuletzt
 # ausgestellt:`, round 59)
 LATEST_WORDS = r"last|latest|newest|current|letzte[rsn]?|neueste[rsn]?|aktuelle[rsn]?|jüngste[rsn]?|zuletzt"
-_LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}[:=]\s*[\"']?")
+# or the event that brought the newest entry, after what it happened to (`Ticket scanned:`, `Claim checked:`,
+# `Just checked in:`; round 60)
+EVENT_WORDS = (r"scanned|checked(?: in| out)?|judged|issued|sold|served|called|logged|delivered|dispatched|shipped|"
+               r"received|arrived|departed|finished|completed|gescannt|geprüft|verkauft|eingecheckt|geliefert|ausgestellt")
+_LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}|(?:just |gerade )?[^\W\d_][\w -]{{0,30}}?"
+                         rf"\b(?:{EVENT_WORDS}))[:=]\s*[\"']?")
 LATEST_VALUE_CHARS = 72  # an entry's number with its note; a longer value is text (48 before round 46, 64 before 51)
 # an entry written as a record, its parts set apart by a sign (`MOT test number 2037 5336 5606 · class 4 · PRS
 # (repaired within the hour)`), may be longer: prose is not set apart so (round 54)

@@ -704,24 +704,24 @@ ENTRY_RECORD_CHARS = 128  # as long as a newest entry written as a record (value
 
 
 def _entry_record(old: str, new: str) -> bool:
-    """Two records of as many parts set apart by signs, three or more, each short enough to be an
-    entry, whose first part names the entry by a code drawn again or an id that rose a little
-    (`_rising_sequence`), another part or the rest of the first changed too (`Ticket EXC-ERE77U · tower
-    tour 13:00 · family ticket · …` -> `Ticket EXC-PK3K2E · crypt and library · 1 adult · …`, `Group visit
-    GV-26-0879 · 17 bell-ringers · …` -> `GV-26-0880 · 38 pupils · …`, `Aufruf A096 an Platz 2 · …` ->
-    `Aufruf A097 an Platz 3 · …`; round 59): the newest entry replaced, whatever its key says. A
-    rule's record holds no drawn code, and its number is no zero-padded series."""
+    """Two records of three parts or more set apart by signs (a part may come or go with the entry,
+    `… · rides with an adult`; round 60), each short enough to be an entry, whose first part names
+    the entry by a code drawn again, an id that rose a little (`_rising_sequence`), a waiting
+    ticket's number or a running number with its year (`_ticket_rose`), in a value that changed in
+    more than that name (`Ticket EXC-ERE77U · tower tour 13:00 · family ticket · …` -> `Ticket
+    EXC-PK3K2E · crypt and library · 1 adult · …`, `Group visit GV-26-0879 · 17 bell-ringers · …` ->
+    `GV-26-0880 · 38 pupils · …`, `Aufruf A096 an Platz 2 · …` -> `Aufruf A097 an Platz 3 · …`; round
+    59): the newest entry replaced, whatever its key says. A rule's record holds no drawn code, and
+    its number is no series."""
     a, b = _RECORD_SPLIT.split(old), _RECORD_SPLIT.split(new)
-    if len(a) != len(b) or len(a) < 3 or max(len(old), len(new)) > ENTRY_RECORD_CHARS:
+    if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 3 or max(len(old), len(new)) > ENTRY_RECORD_CHARS:
         return False
     ta, tb = _ENTRY_TOKEN.findall(a[0]), _ENTRY_TOKEN.findall(b[0])
     k = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
-    if k is None or (a[1:] == b[1:] and ta[k + 1:] == tb[k + 1:]):
-        return False  # the entry's name alone changed: read on its own
+    if k is None:
+        return False
     x, y = ta[k], tb[k]
-    lx, ly = _LETTERS_BEFORE.match(x), _LETTERS_BEFORE.match(y)  # a waiting ticket's `A096`: its number
-    if _rising_sequence(x, y) or lx and ly and lx.group(1) == ly.group(1) and len(lx.group(2)) == len(ly.group(2)) \
-            and 0 < int(ly.group(2)) - int(lx.group(2)) <= TICKET_STEP:
+    if _rising_sequence(x, y) or _ticket_rose(_LETTERS_BEFORE, x, y) or _ticket_rose(_NUMBER_OF_YEAR, x, y):
         return True
     # the code's part drawn again, its fixed prefix aside (`EXC-` of `EXC-ERE77U`)
     px, py = _CODE_SEPARATORS.split(x), _CODE_SEPARATORS.split(y)
@@ -730,8 +730,19 @@ def _entry_record(old: str, new: str) -> bool:
 
 
 _CODE_SEPARATORS = re.compile(r"[-/.]")
+# a waiting ticket's number after its letters (`A096`), a running number before its year (a deed's `2886/2026`;
+# round 60): the part that stays, then the number
 _LETTERS_BEFORE = re.compile(r"([A-Za-z]{1,3})(\d{3,})")
-TICKET_STEP = 50  # a waiting ticket's number rises by this much at most between two requests
+_NUMBER_OF_YEAR = re.compile(r"(?=\d{3,}/(?:19|20)\d\d$)()(\d+)")
+TICKET_STEP = 50  # such a number rises by this much at most between two requests
+
+
+def _ticket_rose(shape: re.Pattern[str], x: str, y: str) -> bool:
+    """Are `x` and `y` one shape (`shape`: what stays, then the number) with the same part that
+    stays and a number of the same length that rose by TICKET_STEP at most?"""
+    mx, my = shape.match(x), shape.match(y)
+    return bool(mx and my) and mx.group(1) == my.group(1) and x[mx.end():] == y[my.end():] \
+        and len(mx.group(2)) == len(my.group(2)) and 0 < int(my.group(2)) - int(mx.group(2)) <= TICKET_STEP
 
 
 REDRAWN_CODE_CHARS = 5  # a record's code drawn again: five capitals and digits at least (`EXC-PK3K2E`)
