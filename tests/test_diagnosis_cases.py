@@ -3535,3 +3535,40 @@ def test_a_rules_hours_under_an_event_key_stay_an_edit(fpr) -> None:
     got = run_value_line(fpr, "Breakfast served: {}", ["07:00 to 10:00 in the orangery", "07:30 to 10:30 in the orangery",
                                                         "07:30 to 10:30 in the orangery"])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 61
+@pytest.mark.parametrize(("line", "values"), [
+    ("Door scan: {}", ["GT-QX4R-2MZK · Quiz Night · 4 seats, table 3 · step-free", "GT-H7WN-PC3D · Open Mic · 2 seats, table 11",
+                       "GT-B2KJ-9TRV · Quiz Night · 6 seats, table 1"]),
+    ("Till: {}", ["tab 5120 · table 4 · 2 teas, scones", "tab 5124 · table 9 · flat white", "tab 5131 · table 1 · soup, bread"]),
+    ("Field scales: {}", ["Scale 1: 0,96 kg currants, self-picked · 6,21 € · card",
+                          "Scale 2: 0,88 kg currants, self-picked · 5,74 € · cash",
+                          "Scale 3: 4,07 kg strawberries, self-picked · 24,02 € · card"]),
+    ("Last sale: {}", ["Gate till: 2 adults · £18.00 · card · audio guide", "Gate till: annual pass shown · £0.00",
+                       "Gate till: 1 child · £4.50 · cash"]),
+    ("Last ticket issued: {}", ["WVR 0001175 · Return to Polmear, 2 adults · Trevarrick",
+                                "WVR 0001180 · Return to Polmear, 2 adults · Trevarrick",
+                                "WVR 0001184 · Return to Polmear, 2 adults · Trevarrick"]),
+    ("Line: {}", ["Wed 11:04 · 10:55 from Ashby left Mill Lane, due Kingsway 11:09 · next from Ashby 11:30",
+                  "Wed 11:18 · 10:55 from Ashby left Kingsway, due Town 11:19 · next from Ashby 11:30",
+                  "Wed 11:21 · 10:55 from Ashby left Kingsway, due Town 11:19 · next from Ashby 11:30"]),
+])
+def test_round_61s_values_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """On their first change, per-request values in forms round 61 reads, each whole: a record named
+    by a code whose drawn parts are short; a numbered tab; a scale's weighing with its reading in the
+    first part; a newest entry's record that lost parts; an id alone changed in a newest entry's
+    record; a board stamped with its clock whose first part opens with a train's time."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_quarter_hours_range_that_runs_on_stays_a_value(fpr) -> None:
+    """The guard: quarter hours that bound a range (a load profile's quarter) are no rule's hours."""
+    assert_values_whole(fpr, "Last quarter: {}", ["10.02.2026 02:00–02:15 Uhr", "10.02.2026 02:30–02:45 Uhr",
+                                                  "10.02.2026 03:00–03:15 Uhr"])
+
+
+def test_a_rules_hour_edited_to_a_quarter_stays_an_edit(fpr) -> None:
+    """A rule's `Doors open at 19:00.` edited to `18:45.`: both on the quarter hours, an edit (round 61)."""
+    got = run_value_line(fpr, "Note: Doors open at {}.", ["19:00", "18:45", "18:45"])
+    assert [r["cause"] for r in got][0] == "template_change", got

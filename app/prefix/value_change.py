@@ -259,10 +259,11 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 
 # a status stamped with its clock first (after a word: `Stand 18:03 Uhr`), then set apart by a sign, what
 # it says (`15:01 · T1 Otis (border terrier) drying (18') · T2 …`, `08:59 | Dev with Amira K. till 09:45 |
-# …`; round 50): as long as its entries make it; not a range (`14:00 – 15:30`), but it may open with a count
+# …`; round 50): as long as its entries make it; not a range (`14:00 – 15:30`; after a dot or a bar its first part
+# may open with another clock, a train's: `Wed 11:18 · 10:55 from Polmear left …`, round 61), but it may open with a count
 # (`10:36 · 9/14 day launches out · …`; round 53); a clock written with a dot is one with `Uhr` (`07.13 Uhr · Büro
 # zu · …`; round 54), not a price
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr) [·|¦–—] (?!\d{1,2}[:.]\d\d)\S")
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr) (?:[·|¦] |[–—] (?!\d{1,2}[:.]\d\d))\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 
@@ -322,7 +323,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
             kind = "date"  # no "today" cue, but it moved on by a day: a clock's date, not an edit
         elif kind in ("timestamp", "date") and moved_too_far(pspan.text, span.text):
             kind = None  # years on: an edited stamp that is still a valid one
-        elif kind == "time" and _ON_THE_HOUR.fullmatch(pspan.text) and _ON_THE_HOUR.fullmatch(span.text) \
+        elif kind == "time" and rule_hours(prev, pspan.start, pspan.end, cur, span.start, span.end) \
                 and not NOW_CUE.search(cur, line0, span.start):
             kind = None  # `held until 10:00` -> `11:00`: a rule's hour edited; a clock read twice on the hour or half is rare
         if kind is not None:
@@ -382,7 +383,8 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
         start, end, _, vpend = line_value  # a state and its reading: the line's value, whole (round 28)
         return ValueChange(Span(start, end, kind, cur[start:end]), vpend)
     if (kind is None or kind == "id" and note_start(cur, cs, line_value[1] if line_value else cs) is not None
-            or kind == "nonce" and line_value is not None and _NOTE.search(cur, line_value[0], cs) is not None) \
+            or kind == "nonce" and line_value is not None and _NOTE.search(cur, line_value[0], cs) is not None
+            or kind in ("id", "nonce") and line_value is not None and _RECORD_PARTS.search(cur, ce, line_value[1])) \
             and (latest := _latest_entry(prev, cur, line_value, pline1, line1)) is not None:
         # the newest entry of a series, whole: its number alone read, it is whole with the note
         # that says what it is (`Last performance: Perf. 3215 (The Snow Queen)`), as `_ID_NOTED`
@@ -590,8 +592,12 @@ def _record_replaced(old: str, new: str) -> bool:
     to be an entry (`60 out: T18 D3 · Dave Hedley (The Cluny B), board 2` -> `68 out: 18 14 D18 · Tony
     Errington (…), board 1`; round 56): the newest entry written as a record, not an edit of one part."""
     a, b = _RECORD_PARTS.split(old), _RECORD_PARTS.split(new)
-    return len(a) == len(b) >= 2 and sum(x != y for x, y in zip(a, b, strict=True)) >= 2 \
+    return min(len(a), len(b)) >= 2 and abs(len(a) - len(b)) <= RECORD_PARTS_GONE \
+        and sum(x != y for x, y in zip(a, b, strict=False)) >= 2 \
         and len(old) <= LATEST_RECORD_CHARS and len(new) <= LATEST_RECORD_CHARS
+
+
+RECORD_PARTS_GONE = 2  # parts a newest entry's record may gain or lose (`· Kreditkarte · Audioguide`; round 61)
 
 
 _WORDS = re.compile(r"[^\W\d_]+")
@@ -739,7 +745,7 @@ def _status_reading(prev: str, cur: str, value: LineValue | None) -> ValueChange
     if found is None:
         return None
     s, e, pe = found
-    if _ON_THE_HOUR.fullmatch(prev, pstart + s, pstart + pe) and _ON_THE_HOUR.fullmatch(cur, start + s, start + e):
+    if rule_hours(prev, pstart + s, pstart + pe, cur, start + s, start + e):
         return None  # a rule's hour edited (`booked from 08:00` -> `08:30`), not a reading (round 54)
     return ValueChange(Span(start + s, start + e, "counter", cur[start + s:start + e]), pstart + pe)
 
@@ -826,8 +832,22 @@ def after_glued_key(text: str, start: int, at: int) -> int:
     return m.end() if m is not None and m.end() <= at else start
 
 
-# a rule's hour: on the hour or the half hour (`back by 17:30` -> `18:00`; round 53)
+# a rule's hour: on the hour or the half hour (`back by 17:30` -> `18:00`; round 53), or the quarter hour
 _ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.][03]0(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
+_ON_THE_QUARTER = re.compile(r"(?:[01]?\d|2[0-3])[:h.](?:[03]0|15|45)(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
+_RANGE_DASH = "–—-"
+
+
+def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
+    """Are `prev[ps:pe]` and `cur[cs:ce]` a rule's hour edited: both on the hour or the half hour
+    (round 53), or both on the quarter hours (`Doors open at 19:00.` -> `18:45.`; round 61) where
+    neither bounds a range (a load profile's quarter `02:00–02:15` -> `02:30–02:45` runs on)?"""
+    if _ON_THE_HOUR.fullmatch(prev, ps, pe) and _ON_THE_HOUR.fullmatch(cur, cs, ce):
+        return True
+    in_range = any(t[a - 1:a] in tuple(_RANGE_DASH) or t[b:b + 1] in tuple(_RANGE_DASH)
+                   for t, a, b in ((prev, ps, pe), (cur, cs, ce)) if a > 0)
+    return not in_range and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None \
+        and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
 _QUOTED_AFTER_KEY = re.compile(r"""(?:[=:]\s*)"$""")
 
 

@@ -690,11 +690,12 @@ def _series_record(old: str, new: str) -> bool:
     a, b = _RECORD_SPLIT.split(old), _RECORD_SPLIT.split(new)
     if len(a) != len(b) or len(a) < 3 or max(len(old), len(new)) > SERIES_RECORD_CHARS:
         return False
-    na, nb = list(_ITEM_NUMBER.finditer(a[0])), list(_ITEM_NUMBER.finditer(b[0]))
-    if not na or not nb or a[0][:na[-1].start()] != b[0][:nb[-1].start()] or _VERSION_WORD.search(b[0], 0, nb[-1].start()):
+    na, nb = _ITEM_NUMBER.search(a[0]), _ITEM_NUMBER.search(b[0])  # the item's number: the first (`Rennen 6: 1. Nr. 1 …`)
+    if not na or not nb or a[0][:na.start()] != b[0][:nb.start()] or _VERSION_WORD.search(b[0], 0, nb.start()):
         return False
-    step = int(nb[-1].group(1).replace(".", "")) - int(na[-1].group(1).replace(".", ""))
-    changed = [y for x, y in zip(a[1:], b[1:], strict=True) if x != y]
+    step = int(nb.group(1).replace(".", "")) - int(na.group(1).replace(".", ""))
+    # what changed: the first part after the item's number (`Waage 2: 0,88 kg …`), the other parts
+    changed = [y for x, y in zip([a[0][na.end():], *a[1:]], [b[0][nb.end():], *b[1:]], strict=True) if x != y]
     return 0 < step <= RUNNING_NUMBER_STEP and any(
         not _THRESHOLD_BEFORE.search(part, 0, m.start()) for part in changed for m in _UNIT_READING.finditer(part))
 
@@ -723,17 +724,22 @@ def _entry_record(old: str, new: str) -> bool:
     x, y = ta[k], tb[k]
     if _rising_sequence(x, y) or _ticket_rose(_LETTERS_BEFORE, x, y) or _ticket_rose(_NUMBER_OF_YEAR, x, y):
         return True
-    # the code's part drawn again, its fixed prefix aside (`EXC-` of `EXC-ERE77U`)
+    if k > 0 and _ticket_rose(_NUMBER_ALONE, x, y):
+        return True  # a number the word before it names (`tab 2463` -> `tab 2468`; round 61)
+    # the code's parts drawn again, its fixed prefix aside (`EXC-` of `EXC-ERE77U`, `MB-` of `MB-LXG7-S659`)
     px, py = _CODE_SEPARATORS.split(x), _CODE_SEPARATORS.split(y)
-    x, y = next(((p, q) for p, q in zip(px, py, strict=False) if p != q), ("", ""))
-    return len(px) == len(py) and code_redrawn(x, y, REDRAWN_CODE_CHARS)
+    if len(px) != len(py):
+        return False
+    same = next((i for i, (p, q) in enumerate(zip(px, py, strict=True)) if p != q), len(px))
+    return code_redrawn("-".join(px[same:]), "-".join(py[same:]), REDRAWN_CODE_CHARS)
 
 
 _CODE_SEPARATORS = re.compile(r"[-/.]")
 # a waiting ticket's number after its letters (`A096`), a running number before its year (a deed's `2886/2026`;
-# round 60): the part that stays, then the number
+# round 60), a number of three digits or more alone (round 61): the part that stays, then the number
 _LETTERS_BEFORE = re.compile(r"([A-Za-z]{1,3})(\d{3,})")
 _NUMBER_OF_YEAR = re.compile(r"(?=\d{3,}/(?:19|20)\d\d$)()(\d+)")
+_NUMBER_ALONE = re.compile(r"()(\d{3,})$")
 TICKET_STEP = 50  # such a number rises by this much at most between two requests
 
 
