@@ -459,27 +459,15 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert s.lookalike_false_alarms <= LOOKALIKE_ALARMS.get(corpus, 0), s.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="one look-alike alarm on the held-out split heldout60 (measured once, "
-                                       "2026-12-06): a rule's `Doors open at 19:00.` edited to `18:45.` read as a clock; "
-                                       "strict, so it turns red when no alarm is raised and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout60 (measured once, 2026-12-06): "
-                                       "span exact-match F1 0.893 (a railway board stamped with its clock, whose first part "
-                                       "opens with a train's time, read as its clock 11 times; 10 values read as edits); "
-                                       "strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout60 (measured once, 2026-12-06): "
-                                       "macro-F1 0.926 (VoltAgent's refolded summary read as an edited template or a front "
-                                       "trim, compaction recall 0.62; 10 values read as edits on their first change, "
-                                       "template_change precision 0.64); strict, so it turns red when the goal is reached "
-                                       "and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
