@@ -3572,3 +3572,49 @@ def test_a_rules_hour_edited_to_a_quarter_stays_an_edit(fpr) -> None:
     """A rule's `Doors open at 19:00.` edited to `18:45.`: both on the quarter hours, an edit (round 61)."""
     got = run_value_line(fpr, "Note: Doors open at {}.", ["19:00", "18:45", "18:45"])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 62
+RECAP = "\n\nThis is a summary of the chat history as a recap: "
+FIRST_RECAP = (RECAP + "The user is migrating the invoices module to the ledger API; modules 1 and 2 are done and "
+               "tested, the export job still calls the old client in two places, and the CSV columns must keep their order.")
+SECOND_RECAP = (RECAP + "Modules 1 to 3 now use the ledger API and their tests pass; the export job was ported and its "
+                "old client calls removed. Still open: the nightly report and whether the CSV header may change.")
+
+
+def test_a_second_recap_appended_to_the_system_message_is_a_compaction(fpr) -> None:
+    """A second recap appended after the first in the system message (aichat's session compression),
+    the short history before it replaced by the next question: a compaction (round 62)."""
+    turns = [{"role": "user", "content": "Can you port module 3 next?"},
+             {"role": "assistant", "content": "Module 3 is ported; its tests pass."},
+             {"role": "user", "content": "And the export job?"}]
+    bodies = [Gen.body(CODER + FIRST_RECAP, turns[:1], None, None), Gen.body(CODER + FIRST_RECAP, turns, None, None),
+              Gen.body(CODER + FIRST_RECAP + SECOND_RECAP, [{"role": "user", "content": "What is left for tonight?"}],
+                       None, None)]
+    assert causes(fpr, bodies) == [None, "compaction"]
+
+
+def test_a_short_rule_appended_over_a_short_history_is_no_compaction(fpr) -> None:
+    """The guard: a rule of one line appended to the system prompt as the short history gives way
+    to a new question is no recap."""
+    turns = [{"role": "user", "content": "Can you port module 3 next?"},
+             {"role": "assistant", "content": "Module 3 is ported; its tests pass."},
+             {"role": "user", "content": "And the export job?"}]
+    bodies = [Gen.body(CODER, turns[:1], None, None), Gen.body(CODER, turns, None, None),
+              Gen.body(CODER + "\nAlways name the files you touch.", [{"role": "user", "content": "What is left?"}],
+                       None, None)]
+    assert causes(fpr, bodies)[-1] != "compaction"
+
+
+def test_a_record_named_by_a_person_replaced_is_a_value_whole(fpr) -> None:
+    """A record whose first part names a person by first name and initial, replaced with its other
+    parts (a waiver signed), is the entry whole whatever its key (round 62)."""
+    assert_values_whole(fpr, "Waiver: {}", ["Amy R. · adult · court 2 · by text link", "Ben T. · adult · court 4 · by email link",
+                                             "Cal D. · under 18, signed by a guardian · court 1 · at the desk"])
+
+
+def test_a_record_whose_person_stays_with_a_number_edited_stays_an_edit(fpr) -> None:
+    """The guard: the same person with a number edited (a contact's extension) is an edit."""
+    got = run_value_line(fpr, "Contact: {}", ["Anna K. · reception · ext. 12 · weekdays", "Anna K. · reception · ext. 14 · weekends",
+                                               "Anna K. · reception · ext. 14 · weekends"])
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -200,6 +200,8 @@ def summary_note_rewritten(prev: RequestSketch, cur: RequestSketch) -> bool:
 
 
 SUMMARY_IN_SYSTEM_CHARS = 64  # a summary appended to the system prompt is this long at least
+STACKED_SUMMARY_CHARS = 200  # a summary appended this long compacts a history of STACKED_MIN_MESSAGES
+STACKED_MIN_MESSAGES = 3  # a question, its answer and the next question
 
 
 def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
@@ -220,7 +222,10 @@ def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
     if ps is not None and not appended and ps not in _leading_system_texts(cur)[1:]:
         return False
     pm, cm = [k for _, k, _ in _history(prev)], _history(cur)
-    if len(pm) < COMPACTED_MIN_MESSAGES or not cm or cm[-1][0] != "user":
+    # a summary of a summary's length appended after one before it (aichat's recaps stacked in the system
+    # message; round 62) compacts a shorter history: the conversation's context is in the recap before it
+    least = STACKED_MIN_MESSAGES if appended and len(cs) - len(ps) >= STACKED_SUMMARY_CHARS else COMPACTED_MIN_MESSAGES
+    if len(pm) < least or not cm or cm[-1][0] != "user":
         return False
     ck = [k for _, k, _ in cm]
     kept = next((n for n in range(min(len(ck), len(pm)), 0, -1) if ck[:n] == pm[len(pm) - n:]), 0)

@@ -717,6 +717,8 @@ def _entry_record(old: str, new: str) -> bool:
     a, b = _RECORD_SPLIT.split(old), _RECORD_SPLIT.split(new)
     if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 3 or max(len(old), len(new)) > ENTRY_RECORD_CHARS:
         return False
+    if a[0] != b[0] and _INITIALLED.fullmatch(a[0]) and _INITIALLED.fullmatch(b[0]):
+        return True  # named by a person, a first name and an initial (a waiver's `Kerry E. · adult · …`; round 62)
     ta, tb = _ENTRY_TOKEN.findall(a[0]), _ENTRY_TOKEN.findall(b[0])
     k = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
     if k is None:
@@ -735,6 +737,7 @@ def _entry_record(old: str, new: str) -> bool:
 
 
 _CODE_SEPARATORS = re.compile(r"[-/.]")
+_INITIALLED = re.compile(r"[^\W\d_][\w'’-]{1,20} [A-Z]\.")
 # a waiting ticket's number after its letters (`A096`), a running number before its year (a deed's `2886/2026`;
 # round 60), a number of three digits or more alone (round 61): the part that stays, then the number
 _LETTERS_BEFORE = re.compile(r"([A-Za-z]{1,3})(\d{3,})")
