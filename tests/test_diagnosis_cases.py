@@ -1896,15 +1896,22 @@ def _tool_turns(results: list[str]) -> list[dict]:
     return msgs
 
 
+HANDLER_RESULTS = [f"def handler_{k}(request):\n    return legacy(request)\n" * 6 for k in range(3)]
+
+
+def first_results_replaced(replacements: list[str]) -> list[dict]:
+    """Three requests of an agent reading HANDLER_RESULTS, the third with its first results replaced
+    in place by `replacements` and a new question."""
+    ask = {"role": "user", "content": "Now port the third module."}
+    results = HANDLER_RESULTS
+    return [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
+            Gen.body(CODER, [*_tool_turns(replacements + results[len(replacements):]), ask], None, None)]
+
+
 def test_old_tool_results_cleared_in_place_are_a_compaction(fpr) -> None:
     """Old tool results replaced by one placeholder, every turn kept (Anthropic's context editing,
     Claude Code's microcompaction): paid once, a compaction (round 32)."""
-    results = [f"def handler_{k}(request):\n    return legacy(request)\n" * 6 for k in range(3)]
-    cleared = ["[Old tool result content cleared]"] * 2 + results[2:]
-    ask = {"role": "user", "content": "Now port the third module."}
-    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
-              Gen.body(CODER, [*_tool_turns(cleared), ask], None, None)]
-    assert causes(fpr, bodies) == [None, "compaction"]
+    assert causes(fpr, first_results_replaced(["[Old tool result content cleared]"] * 2)) == [None, "compaction"]
 
 
 def test_a_tool_result_refreshed_with_new_values_is_no_compaction(fpr) -> None:
@@ -3495,22 +3502,14 @@ def test_old_tool_results_elided_with_their_line_counts_are_a_compaction(fpr) ->
     """Old tool results each replaced by a placeholder that counts what it left out (SWE-agent's
     `Old environment output: (7 lines omitted)`): one placeholder but for its numbers, a compaction
     (round 60)."""
-    results = [f"def handler_{k}(request):\n    return legacy(request)\n" * 6 for k in range(3)]
-    elided = [f"Old environment output: ({n} lines omitted)" for n in (12, 9)] + results[2:]
-    ask = {"role": "user", "content": "Now port the third module."}
-    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
-              Gen.body(CODER, [*_tool_turns(elided), ask], None, None)]
-    assert causes(fpr, bodies) == [None, "compaction"]
+    elided = [f"Old environment output: ({n} lines omitted)" for n in (12, 9)]
+    assert causes(fpr, first_results_replaced(elided)) == [None, "compaction"]
 
 
 def test_old_tool_results_rewritten_as_other_notes_are_no_compaction(fpr) -> None:
     """The guard: results rewritten as notes that differ in their words are no placeholder."""
-    results = [f"def handler_{k}(request):\n    return legacy(request)\n" * 6 for k in range(3)]
-    noted = ["Module 0 calls the legacy API once.", "Module 1 has no legacy call."] + results[2:]
-    ask = {"role": "user", "content": "Now port the third module."}
-    bodies = [Gen.body(CODER, _tool_turns(results[:2]), None, None), Gen.body(CODER, _tool_turns(results), None, None),
-              Gen.body(CODER, [*_tool_turns(noted), ask], None, None)]
-    assert causes(fpr, bodies)[-1] != "compaction"
+    noted = ["Module 0 calls the legacy API once.", "Module 1 has no legacy call."]
+    assert causes(fpr, first_results_replaced(noted))[-1] != "compaction"
 
 
 @pytest.mark.parametrize(("line", "values"), [
@@ -3582,12 +3581,15 @@ SECOND_RECAP = (RECAP + "Modules 1 to 3 now use the ledger API and their tests p
                 "old client calls removed. Still open: the nightly report and whether the CSV header may change.")
 
 
+SHORT_TURNS = [{"role": "user", "content": "Can you port module 3 next?"},
+               {"role": "assistant", "content": "Module 3 is ported; its tests pass."},
+               {"role": "user", "content": "And the export job?"}]
+
+
 def test_a_second_recap_appended_to_the_system_message_is_a_compaction(fpr) -> None:
     """A second recap appended after the first in the system message (aichat's session compression),
     the short history before it replaced by the next question: a compaction (round 62)."""
-    turns = [{"role": "user", "content": "Can you port module 3 next?"},
-             {"role": "assistant", "content": "Module 3 is ported; its tests pass."},
-             {"role": "user", "content": "And the export job?"}]
+    turns = SHORT_TURNS
     bodies = [Gen.body(CODER + FIRST_RECAP, turns[:1], None, None), Gen.body(CODER + FIRST_RECAP, turns, None, None),
               Gen.body(CODER + FIRST_RECAP + SECOND_RECAP, [{"role": "user", "content": "What is left for tonight?"}],
                        None, None)]
@@ -3597,9 +3599,7 @@ def test_a_second_recap_appended_to_the_system_message_is_a_compaction(fpr) -> N
 def test_a_short_rule_appended_over_a_short_history_is_no_compaction(fpr) -> None:
     """The guard: a rule of one line appended to the system prompt as the short history gives way
     to a new question is no recap."""
-    turns = [{"role": "user", "content": "Can you port module 3 next?"},
-             {"role": "assistant", "content": "Module 3 is ported; its tests pass."},
-             {"role": "user", "content": "And the export job?"}]
+    turns = SHORT_TURNS
     bodies = [Gen.body(CODER, turns[:1], None, None), Gen.body(CODER, turns, None, None),
               Gen.body(CODER + "\nAlways name the files you touch.", [{"role": "user", "content": "What is left?"}],
                        None, None)]

@@ -40,6 +40,7 @@ from app.prefix.history_shape import (
     HistoryKeys,
     first_exchange,
     history_compacted,
+    opens_with_summary,
     summary_alone,
     tail_start,
     trimmed,
@@ -744,8 +745,7 @@ def _summary_heads(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch)
     history, shorter than the previous one, opens with a user message of SUMMARY_REPLY_CHARS or more
     the previous one did not hold."""
     history = cur.history_regions()
-    if not history or not mine.turns or history[0].role != "user" \
-            or history[0].end - history[0].start < SUMMARY_REPLY_CHARS:
+    if not mine.turns or not opens_with_summary(history):
         return False
     return len(history) < prev.history[0] and mine.turns[0] not in {*prev.turns, *prev.last_turns}
 

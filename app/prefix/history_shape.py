@@ -165,7 +165,7 @@ def summary_alone(cur: RequestSketch) -> bool:
     message replaced by a user message holding its `<summary>`, the next turn left to the model;
     round 54)? A new conversation opens with a question, not one tagged block."""
     history = cur.history_regions()
-    if len(history) != 1 or history[0].role != "user" or history[0].end - history[0].start < SUMMARY_REPLY_CHARS:
+    if len(history) != 1 or not opens_with_summary(history):
         return False
     m = _TAGGED_WHOLE.fullmatch(cur.text, history[0].start, history[0].end)
     return m is not None and len(m.group(2)) >= SUMMARY_REPLY_CHARS
@@ -179,12 +179,17 @@ def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
     front trim (tests/test_prefix_compaction.py). A front trim keeps its first messages as they were
     or drops them bare."""
     history = cur.history_regions()
-    if not history or history[0].role != "user" or history[0].end - history[0].start < SUMMARY_REPLY_CHARS:
+    if not opens_with_summary(history):
         return False
     if len(history) >= len(prev.history_regions()):
         return False  # the window kept its length: trimmed on every turn, a front trim (issue 29)
     first = span_key("user", cur.text, history[0].start, history[0].end)
     return first not in {k for _, k, _ in _history(prev)} and front_trimmed(prev, cur)
+
+
+def opens_with_summary(history: Sequence[Region]) -> bool:
+    """Does the history open with a user message long enough to be a summary (SUMMARY_REPLY_CHARS)?"""
+    return bool(history) and history[0].role == "user" and history[0].end - history[0].start >= SUMMARY_REPLY_CHARS
 
 
 def summary_note_rewritten(prev: RequestSketch, cur: RequestSketch) -> bool:

@@ -26,6 +26,9 @@ from app.prefix.dynamic import (
 )
 from app.prefix.strings import common_prefix_len
 from app.prefix.value_kind import (
+    DECIMAL_NUMBER,
+    RECORD_CHARS,
+    RECORD_PARTS,
     STATUS_LETTERS,
     STATUS_VALUE_CHARS,
     after_state,
@@ -384,7 +387,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
         return ValueChange(Span(start, end, kind, cur[start:end]), vpend)
     if (kind is None or kind == "id" and note_start(cur, cs, line_value[1] if line_value else cs) is not None
             or kind == "nonce" and line_value is not None and _NOTE.search(cur, line_value[0], cs) is not None
-            or kind in ("id", "nonce") and line_value is not None and _RECORD_PARTS.search(cur, ce, line_value[1])) \
+            or kind in ("id", "nonce") and line_value is not None and RECORD_PARTS.search(cur, ce, line_value[1])) \
             and (latest := _latest_entry(prev, cur, line_value, pline1, line1)) is not None:
         # the newest entry of a series, whole: its number alone read, it is whole with the note
         # that says what it is (`Last performance: Perf. 3215 (The Snow Queen)`), as `_ID_NOTED`
@@ -557,15 +560,12 @@ EVENT_WORDS = (r"scanned|checked(?: in| out)?|judged|issued|sold|served|called|l
 _LATEST_KEY = re.compile(rf"(?i)[^\w\n]*(?:(?:{LATEST_WORDS})\b[^:=\n]{{0,40}}|(?:just |gerade )?[^\W\d_][\w -]{{0,30}}?"
                          rf"\b(?:{EVENT_WORDS}))[:=]\s*[\"']?")
 LATEST_VALUE_CHARS = 72  # an entry's number with its note; a longer value is text (48 before round 46, 64 before 51)
-# an entry written as a record, its parts set apart by a sign (`MOT test number 2037 5336 5606 · class 4 · PRS
-# (repaired within the hour)`), may be longer: prose is not set apart so (round 54)
-LATEST_RECORD_CHARS = 128
-_RECORD_PARTS = re.compile(r" [·|¦] ")
+# an entry written as a record, its parts set apart by a sign, may be longer: up to RECORD_CHARS (round 54)
 
 
 def _entry_chars(value: str) -> int:
     """How long a newest entry may be: a record's parts set apart by signs, or an entry's number with its note."""
-    return LATEST_RECORD_CHARS if _RECORD_PARTS.search(value) else LATEST_VALUE_CHARS
+    return RECORD_CHARS if RECORD_PARTS.search(value) else LATEST_VALUE_CHARS
 
 
 def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:
@@ -591,10 +591,10 @@ def _record_replaced(old: str, new: str) -> bool:
     """Two records of as many parts set apart by signs, two parts or more changed, each short enough
     to be an entry (`60 out: T18 D3 · Dave Hedley (The Cluny B), board 2` -> `68 out: 18 14 D18 · Tony
     Errington (…), board 1`; round 56): the newest entry written as a record, not an edit of one part."""
-    a, b = _RECORD_PARTS.split(old), _RECORD_PARTS.split(new)
+    a, b = RECORD_PARTS.split(old), RECORD_PARTS.split(new)
     return min(len(a), len(b)) >= 2 and abs(len(a) - len(b)) <= RECORD_PARTS_GONE \
         and sum(x != y for x, y in zip(a, b, strict=False)) >= 2 \
-        and len(old) <= LATEST_RECORD_CHARS and len(new) <= LATEST_RECORD_CHARS
+        and len(old) <= RECORD_CHARS and len(new) <= RECORD_CHARS
 
 
 RECORD_PARTS_GONE = 2  # parts a newest entry's record may gain or lose (`· Kreditkarte · Audioguide`; round 61)
@@ -612,11 +612,8 @@ def _numbers_replaced(old: str, new: str) -> bool:
     if not (len(old) <= _entry_chars(old) and len(new) <= _entry_chars(new)) \
             or _CLOCK_GROUP.search(old) or _CLOCK_GROUP.search(new) or _WORDS.findall(old) != _WORDS.findall(new):
         return False
-    a, b = _ENTRY_NUMBERS.findall(old), _ENTRY_NUMBERS.findall(new)
+    a, b = DECIMAL_NUMBER.findall(old), DECIMAL_NUMBER.findall(new)  # `213.6`, `1,500`: one number each
     return sum(x != y for x, y in zip_longest(a, b)) >= 2
-
-
-_ENTRY_NUMBERS = re.compile(r"\d+(?:[.,]\d+)*")  # `213.6`, `1,500`: one number each
 
 
 def latest_entry(text: str, start: int, end: int) -> tuple[int, int] | None:
@@ -835,7 +832,7 @@ def after_glued_key(text: str, start: int, at: int) -> int:
 # a rule's hour: on the hour or the half hour (`back by 17:30` -> `18:00`; round 53), or the quarter hour
 _ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.][03]0(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
 _ON_THE_QUARTER = re.compile(r"(?:[01]?\d|2[0-3])[:h.](?:[03]0|15|45)(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
-_RANGE_DASH = "–—-"
+_RANGE_DASHES = frozenset("–—-")
 
 
 def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
@@ -844,10 +841,15 @@ def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
     neither bounds a range (a load profile's quarter `02:00–02:15` -> `02:30–02:45` runs on)?"""
     if _ON_THE_HOUR.fullmatch(prev, ps, pe) and _ON_THE_HOUR.fullmatch(cur, cs, ce):
         return True
-    in_range = any(t[a - 1:a] in tuple(_RANGE_DASH) or t[b:b + 1] in tuple(_RANGE_DASH)
-                   for t, a, b in ((prev, ps, pe), (cur, cs, ce)) if a > 0)
-    return not in_range and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None \
-        and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
+    return not (_bounds_range(prev, ps, pe) or _bounds_range(cur, cs, ce)) \
+        and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
+
+
+def _bounds_range(text: str, start: int, end: int) -> bool:
+    """Does a range's dash touch `text[start:end]` on either side?"""
+    return text[start - 1:start] in _RANGE_DASHES or text[end:end + 1] in _RANGE_DASHES
+
+
 _QUOTED_AFTER_KEY = re.compile(r"""(?:[=:]\s*)"$""")
 
 

@@ -589,7 +589,7 @@ def _same_but(numbers: re.Pattern[str], old: str, new: str) -> bool:
     return numbers.sub("#", old) == numbers.sub("#", new)
 
 
-_DECIMAL_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+DECIMAL_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _BOARD_PARTS = re.compile(r" [·|¦;] ")
 
 
@@ -598,9 +598,9 @@ def _readings_board(old: str, new: str) -> bool:
     or more changed, each written with decimals on both sides (`Au 999,9 – 99,01 €/g · Ag 999 – 1,380
     €/g · …` -> `… 99,14 €/g · … 1,376 €/g · …`; round 51): prices or measurements read again. A
     rule's numbers are whole (`9–17 · Sat 10–14`)."""
-    if not _BOARD_PARTS.search(old) or not _same_but(_DECIMAL_NUMBER, old, new):
+    if not _BOARD_PARTS.search(old) or not _same_but(DECIMAL_NUMBER, old, new):
         return False
-    changed = [(a, b) for a, b in zip(_DECIMAL_NUMBER.findall(old), _DECIMAL_NUMBER.findall(new), strict=True) if a != b]
+    changed = [(a, b) for a, b in zip(DECIMAL_NUMBER.findall(old), DECIMAL_NUMBER.findall(new), strict=True) if a != b]
     return len(changed) >= 2 and all(_DECIMALS.search(a) and _DECIMALS.search(b) for a, b in changed)
 
 
@@ -663,17 +663,19 @@ def _running_score(old: str, new: str) -> bool:
     score's counts fell. A rule's hours (`Mon 9 – 17 Uhr`) name no sides."""
     if len(old) > SCORE_CHARS or not _same_but(_WHOLE_NUMBER, old, new):
         return False
-    a, b = _SCORE.search(old), _SCORE.search(new)
-    if a is None or b is None or not match_score(new) \
-            or _WHOLE_NUMBER.sub("#", old[:a.start()]) != _WHOLE_NUMBER.sub("#", new[:b.start()]):
+    a, b = _SCORE.search(old), _score(new)
+    if a is None or b is None or _WHOLE_NUMBER.sub("#", old[:a.start()]) != _WHOLE_NUMBER.sub("#", new[:b.start()]):
         return False
     changed = sum(x != y for x, y in zip(_WHOLE_NUMBER.findall(old), _WHOLE_NUMBER.findall(new), strict=True))
     return changed >= 2 and int(b.group(2)) >= int(a.group(2)) and int(b.group(3)) >= int(a.group(3))
 
 
-# a record's parts set apart by a sign; the running number that ends its first part, thousands grouped
-# by dots too (`Charge 1.935`); a reading with its unit, a rate per hour too (`49 kg`, `70 °C`, `442 Teile/h`)
-_RECORD_SPLIT = re.compile(r" [·|¦] ")
+# a record's parts set apart by a sign (`MOT test number 2037 5336 5606 · class 4 · PRS`), and how long a record
+# may be to be one entry: prose is not set apart so (96 before round 57); the running number that names its item,
+# thousands grouped by dots too (`Charge 1.935`); a reading with its unit, a rate per hour too (`49 kg`, `70 °C`,
+# `442 Teile/h`)
+RECORD_PARTS = re.compile(r" [·|¦] ")
+RECORD_CHARS = 128
 _ITEM_NUMBER = re.compile(r"(\d{1,3}(?:\.\d{3})+|\d{1,6})(?![\d.,:]?\d)")
 _VERSION_WORD = re.compile(r"(?i)(?:\bv|version|rev(?:ision)?|edition|stand|fassung|ausgabe)\W*$")
 _UNIT_READING = re.compile(rf"(\d+(?:[.,]\d+)?)(?:{_MEASURE_UNIT.pattern}|{_READING_UNIT.pattern}|\s?[^\W\d_]{{1,8}}/h\b)")
@@ -687,7 +689,7 @@ def _series_record(old: str, new: str) -> bool:
     kg Pflegeheim … 70 °C · …`; round 58): the status of a series' item, rewritten as the item moves
     on. A rule's version bumped beside an edit (`plan v6 · …` -> `v7`) and a threshold (`limit 40
     km/h`) are no running item and no reading."""
-    a, b = _RECORD_SPLIT.split(old), _RECORD_SPLIT.split(new)
+    a, b = RECORD_PARTS.split(old), RECORD_PARTS.split(new)
     if len(a) != len(b) or len(a) < 3 or max(len(old), len(new)) > SERIES_RECORD_CHARS:
         return False
     na, nb = _ITEM_NUMBER.search(a[0]), _ITEM_NUMBER.search(b[0])  # the item's number: the first (`Rennen 6: 1. Nr. 1 …`)
@@ -701,7 +703,6 @@ def _series_record(old: str, new: str) -> bool:
 
 
 _ENTRY_TOKEN = re.compile(r"[\w./-]+")
-ENTRY_RECORD_CHARS = 128  # as long as a newest entry written as a record (value_change.LATEST_RECORD_CHARS)
 
 
 def _entry_record(old: str, new: str) -> bool:
@@ -714,8 +715,8 @@ def _entry_record(old: str, new: str) -> bool:
     `GV-26-0880 · 38 pupils · …`, `Aufruf A096 an Platz 2 · …` -> `Aufruf A097 an Platz 3 · …`; round
     59): the newest entry replaced, whatever its key says. A rule's record holds no drawn code, and
     its number is no series."""
-    a, b = _RECORD_SPLIT.split(old), _RECORD_SPLIT.split(new)
-    if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 3 or max(len(old), len(new)) > ENTRY_RECORD_CHARS:
+    a, b = RECORD_PARTS.split(old), RECORD_PARTS.split(new)
+    if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 3 or max(len(old), len(new)) > RECORD_CHARS:
         return False
     if a[0] != b[0] and _INITIALLED.fullmatch(a[0]) and _INITIALLED.fullmatch(b[0]):
         return True  # named by a person, a first name and an initial (a waiver's `Kerry E. · adult · …`; round 62)
@@ -760,8 +761,13 @@ REDRAWN_CODE_CHARS = 5  # a record's code drawn again: five capitals and digits 
 def match_score(value: str) -> bool:
     """Is a value a match's score (`_running_score` from one side: another pod that knows only that
     the line changed in its digits reads it whole)?"""
-    m = _SCORE.search(value)
-    return len(value) <= SCORE_CHARS and m is not None and not any(_NO_SIDE.fullmatch(m.group(k)) for k in (1, 4))
+    return _score(value) is not None
+
+
+def _score(value: str) -> re.Match[str] | None:
+    """The score in a value short enough to be one, its sides named by no clock's or day's word."""
+    m = _SCORE.search(value) if len(value) <= SCORE_CHARS else None
+    return m if m is not None and not any(_NO_SIDE.fullmatch(m.group(k)) for k in (1, 4)) else None
 
 
 # what a status is about: words, then a running number (`heat 24`, `Lauf 3`), a year's series before it
