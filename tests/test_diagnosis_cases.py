@@ -3618,3 +3618,100 @@ def test_a_record_whose_person_stays_with_a_number_edited_stays_an_edit(fpr) -> 
     got = run_value_line(fpr, "Contact: {}", ["Anna K. · reception · ext. 12 · weekdays", "Anna K. · reception · ext. 14 · weekends",
                                                "Anna K. · reception · ext. 14 · weekends"])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 63
+MEMORY_SUMMARIES = [
+    "The user asked for the failing invoice tests to be fixed; the agent found that the ledger client rounds "
+    "totals to whole cents before tax and changed it to round after tax. The invoice tests pass now.",
+    "The invoice rounding was fixed (the ledger client rounds after tax) and its tests pass. The user then asked "
+    "for the export job to use the new client; the agent ported it and removed the two old client calls.",
+]
+
+
+def _memory_run(summary: str | None, question: str, k: int) -> list[dict]:
+    """One run of an agent whose memory keeps only a summary (the BeeAI Framework's SummarizeMemory):
+    the summary as the model's message, the user's question, then the run's tool call and result."""
+    call = {"id": f"call_{k}", "type": "function", "function": {"name": "run_tests", "arguments": '{"path": "tests"}'}}
+    memory = [{"role": "assistant", "content": summary}] if summary else []
+    return [*memory, {"role": "user", "content": question}, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_{k}", "content": f"{12 + k} passed, 0 failed"}]
+
+
+MEMORY_RUNS = [_memory_run(None, "Can you fix the failing invoice tests?", 0),
+               _memory_run(MEMORY_SUMMARIES[0], "Now port the export job to the new client.", 1),
+               _memory_run(MEMORY_SUMMARIES[1], "Is anything left that calls the old client?", 2)]
+
+
+def test_a_memory_that_keeps_only_a_summary_is_a_compaction_at_each_runs_first_call(fpr) -> None:
+    """The history replaced by a rewritten summary as the model's message before the next question,
+    nothing of the earlier messages kept: a compaction at each run's first call, its other calls
+    continue it (round 63)."""
+    bodies = [Gen.body(CODER, run[:n], None, None) for run in MEMORY_RUNS for n in ((1, 3) if len(run) == 3 else (2, 4))]
+    assert causes(fpr, bodies) == [None, "compaction", None, "compaction", None]
+
+
+def test_a_new_conversation_opened_by_a_short_greeting_is_no_compaction(fpr) -> None:
+    """The guard: a chat that opens with the model's short greeting before the user's first
+    question is a new conversation, not a summary standing in for the last one."""
+    first = [{"role": "user", "content": "Can you fix the failing invoice tests?"}]
+    greeted = [{"role": "assistant", "content": "Hi! I'm Codewright. What should we work on today?"},
+               {"role": "user", "content": "Is anything left that calls the old client?"}]
+    assert causes(fpr, [Gen.body(CODER, first, None, None), Gen.body(CODER, greeted, None, None)]) == ["new_session"]
+
+
+def test_a_state_whose_detail_opens_with_a_number_is_a_value_whole(fpr) -> None:
+    """A state with its detail after a colon that opens with a number (`busy: 25-minute queue …`),
+    and a German state of one long compound word, are values whole (round 63)."""
+    assert_values_whole(fpr, "Lift status: {}", ["running", "busy: 25-minute queue at the bottom",
+                                                  "closed: 40 knots on the ridge"])
+    assert_values_whole(fpr, "Hallenbetrieb: {}", ["normal", "Vereinsmeisterschaft, Halle 2 gesperrt",
+                                                    "Wasserschaden, nur Halle 1"])
+
+
+def test_sums_of_money_counted_again_are_a_value_whole(fpr) -> None:
+    """A board of sums each after its name, two or more changed (takings counted again), what it is
+    of heading it: a value whole (round 63)."""
+    assert_values_whole(fpr, "Takings: {}", ["tonight: bar £1,204 · kitchen £860 · raffle £212",
+                                             "tonight: bar £1,388 · kitchen £947 · raffle £265",
+                                             "tonight: bar £1,502 · kitchen £1,020 · raffle £281"])
+
+
+def test_a_price_list_with_one_price_edited_stays_an_edit(fpr) -> None:
+    """The guard: one price of a price list edited is a rule's edit."""
+    got = run_value_line(fpr, "Prices: {}", ["adult £12 · child £8 · family £35", "adult £13 · child £8 · family £35",
+                                             "adult £13 · child £8 · family £35"])
+    assert [r["cause"] for r in got][0] == "template_change", got
+
+
+def test_a_persons_piece_replaced_is_a_value_whole(fpr) -> None:
+    """A record whose first part is a person's piece (`Priya's mug, …`), another person's in its
+    place with its other parts: the newest entry whole (round 63)."""
+    assert_values_whole(fpr, "Ready to collect: {}", ["Priya's mug, speckled glaze · rack 3 · fired Tue",
+                                                      "Owen's bowl, celadon · rack 7 · fired Wed",
+                                                      "Zara's vase, tenmoku · rack 1 · fired Thu"])
+
+
+def test_a_numbered_items_check_replaced_is_a_value_whole(fpr) -> None:
+    """A record naming an item by its number, the number and two more parts changed, each part keeping
+    its label (a kayak's check, another boat's): the newest entry whole (round 63)."""
+    assert_values_whole(fpr, "Kayak: {}", ["Boat 12 · size L · fleet 3 · crew Aled", "Boat 31 · size M · fleet 3 · crew Nia",
+                                           "Boat 7 · size S · fleet 1 · crew Aled"])
+    assert_values_whole(fpr, "Helmausgabe: {}", ["Helm 14 · Größe M · Gruppe 3 · ausgegeben von Lea",
+                                                 "Helm 52 · Größe S · Gruppe 3 · ausgegeben von Tom",
+                                                 "Helm 8 · Größe L · Gruppe 5 · ausgegeben von Lea"])
+
+
+def test_a_numbered_plan_with_one_part_edited_stays_an_edit(fpr) -> None:
+    """The guard: a numbered plan bumped with one other part edited is a rule's edit."""
+    got = run_value_line(fpr, "Rota: {}", ["Plan 3 · weekdays · room 2 · by Anna", "Plan 4 · weekends · room 2 · by Anna",
+                                           "Plan 4 · weekends · room 2 · by Anna"])
+    assert [r["cause"] for r in got][0] == "template_change", got
+
+
+def test_a_rules_bound_edited_beside_a_reading_stays_an_edit(fpr) -> None:
+    """The guard: a rule's age bound after `ab` edited beside a height (`Kinder ab 8 Jahren und 1,30
+    m.` -> `ab 9 Jahren und 1,35 m.`) is an edit, not a status's readings (round 63)."""
+    got = run_value_line(fpr, "Hinweis: {}", ["Kinder ab 8 Jahren und 1,30 m.", "Kinder ab 9 Jahren und 1,35 m.",
+                                              "Kinder ab 9 Jahren und 1,35 m."])
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -25,6 +25,7 @@ from tests.test_diagnosis_cases import (
     EXCHANGES,
     FISH_COMPLETIONS,
     MAN_PAGES,
+    MEMORY_RUNS,
     PLACEHOLDER,
     PROMPT_FILES,
     ROLLING,
@@ -363,6 +364,9 @@ def shape_scenarios() -> list[tuple[str, list[dict], list[str | None]]]:
                                                      "2 seals, 1 otters, 1 heron, 4 kingfishers today",
                                                      "3 seals, 1 otters, 1 heron, 5 kingfishers today"]),
          [None, "dynamic_head", "dynamic_head"]),
+        # round 63: a memory that keeps only a summary, rewritten at each run's first call
+        ("summary-memory", [Gen.body(CODER, run[:n], None, None) for run in MEMORY_RUNS
+                            for n in ((1, 3) if len(run) == 3 else (2, 4))], [None, None, "compaction", None, "compaction", None]),
     ]
 
 

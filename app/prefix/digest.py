@@ -42,6 +42,7 @@ from app.prefix.history_shape import (
     history_compacted,
     opens_with_summary,
     summary_alone,
+    summary_memory,
     tail_start,
     trimmed,
 )
@@ -585,6 +586,12 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     head_changed = i < max(len(prev.lines), len(mine.lines))
     if head_changed and not (reordered or set_changed) and _summary_in_head(prev, mine, cur):
         return Diagnosis("compaction", head_end(cur), [], None, "the history was replaced by a summary (line level)")
+    system = cur.regions[0] if cur.regions and cur.regions[0].role == "system" else None
+    if head_changed and system is not None and i < len(bounds) and bounds[i][0] >= system.end \
+            and not (reordered or set_changed) and _summary_memory(prev, cur):
+        # the system prompt whole: what differs is the template's text before the history's first
+        # message, the model's (a summary) where it was the user's
+        return Diagnosis("compaction", bounds[i][0], [], None, "the history was replaced by a summary (line level)")
     if head_changed:
         cd = bounds[i][0] if i < len(bounds) else head_end(cur)
         line_end = bounds[i][1] if i < len(bounds) else head_end(cur)
@@ -593,7 +600,6 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
             if cur.kind == "chat" and cur.regions and not continues(cur, past):  # little follows: no loss
                 return Diagnosis("new_session", cd, [], None, "a new conversation over the shared head")
             return Diagnosis(None, cd, detail="diverges in the part expected to vary")
-        system = cur.regions[0] if cur.regions and cur.regions[0].role == "system" else None
         dropped = trimmed(prev.turns, mine.turns, first_exchange([u == "u" for u in prev.users]))
         if dropped and not (reordered or set_changed) and _note_rewritten(prev, mine, cur):
             return Diagnosis("compaction", cd, [], None, "the history was replaced by a summary (line level)")
@@ -731,6 +737,8 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
         return False
     if prev.history[0] >= COMPACTED_MIN_MESSAGES and summary_alone(cur):
         return True
+    if _summary_memory(prev, cur):
+        return True
 
     def keys() -> tuple[HistoryKeys, HistoryKeys]:
         first = list(zip((u == "u" for u in prev.users), prev.turns, strict=False))
@@ -738,6 +746,15 @@ def _compacted(prev: RequestDigest, cur: RequestSketch) -> bool:
         return ph, [(r.role == "user", span_key(r.role, cur.text, r.start, r.end)) for r in history]
     return history_compacted((prev.history[0], prev.history[1], len(history), sum(r.end - r.start for r in history)),
                              keys)
+
+
+def _summary_memory(prev: RequestDigest, cur: RequestSketch) -> bool:
+    """`summary_memory` against a digest that held a history: neither of the current history's two
+    messages among the keys it kept (round 63)."""
+    if len(prev.history) != 2 or not prev.history[0] or not summary_memory(cur):
+        return False
+    keys = {span_key(r.role, cur.text, r.start, r.end) for r in cur.history_regions()}
+    return not keys & {*prev.turns, *prev.last_turns}
 
 
 def _summary_heads(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch) -> bool:

@@ -133,6 +133,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     cn = [r.end - r.start for r in cur.history_regions()]
     if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur):
         return True
+    if pn and summary_memory(cur) and not {k for _, k, _ in _history(cur)} & {k for _, k, _ in _history(prev)}:
+        return True
     histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
     if history_compacted((len(pn), sum(pn), len(cn), sum(cn)),
                          lambda: (_by_user(histories()[0]), _by_user(histories()[1]))):
@@ -185,6 +187,20 @@ def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
         return False  # the window kept its length: trimmed on every turn, a front trim (issue 29)
     first = span_key("user", cur.text, history[0].start, history[0].end)
     return first not in {k for _, k, _ in _history(prev)} and front_trimmed(prev, cur)
+
+
+SUMMARY_MEMORY_CHARS = 120  # a memory's summary, the model's message that opens the history, this long at least
+
+
+def summary_memory(cur: RequestSketch) -> bool:
+    """Is the current history a summary as the model's message, then one user message (a memory
+    that keeps only a summary of the conversation, rewritten as messages are added: the BeeAI
+    Framework's SummarizeMemory; round 63)? With neither message in the previous request, the run
+    opens on the summary in place of every earlier message: a compaction at each run's first call.
+    A new conversation opens with the user's message, or a greeting shorter than a summary."""
+    history = cur.history_regions()
+    return len(history) == 2 and history[0].role == "assistant" and history[1].role == "user" \
+        and history[0].end - history[0].start >= SUMMARY_MEMORY_CHARS
 
 
 def opens_with_summary(history: Sequence[Region]) -> bool:

@@ -79,6 +79,7 @@ _MEASURE_UNIT = re.compile(r"\s?(?:[mck]?m[²³]?|m/s|km/h|kn|[hk]?Pa|m?bar|[mk]
 _THRESHOLD_BEFORE = re.compile(r"(?i)\b(?:below|above|under|over|less than|more than|at most|at least|up to|exceeds?|"
                                r"unter|über|unterhalb|oberhalb|höchstens|mindestens|bis|ab|max(?:imum)?|min(?:imum)?|"
                                r"limit)\W*$")
+_BOUND_BEFORE = re.compile(_THRESHOLD_BEFORE.pattern.removesuffix(r"\W*$") + " $")  # the bound's word just before it
 # two signed 64-bit numbers and more, joined by `:` (JSF's `javax.faces.ViewState`): random draws
 _LONG_DRAWS = re.compile(r"-?\d{15,20}(?::-?\d{15,20})+|-?\d{17,20}")
 _FINE = re.compile(r"\d+[.,]\d{4,}")  # a reading with four decimals or more (a decimal comma too: `194,9653`, round 31)
@@ -269,7 +270,7 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\
 # a state's words: one to six, a small number among them (`returning to base`, `unter Meldestufe 1`,
 # `Stewards' enquiry`, `ALB recovering up the slip`: round 36; `planner's controls out`: round 58;
 # `coaching on lawn 1 this morning`: round 59)
-_STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?(?:[ -](?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?|\d{1,2})){0,5}"
+_STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?(?:[ -](?:[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?|\d{1,2})){0,5}"
                           r"|[^\W\d_]{1,16}(?: [^\W\d_]{1,16}(?:-[^\W\d_]{1,16})?){5})")  # or six, hyphenated ones whole (round 45)
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
@@ -278,7 +279,7 @@ _STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,16}(?:['’][^\W\d_]{0,2})?(?:[ -](?:[
 # the state (`last entry 17:00`), its detail hold hyphenated words and small numbers (`wood firing,
 # side-stoking`, `paused, gusts above 40 mph on the cliff`; round 44)
 _STATE = re.compile(_STATE_WORDS.pattern + r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"
-                    r"(?: \([^()\n]{1,40}\)|[,:] [^\W\d_]{1,16}(?:[ -](?:[^\W\d_]{1,16}|\d{1,3})){0,6}"
+                    r"(?: \([^()\n]{1,40}\)|[,:] (?:\d{1,3}[ -])?[^\W\d_]{1,20}(?:[ -](?:[^\W\d_]{1,20}|\d{1,3})){0,6}"
                     r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"  # a detail's clock: `frost, lawns closed until 11:00` (round 59)
                     r"(?: \d+(?:[.,]\d+)? ?[^\W\d_]{1,4})?"  # a detail with its reading: `GO, surface wind 4 kt` (round 39)
                     r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
@@ -342,7 +343,7 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "time"
     if _named_tally(old, new, key) or _running_score(old, new) or _series_record(old, new):
         return "counter"
-    if _readings_board(old, new):
+    if _readings_board(old, new) or _amounts_board(old, new):
         return "counter"
     if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
@@ -419,6 +420,8 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     if not (changed or redrawn) or any(not a[i].group()[0].isdigit() or not b[i].group()[0].isdigit()
                                        or _priced(new, b[i]) and not counted for i in changed):
         return None
+    if any(_BOUND_BEFORE.search(new, 0, b[i].start()) for i in changed):
+        return None  # a rule's bound edited (`Kinder ab 8 Jahren und 1,30 m` -> `ab 9 Jahren und 1,35 m`; round 63)
     compass = bool(redrawn) or _beside_compass(gaps_b)
     # a time running in it that changed to a number not round: a status's clock (round 46); a rule's times are round
     running = RUNNING_TIME.search(old) is not None and any(
@@ -604,6 +607,22 @@ def _readings_board(old: str, new: str) -> bool:
     return len(changed) >= 2 and all(_DECIMALS.search(a) and _DECIMALS.search(b) for a, b in changed)
 
 
+# sums of money each after its name, three or more (`win £1,182 · forecast £1,024 · trifecta £369`; round 63)
+_AMOUNT = r"[$€£]\d{1,3}(?:,\d{3})*(?:\.\d\d)?|\d{1,3}(?:\.\d{3})*(?:,\d\d)? ?€"
+_NAMED_AMOUNTS = re.compile(rf"[^\W\d_][\w'’ -]{{0,30}}? (?:{_AMOUNT})(?: [·|;] [^\W\d_][\w'’ -]{{0,30}}? (?:{_AMOUNT})){{2,}}")
+
+
+def _amounts_board(old: str, new: str) -> bool:
+    """A board of sums each after its name, the names the same, two sums or more changed (a tote's
+    pools, `race 6 pools: win £1,048 · forecast £938 · …` -> `win £1,182 · forecast £1,024 · …`;
+    round 63): takings counted again. What the board is of may head it (`_tally_core`). A price
+    list with one price edited (`adult £12 · child £8 · …` -> `adult £13 · …`) is a rule's edit."""
+    old, new = _tally_core(old), _tally_core(new)
+    if not (_NAMED_AMOUNTS.fullmatch(old) and _NAMED_AMOUNTS.fullmatch(new)) or not _same_but(DECIMAL_NUMBER, old, new):
+        return False
+    return sum(a != b for a, b in zip(DECIMAL_NUMBER.findall(old), DECIMAL_NUMBER.findall(new), strict=True)) >= 2
+
+
 def named_tally(value: str, line_prefix: str) -> bool:
     """Is a value a tally of counts after their names whose key names no limits (`_named_tally`
     from one side: another pod that knows only that the line changed in its digits reads it whole,
@@ -720,6 +739,11 @@ def _entry_record(old: str, new: str) -> bool:
         return False
     if a[0] != b[0] and _INITIALLED.fullmatch(a[0]) and _INITIALLED.fullmatch(b[0]):
         return True  # named by a person, a first name and an initial (a waiver's `Kerry E. · adult · …`; round 62)
+    pa, pb = _POSSESSOR.match(a[0]), _POSSESSOR.match(b[0])
+    if pa and pb and pa.group() != pb.group():
+        return True  # a person's piece (`Rob's tumbler, ruby red · shelf B9 · made Sat` -> `Lee's …`; round 63)
+    if len(a) == len(b) and _numbered_check(a, b):
+        return True
     ta, tb = _ENTRY_TOKEN.findall(a[0]), _ENTRY_TOKEN.findall(b[0])
     k = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
     if k is None:
@@ -739,6 +763,21 @@ def _entry_record(old: str, new: str) -> bool:
 
 _CODE_SEPARATORS = re.compile(r"[-/.]")
 _INITIALLED = re.compile(r"[^\W\d_][\w'’-]{1,20} [A-Z]\.")
+_POSSESSOR = re.compile(r"[A-Z][\w-]{1,20}['’]s (?=[^\W\d_])")
+_NUMBERED = re.compile(r"[^\W\d_][\w'’.-]*(?: [^\W\d_][\w'’.-]*){0,2} \d{1,6}")  # `Gurt 37`, `Harness no 12`
+NUMBERED_CHECK_PARTS = 3  # parts of a numbered item's record that change with it, its number's among them
+
+
+def _numbered_check(a: list[str], b: list[str]) -> bool:
+    """A record whose first part names an item by its number (`Gurt 36 · Größe XS · Gruppe 11 ·
+    geprüft von Timo` -> `Gurt 37 · Größe M · Gruppe 11 · geprüft von Jonas`; round 63), the number
+    and NUMBERED_CHECK_PARTS parts or more changed, each part keeping its first word: another
+    item's record. A rule's record names no item by its number, and an edit changes a part or two."""
+    if a[0] == b[0] or not (_NUMBERED.fullmatch(a[0]) and _NUMBERED.fullmatch(b[0])):
+        return False
+    if any(x.split(" ", 1)[0] != y.split(" ", 1)[0] for x, y in zip(a, b, strict=True)):
+        return False
+    return sum(x != y for x, y in zip(a, b, strict=True)) >= NUMBERED_CHECK_PARTS
 # a waiting ticket's number after its letters (`A096`), a running number before its year (a deed's `2886/2026`;
 # round 60), a number of three digits or more alone (round 61): the part that stays, then the number
 _LETTERS_BEFORE = re.compile(r"([A-Za-z]{1,3})(\d{3,})")
