@@ -3715,3 +3715,62 @@ def test_a_rules_bound_edited_beside_a_reading_stays_an_edit(fpr) -> None:
     got = run_value_line(fpr, "Hinweis: {}", ["Kinder ab 8 Jahren und 1,30 m.", "Kinder ab 9 Jahren und 1,35 m.",
                                               "Kinder ab 9 Jahren und 1,35 m."])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 64
+def test_a_board_stamped_with_its_clock_and_zone_is_a_value_whole(fpr) -> None:
+    """A board stamped with its clock and the clock's zone (`Sat 14:12 BST · …`, `Sa 14:12 MESZ · …`),
+    only the clock moved on: the board whole, not its clock (round 64)."""
+    for line, fixed in (("Beach board: {}", " · tide 3.2 m and flooding, high water 15:40 (4.1 m) · lifeguards on flags 2 and 3"),
+                        ("Hafen: {}", " · Pegel 3,2 m, steigend, Hochwasser 15:40 (4,1 m) · Fähre 2 und 3 im Dienst")):
+        zone = " BST" if line.startswith("Beach") else " MESZ"
+        assert_values_whole(fpr, line, [f"Sa 14:{m}{zone}{fixed}" for m in ("05", "12", "20")])
+
+
+def test_a_match_result_reported_for_another_match_is_a_value_whole(fpr) -> None:
+    """A match's result, its sides and its sets' scores, reported for another match: the value whole
+    on its first change (round 64)."""
+    assert_values_whole(fpr, "Court 3 result: {}", ["Mixed doubles · Round 2: Okafor – Brandt 6:4 3:6 10:7",
+                                                    "Mixed doubles · Round 2: Lindqvist – Moreau 7:5 6:2",
+                                                    "Men's singles · Final: Brandt – Okafor 6:7 6:4 6:3"])
+
+
+def test_a_timetables_clocks_edited_stay_an_edit(fpr) -> None:
+    """The guard: a timetable's two places and departures edited is no match result (a clock has two
+    digits after its colon)."""
+    got = run_value_line(fpr, "Shuttle: {}", ["Station – Harbour 7:00 8:00 9:00", "Station – Harbour 7:30 8:30 9:30",
+                                              "Station – Harbour 7:30 8:30 9:30"])
+    assert [r["cause"] for r in got][0] == "template_change", got
+
+
+def test_a_games_running_score_in_a_matchs_record_is_the_record_whole(fpr) -> None:
+    """A game's running score (`1:0`) changed inside a match's record set apart by signs: the record
+    whole, not the score alone (round 64)."""
+    assert_values_whole(fpr, "League night: {}", ["Ladies B vs Parkside 2:1 · playing: rubber 4, 0:0 in the set",
+                                                  "Ladies B vs Parkside 2:1 · playing: rubber 4, 1:0 in the set",
+                                                  "Ladies B vs Parkside 2:1 · playing: rubber 4, 2:0 in the set"])
+
+
+def test_a_points_table_with_numbered_names_is_a_tally_whole(fpr) -> None:
+    """A tally whose names each follow their own number (a car's, `44 Okafor 212 · 7 Brandt 198 · …`)
+    after what it is of, one count changed: the tally whole (round 64)."""
+    assert_values_whole(fpr, "Standings: {}", [
+        "Season points: 44 Okafor 212 · 7 Brandt 198 · 131 Moreau 176 · 9 Lindqvist 150",
+        "Season points: 44 Okafor 212 · 7 Brandt 198 · 131 Moreau 176 · 9 Lindqvist 162",
+        "Season points: 44 Okafor 230 · 7 Brandt 198 · 131 Moreau 176 · 9 Lindqvist 162"])
+
+
+def test_a_record_with_every_part_replaced_is_a_value_whole(fpr) -> None:
+    """A record of four parts or more, every part another (a signal box's train reports): the newest
+    entry whole whatever its key (round 64)."""
+    assert_values_whole(fpr, "Signal box: {}", ["Class 66 · freight Tyne Yard – Carlisle · Hexham loop · on time",
+                                                "Pacer 142 · stopper Newcastle – Hexham · platform 2 · 3 late",
+                                                "Sprinter 158 · express Carlisle – Leeds · through road · 1 early"])
+
+
+def test_a_record_that_keeps_a_part_stays_an_edit(fpr) -> None:
+    """The guard: a rule's record of four parts with three edited and one kept is an edit."""
+    got = run_value_line(fpr, "Opening: {}", ["Mon–Fri 9–17 · Sat 10–14 · Sun closed · holidays closed",
+                                              "Mon–Fri 8–18 · Sat 9–15 · Sun 10–13 · holidays closed",
+                                              "Mon–Fri 8–18 · Sat 9–15 · Sun 10–13 · holidays closed"])
+    assert [r["cause"] for r in got][0] == "template_change", got

@@ -266,7 +266,9 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # may open with another clock, a train's: `Wed 11:18 · 10:55 from Polmear left …`, round 61), but it may open with a count
 # (`10:36 · 9/14 day launches out · …`; round 53); a clock written with a dot is one with `Uhr` (`07.13 Uhr · Büro
 # zu · …`; round 54), not a price
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr) (?:[·|¦] |[–—] (?!\d{1,2}[:.]\d\d))\S")
+# (its clock may name its zone: `Thu 18:40 BST · tide 1.6 m …`; round 64)
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})? "
+                      r"(?:[·|¦] |[–—] (?!\d{1,2}[:.]\d\d))\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 

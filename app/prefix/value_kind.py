@@ -349,6 +349,8 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "value"
     if _entry_record(old, new):
         return "id"
+    if _match_result(old, new):
+        return "value"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
             a != b and not (a.isalnum() and b.isalnum()) for a, b in zip(old, new, strict=True)):
         return None
@@ -399,7 +401,9 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     number that changed, or the whole value when more changed; None otherwise. A rule edited
     changes small round numbers or its words (`4 to 7 business days`); a date, a year or a release
     in the value is read on its own (`gültig ab 01.01.2025`, `Koha 24.11.03`), and so is a number
-    glued to a letter (`NH4-N`, `v5.4`); a price is a rule's (`$0.65 per options contract`)."""
+    glued to a letter (`NH4-N`, `v5.4`); a price is a rule's (`$0.65 per options contract`), and so
+    is a number after a bound's word (`ab 9 Jahren`). A game's running score in a record set apart
+    by signs is the record's: the whole value (round 64)."""
     if _DATED.search(old) or _DATED.search(new):
         return None
     a, b = list(_STATUS_NUMBER.finditer(old)), list(_STATUS_NUMBER.finditer(new))
@@ -430,11 +434,16 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
             _precise(a[i].group()) or _unit_glued(old, a[i], new, b[i]) for i in changed) \
             and not _counts_redrawn(b, gaps_b, changed):
         return None
-    if len(changed) == 1 and not redrawn:  # one reading: the number alone
-        return b[changed[0]].start(), b[changed[0]].end(), a[changed[0]].end()
+    if len(changed) == 1 and not redrawn and not (_GAME_SCORE.fullmatch(b[changed[0]].group()) and RECORD_PARTS.search(new)):
+        return b[changed[0]].start(), b[changed[0]].end(), a[changed[0]].end()  # one reading: the number alone
     if not any(c.isalpha() for g in gaps_b[:-1] for c in g):  # numbers sharing one unit (`9,0 / 4,0 bar`): the numbers
         return b[0].start(), b[-1].end(), a[-1].end()
     return 0, len(new), len(old)  # readings redrawn together: the value, whole
+
+
+# a game's running score (`1:0`): one digit after the colon, as no clock has; in a match's record set apart by
+# signs it is the record's (`Junioren U15 gegen TC Wil 1:1 · läuft: Einzel 3, 1:0 im Satz`, whole; round 64)
+_GAME_SCORE = re.compile(r"\d{1,2}:\d")
 
 
 def _one_reading(old: str, a: re.Match[str], new: str, b: re.Match[str]) -> bool:
@@ -578,8 +587,9 @@ def _running_status(old: str, new: str) -> bool:
 # (round 49); a count may be a fraction, and the tally's total may come first (`15/26 · cornets 4/10, horns 3/3,
 # …`; round 50)
 _COUNT = r"\d{1,4}(?:/\d{1,4})?"
-_NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}"
-                           rf"(?:(?:, | [·|;] )[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")  # `·` apart too (round 51)
+# (each name may follow its own number, a car's or a bib's: `19 Halliday 407 · 217 Pryce 399 · …`; round 64)
+_NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?(?:\d{{1,4}} )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}"
+                           rf"(?:(?:, | [·|;] )(?:\d{{1,4}} )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")  # `·` apart too (round 51)
 # or each before its name (`1 minke, 2 porpoise, 0 dolphin, 3 basking shark today`; round 58)
 _COUNTED_NAMES = re.compile(rf"{_COUNT} [^\W\d_][\w'’ -]{{0,30}}?(?:(?:, | [·|;] ){_COUNT} [^\W\d_][\w'’ -]{{0,30}}?){{2,}}")
 _WHOLE_NUMBER = re.compile(r"\d+")
@@ -637,7 +647,7 @@ def _is_tally(core: str) -> bool:
 
 # what a tally is of, before it (`Lane 1, game 1 (10 throws): `), and a last part of words after it
 # (` · Manni to throw`): neither counts
-_TALLY_HEADING = re.compile(r"[^\n·|;]{1,80}?: (?=[^\W\d_])")
+_TALLY_HEADING = re.compile(r"[^\n·|;]{1,80}?: (?=[^\W\d_]|\d{1,4} [^\W\d_])")  # before a name's own number too (round 64)
 _WORDS_PART = re.compile(r" [·|;] [^\d·|;\n]{1,30}$")
 
 
@@ -744,6 +754,8 @@ def _entry_record(old: str, new: str) -> bool:
         return True  # a person's piece (`Rob's tumbler, ruby red · shelf B9 · made Sat` -> `Lee's …`; round 63)
     if len(a) == len(b) and _numbered_check(a, b):
         return True
+    if len(a) == len(b) >= REPLACED_RECORD_PARTS and all(x != y for x, y in zip(a, b, strict=True)):
+        return True  # every part another (a train report, `Talent 2 · RE 21 Goslar – … · … · +1` -> `143 250 · …`; round 64)
     ta, tb = _ENTRY_TOKEN.findall(a[0]), _ENTRY_TOKEN.findall(b[0])
     k = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
     if k is None:
@@ -761,10 +773,31 @@ def _entry_record(old: str, new: str) -> bool:
     return code_redrawn("-".join(px[same:]), "-".join(py[same:]), REDRAWN_CODE_CHARS)
 
 
+# a match's result: its two sides, then two sets' scores or more, one of them with a game count of one digit
+# after the colon, as no clock has (`Wyss – Gerber 7:6 6:3`, `Frei – Schmid 6:3 4:6 10:7`)
+_SIDES = r"[^\W\d_][\w'’.-]+(?: [^\W\d_][\w'’.-]+)? [–—-] [^\W\d_][\w'’.-]+(?: [^\W\d_][\w'’.-]+)?"
+_RESULT = re.compile(rf"({_SIDES}) ((?:\d{{1,2}}[:-]\d{{1,2}} ){{1,4}}\d{{1,2}}[:-]\d{{1,2}})(?![\d:])")
+_ONE_DIGIT_GAMES = re.compile(r"[:-]\d(?!\d)")
+
+
+def _match_result(old: str, new: str) -> bool:
+    """A match's result reported again for another match (`Herren 1. Liga · Einzel 5: Zürcher – Moser 7:5
+    1:6 10:4` -> `… Einzel 1: Wyss – Gerber 7:6 6:3`; round 64): both values, up to RECORD_CHARS, hold
+    a result, two sides then two sets' scores or more (one with a single digit after its colon: no
+    clock), and the sides or the scores changed. A rule's timetable (`Zürich – Bern 7:05 8:05`) has
+    no such score."""
+    if max(len(old), len(new)) > RECORD_CHARS:
+        return False
+    a, b = _RESULT.search(old), _RESULT.search(new)
+    return bool(a and b) and a.group() != b.group() \
+        and all(_ONE_DIGIT_GAMES.search(m.group(2)) for m in (a, b))
+
+
 _CODE_SEPARATORS = re.compile(r"[-/.]")
 _INITIALLED = re.compile(r"[^\W\d_][\w'’-]{1,20} [A-Z]\.")
 _POSSESSOR = re.compile(r"[A-Z][\w-]{1,20}['’]s (?=[^\W\d_])")
 _NUMBERED = re.compile(r"[^\W\d_][\w'’.-]*(?: [^\W\d_][\w'’.-]*){0,2} \d{1,6}")  # `Gurt 37`, `Harness no 12`
+REPLACED_RECORD_PARTS = 4  # a record this long with every part changed is another entry; an edit keeps a part
 NUMBERED_CHECK_PARTS = 3  # parts of a numbered item's record that change with it, its number's among them
 
 
