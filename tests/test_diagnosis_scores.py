@@ -361,7 +361,8 @@ FLOORS = {
     # Postman collection's requests, AutoGPT's running summary, Airbnb reservations, Austrian receipts with their
     # signed code and changeover boards up to 240 characters read by round 55's rules; ski binding tests still
     # read as edits)
-    "heldout54": (0.996, 0.993, 0.994),
+    # round 64: 1.0000 / 1.0000 / 1.0000 (the ski binding tests, records with every part replaced, read whole)
+    "heldout54": (1.0, 1.0, 1.0),
     # the fifty-fifth (measured 0.974 / 0.910 / 0.950), tune side since round 56: 0.9822 / 0.9221 / 0.9634
     # (darts checkouts and curling deliveries read by round 56's rules; Griptape's rolling summary rewritten over
     # a window of the same length kept a front trim, as issue 29 defines it, against this split's labels; a darts
@@ -383,7 +384,8 @@ FLOORS = {
     # drawn again still read as edits)
     # round 60: 0.9919 / 0.9855 / 0.9861 (check-ins, results and claims under keys that name their event; records
     # whose code changed alone read whole)
-    "heldout58": (0.991, 0.985, 0.986),
+    # round 64: 0.9952 / 0.9910 / 0.9917 (a result record with every part replaced read whole)
+    "heldout58": (0.995, 0.991, 0.991),
     # the fifty-ninth (measured 0.980 / 0.841 / 0.960), tune side since round 60: 0.9934 / 0.9883 / 0.9845
     # (SWE-agent's elided observations, wristband scans, bingo claims, a hostel's check-ins and a notary's deed
     # numbers read by round 60's rules; a bingo board's called numbers and letter-only wristband codes still read as
@@ -481,6 +483,11 @@ def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout64 (measured once, 2026-12-06): "
+                                       "macro-F1 0.816 (Langroid's truncated history read once as `history_edit`, a cause "
+                                       "no label names, which enters macro-F1 at 0, and twice as a front trim, compaction "
+                                       "recall 0.62; 11 values read as edits on their first change); strict, so it turns "
+                                       "red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
