@@ -1597,13 +1597,14 @@ def test_a_value_in_a_welcome_message_before_the_first_user_message_is_a_value(f
 
 def test_a_key_lines_value_in_braces_is_what_the_braces_hold(fpr) -> None:
     """A value a client writes in braces (a voice agent's top expressions, `{very tired, …}`): the
-    span is what the braces hold, as it is for a quoted value (round 26)."""
+    span is what the braces hold, as it is for a quoted value (round 26). Since round 65 its first
+    change is read too: three states set apart by commas are a state with two details."""
     values = ["{quite calm, slightly curious, very patient}", "{very tired, slightly impatient, quite doubtful}",
               "{quite calm, slightly amused, very patient}"]
     bodies = [body(f"Caller expressions: {v}\n{SYSTEM}", t) for v, t in zip(values, conversation(3), strict=True)]
     got = run(fpr, bodies)
-    assert [r["cause"] for r in got] == ["template_change", "dynamic_head"]
-    assert got[1]["spans"] == [values[2][1:-1]]
+    assert [r["cause"] for r in got] == ["dynamic_head", "dynamic_head"]
+    assert [r["spans"] for r in got] == [[values[1][1:-1]], [values[2][1:-1]]]
 
 
 # ------------------------------------------------------------------ round 27
@@ -3774,3 +3775,45 @@ def test_a_record_that_keeps_a_part_stays_an_edit(fpr) -> None:
                                               "Mon–Fri 8–18 · Sat 9–15 · Sun 10–13 · holidays closed",
                                               "Mon–Fri 8–18 · Sat 9–15 · Sun 10–13 · holidays closed"])
     assert [r["cause"] for r in got][0] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 65
+def _truncated(mark: str) -> list[dict]:
+    """agent_history(4) with its first message and first reply cut to their starts, `mark` after what
+    each kept, then a reply and the next question."""
+    msgs = copy.deepcopy(agent_history(4))
+    msgs[0]["content"] = msgs[0]["content"][:60] + mark
+    msgs[1]["content"] = msgs[1]["content"][:40] + mark
+    return [*msgs, {"role": "assistant", "content": "The invoice client is ported."}, {"role": "user", "content": "Next?"}]
+
+
+def test_messages_cut_in_place_with_a_truncation_mark_are_a_compaction(fpr) -> None:
+    """Messages cut in place to their start, each with the same short mark after what was kept, an
+    ellipsis in it (Langroid's ChatAgent: `... [Contents truncated!]`): a compaction (round 65)."""
+    bodies = [Gen.body(CODER, agent_history(4), None, None), Gen.body(CODER, _truncated("\n... [Contents truncated!]"), None, None)]
+    assert causes(fpr, bodies) == ["compaction"]
+
+
+def test_messages_edited_with_a_short_note_are_no_compaction(fpr) -> None:
+    """The guard: the same messages shortened with a note that is no truncation mark (no ellipsis)
+    are edits, not a compaction."""
+    bodies = [Gen.body(CODER, agent_history(4), None, None), Gen.body(CODER, _truncated(" (edited by the user)"), None, None)]
+    assert causes(fpr, bodies) != ["compaction"]
+
+
+def test_states_with_two_details_codes_seven_words_or_a_clock_are_values_whole(fpr) -> None:
+    """A state with two details (`Nebelwarnung: Fähre fährt langsam, bitte Geduld`), codes among its
+    words (`T3`, `A12`), seven words, or a clock inside its detail, replaced: a value whole (round 65)."""
+    assert_values_whole(fpr, "Hafenbetrieb: {}", ["Sturmwarnung: Fähre fällt aus", "Nebelwarnung: Fähre fährt langsam, bitte Geduld",
+                                                  "normal"])
+    assert_values_whole(fpr, "Piste status: {}", ["queue at the lift: ten minutes", "T3 closed, skiers use the A12 track", "open"])
+    assert_values_whole(fpr, "Yard: {}", ["full: lorries held at the gate", "vet inspecting the pens in the lairage", "open"])
+    assert_values_whole(fpr, "Passstraße: {}", ["Schneefall: Kettenpflicht ab Kehre 12",
+                                                "Bergrennen: bis 14:00 Uhr keine Durchfahrt für Autos", "frei"])
+
+
+def test_a_board_stamped_with_its_days_date_and_clock_is_a_value_whole(fpr) -> None:
+    """A board stamped with its day's date and clock (`Sa 19.12. 14:12 Uhr · …`), only the clock moved
+    on: the board whole, not its date and clock (round 65)."""
+    rest = " · Bühne ab 17:00 Uhr: Kinderchor · Karussell bis 20:00 Uhr"
+    assert_values_whole(fpr, "Festplatz: {}", [f"Sa 19.12. 14:{m} Uhr{rest}" for m in ("05", "12", "20")])

@@ -10,6 +10,7 @@ from functools import cache
 
 from app.prefix.conversation import span_key
 from app.prefix.sketch import Region, RequestSketch
+from app.prefix.strings import common_prefix_len
 from app.prefix.transcript import transcript_compacted
 
 COMPACTED_MIN_MESSAGES = 4  # a history this long before it, at least (one exchange is no context to compact)
@@ -336,21 +337,38 @@ def tool_turns_pruned(prev: list[tuple[str, str, int]], cur: list[tuple[str, str
     return len(cur) > len(kept) and [key for _, key, _ in cur[:len(kept)]] == kept
 
 
+TRUNCATION_MARK_CHARS = 48  # the marker a client puts after what it kept of a message (`... [Contents truncated!]`)
+_ELLIPSIS = re.compile(r"\.\.\.|…")
+
+
 def messages_truncated(prev: RequestSketch, cur: RequestSketch) -> bool:
     """A compaction that cuts messages in place to a budget and drops nothing (AutoGen's
     `MessageTokenLimiter`; round 38): the previous history (COMPACTED_MIN_MESSAGES or more) follows
     message for message in its roles, two messages or more each now the start of what it was, the
-    rest unchanged. Paid once, as a summary is; a message edited is rewritten, not cut to its start."""
+    rest unchanged (new messages may follow). Paid once, as a summary is; a message edited is
+    rewritten, not cut to its start. A client may mark each cut with the same short text after what
+    it kept, an ellipsis in it (Langroid's ChatAgent: `\\n... [Contents truncated!]`, a short message
+    kept whole with the mark added; round 65): one message cut so is enough."""
     ph, ch = prev.history_regions(), cur.history_regions()
     if len(ph) < COMPACTED_MIN_MESSAGES or len(ch) < len(ph):
         return False
-    cut = 0
+    cut, shortened, marks = 0, 0, set()
     for p, c in zip(ph, ch, strict=False):  # each message unchanged, or the start of what it was
-        if p.role != c.role or c.end - c.start > p.end - p.start \
-                or not prev.text.startswith(cur.text[c.start:c.end], p.start):
+        if p.role != c.role:
             return False
-        cut += c.end - c.start < p.end - p.start
-    return cut >= 2
+        kept = common_prefix_len(prev.text, cur.text, p.start, c.start)
+        kept = min(kept, p.end - p.start, c.end - c.start)
+        if kept == p.end - p.start == c.end - c.start:
+            continue
+        mark = cur.text[c.start + kept:c.end]
+        if not kept or len(mark) > TRUNCATION_MARK_CHARS or (mark and not _ELLIPSIS.search(mark)):
+            return False
+        cut += 1
+        shortened += kept < p.end - p.start
+        marks.add(mark)
+    if len(marks) > 1 or not shortened:
+        return False
+    return cut >= 2 or (cut == 1 and marks != {""})
 
 
 def _asked_history(sk: RequestSketch) -> list[tuple[str, str, int]]:

@@ -243,12 +243,13 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
     STATUS_KEY_WORDS words at most. Not a random token (its key's words are no part of it), a
     timestamp (a log line's stamp: `_log_line` reads the line), a number after a key of its own in
     the value (`retrieval;dur=114.1`), or one in a URL."""
-    if span.kind in ("nonce", "timestamp") or _status_too_long(text, start, end) \
-            or not start <= span.start < span.end <= end \
+    if span.kind == "nonce" or _status_too_long(text, start, end) or not start <= span.start < span.end <= end \
             or (start, end) == (span.start, span.end):
         return False
     if (stamp := _STAMPED.match(text, start, end)) is not None and span.end <= stamp.end(1):
-        return True  # the clock a status is stamped with, first: the status whole
+        return True  # the clock a status is stamped with, first (with its day's date: round 65): the status whole
+    if span.kind == "timestamp":
+        return False
     if span.kind == "id" and span.start == start and _ENTRY_NOTE.fullmatch(text, span.end, end):
         return True
     if in_running_time(text, span.start, span.end, start, end) and STATUS_LETTERS.search(text, start, span.start):
@@ -266,8 +267,9 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # may open with another clock, a train's: `Wed 11:18 · 10:55 from Polmear left …`, round 61), but it may open with a count
 # (`10:36 · 9/14 day launches out · …`; round 53); a clock written with a dot is one with `Uhr` (`07.13 Uhr · Büro
 # zu · …`; round 54), not a price
-# (its clock may name its zone: `Thu 18:40 BST · tide 1.6 m …`; round 64)
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})? "
+# (its clock may name its zone: `Thu 18:40 BST · tide 1.6 m …`, round 64; a day's date may come before it: `Mi
+# 16.12. 11:40 Uhr · Bühne ab 16:00 Uhr: …`, round 65)
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(?:\d{1,2}\.\d{1,2}\. )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})? "
                       r"(?:[·|¦] |[–—] (?!\d{1,2}[:.]\d\d))\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 

@@ -270,18 +270,24 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\
 # a state's words: one to six, a small number among them (`returning to base`, `unter Meldestufe 1`,
 # `Stewards' enquiry`, `ALB recovering up the slip`: round 36; `planner's controls out`: round 58;
 # `coaching on lawn 1 this morning`: round 59)
-_STATE_WORDS = re.compile(r"(?:[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?(?:[ -](?:[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?|\d{1,2})){0,5}"
+_STATE_WORD = r"[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?"
+_STATE_CODE = r"[A-Z]{1,2}\d{1,4}"  # a code among a state's words: a transition's `T2`, a road's `A484` (round 65)
+_STATE_CLOCK = r"(?:[01]?\d|2[0-3]):[0-5]\d(?: Uhr)?"
+_STATE_WORDS = re.compile(rf"(?:(?:{_STATE_WORD}|{_STATE_CODE})(?:[ -](?:{_STATE_WORD}|{_STATE_CODE}|\d{{1,2}})){{0,6}}"
                           r"|[^\W\d_]{1,16}(?: [^\W\d_]{1,16}(?:-[^\W\d_]{1,16})?){5})")  # or six, hyphenated ones whole (round 45)
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
 # Breakfast`, `fault: gripper jam`, round 31) or its reading
 # (`warming up` -> `running 32 m/min`, `Störung Antrieb` -> `läuft, 10–25 mm`, round 28); a clock may end
 # the state (`last entry 17:00`), its detail hold hyphenated words and small numbers (`wood firing,
-# side-stoking`, `paused, gusts above 40 mph on the cliff`; round 44)
+# side-stoking`, `paused, gusts above 40 mph on the cliff`; round 44); since round 65 seven words, codes among
+# them, two details (`Glätte: Schuhhof gestreut, bitte Vorsicht`) and a clock inside one (`Radveranstaltung:
+# bis 11:00 Uhr keine Einfahrt für Kfz`)
+_STATE_DETAIL = (rf"[,:] (?:\d{{1,3}}[ -])?{_STATE_WORD}(?:[ -](?:{_STATE_WORD}|{_STATE_CODE}|\d{{1,3}}|{_STATE_CLOCK})){{0,6}}"
+                 r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"  # a detail's clock: `frost, lawns closed until 11:00` (round 59)
+                 r"(?: \d+(?:[.,]\d+)? ?[^\W\d_]{1,4})?")  # a detail with its reading: `GO, surface wind 4 kt` (round 39)
 _STATE = re.compile(_STATE_WORDS.pattern + r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"
-                    r"(?: \([^()\n]{1,40}\)|[,:] (?:\d{1,3}[ -])?[^\W\d_]{1,20}(?:[ -](?:[^\W\d_]{1,20}|\d{1,3})){0,6}"
-                    r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"  # a detail's clock: `frost, lawns closed until 11:00` (round 59)
-                    r"(?: \d+(?:[.,]\d+)? ?[^\W\d_]{1,4})?"  # a detail with its reading: `GO, surface wind 4 kt` (round 39)
+                    rf"(?: \([^()\n]{{1,40}}\)|(?:{_STATE_DETAIL}){{1,2}}"
                     r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
 _ID_NOTED = re.compile(r"(\S{3,40}) \([^()\n]{1,40}\)")  # an id and a note on it in brackets
 _CODED = re.compile(r"\w{1,6} \([^()\n]{1,40}\)")  # a state's code and its text (`8 (Ankunft am Transportziel)`, `503 (Service Unavailable)`)
