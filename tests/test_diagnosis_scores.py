@@ -73,7 +73,8 @@ FLOORS = {
     # round 26 (a possessive key, `Caller's top expressions, …:`; a value in braces is what they hold):
     # 0.9875 / 0.9779 / 0.8533
     # round 28 (a state replaced by another with its reading): 0.9906 / 0.9829 / 0.8700
-    "heldout14": (0.990, 0.982, 0.870),
+    # round 65: 0.9953 / 0.9911 / 0.8789 (states with two details or seven words read whole)
+    "heldout14": (0.995, 0.991, 0.878),
     # the fifteenth (measured 0.948 / 0.926 / 0.703), tune side since heldout16: 0.9903 / 0.9829 / 0.9626
     # since round 19 (a difficulty's word in a sentence, daytime ticks, a wind reading, a PUE after a key in brackets,
     # each the first time it changes; `12 von 18` read as `12`)
@@ -256,13 +257,15 @@ FLOORS = {
     # others, channel levels and a merged summary still missed; its labels take in a value's words)
     # round 44: 0.9952 / 0.9817 / 0.8895
     # round 56: 0.9968 / 0.9940 / 0.8895 (a summary opening the history in place of its first turns: a compaction)
-    "heldout39": (0.996, 0.993, 0.889),
+    # round 65: 0.9984 / 0.9969 / 0.8924 (states with two details or seven words read whole)
+    "heldout39": (0.998, 0.996, 0.892),
     # the fortieth (measured 0.944 / 0.903 / 0.619), tune side since heldout41: 0.9936 / 0.9883 / 0.6190
     # (a Prolog file's tool/3 facts under PlDoc comments and a `sudo -l` listing as tool lists; a state
     # replaced by another, a bout's score and a voucher code with its check symbol still read as edits the
     # first time they change; its labels take in a value's words)
     # round 44: 0.9936 / 0.9883 / 0.9471
-    "heldout40": (0.993, 0.988, 0.947),
+    # round 65: 0.9952 / 0.9911 / 0.9499 (states with two details or seven words read whole)
+    "heldout40": (0.995, 0.991, 0.949),
     # the forty-first (measured 0.961 / 0.936 / 0.821), tune side since heldout42: 0.9919 / 0.9857 / 0.8262
     # (a modem's AT command listing as a tool list; a checksum as a hex literal, a flight card's code whose
     # last number rose; a countdown's hold, a booking's code glued to its letters, counts and a game's score
@@ -409,7 +412,8 @@ FLOORS = {
     # boards stamped with their zone, tennis results and running set scores, a points table and train reports read
     # by round 64's rules; AnythingLLM's array compressor, labelled a compaction, stays a front trim or an edited
     # template as issue 29 defines it, and results of other shapes keyed as results still read as edits)
-    "heldout63": (0.977, 0.852, 0.973),
+    # round 65: 0.9789 / 0.8543 / 0.9761 (a sea state with a code in it read whole)
+    "heldout63": (0.978, 0.854, 0.976),
     # the sixty-fourth (measured 0.977 / 0.816 / 0.937), tune side since round 65: 0.9968 / 0.9940 / 0.9901
     # (Langroid's truncated history, states with two details, codes or seven words, and a Christmas market's board
     # stamped with its date read by round 65's rules; a tombola draw read as its clock, a rugby match sheet's entry
@@ -488,6 +492,12 @@ def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout65 (measured once, 2026-12-06): "
+                                       "macro-F1 0.816 (LlamaIndex's ChatSummaryMemoryBuffer, a summary as a system message "
+                                       "opening the history, read as a front trim or an edited template, compaction recall "
+                                       "0.23; gulp's task tree and Tcl cmdline procs reordered read as edits, tool_order "
+                                       "recall 0.73; 10 values read as edits on their first change); strict, so it turns "
+                                       "red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
