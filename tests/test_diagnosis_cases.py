@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -3817,3 +3818,59 @@ def test_a_board_stamped_with_its_days_date_and_clock_is_a_value_whole(fpr) -> N
     on: the board whole, not its date and clock (round 65)."""
     rest = " · Bühne ab 17:00 Uhr: Kinderchor · Karussell bis 20:00 Uhr"
     assert_values_whole(fpr, "Festplatz: {}", [f"Sa 19.12. 14:{m} Uhr{rest}" for m in ("05", "12", "20")])
+
+
+# ------------------------------------------------------------------ round 66
+TASK_TREE = [f"[09:12:03] {b} {n:<16} {d}" for b, (n, d) in zip(
+    ("├──", "├──", "├──", "├──"), (("orders:sync", "Pulls the orders from the shop"), ("returns:open", "Opens the returns queue"),
+                                    ("parcels:track", "Fetches the carriers' tracking events"), ("labels:print", "Prints the day's labels")),
+    strict=True)]
+
+
+def _listed(lines: list[str], heading: str) -> list[dict]:
+    """Three requests whose system text lists `lines` under `heading`, reordered in the second."""
+    return [body(f"{SYSTEM}\n{heading}\n" + "\n".join(lines[k] for k in o) + "\nAnswer briefly.", t)
+            for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], conversation(3), strict=True)]
+
+
+def test_tcl_procs_moved_are_a_tool_order_change(fpr) -> None:
+    """Tools written as Tcl procedures in a namespace, each parsing its options with tcllib's cmdline
+    (`proc desk::pavilion-tickets {argv} {`), one moved: a tool order change (round 66, on
+    `heldout65`'s tenants, tune side since round 66)."""
+    path = Path(__file__).parent / "fixtures" / "diagnosis_v2" / "heldout65.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    tenants = [r for r in rows if r["name"].startswith("text_tools_tcl_cmdline_")]
+    assert tenants
+    for row in tenants:
+        got = causes(fpr, row["requests"])
+        assert [c for c, label in zip(got, row["labels"][1:], strict=True) if label == "tool_order"] \
+            == [label for label in row["labels"][1:] if label == "tool_order"], (row["name"], got)
+
+
+def test_a_task_tree_stamped_by_its_logger_reordered_is_a_tool_order_change(fpr) -> None:
+    """A task list drawn as a tree, each line stamped by its logger (`[09:12:03] ├── orders:sync  …`,
+    gulp's `--tasks`), reordered: a tool order change (round 66)."""
+    assert causes(fpr, _listed(TASK_TREE, "Tasks (gulp --tasks):"))[0] == "tool_order"
+
+
+def test_log_lines_stamped_by_their_logger_reordered_stay_a_template_change(fpr) -> None:
+    """The guard: prose lines stamped by a logger, no tree's branch before them, reordered, are an
+    edited template."""
+    log = ["[09:12:03] Started the nightly sync of the shop", "[09:12:03] Finished reading the carriers' feeds",
+           "[09:12:03] Warned about two parcels without labels", "[09:12:03] Closed the connection to the shop"]
+    assert causes(fpr, _listed(log, "Last night's log:"))[0] == "template_change"
+
+
+def test_a_tally_of_scores_to_one_decimal_is_a_value_whole(fpr) -> None:
+    """A tally whose counts are scores to one decimal (an event's penalties, `1 Ann Okafor (KEN) 31.5
+    · …`), one changed: the tally whole, not the one score (round 66)."""
+    assert_values_whole(fpr, "Standings: {}", [
+        "after round 2: 1 Ann Okafor (KEN) 31.5 · 2 Lena Brandt (GER) 32.0 · 3 Tom Reid (GBR) 33.8",
+        "after round 2: 1 Ann Okafor (KEN) 31.5 · 2 Lena Brandt (GER) 32.0 · 3 Tom Reid (GBR) 34.1",
+        "after round 2: 1 Ann Okafor (KEN) 31.9 · 2 Lena Brandt (GER) 32.0 · 3 Tom Reid (GBR) 34.1"])
+
+
+def test_a_state_of_eight_words_is_a_value_whole(fpr) -> None:
+    """A state of eight words, a road's code among them, replaced: a value whole (round 66)."""
+    assert_values_whole(fpr, "Pool status: {}", ["lanes 1 to 4 closed: swimming gala",
+                                                 "lifeguard for the gala delayed on the A40", "open"])

@@ -228,6 +228,11 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     return False, False
 
 
+# what a listing puts before each entry: a logger's clock, a tree's branch (`[07:41:09] ├── clean   Removes …`,
+# gulp's `--tasks`; round 66)
+_LINE_LEAD = re.compile(r"^(?:\[\d{1,2}:\d\d(?::\d\d)?\]\s+)?(?:[│┃|]\s+)*(?:[├└┣┗][─━]{2}|[|`]--)\s*")
+
+
 def tool_entries(lines: list[str]) -> bool:
     """Do these reordered lines of a system text read as a list of tool entries? Each entry names
     its tool on a line of its own (`TOOL_LINE`, `NAMED_LINE`): at least half of the lines do, or,
@@ -237,6 +242,7 @@ def tool_entries(lines: list[str]) -> bool:
     nothing and stay a `template_change`."""
     named: list[str] = []
     rest: list[str] = []
+    lines = [_LINE_LEAD.sub("", ln, count=1) for ln in lines]
     for ln in lines:
         (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
          or _ALIAS_LINE.match(ln) or _COMPLETION_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln)
@@ -306,6 +312,8 @@ def templated_blocks(prev: list[str], cur: list[str]) -> bool:
 # a function declared by its keyword and name, then its body's brace (PowerShell's `function
 # Invoke-OrderShow {`, a shell's `function order_show {` or `order_show() {`; round 45)
 _BRACE_FUNCTION = re.compile(r"^\s*(?:function\s+[A-Za-z_][\w-]*(?:\s*\(\s*\))?|[a-z_][\w-]*\s*\(\s*\))\s*\{\s*$")
+# a Tcl procedure, in its namespace or not, its arguments in braces (`proc desk::sonderbusse {argv} {`; round 66)
+_TCL_PROC = re.compile(r"^\s*proc\s+(?:[\w-]+::)*[A-Za-z_][\w-]*\s+\{[^{}\n]*\}\s*\{\s*$")
 
 
 # a member of a TypeScript type whose type is a function (Cloudflare Code Mode's `declare const
@@ -340,7 +348,8 @@ def declares_name(line: str) -> bool:
                 or _CODE_NAMED_BLOCK.match(line) or _SECTION_NAMED.match(line) or _CODE_HEADING.match(line)
                 or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line)
                 or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line) or _BRACE_FUNCTION.match(line)
-                or _FILE_HEADING.match(line) or _MAN_TITLE.match(line) or _JSON_NAMED_ITEM.match(line))
+                or _FILE_HEADING.match(line) or _MAN_TITLE.match(line) or _JSON_NAMED_ITEM.match(line)
+                or _TCL_PROC.match(line))
 
 
 # an item of a JSON list named as code by its `name` member on a line of its own (a Postman collection's

@@ -273,7 +273,7 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\
 _STATE_WORD = r"[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?"
 _STATE_CODE = r"[A-Z]{1,2}\d{1,4}"  # a code among a state's words: a transition's `T2`, a road's `A484` (round 65)
 _STATE_CLOCK = r"(?:[01]?\d|2[0-3]):[0-5]\d(?: Uhr)?"
-_STATE_WORDS = re.compile(rf"(?:(?:{_STATE_WORD}|{_STATE_CODE})(?:[ -](?:{_STATE_WORD}|{_STATE_CODE}|\d{{1,2}})){{0,6}}"
+_STATE_WORDS = re.compile(rf"(?:(?:{_STATE_WORD}|{_STATE_CODE})(?:[ -](?:{_STATE_WORD}|{_STATE_CODE}|\d{{1,2}})){{0,7}}"
                           r"|[^\W\d_]{1,16}(?: [^\W\d_]{1,16}(?:-[^\W\d_]{1,16})?){5})")  # or six, hyphenated ones whole (round 45)
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
@@ -592,7 +592,7 @@ def _running_status(old: str, new: str) -> bool:
 # a tally of three counts or more, each after its name (`small room 2, big room 4, walking 2, collected 0`)
 # (round 49); a count may be a fraction, and the tally's total may come first (`15/26 · cornets 4/10, horns 3/3,
 # …`; round 50)
-_COUNT = r"\d{1,4}(?:/\d{1,4})?"
+_COUNT = r"\d{1,4}(?:[.,]\d)?(?:/\d{1,4})?"  # a score to one decimal too (penalties `24.0`; round 66)
 # (each name may follow its own number, a car's or a bib's: `19 Halliday 407 · 217 Pryce 399 · …`; round 64)
 _NAMED_COUNTS = re.compile(rf"(?:{_COUNT} [·|:] )?(?:\d{{1,4}} )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}"
                            rf"(?:(?:, | [·|;] )(?:\d{{1,4}} )?[^\W\d_][\w'’ -]{{0,30}}? {_COUNT}){{2,}}")  # `·` apart too (round 51)
