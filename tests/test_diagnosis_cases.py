@@ -3833,18 +3833,23 @@ def _listed(lines: list[str], heading: str) -> list[dict]:
             for o, t in zip([[0, 1, 2, 3], [2, 0, 3, 1], [2, 0, 3, 1]], conversation(3), strict=True)]
 
 
-def test_tcl_procs_moved_are_a_tool_order_change(fpr) -> None:
-    """Tools written as Tcl procedures in a namespace, each parsing its options with tcllib's cmdline
-    (`proc desk::pavilion-tickets {argv} {`), one moved: a tool order change (round 66, on
-    `heldout65`'s tenants, tune side since round 66)."""
-    path = Path(__file__).parent / "fixtures" / "diagnosis_v2" / "heldout65.jsonl"
+def assert_tool_orders_read(fpr, split: str, family: str) -> None:
+    """Every transition a tune-side split's tenants of `family` label `tool_order` is read so."""
+    path = Path(__file__).parent / "fixtures" / "diagnosis_v2" / f"{split}.jsonl"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    tenants = [r for r in rows if r["name"].startswith("text_tools_tcl_cmdline_")]
+    tenants = [r for r in rows if r["name"].startswith(family)]
     assert tenants
     for row in tenants:
         got = causes(fpr, row["requests"])
         assert [c for c, label in zip(got, row["labels"][1:], strict=True) if label == "tool_order"] \
             == [label for label in row["labels"][1:] if label == "tool_order"], (row["name"], got)
+
+
+def test_tcl_procs_moved_are_a_tool_order_change(fpr) -> None:
+    """Tools written as Tcl procedures in a namespace, each parsing its options with tcllib's cmdline
+    (`proc desk::pavilion-tickets {argv} {`), one moved: a tool order change (round 66, on
+    `heldout65`'s tenants, tune side since round 66)."""
+    assert_tool_orders_read(fpr, "heldout65", "text_tools_tcl_cmdline_")
 
 
 def test_a_task_tree_stamped_by_its_logger_reordered_is_a_tool_order_change(fpr) -> None:
@@ -3874,3 +3879,26 @@ def test_a_state_of_eight_words_is_a_value_whole(fpr) -> None:
     """A state of eight words, a road's code among them, replaced: a value whole (round 66)."""
     assert_values_whole(fpr, "Pool status: {}", ["lanes 1 to 4 closed: swimming gala",
                                                  "lifeguard for the gala delayed on the A40", "open"])
+
+
+# ------------------------------------------------------------------ round 67
+def test_racket_functions_moved_are_a_tool_order_change(fpr) -> None:
+    """Tools written as Racket functions parsing their flags with `command-line` (`(define
+    (standplatz-suchen argv)`), one moved: a tool order change (round 67, on `heldout66`'s tenants,
+    tune side since round 67)."""
+    assert_tool_orders_read(fpr, "heldout66", "text_tools_racket_cmdline_")
+
+
+def test_a_board_stamped_with_its_clock_naming_its_year_is_a_value_whole(fpr) -> None:
+    """A board stamped with its clock whose text names a year (`Weinfest 2027: …`), only the clock
+    moved on: the board whole, not its clock; a year alone is no date (round 67)."""
+    rest = " · Weinfest 2027: Stände offen · Umzug ab ca. 15:00 Uhr"
+    assert_values_whole(fpr, "Festtag: {}", [f"Sa 14:{m} Uhr{rest}" for m in ("05", "12", "20")])
+
+
+def test_a_log_line_with_its_full_date_is_no_board(fpr) -> None:
+    """The guard: a status stamped with its clock that holds a full date (a log line's) and is longer
+    than a status is not read whole."""
+    rest = " · backup of 2026-05-05 finished on node 2, 48 GB written, next run tomorrow at the same time"
+    got = run_value_line(fpr, "Backup: {}", [f"14:{m} · job 7{rest}" for m in ("05", "12", "20")])
+    assert got[0]["spans"] != [f"14:12 · job 7{rest}"], got

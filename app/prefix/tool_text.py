@@ -314,6 +314,9 @@ def templated_blocks(prev: list[str], cur: list[str]) -> bool:
 _BRACE_FUNCTION = re.compile(r"^\s*(?:function\s+[A-Za-z_][\w-]*(?:\s*\(\s*\))?|[a-z_][\w-]*\s*\(\s*\))\s*\{\s*$")
 # a Tcl procedure, in its namespace or not, its arguments in braces (`proc desk::sonderbusse {argv} {`; round 66)
 _TCL_PROC = re.compile(r"^\s*proc\s+(?:[\w-]+::)*[A-Za-z_][\w-]*\s+\{[^{}\n]*\}\s*\{\s*$")
+# a Scheme or Racket function defined with its arguments (`(define (standplatz-suchen argv)`; round 67), not a
+# value defined inside it (`(define current-stand (make-parameter #f))`)
+_SCHEME_DEFINE = re.compile(r"^\s*\(define\s+\([A-Za-z_][\w*!?<>=/+-]*[\s)]")
 
 
 # a member of a TypeScript type whose type is a function (Cloudflare Code Mode's `declare const
@@ -349,7 +352,7 @@ def declares_name(line: str) -> bool:
                 or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line)
                 or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line) or _BRACE_FUNCTION.match(line)
                 or _FILE_HEADING.match(line) or _MAN_TITLE.match(line) or _JSON_NAMED_ITEM.match(line)
-                or _TCL_PROC.match(line))
+                or _TCL_PROC.match(line) or _SCHEME_DEFINE.match(line))
 
 
 # an item of a JSON list named as code by its `name` member on a line of its own (a Postman collection's

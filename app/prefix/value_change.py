@@ -279,12 +279,17 @@ def _status_too_long(text: str, start: int, end: int) -> bool:
     brackets (`next fell walk at 09:30 (in 13 h 42 min)`: a countdown to its clock, round 48;
     `[10:10] tuning at Pontesbury (Blüthner upright), done ~10:15`, round 49), unless it holds a
     date (a log line's `active (running) since Tue 2026-05-05 09:12:44 BST`); it may be
-    STAMPED_STATUS_CHARS long stamped with its clock first, STATUS_VALUE_CHARS otherwise."""
+    STAMPED_STATUS_CHARS long stamped with its clock first, STATUS_VALUE_CHARS otherwise. A year
+    alone in a stamped board names what it is of (`Mo 13:13 Uhr · Zibelemärit 2027: Markt offen ·
+    …`; round 67), no date."""
     value = text[start:end]
-    if is_dated(value):
+    stamped = _STAMPED.match(text, start, end) is not None
+    if _FULL_DATE.search(value) if stamped else is_dated(value):
         return len(value) > STATUS_VALUE_CHARS
-    limit = STAMPED_STATUS_CHARS if _STAMPED.match(text, start, end) is not None else STATUS_VALUE_CHARS
-    return len(without_notes(value)) > limit
+    return len(without_notes(value)) > (STAMPED_STATUS_CHARS if stamped else STATUS_VALUE_CHARS)
+
+
+_FULL_DATE = re.compile(r"\d{1,4}([./-])\d{1,2}\1\d{1,4}|\d+(?:\.\d+){2,}")  # a day, its month and its year
 
 
 def agree_after(prev: str, cur: str, p: int, c: int) -> bool:
