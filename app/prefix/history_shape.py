@@ -134,9 +134,9 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     cn = [r.end - r.start for r in cur.history_regions()]
     if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur):
         return True
-    if pn and summary_memory(cur) and not {k for _, k, _ in _history(cur)} & {k for _, k, _ in _history(prev)}:
-        return True
     histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
+    if pn and summary_memory(cur) and not {k for _, k, _ in histories()[1]} & {k for _, k, _ in histories()[0]}:
+        return True
     if history_compacted((len(pn), sum(pn), len(cn), sum(cn)),
                          lambda: (_by_user(histories()[0]), _by_user(histories()[1]))):
         return True

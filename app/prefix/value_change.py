@@ -284,12 +284,9 @@ def _status_too_long(text: str, start: int, end: int) -> bool:
     …`; round 67), no date."""
     value = text[start:end]
     stamped = _STAMPED.match(text, start, end) is not None
-    if _FULL_DATE.search(value) if stamped else is_dated(value):
+    if is_dated(value, year=not stamped):
         return len(value) > STATUS_VALUE_CHARS
     return len(without_notes(value)) > (STAMPED_STATUS_CHARS if stamped else STATUS_VALUE_CHARS)
-
-
-_FULL_DATE = re.compile(r"\d{1,4}([./-])\d{1,2}\1\d{1,4}|\d+(?:\.\d+){2,}")  # a day, its month and its year
 
 
 def agree_after(prev: str, cur: str, p: int, c: int) -> bool:

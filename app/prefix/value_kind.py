@@ -272,7 +272,8 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\
 # `coaching on lawn 1 this morning`: round 59)
 _STATE_WORD = r"[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?"
 _STATE_CODE = r"[A-Z]{1,2}\d{1,4}"  # a code among a state's words: a transition's `T2`, a road's `A484` (round 65)
-_STATE_CLOCK = r"(?:[01]?\d|2[0-3]):[0-5]\d(?: Uhr)?"
+_CLOCK_24 = r"(?:[01]?\d|2[0-3]):[0-5]\d"
+_STATE_CLOCK = rf"{_CLOCK_24}(?: Uhr)?"
 _STATE_WORDS = re.compile(rf"(?:(?:{_STATE_WORD}|{_STATE_CODE})(?:[ -](?:{_STATE_WORD}|{_STATE_CODE}|\d{{1,2}})){{0,7}}"
                           r"|[^\W\d_]{1,16}(?: [^\W\d_]{1,16}(?:-[^\W\d_]{1,16})?){5})")  # or six, hyphenated ones whole (round 45)
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
@@ -284,9 +285,9 @@ _STATE_WORDS = re.compile(rf"(?:(?:{_STATE_WORD}|{_STATE_CODE})(?:[ -](?:{_STATE
 # them, two details (`Glätte: Schuhhof gestreut, bitte Vorsicht`) and a clock inside one (`Radveranstaltung:
 # bis 11:00 Uhr keine Einfahrt für Kfz`)
 _STATE_DETAIL = (rf"[,:] (?:\d{{1,3}}[ -])?{_STATE_WORD}(?:[ -](?:{_STATE_WORD}|{_STATE_CODE}|\d{{1,3}}|{_STATE_CLOCK})){{0,6}}"
-                 r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"  # a detail's clock: `frost, lawns closed until 11:00` (round 59)
+                 rf"(?: {_CLOCK_24})?"  # a detail's clock: `frost, lawns closed until 11:00` (round 59)
                  r"(?: \d+(?:[.,]\d+)? ?[^\W\d_]{1,4})?")  # a detail with its reading: `GO, surface wind 4 kt` (round 39)
-_STATE = re.compile(_STATE_WORDS.pattern + r"(?: (?:[01]?\d|2[0-3]):[0-5]\d)?"
+_STATE = re.compile(_STATE_WORDS.pattern + rf"(?: {_CLOCK_24})?"
                     rf"(?: \([^()\n]{{1,40}}\)|(?:{_STATE_DETAIL}){{1,2}}"
                     r"|,? \d+(?:[.,]\d+)?(?:[–-]\d+(?:[.,]\d+)?)? ?(?:°\s?C|%|[^\W\d_]{1,4}(?:/[^\W\d_]{1,3})?))?")
 _ID_NOTED = re.compile(r"(\S{3,40}) \([^()\n]{1,40}\)")  # an id and a note on it in brackets
@@ -382,8 +383,9 @@ _WORD_TIME = re.compile(
 _STATUS_NUMBER = re.compile(r"(?<![^\W\d_])\d+(?:[.,:]\d+)*|[^\W\d_]\d+(?:[.,:]\d+)*")
 # a wind's direction (`SW`, `NNO`, `Südwest`, `north-east`), redrawn with its speed
 _COMPASS = re.compile(r"[NESW]{1,3}|[NSO]{1,3}|(?i:(?:nord|süd|ost|west|north|south|east)(?:-?(?:west|ost|east))?)")
-# a date (one separator, twice: not a range `0-24/248`), a release, a year
-_DATED = re.compile(r"\d{1,4}([./-])\d{1,2}\1\d{1,4}|\d+(?:\.\d+){2,}|(?<!\d)(?:19|20)\d\d(?!\d)")
+# a date (one separator, twice: not a range `0-24/248`) or a release; or a year alone
+_FULL_DATE = re.compile(r"\d{1,4}([./-])\d{1,2}\1\d{1,4}|\d+(?:\.\d+){2,}")
+_DATED = re.compile(_FULL_DATE.pattern + r"|(?<!\d)(?:19|20)\d\d(?!\d)")
 
 
 def without_notes(value: str) -> str:
@@ -391,9 +393,10 @@ def without_notes(value: str) -> str:
     return _NOTE.sub("", value)
 
 
-def is_dated(value: str) -> bool:
-    """Does a value hold a date or a year (`2026-05-05`, `4.2.1`, `2024`)?"""
-    return _DATED.search(value) is not None
+def is_dated(value: str, year: bool = True) -> bool:
+    """Does a value hold a date or a release (`2026-05-05`, `4.2.1`), or, with `year`, a year alone
+    (`2024`)?"""
+    return (_DATED if year else _FULL_DATE).search(value) is not None
 
 
 def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
@@ -817,6 +820,8 @@ def _numbered_check(a: list[str], b: list[str]) -> bool:
     if any(x.split(" ", 1)[0] != y.split(" ", 1)[0] for x, y in zip(a, b, strict=True)):
         return False
     return sum(x != y for x, y in zip(a, b, strict=True)) >= NUMBERED_CHECK_PARTS
+
+
 # a waiting ticket's number after its letters (`A096`), a running number before its year (a deed's `2886/2026`;
 # round 60), a number of three digits or more alone (round 61): the part that stays, then the number
 _LETTERS_BEFORE = re.compile(r"([A-Za-z]{1,3})(\d{3,})")
