@@ -43,7 +43,7 @@ class StreamObserver:
     `strip_metrics` (set by the relay): the engine's per-request metrics are not sent."""
 
     __slots__ = ("shape", "clock", "drop_usage", "summary", "parser", "framer", "saw_cr",
-                 "strip_metrics", "engine_timing")
+                 "strip_metrics", "engine_timing", "lf_owed")
 
     def __init__(self, shape: StreamShape, clock: StreamClock, drop_usage: bool, collect_text: bool) -> None:
         self.shape = shape
@@ -55,6 +55,9 @@ class StreamObserver:
         self.saw_cr = False
         self.strip_metrics = False
         self.engine_timing: EngineTiming | None = None  # the engine's own report (vLLM metrics)
+        # a dropped event ended its read with the CR of its closing CR LF: the LF that opens the
+        # next read is that event's too, and is dropped with it
+        self.lf_owed = False
 
     @property
     def fast(self) -> bool:
@@ -72,13 +75,20 @@ class StreamObserver:
             events = framer.push(data)
             if not events:
                 return b""
+        if self.lf_owed:
+            self.lf_owed = False
+            events = events.removeprefix(b"\n")
         generated, count = self._generated_events(events)
         for _ in range(generated):
             self.clock.content(now)  # events read together: gaps of 0 between them, as in the parser
         if generated < count and METRICS_KEY in events:  # (an event with generated text has none)
             events = self._take_metrics(events)
         self.summary.add_events(events)
-        return self.shape.drop_usage(events) if self.drop_usage else events
+        if not self.drop_usage:
+            return events
+        kept = self.shape.drop_usage(events)
+        self.lf_owed = kept is not events and events.endswith(b"\r") and not kept.endswith(b"\r")
+        return kept
 
     def _generated_events(self, events: bytes) -> tuple[int, int]:
         """(How many of the whole `events` carry generated text, how many there are): a read that
@@ -101,8 +111,12 @@ class StreamObserver:
         kept: list[bytes] = []
         go_fast = False
         for ev in self.parser.feed(data):
+            raw = ev.raw
+            if self.lf_owed:
+                self.lf_owed = False
+                raw = raw.removeprefix(b"\n")
             if ev.data is None or shape.certainly_empty(ev.data):
-                kept.append(ev.raw)
+                kept.append(raw)
                 continue
             chunk = shape.classify(ev.data, ev.event)
             if chunk.generated:
@@ -110,11 +124,12 @@ class StreamObserver:
                     go_fast = shape.byte_scans and not self.saw_cr and shape.carries_generated(ev.data)
                 self.clock.content(now, len(chunk.text))
             self.summary.take(chunk)
-            raw = self._take_metrics(ev.raw) if not chunk.generated and METRICS_KEY in ev.data else ev.raw
+            raw = self._take_metrics(raw) if not chunk.generated and METRICS_KEY in ev.data else raw
             if not (self.drop_usage and chunk.usage_only):
                 kept.append(raw)
             else:
                 kept.append(line_ends_before(raw))  # not the dropped event's bytes (usually none)
+                self.lf_owed = raw.endswith(b"\r")
         if go_fast:
             self.framer = WholeEvents(self.parser.pending())
         return kept[0] if len(kept) == 1 else b"".join(kept)
@@ -134,6 +149,7 @@ class StreamObserver:
     def drop_incomplete(self) -> None:
         """Forget the incomplete event a broken upstream left (it was never sent): another
         upstream's events follow (app/proxy/migrate.py)."""
+        self.lf_owed = False  # the LF a dropped event's CR awaited will not come from another upstream
         if self.framer is not None:
             self.framer = WholeEvents()
         else:
