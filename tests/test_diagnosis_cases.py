@@ -3902,3 +3902,80 @@ def test_a_log_line_with_its_full_date_is_no_board(fpr) -> None:
     rest = " · backup of 2026-05-05 finished on node 2, 48 GB written, next run tomorrow at the same time"
     got = run_value_line(fpr, "Backup: {}", [f"14:{m} · job 7{rest}" for m in ("05", "12", "20")])
     assert got[0]["spans"] != [f"14:12 · job 7{rest}"], got
+
+
+# ------------------------------------------------------------------ round 68
+MAKE_TARGETS = ["... import_entries", "... export_verdicts", "... print_race_cards", "... publish_results"]
+
+
+def test_a_cmake_makefiles_help_targets_reordered_are_a_tool_order_change(fpr) -> None:
+    """The targets a CMake-generated Makefile's `help` lists (`... publish_results`), reordered: a tool
+    order change (round 68)."""
+    heading = "Targets (`cmake --build build --target help`):\nThe following are some of the valid targets for this Makefile:"
+    assert causes(fpr, _listed(MAKE_TARGETS, heading))[0] == "tool_order"
+
+
+def test_lines_led_by_an_ellipsis_reordered_stay_a_template_change(fpr) -> None:
+    """The guard: prose lines led by an ellipsis, reordered, are an edited template."""
+    lines = ["... and then the doors close", "... or the bar runs out", "... but never on Sundays", "... unless it rains"]
+    assert causes(fpr, _listed(lines, "House rules:"))[0] == "template_change"
+
+
+def _recap_before_prompt(recap: str) -> list[dict]:
+    """A conversation of six exchanges, then the same conversation gone on with `recap` as a system
+    message of its own before the system prompt (NextChat's long-term memory)."""
+    msgs = agent_history(6)
+    more = [*msgs, {"role": "assistant", "content": "Reply 7: the invoice tests pass now."},
+            {"role": "user", "content": "Then migrate the credit notes the same way."}]
+    return [Gen.body(CODER, msgs[:11], None, None), Gen.body(CODER, msgs, None, None),
+            {**Gen.body(CODER, more, None, None), "messages": [{"role": "system", "content": recap},
+                                                               {"role": "system", "content": CODER}, *more]}]
+
+
+def test_a_summary_put_before_the_system_prompt_over_the_whole_chat_is_a_compaction(fpr) -> None:
+    """A summary of the chat as a system message of its own before the system prompt, the whole chat
+    kept after it (NextChat's long-term memory, `This is a summary of the chat history as a recap:
+    …`): a compaction, cold once (round 68)."""
+    recap = ("This is a summary of the chat history as a recap: " + TASK[:96] + " Replies so far: "
+             + " ".join(f"r{k}w{i}" for k in (1, 2) for i in range(6)))
+    assert causes(fpr, _recap_before_prompt(recap)) == [None, "compaction"]
+
+
+def test_a_long_note_put_before_the_system_prompt_over_the_whole_chat_is_a_template_change(fpr) -> None:
+    """The guard: a note as long as a summary that restates nothing of the chat, put before the system
+    prompt, is an edited template."""
+    note = ("Note for this deployment: never push to the main branch; open a pull request, ask for a review by "
+            "the platform team and wait for the nightly build before you merge anything.")
+    assert causes(fpr, _recap_before_prompt(note)) == [None, "template_change"]
+
+
+def test_records_of_another_entry_are_values_whole_on_their_first_change(fpr) -> None:
+    """Records read whole the first time they change (round 68): a competitor's attempt with its
+    measure, a long record with every part but one another (a race's verdict), and another entry's
+    fields filled in (a signing queue)."""
+    assert_values_whole(fpr, "Scorers' table: {}", ["Braemar stone: Ann Cole, 1st throw · 34 ft 4 in",
+                                                    "Weight over the bar: Ewan McKay, 2nd throw · 15 ft 0 in",
+                                                    "Open stone: Ann Cole, 1st throw · 40 ft 11 in"])
+    assert_values_whole(fpr, "Verdict: {}", ["Race 70 · Diamond Sculls: Tyne RC beat Derby RC · 2 lengths · 8:24 · Berks station",
+                                             "Race 108 · Visitors' Cup: Leander Club beat Bath University · 3 lengths · 6:16 · Berks station",
+                                             "Race 55 · Temple Cup: Eton College beat Molesey BC · ½ length · 6:41 · Berks station"])
+    assert_values_whole(fpr, "Signing tent: {}", ["Nia Rees (event 630) · queue about 150 · signing until 13:05",
+                                                  "Prof. Aled Moss (event 322) · queue about 134 · signing until 12:45",
+                                                  "Ben Okoro (event 105) · queue about 31 · signing until 11:10"])
+
+
+def test_a_long_record_that_keeps_two_parts_is_no_value_on_its_first_change(fpr) -> None:
+    """The guard: a rule's long record edited in three of its five parts, its first and fourth kept,
+    is an edit on its first change."""
+    got = run_value_line(fpr, "Shuttle: {}", ["Bus 7 · every 20 min · from the Market Square · via the station · last at 23:00",
+                                              "Bus 7 · every 30 min · from the Town Hall · via the station · last at 22:00",
+                                              "Bus 7 · every 20 min · from the Market Square · via the station · last at 23:00"])
+    assert got[0]["cause"] == "template_change", got
+
+
+@pytest.mark.parametrize("stamp", ["Sat 30 May 21:{}", "Mo 16:{}:57"], ids=["date-in-words", "clock-to-the-second"])
+def test_a_board_stamped_with_a_date_in_words_or_seconds_is_a_value_whole(fpr, stamp: str) -> None:
+    """A board stamped with its date in words (`Sat 30 May 21:59 · …`) or a clock to the second (`Mo
+    16:38:57 · …`), only the clock moved on: the board whole, not its clock (round 68)."""
+    rest = " · Cube: doors open for event 226, starts 22:00"
+    assert_values_whole(fpr, "Stages: {}", [stamp.format(m) + rest for m in ("41", "49", "55")])

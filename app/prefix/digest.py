@@ -36,11 +36,13 @@ from app.prefix.dynamic import (
 from app.prefix.history_shape import (
     COMPACTED_MIN_MESSAGES,
     SUMMARY_IN_SYSTEM_CHARS,
+    SUMMARY_MEMORY_CHARS,
     SUMMARY_REPLY_CHARS,
     HistoryKeys,
     first_exchange,
     history_compacted,
     opens_with_summary,
+    restates_history,
     summary_alone,
     summary_memory,
     tail_start,
@@ -584,7 +586,8 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
     i = next((k for k, (a, b) in enumerate(zip(prev.lines, mine.lines, strict=False))
               if a != b or prev.seps[k:k + 1] != mine.seps[k:k + 1]), min(len(prev.lines), len(mine.lines)))
     head_changed = i < max(len(prev.lines), len(mine.lines))
-    if head_changed and not (reordered or set_changed) and _summary_in_head(prev, mine, cur):
+    if head_changed and not (reordered or set_changed) \
+            and (_summary_in_head(prev, mine, cur) or _summary_prepended(prev, mine, cur)):
         return Diagnosis("compaction", head_end(cur), [], None, "the history was replaced by a summary (line level)")
     system = cur.regions[0] if cur.regions and cur.regions[0].role == "system" else None
     if head_changed and system is not None and i < len(bounds) and bounds[i][0] >= system.end \
@@ -803,6 +806,28 @@ def _summary_in_head(prev: RequestDigest, mine: RequestDigest, cur: RequestSketc
     cm = mine.turns
     kept = next((k for k in range(min(len(cm), len(ph)), 0, -1) if cm[:k] == ph[len(ph) - k:]), 0)
     return 1 <= kept and kept * 2 <= n and (len(cm) - 1) * 2 <= n  # a new conversation keeps no old turn
+
+
+def _summary_prepended(prev: RequestDigest, mine: RequestDigest, cur: RequestSketch) -> bool:
+    """`summary_prepended` against a digest: the head is the previous one with a system message's
+    lines put before the system prompt's (SUMMARY_MEMORY_CHARS or more of them new), and the
+    history continues the previous one (COMPACTED_MIN_MESSAGES or more) whole (round 68)."""
+    regions = cur.regions
+    if len(regions) < 3 or regions[0].role != "system" or regions[1].role != "system" \
+            or regions[2].role == "system" or len(prev.history) != 2 or prev.history[0] < COMPACTED_MIN_MESSAGES:
+        return False
+    if len(cur.history_regions()) <= prev.history[0] or mine.users[-1:] != "u" \
+            or mine.turns[:len(prev.turns)] != prev.turns:
+        return False
+    starts = [a for a, _ in head_lines(cur)]
+    j = next((n for n, a in enumerate(starts) if a >= regions[0].start), len(starts))  # the summary's first unit
+    k = next((n for n, a in enumerate(starts) if a >= regions[1].start), len(starts))  # the system prompt's
+    rest = mine.lines[k:]
+    if not rest or mine.lines[:j] != prev.lines[:j] or rest != prev.lines[j:j + len(rest)]:
+        return False
+    seen = set(prev.lines)
+    return sum(b - a for key, (a, b) in zip(mine.lines[j:k], head_lines(cur)[j:k], strict=False)
+               if key not in seen) >= SUMMARY_MEMORY_CHARS and restates_history(cur, regions[0].start, regions[0].end)
 
 
 def _head_schemas(cur: RequestSketch) -> tuple[int, int, int]:

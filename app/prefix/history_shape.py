@@ -127,7 +127,7 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     if summary_note_rewritten(prev, cur):
         return True
     if prev.system_text != cur.system_text:
-        return summary_in_system(prev, cur)
+        return summary_in_system(prev, cur) or summary_prepended(prev, cur)
     if transcript_compacted(prev, cur):  # a transcript kept in one user message, compacted there (round 52)
         return True
     pn = [r.end - r.start for r in prev.history_regions()]
@@ -253,6 +253,41 @@ def summary_in_system(prev: RequestSketch, cur: RequestSketch) -> bool:
     kept = next((n for n in range(min(len(ck), len(pm)), 0, -1) if ck[:n] == pm[len(pm) - n:]), 0)
     # where there was no system prompt, one that opens a new conversation keeps none of the old turns
     return kept * 2 <= len(pm) and (len(ck) - 1) * 2 <= len(pm) and (ps is not None or kept >= 1)
+
+
+def summary_prepended(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """A summary of the chat put in a system message of its own before the system prompt, the
+    conversation kept whole after it (NextChat's long-term memory: "This is a summary of the chat
+    history as a recap: …" before the mask's context; round 68): the system prompt and every
+    earlier message unchanged, SUMMARY_MEMORY_CHARS or more put before them once the history
+    (COMPACTED_MIN_MESSAGES or more) is long enough to summarise. The prompt is cold once, then
+    continues from the summary: a compaction, not an edited system prompt."""
+    ls, lp = _leading_system_texts(cur), _leading_system_texts(prev)
+    if not lp or ls[1:] != lp or len(ls[0]) < SUMMARY_MEMORY_CHARS:
+        return False
+    ph, ch = _history(prev), _history(cur)
+    return len(ph) >= COMPACTED_MIN_MESSAGES and len(ch) > len(ph) and ch[:len(ph)] == ph and ch[-1][0] == "user" \
+        and restates_history(cur, cur.regions[0].start, cur.regions[0].end)
+
+
+_CONTENT_WORD = re.compile(r"[^\W\d_]{4,}")
+RESTATED_SHARE = 1 / 3  # a summary's words found in the history it sums up, at least this share of them
+RESTATED_SCAN_CHARS = 64 * 1024  # the history's text read for them, from its start
+
+
+def restates_history(sk: RequestSketch, start: int, end: int) -> bool:
+    """Do RESTATED_SHARE or more of the words (four letters or more) in `sk.text[start:end]` occur in
+    the request's history (its first RESTATED_SCAN_CHARS)? A summary restates what the chat said; a
+    deployment's note put before the system prompt says something new (an edited template)."""
+    words = {w.lower() for w in _CONTENT_WORD.findall(sk.text, start, end)}
+    seen: set[str] = set()
+    budget = RESTATED_SCAN_CHARS
+    for r in sk.history_regions():
+        if budget <= 0:
+            break
+        seen.update(w.lower() for w in _CONTENT_WORD.findall(sk.text, r.start, min(r.end, r.start + budget)))
+        budget -= r.end - r.start
+    return bool(words) and len(words & seen) >= RESTATED_SHARE * len(words)
 
 
 def summary_asked(prev: list[tuple[str, str, int]], cur: list[tuple[str, str, int]]) -> bool:

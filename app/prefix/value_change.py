@@ -268,8 +268,9 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # (`10:36 · 9/14 day launches out · …`; round 53); a clock written with a dot is one with `Uhr` (`07.13 Uhr · Büro
 # zu · …`; round 54), not a price
 # (its clock may name its zone: `Thu 18:40 BST · tide 1.6 m …`, round 64; a day's date may come before it: `Mi
-# 16.12. 11:40 Uhr · Bühne ab 16:00 Uhr: …`, round 65)
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(?:\d{1,2}\.\d{1,2}\. )?(\[?\d{1,2}:\d\d\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})? "
+# 16.12. 11:40 Uhr · Bühne ab 16:00 Uhr: …`, round 65; or in words, `Sat 30 May 21:59 · …`, and the clock may
+# read to the second, `Mo 16:38:57 · …`, round 68)
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(?:\d{1,2}\.\d{1,2}\. |\d{1,2} [^\W\d_]{3,9} )?(\[?\d{1,2}:\d\d(?::\d\d)?\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})? "
                       r"(?:[·|¦] |[–—] (?!\d{1,2}[:.]\d\d))\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 

@@ -754,8 +754,15 @@ def _entry_record(old: str, new: str) -> bool:
     59): the newest entry replaced, whatever its key says. A rule's record holds no drawn code, and
     its number is no series."""
     a, b = RECORD_PARTS.split(old), RECORD_PARTS.split(new)
+    if len(a) == len(b) and _attempt_measured(a, b):
+        return True
+    if len(a) == len(b) >= LONG_RECORD_PARTS and max(len(old), len(new)) <= SERIES_RECORD_CHARS \
+            and sum(x != y for x, y in zip(a, b, strict=True)) >= len(a) - 1:
+        return True  # a long record, every part but one another (a race's verdict, `Race 70 · … · Berks station`; round 68)
     if abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 3 or max(len(old), len(new)) > RECORD_CHARS:
         return False
+    if len(a) == len(b) and _named_fields(a, b):
+        return True
     if a[0] != b[0] and _INITIALLED.fullmatch(a[0]) and _INITIALLED.fullmatch(b[0]):
         return True  # named by a person, a first name and an initial (a waiver's `Kerry E. · adult · …`; round 62)
     pa, pb = _POSSESSOR.match(a[0]), _POSSESSOR.match(b[0])
@@ -780,6 +787,37 @@ def _entry_record(old: str, new: str) -> bool:
         return False
     same = next((i for i, (p, q) in enumerate(zip(px, py, strict=True)) if p != q), len(px))
     return code_redrawn("-".join(px[same:]), "-".join(py[same:]), REDRAWN_CODE_CHARS)
+
+
+LONG_RECORD_PARTS = 5  # a record this long with every part but one changed is another entry; an edit keeps more
+# a competitor's attempt: a first and a last name, then which attempt (`Lorne Colthart, 2nd throw`, `attempt 2`)
+_ATTEMPT = re.compile(r"[A-Z][\w'’-]+ (?:Ma?c)?[A-Z][\w'’-]+, (?:\d(?:st|nd|rd|th) [a-z]+|[a-z]+ \d)$")
+# a distance measured in feet and inches, or in metres and centimetres (`117 ft 8 in`, `15 ft 0 in`, `8,21 m`)
+_MEASURED = re.compile(r"\d{1,3} ft(?: \d{1,2} in)?|\d{1,3}[.,]\d{2} m")
+
+
+def _attempt_measured(a: list[str], b: list[str]) -> bool:
+    """Two records of a competitor's attempt and its measure (`Braemar stone: Lorne Colthart, 1st throw
+    · 34 ft 4 in` -> `Weight over the bar: Euan McIntyre, 2nd throw · 15 ft 0 in`; round 68): the first
+    part ends with a person's name and which attempt it was, the last part is a distance, and both
+    changed: the newest attempt reported. A rule's record names no person's attempt."""
+    if len(a) < 2 or a[0] == b[0] or a[-1] == b[-1]:
+        return False
+    return all(_ATTEMPT.search(x[0]) and _MEASURED.fullmatch(x[-1]) for x in (a, b))
+
+
+_WORD_SEQ = re.compile(r"[^\W\d_]+")
+
+
+def _named_fields(a: list[str], b: list[str]) -> bool:
+    """Two records whose first part names another entry in other words, and whose every other part
+    keeps its first word with the rest changed (`Nia Rhys-Evans (event 630) · queue about 150 · signing
+    until 13:05` -> `Prof. Aled Morgan (event 322) · queue about 134 · signing until 12:45`; round 68):
+    the same fields filled in for another entry. A rule's hours edited (`Doors 09:00 · Bar 22:00` ->
+    `Doors 10:00 · …`) keep their names' words."""
+    if _WORD_SEQ.findall(a[0]) == _WORD_SEQ.findall(b[0]) or any(x == y for x, y in zip(a, b, strict=True)):
+        return False
+    return all(x.split(" ", 1)[0] == y.split(" ", 1)[0] for x, y in zip(a[1:], b[1:], strict=True))
 
 
 # a match's result: its two sides, then two sets' scores or more, one of them with a game count of one digit
