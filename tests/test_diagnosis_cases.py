@@ -3979,3 +3979,63 @@ def test_a_board_stamped_with_a_date_in_words_or_seconds_is_a_value_whole(fpr, s
     16:38:57 · …`), only the clock moved on: the board whole, not its clock (round 68)."""
     rest = " · Cube: doors open for event 226, starts 22:00"
     assert_values_whole(fpr, "Stages: {}", [stamp.format(m) + rest for m in ("41", "49", "55")])
+
+
+# ------------------------------------------------------------------ round 69
+LABEL_KINDS = ["py_binary rule //tools:publish_results", "go_binary rule //tools:batch_sheets",
+               "sh_binary rule //tools:sync_timing_loops", "py_binary rule //tools:print_passes"]
+
+
+def test_a_bazel_label_kind_listing_reordered_is_a_tool_order_change(fpr) -> None:
+    """Targets as `bazel query … --output=label_kind` lists them (`py_binary rule //tools:publish_results`),
+    reordered: a tool order change (round 69)."""
+    assert causes(fpr, _listed(LABEL_KINDS, "Tools (bazel run //tools:<name>):"))[0] == "tool_order"
+
+
+@pytest.mark.parametrize("board", [
+    "SA 02:{} » Main Stages Ende » Wackinger Village bis 03:00 Uhr",
+    "Thu 21/05 17:{}; afternoon session in; evening entry from 17:30",
+    "Wed 12 Aug 22:{}:56 SHOW DOWN at 22:30 / Esplanade clearing",
+    "Bahn Echo, 10:{}:09 Uhr: Ankündigungssignal ILCA 7, Klassenflagge gesetzt, Start 11:00 Uhr",
+], ids=["guillemet", "semicolon", "seconds-no-sign", "place-and-comma"])
+def test_boards_stamped_in_more_ways_are_values_whole(fpr, board: str) -> None:
+    """A board stamped with its clock, set apart by `»` or a `;` glued to the clock, dated with a day
+    and month and a slash, its clock to the second with no sign after it, or after a place's name and
+    a comma: only the clock moved on, the board whole, not its clock (round 69)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("41", "49", "55")])
+
+
+def test_a_clock_without_seconds_or_a_sign_is_no_board(fpr) -> None:
+    """The guard: a clock to the minute followed by words with no sign is a rule's hour, not a board's
+    stamp: not read whole."""
+    got = run_value_line(fpr, "Doors: {}", [f"Fri 19:{m} doors open for the evening session at the east gate"
+                                            for m in ("00", "30", "45")])
+    assert got[1]["spans"] != ["Fri 19:45 doors open for the evening session at the east gate"], got
+
+
+STEWARD_CALLS = ["South Stand K7 → first aid, walking (steward 41)", "South Stand L2 → flash photography (steward 55)",
+                 "East Stand S27 → first aid, walking (steward 38)"]
+
+
+def test_a_header_line_opening_the_system_prompt_is_a_value_whole_on_its_first_change(fpr) -> None:
+    """A `key: value` line that opens the system prompt, its value a short record with a number,
+    replaced in more than one token: a header the client writes per request, a value whole the first
+    time it changes (round 69)."""
+    assert_values_whole(fpr, "Steward call: {}", STEWARD_CALLS)
+
+
+def test_the_same_line_below_the_prompts_opening_is_an_edit_on_its_first_change(fpr) -> None:
+    """The guard: the same line among the rules, below the prompt's opening line, is an edit the first
+    time it changes."""
+    got = run(fpr, [body(f"{SYSTEM}\nSteward call: {v}\nAnswer briefly.", t) for v, t in zip(STEWARD_CALLS, conversation(3), strict=True)])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_a_header_line_with_a_version_bumped_or_a_date_is_an_edit_on_its_first_change(fpr) -> None:
+    """The guard: a header line whose words stayed and whose numbers were bumped (a version, a
+    device), or that holds a date, is an edit the first time it changes."""
+    got = run_value_line(fpr, "Test device: {}", ["Pixel 8, API 35, build AP4A.250205.002", "Pixel 9, API 46, build AP5A.361316.113",
+                                                  "Pixel 8, API 35, build AP4A.250205.002"])
+    assert got[0]["cause"] == "template_change", got
+    got = run_value_line(fpr, "Fees as of: {}", ["1 Jan 2026, room 4", "2 Feb 2031, room 7", "1 Jan 2026, room 4"])
+    assert got[0]["cause"] == "template_change", got

@@ -160,7 +160,7 @@ class _Pair:
         earlier_turn = region is not None and first_history <= cd < tail_start(cur) and (
             region.role in ("user", "tool") or region.role == "assistant" and _opens_conversation(cur, region))
         value = changed_value(self.detector, prev.text, cur.text, pd, cd, region.end if region is not None else None,
-                              earlier_turn, self.past.edits)
+                              earlier_turn, self.past.edits, region.start if in_system and region is not None else None)
         edit_at = value.edit_at if value is not None else None
         if value is not None and value.span is not None:
             # realigned right after the value: later findings are searched from there (also inside a

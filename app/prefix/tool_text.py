@@ -163,6 +163,9 @@ _BOT_HELP_LINE = re.compile(r"^[a-z][\w.-]*(?: [a-z][\w-]*){1,3}(?: (?:<[^<>\n]+
 # in brackets on the default one (`... regatta_report`, `... all (the default if no target is provided)`;
 # round 68)
 _MAKE_TARGET_LINE = re.compile(r"^\.\.\. [A-Za-z_][\w.+/-]*(?: \([^()\n]+\))?\s*$")
+# a target as `bazel query … --output=label_kind` lists it: its rule's class, `rule`, then its label
+# (`py_binary rule //tools:publish_results`, `sh_binary rule @ops//tools:sync`; round 69)
+_LABEL_KIND_LINE = re.compile(r"^[a-z][\w]* rule (?:@[\w.-]*)?//[\w./-]*:[\w.+/-]+\s*$")
 ENTRY_LINES = 4  # lines of a tool's block besides the one naming it (arguments, description, returns)
 _SHAPE = re.compile(r"\s*(?:</?[\w:\-]+|[^\w\s]*)")
 # JSON tool schemas written into a message's text (`schema_tools`): an object opening with a key,
@@ -250,7 +253,8 @@ def tool_entries(lines: list[str]) -> bool:
     for ln in lines:
         (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
          or _ALIAS_LINE.match(ln) or _COMPLETION_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln)
-         or _DEVICE_COMMAND_LINE.match(ln) or _USAGE_LINE.match(ln) or _BOT_HELP_LINE.match(ln) or _MAKE_TARGET_LINE.match(ln) else rest).append(ln)
+         or _DEVICE_COMMAND_LINE.match(ln) or _USAGE_LINE.match(ln) or _BOT_HELP_LINE.match(ln) or _MAKE_TARGET_LINE.match(ln)
+         or _LABEL_KIND_LINE.match(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:

@@ -174,7 +174,7 @@ def dynamic_kind(text: str, line0: int, span: Span) -> str | None:
 
 def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int,
                   stop: int | None = None, earlier_turn: bool = False,
-                  edits: set[str] | frozenset[str] = frozenset()) -> ValueChange | None:
+                  edits: set[str] | frozenset[str] = frozenset(), message_start: int | None = None) -> ValueChange | None:
     """The per-request value that differs at (pd, cd), as a span of `cur` (the value only, not its
     key or line), and where it ends in `prev` (`ValueChange`, its span None when one token, or a
     key line's value, changed that no rule judged); None when more than one token differs
@@ -183,8 +183,9 @@ def changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: i
     judges a token there). `edits`: the places (`ValueChange.edit_at`) where something changed in
     the tenant's recent requests: what changes there again is a per-request value (an edit is made
     once). A value found here keeps its place too (round 24: a queue's `1 waiting, longest 3:45`
-    read as a value, then `no callers waiting` at the same key)."""
-    change = _changed_value(detector, prev, cur, pd, cd, stop, earlier_turn, edits)
+    read as a value, then `no callers waiting` at the same key). `message_start`: where the system
+    message holding `cd` starts (`_header_record`)."""
+    change = _changed_value(detector, prev, cur, pd, cd, stop, earlier_turn, edits, message_start)
     if change is None or change.span is None:
         return change
     if change.span.kind == "counter":  # with the capacity it is read against (`1.43 MW of 2.50 MW`)
@@ -269,9 +270,13 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # zu · …`; round 54), not a price
 # (its clock may name its zone: `Thu 18:40 BST · tide 1.6 m …`, round 64; a day's date may come before it: `Mi
 # 16.12. 11:40 Uhr · Bühne ab 16:00 Uhr: …`, round 65; or in words, `Sat 30 May 21:59 · …`, and the clock may
-# read to the second, `Mo 16:38:57 · …`, round 68)
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} )?(?:\d{1,2}\.\d{1,2}\. |\d{1,2} [^\W\d_]{3,9} )?(\[?\d{1,2}:\d\d(?::\d\d)?\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})? "
-                      r"(?:[·|¦] |[–—] (?!\d{1,2}[:.]\d\d))\S")
+# read to the second, `Mo 16:38:57 · …`, round 68; `»` and a `;` glued to the clock set it apart too, `SA 02:04 »
+# Main Stages Ende » …`, `Thu 21/05 17:11; afternoon session in; …`, its date may be a day and month with a slash,
+# a place's name and a comma may come before it, `Bahn Echo, 11:55:51 Uhr: …`, and a clock to the second, which no
+# rule writes, needs no sign, `Wed 12 Aug 22:41:56 SHOW DOWN at 22:30 / …`, round 69)
+_STAMPED = re.compile(r"(?:[^\W\d_]{2,12}(?: [^\W\d_]{2,12},)? )?(?:\d{1,2}\.\d{1,2}\. |\d{1,2} [^\W\d_]{3,9} |\d{1,2}/\d{1,2} )?"
+                      r"(\[?\d{1,2}:\d\d(?::\d\d)?\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})?"
+                      r"(?: (?:[·|¦»] |[–—] (?!\d{1,2}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 
@@ -314,7 +319,7 @@ def value_place(text: str, at: int) -> str:
 
 
 def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: int, stop: int | None,
-                   earlier_turn: bool, edits: set[str] | frozenset[str]) -> ValueChange | None:
+                   earlier_turn: bool, edits: set[str] | frozenset[str], message_start: int | None) -> ValueChange | None:
     cs, ce = token_span(cur, cd)
     ps, pe = token_span(prev, pd)
     (line0, line1), (pline0, pline1) = line_bounds(cur, cd), line_bounds(prev, pd)  # the token holds no newline
@@ -381,7 +386,9 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
         if earlier_turn and (block := _block_line_value(prev, cur, line_value, line0, pline1, line1, stop)) is not None:
             return block
         return _whole_value(prev, cur, line_value, pline1, line1) or _latest_entry(prev, cur, line_value, pline1, line1) \
-            or _status_reading(prev, cur, line_value) or _changed_again(prev, cur, line_value, pline1, line1, edits)
+            or _status_reading(prev, cur, line_value) \
+            or (_header_record(prev, cur, line_value, pline1, line1) if line0 == message_start else None) \
+            or _changed_again(prev, cur, line_value, pline1, line1, edits)
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
     line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
@@ -410,7 +417,8 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
         return reading  # one of a status line's readings (`status_readings`)
     if kind is None and line_value is not None and cur[ce:line_value[1]] != prev[pe:line_value[3]]:
         # more of the key's value changed after the token (`/outings in 4.0s` -> `/bookings in 2.6s`)
-        return _changed_again(prev, cur, line_value, pline1, line1, edits)
+        return (_header_record(prev, cur, line_value, pline1, line1) if line0 == message_start else None) \
+            or _changed_again(prev, cur, line_value, pline1, line1, edits)
     key = None
     if kind is None:
         token_key = span_key("edit", before, 0, len(before))
@@ -592,6 +600,35 @@ def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, lin
     if _LATEST_KEY.fullmatch(cur, line0, start) is None:
         return None
     return ValueChange(Span(start, end, "id", new), pend)
+
+
+HEADER_KEY_WORDS = 3  # a header line's label: `Steward call:`, `Bändchen ausgegeben:`
+_LETTER_RUNS = re.compile(r"[^\W\d_]+")
+# a short code of capitals glued to digits that names a place or an item (a seat's `K7`, a stand's `GP44`, a
+# car's `MP4/4`): what a header's record carries, no rule's words
+_SHORT_CODE = re.compile(r"(?<![\w-])[A-Z]{1,3}\d{1,4}(?![\w-])")
+
+
+def _header_record(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:
+    """The whole value of the `key: value` line that opens the system message, its key of
+    HEADER_KEY_WORDS words at most, when it changed in more than one token, a short code in it before
+    or after (`_SHORT_CODE`), each side short enough to be one entry (RECORD_CHARS): a header the client writes on
+    each request, before the prompt it heads (`Steward call: South Stand K7 → first aid, walking
+    (steward 41)` -> `South Stand L2 → flash photography (steward 55)`; round 69). A rule edited
+    sits among the rules, below the prompt's opening line; a date or a year in the value is read on
+    its own (`Gebührenstand: 1. Jan. 2026`), and a value whose words stayed, its numbers bumped, is
+    a version or a device edited (`Godot v4.3.stable` -> `v5.4.stable`, `Pixel 8, API 35` -> `Pixel
+    9, API 46`)."""
+    if value is None or not agree_after(prev, cur, pline1, line1):
+        return None
+    start, end, pstart, pend = value
+    old, new = prev[pstart:pend], cur[start:end]
+    key = cur[cur.rfind("\n", 0, start) + 1:start]
+    if len(key.split()) > HEADER_KEY_WORDS or max(len(old), len(new)) > RECORD_CHARS \
+            or not (_SHORT_CODE.search(old) or _SHORT_CODE.search(new)) or is_dated(old) or is_dated(new) \
+            or _LETTER_RUNS.findall(old) == _LETTER_RUNS.findall(new):
+        return None
+    return ValueChange(Span(start, end, "value", new), pend)
 
 
 def _record_replaced(old: str, new: str) -> bool:
