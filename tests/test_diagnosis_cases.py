@@ -4039,3 +4039,46 @@ def test_a_header_line_with_a_version_bumped_or_a_date_is_an_edit_on_its_first_c
     assert got[0]["cause"] == "template_change", got
     got = run_value_line(fpr, "Fees as of: {}", ["1 Jan 2026, room 4", "2 Feb 2031, room 7", "1 Jan 2026, room 4"])
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 70
+def test_a_pipx_listing_reordered_is_a_tool_order_change(fpr) -> None:
+    """Packages as `pipx list` lists them, each with the apps it exposes under it (`   package
+    carnival-radio-log 2.3.0, installed using Python 3.12.3`), moved as blocks: a tool order change
+    (round 70, on `heldout69`'s tenants, tune side since round 70)."""
+    assert_tool_orders_read(fpr, "heldout69", "text_tools_10")
+
+
+def test_a_board_stamped_after_a_place_of_words_and_a_number_is_a_value_whole(fpr) -> None:
+    """A board stamped with its place (words and a number), its date and a comma, then its clock
+    (`Zoo Palast 1, 21.02., 09:13 Uhr | läuft: …`), only the clock moved on: the board whole (round 70)."""
+    assert_values_whole(fpr, "Kino: {}", [f"Zoo Palast 1, 21.02., 09:{m} Uhr | läuft: „Wolfsmilch“ | Ende ca. 10:51 Uhr"
+                                          for m in ("02", "13", "24")])
+
+
+def test_a_log_entry_whose_running_number_rose_is_a_value_whole_on_its_first_change(fpr) -> None:
+    """An entry led by its running number, risen a little, the rest changed in its words (`CAD
+    5480/31Aug – Great Western Road` -> `CAD 5482/31Aug – Ladbroke Grove`): the newest entry whole, on
+    its first change, whatever its key says (round 70)."""
+    assert_values_whole(fpr, "Police log: {}", ["CAD 5480/31Aug – Great Western Road", "CAD 5482/31Aug – Ladbroke Grove",
+                                                "CAD 5483/31Aug – Elkstone Road"])
+
+
+def test_a_numbered_items_report_replaced_is_a_value_whole_on_its_first_change(fpr) -> None:
+    """A numbered item and its report after a colon or an `@`, another item with three tokens of its
+    report or more changed (`Door 11: returned Loggia box 23, seat 2, £36.00 – …` -> `Door 12: …`): a
+    value whole on its first change (round 70)."""
+    assert_values_whole(fpr, "Returns desk: {}", ["Door 11: returned Loggia box 23, seat 2, £36.00 – held for the box office",
+                                                  "Door 12: returned Loggia box 21, seat 6, £85.00 – held for the box office",
+                                                  "Door 12: returned Loggia box 13, seat 4, £57.00 – resold to a wheelchair user"])
+    assert_values_whole(fpr, "Radio: {}", ["Steward 410 @ Elkstone Road: crowd dense, holding the junction",
+                                           "Steward 396 @ Kensal Road: glass bottles being handed in",
+                                           "Steward 356 @ Talbot Road: child found, taking her to the lost children point"])
+
+
+def test_a_numbered_rooms_rule_edited_in_a_token_or_two_stays_an_edit(fpr) -> None:
+    """The guard: a numbered item's rule with its number and one token more edited (`Room 4: projector,
+    20 seats` -> `Room 5: projector, 30 seats`) is an edit on its first change."""
+    got = run_value_line(fpr, "Rooms: {}", ["Room 4: projector, 20 seats, book at the desk", "Room 5: projector, 30 seats, book at the desk",
+                                            "Room 4: projector, 20 seats, book at the desk"])
+    assert got[0]["cause"] == "template_change", got

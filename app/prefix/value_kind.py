@@ -14,6 +14,7 @@ tests/test_diagnosis_scores.py fails if one is added (docs/diagnosis.md).
 from __future__ import annotations
 
 import re
+from itertools import zip_longest
 
 from app.prefix.dynamic import MINUS, NOW_CUE, WEEKDAY_NAMES, port_start
 
@@ -354,8 +355,10 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "counter"
     if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
-    if _entry_record(old, new):
+    if _entry_record(old, new) or _entry_rose(old, new):
         return "id"
+    if _numbered_report(old, new):
+        return "value"
     if _match_result(old, new):
         return "value"
     if len(old) != len(new) or not (_CODE.fullmatch(old) and _CODE.fullmatch(new)) or any(
@@ -818,6 +821,53 @@ def _named_fields(a: list[str], b: list[str]) -> bool:
     if _WORD_SEQ.findall(a[0]) == _WORD_SEQ.findall(b[0]) or any(x == y for x, y in zip(a, b, strict=True)):
         return False
     return all(x.split(" ", 1)[0] == y.split(" ", 1)[0] for x, y in zip(a[1:], b[1:], strict=True))
+
+
+# an entry's running number: three digits or more, thousands grouped or not (`CAD 5480/31Aug`, `Nr. 41.486`)
+_RUNNING_ENTRY = re.compile(r"(?<![\d.,])(\d{1,3}(?:[.,]\d{3})+|\d{3,})(?!\d|[.,]\d)")
+_LETTER_RUNS = re.compile(r"[^\W\d_]+")
+
+
+ENTRY_LEAD_WORDS = 2  # words before an entry's running number: it leads its record (`CAD 5480/…`, `Nr. 41.486 …`)
+
+
+def _entry_rose(old: str, new: str) -> bool:
+    """Two values up to RECORD_CHARS whose first entry's number rose by TICKET_STEP at most after the
+    same words, the rest changed in its words too (`CAD 5480/31Aug – Great Western Road` -> `CAD
+    5482/31Aug – Ladbroke Grove`; round 70): the newest entry of a log, whatever its key says, its
+    number leading it (ENTRY_LEAD_WORDS). A rule's number edited keeps its words (`Hotline 0800 123
+    456`), a rule's record names no entry's number (`Form 12 · …`), and a note's number deep in its
+    prose is no entry's (`replaced the pump seal on unit 204 …`)."""
+    if max(len(old), len(new)) > RECORD_CHARS or _LETTER_RUNS.findall(old) == _LETTER_RUNS.findall(new):
+        return False
+    a, b = _RUNNING_ENTRY.search(old), _RUNNING_ENTRY.search(new)
+    if a is None or b is None or old[:a.start()] != new[:b.start()] or old[a.end():] == new[b.end():] \
+            or len(old[:a.start()].split()) > ENTRY_LEAD_WORDS:
+        return False
+    step = int(re.sub(r"\D", "", b.group(1))) - int(re.sub(r"\D", "", a.group(1)))
+    return 0 < step <= TICKET_STEP
+
+
+# a numbered item, then its report after a colon or an `@` (`Door 11: returned …`, `Steward 410 @ … : …`)
+_NUMBERED_HEAD = re.compile(r"([^\W\d_][\w.-]{1,20} \d{1,4})(?::| @) ")
+_WORD_TOKEN = re.compile(r"\w+")
+REPORT_TOKENS = 3  # tokens of a numbered item's report that change with the item, at least
+
+
+def _numbered_report(old: str, new: str) -> bool:
+    """Two values up to RECORD_CHARS that each open with a numbered item and its report after a colon
+    or an `@`, the item another and REPORT_TOKENS tokens of the report or more changed (`Door 11:
+    returned Loggia box 23, seat 2, £36.00 – …` -> `Door 12: returned Loggia box 21, seat 6, £85.00 –
+    …`, `Infostand 3: Rowohlt → Halle 3.1, Stand C 20` -> `Infostand 5: Suhrkamp → …, Stand G 64`;
+    round 70): another item's report, not an edit of one. A rule's record set apart by dots (`Form 12
+    · signed by a parent`) has no such head, and an edit changes a token or two."""
+    if max(len(old), len(new)) > RECORD_CHARS:
+        return False
+    a, b = _NUMBERED_HEAD.match(old), _NUMBERED_HEAD.match(new)
+    if a is None or b is None or a.group(1) == b.group(1) or a.group(1).split()[0] != b.group(1).split()[0]:
+        return False
+    ta, tb = _WORD_TOKEN.findall(old[a.end():]), _WORD_TOKEN.findall(new[b.end():])
+    return sum(x != y for x, y in zip_longest(ta, tb)) >= REPORT_TOKENS
 
 
 # a match's result: its two sides, then two sets' scores or more, one of them with a game count of one digit
