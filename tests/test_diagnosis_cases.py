@@ -4082,3 +4082,64 @@ def test_a_numbered_rooms_rule_edited_in_a_token_or_two_stays_an_edit(fpr) -> No
     got = run_value_line(fpr, "Rooms: {}", ["Room 4: projector, 20 seats, book at the desk", "Room 5: projector, 30 seats, book at the desk",
                                             "Room 4: projector, 20 seats, book at the desk"])
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 71
+def _summary_after_pinned(summary: str) -> list[dict]:
+    """agent_history(4), then the same conversation with its first three messages kept, `summary` as the
+    model's message in place of the next four, the newest two kept, and a reply and a question after."""
+    msgs = agent_history(4)
+    kept = [*msgs[:3], {"role": "assistant", "content": summary}, *msgs[-2:],
+            {"role": "assistant", "content": "Reply 5: the credit notes are next."}, {"role": "user", "content": "Go on with them."}]
+    return [Gen.body(CODER, msgs, None, None), Gen.body(CODER, kept, None, None)]
+
+
+def test_a_summary_between_the_first_and_the_newest_messages_is_a_compaction(fpr) -> None:
+    """The first three messages kept, one new message of 200 characters or more in place of the turns
+    after them, the newest kept and the conversation going on (Hermes Agent's context compressor,
+    `[CONTEXT SUMMARY]: …`): a compaction (round 71)."""
+    summary = "[CONTEXT SUMMARY]: " + " ".join(f"s{i}" for i in range(60))
+    assert causes(fpr, _summary_after_pinned(summary)) == ["compaction"]
+
+
+def test_the_first_messages_kept_with_nothing_in_place_of_the_rest_is_a_front_trim(fpr) -> None:
+    """The guard: the first three and the newest messages kept with nothing new between them (a
+    short note of the cut is no summary) is a front trim."""
+    assert causes(fpr, _summary_after_pinned("[earlier turns omitted]")) == ["front_trim"]
+
+
+def test_janet_functions_moved_are_a_tool_order_change(fpr) -> None:
+    """Tools written as Janet functions on spork's argparse (`(defn lost-property`), one moved: a tool
+    order change (round 71, on `heldout70`'s tenants, tune side since round 71)."""
+    assert_tool_orders_read(fpr, "heldout70", "text_tools_janet_argparse_")
+
+
+@pytest.mark.parametrize("board", [
+    "Paulaner Festzelt · Sa 03.10. · 08:{} Uhr → Zelt öffnet um 09:00 Uhr",
+    "West Holts, Sun 28 Jun 23:{} | stage closed for the night",
+    "Thu 18 Jun · 11:{} · gates open · Royal Procession 14:00 · first race 2.30",
+], ids=["place-dot-day-date-arrow", "place-comma-day-date", "date-dot"])
+def test_boards_stamped_after_a_place_a_day_and_a_date_are_values_whole(fpr, board: str) -> None:
+    """A board stamped after its place, its day's name and its date, each set apart by a dot or a
+    comma, or its clock set apart by `→`: only the clock moved on, the board whole (round 71)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("41", "49", "55")])
+
+
+def test_log_entries_stamped_with_a_place_and_a_clock_or_numbered_after_words_are_values_whole(fpr) -> None:
+    """A report stamped with its place and clock after an `@` (`Info point Row Mead @ 23:08: …`), and a
+    numbered item after words with a note in brackets (`Zugleitung an Nr. 49 (Treuer Husar): …`),
+    replaced: values whole on their first change (round 71)."""
+    assert_values_whole(fpr, "Welfare log: {}", ["Info point Row Mead @ 23:08: friend missing, description passed to stewards",
+                                                 "Info point Spring Ground @ 10:37: phone handed in, black with a cracked screen",
+                                                 "Info point Big Ground @ 15:03: sunburn, sent to the medical tent"])
+    assert_values_whole(fpr, "Funk: {}", ["Zugleitung an Nr. 49 (Treuer Husar): Sanitäter an Wagen angefordert",
+                                          "Zugleitung an Nr. 116 (Colonia Ahoj): Lücke schließen, Abstand zum Vorderwagen 40 m",
+                                          "Zugleitung an Nr. 100 (Muuzemändelcher): Wagen steht, Reifenwechsel"])
+
+
+def test_a_desks_hours_stamped_on_the_half_hour_stay_an_edit(fpr) -> None:
+    """The guard: a desk's rule with its hour moved from one half hour to another (`Desk @ 09:00:
+    opens` -> `@ 09:30`), its words changed, is an edit on its first change."""
+    got = run_value_line(fpr, "Desk: {}", ["Info desk Main Gate @ 09:00: opens for the day", "Info desk Main Gate @ 09:30: opens after the briefing",
+                                           "Info desk Main Gate @ 09:00: opens for the day"])
+    assert got[0]["cause"] == "template_change", got

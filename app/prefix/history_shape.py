@@ -137,6 +137,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
     if pn and summary_memory(cur) and not {k for _, k, _ in histories()[1]} & {k for _, k, _ in histories()[0]}:
         return True
+    if len(pn) >= COMPACTED_MIN_MESSAGES and summary_after_pinned(prev, cur, *histories()):
+        return True
     if history_compacted((len(pn), sum(pn), len(cn), sum(cn)),
                          lambda: (_by_user(histories()[0]), _by_user(histories()[1]))):
         return True
@@ -188,6 +190,28 @@ def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
         return False  # the window kept its length: trimmed on every turn, a front trim (issue 29)
     first = span_key("user", cur.text, history[0].start, history[0].end)
     return first not in {k for _, k, _ in _history(prev)} and front_trimmed(prev, cur)
+
+
+PINNED_BEFORE_SUMMARY = 3  # messages a compactor may keep before its summary (Hermes Agent: the first three)
+
+
+def summary_after_pinned(prev: RequestSketch, cur: RequestSketch, ph: list[tuple[str, str, int]],
+                         ch: list[tuple[str, str, int]]) -> bool:
+    """Did the history keep its first messages (PINNED_BEFORE_SUMMARY at most) and its newest ones,
+    with one new message of SUMMARY_REPLY_CHARS or more in place of two or more between them, and go
+    on after them (Hermes Agent's context compressor: the first three and the last four messages
+    kept around a `[CONTEXT SUMMARY]:` message; round 71)? A front trim puts nothing in place of the
+    turns it drops, and a pinned reply with a note about the cut appended (Cline's) is that reply
+    extended, not a new message."""
+    pk, ck = [k for _, k, _ in ph], [k for _, k, _ in ch]
+    p = _shared_head(pk, ck)
+    if not 1 <= p <= PINNED_BEFORE_SUMMARY or p >= len(ck) or ck[p] in pk or ch[p][2] < SUMMARY_REPLY_CHARS:
+        return False
+    if p < len(pk) and _message_text(cur, p).startswith(_message_text(prev, p)):
+        return False  # the pinned message extended
+    rest = ck[p + 1:]
+    kept = next((n for n in range(min(len(rest), len(pk) - p), 0, -1) if rest[:n] == pk[len(pk) - n:]), 0)
+    return kept >= 1 and len(pk) - p - kept >= 2 and ck[-1] not in pk  # and the conversation went on
 
 
 SUMMARY_MEMORY_CHARS = 120  # a memory's summary, the model's message that opens the history, this long at least

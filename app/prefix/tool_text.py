@@ -348,6 +348,9 @@ _MAN_TITLE = re.compile(r"^\.TH\s+\"?[A-Za-z_][\w.\\-]*\"?\s+\"?\d")
 _FILE_HEADING = re.compile(r"^\s*(?:#+|//+|--|;+)\s*\.?[\w@-]+(?:/[\w.@-]+)*/[\w.@-]+\.[A-Za-z]\w{0,5}(?:\s|$)")
 
 
+# a function defined by a Lisp's `defn` or `defun` and its name (Janet's and Clojure's `(defn lost-property`,
+# Common Lisp's `(defun lost-property (args)`; round 71), as Scheme's `(define (name …)` declares one
+_LISP_DEFN = re.compile(r"^\s*\((?:defn-?|defun|defmacro)\s+[A-Za-z_][\w*!?<>=/+.-]*(?:\s|$)")
 # a package as `pipx list` lists it, the apps it exposes on the lines under it (`   package carnival-radio-log
 # 2.3.0, installed using Python 3.12.3`; round 70)
 _PIPX_PACKAGE = re.compile(r"^\s*package [\w.-]+ \S+, installed using \S+ \d[\w.+-]*\s*$")
@@ -365,7 +368,8 @@ def declares_name(line: str) -> bool:
                 or _DIRECTIVE_NAMED.match(line) or _TERM_NAMED.match(line) or _DOC_DECLARED.match(line)
                 or _VAL_DECLARED.match(line) or _STEP_CALLS_NAME.match(line) or _BRACE_FUNCTION.match(line)
                 or _FILE_HEADING.match(line) or _MAN_TITLE.match(line) or _JSON_NAMED_ITEM.match(line)
-                or _TCL_PROC.match(line) or _SCHEME_DEFINE.match(line) or _PIPX_PACKAGE.match(line))
+                or _TCL_PROC.match(line) or _SCHEME_DEFINE.match(line) or _PIPX_PACKAGE.match(line)
+                or _LISP_DEFN.match(line))
 
 
 # an item of a JSON list named as code by its `name` member on a line of its own (a Postman collection's

@@ -274,11 +274,14 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # Main Stages Ende » …`, `Thu 21/05 17:11; afternoon session in; …`, its date may be a day and month with a slash,
 # a place's name and a comma may come before it, `Bahn Echo, 11:55:51 Uhr: …`, and a clock to the second, which no
 # rule writes, needs no sign, `Wed 12 Aug 22:41:56 SHOW DOWN at 22:30 / …`, round 69; the place may be up to
-# three words and a number, its date followed by a comma, `Zoo Palast 1, 21.02., 09:13 Uhr | läuft: …`, round 70)
-_STAMPED = re.compile(r"(?:[^\W\d_]{2,12} |[^\W\d_][\w'’.-]{1,20}(?: [^\W\d_][\w'’.-]{1,20}){0,2}(?: \d{1,2})?, )?"
-                      r"(?:\d{1,2}\.\d{1,2}\.,? |\d{1,2} [^\W\d_]{3,9} |\d{1,2}/\d{1,2} )?"
+# three words and a number, its date followed by a comma, `Zoo Palast 1, 21.02., 09:13 Uhr | läuft: …`, round 70;
+# the place, a day's name and a date may each come, set apart by a dot or a comma, and `→` sets the clock apart,
+# `Paulaner Festzelt · Sa 03.10. · 08:50 Uhr → …`, `West Holts, Sun 28 Jun 23:20 | …`, round 71)
+_STAMP_PLACE = r"[^\W\d_][\w'’.-]{1,20}(?: [^\W\d_][\w'’.-]{1,20}){0,2}(?: \d{1,2})?(?:, | · )"
+_STAMP_DATE = r"(?:\d{1,2}\.\d{1,2}\.|\d{1,2} [^\W\d_]{3,9}|\d{1,2}/\d{1,2})(?:,? | · )"
+_STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]{{2,12}} )?(?:{_STAMP_DATE})?"
                       r"(\[?\d{1,2}:\d\d(?::\d\d)?\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})?"
-                      r"(?: (?:[·|¦»] |[–—] (?!\d{1,2}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
+                      r"(?: (?:[·|¦»→] |[–—] (?!\d{1,2}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 

@@ -357,7 +357,7 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "value"
     if _entry_record(old, new) or _entry_rose(old, new):
         return "id"
-    if _numbered_report(old, new):
+    if _numbered_report(old, new) or _stamped_report(old, new):
         return "value"
     if _match_result(old, new):
         return "value"
@@ -848,8 +848,10 @@ def _entry_rose(old: str, new: str) -> bool:
     return 0 < step <= TICKET_STEP
 
 
-# a numbered item, then its report after a colon or an `@` (`Door 11: returned …`, `Steward 410 @ … : …`)
-_NUMBERED_HEAD = re.compile(r"([^\W\d_][\w.-]{1,20} \d{1,4})(?::| @) ")
+# a numbered item, then its report after a colon or an `@` (`Door 11: returned …`, `Steward 410 @ … : …`; since
+# round 71 the number may follow up to three words and a note in brackets may follow it, `Zugleitung an Nr. 49
+# (Treuer Husar): …`)
+_NUMBERED_HEAD = re.compile(r"((?:[^\W\d_][\w.-]{0,20} ){1,3}\d{1,4})(?: \([^()\n]{1,40}\))?(?::| @) ")
 _WORD_TOKEN = re.compile(r"\w+")
 REPORT_TOKENS = 3  # tokens of a numbered item's report that change with the item, at least
 
@@ -868,6 +870,27 @@ def _numbered_report(old: str, new: str) -> bool:
         return False
     ta, tb = _WORD_TOKEN.findall(old[a.end():]), _WORD_TOKEN.findall(new[b.end():])
     return sum(x != y for x, y in zip_longest(ta, tb)) >= REPORT_TOKENS
+
+
+# a report stamped with its place and its clock (`Info point Row Mead @ 23:08: friend missing, …`)
+_STAMPED_REPORT = re.compile(r"((?:[^\W\d_][\w.'’-]{0,20} ){1,4})@ (\d{1,2}:\d\d): \S")
+_HALF_HOUR = re.compile(r"\d{1,2}:[03]0")
+
+
+def _stamped_report(old: str, new: str) -> bool:
+    """Two values up to RECORD_CHARS that each are a report stamped with its place and its clock after
+    an `@`, its first word the same, the clock moved and the place or the report changed too (a
+    welfare log's `Info point Row Mead @ 23:08: friend missing, …` -> `Info point Spring Ground @ 10:37:
+    phone handed in, …`; round 71): the newest entry of a log. A rule's hours are on the hour or the
+    half (`Desk @ 09:00: opens` -> `@ 09:30: opens`)."""
+    if max(len(old), len(new)) > RECORD_CHARS:
+        return False
+    a, b = _STAMPED_REPORT.match(old), _STAMPED_REPORT.match(new)
+    if a is None or b is None or a.group(1).split()[0] != b.group(1).split()[0] or a.group(2) == b.group(2):
+        return False
+    if _HALF_HOUR.fullmatch(a.group(2)) and _HALF_HOUR.fullmatch(b.group(2)):
+        return False
+    return a.group(1) != b.group(1) or old[a.end() - 1:] != new[b.end() - 1:]
 
 
 # a match's result: its two sides, then two sets' scores or more, one of them with a game count of one digit
