@@ -27,6 +27,7 @@ from app.prefix.dynamic import (
 from app.prefix.strings import common_prefix_len
 from app.prefix.value_kind import (
     DECIMAL_NUMBER,
+    LETTER_RUNS,
     RECORD_CHARS,
     RECORD_PARTS,
     STATUS_LETTERS,
@@ -608,7 +609,6 @@ def _latest_entry(prev: str, cur: str, value: LineValue | None, pline1: int, lin
 
 
 HEADER_KEY_WORDS = 3  # a header line's label: `Steward call:`, `Bändchen ausgegeben:`
-_LETTER_RUNS = re.compile(r"[^\W\d_]+")
 # a short code of capitals glued to digits that names a place or an item (a seat's `K7`, a stand's `GP44`, a
 # car's `MP4/4`): what a header's record carries, no rule's words
 _SHORT_CODE = re.compile(r"(?<![\w-])[A-Z]{1,3}\d{1,4}(?![\w-])")
@@ -631,7 +631,7 @@ def _header_record(prev: str, cur: str, value: LineValue | None, pline1: int, li
     key = cur[cur.rfind("\n", 0, start) + 1:start]
     if len(key.split()) > HEADER_KEY_WORDS or max(len(old), len(new)) > RECORD_CHARS \
             or not (_SHORT_CODE.search(old) or _SHORT_CODE.search(new)) or is_dated(old) or is_dated(new) \
-            or _LETTER_RUNS.findall(old) == _LETTER_RUNS.findall(new):
+            or LETTER_RUNS.findall(old) == LETTER_RUNS.findall(new):
         return None
     return ValueChange(Span(start, end, "value", new), pend)
 

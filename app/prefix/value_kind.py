@@ -825,7 +825,7 @@ def _named_fields(a: list[str], b: list[str]) -> bool:
 
 # an entry's running number: three digits or more, thousands grouped or not (`CAD 5480/31Aug`, `Nr. 41.486`)
 _RUNNING_ENTRY = re.compile(r"(?<![\d.,])(\d{1,3}(?:[.,]\d{3})+|\d{3,})(?!\d|[.,]\d)")
-_LETTER_RUNS = re.compile(r"[^\W\d_]+")
+LETTER_RUNS = re.compile(r"[^\W\d_]+")  # a value's words, its numbers and signs aside
 
 
 ENTRY_LEAD_WORDS = 2  # words before an entry's running number: it leads its record (`CAD 5480/…`, `Nr. 41.486 …`)
@@ -838,7 +838,7 @@ def _entry_rose(old: str, new: str) -> bool:
     number leading it (ENTRY_LEAD_WORDS). A rule's number edited keeps its words (`Hotline 0800 123
     456`), a rule's record names no entry's number (`Form 12 · …`), and a note's number deep in its
     prose is no entry's (`replaced the pump seal on unit 204 …`)."""
-    if max(len(old), len(new)) > RECORD_CHARS or _LETTER_RUNS.findall(old) == _LETTER_RUNS.findall(new):
+    if max(len(old), len(new)) > RECORD_CHARS or LETTER_RUNS.findall(old) == LETTER_RUNS.findall(new):
         return False
     a, b = _RUNNING_ENTRY.search(old), _RUNNING_ENTRY.search(new)
     if a is None or b is None or old[:a.start()] != new[:b.start()] or old[a.end():] == new[b.end():] \
