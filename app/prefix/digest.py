@@ -819,14 +819,14 @@ def _summary_prepended(prev: RequestDigest, mine: RequestDigest, cur: RequestSke
     if len(cur.history_regions()) <= prev.history[0] or mine.users[-1:] != "u" \
             or mine.turns[:len(prev.turns)] != prev.turns:
         return False
-    starts = [a for a, _ in head_lines(cur)]
-    j = next((n for n, a in enumerate(starts) if a >= regions[0].start), len(starts))  # the summary's first unit
-    k = next((n for n, a in enumerate(starts) if a >= regions[1].start), len(starts))  # the system prompt's
+    bounds = head_lines(cur)
+    j = next((n for n, (a, _) in enumerate(bounds) if a >= regions[0].start), len(bounds))  # the summary's first unit
+    k = next((n for n, (a, _) in enumerate(bounds) if a >= regions[1].start), len(bounds))  # the system prompt's
     rest = mine.lines[k:]
     if not rest or mine.lines[:j] != prev.lines[:j] or rest != prev.lines[j:j + len(rest)]:
         return False
     seen = set(prev.lines)
-    return sum(b - a for key, (a, b) in zip(mine.lines[j:k], head_lines(cur)[j:k], strict=False)
+    return sum(b - a for key, (a, b) in zip(mine.lines[j:k], bounds[j:k], strict=False)
                if key not in seen) >= SUMMARY_MEMORY_CHARS and restates_history(cur, regions[0].start, regions[0].end)
 
 

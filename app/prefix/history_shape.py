@@ -300,9 +300,9 @@ RESTATED_SCAN_CHARS = 64 * 1024  # the history's text read for them, from its st
 
 
 def restates_history(sk: RequestSketch, start: int, end: int) -> bool:
-    """Do RESTATED_SHARE or more of the words (four letters or more) in `sk.text[start:end]` (its first
-    RESTATED_SCAN_CHARS) occur in the request's history (its first RESTATED_SCAN_CHARS)? A summary restates what the chat said; a
-    deployment's note put before the system prompt says something new (an edited template)."""
+    """Do RESTATED_SHARE or more of the words (four letters or more) in `sk.text[start:end]` occur in
+    the request's history (each read up to RESTATED_SCAN_CHARS)? A summary restates what the chat
+    said; a deployment's note put before the system prompt says something new (an edited template)."""
     words = {w.lower() for w in _CONTENT_WORD.findall(sk.text, start, min(end, start + RESTATED_SCAN_CHARS))}
     seen: set[str] = set()
     budget = RESTATED_SCAN_CHARS

@@ -393,8 +393,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
             return block
         return _whole_value(prev, cur, line_value, pline1, line1) or _latest_entry(prev, cur, line_value, pline1, line1) \
             or _status_reading(prev, cur, line_value) \
-            or (_header_record(prev, cur, line_value, pline1, line1) if line0 == message_start else None) \
-            or _changed_again(prev, cur, line_value, pline1, line1, edits)
+            or _header_or_again(prev, cur, line_value, pline1, line1, edits, line0 == message_start)
     rest_end = min(line1 if stop is None else min(line1, stop), ce + VALUE_WINDOW)
     before = cur[max(line0, cs - VALUE_WINDOW):cs]
     line_value = _line_value(prev, cur, pline0, pline1, line0, line1, cs, stop)
@@ -423,8 +422,7 @@ def _changed_value(detector: DynamicDetector, prev: str, cur: str, pd: int, cd: 
         return reading  # one of a status line's readings (`status_readings`)
     if kind is None and line_value is not None and cur[ce:line_value[1]] != prev[pe:line_value[3]]:
         # more of the key's value changed after the token (`/outings in 4.0s` -> `/bookings in 2.6s`)
-        return (_header_record(prev, cur, line_value, pline1, line1) if line0 == message_start else None) \
-            or _changed_again(prev, cur, line_value, pline1, line1, edits)
+        return _header_or_again(prev, cur, line_value, pline1, line1, edits, line0 == message_start)
     key = None
     if kind is None:
         token_key = span_key("edit", before, 0, len(before))
@@ -612,6 +610,15 @@ HEADER_KEY_WORDS = 3  # a header line's label: `Steward call:`, `Bändchen ausge
 # a short code of capitals glued to digits that names a place or an item (a seat's `K7`, a stand's `GP44`, a
 # car's `MP4/4`): what a header's record carries, no rule's words
 _SHORT_CODE = re.compile(r"(?<![\w-])[A-Z]{1,3}\d{1,4}(?![\w-])")
+
+
+def _header_or_again(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int,
+                     edits: set[str] | frozenset[str], opening: bool) -> ValueChange | None:
+    """A key line's value that changed in more than one token and in no other shape a rule judged: a
+    header when the line opens the system message (`opening`, `_header_record`), else what
+    `_changed_again` makes of it."""
+    return (_header_record(prev, cur, value, pline1, line1) if opening else None) \
+        or _changed_again(prev, cur, value, pline1, line1, edits)
 
 
 def _header_record(prev: str, cur: str, value: LineValue | None, pline1: int, line1: int) -> ValueChange | None:

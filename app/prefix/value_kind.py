@@ -809,7 +809,7 @@ def _attempt_measured(a: list[str], b: list[str]) -> bool:
     return all(_ATTEMPT.search(x[0]) and _MEASURED.fullmatch(x[-1]) for x in (a, b))
 
 
-_WORD_SEQ = re.compile(r"[^\W\d_]+")
+LETTER_RUNS = re.compile(r"[^\W\d_]+")  # a value's words, its numbers and signs aside
 
 
 def _named_fields(a: list[str], b: list[str]) -> bool:
@@ -818,16 +818,13 @@ def _named_fields(a: list[str], b: list[str]) -> bool:
     until 13:05` -> `Prof. Aled Morgan (event 322) · queue about 134 · signing until 12:45`; round 68):
     the same fields filled in for another entry. A rule's hours edited (`Doors 09:00 · Bar 22:00` ->
     `Doors 10:00 · …`) keep their names' words."""
-    if _WORD_SEQ.findall(a[0]) == _WORD_SEQ.findall(b[0]) or any(x == y for x, y in zip(a, b, strict=True)):
+    if LETTER_RUNS.findall(a[0]) == LETTER_RUNS.findall(b[0]) or any(x == y for x, y in zip(a, b, strict=True)):
         return False
     return all(x.split(" ", 1)[0] == y.split(" ", 1)[0] for x, y in zip(a[1:], b[1:], strict=True))
 
 
 # an entry's running number: three digits or more, thousands grouped or not (`CAD 5480/31Aug`, `Nr. 41.486`)
 _RUNNING_ENTRY = re.compile(r"(?<![\d.,])(\d{1,3}(?:[.,]\d{3})+|\d{3,})(?!\d|[.,]\d)")
-LETTER_RUNS = re.compile(r"[^\W\d_]+")  # a value's words, its numbers and signs aside
-
-
 ENTRY_LEAD_WORDS = 2  # words before an entry's running number: it leads its record (`CAD 5480/…`, `Nr. 41.486 …`)
 
 
