@@ -656,7 +656,6 @@ def _record_replaced(old: str, new: str) -> bool:
 RECORD_PARTS_GONE = 2  # parts a newest entry's record may gain or lose (`· Kreditkarte · Audioguide`; round 61)
 
 
-_WORDS = re.compile(r"[^\W\d_]+")
 _CLOCK_GROUP = re.compile(r"\d:\d")
 
 
@@ -666,7 +665,7 @@ def _numbers_replaced(old: str, new: str) -> bool:
     throw 26 (full set): 6 pins, standing: 1, 6, 9`; round 57): the newest entry replaced, not an
     edit. A rule's `Last orders: 21:30, kitchen 21:00` holds clocks."""
     if not (len(old) <= _entry_chars(old) and len(new) <= _entry_chars(new)) \
-            or _CLOCK_GROUP.search(old) or _CLOCK_GROUP.search(new) or _WORDS.findall(old) != _WORDS.findall(new):
+            or _CLOCK_GROUP.search(old) or _CLOCK_GROUP.search(new) or _FEW_WORDS.findall(old) != _FEW_WORDS.findall(new):
         return False
     a, b = DECIMAL_NUMBER.findall(old), DECIMAL_NUMBER.findall(new)  # `213.6`, `1,500`: one number each
     return sum(x != y for x, y in zip_longest(a, b)) >= 2
@@ -920,7 +919,7 @@ def quoted_words(text: str, start: int, end: int) -> tuple[int, int] | None:
     if close < 0 or close - open_at > 64 or "\n" in text[end:close]:
         return None
     inner = text[open_at + 1:close]
-    return (open_at + 1, close) if _WORDS.fullmatch(inner) else None
+    return (open_at + 1, close) if _FEW_WORDS.fullmatch(inner) else None
 
 
-_WORDS = re.compile(r"[^\W\d_]+(?: [^\W\d_]+){0,2}")
+_FEW_WORDS = re.compile(r"[^\W\d_]+(?: [^\W\d_]+){0,2}")  # one to three words: a quoted value, an entry's wording
