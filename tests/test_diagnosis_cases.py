@@ -4143,3 +4143,67 @@ def test_a_desks_hours_stamped_on_the_half_hour_stay_an_edit(fpr) -> None:
     got = run_value_line(fpr, "Desk: {}", ["Info desk Main Gate @ 09:00: opens for the day", "Info desk Main Gate @ 09:30: opens after the briefing",
                                            "Info desk Main Gate @ 09:00: opens for the day"])
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 72
+WHOLE_DIGEST = ("The customer asked after the gravel bike: the rear hub rebuild is quoted at £85 for parts and labour, "
+                "truing the front wheel costs £15 and takes a day, and the workshop closes at four on Saturday.")
+
+
+def test_a_summary_in_place_of_the_whole_transcript_is_a_compaction(fpr) -> None:
+    """A transcript in one user message whose every line gave way to a summary line that restates
+    them (not led by a speaker), then a new question and the reply's opening line (Haystack 1.x's
+    ConversationSummaryMemory): a compaction (round 72)."""
+    bodies = [transcript_body(said(3), EXCHANGES[3][0]), transcript_body([WHOLE_DIGEST], EXCHANGES[4][0])]
+    assert causes(fpr, bodies) == ["compaction"]
+
+
+@pytest.mark.parametrize("lines", [
+    [],
+    ["Customer: I would like to book a full service for my road bike some time next week."],
+], ids=["nothing-before-the-question", "a-question-over-two-lines"])
+def test_a_new_question_after_the_transcript_went_is_no_compaction(fpr, lines: list[str]) -> None:
+    """The guards: the transcript gone and a new question after nothing, or a new question whose
+    first line the speaker leads and a second line goes on, is a new conversation, no compaction:
+    no line stands in for the dropped ones."""
+    question = "Also, could you fit new brake pads while it is in, and tell me the price first?"
+    if not lines:
+        question = f"Customer: {question}"
+    bodies = [transcript_body(said(3), EXCHANGES[3][0]), transcript_body(lines, question)]
+    assert causes(fpr, bodies) != ["compaction"]
+
+
+@pytest.mark.parametrize("board", [
+    "So 5.7. 11:{} Uhr ▹ Spitze: Steintor ▹ Ende noch in Aufstellung",
+    "RL 11:{} ▪ Code 60 im Abschnitt Hatzenbach aufgehoben, die Strecke ist wieder frei für alle Klassen",
+    "Dispatch 19:{} ⇒ Standard 147 away from Talbot Square, 30 aboard, empty to Rigby Road depot",
+    "WSP Koblenz 21:{} – km 590,3: Sportboot „Möwe 2“ Personalien aufgenommen",
+], ids=["triangle", "square", "double-arrow", "two-words-dash"])
+def test_boards_stamped_with_any_sign_after_their_clock_are_values_whole(fpr, board: str) -> None:
+    """A board whose clock a sign of any kind sets apart (a triangle, a square, a double arrow) or
+    whose place is two words before its clock: only the clock moved on, the board whole (round 72)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("31", "39", "44")])
+
+
+def test_a_tally_of_parts_each_with_a_count_is_a_value_whole(fpr) -> None:
+    """Parts set apart by dashes, each holding a count in words of its own, one count changed at a
+    time: the tally whole, a value (round 72)."""
+    values = [f"Führung #411 nach {laps} Runden – im Rennen 122 von 135 – Code-60-Phasen {code}"
+              for laps, code in ((29, 19), (30, 19), (30, 20))]
+    assert_values_whole(fpr, "Rundenzähler: {}", values)
+
+
+def test_a_serial_scanned_with_its_record_is_a_value_whole(fpr) -> None:
+    """A record holding a serial of one series, drawn again with the rest of the record (a gate's
+    wristband scans): the newest entry whole on its first change, whatever its key (round 72)."""
+    assert_values_whole(fpr, "Gate scanner: {}", ["Gate 2 Frederick Street · HG26-SP-0025343 ✗ name not matching photo ID",
+                                                  "Gate 1 Hanover Street · HG26-SP-0040903 ✓ admitted with a carer",
+                                                  "Gate 3 Castle Street · HG26-SP-0030404 ✗ already scanned in – re-entry refused"])
+
+
+def test_opening_hours_set_apart_by_dashes_stay_an_edit(fpr) -> None:
+    """The guard: a rule's hours in parts set apart by dashes, a bound edited, are no tally: a part of
+    one number is a bound, not a count in words of its own."""
+    got = run_value_line(fpr, "Hours: {}", ["Mon 9 – 17 · Sat 10 – 14 · Sun 11 – 13", "Mon 9 – 17 · Sat 10 – 15 · Sun 11 – 13",
+                                            "Mon 9 – 17 · Sat 10 – 15 · Sun 11 – 13"])
+    assert got[0]["cause"] == "template_change", got

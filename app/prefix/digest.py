@@ -542,16 +542,17 @@ def _or_latest_entry(text: str, start: int, end: int, found: list[Span]) -> list
     return [Span(entry[0], entry[1], "id", text[entry[0]:entry[1]])]
 
 
-def _status_value(text: str, start: int, end: int) -> list[Span]:
+def _status_value(text: str, start: int, end: int, tally_only: bool = False) -> list[Span]:
     """A `key: value` line that changed in its numbers only, read as a status line or a tally of
-    named counts from this side (`reads_as_status`, `named_tally`): its whole value, a `counter`;
-    [] otherwise."""
+    named counts from this side (`reads_as_status`, `named_tally`; only the tally: `tally_only`): its
+    whole value, a `counter`; [] otherwise."""
     at = whole_value_start(text[start:end])
     if at is None:
         return []
     vend = before_space(text, start + at, end)
     value = text[start + at:vend]
-    whole = value and (reads_as_status(value) or named_tally(value, text[start:start + at]) or match_score(value))
+    whole = value and (named_tally(value, text[start:start + at])
+                       or not tally_only and (reads_as_status(value) or match_score(value)))
     return [Span(start + at, vend, "counter", value)] if whole else []
 
 
@@ -633,9 +634,12 @@ def diagnose_digest(prev: RequestDigest, cur: RequestSketch, material: int = 96,
             return Diagnosis("template_change", cd, [], None, "system prompt lines reordered")
         same_shape = len(prev.lines) == len(mine.lines) and prev.lines[i + 1:i + 2] == mine.lines[i + 1:i + 2]
         if same_shape and i < len(bounds):
-            spans = dynamic_candidates(detector, cur.text, *bounds[i], _dates_of(prev, "h", i))
             shape = _shape_of(mine, i)
-            if not spans and shape is not None and shape == _shape_of(prev, i):
+            same_numbers_shape = shape is not None and shape == _shape_of(prev, i)
+            # a tally changed in its counts is read whole first, as the text path reads it (round 72)
+            spans = _status_value(cur.text, *bounds[i], tally_only=True) if same_numbers_shape else []
+            spans = spans or dynamic_candidates(detector, cur.text, *bounds[i], _dates_of(prev, "h", i))
+            if not spans and same_numbers_shape:
                 spans = _status_value(cur.text, *bounds[i])
             if spans:
                 later: list[Finding] = []
@@ -703,10 +707,10 @@ def _transcript_in_place(prev: RequestDigest, mine: RequestDigest, cur: RequestS
         return None
     if grew_by_lines(prev.last, mine.last, capped=len(prev.last) >= TAIL_LINES):
         return Diagnosis(None, len(cur.text), detail="the newest message grew in place (line level)")
-    found = None if tools_changed else summary_replaced(prev.last, mine.last)
+    bounds = last_turn_lines(cur)
+    found = None if tools_changed else summary_replaced(prev.last, mine.last, [cur.text[a:b] for a, b in bounds])
     if found is None:
         return None
-    bounds = last_turn_lines(cur)
     if sum(b - a for a, b in bounds[found[0]:found[1]]) < SUMMARY_MIN_CHARS:
         return None
     return Diagnosis("compaction", bounds[found[0]][0], [], None, "the history was replaced by a summary (line level)")

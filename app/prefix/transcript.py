@@ -12,6 +12,7 @@ path and another pod answer alike.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from app.prefix.sketch import Region, RequestSketch
@@ -20,6 +21,8 @@ SUMMARY_MIN_CHARS = 64  # the lines that stand in for the dropped ones hold this
 MAX_SUMMARY_LINES = 3  # ... on at most this many lines
 MIN_KEPT_LINES = 2  # a compaction keeps the newest exchange at least
 MIN_NEW_LINES = 2  # ... and the conversation goes on after it: a reply and a new question
+SUMMED_MIN_LINES = 4  # a summary of the whole transcript stands in for two exchanges at least
+_SPEAKER = re.compile(r"([^\W\d_][\w .'-]{0,24}):(?: |$)")  # a transcript line's speaker (`Human: `, `AI:`)
 
 
 def last_user(sk: RequestSketch) -> Region | None:
@@ -45,13 +48,15 @@ def grew_by_lines(p: Sequence[str], c: Sequence[str], capped: bool) -> bool:
     return len(p) >= MIN_KEPT_LINES and len(c) > len(p) and list(c[:len(p) - 1]) == list(p[:-1])
 
 
-def summary_replaced(p: Sequence[str], c: Sequence[str]) -> tuple[int, int] | None:
+def summary_replaced(p: Sequence[str], c: Sequence[str], texts: Sequence[str] | None = None) -> tuple[int, int] | None:
     """(first, end) indexes into `c` of the new lines that took the place of the previous
     message's first transcript lines, or None. After the lines both share (the instructions), the
     previous lines lose one or more, at most MAX_SUMMARY_LINES lines the previous message did not
     hold stand in their place, and what follows is the rest of the previous lines but its
     unfinished last one, MIN_KEPT_LINES at least, in place, and then MIN_NEW_LINES more (the
-    conversation went on: a question put before the same pasted lines is no compaction)."""
+    conversation went on: a question put before the same pasted lines is no compaction); or a
+    summary of the whole transcript (`_summary_of_all`). `texts`: the text of `c`'s lines, when `c`
+    holds their keys."""
     shared = 0
     while shared < min(len(p), len(c)) and p[shared] == c[shared]:
         shared += 1
@@ -64,7 +69,27 @@ def summary_replaced(p: Sequence[str], c: Sequence[str]) -> tuple[int, int] | No
                 break  # a line the previous message had: not a new one
             if rest_c[j:j + len(kept)] == kept and len(rest_c) - j - len(kept) >= MIN_NEW_LINES:
                 return shared, shared + j
-    return None
+    j = _summary_of_all(rest_p, rest_c, rest_c if texts is None else texts[shared:])
+    return None if j is None else (shared, shared + j)
+
+
+def _summary_of_all(rest_p: Sequence[str], rest_c: Sequence[str], texts: Sequence[str]) -> int | None:
+    """How many lines of `rest_c` (their text: `texts`) are a summary that stands in for the whole
+    transcript before it, or None: every line new, the summary's lines (MAX_SUMMARY_LINES at most)
+    then one new question and the reply's opening line, each led by a speaker (`Human: …`, `AI:`),
+    and no summary line led by either of them; SUMMED_MIN_LINES or more lines dropped (Haystack
+    1.x's ConversationSummaryMemory: `Human asked about …. AI: …`, round 72). A new conversation
+    opens with its question, no summary before it. The test reads no words of the summary, only
+    the lines' places and speakers, so another pod, which holds the previous lines' keys, reads it
+    alike."""
+    j = len(rest_c) - MIN_NEW_LINES
+    if not 1 <= j <= MAX_SUMMARY_LINES or len(rest_p) < SUMMED_MIN_LINES or set(rest_c) & set(rest_p):
+        return None
+    asked, opened = _SPEAKER.match(texts[j]), _SPEAKER.match(texts[j + 1])
+    if asked is None or opened is None or texts[j + 1] != opened.group() or asked.group(1) == opened.group(1):
+        return None
+    speakers = (f"{asked.group(1)}:", f"{opened.group(1)}:")
+    return None if any(line.startswith(speakers) for line in texts[:j]) else j
 
 
 def _lines(text: str, region: Region) -> list[str]:

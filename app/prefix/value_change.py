@@ -280,9 +280,12 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # `Paulaner Festzelt · Sa 03.10. · 08:50 Uhr → …`, `West Holts, Sun 28 Jun 23:20 | …`, round 71)
 _STAMP_PLACE = r"[^\W\d_][\w'’.-]{1,20}(?: [^\W\d_][\w'’.-]{1,20}){0,2}(?: \d{1,2})?(?:, | · )"
 _STAMP_DATE = r"(?:\d{1,2}\.\d{1,2}\.|\d{1,2} [^\W\d_]{3,9}|\d{1,2}/\d{1,2})(?:,? | · )"
-_STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]{{2,12}} )?(?:{_STAMP_DATE})?"
+# (a sign of any kind, a bullet, an arrow, a shape, a dingbat, may set the clock apart, `So 5.7. 11:09 Uhr ▹ Spitze:
+# …`, `Dispatch 19:54 ⇒ …`, and two words may name the place before it, `WSP Koblenz 21:34 – km 590,3: …`; round 72)
+STAMP_SIGNS = "·|¦»›>•‣∙⋅\u2190-\u21ff\u2500-\u27bf\u27f0-\u27ff\u2900-\u297f\u2b00-\u2bff"
+_STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]{{2,12}} ){{0,2}}(?:{_STAMP_DATE})?"
                       r"(\[?\d{1,2}:\d\d(?::\d\d)?\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})?"
-                      r"(?: (?:[·|¦»→] |[–—] (?!\d{1,2}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
+                      rf"(?: (?:[{STAMP_SIGNS}] |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 

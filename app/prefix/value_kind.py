@@ -355,7 +355,7 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "counter"
     if _codes_drawn(old, new) or _STRUCTURED_REFERENCE.fullmatch(old) and _STRUCTURED_REFERENCE.fullmatch(new):
         return "value"
-    if _entry_record(old, new) or _entry_rose(old, new):
+    if _entry_record(old, new) or _entry_rose(old, new) or _serial_scanned(old, new):
         return "id"
     if _numbered_report(old, new) or _stamped_report(old, new):
         return "value"
@@ -653,8 +653,28 @@ def named_tally(value: str, line_prefix: str) -> bool:
 
 
 def _is_tally(core: str) -> bool:
-    """Three counts or more, each after its name or each before it (`_NAMED_COUNTS`, `_COUNTED_NAMES`)."""
-    return _NAMED_COUNTS.fullmatch(core) is not None or _COUNTED_NAMES.fullmatch(core) is not None
+    """Three counts or more, each after its name or each before it (`_NAMED_COUNTS`, `_COUNTED_NAMES`),
+    or parts that each hold one (`_counted_parts`)."""
+    return _NAMED_COUNTS.fullmatch(core) is not None or _COUNTED_NAMES.fullmatch(core) is not None \
+        or _counted_parts(core)
+
+
+_TALLY_PARTS = re.compile(r" [·|¦;–—] ")
+_MONEY = re.compile(r"[$€£]")  # a currency sign: sums of money
+TALLY_PARTS = 3
+
+
+def _counted_parts(core: str) -> bool:
+    """TALLY_PARTS parts or more set apart by a sign, a dash too, each holding a count, no clock, no
+    longer than a record (`Führung #411 nach 30 Runden – im Rennen 122 von 135 – Code-60-Phasen 19`;
+    round 72): a race's counts in words of their own. A rule's hours hold clocks or none of a part's
+    own (`Mon 9 – 17`: a part of one number is a bound), and a price list sums of money in half its
+    parts or more (`adult £12 · child £8 · family £35`: a price edited is a rule's edit; an auction's
+    `Uhr 2 · Partie 4605 · … · 4 Karren · Zeiger 0,68 €/Stiel` is a tally)."""
+    parts = _TALLY_PARTS.split(core)
+    return len(parts) >= TALLY_PARTS and len(core) <= RECORD_CHARS and not _CLOCK.search(core) \
+        and 2 * sum(_MONEY.search(p) is not None for p in parts) < len(parts) \
+        and all(_WHOLE_NUMBER.search(p) and LETTER_RUNS.search(p) for p in parts)
 
 
 # what a tally is of, before it (`Lane 1, game 1 (10 throws): `), and a last part of words after it
@@ -1077,6 +1097,24 @@ def _replaced(old: list[str], new: list[str]) -> bool:
 
 
 _RUNS_OF_WORDS = re.compile(r"[\w.]+")
+
+
+# a serial code: groups of capitals and digits, then a serial of five digits or more (a wristband's `HG26-SP-0040903`)
+_SERIAL_CODE = re.compile(r"(?<![\w-])((?:[A-Z0-9]*[A-Z][A-Z0-9]*-){1,3})(\d{5,})(?![\w-])")
+
+
+def _serial_scanned(old: str, new: str) -> bool:
+    """Two records of parts set apart by signs, each short enough to be an entry, each holding one
+    serial code of one series (the same groups before the serial, as many digits), the serial another
+    and another part changed with it (`Gate 2 Frederick Street · HG26-SP-0025343 ✗ name not matching
+    …` -> `Gate 1 Hanover Street · HG26-SP-0040903 ✓ admitted with a carer`; round 72): a scan, the
+    newest entry, whatever its key says. A rule's record names no serial drawn from a series."""
+    a, b = _SERIAL_CODE.findall(old), _SERIAL_CODE.findall(new)
+    if len(a) != 1 or len(b) != 1 or a[0][0] != b[0][0] or a[0][1] == b[0][1] or len(a[0][1]) != len(b[0][1]):
+        return False
+    pa, pb = RECORD_PARTS.split(old), RECORD_PARTS.split(new)
+    return min(len(pa), len(pb)) >= 2 and max(len(old), len(new)) <= RECORD_CHARS \
+        and sum(x != y for x, y in zip(pa, pb, strict=False)) >= 2
 
 
 def _codes_drawn(old: str, new: str) -> bool:
