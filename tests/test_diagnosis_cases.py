@@ -4207,3 +4207,72 @@ def test_opening_hours_set_apart_by_dashes_stay_an_edit(fpr) -> None:
     got = run_value_line(fpr, "Hours: {}", ["Mon 9 – 17 · Sat 10 – 14 · Sun 11 – 13", "Mon 9 – 17 · Sat 10 – 15 · Sun 11 – 13",
                                             "Mon 9 – 17 · Sat 10 – 15 · Sun 11 – 13"])
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 73
+FIRST_SUMMARY = ("## Conversation Summary\n* Task: migrate the billing module to the new invoice API, keeping the public "
+                 "functions and their tests.\n## Key Insights\n* The invoice API replaces the billing module's old calls; "
+                 "the public functions stay, and their tests keep passing.\n## Tools Executed\n* none yet")
+
+
+def _first_replaced(first: str) -> list[dict]:
+    """agent_history(4), then the same history with `first` in place of its first message, every later
+    message kept, and a reply and a question after."""
+    msgs = agent_history(4)
+    again = [{"role": "user", "content": first}, *msgs[1:], {"role": "assistant", "content": "Reply 5: the invoices are next."},
+             {"role": "user", "content": "Go on with them."}]
+    return [Gen.body(CODER, msgs, None, None), Gen.body(CODER, again, None, None)]
+
+
+def test_a_summary_in_place_of_the_first_message_is_a_compaction(fpr) -> None:
+    """The first message replaced by a longer one that opens otherwise, shares none of its lines and
+    restates the history (the Strands Agents SDK's SummarizingConversationManager summing up the
+    oldest message), every later message kept: a compaction (round 73)."""
+    assert causes(fpr, _first_replaced(FIRST_SUMMARY)) == ["compaction"]
+
+
+@pytest.mark.parametrize("first", [
+    "Write a changelog entry for the release of the storefront theme: the new colour palette, the larger product "
+    "photos on the category pages, the sticky basket button on phones and the fixed search box on tablets, in the "
+    "house style, one line per change, and nothing about the billing side at all.",
+    TASK.replace("invoice API", "payments API") + "Start with the refunds.",
+], ids=["another-task", "the-task-edited"])
+def test_another_or_an_edited_first_message_is_no_compaction(fpr, first: str) -> None:
+    """The guards: another task in the first message's place restates nothing, and the task edited
+    opens as it did: an earlier turn edited, no compaction."""
+    assert causes(fpr, _first_replaced(first)) != ["compaction"]
+
+
+@pytest.mark.parametrize("board", [
+    "Thu 18 Feb ᛫ 14:{} ᛫ longship heats at King's Staith ᛫ next: encampment open 15:30",
+    "Sat 14 Nov – 14:{} GMT – return procession – State Coach: Queen Victoria Street, Mansion House next",
+], ids=["runic-punctuation", "date-dash-clock"])
+def test_boards_stamped_with_other_signs_are_values_whole(fpr, board: str) -> None:
+    """A board whose clock runic punctuation sets apart, or whose date a dash sets apart from its
+    clock: only the clock moved on, the board whole (round 73)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("11", "19", "27")])
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Steward radio: {}", ["Ch 2 · 10:48 · Museum Gardens: crowd building, barrier line moved back two metres",
+                           "Ch 6 · 13:18 · King's Staith: pushchair blocking the exit, cleared",
+                           "Ch 3 · 16:38 · Parliament Street: knife surrendered at bag search, police informed"]),
+    ("Tower: {}", ["0948Z EGVA TWR ↔ GRIPN1: display complete, cleared to land runway 27",
+                   "0937Z EGVA TWR ↔ LTNG21: running in from the west at 1,000 ft",
+                   "1705Z EGVA TWR ↔ TYPHN1: hold at 3,000 ft, display line not clear"]),
+    ("Turnierrichter: {}", ["3. Gang (15:51) – Ritter Arnulf gegen Ritter Leopold: Fehlritt, Gang wird wiederholt",
+                            "11. Gang (16:21) – Ritter Hartmut gegen Ritter Leopold: Ritter Leopold aus dem Sattel gehoben",
+                            "12. Gang (16:37) – Ritter Arnulf gegen Ritter Hartmut: beide Lanzen gebrochen, Gleichstand"]),
+], ids=["channel-dot-clock", "zulu-clock", "numbered-pass-clock-in-brackets"])
+def test_reports_stamped_first_are_values_whole_on_their_first_change(fpr, line: str, values: list[str]) -> None:
+    """A report stamped near its start (a channel, a pass's number, then its clock, in brackets or in
+    Zulu time), replaced by another with another clock: the newest entry of a log, whole on its first
+    change (round 73)."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_rules_hour_on_the_quarter_stamped_first_stays_an_edit(fpr) -> None:
+    """The guard: a rule stamped with its hour on the quarter, the hour and the words edited, is an edit."""
+    got = run_value_line(fpr, "Chapel: {}", ["Mass (10:30) – Sundays only, in the crypt", "Mass (11:15) – Sundays and holidays, in the nave",
+                                             "Mass (11:15) – Sundays and holidays, in the nave"])
+    assert got[0]["cause"] == "template_change", got

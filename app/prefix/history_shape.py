@@ -130,6 +130,8 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return summary_in_system(prev, cur) or summary_prepended(prev, cur)
     if transcript_compacted(prev, cur):  # a transcript kept in one user message, compacted there (round 52)
         return True
+    if first_message_summarised(prev, cur):
+        return True
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
     if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur):
@@ -190,6 +192,36 @@ def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
         return False  # the window kept its length: trimmed on every turn, a front trim (issue 29)
     first = span_key("user", cur.text, history[0].start, history[0].end)
     return first not in {k for _, k, _ in _history(prev)} and front_trimmed(prev, cur)
+
+
+REPLACED_PREFIX_CHARS = 32  # a summary in place of a message opens otherwise than it did (within this much)
+
+
+def first_message_summarised(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """Did a summary take the place of the history's first message, every later message kept in place
+    and the conversation going on (the Strands Agents SDK's SummarizingConversationManager when the
+    oldest share it sums up is one message: `## Conversation Summary …`; round 73)? The new first
+    message is a user message of SUMMARY_REPLY_CHARS or more (`opens_with_summary`), longer than the
+    one it replaced, opening otherwise (REPLACED_PREFIX_CHARS) and sharing no line with it, that
+    restates the previous history (`restates_history`). A first message edited keeps its opening or
+    its lines and its length (a value in its context block changed, a JSON block on one line too);
+    another question in its place is short and restates nothing. Read on the text path only: another
+    pod, which holds the previous messages' keys, not their lengths or text, reads an earlier turn
+    edited."""
+    ph, ch = _history(prev), _history(cur)
+    if len(ph) < COMPACTED_MIN_MESSAGES or len(ch) <= len(ph) or ph[0][1] == ch[0][1] or ph[1:] != ch[1:len(ph)]:
+        return False
+    history = cur.history_regions()
+    if not opens_with_summary(history):
+        return False
+    old, new = prev.history_regions()[0], history[0]
+    if new.end - new.start <= old.end - old.start \
+            or common_prefix_len(prev.text, cur.text, old.start, new.start) >= REPLACED_PREFIX_CHARS:
+        return False  # no longer than the message it replaced, or opening as it did: that message edited
+    old_lines = {line for line in prev.text[old.start:old.end].split("\n") if line.strip()}
+    if any(line in old_lines for line in cur.text[new.start:new.end].split("\n")):
+        return False
+    return restates_history(cur, new.start, new.end, source=prev)
 
 
 PINNED_BEFORE_SUMMARY = 3  # messages a compactor may keep before its summary (Hermes Agent: the first three)
@@ -299,17 +331,19 @@ RESTATED_SHARE = 1 / 3  # a summary's words found in the history it sums up, at 
 RESTATED_SCAN_CHARS = 64 * 1024  # the history's text read for them, from its start
 
 
-def restates_history(sk: RequestSketch, start: int, end: int) -> bool:
+def restates_history(sk: RequestSketch, start: int, end: int, source: RequestSketch | None = None) -> bool:
     """Do RESTATED_SHARE or more of the words (four letters or more) in `sk.text[start:end]` occur in
-    the request's history (each read up to RESTATED_SCAN_CHARS)? A summary restates what the chat
-    said; a deployment's note put before the system prompt says something new (an edited template)."""
+    the history of `source` (default `sk`; each message read up to RESTATED_SCAN_CHARS)? A summary
+    restates what the chat said; a deployment's note put before the system prompt says something new
+    (an edited template)."""
     words = {w.lower() for w in _CONTENT_WORD.findall(sk.text, start, min(end, start + RESTATED_SCAN_CHARS))}
     seen: set[str] = set()
     budget = RESTATED_SCAN_CHARS
-    for r in sk.history_regions():
+    source = source or sk
+    for r in source.history_regions():
         if budget <= 0:
             break
-        seen.update(w.lower() for w in _CONTENT_WORD.findall(sk.text, r.start, min(r.end, r.start + budget)))
+        seen.update(w.lower() for w in _CONTENT_WORD.findall(source.text, r.start, min(r.end, r.start + budget)))
         budget -= r.end - r.start
     return bool(words) and len(words & seen) >= RESTATED_SHARE * len(words)
 

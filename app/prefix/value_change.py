@@ -279,13 +279,16 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # the place, a day's name and a date may each come, set apart by a dot or a comma, and `→` sets the clock apart,
 # `Paulaner Festzelt · Sa 03.10. · 08:50 Uhr → …`, `West Holts, Sun 28 Jun 23:20 | …`, round 71)
 _STAMP_PLACE = r"[^\W\d_][\w'’.-]{1,20}(?: [^\W\d_][\w'’.-]{1,20}){0,2}(?: \d{1,2})?(?:, | · )"
-_STAMP_DATE = r"(?:\d{1,2}\.\d{1,2}\.|\d{1,2} [^\W\d_]{3,9}|\d{1,2}/\d{1,2})(?:,? | · )"
 # (a sign of any kind, a bullet, an arrow, a shape, a dingbat, may set the clock apart, `So 5.7. 11:09 Uhr ▹ Spitze:
-# …`, `Dispatch 19:54 ⇒ …`, and two words may name the place before it, `WSP Koblenz 21:34 – km 590,3: …`; round 72)
-STAMP_SIGNS = "·|¦»›>•‣∙⋅\u2190-\u21ff\u2500-\u27bf\u27f0-\u27ff\u2900-\u297f\u2b00-\u2bff"
+# …`, `Dispatch 19:54 ⇒ …`, and two words may name the place before it, `WSP Koblenz 21:34 – km 590,3: …`; round 72;
+# since round 73 any sign but prose's punctuation, brackets, quotes and the signs of sums and sums of money, runic
+# punctuation too, `Thu 18 Feb ᛫ 14:45 ᛫ …`, and such a sign or a dash may set the date apart from the clock, `Sat 14
+# Nov – 14:19 GMT – …`)
+_STAMP_SIGN = r"[^\w\s\-–—,.:;!?'\"„“”‘’()\[\]{}<=+*/\\&%#@$€£]"  # a sign of any kind but these
+_STAMP_DATE = rf"(?:\d{{1,2}}\.\d{{1,2}}\.|\d{{1,2}} [^\W\d_]{{3,9}}|\d{{1,2}}/\d{{1,2}})(?:,? | {_STAMP_SIGN} | [–—] )"
 _STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]{{2,12}} ){{0,2}}(?:{_STAMP_DATE})?"
                       r"(\[?\d{1,2}:\d\d(?::\d\d)?\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})?"
-                      rf"(?: (?:[{STAMP_SIGNS}] |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
+                      rf"(?: (?:{_STAMP_SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 

@@ -357,7 +357,7 @@ def whole_value_change(old: str, new: str, key: str = "") -> str | None:
         return "value"
     if _entry_record(old, new) or _entry_rose(old, new) or _serial_scanned(old, new):
         return "id"
-    if _numbered_report(old, new) or _stamped_report(old, new):
+    if _numbered_report(old, new) or _stamped_report(old, new) or _report_stamped_first(old, new):
         return "value"
     if _match_result(old, new):
         return "value"
@@ -908,6 +908,32 @@ def _stamped_report(old: str, new: str) -> bool:
     if _HALF_HOUR.fullmatch(a.group(2)) and _HALF_HOUR.fullmatch(b.group(2)):
         return False
     return a.group(1) != b.group(1) or old[a.end() - 1:] != new[b.end() - 1:]
+
+
+# a report stamped near its start: up to four short words or numbers (a channel, a pass's number), then its clock, in
+# brackets or not, or a clock in Zulu time, then a sign or a colon, or a call sign after a Zulu clock (`Ch 6 · 13:18 ·
+# King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`)
+_FIRST_STAMP = re.compile(r"((?:[^\s:]{1,12} ){0,4}?\(?)(\d{1,2}:\d\d|[0-2]\d[0-5]\dZ)\)?"
+                          r"(?: [^\w\s]|:| (?<=Z )[A-Z])")
+_QUARTER_HOUR = re.compile(r"\d{1,2}:?(?:00|15|30|45)Z?")
+STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
+
+
+def _report_stamped_first(old: str, new: str) -> bool:
+    """Two values up to STAMPED_REPORT_CHARS that each open with a report's stamp (`_FIRST_STAMP`) in
+    the same words but for their numbers, the clock another and the report after it changed too
+    (stewards' radio calls `Ch 2 · 10:48 · Museum Gardens: …` -> `Ch 6 · 13:18 · King's Staith: …`, a
+    tower's calls in Zulu time, a tournament's passes `3. Gang (15:51) – …`; round 73): the newest entry
+    of a log, its clock whatever the report's. A rule's hours are on the quarter hour (`Mass (10:30) –
+    Sundays` -> `(11:00) – …`)."""
+    if max(len(old), len(new)) > STAMPED_REPORT_CHARS:
+        return False
+    a, b = _FIRST_STAMP.match(old), _FIRST_STAMP.match(new)
+    if a is None or b is None or a.group(2) == b.group(2) or _WHOLE_NUMBER.sub("#", a.group(1)) != _WHOLE_NUMBER.sub("#", b.group(1)):
+        return False
+    if _QUARTER_HOUR.fullmatch(a.group(2)) and _QUARTER_HOUR.fullmatch(b.group(2)):
+        return False
+    return old[a.end():] != new[b.end():]
 
 
 # a match's result: its two sides, then two sets' scores or more, one of them with a game count of one digit
