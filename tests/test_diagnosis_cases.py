@@ -4276,3 +4276,52 @@ def test_a_rules_hour_on_the_quarter_stamped_first_stays_an_edit(fpr) -> None:
     got = run_value_line(fpr, "Chapel: {}", ["Mass (10:30) – Sundays only, in the crypt", "Mass (11:15) – Sundays and holidays, in the nave",
                                              "Mass (11:15) – Sundays and holidays, in the nave"])
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 74
+def test_a_rules_hour_edited_off_the_hour_in_a_listed_sentence_stays_an_edit(fpr) -> None:
+    """The guard: a rule's sentence in a list whose hour, on the hour, is edited to another minute
+    (`- The Midday Dance leaves the Guildhall at 12:00 and …` -> `at 12:10 …`) is an edit, no clock
+    (round 74: `heldout73`'s look-alike)."""
+    got = run_value_line(fpr, "- The Midday Dance leaves the Guildhall at {} and takes about an hour and a quarter.",
+                         ["12:00", "12:10", "12:10"])
+    assert got[0]["cause"] == "template_change", got
+
+
+@pytest.mark.parametrize("board", [
+    "6.XI. ⊳ 8:{} Uhr ⊳ Aufstellung, 77 Gespanne gemeldet, Abfahrt 9 Uhr",
+    "SU26 day 4 (Thu 23 Jul) ∷ 09:{} BST ∷ working up from Sonning ∷ next Caversham Lock c. 10:15",
+    "Flora Day ‖ 10:{} ‖ next: Children's Dance from the Guildhall at 10:40",
+], ids=["roman-month", "date-in-brackets", "name-then-sign"])
+def test_boards_dated_otherwise_are_values_whole(fpr, board: str) -> None:
+    """A board dated with its month in Roman numerals, with its date in brackets after a name, or
+    stamped after a name set apart by a sign: only the clock moved on, the board whole (round 74)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("11", "19", "27")])
+
+
+def _summary_after_summary(summary: str) -> list[dict]:
+    """An earlier summary as the model's message opening the history, then turns; then the same
+    summary kept, `summary` as the model's message in place of the turns, and a new question."""
+    earlier = {"role": "assistant", "content": "[CONTEXT_SUMMARY] " + FIRST_SUMMARY}
+    turns = agent_history(2)[1:]
+    return [Gen.body(CODER, [earlier, *turns], None, None),
+            Gen.body(CODER, [earlier, {"role": "assistant", "content": summary}, {"role": "user", "content": "Go on with the invoices."}],
+                     None, None)]
+
+
+def test_a_summary_after_the_earlier_one_before_the_new_question_is_a_compaction(fpr) -> None:
+    """An earlier summary kept, a new one in place of every turn after it, then only the new question
+    (CAMEL's ChatAgent's progressive summaries): a compaction, the new summary restating the turns
+    (round 74)."""
+    turns = agent_history(2)[1:]
+    restated = "[CONTEXT_SUMMARY] " + " ".join(str(m["content"]) for m in turns)[:600]
+    assert causes(fpr, _summary_after_summary(restated)) == ["compaction"]
+
+
+def test_a_new_reply_after_the_kept_summary_restating_nothing_is_no_compaction(fpr) -> None:
+    """The guard: after the kept summary, a long message that restates none of the dropped turns, then
+    a question, is no compaction."""
+    other = ("Before we go on: the storefront theme needs a new colour palette, larger product photos on "
+             "the category pages and a sticky basket button on phones; the search box on tablets is broken "
+             "too, and the house style wants one line per change in the changelog.")
+    assert causes(fpr, _summary_after_summary(other)) != ["compaction"]

@@ -232,7 +232,9 @@ def summary_after_pinned(prev: RequestSketch, cur: RequestSketch, ph: list[tuple
     """Did the history keep its first messages (PINNED_BEFORE_SUMMARY at most) and its newest ones,
     with one new message of SUMMARY_REPLY_CHARS or more in place of two or more between them, and go
     on after them (Hermes Agent's context compressor: the first three and the last four messages
-    kept around a `[CONTEXT SUMMARY]:` message; round 71)? A front trim puts nothing in place of the
+    kept around a `[CONTEXT SUMMARY]:` message; round 71)? Or only the new question after it, the
+    summary restating the turns it stands in for (CAMEL's ChatAgent, its earlier summaries kept before
+    the new one; round 74). A front trim puts nothing in place of the
     turns it drops, and a pinned reply with a note about the cut appended (Cline's) is that reply
     extended, not a new message."""
     pk, ck = [k for _, k, _ in ph], [k for _, k, _ in ch]
@@ -243,6 +245,11 @@ def summary_after_pinned(prev: RequestSketch, cur: RequestSketch, ph: list[tuple
         return False  # the pinned message extended
     rest = ck[p + 1:]
     kept = next((n for n in range(min(len(rest), len(pk) - p), 0, -1) if rest[:n] == pk[len(pk) - n:]), 0)
+    if kept == 0 and len(rest) == 1 and ch[-1][0] == "user" and len(pk) - p >= 2:
+        # nothing kept after it, only the new question: the summary restates what it stands in for
+        # (CAMEL's ChatAgent, its earlier summaries pinned; round 74)
+        region = cur.history_regions()[p]
+        return ck[-1] not in pk and restates_history(cur, region.start, region.end, source=prev)
     return kept >= 1 and len(pk) - p - kept >= 2 and ck[-1] not in pk  # and the conversation went on
 
 

@@ -278,14 +278,17 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # three words and a number, its date followed by a comma, `Zoo Palast 1, 21.02., 09:13 Uhr | läuft: …`, round 70;
 # the place, a day's name and a date may each come, set apart by a dot or a comma, and `→` sets the clock apart,
 # `Paulaner Festzelt · Sa 03.10. · 08:50 Uhr → …`, `West Holts, Sun 28 Jun 23:20 | …`, round 71)
-_STAMP_PLACE = r"[^\W\d_][\w'’.-]{1,20}(?: [^\W\d_][\w'’.-]{1,20}){0,2}(?: \d{1,2})?(?:, | · )"
 # (a sign of any kind, a bullet, an arrow, a shape, a dingbat, may set the clock apart, `So 5.7. 11:09 Uhr ▹ Spitze:
 # …`, `Dispatch 19:54 ⇒ …`, and two words may name the place before it, `WSP Koblenz 21:34 – km 590,3: …`; round 72;
 # since round 73 any sign but prose's punctuation, brackets, quotes and the signs of sums and sums of money, runic
 # punctuation too, `Thu 18 Feb ᛫ 14:45 ᛫ …`, and such a sign or a dash may set the date apart from the clock, `Sat 14
 # Nov – 14:19 GMT – …`)
 _STAMP_SIGN = r"[^\w\s\-–—,.:;!?'\"„“”‘’()\[\]{}<=+*/\\&%#@$€£]"  # a sign of any kind but these
-_STAMP_DATE = rf"(?:\d{{1,2}}\.\d{{1,2}}\.|\d{{1,2}} [^\W\d_]{{3,9}}|\d{{1,2}}/\d{{1,2}})(?:,? | {_STAMP_SIGN} | [–—] )"
+# (since round 74 a sign may set the place apart too, `Flora Day ‖ 09:27 ‖ …`, a date in brackets may follow it,
+# `SU26 day 4 (Thu 23 Jul) ∷ 08:55 BST ∷ …`, and a month may be written in Roman numerals, `6.XI. ⊳ 8:39 Uhr ⊳ …`)
+_STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,2}}(?: \d{{1,2}})?(?:, | {_STAMP_SIGN} | (?=\())"
+_STAMP_DATE = (r"(?:\d{1,2}\.(?:\d{1,2}|[IVX]{1,4})\.|\d{1,2} [^\W\d_]{3,9}|\d{1,2}/\d{1,2}"
+               r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))" rf"(?:,? | {_STAMP_SIGN} | [–—] )")
 _STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]{{2,12}} ){{0,2}}(?:{_STAMP_DATE})?"
                       r"(\[?\d{1,2}:\d\d(?::\d\d)?\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})?"
                       rf"(?: (?:{_STAMP_SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
@@ -896,11 +899,20 @@ _ON_THE_QUARTER = re.compile(r"(?:[01]?\d|2[0-3])[:h.](?:[03]0|15|45)(?:[:.]00)?
 _RANGE_DASHES = frozenset("–—-")
 
 
+# a rule's sentence in a list: a bullet or a number, then words (four or more) before the clock
+_RULE_SENTENCE = re.compile(r"[ \t]*(?:[-*•]|\d{1,2}[.)]) (?:[^\W\d_][\w'’,-]* ){4,}(?:at|um|ab|from|until|bis) ")
+
+
 def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
     """Are `prev[ps:pe]` and `cur[cs:ce]` a rule's hour edited: both on the hour or the half hour
     (round 53), or both on the quarter hours (`Doors open at 19:00.` -> `18:45.`; round 61) where
-    neither bounds a range (a load profile's quarter `02:00–02:15` -> `02:30–02:45` runs on)?"""
+    neither bounds a range (a load profile's quarter `02:00–02:15` -> `02:30–02:45` runs on)? Or one
+    on the hour or the half in a rule's sentence in a list, after `at`, `from`, `until` and the like
+    (`- The Midday Dance leaves the Guildhall at 12:00 and …` -> `at 12:10 …`; round 74)."""
     if _ON_THE_HOUR.fullmatch(prev, ps, pe) and _ON_THE_HOUR.fullmatch(cur, cs, ce):
+        return True
+    if (_ON_THE_HOUR.fullmatch(prev, ps, pe) or _ON_THE_HOUR.fullmatch(cur, cs, ce)) \
+            and _RULE_SENTENCE.fullmatch(cur, cur.rfind("\n", 0, cs) + 1, cs) is not None:
         return True
     return not (_bounds_range(prev, ps, pe) or _bounds_range(cur, cs, ce)) \
         and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
