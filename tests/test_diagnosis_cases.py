@@ -4325,3 +4325,36 @@ def test_a_new_reply_after_the_kept_summary_restating_nothing_is_no_compaction(f
              "the category pages and a sticky basket button on phones; the search box on tablets is broken "
              "too, and the house style wants one line per change in the changelog.")
     assert causes(fpr, _summary_after_summary(other)) != ["compaction"]
+
+
+# ------------------------------------------------------------------ round 75
+def test_a_tally_set_apart_by_any_sign_is_a_value_whole(fpr) -> None:
+    """A race's tally whose parts a sign of any kind sets apart (`┊`), one reading changed at a time:
+    the tally whole (round 75: round 72 named the signs)."""
+    values = [f"started 42 ┊ running 34 ┊ retired 8 ┊ fastest lap {lap} mph" for lap in ("133.098", "133.412", "133.905")]
+    assert_values_whole(fpr, "Course car: {}", values)
+
+
+@pytest.mark.parametrize("board", [
+    "TT26 Sat 30 May ┊ 10:{} ┊ roads closed ┊ Superbike TT (6 laps) starts 10:30",
+    "Fasnetsdienstag 17.02. ◆ 9:{} Uhr ◆ Morgensprung: Schantle am Schwarzen Tor (Block 6 von 8)",
+], ids=["name-with-digits", "long-day-word"])
+def test_boards_named_with_digits_or_long_words_are_values_whole(fpr, board: str) -> None:
+    """A board stamped after a name holding digits or a day's word longer than twelve letters: only
+    the clock moved on, the board whole (round 75)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("11", "19", "27")])
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Gala stewards: {}", ["Blue 9 @ Market Place 13:56: banner poles lowered under the wires",
+                           "Green 26 @ Old Elvet 15:35: band halted 3 minutes to close the gap",
+                           "Green 2 @ Elvet Bridge 11:44: first aider to a bandsman, heat"]),
+    ("Race Control log: {}", ["Post 31 · Governor's Bridge · 15:21 · all clear, flags in",
+                              "Post 54 · Bray Hill · 15:40 · all clear, flags in",
+                              "Post 36 · Greeba Castle · 16:42 · yellow flags out, rider off at low speed"]),
+], ids=["who-and-place-changed", "place-changed-report-kept"])
+def test_reports_stamped_after_who_and_where_are_values_whole(fpr, line: str, values: list[str]) -> None:
+    """A report stamped after who reports and from where, both of which may change, or whose place
+    changed with its clock while the report stayed: the newest entry of a log, whole on its first
+    change (round 75)."""
+    assert_values_whole(fpr, line, values)

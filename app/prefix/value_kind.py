@@ -615,7 +615,10 @@ def _same_but(numbers: re.Pattern[str], old: str, new: str) -> bool:
 
 
 DECIMAL_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-_BOARD_PARTS = re.compile(r" [·|¦;] ")
+# a sign of any kind but prose's punctuation, brackets, quotes and the signs of sums and money: what sets a board's or
+# a record's parts apart (`·`, `|`, `¦`, `»`, `→`, `▹`, `┊`, `◆`, runic punctuation `᛫`; any such sign since round 75)
+SIGN = r"[^\w\s\-–—,.:;!?'\"„“”‘’()\[\]{}<=+*/\\&%#@$€£]"
+_BOARD_PARTS = re.compile(rf" (?:{SIGN}|;) ")
 
 
 def _readings_board(old: str, new: str) -> bool:
@@ -659,7 +662,7 @@ def _is_tally(core: str) -> bool:
         or _counted_parts(core)
 
 
-_TALLY_PARTS = re.compile(r" [·|¦;–—] ")
+_TALLY_PARTS = re.compile(rf" (?:{SIGN}|[;–—]) ")
 _MONEY = re.compile(r"[$€£]")  # a currency sign: sums of money
 TALLY_PARTS = 3
 
@@ -735,7 +738,7 @@ def _running_score(old: str, new: str) -> bool:
 # may be to be one entry: prose is not set apart so (96 before round 57); the running number that names its item,
 # thousands grouped by dots too (`Charge 1.935`); a reading with its unit, a rate per hour too (`49 kg`, `70 °C`,
 # `442 Teile/h`)
-RECORD_PARTS = re.compile(r" [·|¦] ")
+RECORD_PARTS = re.compile(rf" {SIGN} ")
 RECORD_CHARS = 128
 _ITEM_NUMBER = re.compile(r"(\d{1,3}(?:\.\d{3})+|\d{1,6})(?![\d.,:]?\d)")
 _VERSION_WORD = re.compile(r"(?i)(?:\bv|version|rev(?:ision)?|edition|stand|fassung|ausgabe)\W*$")
@@ -910,30 +913,50 @@ def _stamped_report(old: str, new: str) -> bool:
     return a.group(1) != b.group(1) or old[a.end() - 1:] != new[b.end() - 1:]
 
 
-# a report stamped near its start: up to four short words or numbers (a channel, a pass's number), then its clock, in
+# a report stamped near its start: up to six short words, numbers or signs (a channel, a pass's number; four before
+# round 75), then its clock, in
 # brackets or not, or a clock in Zulu time, then a sign or a colon, or a call sign after a Zulu clock (`Ch 6 · 13:18 ·
 # King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`)
-_FIRST_STAMP = re.compile(r"((?:[^\s:]{1,12} ){0,4}?\(?)(\d{1,2}:\d\d|[0-2]\d[0-5]\dZ)\)?"
+_FIRST_STAMP = re.compile(r"((?:[^\s:]{1,12} ){0,6}?\(?)(\d{1,2}:\d\d|[0-2]\d[0-5]\dZ)\)?"
                           r"(?: [^\w\s]|:| (?<=Z )[A-Z])")
 _QUARTER_HOUR = re.compile(r"\d{1,2}:?(?:00|15|30|45)Z?")
 STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
 
 
+def _stamp_head(before: str) -> str:
+    """The shape of what a report's stamp opens with, up to its first sign: a word as `w`, a number as
+    `#`, the sign itself (`Ch 6 ·` and `Post 31 ·` are `w#·`, `Green 26 @` and `Blue 9 @` are `w#@`,
+    `11. Gang (` is `#w(`): who reports, and from where, may change; the stamp's form stays."""
+    shape = []
+    for token in before.split():
+        if any(c.isdigit() for c in token):
+            shape.append("#")
+        elif any(c.isalpha() for c in token):
+            shape.append("w")
+        else:
+            shape.append(token)
+            break
+    return "".join(shape)
+
+
 def _report_stamped_first(old: str, new: str) -> bool:
-    """Two values up to STAMPED_REPORT_CHARS that each open with a report's stamp (`_FIRST_STAMP`) in
-    the same words but for their numbers, the clock another and the report after it changed too
+    """Two values up to STAMPED_REPORT_CHARS that each open with a report's stamp (`_FIRST_STAMP`) of one
+    form (`_stamp_head`), the clock another and the place or the report after it changed too
     (stewards' radio calls `Ch 2 · 10:48 · Museum Gardens: …` -> `Ch 6 · 13:18 · King's Staith: …`, a
-    tower's calls in Zulu time, a tournament's passes `3. Gang (15:51) – …`; round 73): the newest entry
+    tower's calls in Zulu time, a tournament's passes `3. Gang (15:51) – …`; round 73; who reports may
+    change and a place may come before the clock, `Blue 9 @ Market Place 13:56: …` -> `Green 26 @ Old
+    Elvet 15:35: …`, `Post 31 · Governor's Bridge · 15:21 · all clear` -> `Post 54 · Bray Hill · 15:40 ·
+    all clear`, round 75): the newest entry
     of a log, its clock whatever the report's. A rule's hours are on the quarter hour (`Mass (10:30) –
     Sundays` -> `(11:00) – …`)."""
     if max(len(old), len(new)) > STAMPED_REPORT_CHARS:
         return False
     a, b = _FIRST_STAMP.match(old), _FIRST_STAMP.match(new)
-    if a is None or b is None or a.group(2) == b.group(2) or _WHOLE_NUMBER.sub("#", a.group(1)) != _WHOLE_NUMBER.sub("#", b.group(1)):
+    if a is None or b is None or a.group(2) == b.group(2) or _stamp_head(a.group(1)) != _stamp_head(b.group(1)):
         return False
     if _QUARTER_HOUR.fullmatch(a.group(2)) and _QUARTER_HOUR.fullmatch(b.group(2)):
         return False
-    return old[a.end():] != new[b.end():]
+    return old[a.end():] != new[b.end():] or a.group(1) != b.group(1)
 
 
 # a match's result: its two sides, then two sets' scores or more, one of them with a game count of one digit
