@@ -914,9 +914,8 @@ def _stamped_report(old: str, new: str) -> bool:
 
 
 # a report stamped near its start: up to six short words, numbers or signs (a channel, a pass's number; four before
-# round 75), then its clock, in
-# brackets or not, or a clock in Zulu time, then a sign or a colon, or a call sign after a Zulu clock (`Ch 6 · 13:18 ·
-# King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`)
+# round 75), then its clock, in brackets or not, or a clock in Zulu time, then a sign or a colon, or a call sign after
+# a Zulu clock (`Ch 6 · 13:18 · King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`)
 _FIRST_STAMP = re.compile(r"((?:[^\s:]{1,12} ){0,6}?\(?)(\d{1,2}:\d\d|[0-2]\d[0-5]\dZ)\)?"
                           r"(?: [^\w\s]|:| (?<=Z )[A-Z])")
 _QUARTER_HOUR = re.compile(r"\d{1,2}:?(?:00|15|30|45)Z?")
@@ -946,9 +945,8 @@ def _report_stamped_first(old: str, new: str) -> bool:
     tower's calls in Zulu time, a tournament's passes `3. Gang (15:51) – …`; round 73; who reports may
     change and a place may come before the clock, `Blue 9 @ Market Place 13:56: …` -> `Green 26 @ Old
     Elvet 15:35: …`, `Post 31 · Governor's Bridge · 15:21 · all clear` -> `Post 54 · Bray Hill · 15:40 ·
-    all clear`, round 75): the newest entry
-    of a log, its clock whatever the report's. A rule's hours are on the quarter hour (`Mass (10:30) –
-    Sundays` -> `(11:00) – …`)."""
+    all clear`, round 75): the newest entry of a log, its clock whatever the report's. A rule's hours
+    are on the quarter hour (`Mass (10:30) – Sundays` -> `(11:00) – …`)."""
     if max(len(old), len(new)) > STAMPED_REPORT_CHARS:
         return False
     a, b = _FIRST_STAMP.match(old), _FIRST_STAMP.match(new)
