@@ -130,13 +130,13 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
         return summary_in_system(prev, cur) or summary_prepended(prev, cur)
     if transcript_compacted(prev, cur):  # a transcript kept in one user message, compacted there (round 52)
         return True
-    if first_message_summarised(prev, cur):
+    histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
+    if first_message_summarised(prev, cur, histories):
         return True
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
     if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur):
         return True
-    histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
     if pn and summary_memory(cur) and not {k for _, k, _ in histories()[1]} & {k for _, k, _ in histories()[0]}:
         return True
     if len(pn) >= COMPACTED_MIN_MESSAGES and summary_after_pinned(prev, cur, *histories()):
@@ -197,7 +197,8 @@ def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
 REPLACED_PREFIX_CHARS = 32  # a summary in place of a message opens otherwise than it did (within this much)
 
 
-def first_message_summarised(prev: RequestSketch, cur: RequestSketch) -> bool:
+def first_message_summarised(prev: RequestSketch, cur: RequestSketch,
+                             histories: Callable[[], tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]]) -> bool:
     """Did a summary take the place of the history's first message, every later message kept in place
     and the conversation going on (the Strands Agents SDK's SummarizingConversationManager when the
     oldest share it sums up is one message: `## Conversation Summary …`; round 73)? The new first
@@ -207,17 +208,18 @@ def first_message_summarised(prev: RequestSketch, cur: RequestSketch) -> bool:
     its lines and its length (a value in its context block changed, a JSON block on one line too);
     another question in its place is short and restates nothing. Read on the text path only: another
     pod, which holds the previous messages' keys, not their lengths or text, reads an earlier turn
-    edited."""
-    ph, ch = _history(prev), _history(cur)
-    if len(ph) < COMPACTED_MIN_MESSAGES or len(ch) <= len(ph) or ph[0][1] == ch[0][1] or ph[1:] != ch[1:len(ph)]:
+    edited. `histories`: both histories' message keys (`_history`), asked for only once the regions'
+    lengths and openings pass."""
+    old_history, history = prev.history_regions(), cur.history_regions()
+    if len(old_history) < COMPACTED_MIN_MESSAGES or len(history) <= len(old_history) or not opens_with_summary(history):
         return False
-    history = cur.history_regions()
-    if not opens_with_summary(history):
-        return False
-    old, new = prev.history_regions()[0], history[0]
+    old, new = old_history[0], history[0]
     if new.end - new.start <= old.end - old.start \
             or common_prefix_len(prev.text, cur.text, old.start, new.start) >= REPLACED_PREFIX_CHARS:
         return False  # no longer than the message it replaced, or opening as it did: that message edited
+    ph, ch = histories()
+    if ph[0][1] == ch[0][1] or ph[1:] != ch[1:len(ph)]:
+        return False
     old_lines = {line for line in prev.text[old.start:old.end].split("\n") if line.strip()}
     if any(line in old_lines for line in cur.text[new.start:new.end].split("\n")):
         return False

@@ -278,15 +278,15 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # rule writes, needs no sign, `Wed 12 Aug 22:41:56 SHOW DOWN at 22:30 / …`, round 69; the place may be up to
 # three words and a number, its date followed by a comma, `Zoo Palast 1, 21.02., 09:13 Uhr | läuft: …`, round 70;
 # the place, a day's name and a date may each come, set apart by a dot or a comma, and `→` sets the clock apart,
-# `Paulaner Festzelt · Sa 03.10. · 08:50 Uhr → …`, `West Holts, Sun 28 Jun 23:20 | …`, round 71)
-# (a sign of any kind, a bullet, an arrow, a shape, a dingbat, may set the clock apart, `So 5.7. 11:09 Uhr ▹ Spitze:
-# …`, `Dispatch 19:54 ⇒ …`, and two words may name the place before it, `WSP Koblenz 21:34 – km 590,3: …`; round 72;
-# since round 73 any sign but prose's punctuation, brackets, quotes and the signs of sums and money (`SIGN`), runic
-# punctuation too, `Thu 18 Feb ᛫ 14:45 ᛫ …`, and such a sign or a dash may set the date apart from the clock, `Sat 14
-# Nov – 14:19 GMT – …`; since round 75 a day's word or a name before the clock may hold digits and be up to 20
-# characters long, `TT26 Sat 30 May ┊ 10:23 ┊ …`, `Fasnetsdienstag 17.02. ◆ 9:47 Uhr ◆ …`)
-# (since round 74 a sign may set the place apart too, `Flora Day ‖ 09:27 ‖ …`, a date in brackets may follow it,
-# `SU26 day 4 (Thu 23 Jul) ∷ 08:55 BST ∷ …`, and a month may be written in Roman numerals, `6.XI. ⊳ 8:39 Uhr ⊳ …`)
+# `Paulaner Festzelt · Sa 03.10. · 08:50 Uhr → …`, `West Holts, Sun 28 Jun 23:20 | …`, round 71; a sign of any
+# kind, a bullet, an arrow, a shape, a dingbat, may set the clock apart, `So 5.7. 11:09 Uhr ▹ Spitze: …`, `Dispatch
+# 19:54 ⇒ …`, and two words may name the place before it, `WSP Koblenz 21:34 – km 590,3: …`, round 72; any sign but
+# prose's punctuation, brackets, quotes and the signs of sums and money (`SIGN`), runic punctuation too, `Thu 18 Feb
+# ᛫ 14:45 ᛫ …`, and such a sign or a dash may set the date apart from the clock, `Sat 14 Nov – 14:19 GMT – …`, round
+# 73; such a sign may set the place apart too, `Flora Day ‖ 09:27 ‖ …`, a date in brackets may follow it, `SU26 day 4
+# (Thu 23 Jul) ∷ 08:55 BST ∷ …`, and a month may be written in Roman numerals, `6.XI. ⊳ 8:39 Uhr ⊳ …`, round 74; a
+# day's word or a name before the clock may hold digits and be up to 20 characters long, `TT26 Sat 30 May ┊ 10:23 ┊
+# …`, `Fasnetsdienstag 17.02. ◆ 9:47 Uhr ◆ …`, round 75)
 _STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,2}}(?: \d{{1,2}})?(?:, | {SIGN} | (?=\())"
 _STAMP_DATE = (r"(?:\d{1,2}\.(?:\d{1,2}|[IVX]{1,4})\.|\d{1,2} [^\W\d_]{3,9}|\d{1,2}/\d{1,2}"
                r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))" rf"(?:,? | {SIGN} | [–—] )")
