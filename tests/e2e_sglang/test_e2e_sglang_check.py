@@ -28,10 +28,19 @@ def _check(url: str) -> tuple[int, dict[str, Any]]:
 @pytest.mark.parametrize("sglang_replica,verdict,code", [("radix", "on", 0), ("noradix", "off", 1)],
                          indirect=["sglang_replica"])
 def test_check_works_on_radix_off_on_disabled(sglang_replica: Any, verdict: str, code: int) -> None:
-    rc, report = _check(sglang_replica.url)
-    print(f"\nprefixgate check {sglang_replica.name}: exit {rc}, verdict {report['cache_verdict']}, "
-          f"engine {report['engine']}, ttfts {report['ttfts_s']}, cached {report['cached_tokens']}, "
-          f"hit rate {report['hit_rate']}, caching enabled {report['prefix_caching_enabled']}")
+    # On "unclear" the check is run once more, as its own advice for a clock with no clear gain
+    # says. CI saw the radix replica's cold 7000-token prefill take 0.50 s in one run against
+    # 1.2-1.5 s in six others (the same prefill on the no-radix replica: 0.50-1.74 s; two cores,
+    # three replicas), so its warm calls (0.35-0.42 s) were only 1.34x faster. "Unclear" is the
+    # right answer to such a trace; the claim is what the check reads when the clock can tell.
+    for attempt in (1, 2):
+        rc, report = _check(sglang_replica.url)
+        print(f"\nprefixgate check {sglang_replica.name} (probe {attempt}): exit {rc}, "
+              f"verdict {report['cache_verdict']}, engine {report['engine']}, ttfts {report['ttfts_s']}, "
+              f"cached {report['cached_tokens']}, hit rate {report['hit_rate']}, "
+              f"caching enabled {report['prefix_caching_enabled']}")
+        if report["cache_verdict"] != "unclear":
+            break
     assert report["engine"] == "sglang"
     # the timings and the engine's reasons first: pytest cuts a long report short
     seen = (report["ttfts_s"], report["cached_tokens"], report["reasons"])
