@@ -4358,3 +4358,136 @@ def test_reports_stamped_after_who_and_where_are_values_whole(fpr, line: str, va
     changed with its clock while the report stayed: the newest entry of a log, whole on its first
     change (round 75)."""
     assert_values_whole(fpr, line, values)
+
+
+# ------------------------------------------------------------------ round 76
+@pytest.mark.parametrize("board", [
+    "Regatta ✧ Sat Aug 9 ✧ 2:{} p.m. EDT ✧ heat 3 of 8: junior coxed fours",
+    "Harvest Fair ❖ Sat 14 Sep (Market Day) ❖ 11.{}am ❖ sheep judging in the ring ❖ next: tug of war at 2pm",
+], ids=["twelve-hour-month-first", "twelve-hour-day-named-in-brackets"])
+def test_boards_stamped_with_a_twelve_hour_clock_are_values_whole(fpr, board: str) -> None:
+    """A board stamped with a twelve-hour clock, its month before its day or its day named in
+    brackets after its date: only the clock moved on, the board whole (round 76)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("11", "19", "27")])
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Ring steward: {}", ["Pen 4 ❖ 10.12am ❖ ewes penned, judge on her way",
+                          "Pen 9 ❖ 11.48am ❖ ram lambs out of the ring, next class called",
+                          "Pen 2 ❖ 1.07pm ❖ lost lamb back with its owner"]),
+    ("Festzelt: {}", ["Festzeltkellner 14 ♦ 19:42 Uhr: Maßkrüge an Tisch 5 nachgefüllt",
+                      "Festzeltkellner 3 ♦ 20:16 Uhr: Bierbank an Tisch 11 gebrochen, Ersatz kommt",
+                      "Festzeltkellner 8 ♦ 21:03 Uhr: Brezenkorb leer, Nachschub bestellt"]),
+], ids=["twelve-hour-clock", "long-word-clock-with-uhr"])
+def test_reports_stamped_with_twelve_hour_or_uhr_clocks_are_values_whole_on_their_first_change(
+        fpr, line: str, values: list[str]) -> None:
+    """A report stamped near its start with a twelve-hour clock, or after a word longer than twelve
+    letters with a clock that says `Uhr`, replaced by another: the newest entry of a log, whole on its
+    first change (round 76)."""
+    assert_values_whole(fpr, line, values)
+
+
+@pytest.mark.parametrize("board", [
+    "Fête des Lumières ✶ sam. 7 déc. ✶ 19h{} ✶ illuminations place Bellecour ✶ prochain : concert à 21h",
+    "Braderie ✶ sam. 7 sept. ✶ 14 h {} ✶ brocante rue Nationale",
+    "Sanfermines ✶ 7 de julio ✶ 8:{} h ✶ encierro en la calle Estafeta",
+], ids=["hours-h-minutes", "hours-spaced-h-minutes", "clock-then-h"])
+def test_boards_stamped_with_an_h_clock_are_values_whole(fpr, board: str) -> None:
+    """A board stamped with a clock written with `h` (French `19h12`, `14 h 30`, Spanish `8:05 h`),
+    after a day's name and a month shortened with a dot: only the clock moved on, the board whole
+    (round 76)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("11", "19", "27")])
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Radio: {}", ["Poste 3 ✶ 19h12 ✶ foule dense, barrières reculées", "Poste 7 ✶ 20h41 ✶ enfant perdu retrouvé, parents prévenus",
+                   "Poste 2 ✶ 21h03 ✶ malaise, pompiers sur place"]),
+    ("Radio: {}", ["Vakt 4 ✶ kl. 14.12 ✶ stången rest, dansen börjar", "Vakt 9 ✶ kl. 15.48 ✶ barn borttappat vid bryggan",
+                   "Vakt 2 ✶ kl. 16.07 ✶ regnskur, tältet fullt"]),
+], ids=["hours-h-minutes", "klockan-dotted"])
+def test_reports_stamped_with_other_written_clocks_are_values_whole_on_their_first_change(
+        fpr, line: str, values: list[str]) -> None:
+    """A report stamped near its start with a clock written `19h12` or after the word for o'clock (`kl.
+    14.12`), replaced by another: the newest entry of a log, whole on its first change (round 76)."""
+    assert_values_whole(fpr, line, values)
+
+
+def test_a_rules_twelve_hour_hours_on_the_quarter_stamped_first_stay_an_edit(fpr) -> None:
+    """The guard: a rule stamped with a twelve-hour hour on the quarter, in brackets, the hour and the
+    words edited, is an edit."""
+    got = run_value_line(fpr, "Chapel: {}", ["Mass (10.30am) – Sundays only, in the crypt",
+                                             "Mass (11.15am) – Sundays and holidays, in the nave",
+                                             "Mass (11.15am) – Sundays and holidays, in the nave"])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_a_log_line_dated_month_first_is_its_stamp_not_a_board(fpr) -> None:
+    """The guard: a log line stamped with its month first and a clock to the second, no sign after
+    it (`Jul 24 15:29:20 pppd[812]: …`), is its stamp, not a board read whole."""
+    got = assert_values_found(fpr, "Last event: {} pppd[812]: LCP terminated by peer",
+                              ["Jul 24 15:29:20", "Jul 25 03:14:08", "Jul 25 16:32:40"])
+    assert [r["spans"] for r in got] == [["Jul 25 03:14:08"], ["Jul 25 16:32:40"]]
+
+
+def test_hare_subcommands_moved_are_a_tool_order_change(fpr) -> None:
+    """Tools written as a Hare program's getopt subcommands, a name of one word among them
+    (`("helfereinsatz", [`), one moved: a tool order change (round 76, on `heldout75`'s tenants, tune
+    side since round 76)."""
+    assert_tool_orders_read(fpr, "heldout75", "text_tools_hare_getopt_")
+
+
+def test_elvish_functions_moved_are_a_tool_order_change(fpr) -> None:
+    """Tools written as Elvish functions on the flag module, a name of one word among them (`fn
+    helfereinsatz {|@argv|`), one moved: a tool order change (round 76, on `heldout75`'s tenants)."""
+    assert_tool_orders_read(fpr, "heldout75", "text_tools_elvish_flag_")
+
+
+def test_blocks_opened_by_one_template_around_a_quoted_word_moved_are_a_tool_order_change(fpr) -> None:
+    """Blocks each opened by the same line but for a name of one word in double quotes (a Lua
+    registry's `tools["refund"] = {`), one moved: a tool order change (round 76: `templated_blocks`
+    took only names written as code)."""
+    entries = [f'tools["{n}"] = {{\n  summary = "{d}",\n  run = desk.{n},\n}}'
+               for n, d in (("refund", "Refund an order."), ("resend", "Send the parcel again."),
+                            ("cancel", "Cancel an order that has not shipped."), ("track", "Tracking events."))]
+    assert reordered_listing_causes(fpr, entries, "Registry", [1, 0, 2, 3]) == ["tool_order", None]
+
+
+def test_rules_opened_by_one_sentence_around_a_quoted_word_moved_are_a_template_change(fpr) -> None:
+    """The guard: rules each opened by the same sentence but for a quoted word (`If the customer writes
+    "refund":`), one moved, are prose moved: a template change."""
+    entries = [f'If the customer writes "{n}":\n  - {d}\n  - Confirm it in one sentence.'
+               for n, d in (("refund", "Check the order is paid."), ("resend", "Check the parcel came back."),
+                            ("cancel", "Check the order has not shipped."), ("track", "Give the carrier's link."))]
+    assert reordered_listing_causes(fpr, entries, "Rules", [1, 0, 2, 3]) == ["template_change", None]
+
+
+MERGED_SUMMARY = ("The user asked to migrate the billing module to the new invoice API, keeping the public functions "
+                  "and their tests; the agent read the module and listed the calls that change.")
+
+
+def _summary_merged(before: str) -> list[dict]:
+    """agent_history(3), then its first exchange gone, `before` and a newline put at the start of the
+    first user message kept, every later message kept, and a reply and a question after."""
+    msgs = agent_history(3)
+    kept = {"role": "user", "content": f"{before}\n{msgs[2]['content']}"}
+    again = [kept, *msgs[3:], {"role": "assistant", "content": "Reply 4: the invoices are next."},
+             {"role": "user", "content": "Go on with them."}]
+    return [Gen.body(CODER, msgs, None, None), Gen.body(CODER, again, None, None)]
+
+
+def test_a_summary_merged_into_the_first_message_kept_is_a_compaction(fpr) -> None:
+    """The first exchange dropped and a summary of it put at the start of the first user message kept
+    (Agent Zero's topic history, its summaries merged with the next user message): a compaction
+    (round 76)."""
+    assert causes(fpr, _summary_merged(MERGED_SUMMARY)) == ["compaction"]
+
+
+@pytest.mark.parametrize("before", [
+    "[earlier turns omitted]",
+    "Before we go on: the storefront theme needs a new colour palette, larger product photos on the category "
+    "pages and a sticky basket button on phones, in the house style.",
+], ids=["short-note", "long-note-restating-nothing"])
+def test_a_note_merged_into_the_first_message_kept_is_no_compaction(fpr, before: str) -> None:
+    """The guards: a short note about the cut, or a long one that restates none of the history, put
+    before the first message kept is no compaction."""
+    assert causes(fpr, _summary_merged(before)) != ["compaction"]

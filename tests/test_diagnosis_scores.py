@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was, `heldout56` when `heldout57` was, `heldout57` when `heldout58` was, `heldout58` when `heldout59` was, `heldout59` when `heldout60` was, `heldout60` when `heldout61` was, `heldout61` when `heldout62` was, `heldout62` when `heldout63` was, `heldout63` when `heldout64` was, `heldout64` when `heldout65` was, `heldout65` when `heldout66` was, `heldout66` when `heldout67` was, `heldout67` when `heldout68` was, `heldout68` when `heldout69` was, `heldout69` when `heldout70` was, `heldout70` when `heldout71` was, `heldout71` when `heldout72` was, `heldout72` when `heldout73` was, `heldout73` when `heldout74` was, `heldout74` when `heldout75` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout75` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was, `heldout56` when `heldout57` was, `heldout57` when `heldout58` was, `heldout58` when `heldout59` was, `heldout59` when `heldout60` was, `heldout60` when `heldout61` was, `heldout61` when `heldout62` was, `heldout62` when `heldout63` was, `heldout63` when `heldout64` was, `heldout64` when `heldout65` was, `heldout65` when `heldout66` was, `heldout66` when `heldout67` was, `heldout67` when `heldout68` was, `heldout68` when `heldout69` was, `heldout69` when `heldout70` was, `heldout70` when `heldout71` was, `heldout71` when `heldout72` was, `heldout72` when `heldout73` was, `heldout73` when `heldout74` was, `heldout74` when `heldout75` was, `heldout75` when `heldout76` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout76` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -203,7 +203,8 @@ FLOORS = {
     # counts and states read as edits the first time they change)
     # round 40: 0.9703 / 0.8927 / 0.7263
     # round 44: 0.9734 / 0.8968 / 0.9111
-    "heldout32": (0.973, 0.896, 0.922),
+    # round 76: 0.9734 / 0.8968 / 0.9278 (a web server's access log line read whole: its clock in brackets)
+    "heldout32": (0.973, 0.896, 0.927),
     # the thirty-third (measured 0.943 / 0.823 / 0.696), tune side since heldout34: 0.9825 / 0.9708 / 0.7660 (round 39)
     # (values in Codex CLI's environment block, a user message of its own; crontab lines as a tool list;
     # values in forms no rule reads on their first change; labels that take in a value's words)
@@ -417,13 +418,14 @@ FLOORS = {
     # the sixty-fourth (measured 0.977 / 0.816 / 0.937), tune side since round 65: 0.9968 / 0.9940 / 0.9901
     # (Langroid's truncated history, states with two details, codes or seven words, and a Christmas market's board
     # stamped with its date read by round 65's rules; a tombola draw read as its clock, a rugby match sheet's entry
-    # and a toll road's fog with its heights still read as edits)
-    "heldout64": (0.996, 0.994, 0.990),
+    # and a toll road's fog with its heights still read as edits); round 76: 0.9968 / 0.9940 / 0.9950
+    "heldout64": (0.996, 0.994, 0.995),
     # the sixty-fifth (measured 0.940 / 0.816 / 0.951), tune side since round 66: 0.9742 / 0.8695 / 0.9839 (gulp's
     # task tree, Tcl cmdline procs, a leaderboard's scores to one decimal and states of eight words read by round
     # 66's rules; LlamaIndex's summary buffer, labelled a compaction, kept a front trim as issue 29 defines it, its
-    # rewrites still read as an edited template; results, announcements and a rider's penalties still read as edits)
-    "heldout65": (0.974, 0.869, 0.983),
+    # rewrites still read as an edited template; results, announcements and a rider's penalties still read as edits);
+    # round 76: 0.9774 / 0.8741 / 0.9893
+    "heldout65": (0.977, 0.874, 0.989),
     # the sixty-sixth (measured 0.969 / 0.904 / 0.964), tune side since round 67: 0.9789 / 0.9210 / 0.9751 (Racket
     # command-line functions and a market board naming its year read by round 67's rules; Agno's session summaries,
     # labelled compactions, kept edited templates as they are paid on every run; states of nine words, a stall's
@@ -444,8 +446,9 @@ FLOORS = {
     "heldout69": (0.988, 0.971, 0.984),
     # measured once at 7913e79 (0.958 / 0.871 / 0.862); after round 71 (Hermes Agent's summary between the first
     # and the newest messages, Janet functions, boards stamped after a place, a day and a date, welfare logs and
-    # marshals' calls read whole; boards stamped with `Uhr:`, half-price offers and a gate check still missed)
-    "heldout70": (0.990, 0.982, 0.934),
+    # marshals' calls read whole; boards stamped with `Uhr:`, half-price offers and a gate check still missed);
+    # round 76: 0.9904 / 0.9824 / 0.9399
+    "heldout70": (0.990, 0.982, 0.939),
     # measured once at 9085434 (0.973 / 0.898 / 0.912); after round 72 (Haystack's summary of the whole
     # transcript, boards stamped with any sign, tallies of parts set apart by dashes and wristband scans read
     # whole; third-umpire reviews and a tram dispatch still read as edits; transcripts that only lost a blank
@@ -464,15 +467,19 @@ FLOORS = {
     # measured once at 917b945 (0.981 / 0.900 / 0.943); after round 75 (boards named with digits or long words,
     # tallies and records set apart by any sign, marshals' and course posts' reports read whole; LibreChat's summary
     # refined at every request before the instructions read as an edited template with a front trim, a rolling
-    # summary, paid on every request)
-    "heldout74": (0.987, 0.909, 0.989),
+    # summary, paid on every request); round 76: 0.9872 / 0.9095 / 0.9949
+    "heldout74": (0.987, 0.909, 0.994),
+    # measured once at 88c0802 (0.972 / 0.920 / 0.847); after round 76 (boards and reports stamped with twelve-hour
+    # clocks or `Uhr`, Hare's getopt subcommands and Elvish functions named in one word, Agent Zero's summaries
+    # merged into the first user message kept read by round 76's rules)
+    "heldout75": (1.000, 1.000, 1.000),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout75), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout76), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -480,7 +487,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55", "heldout56", "heldout57", "heldout58", "heldout59", "heldout60", "heldout61", "heldout62", "heldout63", "heldout64", "heldout65", "heldout66", "heldout67", "heldout68", "heldout69", "heldout70", "heldout71", "heldout72", "heldout73", "heldout74")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55", "heldout56", "heldout57", "heldout58", "heldout59", "heldout60", "heldout61", "heldout62", "heldout63", "heldout64", "heldout65", "heldout66", "heldout67", "heldout68", "heldout69", "heldout70", "heldout71", "heldout72", "heldout73", "heldout74", "heldout75")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -545,20 +552,10 @@ def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout75 (measured once, 2026-12-06): "
-                                       "span exact-match F1 0.847 (boards stamped with a twelve-hour clock, `☘ 9.03pm ☘`, "
-                                       "`✦ 2:35 p.m. MDT ✦`, read as their clock, 27 spans; 8 values read as edits on their "
-                                       "first change); strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout75 (measured once, 2026-12-06): "
-                                       "macro-F1 0.920 (Agent Zero's topic history read as front trims and a new "
-                                       "conversation, compaction recall 0.64; Hare's getopt and Elvish's flag module "
-                                       "reordered read as edited templates, tool_order recall 0.91; 8 values read as edits "
-                                       "on their first change); strict, so it turns red when the goal is reached and this "
-                                       "mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -589,7 +586,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout75`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout76`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

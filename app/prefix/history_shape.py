@@ -131,7 +131,7 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     if transcript_compacted(prev, cur):  # a transcript kept in one user message, compacted there (round 52)
         return True
     histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
-    if first_message_summarised(prev, cur, histories):
+    if first_message_summarised(prev, cur, histories) or summary_merged_into_kept(prev, cur, histories):
         return True
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
@@ -224,6 +224,32 @@ def first_message_summarised(prev: RequestSketch, cur: RequestSketch,
     if any(line in old_lines for line in cur.text[new.start:new.end].split("\n")):
         return False
     return restates_history(cur, new.start, new.end, source=prev)
+
+
+MERGED_SUMMARY_CHARS = 120  # a summary merged into the message it comes before: a topic's paragraph at least
+
+
+def summary_merged_into_kept(prev: RequestSketch, cur: RequestSketch,
+                             histories: Callable[[], tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]]) -> bool:
+    """Did the history lose its first turns, with their summary put at the start of the first user
+    message it kept, in that message (Agent Zero's topic history: each summary is a user message of
+    its own, merged with the next one when the history is rendered; round 76)? The current history
+    opens with a user message that ends with a later user message of the previous one, every message
+    after that one kept in order, and what comes before it, MERGED_SUMMARY_CHARS or more, restates the
+    previous history. A front trim keeps its first message as it was, and a note about the cut is
+    short and restates nothing. Read on the text path only, as `first_message_summarised` is."""
+    old_history, history = prev.history_regions(), cur.history_regions()
+    if len(old_history) < COMPACTED_MIN_MESSAGES or not opens_with_summary(history):
+        return False
+    new = history[0]
+    for j, old in enumerate(old_history[2:], 2):  # two messages dropped at least: an exchange
+        merged = new.end - (old.end - old.start)
+        if old.role != "user" or merged - new.start < MERGED_SUMMARY_CHARS \
+                or not cur.text.startswith(prev.text[old.start:old.end], merged, new.end):
+            continue
+        ph, ch = histories()
+        return ch[1:len(ph) - j] == ph[j + 1:] and restates_history(cur, new.start, merged, source=prev)
+    return False
 
 
 PINNED_BEFORE_SUMMARY = 3  # messages a compactor may keep before its summary (Hermes Agent: the first three)

@@ -72,8 +72,9 @@ _TYPE_DECLARATION = re.compile(r"^\s*(?:(?:public|private|internal|open|final|ab
 # a constructor's: `new McpSchema.Tool("x", …)`)
 _CALL_NAMED = re.compile(rf"""^\s*(?:[A-Za-z_]\w*\s*=\s*)?(?:\.|new\s+)?(?:[\w\\]+(?:::|->|\.))*\w+\(\s*(?:name\s*=\s*)?["']{_NAME}["']\s*[,)]""")
 # (an assignment may take the call: MATLAB's `f = openAIFunction("salt_stock", …)`, round 26)
-# a brace list that opens with the tool's quoted name (Wolfram's `LLMTool[{"gate_status", "…"}, …]`, round 26)
-_LISTED_NAME = re.compile(rf"""^\s*\{{\s*"{_NAME}"\s*,""")
+# a brace list that opens with the tool's quoted name (Wolfram's `LLMTool[{"gate_status", "…"}, …]`, round 26), or
+# a tuple that does (Hare getopt's subcommands, `("helfereinsatz", [`; round 76)
+_LISTED_NAME = re.compile(rf"""^\s*[{{(]\s*"{_NAME}"\s*,""")
 # a name alone on its line in a call's arguments (ellmer's `tool(\n  wave_forecast,`, a quoted `"kurs_buchen",`);
 # indented alone, a command's name as a help lists it (Django's `manage.py help`, `npm run`'s `  db:seed`);
 # a name with a separator alone on a line (a skill's `<name>` tag on lines of its own: `schneeprofil-auswerten`)
@@ -286,10 +287,16 @@ _JSON_MEMBER = re.compile(r'^\s*"')  # JSON's members: named objects are read as
 _FILE_NAMED = re.compile(r"\0\.[A-Za-z]\w{0,5}\b")
 
 
+# a name of one word in double quotes after a bracket or an `=`, as code passes it, when a line holds no name written
+# as code (`("helfereinsatz", [`, `tools["refund"] = {`; round 76); a rule's quoted word (`writes "refund":`) is prose's
+_QUOTED_WORD = re.compile(r'(?:(?<=[\[({]")|(?<== "))[a-z][a-z0-9]{2,30}(?=")')
+
+
 def _opener(line: str) -> tuple[str, str] | None:
     """(the line with its name masked, the name) when a line holds one name written as code, once
-    or more: the line a client's loop renders from one template per tool."""
-    names = set(_CODE_IDENT.findall(line))
+    or more, or else one word in double quotes as code passes it: the line a client's loop renders
+    from one template per tool."""
+    names = set(_CODE_IDENT.findall(line)) or set(_QUOTED_WORD.findall(line))
     if len(names) != 1 or _JSON_MEMBER.match(line):
         return None
     (name,) = names
@@ -318,8 +325,10 @@ def templated_blocks(prev: list[str], cur: list[str]) -> bool:
 
 
 # a function declared by its keyword and name, then its body's brace (PowerShell's `function
-# Invoke-OrderShow {`, a shell's `function order_show {` or `order_show() {`; round 45)
-_BRACE_FUNCTION = re.compile(r"^\s*(?:function\s+[A-Za-z_][\w-]*(?:\s*\(\s*\))?|[a-z_][\w-]*\s*\(\s*\))\s*\{\s*$")
+# Invoke-OrderShow {`, a shell's `function order_show {` or `order_show() {`; round 45), and the body's arguments
+# between bars (Elvish's `fn helfereinsatz {|@argv|`; round 76)
+_BRACE_FUNCTION = re.compile(r"^\s*(?:function\s+[A-Za-z_][\w-]*(?:\s*\(\s*\))?|fn\s+[A-Za-z_][\w-]*|[a-z_][\w-]*\s*\(\s*\))"
+                             r"\s*\{(?:\|[^|\n]*\|)?\s*$")
 # a Tcl procedure, in its namespace or not, its arguments in braces (`proc desk::sonderbusse {argv} {`; round 66)
 _TCL_PROC = re.compile(r"^\s*proc\s+(?:[\w-]+::)*[A-Za-z_][\w-]*\s+\{[^{}\n]*\}\s*\{\s*$")
 # a Scheme or Racket function defined with its arguments (`(define (standplatz-suchen argv)`; round 67), not a

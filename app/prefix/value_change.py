@@ -31,9 +31,11 @@ from app.prefix.value_kind import (
     RECORD_CHARS,
     RECORD_PARTS,
     SIGN,
+    STAMP_CLOCK,
     STATUS_LETTERS,
     STATUS_VALUE_CHARS,
     after_state,
+    clock_minutes,
     code_redrawn,
     in_running_time,
     is_dated,
@@ -286,12 +288,16 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # 73; such a sign may set the place apart too, `Flora Day ‖ 09:27 ‖ …`, a date in brackets may follow it, `SU26 day 4
 # (Thu 23 Jul) ∷ 08:55 BST ∷ …`, and a month may be written in Roman numerals, `6.XI. ⊳ 8:39 Uhr ⊳ …`, round 74; a
 # day's word or a name before the clock may hold digits and be up to 20 characters long, `TT26 Sat 30 May ┊ 10:23 ┊
-# …`, `Fasnetsdienstag 17.02. ◆ 9:47 Uhr ◆ …`, round 75)
+# …`, `Fasnetsdienstag 17.02. ◆ 9:47 Uhr ◆ …`, round 75; the clock may be in twelve hours (`CLOCK_12`) and name its
+# zone, the month may come before the day (then a sign sets the date apart: a log line's `Jul 24 15:29:20 pppd[812]:`
+# is no board), and the day's name in brackets after the date, `Stampede ✦ Sat Jul 3 ✦
+# 2:35 p.m. MDT ✦ …`, `Puck Fair ☘ Thu 12 Aug (Scattering Day) ☘ 9.03pm ☘ …`, round 76)
 _STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,2}}(?: \d{{1,2}})?(?:, | {SIGN} | (?=\())"
-_STAMP_DATE = (r"(?:\d{1,2}\.(?:\d{1,2}|[IVX]{1,4})\.|\d{1,2} [^\W\d_]{3,9}|\d{1,2}/\d{1,2}"
-               r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))" rf"(?:,? | {SIGN} | [–—] )")
-_STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}} ){{0,2}}(?:{_STAMP_DATE})?"
-                      r"(\[?\d{1,2}:\d\d(?::\d\d)?\]?(?: ?Uhr)?|\d{1,2}\.\d\d ?Uhr)(?: [A-Z]{3,4})?"
+_STAMP_DATE = (r"(?:(?:\d{1,2}\.(?:\d{1,2}|[IVX]{1,4})\.|\d{1,2} (?:de )?[^\W\d_]{3,9}\.?|\d{1,2}/\d{1,2}"
+               r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))(?: \([^\W\d_][^()\n]{1,24}\))?"
+               rf"(?:,? | {SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}} (?:{SIGN}|[–—]) )")
+_STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}(?:{_STAMP_DATE})?"
+                      rf"((?:{STAMP_CLOCK})(?: [A-Z]{{3,4}})?)"
                       rf"(?: (?:{SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
@@ -575,8 +581,8 @@ def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end:
     a, b = _STAMPED.match(prev, pstart, pend), _STAMPED.match(cur, start, end)
     if a is None or b is None or _status_too_long(cur, start, end) or _status_too_long(prev, pstart, pend):
         return None
-    (h0, m0), (h1, m1) = (map(int, re.findall(r"\d+", m.group(1))[:2]) for m in (a, b))
-    return "time" if 0 < (h1 * 60 + m1 - h0 * 60 - m0) % (24 * 60) <= STAMP_STEP_MINUTES else None
+    moved = (clock_minutes(b.group(1).strip("[]")) - clock_minutes(a.group(1).strip("[]"))) % (24 * 60)
+    return "time" if 0 < moved <= STAMP_STEP_MINUTES else None
 
 
 # a key that names the newest entry of a series (`Last lane booking:`, `Letzter Auftrag:`, `Current run:`, `Zuletzt

@@ -618,6 +618,25 @@ DECIMAL_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 # a sign of any kind but prose's punctuation, brackets, quotes and the signs of sums and money: what sets a board's or
 # a record's parts apart (`·`, `|`, `¦`, `»`, `→`, `▹`, `┊`, `◆`, runic punctuation `᛫`; any such sign since round 75)
 SIGN = r"[^\w\s\-–—,.:;!?'\"„“”‘’()\[\]{}<=+*/\\&%#@$€£]"
+# a clock in twelve hours with its half of the day, written with a colon or a dot (`9.03pm`, `2:35 p.m.`, `10:06
+# a.m.`): a board's or a report's stamp as the 24-hour clock is (round 76)
+CLOCK_12 = r"(?:1[0-2]|0?[1-9])[.:][0-5]\d ?(?:[ap]m|[AP]M|[ap]\.m\.)"
+# a stamp's clock as boards and logs write it: 24-hour, to the minute or the second, in brackets or not, or
+# twelve-hour; `Uhr` or `h` after it; dotted with `Uhr` or `h` after it (`07.13 Uhr`) or the word for o'clock before
+# it (`kl. 14.12`, `klo 14.12`, `ore 18.30`, `godz. 9.05`), or with an `h` between the hours and the minutes
+# (`19h12`, `14 h 30`; round 76)
+STAMP_CLOCK = (rf"\[?(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12})\]?(?: ?(?:Uhr|h))?|\d{{1,2}}\.\d\d ?(?:Uhr|h)"
+               r"|(?:kl\.|klo|ore|godz\.) \d{1,2}[.:][0-5]\d|\d{1,2} ?h ?[0-5]\d")
+
+
+def clock_minutes(clock: str) -> int:
+    """Minutes since midnight of a stamp's clock, 24-hour or twelve-hour (`CLOCK_12`: `12.10am` is
+    00:10, `1.03pm` is 13:03)."""
+    hours, minutes = (int(n) for n in re.findall(r"\d+", clock)[:2])
+    half = re.search(r"(?i)\d ?([ap])\.?m\b", clock)
+    if half is not None:
+        hours = hours % 12 + (12 if half.group(1).lower() == "p" else 0)
+    return hours * 60 + minutes
 _BOARD_PARTS = re.compile(rf" (?:{SIGN}|;) ")
 
 
@@ -915,10 +934,12 @@ def _stamped_report(old: str, new: str) -> bool:
 
 # a report stamped near its start: up to six short words, numbers or signs (a channel, a pass's number; four before
 # round 75), then its clock, in brackets or not, or a clock in Zulu time, then a sign or a colon, or a call sign after
-# a Zulu clock (`Ch 6 · 13:18 · King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`)
-_FIRST_STAMP = re.compile(r"((?:[^\s:]{1,12} ){0,6}?\(?)(\d{1,2}:\d\d|[0-2]\d[0-5]\dZ)\)?"
-                          r"(?: [^\w\s]|:| (?<=Z )[A-Z])")
-_QUARTER_HOUR = re.compile(r"\d{1,2}:?(?:00|15|30|45)Z?")
+# a Zulu clock (`Ch 6 · 13:18 · King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`); the
+# clock may be any `STAMP_CLOCK`, and a word may be up to 20 characters long (`Stand ☘ 12.10pm ☘ …`,
+# `Schubkärchler 33 ♦ 20:35 Uhr: …`; round 76)
+_FIRST_STAMP = re.compile(r"((?:[^\s:]{1,20} ){0,6}?\(?)"
+                          rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ)\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
+_QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:Z| ?(?:Uhr|h)| ?[ap]\.?m\.?|[AP]M)?")
 STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
 
 
