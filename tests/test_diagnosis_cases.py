@@ -4491,3 +4491,132 @@ def test_a_note_merged_into_the_first_message_kept_is_no_compaction(fpr, before:
     """The guards: a short note about the cut, or a long one that restates none of the history, put
     before the first message kept is no compaction."""
     assert causes(fpr, _summary_merged(before)) != ["compaction"]
+
+
+# ------------------------------------------------------------------ round 77
+@pytest.mark.parametrize("board", [
+    "Fair ✺ Sat Jun 7 ✺ 10:{}a ✺ pie judging in the hall ✺ next: tractor pull at 2p",
+    "Kinderfest ✺ Sa 19.07. ✺ 9{} Uhr ✺ Umzug durch die Altstadt",
+], ids=["us-schedule-letter", "raised-minutes"])
+def test_boards_stamped_with_a_schedules_letter_or_raised_minutes_are_values_whole(fpr, board: str) -> None:
+    """A board stamped with a US schedule's clock (`10:19a`) or a poster's raised minutes (`9¹⁹ Uhr`): only
+    the clock moved on, the board whole (round 77)."""
+    minutes = ("11", "19", "27") if "Uhr" not in board else ("¹¹", "¹⁹", "²⁷")
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in minutes])
+
+
+@pytest.mark.parametrize("board", [
+    "Kermis ✺ za 12.07.2026 ✺ 14.{} uur ✺ optocht door de Hoofdstraat",
+    "Carnaval ✺ 14u{} ✺ stoet vertrekt aan het station",
+    "Show ✺ Sat 20th Jul ✺ 2:{} p.m. ✺ sheepdog trials in ring 2",
+], ids=["dated-with-year-uur", "belgian-u", "ordinal-day"])
+def test_boards_stamped_in_other_written_conventions_are_values_whole(fpr, board: str) -> None:
+    """A board stamped with a Dutch `14.19 uur` after a date with its year, a Belgian `14u19`, or after a
+    day's ordinal number: only the clock moved on, the board whole (round 77: written from the
+    conventions, not from a split)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("11", "19", "27")])
+
+
+def test_reports_stamped_with_raised_minutes_are_values_whole_on_their_first_change(fpr) -> None:
+    """A steward's report stamped with raised minutes (`Ordner 9 ✺ 15⁴⁸ Uhr: …`), replaced by another: the
+    newest entry of a log, whole on its first change (round 77)."""
+    assert_values_whole(fpr, "Radio: {}", ["Ordner 4 ✺ 14¹² Uhr: Umzug steht am Marienplatz",
+                                           "Ordner 9 ✺ 15⁴⁸ Uhr: Kind am Brunnen gefunden",
+                                           "Ordner 2 ✺ 16⁰⁷ Uhr: Regen, Zelte voll"])
+
+
+def test_a_rules_hour_given_twice_edited_on_the_half_stays_an_edit(fpr) -> None:
+    """The guard: a rule's hour given in two notations, both moved from the hour to the half (`Doors open at
+    6.00pm / 18.00.` -> `6.30pm / 18.30.`), is an edit (round 77: `heldout76`'s look-alike)."""
+    got = run_value_line(fpr, "Note: Doors open at {}.", ["6.00pm / 18.00", "6.30pm / 18.30", "6.30pm / 18.30"])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_a_gdb_help_listing_reordered_is_a_tool_order_change(fpr) -> None:
+    """User-defined commands as GDB's `help user-defined` lists them, `name -- first line of its help`,
+    reordered: a tool order change (round 77)."""
+    entries = ["order-show -- Show an order with its lines and its state.",
+               "order-cancel -- Cancel an order that has not shipped.",
+               "return-open -- Open a return for one line of an order.",
+               "parcel-track -- Show a parcel's tracking events."]
+    assert reordered_listing_causes(fpr, entries, "List of commands", [1, 0, 2, 3]) == ["tool_order", None]
+
+
+def test_entries_moved_inside_a_code_block_are_a_tool_order_change(fpr) -> None:
+    """A program's entries in a notation no rule names (SNOBOL-like labels here), moved inside one fenced
+    code block: a tool order change (round 77: what a client renders per tool into a code block)."""
+    entries = ["REFUND OUTPUT = 'refund an order' :(DESK)", "RESEND OUTPUT = 'send the parcel again' :(DESK)",
+               "CANCEL OUTPUT = 'cancel an order' :(DESK)", "TRACK OUTPUT = 'tracking events' :(DESK)"]
+    moved = [entries[k] for k in (1, 0, 2, 3)]
+    bodies = [body(f"{SYSTEM}\nCommands:\n```\n" + "\n".join(o) + "\n```\nAnswer briefly.", t)
+              for o, t in zip([entries, moved, moved], conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["tool_order", None]
+
+
+def test_rules_moved_outside_a_code_block_stay_a_template_change(fpr) -> None:
+    """The guard: the same lines moved after a code block closed, in the prose, are an edited template."""
+    entries = ["REFUND OUTPUT = 'refund an order' :(DESK)", "RESEND OUTPUT = 'send the parcel again' :(DESK)",
+               "CANCEL OUTPUT = 'cancel an order' :(DESK)", "TRACK OUTPUT = 'tracking events' :(DESK)"]
+    moved = [entries[k] for k in (1, 0, 2, 3)]
+    bodies = [body(f"{SYSTEM}\n```\nexample\n```\n" + "\n".join(o) + "\nAnswer briefly.", t)
+              for o, t in zip([entries, moved, moved], conversation(3), strict=True)]
+    assert causes(fpr, bodies) == ["template_change", None]
+
+
+def test_clojure_option_specs_moved_are_a_tool_order_change(fpr) -> None:
+    """Tools written as option specs for Clojure's tools.cli (`(def passen-startliste`, a name of one word
+    among them), one moved: a tool order change (round 77, on `heldout76`'s tenants, tune side since round
+    77)."""
+    assert_tool_orders_read(fpr, "heldout76", "text_tools_tools_cli_")
+
+
+SUMMARY_MARKED = ("======== CONVERSATION HISTORY SUMMARY ========\n\n## Key points so far\n- The user asked to migrate "
+                  "the billing module to the new invoice API, keeping the public functions and their tests.\n- The "
+                  "assistant read the module first and listed the calls that change.\n\n======== END OF SUMMARY ========")
+
+
+def _summary_alone(first: str) -> list[dict]:
+    """agent_history(3), then `first` as the history's only message."""
+    return [Gen.body(CODER, agent_history(3), None, None), Gen.body(CODER, [{"role": "user", "content": first}], None, None)]
+
+
+def test_a_summary_in_place_of_every_message_is_a_compaction(fpr) -> None:
+    """Every message replaced by one user message that restates them (Suna's context manager: the
+    messages summarised between its markers, the call sent with the system prompt and the summary
+    alone): a compaction (round 77)."""
+    assert causes(fpr, _summary_alone(SUMMARY_MARKED)) == ["compaction"]
+
+
+def test_a_long_new_question_in_place_of_every_message_is_a_new_session(fpr) -> None:
+    """The guard: a long first question that restates none of the history before it opens a new
+    conversation."""
+    question = ("Write a changelog entry for the release of the storefront theme: the new colour palette, the larger "
+                "product photos on the category pages, the sticky basket button on phones and the fixed search box on "
+                "tablets, in the house style, one line per change.")
+    assert causes(fpr, _summary_alone(question)) == ["new_session"]
+
+
+def _turns_replaced(new: str) -> list[dict]:
+    """agent_history(4), then its first four messages gone and `new` as the model's message in their
+    place, the rest kept, and a reply and a question after."""
+    msgs = agent_history(4)
+    again = [{"role": "assistant", "content": new}, *msgs[4:], {"role": "assistant", "content": "Reply 5: next."},
+             {"role": "user", "content": "Go on."}]
+    return [Gen.body(CODER, msgs, None, None), Gen.body(CODER, again, None, None)]
+
+
+def test_the_models_summary_in_place_of_the_first_turns_is_a_compaction(fpr) -> None:
+    """The first turns dropped and a message of the model's that restates them in their place, the rest
+    kept and the history shorter: a compaction, whatever the summary's role (round 77)."""
+    msgs = agent_history(4)
+    summary = ("Summary of the earlier turns: the user asked to migrate the billing module to the new invoice API, "
+               "keeping the public functions and their tests; " + " ".join(str(m["content"])[:120] for m in msgs[1:4]))
+    assert causes(fpr, _turns_replaced(summary)) == ["compaction"]
+
+
+def test_the_models_long_note_in_place_of_the_first_turns_restating_nothing_is_a_front_trim(fpr) -> None:
+    """The guard: a long message of the model's that restates none of the turns dropped is no summary."""
+    note = ("Before we go on: the storefront theme needs a new colour palette, larger product photos on the category "
+            "pages and a sticky basket button on phones; the search box on tablets is broken too, and the house style "
+            "wants one line per change in the changelog.")
+    assert causes(fpr, _turns_replaced(note)) == ["front_trim"]

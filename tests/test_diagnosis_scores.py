@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was, `heldout56` when `heldout57` was, `heldout57` when `heldout58` was, `heldout58` when `heldout59` was, `heldout59` when `heldout60` was, `heldout60` when `heldout61` was, `heldout61` when `heldout62` was, `heldout62` when `heldout63` was, `heldout63` when `heldout64` was, `heldout64` when `heldout65` was, `heldout65` when `heldout66` was, `heldout66` when `heldout67` was, `heldout67` when `heldout68` was, `heldout68` when `heldout69` was, `heldout69` when `heldout70` was, `heldout70` when `heldout71` was, `heldout71` when `heldout72` was, `heldout72` when `heldout73` was, `heldout73` when `heldout74` was, `heldout74` when `heldout75` was, `heldout75` when `heldout76` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout76` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was, `heldout56` when `heldout57` was, `heldout57` when `heldout58` was, `heldout58` when `heldout59` was, `heldout59` when `heldout60` was, `heldout60` when `heldout61` was, `heldout61` when `heldout62` was, `heldout62` when `heldout63` was, `heldout63` when `heldout64` was, `heldout64` when `heldout65` was, `heldout65` when `heldout66` was, `heldout66` when `heldout67` was, `heldout67` when `heldout68` was, `heldout68` when `heldout69` was, `heldout69` when `heldout70` was, `heldout70` when `heldout71` was, `heldout71` when `heldout72` was, `heldout72` when `heldout73` was, `heldout73` when `heldout74` was, `heldout74` when `heldout75` was, `heldout75` when `heldout76` was, `heldout76` when `heldout77` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout77` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -99,7 +99,8 @@ FLOORS = {
     # day, odds each read as an edit the first time they change; sums whose labels keep the currency
     # sign, which the earlier pools' labels leave out; a tool list with a nameless entry; the look-alike alarm below)
     # round 24: 0.9889 / 0.9787 / 0.9199
-    "heldout18": (0.988, 0.978, 0.919),
+    # round 77: 0.9921 / 0.9852 / 0.9199 (tools moved inside a code block, named as code in JSON)
+    "heldout18": (0.992, 0.985, 0.919),
     # the nineteenth (measured 0.950 / 0.921 / 0.707), tune side since heldout20: 0.9789 / 0.9547 / 0.8421
     # (a count of vehicles waiting, AIS targets, a ship's MMSI with most digits kept, a pressure pair
     # read as edits the first time they change; llm-functions' and A2A's tool lists; a goose summary
@@ -107,7 +108,8 @@ FLOORS = {
     # round 22 (a pressure pair on its first change): 0.9805 / 0.9569 / 0.8453
     # round 24: 0.9838 / 0.9616 / 0.8667
     # round 44: 0.9838 / 0.9616 / 0.8944
-    "heldout19": (0.983, 0.961, 0.894),
+    # round 77: 0.9870 / 0.9680 / 0.8944 (an agent card's skills moved inside a code block)
+    "heldout19": (0.987, 0.967, 0.894),
     # the twentieth (measured 0.938 / 0.785 / 0.539), tune side since heldout21: 0.9688 / 0.9227 / 0.6011;
     # since round 22 (a status line's readings on their first change): 0.9782 / 0.9387 / 0.6332
     # (counters, ids and states read as edits the first time they change; Agent Skills' and Flowise's
@@ -116,7 +118,8 @@ FLOORS = {
     # round 27 (a summary asked for and kept as the model's reply): 0.9798 / 0.9505 / 0.6332
     # round 44: 0.9798 / 0.9505 / 0.7230; round 55: 0.9813 / 0.9537 / 0.7230 (Flowise tools, JSON items named as
     # code, moved: a tool order)
-    "heldout20": (0.981, 0.953, 0.722),
+    # round 77: 0.9860 / 0.9639 / 0.7230 (tools moved inside a code block)
+    "heldout20": (0.985, 0.963, 0.722),
     # the twenty-first (measured 0.889 / 0.688 / 0.288), tune side since heldout22: 0.9889 / 0.8515 / 0.5385
     # (a phantom history_edit: a status line's reading added; a compaction that drops one exchange under its summary;
     # a wind's gusts, a departure's clock range, counts of one small integer read as edits the first time they
@@ -251,7 +254,8 @@ FLOORS = {
     # round 40: 0.9870 / 0.9601 / 0.8042
     # round 44: 0.9870 / 0.9601 / 0.9556
     # round 45: 0.9951 / 0.9740 / 0.9742
-    "heldout38": (0.995, 0.974, 0.979),
+    # round 77: 0.9967 / 0.9778 / 0.9794 (tools moved inside a code block)
+    "heldout38": (0.996, 0.977, 0.979),
     # the thirty-ninth (measured 0.948 / 0.799 / 0.441), tune side since heldout40: 0.9935 / 0.9789 / 0.5594
     # (markup directives as a tool list, the newest entry a `Last …` key names, a reference written as a
     # creditor reference, a countdown `on the clock`, a context block's key line; states replaced by
@@ -360,7 +364,8 @@ FLOORS = {
     # WeTransfer links, MOT test numbers, a guides' office board with a dotted clock and a rule's first booking
     # time edited read by round 54's rules; autoclave cycles, a mountain weather reading and tldr pages reordered
     # once still read as edits)
-    "heldout53": (0.993, 0.987, 0.992),
+    # round 77: 0.9952 / 0.9911 / 0.9925 (tools moved inside a code block)
+    "heldout53": (0.995, 0.991, 0.992),
     # the fifty-fourth (measured 0.960 / 0.895 / 0.948), tune side since round 55: 0.9968 / 0.9940 / 0.9949 (a
     # Postman collection's requests, AutoGPT's running summary, Airbnb reservations, Austrian receipts with their
     # signed code and changeover boards up to 240 characters read by round 55's rules; ski binding tests still
@@ -473,13 +478,17 @@ FLOORS = {
     # clocks or `Uhr`, Hare's getopt subcommands and Elvish functions named in one word, Agent Zero's summaries
     # merged into the first user message kept read by round 76's rules)
     "heldout75": (1.000, 1.000, 1.000),
+    # measured once at b56f657 (0.967 / 0.793 / 0.930, one look-alike alarm); after round 77 (Suna's summary in place
+    # of every message, GDB's `help user-defined` listing, Clojure option specs, a rule's hour given twice, boards
+    # stamped `4:09a`, `10⁵² Uhr` or in two languages read by round 77's rules)
+    "heldout76": (1.000, 1.000, 1.000),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout76), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout77), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -487,7 +496,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55", "heldout56", "heldout57", "heldout58", "heldout59", "heldout60", "heldout61", "heldout62", "heldout63", "heldout64", "heldout65", "heldout66", "heldout67", "heldout68", "heldout69", "heldout70", "heldout71", "heldout72", "heldout73", "heldout74", "heldout75")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55", "heldout56", "heldout57", "heldout58", "heldout59", "heldout60", "heldout61", "heldout62", "heldout63", "heldout64", "heldout65", "heldout66", "heldout67", "heldout68", "heldout69", "heldout70", "heldout71", "heldout72", "heldout73", "heldout74", "heldout75", "heldout76")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -547,9 +556,6 @@ def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
     assert_at_or_above_the_floor(fpr, corpus)
 
 
-@pytest.mark.xfail(strict=True, reason="a look-alike alarm on the held-out split heldout76 (measured once, 2026-12-07): "
-                                       "a rule's hour in English and Welsh, `Gates open at 7.30am / 7.30yb.`, edited and "
-                                       "read as a clock; strict, so it turns red when the alarm is gone and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
@@ -559,13 +565,6 @@ def test_heldout_span_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.span_exact_f1 >= HELDOUT_GOAL_SPAN_F1, (heldout.span_exact_f1, heldout.errors[:10])
 
 
-@pytest.mark.xfail(strict=True, reason="goal not met on the held-out split heldout76 (measured once, 2026-12-07): "
-                                       "macro-F1 0.793 (Suna's context manager, the history replaced by one summary between "
-                                       "fixed markers, read as a new conversation or as `question_first`, a cause no label "
-                                       "names, compaction recall 0.56; GDB's `help user-defined` listing and a Clojure "
-                                       "tools.cli spec reordered read as edited templates, tool_order recall 0.84; "
-                                       "boards stamped `6:18a`, `10⁵² Uhr` or in two languages read as edits on their first "
-                                       "change); strict, so it turns red when the goal is reached and this mark must go")
 def test_heldout_macro_f1_meets_the_goal(heldout: Scores) -> None:
     assert heldout.macro_f1 >= HELDOUT_GOAL_MACRO_F1, (heldout.macro_f1, heldout.errors[:10])
 
@@ -596,7 +595,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout76`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout77`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

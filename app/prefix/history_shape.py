@@ -131,11 +131,13 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     if transcript_compacted(prev, cur):  # a transcript kept in one user message, compacted there (round 52)
         return True
     histories = cache(lambda: (_history(prev), _history(cur)))  # message keys: once, and only when a test needs them
-    if first_message_summarised(prev, cur, histories) or summary_merged_into_kept(prev, cur, histories):
+    if first_message_summarised(prev, cur, histories) or summary_merged_into_kept(prev, cur, histories) \
+            or dropped_turns_restated(prev, cur, histories):
         return True
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
-    if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur):
+    if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur) \
+            or summary_replaces_history(prev, cur, histories):
         return True
     if pn and summary_memory(cur) and not {k for _, k, _ in histories()[1]} & {k for _, k, _ in histories()[0]}:
         return True
@@ -176,6 +178,21 @@ def summary_alone(cur: RequestSketch) -> bool:
         return False
     m = _TAGGED_WHOLE.fullmatch(cur.text, history[0].start, history[0].end)
     return m is not None and len(m.group(2)) >= SUMMARY_REPLY_CHARS
+
+
+def summary_replaces_history(prev: RequestSketch, cur: RequestSketch,
+                             histories: Callable[[], tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]]) -> bool:
+    """Is the current history one new user message of SUMMARY_REPLY_CHARS or more that restates the
+    previous history (STACKED_MIN_MESSAGES or more, a summary's reply and the next question after an
+    earlier summary too), every earlier message gone (Suna's context manager: the messages since the
+    latest summary summarised into one user message between its markers, the call sent with the
+    system prompt and that summary alone; round 77)? A new conversation opens with a question that
+    restates none of the one before. Read on the text path only."""
+    history, old_history = cur.history_regions(), prev.history_regions()
+    if len(history) != 1 or len(old_history) < STACKED_MIN_MESSAGES or not opens_with_summary(history):
+        return False
+    ph, ch = histories()
+    return ch[0][1] not in {k for _, k, _ in ph} and restates_history(cur, history[0].start, history[0].end, source=prev)
 
 
 def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
@@ -224,6 +241,34 @@ def first_message_summarised(prev: RequestSketch, cur: RequestSketch,
     if any(line in old_lines for line in cur.text[new.start:new.end].split("\n")):
         return False
     return restates_history(cur, new.start, new.end, source=prev)
+
+
+def dropped_turns_restated(prev: RequestSketch, cur: RequestSketch,
+                           histories: Callable[[], tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]]) -> bool:
+    """Did the history drop its first turns (two messages or more) and keep the rest to its end, with new
+    messages in their place, SUMMARY_REPLY_CHARS or more together, that restate the turns dropped, the
+    history shorter than before (round 77: whatever the summary's role or its number of messages, a
+    summary and the model's acknowledgement, say)? A front trim puts nothing in place of what it drops; a
+    summary rewritten over a window that keeps its length is paid on every turn and stays a front trim
+    (issue 29). Read on the text path only."""
+    old_history, history = prev.history_regions(), cur.history_regions()
+    if len(old_history) < COMPACTED_MIN_MESSAGES or not history or len(history) >= len(old_history):
+        return False
+    ph, ch = histories()
+    pk = [k for _, k, _ in ph]
+    first_kept = next((n for n, (_, k, _) in enumerate(ch) if k in pk), None)
+    if not first_kept:
+        return False  # none kept, or the first message kept: nothing stands in front
+    j = pk.index(ch[first_kept][1])
+    if j < 2 or [k for _, k, _ in ch[first_kept:first_kept + len(pk) - j]] != pk[j:]:
+        return False
+    new = history[:first_kept]
+    if sum(r.end - r.start for r in new) < SUMMARY_REPLY_CHARS:
+        return False
+    dropped = old_history[:j]
+    words = {w.lower() for r in new for w in _CONTENT_WORD.findall(cur.text, r.start, min(r.end, r.start + RESTATED_SCAN_CHARS))}
+    seen = {w.lower() for r in dropped for w in _CONTENT_WORD.findall(prev.text, r.start, min(r.end, r.start + RESTATED_SCAN_CHARS))}
+    return bool(words) and len(words & seen) >= RESTATED_SHARE * len(words)
 
 
 MERGED_SUMMARY_CHARS = 120  # a summary merged into the message it comes before: a topic's paragraph at least

@@ -15,7 +15,7 @@ from typing import Any
 from app.prefix.sketch import Region, RequestSketch
 
 # a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
-# `* name -> ...` (`nox --list`),
+# `* name -> ...` (`nox --list`), `name -- ...` (GDB's `help user-defined`; round 77),
 # `` `name`: ...``, `<function>{...}</function>` (Anthropic's legacy tool prompt; a case test has
 # it), `{"name": ...}`, `## name`, a declaration in code, lower-case keywords before the name
 # and its parameters (`def name(`, `async function name(`, `pub fn name(`), an HTTP route
@@ -32,7 +32,7 @@ TOOL_LINE = re.compile(
     r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
     rf"""{_JAVA_TYPE}[a-z_]\w*\s*\(|{_CSHARP_TYPE}[A-Za-z_]\w*\s*\(|"""
     r"""[A-Za-z_][\w.\-/:]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
-    r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s|\s(?:->|→|=>)\s))""")
+    r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s|\s(?:->|→|=>|--)\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
 # with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name
 # (`<tool_name>x</tool_name>`), a bold, code or table-cell name (`**x**`, `` `x` ``, `| x |`, a table drawn in
@@ -224,7 +224,7 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     if len(pw) < 2 or pw == cw:
         return False, False
     if sorted(pw) == sorted(cw):
-        return True, tool_entries(cw) or tool_blocks(pw, cw) or templated_blocks(pw, cw)
+        return True, tool_entries(cw) or tool_blocks(pw, cw) or templated_blocks(pw, cw) or in_code_block(c, i, len(c) - s)
     # entries numbered by position (`1. name …`, `(1) name …`): the numbers stay, the entries move
     pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
     if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:
@@ -234,6 +234,28 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     if pn != cn and sorted(pn) == sorted(cn) and any(_BANNER_NAME.match(ln) for ln in cn):
         return True, tool_blocks(pn, cn)
     return False, False
+
+
+_FENCE = re.compile(r"^\s*(?:```|~~~)")
+_JSON_CODE_ID = re.compile(rf'^\s*"(?:id|name|key|slug|type)"\s*:\s*"{_AS_CODE}"\s*,?\s*$')
+_DATA_FENCE = re.compile(r"(?i)^\s*(?:```|~~~)\s*(?:json5?|jsonc|ya?ml|toml|xml|csv|ini)\s*$")
+
+
+def in_code_block(lines: list[str], start: int, end: int) -> bool:
+    """Are `lines[start:end]` inside one fenced code block (a fence opened before them and not closed,
+    closed after them) of a program or a listing? Its lines moved are its entries moved: what a
+    client renders per tool into a code block, whatever the notation (round 77); rules are prose
+    outside code blocks. Data (a block marked JSON, YAML, TOML …) is read by what it holds, and JSON's
+    items are tools when named as code (an agent card's skill, `"id": "send_sms"`): a manifest's products
+    moved, named in words, are no tools."""
+    fences = [k for k, ln in enumerate(lines) if _FENCE.match(ln)]
+    before = [k for k in fences if k < start]
+    if len(before) % 2 == 0 or not any(k >= end for k in fences) or any(start <= k < end for k in fences):
+        return False
+    moved = lines[start:end]
+    if any(_JSON_MEMBER.match(ln) for ln in moved):  # JSON's items: tools when named as code (`"id": "send_sms"`)
+        return any(_JSON_CODE_ID.match(ln) for ln in moved)
+    return not _DATA_FENCE.match(lines[before[-1]])
 
 
 # what a listing puts before each entry: a logger's clock, a tree's branch (`[07:41:09] ├── clean   Removes …`,
@@ -358,8 +380,9 @@ _FILE_HEADING = re.compile(r"^\s*(?:#+|//+|--|;+)\s*\.?[\w@-]+(?:/[\w.@-]+)*/[\w
 
 
 # a function defined by a Lisp's `defn` or `defun` and its name (Janet's and Clojure's `(defn lost-property`,
-# Common Lisp's `(defun lost-property (args)`; round 71), as Scheme's `(define (name …)` declares one
-_LISP_DEFN = re.compile(r"^\s*\((?:defn-?|defun|defmacro)\s+[A-Za-z_][\w*!?<>=/+.-]*(?:\s|$)")
+# Common Lisp's `(defun lost-property (args)`; round 71), as Scheme's `(define (name …)` declares one; or a value
+# defined by `def`, a Clojure tool's option specs (`(def passen-startliste`; round 77)
+_LISP_DEFN = re.compile(r"^\s*\((?:defn-?|defun|defmacro|def)\s+[A-Za-z_][\w*!?<>=/+.-]*(?:\s|$)")
 # a package as `pipx list` lists it, the apps it exposes on the lines under it (`   package carnival-radio-log
 # 2.3.0, installed using Python 3.12.3`; round 70)
 _PIPX_PACKAGE = re.compile(r"^\s*package [\w.-]+ \S+, installed using \S+ \d[\w.+-]*\s*$")

@@ -291,11 +291,17 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # …`, `Fasnetsdienstag 17.02. ◆ 9:47 Uhr ◆ …`, round 75; the clock may be in twelve hours (`CLOCK_12`) and name its
 # zone, the month may come before the day (then a sign sets the date apart: a log line's `Jul 24 15:29:20 pppd[812]:`
 # is no board), and the day's name in brackets after the date, `Stampede ✦ Sat Jul 3 ✦
-# 2:35 p.m. MDT ✦ …`, `Puck Fair ☘ Thu 12 Aug (Scattering Day) ☘ 9.03pm ☘ …`, round 76)
+# 2:35 p.m. MDT ✦ …`, `Puck Fair ☘ Thu 12 Aug (Scattering Day) ☘ 9.03pm ☘ …`, round 76; the date may be given again
+# in a second language after a slash, `RWS27 ❧ Tue 20 Jul / Maw 20 Gorff ❧ 2.02pm / 2.02yp ❧ …`, and, from the
+# conventions themselves, a day's number may be ordinal, `Sat 20th Jul`, a date may hold its year, `20.07.2026`,
+# `20/07/26`, or be ISO 8601's, `2026-07-20`, round 77)
 _STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,2}}(?: \d{{1,2}})?(?:, | {SIGN} | (?=\())"
-_STAMP_DATE = (r"(?:(?:\d{1,2}\.(?:\d{1,2}|[IVX]{1,4})\.|\d{1,2} (?:de )?[^\W\d_]{3,9}\.?|\d{1,2}/\d{1,2}"
+_ORDINAL = r"(?:st|nd|rd|th)?"
+_STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}})?|\d{{1,2}}{_ORDINAL} (?:de )?[^\W\d_]{{3,9}}\.?"
+               r"|\d{1,2}/\d{1,2}(?:/\d{2,4})?|\d{4}-\d\d-\d\d"
                r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))(?: \([^\W\d_][^()\n]{1,24}\))?"
-               rf"(?:,? | {SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}} (?:{SIGN}|[–—]) )")
+               r"(?: / (?:[^\W\d_]\w{1,19}\.? )?\d{1,2} [^\W\d_]{3,9}\.?)?"
+               rf"(?:,? | {SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{SIGN}|[–—]) )")
 _STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}(?:{_STAMP_DATE})?"
                       rf"((?:{STAMP_CLOCK})(?: [A-Z]{{3,4}})?)"
                       rf"(?: (?:{SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
@@ -813,7 +819,7 @@ def _status_reading(prev: str, cur: str, value: LineValue | None) -> ValueChange
     if found is None:
         return None
     s, e, pe = found
-    if rule_hours(prev, pstart + s, pstart + pe, cur, start + s, start + e):
+    if rule_hours(prev, pstart + s, pstart + pe, cur, start + s, start + e) or hours_edited(prev[pstart:pend], cur[start:end]):
         return None  # a rule's hour edited (`booked from 08:00` -> `08:30`), not a reading (round 54)
     return ValueChange(Span(start + s, start + e, "counter", cur[start + s:start + e]), pstart + pe)
 
@@ -923,6 +929,19 @@ def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
         return True
     return not (_bounds_range(prev, ps, pe) or _bounds_range(cur, cs, ce)) \
         and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
+
+
+_CLOCK_TOKEN = re.compile(r"(?<![\w.:])\d{1,2}[:h.]\d\d(?:\s?[AaPp]\.?[Mm]\.?)?(?![\d:])")
+
+
+def hours_edited(old: str, new: str) -> bool:
+    """Are two values the same but for clocks that were each on the hour or the half and still are (a
+    rule's hour given in two languages or two notations, `Gates open at 7.00am / 7.00yb.` -> `7.30am /
+    7.30yb.`; round 77)? `rule_hours` reads one clock; a rule written twice changes two."""
+    a, b = _CLOCK_TOKEN.findall(old), _CLOCK_TOKEN.findall(new)
+    if not a or len(a) != len(b) or _CLOCK_TOKEN.sub("#", old) != _CLOCK_TOKEN.sub("#", new):
+        return False
+    return all(x == y or (_ON_THE_HOUR.fullmatch(x) and _ON_THE_HOUR.fullmatch(y)) for x, y in zip(a, b, strict=True))
 
 
 def _bounds_range(text: str, start: int, end: int) -> bool:

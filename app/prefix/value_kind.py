@@ -619,24 +619,39 @@ DECIMAL_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 # a record's parts apart (`·`, `|`, `¦`, `»`, `→`, `▹`, `┊`, `◆`, runic punctuation `᛫`; any such sign since round 75)
 SIGN = r"[^\w\s\-–—,.:;!?'\"„“”‘’()\[\]{}<=+*/\\&%#@$€£]"
 # a clock in twelve hours with its half of the day, written with a colon or a dot (`9.03pm`, `2:35 p.m.`, `10:06
-# a.m.`): a board's or a report's stamp as the 24-hour clock is (round 76)
-CLOCK_12 = r"(?:1[0-2]|0?[1-9])[.:][0-5]\d ?(?:[ap]m|[AP]M|[ap]\.m\.)"
+# a.m.`; round 76), or a US schedule's letter alone after a colon's clock (`7:25a`; round 77): a board's or a
+# report's stamp as the 24-hour clock is
+CLOCK_12 = r"(?:1[0-2]|0?[1-9])(?:[.:][0-5]\d ?(?:[ap]m|[AP]M|[ap]\.m\.)|:[0-5]\d[ap](?!\w))"
+RAISED_DIGITS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 # a stamp's clock as boards and logs write it: 24-hour, to the minute or the second, in brackets or not, or
 # twelve-hour; `Uhr` or `h` after it; dotted with `Uhr` or `h` after it (`07.13 Uhr`) or the word for o'clock before
 # it (`kl. 14.12`, `klo 14.12`, `ore 18.30`, `godz. 9.05`), or with an `h` between the hours and the minutes
-# (`19h12`, `14 h 30`; round 76)
-STAMP_CLOCK = (rf"\[?(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12})\]?(?: ?(?:Uhr|h))?|\d{{1,2}}\.\d\d ?(?:Uhr|h)"
-               r"|(?:kl\.|klo|ore|godz\.) \d{1,2}[.:][0-5]\d|\d{1,2} ?h ?[0-5]\d")
+# (`19h12`, `14 h 30`; round 76); its minutes raised, as a poster writes them (`8⁴⁵ Uhr`), and the clock given
+# again in a second language after a slash (`2.02pm / 2.02yp`); and, from the conventions themselves, `uur`, `hrs`
+# or `u` after it, a Belgian `14u30`, and a services' clock of four digits with `hrs`, `Z` or `L` (`1430 hrs`;
+# round 77)
+_CLOCK_WORD = r"(?:Uhr|uur|hrs?|h|u\.?)(?!\w)"  # what follows a clock: German's, Dutch's, the services' `hrs`, `h`, `u`
+STAMP_CLOCK = (rf"(?:\[?(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12})\]?(?: ?{_CLOCK_WORD})?|\d{{1,2}}\.\d\d ?{_CLOCK_WORD}"
+               rf"|(?:kl\.?|klo|ore|godz\.) \d{{1,2}}[.:][0-5]\d|\d{{1,2}} ?[hu] ?[0-5]\d(?!\w)"
+               rf"|\d{{1,2}}[{RAISED_DIGITS}]{{2}}(?: ?Uhr)?|[01]\d[0-5]\d ?(?:hrs?|[ZL])(?!\w))"
+               r"(?: / \d{1,2}[.:][0-5]\d ?[^\W\d_]{0,4}\.?)?")
+_RAISED = str.maketrans(RAISED_DIGITS, "0123456789")
+_RAISED_MINUTES = re.compile(f"[{RAISED_DIGITS}]+")
 
 
 def clock_minutes(clock: str) -> int:
     """Minutes since midnight of a stamp's clock, 24-hour or twelve-hour (`CLOCK_12`: `12.10am` is
-    00:10, `1.03pm` is 13:03)."""
-    hours, minutes = (int(n) for n in re.findall(r"\d+", clock)[:2])
-    half = re.search(r"(?i)\d ?([ap])\.?m\b", clock)
+    00:10, `1.03pm` is 13:03, `7:25a` is 07:25), its minutes raised or not (`8⁴⁵`), or four digits (`1430
+    hrs`)."""
+    clock = _RAISED_MINUTES.sub(lambda m: ":" + m.group().translate(_RAISED), clock)
+    numbers = re.findall(r"\d+", clock)
+    hours, minutes = divmod(int(numbers[0]), 100) if len(numbers[0]) > 2 else (int(numbers[0]), int(numbers[1]))
+    half = re.search(r"(?i)\d ?([ap])(?:\.?m\b|(?!\w))", clock)
     if half is not None:
         hours = hours % 12 + (12 if half.group(1).lower() == "p" else 0)
     return hours * 60 + minutes
+
+
 _BOARD_PARTS = re.compile(rf" (?:{SIGN}|;) ")
 
 
@@ -939,7 +954,8 @@ def _stamped_report(old: str, new: str) -> bool:
 # `Schubkärchler 33 ♦ 20:35 Uhr: …`; round 76)
 _FIRST_STAMP = re.compile(r"((?:[^\s:]{1,20} ){0,6}?\(?)"
                           rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ)\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
-_QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:Z| ?(?:Uhr|h)| ?[ap]\.?m\.?|[AP]M)?")
+_QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:Z| ?(?:Uhr|h)| ?[ap]\.?m\.?|[AP]M|[ap])?"
+                           r"(?: / \d{1,2}[.:](?:00|15|30|45) ?[^\W\d_]{0,4}\.?)?")
 STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
 
 
@@ -966,8 +982,9 @@ def _report_stamped_first(old: str, new: str) -> bool:
     tower's calls in Zulu time, a tournament's passes `3. Gang (15:51) – …`; round 73; who reports may
     change and a place may come before the clock, `Blue 9 @ Market Place 13:56: …` -> `Green 26 @ Old
     Elvet 15:35: …`, `Post 31 · Governor's Bridge · 15:21 · all clear` -> `Post 54 · Bray Hill · 15:40 ·
-    all clear`, round 75): the newest entry of a log, its clock whatever the report's. A rule's hours
-    are on the quarter hour (`Mass (10:30) – Sundays` -> `(11:00) – …`)."""
+    all clear`, round 75), or the clock alone, neither side on the quarter hour (round 77): the newest
+    entry of a log, its clock whatever the report's. A rule's hours are on the quarter hour (`Mass
+    (10:30) – Sundays` -> `(11:00) – …`)."""
     if max(len(old), len(new)) > STAMPED_REPORT_CHARS:
         return False
     a, b = _FIRST_STAMP.match(old), _FIRST_STAMP.match(new)
@@ -975,7 +992,11 @@ def _report_stamped_first(old: str, new: str) -> bool:
         return False
     if _QUARTER_HOUR.fullmatch(a.group(2)) and _QUARTER_HOUR.fullmatch(b.group(2)):
         return False
-    return old[a.end():] != new[b.end():] or a.group(1) != b.group(1)
+    if old[a.end():] != new[b.end():] or a.group(1) != b.group(1):
+        return True
+    # the clock alone changed, neither on the quarter hour: a clock, not a rule's hour (`Ring commentary ❧ 11.33am
+    # / 11.33yb ❧ …` -> `4.35pm / 4.35yp ❧ …`; round 77)
+    return not (_QUARTER_HOUR.fullmatch(a.group(2)) or _QUARTER_HOUR.fullmatch(b.group(2)))
 
 
 # a match's result: its two sides, then two sets' scores or more, one of them with a game count of one digit
