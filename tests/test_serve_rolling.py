@@ -148,17 +148,25 @@ def terminate(gw: GatewayProcess) -> None:
 def sim_process() -> Iterator[list[str]]:
     """Two simulated replicas in their own process, so the client's event loop here is not slowed
     by the simulator's threads (a slow client would see readiness late, as a slow kube-proxy would)."""
-    port = consecutive_free_ports(2)
-    proc = subprocess.Popen([sys.executable, "-m", "app", "sim", "--replicas", "2", "--host", "127.0.0.1",
-                             "--port", str(port), "--decode-tps", "40"], cwd=ROOT, stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    urls = [f"http://127.0.0.1:{port + i}" for i in range(2)]
-    try:
+    # Free ports are picked before the simulator binds them, and another test's process may take one in
+    # between (seen once under `make test`'s four workers: the simulator exited 1): new ports, twice at most.
+    for attempt in range(3):
+        port = consecutive_free_ports(2)
+        proc = subprocess.Popen([sys.executable, "-m", "app", "sim", "--replicas", "2", "--host", "127.0.0.1",
+                                 "--port", str(port), "--decode-tps", "40"], cwd=ROOT, stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        urls = [f"http://127.0.0.1:{port + i}" for i in range(2)]
         deadline = time.monotonic() + 60
         with httpx.Client(timeout=1) as client:  # one client for the whole wait (a new one costs ~30 ms of CPU)
-            while not all(_answers(client, u + "/health") for u in urls):
-                assert proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
+            while not all(_answers(client, u + "/health") for u in urls) and proc.poll() is None:
+                if time.monotonic() > deadline:
+                    stop_process(proc)
+                    raise AssertionError("simulator did not start")
                 time.sleep(0.1)
+        if proc.poll() is None:
+            break
+        assert attempt < 2, f"simulator exited {proc.returncode} three times"
+    try:
         yield urls
     finally:
         stop_process(proc)
