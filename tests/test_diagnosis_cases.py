@@ -4620,3 +4620,95 @@ def test_the_models_long_note_in_place_of_the_first_turns_restating_nothing_is_a
             "pages and a sticky basket button on phones; the search box on tablets is broken too, and the house style "
             "wants one line per change in the changelog.")
     assert causes(fpr, _turns_replaced(note)) == ["front_trim"]
+
+
+# ------------------------------------------------------------------ round 78
+@pytest.mark.parametrize("board", [
+    "Standings ✧ 14/08/2026 10:14:{} BST ✧ crews staging at the boathouse, first crew off at 10:30",
+    "Festwoche ♫ Sa 14.08. ♫ 20.{} ♫ Domplatz: Abendkonzert ♫ ab 21.45: Feuerwerk",
+    "Parade ✾ Sat Jan 1 ✾ 1:{} p.m. PT ✾ floats on Colorado Boulevard, bands at the corner",
+], ids=["dated-stamp-to-the-second", "dotted-clock-after-a-date", "two-letter-zone"])
+def test_boards_stamped_with_a_dated_clock_a_dotted_clock_or_a_short_zone_are_values_whole(fpr, board: str) -> None:
+    """A board stamped with its date and a clock to the second set apart by signs, a clock written with
+    a dot alone after a date, or a clock with a zone of two letters: only the clock moved on, the board
+    whole (round 78)."""
+    assert_values_whole(fpr, "Board: {}", [board.format(m) for m in ("11", "19", "27")])
+
+
+def test_reports_stamped_after_a_name_of_several_words_or_a_keyed_elision_are_values_whole(fpr) -> None:
+    """A stage door's calls stamped after a house's name of another length and a dotted clock before a
+    colon, and stewards' calls under a key that opens with an elision's apostrophe: the newest entry,
+    whole on its first change (round 78)."""
+    assert_values_whole(fpr, "Stage door: {}", ["Stage door Grand Theatre ♫ 16.30: cast called to the stage",
+                                                 "Stage door Small Hall ♫ 19.37: understudy on for the second act",
+                                                 "Stage door Grand Theatre ♫ 21.52: curtain down, clear the corridor"])
+    assert_values_whole(fpr, "'Obby 'Oss party: {}", ["Steward 12 ❀ 4.23pm ❀ crowd 3 deep by the harbour, asking people to step back",
+                                                      "Steward 23 ❀ 5.52pm ❀ drums resting in the square",
+                                                      "Steward 10 ❀ 6.40pm ❀ 'Oss turning into the lane by the church"])
+
+
+@pytest.mark.parametrize(("line", "values"), [
+    ("Note: The gates open at {}.", ["11:00 a.m. AKST", "11:30 a.m. AKST", "11:30 a.m. AKST"]),
+    ("Note: The parade starts at {}.", ["8:00 a.m.", "8:10 a.m.", "8:10 a.m."]),
+], ids=["hour-with-its-zone", "note-edited-off-the-hour"])
+def test_a_rules_hour_in_a_note_edited_stays_an_edit(fpr, line: str, values: list[str]) -> None:
+    """The guards: a rule's hour with its zone moved from the hour to the half, and a note's hour moved off
+    the hour, are edits (round 78: `heldout77`'s look-alike and edits)."""
+    got = run_value_line(fpr, line, values)
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_a_table_padded_before_its_tabs_reordered_is_a_tool_order_change(fpr) -> None:
+    """A listing whose cells are padded to their column's width and joined by a tab (uitable's, as `helm
+    plugin list` prints it), reordered: a tool order change (round 78)."""
+    entries = ["NAME       \tVERSION\tDESCRIPTION", "broadcast  \t0.9.2  \tShow the broadcast windows",
+               "equestrian \t1.1.5  \tList the equestrian units", "grandstands\t2.3.0  \tShow how full each stand is"]
+    assert reordered_listing_causes(fpr, entries, "Plugins", [0, 3, 1, 2]) == ["tool_order", None]
+
+
+def test_julia_argparse_commands_moved_are_a_tool_order_change(fpr) -> None:
+    """Tools written as a Julia program's commands on ArgParse.jl, moved inside their code block (its
+    quoted option names are no JSON): a tool order change (round 78, on `heldout77`'s tenants, tune side
+    since round 78)."""
+    assert_tool_orders_read(fpr, "heldout77", "text_tools_argparse_jl_")
+
+
+VOICE_TURNS = [("user", "Where can we watch the parade with a pushchair?"),
+               ("assistant", "The stands by the harbour have step-free places; come before nine, the pavement fills early."),
+               ("user", "And is there parking near the harbour?"),
+               ("assistant", "No parking by the harbour on the day: use the park and ride from the showground."),
+               ("user", "How often do the buses run?"),
+               ("assistant", "Every ten minutes from eight until the last bus back at six."),
+               ("user", "Can we bring the dog?")]
+
+
+def _first_summary(first: str, earlier: str | None = None) -> list[dict]:
+    """A voice bot's seven turns, its first message `earlier` or the caller's question; then its first
+    three messages gone, `first` in their place, the rest kept, and a reply and a question after: the
+    window keeps its length."""
+    msgs = [{"role": role, "content": text} for role, text in VOICE_TURNS]
+    if earlier is not None:
+        msgs = [{"role": "user", "content": earlier}, *msgs[1:]]
+    again = [{"role": "user", "content": first}, *msgs[3:], {"role": "assistant", "content": "Dogs on leads are welcome."},
+             {"role": "user", "content": "Thanks, and toilets?"}]
+    return [Gen.body(CODER, msgs, None, None), Gen.body(CODER, again, None, None)]
+
+
+VOICE_SUMMARY = ("Conversation summary: The caller asked where to watch the parade with a pushchair; the stands by the "
+                 "harbour have step-free places and the pavement fills early, so come before nine. The caller asked "
+                 "about parking near the harbour.")
+
+
+def test_a_first_summary_in_place_of_the_first_turns_keeping_the_windows_length_is_a_compaction(fpr) -> None:
+    """The first turns dropped and the conversation's first summary, restating them, in their place, the
+    newest kept and the window of the same length (Pipecat's context summarization): a compaction
+    (round 78)."""
+    assert causes(fpr, _first_summary(VOICE_SUMMARY)) == ["compaction"]
+
+
+def test_a_summary_rewritten_over_a_window_of_the_same_length_stays_a_front_trim(fpr) -> None:
+    """The guard: where the history opened with a summary before, a summary rewritten in its place over a
+    window that keeps its length is a rolling summary, paid on every turn: a front trim (issue 29)."""
+    earlier = ("Conversation summary: The caller asked about tickets for the grandstand on the first day and was told "
+               "that they are sold at the gate only, cash or card, and that children under five go free with an adult.")
+    assert causes(fpr, _first_summary(VOICE_SUMMARY, earlier)) == ["front_trim"]

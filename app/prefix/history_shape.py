@@ -246,14 +246,18 @@ def first_message_summarised(prev: RequestSketch, cur: RequestSketch,
 def dropped_turns_restated(prev: RequestSketch, cur: RequestSketch,
                            histories: Callable[[], tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]]) -> bool:
     """Did the history drop its first turns (two messages or more) and keep the rest to its end, with new
-    messages in their place, SUMMARY_REPLY_CHARS or more together, that restate the turns dropped, the
-    history shorter than before (round 77: whatever the summary's role or its number of messages, a
-    summary and the model's acknowledgement, say)? A front trim puts nothing in place of what it drops; a
-    summary rewritten over a window that keeps its length is paid on every turn and stays a front trim
-    (issue 29). Read on the text path only."""
+    messages in their place, SUMMARY_REPLY_CHARS or more together, that restate the turns dropped
+    (round 77: whatever the summary's role or its number of messages, a summary and the model's
+    acknowledgement, say)? The history is shorter than before, or the summary is the first (the
+    previous history opened with no summary: Pipecat's context summarization, its newest messages
+    kept; round 78). A front trim puts nothing in place of what it drops; a summary rewritten over a
+    window that keeps its length is paid on every turn and stays a front trim (issue 29). Read on the
+    text path only."""
     old_history, history = prev.history_regions(), cur.history_regions()
-    if len(old_history) < COMPACTED_MIN_MESSAGES or not history or len(history) >= len(old_history):
+    if len(old_history) < COMPACTED_MIN_MESSAGES or not history:
         return False
+    if len(history) >= len(old_history) and opens_with_summary(old_history):
+        return False  # a summary rewritten over a window that keeps its length: a rolling summary
     ph, ch = histories()
     pk = [k for _, k, _ in ph]
     first_kept = next((n for n, (_, k, _) in enumerate(ch) if k in pk), None)

@@ -20,7 +20,8 @@ from app.prefix.sketch import Region, RequestSketch
 # it), `{"name": ...}`, `## name`, a declaration in code, lower-case keywords before the name
 # and its parameters (`def name(`, `async function name(`, `pub fn name(`), an HTTP route
 # (`GET /lessons/{id} - ...`; a request line to a variable or a full URL, `GET {{host}}/x`, round 28), and a name in columns: its arguments, then a tab or a gap of two
-# spaces or more before the description (a CLI's `--help`, `bin/rails -T`, a tab-separated table)
+# spaces or more before the description (a CLI's `--help`, `bin/rails -T`, a tab-separated table, its cells padded
+# before the tab, Helm's `helm plugin list`; round 78)
 # what stands before a declared name in code: lower-case keywords (`def`, `pub fn`), Java's
 # modifiers and capitalised type, C#'s access modifier, modifiers and type
 _KEYWORDS = r"(?:[a-z]+\s+){1,3}"
@@ -31,7 +32,7 @@ TOOL_LINE = re.compile(
     rf"""{_KEYWORDS}[A-Za-z_][\w.]*\s*\(|(?:GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS)\s+(?:/|\{{\{{|https?://)|"""
     r"""\(\d{1,3}\)\s*`?[A-Za-z_][\w.\-]*`?[,:(]|"""
     rf"""{_JAVA_TYPE}[a-z_]\w*\s*\(|{_CSHARP_TYPE}[A-Za-z_]\w*\s*\(|"""
-    r"""[A-Za-z_][\w.\-/:]*(?: [^ \t]+)*(?:\t| {2,})\S|"""
+    r"""[A-Za-z_][\w.\-/:]*(?: [^ \t]+)*(?: *\t| {2,})\S|"""
     r"""(?:[-*•+]|\d+[.)])?\s*`?[A-Za-z_][\w.\-]*`?\s*(?:\(|:|\s[-—–]\s|\s(?:->|→|=>|--)\s))""")
 # a line that opens with a name set apart by its markup, whatever the tag or the markdown: a tag
 # with a name or id attribute (`<tool name="x">`, `<command id="x"/>`), a tag holding only a name
@@ -237,6 +238,7 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
 
 
 _FENCE = re.compile(r"^\s*(?:```|~~~)")
+_JSON_KEYED = re.compile(r'^\s*"[^"\n]*"\s*:')  # a JSON member with its key (Julia's `"--stelle"` alone is code)
 _JSON_CODE_ID = re.compile(rf'^\s*"(?:id|name|key|slug|type)"\s*:\s*"{_AS_CODE}"\s*,?\s*$')
 _DATA_FENCE = re.compile(r"(?i)^\s*(?:```|~~~)\s*(?:json5?|jsonc|ya?ml|toml|xml|csv|ini)\s*$")
 
@@ -253,7 +255,7 @@ def in_code_block(lines: list[str], start: int, end: int) -> bool:
     if len(before) % 2 == 0 or not any(k >= end for k in fences) or any(start <= k < end for k in fences):
         return False
     moved = lines[start:end]
-    if any(_JSON_MEMBER.match(ln) for ln in moved):  # JSON's items: tools when named as code (`"id": "send_sms"`)
+    if any(_JSON_KEYED.match(ln) for ln in moved):  # JSON's items: tools when named as code (`"id": "send_sms"`)
         return any(_JSON_CODE_ID.match(ln) for ln in moved)
     return not _DATA_FENCE.match(lines[before[-1]])
 

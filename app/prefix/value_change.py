@@ -302,9 +302,28 @@ _STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}
                r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))(?: \([^\W\d_][^()\n]{1,24}\))?"
                r"(?: / (?:[^\W\d_]\w{1,19}\.? )?\d{1,2} [^\W\d_]{3,9}\.?)?"
                rf"(?:,? | {SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{SIGN}|[–—]) )")
-_STAMPED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}(?:{_STAMP_DATE})?"
-                      rf"((?:{STAMP_CLOCK})(?: [A-Z]{{3,4}})?)"
-                      rf"(?: (?:{SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
+_STAMP_AFTER = rf"(?: (?:{SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S"
+_STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}(?:{_STAMP_DATE})?"
+                            rf"((?:{STAMP_CLOCK})(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
+# after a date, a clock written with a dot alone (an Austrian programme's `Mi 18.08. ♫ 21.01 ♫ …`; round 78): a date
+# before it makes it no price
+_STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}{_STAMP_DATE}"
+                            rf"((?:[01]?\d|2[0-3])\.[0-5]\d(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
+
+
+_SIGN_AFTER = re.compile(rf" (?:{SIGN}|[–—]) ")
+
+
+class _Stamped:
+    """The stamp a board opens with: its clock (`_STAMPED_CLOCK`), or a dotted clock after a date."""
+
+    @staticmethod
+    def match(text: str, start: int = 0, end: int | None = None) -> re.Match[str] | None:
+        end = len(text) if end is None else end
+        return _STAMPED_CLOCK.match(text, start, end) or _STAMPED_DATED.match(text, start, end)
+
+
+_STAMPED = _Stamped()
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 
@@ -317,9 +336,13 @@ def _status_too_long(text: str, start: int, end: int) -> bool:
     alone in a stamped board names what it is of (`Mo 13:13 Uhr · Zibelemärit 2027: Markt offen ·
     …`; round 67), no date."""
     value = text[start:end]
-    stamped = _STAMPED.match(text, start, end) is not None
-    if is_dated(value, year=not stamped):
+    stamp = _STAMPED.match(text, start, end)
+    # the stamp's own date is the board's when a sign sets the stamp apart (`ITC ✧ 03/06/2027 09:42:52 AKST ✧ …`;
+    # round 78); a date after it is a log's, and a dated stamp with its message after a space a log line's
+    own_date = stamp is not None and _SIGN_AFTER.match(text, stamp.end(1)) is not None
+    if is_dated(text[stamp.end(1):end] if own_date else value, year=stamp is None):
         return len(value) > STATUS_VALUE_CHARS
+    stamped = stamp is not None
     return len(without_notes(value)) > (STAMPED_STATUS_CHARS if stamped else STATUS_VALUE_CHARS)
 
 
@@ -906,14 +929,17 @@ def after_glued_key(text: str, start: int, at: int) -> int:
     return m.end() if m is not None and m.end() <= at else start
 
 
-# a rule's hour: on the hour or the half hour (`back by 17:30` -> `18:00`; round 53), or the quarter hour
-_ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.][03]0(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
-_ON_THE_QUARTER = re.compile(r"(?:[01]?\d|2[0-3])[:h.](?:[03]0|15|45)(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?")
+# a rule's hour: on the hour or the half hour (`back by 17:30` -> `18:00`; round 53), or the quarter hour; its zone
+# may follow (`11:00 a.m. AKST`; round 78)
+_ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.][03]0(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?(?: [A-Z]{2,4})?")
+_ON_THE_QUARTER = re.compile(r"(?:[01]?\d|2[0-3])[:h.](?:[03]0|15|45)(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?(?: [A-Z]{2,4})?")
 _RANGE_DASHES = frozenset("–—-")
 
 
-# a rule's sentence in a list: a bullet or a number, then words (four or more) before the clock
-_RULE_SENTENCE = re.compile(r"[ \t]*(?:[-*•]|\d{1,2}[.)]) (?:[^\W\d_][\w'’,-]* ){4,}(?:at|um|ab|from|until|bis) ")
+# a rule's sentence in a list: a bullet or a number, then words (four or more) before the clock; or in a note, two
+# words or more after `Note:` (`Note: The parade starts at 8:00 a.m. PT.`; round 78)
+_RULE_SENTENCE = re.compile(r"[ \t]*(?:(?:[-*•]|\d{1,2}[.)]) (?:[^\W\d_][\w'’,-]* ){4,}"
+                            r"|(?:Note|NB|Hinweis|Achtung|Please note): (?:[^\W\d_][\w'’,-]* ){2,})(?:at|um|ab|from|until|bis) ")
 
 
 def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:

@@ -267,7 +267,8 @@ _ID_PART = re.compile(r"[\w.:/+-]")
 
 # a line's key, then its sign: what `whole_value_change` reads the value after (`Nächste Kuh an Box 1: `)
 # (a clock's colon may be in the key: `Grundkurs (dienstags 19:30 Uhr): `; a range's dash: `J14–J15`)
-_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\d)){0,48}?\s*[:=]\s+")  # `Tonight's decision:` (round 26)
+# `Tonight's decision:` (round 26); a key may open with an elision's apostrophe (`'Oss party:`; round 78)
+_LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?['’]?[^\W\d_](?:[\w.,\-–/ ()'’]|:(?=\d)){0,48}?\s*[:=]\s+")
 # a state's words: one to six, a small number among them (`returning to base`, `unter Meldestufe 1`,
 # `Stewards' enquiry`, `ALB recovering up the slip`: round 36; `planner's controls out`: round 58;
 # `coaching on lawn 1 this morning`: round 59)
@@ -951,9 +952,10 @@ def _stamped_report(old: str, new: str) -> bool:
 # round 75), then its clock, in brackets or not, or a clock in Zulu time, then a sign or a colon, or a call sign after
 # a Zulu clock (`Ch 6 · 13:18 · King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`); the
 # clock may be any `STAMP_CLOCK`, and a word may be up to 20 characters long (`Stand ☘ 12.10pm ☘ …`,
-# `Schubkärchler 33 ♦ 20:35 Uhr: …`; round 76)
+# `Schubkärchler 33 ♦ 20:35 Uhr: …`; round 76), or a clock written with a dot alone before a colon (`Inspizienz ♫
+# 19.37: …`; round 78)
 _FIRST_STAMP = re.compile(r"((?:[^\s:]{1,20} ){0,6}?\(?)"
-                          rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ)\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
+                          rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ|(?:[01]?\d|2[0-3])\.[0-5]\d(?=:))\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
 _QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:Z| ?(?:Uhr|h)| ?[ap]\.?m\.?|[AP]M|[ap])?"
                            r"(?: / \d{1,2}[.:](?:00|15|30|45) ?[^\W\d_]{0,4}\.?)?")
 STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
@@ -962,13 +964,16 @@ STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
 def _stamp_head(before: str) -> str:
     """The shape of what a report's stamp opens with, up to its first sign: a word as `w`, a number as
     `#`, the sign itself (`Ch 6 ·` and `Post 31 ·` are `w#·`, `Green 26 @` and `Blue 9 @` are `w#@`,
-    `11. Gang (` is `#w(`): who reports, and from where, may change; the stamp's form stays."""
-    shape = []
+    `11. Gang (` is `#w(`): who reports, and from where, may change; the stamp's form stays. A name of
+    several words is one `w` (`Inspizienz Haus für Mozart ♫` and `Inspizienz Großes Festspielhaus ♫` are
+    `w♫`; round 78)."""
+    shape: list[str] = []
     for token in before.split():
         if any(c.isdigit() for c in token):
             shape.append("#")
         elif any(c.isalpha() for c in token):
-            shape.append("w")
+            if shape[-1:] != ["w"]:
+                shape.append("w")
         else:
             shape.append(token)
             break
