@@ -251,7 +251,7 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
     if span.kind == "nonce" or _status_too_long(text, start, end) or not start <= span.start < span.end <= end \
             or (start, end) == (span.start, span.end):
         return False
-    if (stamp := _STAMPED.match(text, start, end)) is not None and span.end <= stamp.end(1):
+    if (stamp := stamp_of(text, start, end)) is not None and span.end <= stamp.end(1):
         return True  # the clock a status is stamped with, first (with its day's date: round 65): the status whole
     if span.kind == "timestamp":
         return False
@@ -314,16 +314,10 @@ _STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,
 _SIGN_AFTER = re.compile(rf" (?:{SIGN}|[–—]) ")
 
 
-class _Stamped:
-    """The stamp a board opens with: its clock (`_STAMPED_CLOCK`), or a dotted clock after a date."""
-
-    @staticmethod
-    def match(text: str, start: int = 0, end: int | None = None) -> re.Match[str] | None:
-        end = len(text) if end is None else end
-        return _STAMPED_CLOCK.match(text, start, end) or _STAMPED_DATED.match(text, start, end)
-
-
-_STAMPED = _Stamped()
+def stamp_of(text: str, start: int, end: int) -> re.Match[str] | None:
+    """The stamp `text[start:end]` opens with, its clock as group 1: a clock (`_STAMPED_CLOCK`), or a
+    dotted clock after a date (`_STAMPED_DATED`)."""
+    return _STAMPED_CLOCK.match(text, start, end) or _STAMPED_DATED.match(text, start, end)
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 
@@ -336,7 +330,7 @@ def _status_too_long(text: str, start: int, end: int) -> bool:
     alone in a stamped board names what it is of (`Mo 13:13 Uhr · Zibelemärit 2027: Markt offen ·
     …`; round 67), no date."""
     value = text[start:end]
-    stamp = _STAMPED.match(text, start, end)
+    stamp = stamp_of(text, start, end)
     # the stamp's own date is the board's when a sign sets the stamp apart (`ITC ✧ 03/06/2027 09:42:52 AKST ✧ …`;
     # round 78); a date after it is a log's, and a dated stamp with its message after a space a log line's
     own_date = stamp is not None and _SIGN_AFTER.match(text, stamp.end(1)) is not None
@@ -604,10 +598,10 @@ STAMP_STEP_MINUTES = 60  # a status's clock moves on by this much at most betwee
 
 
 def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end: int) -> str | None:
-    """`time` when both values are statuses stamped with their clock first (`_STAMPED`, within
+    """`time` when both values are statuses stamped with their clock first (`stamp_of`, within
     `_status_too_long`) and the clock moved on, by STAMP_STEP_MINUTES at most: the status rewritten
     whole as time goes on (`15:51 — visit 8/8 …` -> `16:02 — round done, reports syncing`; round 51)."""
-    a, b = _STAMPED.match(prev, pstart, pend), _STAMPED.match(cur, start, end)
+    a, b = stamp_of(prev, pstart, pend), stamp_of(cur, start, end)
     if a is None or b is None or _status_too_long(cur, start, end) or _status_too_long(prev, pstart, pend):
         return None
     moved = (clock_minutes(b.group(1).strip("[]")) - clock_minutes(a.group(1).strip("[]"))) % (24 * 60)
