@@ -269,10 +269,8 @@ def dropped_turns_restated(prev: RequestSketch, cur: RequestSketch,
     new = history[:first_kept]
     if sum(r.end - r.start for r in new) < SUMMARY_REPLY_CHARS:
         return False
-    dropped = old_history[:j]
-    words = {w.lower() for r in new for w in _CONTENT_WORD.findall(cur.text, r.start, min(r.end, r.start + RESTATED_SCAN_CHARS))}
-    seen = {w.lower() for r in dropped for w in _CONTENT_WORD.findall(prev.text, r.start, min(r.end, r.start + RESTATED_SCAN_CHARS))}
-    return bool(words) and len(words & seen) >= RESTATED_SHARE * len(words)
+    return _restated(set().union(*(_content_words(cur.text, r.start, r.end) for r in new)),
+                     set().union(*(_content_words(prev.text, r.start, r.end) for r in old_history[:j])))
 
 
 MERGED_SUMMARY_CHARS = 120  # a summary merged into the message it comes before: a topic's paragraph at least
@@ -420,15 +418,24 @@ def restates_history(sk: RequestSketch, start: int, end: int, source: RequestSke
     the history of `source` (default `sk`; each message read up to RESTATED_SCAN_CHARS)? A summary
     restates what the chat said; a deployment's note put before the system prompt says something new
     (an edited template)."""
-    words = {w.lower() for w in _CONTENT_WORD.findall(sk.text, start, min(end, start + RESTATED_SCAN_CHARS))}
     seen: set[str] = set()
     budget = RESTATED_SCAN_CHARS
     source = source or sk
     for r in source.history_regions():
         if budget <= 0:
             break
-        seen.update(w.lower() for w in _CONTENT_WORD.findall(source.text, r.start, min(r.end, r.start + budget)))
+        seen |= _content_words(source.text, r.start, min(r.end, r.start + budget))
         budget -= r.end - r.start
+    return _restated(_content_words(sk.text, start, end), seen)
+
+
+def _content_words(text: str, start: int, end: int) -> set[str]:
+    """The words of four letters or more, lower-cased, in `text[start:end]`, read up to RESTATED_SCAN_CHARS."""
+    return {w.lower() for w in _CONTENT_WORD.findall(text, start, min(end, start + RESTATED_SCAN_CHARS))}
+
+
+def _restated(words: set[str], seen: set[str]) -> bool:
+    """Do RESTATED_SHARE or more of `words` occur in `seen`?"""
     return bool(words) and len(words & seen) >= RESTATED_SHARE * len(words)
 
 

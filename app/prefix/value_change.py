@@ -309,15 +309,15 @@ _STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,
 # before it makes it no price
 _STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}{_STAMP_DATE}"
                             rf"((?:[01]?\d|2[0-3])\.[0-5]\d(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
-
-
-_SIGN_AFTER = re.compile(rf" (?:{SIGN}|[–—]) ")
+_SIGN_AFTER = re.compile(rf" (?:{SIGN}|[–—]) ")  # a sign that sets a stamp apart from what follows it
 
 
 def stamp_of(text: str, start: int, end: int) -> re.Match[str] | None:
     """The stamp `text[start:end]` opens with, its clock as group 1: a clock (`_STAMPED_CLOCK`), or a
     dotted clock after a date (`_STAMPED_DATED`)."""
     return _STAMPED_CLOCK.match(text, start, end) or _STAMPED_DATED.match(text, start, end)
+
+
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
 
 
