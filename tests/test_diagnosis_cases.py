@@ -4712,3 +4712,50 @@ def test_a_summary_rewritten_over_a_window_of_the_same_length_stays_a_front_trim
     earlier = ("Conversation summary: The caller asked about tickets for the grandstand on the first day and was told "
                "that they are sold at the gate only, cash or card, and that children under five go free with an adult.")
     assert causes(fpr, _first_summary(VOICE_SUMMARY, earlier)) == ["front_trim"]
+
+
+# ------------------------------------------------------------------ round 79
+def test_a_record_named_by_a_long_zero_padded_number_risen_past_fifty_is_a_value_whole(fpr) -> None:
+    """A hire desk's record named by a zero-padded number of six digits, risen by more than fifty but
+    as a long number does (1% at most), its other parts changed: the newest entry, whole on its first
+    change (round 79)."""
+    assert_values_whole(fpr, "Boots hired: {}", ["Hire #048211 ✿ size 9 ✿ Lakeside shop",
+                                                 "Hire #048290 ✿ size 11 ✿ Quarry Road shop",
+                                                 "Hire #048355 ✿ size 7 ✿ Lakeside shop"])
+
+
+def test_a_record_whose_long_number_jumped_stays_an_edit(fpr) -> None:
+    """The guard: the same record whose number jumped by far more than a hire desk hands out between two
+    requests is no series moving on: an edit."""
+    got = run_value_line(fpr, "Boots hired: {}", ["Hire #048211 ✿ size 9 ✿ Lakeside shop",
+                                                  "Hire #058211 ✿ size 11 ✿ Quarry Road shop",
+                                                  "Hire #058211 ✿ size 11 ✿ Quarry Road shop"])
+    assert got[0]["cause"] == "template_change", got
+
+
+@pytest.mark.parametrize("calls", [
+    ["Marshal 7 ◈ 09:41 CST ◈ gates A to C open, crews to their baskets",
+     "Marshal 3 ◈ 09:26 CST ◈ hold: wind above limits at the north end",
+     "Marshal 12 ◈ 09:53 CST ◈ first wave cleared to inflate"],
+    ["Marshal 7 ◈ 09:15 CST ◈ gates A to C open, crews to their baskets",
+     "Marshal 3 ◈ 09:00 CST ◈ hold: wind above limits",
+     "Marshal 12 ◈ 09:45 CST ◈ first wave cleared to inflate"],
+], ids=["zone-after-the-clock", "on-the-quarter-hour-every-part-another"])
+def test_calls_stamped_with_a_zone_are_values_whole(fpr, calls: list[str]) -> None:
+    """A field's calls stamped after who calls, with a clock that names its zone, read out of order (no
+    clock that moved on a little); on the quarter hour too when who calls and the call changed in most
+    of its words: the newest entry, whole on its first change (round 79)."""
+    assert_values_whole(fpr, "Field calls: {}", calls)
+
+
+@pytest.mark.parametrize("values", [
+    ["Gate C ◈ 09:45 MDT ◈ opens for pilots and crews", "Gate A ◈ 08:00 MDT ◈ opens for pilots and crews only",
+     "Gate A ◈ 08:00 MDT ◈ opens for pilots and crews only"],
+    ["Gate 3 ◈ 09:45 MDT ◈ opens for pilots and crews", "Gate 3 ◈ 08:00 MDT ◈ closes to spectators at dusk",
+     "Gate 3 ◈ 08:00 MDT ◈ closes to spectators at dusk"],
+], ids=["most-words-kept", "who-kept"])
+def test_a_rules_record_on_the_quarter_hour_edited_stays_an_edit(fpr, values: list[str]) -> None:
+    """The guards: a rule's record on the quarter hour, its hour moved back, whose words mostly stayed, or
+    whose gate stayed, edited: an edit (round 79)."""
+    got = run_value_line(fpr, "Field rules: {}", values)
+    assert got[0]["cause"] == "template_change", got

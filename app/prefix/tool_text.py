@@ -5,11 +5,12 @@ them in another order (a `tool_order` break wherever the tools sit)."""
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import json
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.prefix.sketch import Region, RequestSketch
@@ -265,6 +266,28 @@ def in_code_block(lines: list[str], start: int, end: int) -> bool:
 _LINE_LEAD = re.compile(r"^(?:\[\d{1,2}:\d\d(?::\d\d)?\]\s+)?(?:[│┃|]\s+)*(?:[├└┣┗][─━]{2}|[|`]--)\s*")
 
 
+# a line's reading (does it name a tool?) is kept per distinct line: a tenant's system text repeats on every
+# request and a pool's tool lists in every tenant, and reading one line is some 30 patterns tried
+LINE_MEMO_ENTRIES = 8192
+LINE_MEMO_CHARS = 512  # a longer line is read every time (~4 MB held at most)
+
+
+def _per_line(read: Callable[[str], bool]) -> Callable[[str], bool]:
+    """`read`, kept for the last LINE_MEMO_ENTRIES distinct lines up to LINE_MEMO_CHARS long."""
+    kept = functools.lru_cache(maxsize=LINE_MEMO_ENTRIES)(read)
+    return functools.wraps(read)(lambda line: kept(line) if len(line) <= LINE_MEMO_CHARS else read(line))
+
+
+@_per_line
+def _names_tool(line: str) -> bool:
+    """Does a line (its listing's lead taken off) name its tool on a line of its own, in one of the
+    shapes `tool_entries` counts?"""
+    return bool(TOOL_LINE.match(line) or NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _CRON_LINE.match(line)
+                or _ALIAS_LINE.match(line) or _COMPLETION_LINE.match(line) or _MACRO_LINE.match(line)
+                or _COMMAND_PATH_LINE.match(line) or _DEVICE_COMMAND_LINE.match(line) or _USAGE_LINE.match(line)
+                or _BOT_HELP_LINE.match(line) or _MAKE_TARGET_LINE.match(line) or _LABEL_KIND_LINE.match(line))
+
+
 def tool_entries(lines: list[str]) -> bool:
     """Do these reordered lines of a system text read as a list of tool entries? Each entry names
     its tool on a line of its own (`TOOL_LINE`, `NAMED_LINE`): at least half of the lines do, or,
@@ -276,10 +299,7 @@ def tool_entries(lines: list[str]) -> bool:
     rest: list[str] = []
     lines = [_LINE_LEAD.sub("", ln, count=1) for ln in lines]
     for ln in lines:
-        (named if TOOL_LINE.match(ln) or NAMED_LINE.match(ln) or TOOL_NAME_LINE.match(ln) or _CRON_LINE.match(ln)
-         or _ALIAS_LINE.match(ln) or _COMPLETION_LINE.match(ln) or _MACRO_LINE.match(ln) or _COMMAND_PATH_LINE.match(ln)
-         or _DEVICE_COMMAND_LINE.match(ln) or _USAGE_LINE.match(ln) or _BOT_HELP_LINE.match(ln) or _MAKE_TARGET_LINE.match(ln)
-         or _LABEL_KIND_LINE.match(ln) else rest).append(ln)
+        (named if _names_tool(ln) else rest).append(ln)
     if len(named) * 2 >= len(lines):
         return True
     if len(named) < 2 or len({_shape(ln) for ln in named}) != 1:
@@ -390,6 +410,7 @@ _LISP_DEFN = re.compile(r"^\s*\((?:defn-?|defun|defmacro|def)\s+[A-Za-z_][\w*!?<
 _PIPX_PACKAGE = re.compile(r"^\s*package [\w.-]+ \S+, installed using \S+ \d[\w.+-]*\s*$")
 
 
+@_per_line
 def declares_name(line: str) -> bool:
     """Does a line name a tool as code or markup does (a tag holding the name, a name key, a
     declaration of a function or a type, `let name = "x"`, a call given the name first)?"""

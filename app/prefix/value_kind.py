@@ -953,9 +953,10 @@ def _stamped_report(old: str, new: str) -> bool:
 # a Zulu clock (`Ch 6 · 13:18 · King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`); the
 # clock may be any `STAMP_CLOCK`, and a word may be up to 20 characters long (`Stand ☘ 12.10pm ☘ …`,
 # `Schubkärchler 33 ♦ 20:35 Uhr: …`; round 76), or a clock written with a dot alone before a colon (`Inspizienz ♫
-# 19.37: …`; round 78)
+# 19.37: …`; round 78); the clock may name its zone before the sign (`Zebra 14 ◈ 07:45 MDT ◈ …`; round 79)
 _FIRST_STAMP = re.compile(r"((?:[^\s:]{1,20} ){0,6}?\(?)"
-                          rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ|(?:[01]?\d|2[0-3])\.[0-5]\d(?=:))\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
+                          rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ|(?:[01]?\d|2[0-3])\.[0-5]\d(?=:))(?: [A-Z]{{2,4}}(?= [^\w\s]))?"
+                          r"\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
 _QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:Z| ?(?:Uhr|h)| ?[ap]\.?m\.?|[AP]M|[ap])?"
                            r"(?: / \d{1,2}[.:](?:00|15|30|45) ?[^\W\d_]{0,4}\.?)?")
 STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
@@ -996,12 +997,22 @@ def _report_stamped_first(old: str, new: str) -> bool:
     if a is None or b is None or a.group(2) == b.group(2) or _stamp_head(a.group(1)) != _stamp_head(b.group(1)):
         return False
     if _QUARTER_HOUR.fullmatch(a.group(2)) and _QUARTER_HOUR.fullmatch(b.group(2)):
-        return False
+        # on the quarter hour, a rule's hours, unless who reports and the report changed too, in most of its words:
+        # another entry whole (a launch director's call, `Zebra 14 ◈ 07:45 MDT ◈ hold launches in row B, …` ->
+        # `Zebra 11 ◈ 07:30 MDT ◈ red flag: launches stopped`; round 79)
+        return a.group(1) != b.group(1) and _words_replaced(old[a.end():], new[b.end():])
     if old[a.end():] != new[b.end():] or a.group(1) != b.group(1):
         return True
     # the clock alone changed, neither on the quarter hour: a clock, not a rule's hour (`Ring commentary ❧ 11.33am
     # / 11.33yb ❧ …` -> `4.35pm / 4.35yp ❧ …`; round 77)
     return not (_QUARTER_HOUR.fullmatch(a.group(2)) or _QUARTER_HOUR.fullmatch(b.group(2)))
+
+
+def _words_replaced(old: str, new: str) -> bool:
+    """Do two texts share fewer than half the words of the longer one: one text in place of another,
+    not an edit of it?"""
+    a, b = _WORD_TOKEN.findall(old.lower()), _WORD_TOKEN.findall(new.lower())
+    return 2 * len(set(a) & set(b)) < max(len(a), len(b))
 
 
 # a match's result: its two sides, then two sets' scores or more, one of them with a game count of one digit
@@ -1283,7 +1294,9 @@ def _rising_sequence(old: str, new: str) -> bool:
         if base == 16 and not (any(c.isdigit() for c in x) and any(c.isdigit() for c in y)):
             return False  # a word of hex letters (`cafe`) is no number
         if base == 10 and len(x) >= 3 and x[0] == "0":
-            return 0 < v - u <= 50  # zero-padded: a formatted counter (`0000028`)
+            # zero-padded: a formatted counter (`0000028`); a long one may rise as a long number does
+            # (a rental's `#016327` -> `#016398`; round 79)
+            return 0 < v - u <= (max(50, u // 100) if len(x) >= 6 else 50)
         if base == 10 and 3 <= len(x) < 6 and any(r.isalpha() for r in a) and (len(numbers) == 1 or k == numbers[-1]):
             # the one number between a code's letters: a booking's `BK-3859-TL` (round 30); or a code's
             # last number, a year or a series before it: a flight card's `FC-26-823` (round 42)
