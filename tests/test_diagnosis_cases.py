@@ -4759,3 +4759,91 @@ def test_a_rules_record_on_the_quarter_hour_edited_stays_an_edit(fpr, values: li
     whose gate stayed, edited: an edit (round 79)."""
     got = run_value_line(fpr, "Field rules: {}", values)
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 80
+GARDEN_TURNS = [("user", "Which gate is closest to the rose garden, and is it step-free?"),
+                ("assistant", "The rose garden is closest to the east gate, which has a ramp and step-free paths; the "
+                              "north gate has steps, so come in by the east gate with a wheelchair or a pushchair."),
+                ("user", "Are dogs allowed in the glasshouses?"),
+                ("assistant", "Only assistance dogs go into the glasshouses; other dogs on leads may walk the outdoor "
+                              "paths, and water bowls stand by the east gate café."),
+                ("user", "When does the last tour of the glasshouses start?")]
+GARDEN_SUMMARY = ("The user asked which gate is closest to the rose garden and whether it is step-free; the east gate, "
+                  "with a ramp and step-free paths, is closest. The user asked whether dogs are allowed in the "
+                  "glasshouses: only assistance dogs; dogs on leads may walk the outdoor paths.")
+
+
+def _messages(turns: list[tuple[str, str]]) -> list[dict]:
+    return [{"role": role, "content": text} for role, text in turns]
+
+
+def test_the_models_summary_then_its_reply_and_the_next_question_is_a_compaction(fpr) -> None:
+    """Every earlier message gone, the model's summary of them as a message of its own, then its reply
+    to the last question and the next question (Microsoft.Extensions.AI's SummarizingChatReducer): a
+    compaction; summed up again with the earlier summary, a compaction again (round 80)."""
+    first = _messages(GARDEN_TURNS)
+    second = _messages([("assistant", GARDEN_SUMMARY),
+                        ("assistant", "The last glasshouse tour starts at half three from the palm house door."),
+                        ("user", "Is there a café inside the gardens?")])
+    third = _messages([("assistant", GARDEN_SUMMARY + " The user asked when the last glasshouse tour starts: half "
+                                                      "three, from the palm house door."),
+                       ("assistant", "Yes: the east gate café serves lunches and cakes until half four."),
+                       ("user", "Can I book a wheelchair at the gate?")])
+    assert causes(fpr, [Gen.body(CODER, m, None, None) for m in (first, second, third)]) == ["compaction", "compaction"]
+
+
+def test_a_greeting_then_a_reply_and_a_question_that_restate_nothing_stay_a_new_conversation(fpr) -> None:
+    """The guard: a new conversation opened by two messages of the model's, a long greeting that restates
+    nothing of the conversation before, then a question: a new conversation."""
+    greeting = ("Welcome to the museum's visitor desk! I can book guided tours of the galleries, tell you about "
+                "today's exhibitions and family workshops, and help with tickets, lockers and accessibility "
+                "services. Ask me anything about your visit today.")
+    cur = _messages([("assistant", greeting), ("assistant", "What would you like to know?"),
+                     ("user", "How much is a family ticket for the dinosaur exhibition?")])
+    assert causes(fpr, [Gen.body(CODER, _messages(GARDEN_TURNS), None, None), Gen.body(CODER, cur, None, None)]) \
+        == ["new_session"]
+
+
+def test_the_models_account_of_the_first_question_in_its_place_is_a_compaction(fpr) -> None:
+    """The first question alone summed up as the model's message in its place, quoted, every later
+    message kept and the conversation going on: a compaction (round 80)."""
+    first = _messages(GARDEN_TURNS)
+    summed = _messages([("assistant", f"The user asked: “{GARDEN_TURNS[0][1]}”"), *GARDEN_TURNS[1:],
+                        ("assistant", "The last tour starts at half three."), ("user", "Where does it start?")])
+    assert causes(fpr, [Gen.body(CODER, first, None, None), Gen.body(CODER, summed, None, None)]) == ["compaction"]
+
+
+def test_the_users_first_question_edited_stays_an_edit(fpr) -> None:
+    """The guard: the user's first question edited in place, the user's still, every later message kept:
+    no compaction."""
+    first = _messages(GARDEN_TURNS)
+    edited = _messages([("user", "Which gate is closest to the rose garden, and is it step-free for a wheelchair?"),
+                        *GARDEN_TURNS[1:], ("assistant", "The last tour starts at half three."),
+                        ("user", "Where does it start?")])
+    assert causes(fpr, [Gen.body(CODER, first, None, None), Gen.body(CODER, edited, None, None)]) != ["compaction"]
+
+
+def test_notices_stamped_with_an_hour_alone_are_values_whole(fpr) -> None:
+    """A poster's notices stamped with a twelve-hour clock, the hour alone too (`11pm`), as British and
+    Irish notices write it: the newest entry, whole on its first change (round 80)."""
+    assert_values_whole(fpr, "Festival office: {}", ["Festival office · 4.20pm: a piper from Ennis to see the organisers",
+                                                     "Festival office · 11pm: lost keys handed in at the square",
+                                                     "Festival office · 9.05am: the car park by the spa is full"])
+
+
+def test_a_rules_hour_alone_edited_stays_an_edit(fpr) -> None:
+    """The guard: a rule stamped with an hour alone, on the hour, moved to another hour, its words the
+    same: an edit."""
+    got = run_value_line(fpr, "Bar rules: {}", ["Bar · 10pm: last orders at the counter",
+                                                "Bar · 11pm: last orders at the counter",
+                                                "Bar · 11pm: last orders at the counter"])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_a_board_dated_with_dashes_is_a_value_whole(fpr) -> None:
+    """A fair's board stamped with its day, month and year set apart by dashes and a clock with `hrs` and
+    its zone: only the clock moved on, the board whole (round 80)."""
+    assert_values_whole(fpr, "You answer for the fair's office.\nFair board: {}",
+                        [f"FAIR GROUND | 08-11-2027 | 22:{m} hrs IST | fair ground closes | next at 06:00 hrs: cattle show"
+                         for m in ("34", "39", "46")])

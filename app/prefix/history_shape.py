@@ -137,7 +137,7 @@ def compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     pn = [r.end - r.start for r in prev.history_regions()]
     cn = [r.end - r.start for r in cur.history_regions()]
     if (len(pn) >= COMPACTED_MIN_MESSAGES and summary_alone(cur)) or summary_heads_trim(prev, cur) \
-            or summary_replaces_history(prev, cur, histories):
+            or summary_replaces_history(prev, cur, histories) or summary_then_turn(prev, cur, histories):
         return True
     if pn and summary_memory(cur) and not {k for _, k, _ in histories()[1]} & {k for _, k, _ in histories()[0]}:
         return True
@@ -195,6 +195,25 @@ def summary_replaces_history(prev: RequestSketch, cur: RequestSketch,
     return ch[0][1] not in {k for _, k, _ in ph} and restates_history(cur, history[0].start, history[0].end, source=prev)
 
 
+def summary_then_turn(prev: RequestSketch, cur: RequestSketch,
+                      histories: Callable[[], tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]]) -> bool:
+    """Is the current history the model's summary of SUMMARY_REPLY_CHARS or more, then its reply and the
+    next question, none of them a message of the previous history (STACKED_MIN_MESSAGES or more), the
+    summary restating it (Microsoft.Extensions.AI's SummarizingChatReducer: the messages but the newest
+    summed up as the model's message of its own, and summed up again with that summary when they grow
+    past the reducer's threshold; round 80)? A new conversation opens with the user's question, or
+    with a greeting and then the question: never two messages of the model's first. Read on the text
+    path only."""
+    history, old_history = cur.history_regions(), prev.history_regions()
+    if len(history) != 3 or len(old_history) < STACKED_MIN_MESSAGES \
+            or [r.role for r in history] != ["assistant", "assistant", "user"] \
+            or history[0].end - history[0].start < SUMMARY_REPLY_CHARS:
+        return False
+    ph, ch = histories()
+    return not {k for _, k, _ in ch} & {k for _, k, _ in ph} \
+        and restates_history(cur, history[0].start, history[0].end, source=prev)
+
+
 def summary_heads_trim(prev: RequestSketch, cur: RequestSketch) -> bool:
     """Did the history lose its first turns with a new user message of SUMMARY_REPLY_CHARS or more
     opening it in their place, the history shorter than before (round 56)? A summary that opens a
@@ -221,16 +240,20 @@ def first_message_summarised(prev: RequestSketch, cur: RequestSketch,
     oldest share it sums up is one message: `## Conversation Summary …`; round 73)? The new first
     message is a user message of SUMMARY_REPLY_CHARS or more (`opens_with_summary`), longer than the
     one it replaced, opening otherwise (REPLACED_PREFIX_CHARS) and sharing no line with it, that
-    restates the previous history (`restates_history`). A first message edited keeps its opening or
+    restates the previous history (`restates_history`); or, whatever its length, the model's message in
+    place of the user's (Microsoft.Extensions.AI's SummarizingChatReducer summing up the first question
+    alone: `The user asked: “…”`; round 80): a user's message edited stays the user's. A first message edited keeps its opening or
     its lines and its length (a value in its context block changed, a JSON block on one line too);
     another question in its place is short and restates nothing. Read on the text path only: another
     pod, which holds the previous messages' keys, not their lengths or text, reads an earlier turn
     edited. `histories`: both histories' message keys (`_history`), asked for only once the regions'
     lengths and openings pass."""
     old_history, history = prev.history_regions(), cur.history_regions()
-    if len(old_history) < COMPACTED_MIN_MESSAGES or len(history) <= len(old_history) or not opens_with_summary(history):
+    if len(old_history) < COMPACTED_MIN_MESSAGES or len(history) <= len(old_history):
         return False
     old, new = old_history[0], history[0]
+    if not (opens_with_summary(history) or new.role == "assistant" and old.role == "user"):
+        return False  # a summary: a user message of its length, or the model's account in place of the user's message
     if new.end - new.start <= old.end - old.start \
             or common_prefix_len(prev.text, cur.text, old.start, new.start) >= REPLACED_PREFIX_CHARS:
         return False  # no longer than the message it replaced, or opening as it did: that message edited

@@ -621,8 +621,10 @@ DECIMAL_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 SIGN = r"[^\w\s\-–—,.:;!?'\"„“”‘’()\[\]{}<=+*/\\&%#@$€£]"
 # a clock in twelve hours with its half of the day, written with a colon or a dot (`9.03pm`, `2:35 p.m.`, `10:06
 # a.m.`; round 76), or a US schedule's letter alone after a colon's clock (`7:25a`; round 77): a board's or a
-# report's stamp as the 24-hour clock is
-CLOCK_12 = r"(?:1[0-2]|0?[1-9])(?:[.:][0-5]\d ?(?:[ap]m|[AP]M|[ap]\.m\.)|:[0-5]\d[ap](?!\w))"
+# report's stamp as the 24-hour clock is; or the hour alone with its half of the day, or noon or midnight, as
+# British and Irish notices write them (`11pm`, `9 a.m.`, `12 noon`; round 80)
+CLOCK_12 = (r"(?:(?:1[0-2]|0?[1-9])(?:[.:][0-5]\d ?(?:[ap]m|[AP]M|[ap]\.m\.)|:[0-5]\d[ap](?!\w)| ?(?:[ap]m|[ap]\.m\.)(?!\w))"
+            r"|12 (?:noon|midnight)(?!\w))")
 RAISED_DIGITS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 # a stamp's clock as boards and logs write it: 24-hour, to the minute or the second, in brackets or not, or
 # twelve-hour; `Uhr` or `h` after it; dotted with `Uhr` or `h` after it (`07.13 Uhr`) or the word for o'clock before
@@ -642,14 +644,16 @@ _RAISED_MINUTES = re.compile(f"[{RAISED_DIGITS}]+")
 
 def clock_minutes(clock: str) -> int:
     """Minutes since midnight of a stamp's clock, 24-hour or twelve-hour (`CLOCK_12`: `12.10am` is
-    00:10, `1.03pm` is 13:03, `7:25a` is 07:25), its minutes raised or not (`8⁴⁵`), or four digits (`1430
-    hrs`)."""
+    00:10, `1.03pm` is 13:03, `7:25a` is 07:25, `11pm` is 23:00, `12 midnight` 00:00), its minutes raised
+    or not (`8⁴⁵`), or four digits (`1430 hrs`)."""
     clock = _RAISED_MINUTES.sub(lambda m: ":" + m.group().translate(_RAISED), clock)
     numbers = re.findall(r"\d+", clock)
-    hours, minutes = divmod(int(numbers[0]), 100) if len(numbers[0]) > 2 else (int(numbers[0]), int(numbers[1]))
+    hours, minutes = divmod(int(numbers[0]), 100) if len(numbers[0]) > 2 else (int(numbers[0]), int(numbers[1:2] and numbers[1] or 0))
     half = re.search(r"(?i)\d ?([ap])(?:\.?m\b|(?!\w))", clock)
     if half is not None:
         hours = hours % 12 + (12 if half.group(1).lower() == "p" else 0)
+    elif "midnight" in clock:
+        hours = 0
     return hours * 60 + minutes
 
 
@@ -958,7 +962,8 @@ _FIRST_STAMP = re.compile(r"((?:[^\s:]{1,20} ){0,6}?\(?)"
                           rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ|(?:[01]?\d|2[0-3])\.[0-5]\d(?=:))(?: [A-Z]{{2,4}}(?= [^\w\s]))?"
                           r"\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
 _QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:Z| ?(?:Uhr|h)| ?[ap]\.?m\.?|[AP]M|[ap])?"
-                           r"(?: / \d{1,2}[.:](?:00|15|30|45) ?[^\W\d_]{0,4}\.?)?")
+                           r"(?: / \d{1,2}[.:](?:00|15|30|45) ?[^\W\d_]{0,4}\.?)?"
+                           r"|\d{1,2} ?[ap]\.?m\.?|12 (?:noon|midnight)")  # the hour alone (`11pm`): on the hour
 STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
 
 
