@@ -4847,3 +4847,70 @@ def test_a_board_dated_with_dashes_is_a_value_whole(fpr) -> None:
     assert_values_whole(fpr, "You answer for the fair's office.\nFair board: {}",
                         [f"FAIR GROUND | 08-11-2027 | 22:{m} hrs IST | fair ground closes | next at 06:00 hrs: cattle show"
                          for m in ("34", "39", "46")])
+
+
+# ------------------------------------------------------------------ round 81
+def test_a_rules_two_twelve_hour_clocks_edited_stay_an_edit(fpr) -> None:
+    """The guard (round 81: `heldout80`'s look-alikes): a rule's two twelve-hour clocks in one sentence,
+    each on the quarter hour, edited: an edit, not a status's readings."""
+    got = run_value_line(fpr, "Note: {}", ["The show starts at 7.00pm; guests should be seated by 6.15pm.",
+                                           "The show starts at 7.30pm; guests should be seated by 6.45pm.",
+                                           "The show starts at 7.30pm; guests should be seated by 6.45pm."])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_calls_stamped_with_a_four_figure_clock_and_h_are_values_whole(fpr) -> None:
+    """Stewards' calls stamped with a four-figure clock and `H` after it, as Singapore writes it, the
+    evening's hours too (`2245H`): the newest entry, whole on its first change (round 81)."""
+    assert_values_whole(fpr, "Stewards: {}", ["Steward A07 | 2045H | queue at the north gate very long already",
+                                              "Steward C12 | 2245H | Zone 3 full, send people to Zone 4",
+                                              "Steward B02 | 2131H | lost child found at the east kiosk"])
+
+
+def test_a_receipt_whose_number_rose_by_one_percent_is_a_value_whole(fpr) -> None:
+    """A fair's receipt record, its number of five digits risen by more than fifty but less than 1% of
+    itself, its place and amount changed: the newest entry, whole on its first change (round 81)."""
+    assert_values_whole(fpr, "Kasse: {}", ["Beleg 27306 · am Riesenrad · 7,50 €",
+                                        "Beleg 27371 · an der Kasse 2 · 14,00 €",
+                                        "Beleg 27430 · am Riesenrad · 3,50 €"])
+
+
+def test_a_board_stamped_after_an_event_and_its_days_name_is_a_value_whole(fpr) -> None:
+    """A parade's board stamped after the event's name and its day's name, four words, a sign setting
+    them apart: only the clock moved on, the board whole (round 81)."""
+    assert_values_whole(fpr, "You answer for the parade's office.\nParade board: {}",
+                        [f"CARNIVAL Boxing Day Monday ~ 5:{m} a.m. ~ Blue Dragons crossing, lap 2, at the stand"
+                         for m in ("12", "19", "27")])
+
+
+MEMORY_RULES = ("You answer for the garden festival's information desk.\n- Keep answers short.\n\n"
+                "Use the conversation memory from the MEMORY section to provide accurate answers.\n\n"
+                "---------------------\nMEMORY:\n{}\n---------------------\n\n")
+MEMORY_EXCHANGES = [("Which gate is closest to the rose garden?", "The east gate, with its ramp and step-free paths."),
+                    ("Are dogs allowed in the glasshouses?", "Only assistance dogs; dogs on leads may walk the paths."),
+                    ("When does the last tour start?", "At half three, from the palm house door."),
+                    ("Is there a café?", "Yes, by the east gate, open until half four.")]
+
+
+def _memory_body(exchanges: list[tuple[str, str]], question: str) -> dict:
+    """A request whose system text holds the memory's messages as `USER:` and `ASSISTANT:` lines (Spring
+    AI's PromptChatMemoryAdvisor), then the new question alone."""
+    lines = "\n".join(f"USER:{q}\nASSISTANT:{a}" for q, a in exchanges)
+    return Gen.body(MEMORY_RULES.format(lines), [{"role": "user", "content": question}], None, None)
+
+
+def test_a_memory_growing_in_the_system_text_is_no_break_and_its_window_trimmed_is_a_front_trim(fpr) -> None:
+    """The conversation kept as lines of a memory section in the system text: the last exchange added
+    there is the conversation going on, no break; the oldest exchange dropped as the newest is added (a
+    window memory, on every turn once full) is a front trim (round 81)."""
+    ex = MEMORY_EXCHANGES
+    bodies = [_memory_body(ex[:1], ex[1][0]), _memory_body(ex[:2], ex[2][0]), _memory_body(ex[1:3], ex[3][0])]
+    assert causes(fpr, bodies) == [None, "front_trim"]
+
+
+def test_a_memory_section_edited_stays_an_edit(fpr) -> None:
+    """The guard: a memory line edited in place, no exchange added: an edited system text."""
+    ex = MEMORY_EXCHANGES
+    edited = [ex[0], (ex[1][0], "Only assistance dogs go inside.")]
+    bodies = [_memory_body(ex[:2], ex[2][0]), _memory_body(edited, ex[2][0])]
+    assert causes(fpr, bodies) == ["template_change"]

@@ -57,7 +57,7 @@ from app.prefix.realign import LINE_WINDOW, NEAR_WINDOW, Realignment, find_reali
 from app.prefix.sketch import Region, RequestSketch
 from app.prefix.strings import common_prefix_len
 from app.prefix.tool_text import lines_permuted, region_schemas_reordered, tool_change, tools_span
-from app.prefix.transcript import grew_in_place
+from app.prefix.transcript import grew_in_place, system_transcript
 from app.prefix.value_change import before_space, changed_value, line_bounds
 from app.prefix.value_kind import whole_value_start
 
@@ -241,6 +241,11 @@ def diagnose(prev: RequestSketch, cur: RequestSketch, material: int = 96,
         if cur.kind == "chat" and cur.regions and not continues(cur, past):
             return Diagnosis("new_session", d, [], None, "a new conversation over the shared head")
         return Diagnosis(None, d, detail="diverges in the part expected to vary")
+    kept_in_system = system_transcript(prev, cur) if cur.kind == "chat" else None
+    if kept_in_system == "grew":
+        return Diagnosis(None, d, detail="the conversation kept in the system text grew in place")
+    if kept_in_system == "trimmed":
+        return Diagnosis("front_trim", d, [], realign, "the conversation kept in the system text lost its first lines")
     diag = pair.classify(d, d, realign, primary=True)
     if diag.cause not in NOT_A_PROBLEM:  # what follows a new start is not a finding of its own
         diag.secondary = _secondary(pair, diag)

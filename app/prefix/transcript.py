@@ -1,4 +1,4 @@
-"""A conversation kept as a transcript in one user message (round 52).
+"""A conversation kept as a transcript in one user message (round 52), or in the system text (round 81).
 
 Some chains render their whole memory into the newest user message, a line per turn under their
 instructions (LangChain's ConversationChain: `Human: …` and `AI: …` lines, then `AI:` for the
@@ -8,6 +8,12 @@ transcript's first lines with a summary line once they overflow its budget: a co
 
 The tests read lines, as text or as the digest's line keys (app/prefix/digest.py), so the text
 path and another pod answer alike.
+
+Others render the memory into the system text (Spring AI's PromptChatMemoryAdvisor: a `USER:` or
+`ASSISTANT:` line per message in a MEMORY section) and send the new question alone: the memory's lines
+grow where the section ends, and the engine loses only the section's closing and the question. A
+window memory that drops its oldest messages as it adds the newest trims the section's front on every
+turn: a front trim, as a chat window trimmed on every turn is (`system_transcript`; text path only).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ MIN_KEPT_LINES = 2  # a compaction keeps the newest exchange at least
 MIN_NEW_LINES = 2  # ... and the conversation goes on after it: a reply and a new question
 SUMMED_MIN_LINES = 4  # a summary of the whole transcript stands in for two exchanges at least
 _SPEAKER = re.compile(r"([^\W\d_][\w .'-]{0,24}):(?: |$)")  # a transcript line's speaker (`Human: `, `AI:`)
+_MEMORY_SPEAKER = re.compile(r"[^\W\d_][\w .'-]{0,24}:")  # in a memory section, glued to the message (`USER:Is …`)
 
 
 def last_user(sk: RequestSketch) -> Region | None:
@@ -105,3 +112,35 @@ def transcript_compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     cur_lines = _lines(cur.text, c)
     found = summary_replaced(_lines(prev.text, p), cur_lines)
     return found is not None and sum(len(line) for line in cur_lines[found[0]:found[1]]) >= SUMMARY_MIN_CHARS
+
+
+def system_transcript(prev: RequestSketch, cur: RequestSketch) -> str | None:
+    """"grew" when the system text changed only by transcript lines (`_MEMORY_SPEAKER`) put in before a closing
+    it kept (MIN_NEW_LINES or more, one of them holding the previous request's last user message: the
+    exchange the memory added); "trimmed" when, besides, the transcript's first lines went, the rest
+    kept in order before the new ones (a window memory); None otherwise (an edit of the system text, a
+    summary in place of the lines: other rules read those)."""
+    if not prev.system_text or not cur.system_text or prev.system_text == cur.system_text:
+        return None
+    asked = last_user(prev)
+    if asked is None or asked.end - asked.start < 2 or prev.regions[-1] is not asked:
+        return None
+    question = prev.text[asked.start:asked.end].strip()
+    p, c = prev.system_text.split("\n"), cur.system_text.split("\n")
+    head = 0
+    while head < min(len(p), len(c)) and p[head] == c[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(p), len(c)) - head and p[-1 - tail] == c[-1 - tail]:
+        tail += 1
+    if tail == 0:
+        return None  # the section's closing kept: what changed sits inside the text
+    gone, added = p[head:len(p) - tail], c[head:len(c) - tail]
+    kept = next((k for k in range(len(gone) + 1) if added[:len(gone) - k] == gone[k:]), None)
+    if kept is None:
+        return None
+    new = added[len(gone) - kept:]
+    if len(new) < MIN_NEW_LINES or not all(_MEMORY_SPEAKER.match(line) for line in gone[:kept] + new) \
+            or not any(question in line for line in new):
+        return None
+    return "trimmed" if kept else "grew"

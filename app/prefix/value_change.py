@@ -295,8 +295,9 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # in a second language after a slash, `RWS27 ❧ Tue 20 Jul / Maw 20 Gorff ❧ 2.02pm / 2.02yp ❧ …`, and, from the
 # conventions themselves, a day's number may be ordinal, `Sat 20th Jul`, a date may hold its year, `20.07.2026`,
 # `20/07/26`, or be ISO 8601's, `2026-07-20`, round 77; or the day, month and year set apart by dashes, as
-# India and much of Europe write them, `08-11-2027`, round 80)
-_STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,2}}(?: \d{{1,2}})?(?:, | {SIGN} | (?=\())"
+# India and much of Europe write them, `08-11-2027`, round 80; the place may be four words, an event and its
+# day's name, `JUNKANOO New Year's Day ~ 6:26 a.m. ~ …`, round 81)
+_STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,3}}(?: \d{{1,2}})?(?:, | {SIGN} | (?=\())"
 _ORDINAL = r"(?:st|nd|rd|th)?"
 _STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}})?|\d{{1,2}}{_ORDINAL} (?:de )?[^\W\d_]{{3,9}}\.?"
                r"|\d{1,2}/\d{1,2}(?:/\d{2,4})?|\d{4}-\d\d-\d\d|\d{1,2}-\d{1,2}-(?:\d{4}|\d{2})"

@@ -430,6 +430,8 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
            for g, h in zip(gaps_a, gaps_b, strict=True)):
         return None
     changed = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x.group() != y.group()]
+    if changed and all(_hour_of_a_rule(old, a[i]) and _hour_of_a_rule(new, b[i]) for i in changed):
+        return None  # a rule's hours edited (`starts at 8.00pm; … seated by 7.15pm` -> `8.30pm; … 7.45pm`; round 81)
     redrawn = [k for k, (g, h) in enumerate(zip(gaps_a, gaps_b, strict=True)) if g != h]  # a wind's direction
     # a price that changes with a count beside it is a reading too (a day's donations beside its
     # visitors, a tote's pool beside its odds; round 59); alone it is a rule's
@@ -452,6 +454,18 @@ def status_readings(old: str, new: str) -> tuple[int, int, int] | None:
     if not any(c.isalpha() for g in gaps_b[:-1] for c in g):  # numbers sharing one unit (`9,0 / 4,0 bar`): the numbers
         return b[0].start(), b[-1].end(), a[-1].end()
     return 0, len(new), len(old)  # readings redrawn together: the value, whole
+
+
+_HALF_OF_DAY = re.compile(r"\s?(?:[ap]\.?m\b\.?|[AP]M\b)")  # what follows a twelve-hour clock: `pm`, `a.m.`
+
+
+def _hour_of_a_rule(text: str, number: re.Match[str]) -> bool:
+    """Is the number a twelve-hour clock (its half of the day after it: `8.30pm`, `7 a.m.`) on the quarter
+    hour? A rule's hours are round; a status's clock runs off them, and is read as a clock, not a reading."""
+    if not _HALF_OF_DAY.match(text, number.end()):
+        return False
+    minutes = re.split(r"[.:]", number.group())[1:] or ["00"]
+    return len(minutes) == 1 and minutes[0] in ("00", "15", "30", "45")
 
 
 # a game's running score (`1:0`): one digit after the colon, as no clock has; in a match's record set apart by
@@ -632,11 +646,11 @@ RAISED_DIGITS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 # (`19h12`, `14 h 30`; round 76); its minutes raised, as a poster writes them (`8⁴⁵ Uhr`), and the clock given
 # again in a second language after a slash (`2.02pm / 2.02yp`); and, from the conventions themselves, `uur`, `hrs`
 # or `u` after it, a Belgian `14u30`, and a services' clock of four digits with `hrs`, `Z` or `L` (`1430 hrs`;
-# round 77)
+# round 77), or with `H` after it as Singapore writes it, the evening's hours too (`2245H`; round 81)
 _CLOCK_WORD = r"(?:Uhr|uur|hrs?|h|u\.?)(?!\w)"  # what follows a clock: German's, Dutch's, the services' `hrs`, `h`, `u`
 STAMP_CLOCK = (rf"(?:\[?(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12})\]?(?: ?{_CLOCK_WORD})?|\d{{1,2}}\.\d\d ?{_CLOCK_WORD}"
                rf"|(?:kl\.?|klo|ore|godz\.) \d{{1,2}}[.:][0-5]\d|\d{{1,2}} ?[hu] ?[0-5]\d(?!\w)"
-               rf"|\d{{1,2}}[{RAISED_DIGITS}]{{2}}(?: ?Uhr)?|[01]\d[0-5]\d ?(?:hrs?|[ZL])(?!\w))"
+               rf"|\d{{1,2}}[{RAISED_DIGITS}]{{2}}(?: ?Uhr)?|(?:[01]\d|2[0-3])[0-5]\d ?(?:hrs?|[ZLH])(?!\w))"
                r"(?: / \d{1,2}[.:][0-5]\d ?[^\W\d_]{0,4}\.?)?")
 _RAISED = str.maketrans(RAISED_DIGITS, "0123456789")
 _RAISED_MINUTES = re.compile(f"[{RAISED_DIGITS}]+")
@@ -961,7 +975,7 @@ def _stamped_report(old: str, new: str) -> bool:
 _FIRST_STAMP = re.compile(r"((?:[^\s:]{1,20} ){0,6}?\(?)"
                           rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ|(?:[01]?\d|2[0-3])\.[0-5]\d(?=:))(?: [A-Z]{{2,4}}(?= [^\w\s]))?"
                           r"\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
-_QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:Z| ?(?:Uhr|h)| ?[ap]\.?m\.?|[AP]M|[ap])?"
+_QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:[ZH]| ?(?:Uhr|hrs?|h)| ?[ap]\.?m\.?|[AP]M|[ap])?"
                            r"(?: / \d{1,2}[.:](?:00|15|30|45) ?[^\W\d_]{0,4}\.?)?"
                            r"|\d{1,2} ?[ap]\.?m\.?|12 (?:noon|midnight)")  # the hour alone (`11pm`): on the hour
 STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
@@ -1065,15 +1079,18 @@ def _numbered_check(a: list[str], b: list[str]) -> bool:
 _LETTERS_BEFORE = re.compile(r"([A-Za-z]{1,3})(\d{3,})")
 _NUMBER_OF_YEAR = re.compile(r"(?=\d{3,}/(?:19|20)\d\d$)()(\d+)")
 _NUMBER_ALONE = re.compile(r"()(\d{3,})$")
-TICKET_STEP = 50  # such a number rises by this much at most between two requests
+TICKET_STEP = 50  # such a number rises by this much at most between two requests, or by 1% of itself (round 81)
 
 
 def _ticket_rose(shape: re.Pattern[str], x: str, y: str) -> bool:
     """Are `x` and `y` one shape (`shape`: what stays, then the number) with the same part that
-    stays and a number of the same length that rose by TICKET_STEP at most?"""
+    stays and a number of the same length that rose by TICKET_STEP at most, or by 1% of itself when that is
+    more (a fair's receipts, `Bong 16306` -> `Bong 16366`; round 81)?"""
     mx, my = shape.match(x), shape.match(y)
-    return bool(mx and my) and mx.group(1) == my.group(1) and x[mx.end():] == y[my.end():] \
-        and len(mx.group(2)) == len(my.group(2)) and 0 < int(my.group(2)) - int(mx.group(2)) <= TICKET_STEP
+    if not (mx and my) or mx.group(1) != my.group(1) or x[mx.end():] != y[my.end():] or len(mx.group(2)) != len(my.group(2)):
+        return False
+    before = int(mx.group(2))
+    return 0 < int(my.group(2)) - before <= max(TICKET_STEP, before // 100)
 
 
 REDRAWN_CODE_CHARS = 5  # a record's code drawn again: five capitals and digits at least (`EXC-PK3K2E`)
