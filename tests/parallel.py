@@ -35,11 +35,14 @@ MARK = "exclusive"
 
 # The files that take longest (10-50 s each under a 4-worker run on the 2-core box, longest first):
 # handed out to the workers first, so that none of them starts last while the other workers sit
-# idle. Files with an exclusive test go last whatever their length: an exclusive test handed out
+# idle. Among them the ones that mostly wait (the stores' expiry, the tracing exporter's flushes: 20-25
+# s each) go early too: handed out in order they reached the exclusive tests at the end, whose turnstile
+# then waited for them while the other workers sat idle. Files with an exclusive test go last whatever their length: an exclusive test handed out
 # early waits at the turnstile for the other workers' running tests (a 40 s one, at the start)
 # while the workers behind it idle; at the end the others have only short files left.
 LONG_FILES = ("test_proxy_whole_events.py", "test_fuzz_proxy.py", "test_ui_browser.py",
-              "test_routing_session_keys.py", "test_prefix_integration.py", "test_sim_oracle_render.py",
+              "test_routing_session_keys.py", "test_store_conformance.py", "test_tracing.py",
+              "test_prefix_integration.py", "test_sim_oracle_render.py",
               "test_sim_oracle_kv_events.py", "test_serve_workers.py", "test_diagnosis_pods.py",
               "test_proxy_faults.py", "test_api_messages.py", "test_epp_agents.py", "test_proxy_migrate.py",
               "test_api_responses.py", "test_prefix_pool.py", "test_state_proxies.py", "test_proxy_openai.py",
