@@ -4,18 +4,9 @@ workers score the thirds side by side."""
 
 from __future__ import annotations
 
-import pytest
+from tests.test_diagnosis_scores import (
+    floors_of,
+    fpr,  # noqa: F401 - the fixture, one tokenizer per file
+)
 
-from app.prefix.fingerprint import Fingerprinter
-from app.prefix.tokens import SegmentTokenizer
-from tests.test_diagnosis_scores import FLOOR_THIRDS, assert_at_or_above_the_floor
-
-
-@pytest.fixture(scope="module")
-def fpr() -> Fingerprinter:
-    return Fingerprinter(SegmentTokenizer.load())
-
-
-@pytest.mark.parametrize("corpus", FLOOR_THIRDS[2])
-def test_scores_stay_at_or_above_the_floor(fpr, corpus: str) -> None:
-    assert_at_or_above_the_floor(fpr, corpus)
+test_scores_stay_at_or_above_the_floor = floors_of(2)

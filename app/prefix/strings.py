@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 PREFIX_PROBE_CHARS = 8192  # first chunk compared when measuring a shared prefix (doubles)
 
 
@@ -28,3 +30,15 @@ def common_prefix_len(a: str, b: str, a0: int = 0, b0: int = 0) -> int:
         else:
             hi = mid
     return lo if a[a0 + lo] != b[b0 + lo] else hi
+
+
+def shared_ends(a: Sequence[str], b: Sequence[str]) -> tuple[int, int]:
+    """How many lines two texts' lines share at their start, then at their end (never overlapping):
+    what lies between is what changed."""
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    return head, tail

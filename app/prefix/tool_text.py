@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.prefix.sketch import Region, RequestSketch
+from app.prefix.strings import shared_ends
 
 # a tool entry in system text, as public prompts list them: `- name(args): ...`, `1. name - ...`,
 # `* name -> ...` (`nox --list`), `name -- ...` (GDB's `help user-defined`; round 77),
@@ -216,12 +217,7 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     """(permuted, tool-like): the lines that differ between two system prompts are the same lines
     in another order; tool-like when they read as tool entries (`- name(args): ...`, <tool ...>)."""
     p, c = prev_text.splitlines(), cur_text.splitlines()
-    i = 0
-    while i < min(len(p), len(c)) and p[i] == c[i]:
-        i += 1
-    s = 0
-    while s < min(len(p), len(c)) - i and p[-1 - s] == c[-1 - s]:
-        s += 1
+    i, s = shared_ends(p, c)
     pw, cw = p[i:len(p) - s], c[i:len(c) - s]
     if len(pw) < 2 or pw == cw:
         return False, False

@@ -22,6 +22,7 @@ import re
 from collections.abc import Sequence
 
 from app.prefix.sketch import Region, RequestSketch
+from app.prefix.strings import shared_ends
 
 SUMMARY_MIN_CHARS = 64  # the lines that stand in for the dropped ones hold this much text at least
 MAX_SUMMARY_LINES = 3  # ... on at most this many lines
@@ -127,12 +128,7 @@ def system_transcript(prev: RequestSketch, cur: RequestSketch) -> str | None:
         return None
     question = prev.text[asked.start:asked.end].strip()
     p, c = prev.system_text.split("\n"), cur.system_text.split("\n")
-    head = 0
-    while head < min(len(p), len(c)) and p[head] == c[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(p), len(c)) - head and p[-1 - tail] == c[-1 - tail]:
-        tail += 1
+    head, tail = shared_ends(p, c)
     if tail == 0:
         return None  # the section's closing kept: what changed sits inside the text
     gone, added = p[head:len(p) - tail], c[head:len(c) - tail]
