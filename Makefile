@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test tools lint e2e e2e-sglang soak bench check-deploy sync-deploy clean
+.PHONY: venv demo test test-floors tools lint e2e e2e-sglang soak bench check-deploy sync-deploy clean
 
 # uv installs the dependencies in seconds where pip takes ~40 s on the 2-core box; pip is the
 # fallback when uv cannot be installed. xds-protos (prefixgate epp) bundles an older copy of
@@ -74,6 +74,12 @@ e2e: venv
 # The real-SGLang tier (SGLang 0.5.23 on CPU; the first run installs .venv-sglang, ~10 min).
 e2e-sglang: venv
 	PATH="$(CURDIR)/.tools/bin:$$PATH" bash scripts/e2e-sglang.sh
+
+# Every tune-side diagnosis split scored against its floor (tests/test_diagnosis_scores.py; ~45 s): the
+# newest are in `make test`, the older ones (a split more each round) here; CI runs both.
+test-floors: venv
+	$(TEST_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider -m floors -n 3 --dist loadfile \
+		tests/test_diagnosis_scores.py tests/test_diagnosis_floors.py tests/test_diagnosis_floors_last.py
 
 # The long-run memory test (~90 s, so not in `make test`): a real gateway process at a small
 # memory.budget_mb, RSS read at steady state (tests/test_memory_soak.py, docs/memory.md).
