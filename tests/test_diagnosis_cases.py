@@ -4914,3 +4914,22 @@ def test_a_memory_section_edited_stays_an_edit(fpr) -> None:
     edited = [ex[0], (ex[1][0], "Only assistance dogs go inside.")]
     bodies = [_memory_body(ex[:2], ex[2][0]), _memory_body(edited, ex[2][0])]
     assert causes(fpr, bodies) == ["template_change"]
+
+
+# ------------------------------------------------------------------ round 82
+def test_a_board_set_apart_by_double_colons_its_clock_read_out_in_words_is_a_value_whole(fpr) -> None:
+    """A fair's board whose parts a doubled colon sets apart, its clock read out in words in brackets
+    after it (`14:36 (halb drei)`): only the clock and its words moved on, the board whole (round 82)."""
+    assert_values_whole(fpr, "You answer for the fair's office.\nMarktuhr: {}",
+                        [f"Kirmes Samstag :: {c} :: Autoscooter und Riesenrad geöffnet"
+                         for c in ("14:28 (halb drei)", "14:36 (halb drei)", "14:44 (Viertel vor drei)")])
+
+
+def test_a_rules_hour_with_a_note_in_brackets_edited_stays_an_edit(fpr) -> None:
+    """The guard: a rule's hour on the half hour with a note in brackets after it, moved to another half
+    hour, its words the same: an edit."""
+    got = run_value_line(fpr, "You answer for the fair's office.\nRegel: {}",
+                         ["Einlass :: 14:00 (mit Ticket) :: Kinder nur mit Begleitung",
+                          "Einlass :: 14:30 (mit Ticket) :: Kinder nur mit Begleitung",
+                          "Einlass :: 14:30 (mit Ticket) :: Kinder nur mit Begleitung"])
+    assert got[0]["cause"] == "template_change", got

@@ -39,6 +39,7 @@ from app.prefix.value_kind import (
     code_redrawn,
     in_running_time,
     is_dated,
+    on_quarter_hour,
     random_looking,
     reads_as_value,
     status_readings,
@@ -297,21 +298,25 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # `20/07/26`, or be ISO 8601's, `2026-07-20`, round 77; or the day, month and year set apart by dashes, as
 # India and much of Europe write them, `08-11-2027`, round 80; the place may be four words, an event and its
 # day's name, `JUNKANOO New Year's Day ~ 6:26 a.m. ~ …`, round 81)
-_STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,3}}(?: \d{{1,2}})?(?:, | {SIGN} | (?=\())"
+_STAMP_SIGN = rf"(?:{SIGN}|::)"  # a sign, or a doubled colon (`Gallimarkt Donnerstag :: 08:39 :: …`; round 82)
+_STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,3}}(?: \d{{1,2}})?(?:, | {_STAMP_SIGN} | (?=\())"
 _ORDINAL = r"(?:st|nd|rd|th)?"
 _STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}})?|\d{{1,2}}{_ORDINAL} (?:de )?[^\W\d_]{{3,9}}\.?"
                r"|\d{1,2}/\d{1,2}(?:/\d{2,4})?|\d{4}-\d\d-\d\d|\d{1,2}-\d{1,2}-(?:\d{4}|\d{2})"
                r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))(?: \([^\W\d_][^()\n]{1,24}\))?"
                r"(?: / (?:[^\W\d_]\w{1,19}\.? )?\d{1,2} [^\W\d_]{3,9}\.?)?"
-               rf"(?:,? | {SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{SIGN}|[–—]) )")
-_STAMP_AFTER = rf"(?: (?:{SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S"
+               rf"(?:,? | {_STAMP_SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{_STAMP_SIGN}|[–—]) )")
+# what sets the stamp apart from the board; the clock may be read out in words in brackets before it
+# (`08:39 (Viertel vor neun) :: …`; round 82)
+_STAMP_AFTER = (rf"(?: \([^()\n]{{1,30}}\))?"
+                rf"(?: (?:{_STAMP_SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
 _STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}(?:{_STAMP_DATE})?"
                             rf"((?:{STAMP_CLOCK})(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
 # after a date, a clock written with a dot alone (an Austrian programme's `Mi 18.08. ♫ 21.01 ♫ …`; round 78): a date
 # before it makes it no price
 _STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}{_STAMP_DATE}"
                             rf"((?:[01]?\d|2[0-3])\.[0-5]\d(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
-_SIGN_AFTER = re.compile(rf" (?:{SIGN}|[–—]) ")  # a sign that sets a stamp apart from what follows it
+_SIGN_AFTER = re.compile(rf"(?: \([^()\n]{{1,30}}\))? (?:{_STAMP_SIGN}|[–—]) ")  # a sign that sets a stamp apart from what follows it
 
 
 def stamp_of(text: str, start: int, end: int) -> re.Match[str] | None:
@@ -602,10 +607,15 @@ STAMP_STEP_MINUTES = 60  # a status's clock moves on by this much at most betwee
 def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end: int) -> str | None:
     """`time` when both values are statuses stamped with their clock first (`stamp_of`, within
     `_status_too_long`) and the clock moved on, by STAMP_STEP_MINUTES at most: the status rewritten
-    whole as time goes on (`15:51 — visit 8/8 …` -> `16:02 — round done, reports syncing`; round 51)."""
+    whole as time goes on (`15:51 — visit 8/8 …` -> `16:02 — round done, reports syncing`; round 51). A
+    clock on the quarter hour on both sides with nothing else changed is a rule's hour edited (`Einlass ::
+    14:00 (mit Ticket) :: …` -> `14:30`; round 82)."""
     a, b = stamp_of(prev, pstart, pend), stamp_of(cur, start, end)
     if a is None or b is None or _status_too_long(cur, start, end) or _status_too_long(prev, pstart, pend):
         return None
+    if on_quarter_hour(a.group(1)) and on_quarter_hour(b.group(1)) \
+            and prev[pstart:a.start(1)] == cur[start:b.start(1)] and prev[a.end(1):pend] == cur[b.end(1):end]:
+        return None  # the hour alone moved, on the quarter hour both: a rule's hour edited (round 82)
     moved = (clock_minutes(b.group(1).strip("[]")) - clock_minutes(a.group(1).strip("[]"))) % (24 * 60)
     return "time" if 0 < moved <= STAMP_STEP_MINUTES else None
 

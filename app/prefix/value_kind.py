@@ -981,6 +981,11 @@ _QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:[ZH]|
 STAMPED_REPORT_CHARS = 240  # a report with its stamp: as long as two records
 
 
+def on_quarter_hour(clock: str) -> bool:
+    """Is a stamp's clock on the quarter hour, as a rule's hours are (`14:30`, `7.45pm`, `11pm`, `2045H`)?"""
+    return _QUARTER_HOUR.fullmatch(clock) is not None
+
+
 def _stamp_head(before: str) -> str:
     """The shape of what a report's stamp opens with, up to its first sign: a word as `w`, a number as
     `#`, the sign itself (`Ch 6 ·` and `Post 31 ·` are `w#·`, `Green 26 @` and `Blue 9 @` are `w#@`,
