@@ -4686,7 +4686,7 @@ def _first_summary(first: str, earlier: str | None = None) -> list[dict]:
     """A voice bot's seven turns, its first message `earlier` or the caller's question; then its first
     three messages gone, `first` in their place, the rest kept, and a reply and a question after: the
     window keeps its length."""
-    msgs = [{"role": role, "content": text} for role, text in VOICE_TURNS]
+    msgs = _messages(VOICE_TURNS)
     if earlier is not None:
         msgs = [{"role": "user", "content": earlier}, *msgs[1:]]
     again = [{"role": "user", "content": first}, *msgs[3:], {"role": "assistant", "content": "Dogs on leads are welcome."},

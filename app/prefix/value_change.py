@@ -306,9 +306,10 @@ _STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}
                r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))(?: \([^\W\d_][^()\n]{1,24}\))?"
                r"(?: / (?:[^\W\d_]\w{1,19}\.? )?\d{1,2} [^\W\d_]{3,9}\.?)?"
                rf"(?:,? | {_STAMP_SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{_STAMP_SIGN}|[–—]) )")
-# what sets the stamp apart from the board; the clock may be read out in words in brackets before it
-# (`08:39 (Viertel vor neun) :: …`; round 82)
-_STAMP_AFTER = (rf"(?: \([^()\n]{{1,30}}\))?"
+# the clock read out in words in brackets after it, before the sign (`08:39 (Viertel vor neun) :: …`; round 82)
+_CLOCK_IN_WORDS = r"(?: \([^()\n]{1,30}\))?"
+# what sets the stamp apart from the board
+_STAMP_AFTER = (rf"{_CLOCK_IN_WORDS}"
                 rf"(?: (?:{_STAMP_SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
 _STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}(?:{_STAMP_DATE})?"
                             rf"((?:{STAMP_CLOCK})(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
@@ -316,7 +317,7 @@ _STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,
 # before it makes it no price
 _STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}{_STAMP_DATE}"
                             rf"((?:[01]?\d|2[0-3])\.[0-5]\d(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
-_SIGN_AFTER = re.compile(rf"(?: \([^()\n]{{1,30}}\))? (?:{_STAMP_SIGN}|[–—]) ")  # a sign that sets a stamp apart from what follows it
+_SIGN_AFTER = re.compile(rf"{_CLOCK_IN_WORDS} (?:{_STAMP_SIGN}|[–—]) ")  # a sign that sets a stamp apart from what follows it
 
 
 def stamp_of(text: str, start: int, end: int) -> re.Match[str] | None:

@@ -662,7 +662,10 @@ def clock_minutes(clock: str) -> int:
     or not (`8⁴⁵`), or four digits (`1430 hrs`)."""
     clock = _RAISED_MINUTES.sub(lambda m: ":" + m.group().translate(_RAISED), clock)
     numbers = re.findall(r"\d+", clock)
-    hours, minutes = divmod(int(numbers[0]), 100) if len(numbers[0]) > 2 else (int(numbers[0]), int(numbers[1:2] and numbers[1] or 0))
+    if len(numbers[0]) > 2:
+        hours, minutes = divmod(int(numbers[0]), 100)
+    else:  # the hour alone (`11pm`) has no minutes
+        hours, minutes = int(numbers[0]), int(numbers[1]) if len(numbers) > 1 else 0
     half = re.search(r"(?i)\d ?([ap])(?:\.?m\b|(?!\w))", clock)
     if half is not None:
         hours = hours % 12 + (12 if half.group(1).lower() == "p" else 0)
@@ -1020,7 +1023,7 @@ def _report_stamped_first(old: str, new: str) -> bool:
     a, b = _FIRST_STAMP.match(old), _FIRST_STAMP.match(new)
     if a is None or b is None or a.group(2) == b.group(2) or _stamp_head(a.group(1)) != _stamp_head(b.group(1)):
         return False
-    if _QUARTER_HOUR.fullmatch(a.group(2)) and _QUARTER_HOUR.fullmatch(b.group(2)):
+    if on_quarter_hour(a.group(2)) and on_quarter_hour(b.group(2)):
         # on the quarter hour, a rule's hours, unless who reports and the report changed too, in most of its words:
         # another entry whole (a launch director's call, `Zebra 14 ◈ 07:45 MDT ◈ hold launches in row B, …` ->
         # `Zebra 11 ◈ 07:30 MDT ◈ red flag: launches stopped`; round 79)
@@ -1029,7 +1032,7 @@ def _report_stamped_first(old: str, new: str) -> bool:
         return True
     # the clock alone changed, neither on the quarter hour: a clock, not a rule's hour (`Ring commentary ❧ 11.33am
     # / 11.33yb ❧ …` -> `4.35pm / 4.35yp ❧ …`; round 77)
-    return not (_QUARTER_HOUR.fullmatch(a.group(2)) or _QUARTER_HOUR.fullmatch(b.group(2)))
+    return not (on_quarter_hour(a.group(2)) or on_quarter_hour(b.group(2)))
 
 
 def _words_replaced(old: str, new: str) -> bool:
