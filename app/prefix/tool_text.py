@@ -258,8 +258,9 @@ def in_code_block(lines: list[str], start: int, end: int) -> bool:
 
 
 # what a listing puts before each entry: a logger's clock, a tree's branch (`[07:41:09] ├── clean   Removes …`,
-# gulp's `--tasks`; round 66)
-_LINE_LEAD = re.compile(r"^(?:\[\d{1,2}:\d\d(?::\d\d)?\]\s+)?(?:[│┃|]\s+)*(?:[├└┣┗][─━]{2}|[|`]--)\s*")
+# gulp's `--tasks`; round 66), or a package manager's mark of one character in brackets, installed or not
+# (xbps-query's `[*] name-1.2.0_1  …`, `[-] …`; round 83)
+_LINE_LEAD = re.compile(r"^(?:\[\d{1,2}:\d\d(?::\d\d)?\]\s+)?(?:[│┃|]\s+)*(?:[├└┣┗][─━]{2}|[|`]--|\[[*+x! -]\](?= ))\s*")
 
 
 # a line's reading (does it name a tool?) is kept per distinct line: a tenant's system text repeats on every
@@ -274,6 +275,11 @@ def _per_line(read: Callable[[str], bool]) -> Callable[[str], bool]:
     return functools.wraps(read)(lambda line: kept(line) if len(line) <= LINE_MEMO_CHARS else read(line))
 
 
+# a package as a package manager lists it, its name and version one word, then what it does (xbps-query's
+# `sumfest-backstage-0.3.1_2 issue a …`, where the longest is set apart by one space; round 83)
+_PACKAGE_LINE = re.compile(r"^[a-z][a-z0-9+.]*(?:-[a-z][a-z0-9+.]*)*-\d+(?:\.\d+)+(?:_\d+)?\s+[^\W\d_]")
+
+
 @_per_line
 def _names_tool(line: str) -> bool:
     """Does a line (its listing's lead taken off) name its tool on a line of its own, in one of the
@@ -281,7 +287,8 @@ def _names_tool(line: str) -> bool:
     return bool(TOOL_LINE.match(line) or NAMED_LINE.match(line) or TOOL_NAME_LINE.match(line) or _CRON_LINE.match(line)
                 or _ALIAS_LINE.match(line) or _COMPLETION_LINE.match(line) or _MACRO_LINE.match(line)
                 or _COMMAND_PATH_LINE.match(line) or _DEVICE_COMMAND_LINE.match(line) or _USAGE_LINE.match(line)
-                or _BOT_HELP_LINE.match(line) or _MAKE_TARGET_LINE.match(line) or _LABEL_KIND_LINE.match(line))
+                or _BOT_HELP_LINE.match(line) or _MAKE_TARGET_LINE.match(line) or _LABEL_KIND_LINE.match(line)
+                or _PACKAGE_LINE.match(line))
 
 
 def tool_entries(lines: list[str]) -> bool:

@@ -222,7 +222,10 @@ def _whole_line(prev: str, cur: str, pd: int, span: Span, pend: int, stop: int |
 _STATUS_WORD = re.compile(r"[^\W\d_]{3,}")
 _FUNCTION_WORDS = frozenset({"the", "and", "von", "der", "die", "das", "und"})
 _OWN_KEY = re.compile(r"(?:[\w\]][=:]|[=/])$")  # a number's own key inside the value (`dur=114.1`, `0-24/158`)
-_ENTRY_NOTE = re.compile(r" [·•|–—] [^\n]{1,40}| \([^()\n]{1,40}\)")  # what an entry is, after its id
+_ENTRY_NOTE = re.compile(r" [·•|–—/] [^\n]{1,40}| \([^()\n]{1,40}\)")  # what an entry is, after its id
+# what may lead an entry's id: a word or two and a number's sign (`Raffle #05153 / Miss FNPF / FJ$2`, `Fahrt Nr.
+# 590`; round 83)
+_ENTRY_LEAD = re.compile(r"(?:(?:[^\W\d_][\w'’-]{1,20} ){1,2}(#|N[ro]\. |Nº ?)?)?")
 STATUS_KEY_WORDS = 2  # a status line's label: `Casks:`, `Court timer:`
 
 
@@ -256,8 +259,9 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
         return True  # the clock a status is stamped with, first (with its day's date: round 65): the status whole
     if span.kind == "timestamp":
         return False
-    if span.kind == "id" and span.start == start and _ENTRY_NOTE.fullmatch(text, span.end, end):
-        return True
+    if span.kind == "id" and (lead := _ENTRY_LEAD.fullmatch(text, start, span.start)) is not None \
+            and (_ENTRY_NOTE.fullmatch(text, span.end, end) or span.end == end and lead.group(1)):
+        return True  # an id, what the entry is after it; or an entry's number, its words and its sign before it
     if in_running_time(text, span.start, span.end, start, end) and STATUS_LETTERS.search(text, start, span.start):
         return True
     words = [w for w in _STATUS_WORD.findall(f"{text[start:span.start]} {text[span.end:end]}")
@@ -297,15 +301,19 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # conventions themselves, a day's number may be ordinal, `Sat 20th Jul`, a date may hold its year, `20.07.2026`,
 # `20/07/26`, or be ISO 8601's, `2026-07-20`, round 77; or the day, month and year set apart by dashes, as
 # India and much of Europe write them, `08-11-2027`, round 80; the place may be four words, an event and its
-# day's name, `JUNKANOO New Year's Day ~ 6:26 a.m. ~ …`, round 81)
+# day's name, `JUNKANOO New Year's Day ~ 6:26 a.m. ~ …`, round 81; a day counted in the festival's run in place of
+# a date, `Hibiscus Festival · Day 5 of 9 · 16:10 FJT · …`, round 83)
 _STAMP_SIGN = rf"(?:{SIGN}|::)"  # a sign, or a doubled colon (`Gallimarkt Donnerstag :: 08:39 :: …`; round 82)
 _STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,3}}(?: \d{{1,2}})?(?:, | {_STAMP_SIGN} | (?=\())"
 _ORDINAL = r"(?:st|nd|rd|th)?"
+# a festival's day counted in its run, in place of a date (`Day 5 of 9`, `Tag 3 von 10`, `Day 5/9`; round 83)
+_DAY_OF_RUN = r"[^\W\d_]{3,9} \d{1,2}(?: (?:of|von|de|sur) |/)\d{1,2}"
 _STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}})?|\d{{1,2}}{_ORDINAL} (?:de )?[^\W\d_]{{3,9}}\.?"
                r"|\d{1,2}/\d{1,2}(?:/\d{2,4})?|\d{4}-\d\d-\d\d|\d{1,2}-\d{1,2}-(?:\d{4}|\d{2})"
                r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))(?: \([^\W\d_][^()\n]{1,24}\))?"
                r"(?: / (?:[^\W\d_]\w{1,19}\.? )?\d{1,2} [^\W\d_]{3,9}\.?)?"
-               rf"(?:,? | {_STAMP_SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{_STAMP_SIGN}|[–—]) )")
+               rf"(?:,? | {_STAMP_SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{_STAMP_SIGN}|[–—]) "
+               rf"|{_DAY_OF_RUN}(?:,? | {_STAMP_SIGN} | [–—] ))")
 # the clock read out in words in brackets after it, before the sign (`08:39 (Viertel vor neun) :: …`; round 82)
 _CLOCK_IN_WORDS = r"(?: \([^()\n]{1,30}\))?"
 # what sets the stamp apart from the board

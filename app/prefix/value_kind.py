@@ -158,9 +158,8 @@ def value_kind(line_prefix: str, old: str, new: str, line_rest: str | None = Non
         return number
     if _rising_sequence(old, new):
         return "id"
-    if line_prefix.endswith("#") and len(old) >= 3 and old.isdecimal() and new.isdecimal() \
-            and 0 < int(new) - int(old) <= 50:
-        return "id"  # a number after its sign that rose a little: `Check-in #597` -> `#606` (round 30)
+    if _signed_number_rose(line_prefix, old, new):
+        return "id"
     if code_redrawn(old, new):
         return "nonce"  # a code in capitals drawn again: an entry's `EKZN-3FJA` -> `CWXK-TWLC` (round 30)
     if _VERSION.fullmatch(new) and _VERSION.fullmatch(old):
@@ -908,10 +907,11 @@ ENTRY_LEAD_WORDS = 2  # words before an entry's running number: it leads its rec
 
 
 def _entry_rose(old: str, new: str) -> bool:
-    """Two values up to RECORD_CHARS whose first entry's number rose by TICKET_STEP at most after the
-    same words, the rest changed in its words too (`CAD 5480/31Aug – Great Western Road` -> `CAD
-    5482/31Aug – Ladbroke Grove`; round 70): the newest entry of a log, whatever its key says, its
-    number leading it (ENTRY_LEAD_WORDS). A rule's number edited keeps its words (`Hotline 0800 123
+    """Two values up to RECORD_CHARS whose first entry's number rose by TICKET_STEP at most (or by 1%
+    of itself when that is more: `Maß Nr. 320.565` -> `320.655`; round 83) after the same words, the
+    rest changed in its words too (`CAD 5480/31Aug – Great Western Road` -> `CAD 5482/31Aug –
+    Ladbroke Grove`; round 70): the newest entry of a log, whatever its key says, its number leading
+    it (ENTRY_LEAD_WORDS). A rule's number edited keeps its words (`Hotline 0800 123
     456`), a rule's record names no entry's number (`Form 12 · …`), and a note's number deep in its
     prose is no entry's (`replaced the pump seal on unit 204 …`)."""
     if max(len(old), len(new)) > RECORD_CHARS or LETTER_RUNS.findall(old) == LETTER_RUNS.findall(new):
@@ -920,8 +920,8 @@ def _entry_rose(old: str, new: str) -> bool:
     if a is None or b is None or old[:a.start()] != new[:b.start()] or old[a.end():] == new[b.end():] \
             or len(old[:a.start()].split()) > ENTRY_LEAD_WORDS:
         return False
-    step = int(re.sub(r"\D", "", b.group(1))) - int(re.sub(r"\D", "", a.group(1)))
-    return 0 < step <= TICKET_STEP
+    before = int(re.sub(r"\D", "", a.group(1)))
+    return 0 < int(re.sub(r"\D", "", b.group(1))) - before <= max(TICKET_STEP, before // 100)
 
 
 # a numbered item, then its report after a colon or an `@` (`Door 11: returned …`, `Steward 410 @ … : …`; since
@@ -1088,6 +1088,27 @@ _LETTERS_BEFORE = re.compile(r"([A-Za-z]{1,3})(\d{3,})")
 _NUMBER_OF_YEAR = re.compile(r"(?=\d{3,}/(?:19|20)\d\d$)()(\d+)")
 _NUMBER_ALONE = re.compile(r"()(\d{3,})$")
 TICKET_STEP = 50  # such a number rises by this much at most between two requests, or by 1% of itself (round 81)
+
+
+# a number's sign before it: `#`, `Nr.`, `No.`, `Nº` (round 83)
+_NUMBER_SIGN = re.compile(r"(?:#|(?<![^\W\d_])(?:N[ro]\.|no\.|Nº)\s?)$")
+# a number grouped in thousands, one separator throughout (`129.846`, `1,204,311`, `12'400`)
+_THOUSANDS = re.compile(r"\d{1,3}(?:([.,'’])\d{3})+")
+
+
+def _signed_number_rose(line_prefix: str, old: str, new: str) -> bool:
+    """A number after its sign that rose a little (`Check-in #597` -> `#606`; round 30), its
+    thousands grouped or not (a tent's `Maß Nr. 129.846` -> `129.906`; round 83): by TICKET_STEP at
+    most, or by 1% of itself when that is more. A setting is no numbered item."""
+    if not _NUMBER_SIGN.search(line_prefix):
+        return False
+    a, b = _THOUSANDS.fullmatch(old), _THOUSANDS.fullmatch(new)
+    if a and b and a.group(1) == b.group(1) and len(old) == len(new):
+        old, new = old.replace(a.group(1), ""), new.replace(b.group(1), "")
+    if len(old) < 3 or not (old.isdecimal() and new.isdecimal()):
+        return False
+    before = int(old)
+    return 0 < int(new) - before <= max(TICKET_STEP, before // 100)
 
 
 def _ticket_rose(shape: re.Pattern[str], x: str, y: str) -> bool:
