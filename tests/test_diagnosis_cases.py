@@ -5005,3 +5005,61 @@ def test_a_festivals_day_with_its_price_or_its_words_edited_stays_an_edit(fpr) -
                    ["Lantern Fair · Day 2 of 9 · 18:00 · doors open", "Lantern Fair · Day 2 of 9 · 18:00 · gates open"]):
         got = run_value_line(fpr, "Programme: {}", [*values, values[1]])
         assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 84
+ROLE_PROMPT = "I want you to act as a {} for me{}\n\nYou answer for the festival office of the Harbour Lantern Fair.\n{}"
+ROLES = [("ChatGPT-Prompt-Generator", ". I give you a topic and you write a prompt for it that starts with the role.",
+          "- Keep answers short.\n- The fair opens at 10am."),
+         ("LinkedIn-Ghostwriter", " and write me a new post of at most 400 words on the topic I give you.",
+          "- Stalls are booked at the office.\n- Lost property goes to the first-aid tent.")]
+
+
+def test_a_switch_to_an_agent_named_in_camel_case_words_is_a_new_conversation(fpr) -> None:
+    """Another agent, its whole system text other, its role's name first and written in camel-case words
+    joined by hyphens (`ChatGPT-Prompt-Generator` -> `LinkedIn-Ghostwriter`): a new conversation, not a
+    value drawn again at its head (round 84)."""
+    prompts = [ROLE_PROMPT.format(*role) for role in ROLES]
+    bodies = [body(prompts[0], QUESTIONS[:1]), body(prompts[0], [*QUESTIONS[:1], "At 10am.", QUESTIONS[1]]),
+              body(prompts[1], QUESTIONS[2:3])]
+    assert causes(fpr, bodies) == [None, "new_session"]
+
+
+def test_a_token_of_letters_that_change_case_every_letter_or_two_is_still_a_draw(fpr) -> None:
+    """The guard: a session token of letters only, their case changing every letter or two, drawn again:
+    still a value."""
+    assert_values_found(fpr, "Session: {}", ["xKqLmZbTrWpaYhQe", "pWzRkTaLqXmYvBsN", "QmTrXaLpKzWvYbNs"])
+
+
+def test_a_loggers_line_stamped_in_brackets_with_its_zone_is_a_value_whole(fpr) -> None:
+    """A call logged as a logger stamps a line, the clock and its zone in brackets, then who reports and
+    what (`[09:44 HKT] Festival control: lost child at …`): the newest entry, whole on its first change
+    (round 84)."""
+    assert_values_whole(fpr, "Control log: {}", ["[09:43 HKT] Festival control: towers inspected, all clear",
+                                                 "[09:44 HKT] Festival control: lost child at the east pier",
+                                                 "[10:05 HKT] Festival control: ferry queue past the barrier"])
+
+
+def test_boards_set_apart_by_hyphens_typed_for_dashes_are_values_whole(fpr) -> None:
+    """Boards whose stamp a hyphen or two typed for a dash sets apart, after a place, or after a day's
+    name with a comma and a date (`Road board - 5:41 pm AST - …`, `Fair Sat, Jan 17 -- 12:55 PM PHT --
+    …`): only the clock moved on, the board whole (round 84)."""
+    assert_values_whole(fpr, "Road clock: {}", [f"Lantern road board - 5:{m} pm AST - on the judging stage: the big bands"
+                                                for m in ("41", "50", "57")])
+    assert_values_whole(fpr, "Dancing clock: {}", [f"Lantern Fair Sat, Jan 17 -- 12:{m} PM PHT -- Group 17 of 30 at the stage"
+                                                   for m in ("51", "55", "59")])
+
+
+def test_a_board_dated_with_a_days_name_a_comma_and_a_german_ordinal_is_a_value_whole(fpr) -> None:
+    """A board dated as German writes it, the day's name, a comma and the day's number with its dot
+    before the month (`Montag, 29. Juli`), its clock `16.04 Uhr`: only the clock moved on, the board
+    whole (round 84)."""
+    assert_values_whole(fpr, "Festuhr: {}", [f"Seefest | Montag, 29. Juli | 16.{m} Uhr | Hauptplatz: Chöre"
+                                             for m in ("04", "09", "14")])
+
+
+def test_opening_hours_set_apart_by_hyphens_edited_stay_an_edit(fpr) -> None:
+    """The guard: opening hours, a range set apart by hyphens, one end moved once and kept: an edit."""
+    got = run_value_line(fpr, "Hours: {}", ["Fair office - 10:00 - 18:00 daily", "Fair office - 10:00 - 18:30 daily",
+                                            "Fair office - 10:00 - 18:30 daily"])
+    assert got[0]["cause"] == "template_change", got

@@ -304,28 +304,34 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
 # day's name, `JUNKANOO New Year's Day ~ 6:26 a.m. ~ …`, round 81; a day counted in the festival's run in place of
 # a date, `Hibiscus Festival · Day 5 of 9 · 16:10 FJT · …`, round 83)
 _STAMP_SIGN = rf"(?:{SIGN}|::)"  # a sign, or a doubled colon (`Gallimarkt Donnerstag :: 08:39 :: …`; round 82)
-_STAMP_PLACE = rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,3}}(?: \d{{1,2}})?(?:, | {_STAMP_SIGN} | (?=\())"
+# a dash, or a hyphen or two typed for one (`KADOOMENT road board - 5:41 pm AST - …`, `Sat, Jan 17 -- 12:55 PM PHT
+# -- …`; round 84)
+_DASH = r"(?:[–—]|--?)"
+_STAMP_PLACE = (rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,3}}(?: \d{{1,2}})?"
+                rf"(?:, | {_STAMP_SIGN} | {_DASH} | (?=\())")
 _ORDINAL = r"(?:st|nd|rd|th)?"
 # a festival's day counted in its run, in place of a date (`Day 5 of 9`, `Tag 3 von 10`, `Day 5/9`; round 83)
 _DAY_OF_RUN = r"[^\W\d_]{3,9} \d{1,2}(?: (?:of|von|de|sur) |/)\d{1,2}"
-_STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}})?|\d{{1,2}}{_ORDINAL} (?:de )?[^\W\d_]{{3,9}}\.?"
+_STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}})?|\d{{1,2}}(?:{_ORDINAL}|\.) (?:de )?[^\W\d_]{{3,9}}\.?"
                r"|\d{1,2}/\d{1,2}(?:/\d{2,4})?|\d{4}-\d\d-\d\d|\d{1,2}-\d{1,2}-(?:\d{4}|\d{2})"
                r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))(?: \([^\W\d_][^()\n]{1,24}\))?"
                r"(?: / (?:[^\W\d_]\w{1,19}\.? )?\d{1,2} [^\W\d_]{3,9}\.?)?"
-               rf"(?:,? | {_STAMP_SIGN} | [–—] )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{_STAMP_SIGN}|[–—]) "
-               rf"|{_DAY_OF_RUN}(?:,? | {_STAMP_SIGN} | [–—] ))")
+               rf"(?:,? | {_STAMP_SIGN} | {_DASH} )|[^\W\d_]{{3,9}} \d{{1,2}}{_ORDINAL} (?:{_STAMP_SIGN}|{_DASH}) "
+               rf"|{_DAY_OF_RUN}(?:,? | {_STAMP_SIGN} | {_DASH} ))")
 # the clock read out in words in brackets after it, before the sign (`08:39 (Viertel vor neun) :: …`; round 82)
 _CLOCK_IN_WORDS = r"(?: \([^()\n]{1,30}\))?"
 # what sets the stamp apart from the board
 _STAMP_AFTER = (rf"{_CLOCK_IN_WORDS}"
-                rf"(?: (?:{_STAMP_SIGN} |[–—] (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
-_STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}(?:{_STAMP_DATE})?"
+                rf"(?: (?:{_STAMP_SIGN} |{_DASH} (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
+# the words before the date: a day's name, with a comma after it or not (`Montag, 29. Juli`, `Sat, Jan 17`; round 84)
+_DAY_WORDS = r"(?:[^\W\d_]\w{1,19}\.?,? ){0,2}"
+_STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?{_DAY_WORDS}(?:{_STAMP_DATE})?"
                             rf"((?:{STAMP_CLOCK})(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
 # after a date, a clock written with a dot alone (an Austrian programme's `Mi 18.08. ♫ 21.01 ♫ …`; round 78): a date
 # before it makes it no price
-_STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?(?:[^\W\d_]\w{{1,19}}\.? ){{0,2}}{_STAMP_DATE}"
+_STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?{_DAY_WORDS}{_STAMP_DATE}"
                             rf"((?:[01]?\d|2[0-3])\.[0-5]\d(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
-_SIGN_AFTER = re.compile(rf"{_CLOCK_IN_WORDS} (?:{_STAMP_SIGN}|[–—]) ")  # a sign that sets a stamp apart from what follows it
+_SIGN_AFTER = re.compile(rf"{_CLOCK_IN_WORDS} (?:{_STAMP_SIGN}|{_DASH}) ")  # a sign that sets a stamp apart from what follows it
 
 
 def stamp_of(text: str, start: int, end: int) -> re.Match[str] | None:

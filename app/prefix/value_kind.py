@@ -108,11 +108,20 @@ def _mixing(token: str) -> int:
 _STAMP_SHAPE = re.compile(r"\d{8}T\d{4,6}(?:[.,]\d+)?Z?")
 
 
+# the words of a name written in camel case (`Linked`, `In`; `Chat`, `GPT`)
+_CAMEL_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+")
+WORD_LETTERS = 4  # a name's words are this long on average; a random draw's letters change case every two or so
+
+
 def random_looking(token: str) -> bool:
     """A random draw rather than a word, a version or a code: hex with letters and digits, upper
-    case with digits over 12 characters (base32, `RDDS67XS26QNZDFU`), or mixed character classes."""
+    case with digits over 12 characters (base32, `RDDS67XS26QNZDFU`), or mixed character classes;
+    not a name of words in camel case, without digits (`LinkedIn-Ghostwriter`,
+    `ChatGPT-Prompt-Generator`; round 84)."""
     alnum = [c for c in token if c.isalnum()]
     if len(alnum) < 8 or _VERSION.fullmatch(token) or _STAMP_SHAPE.fullmatch(token):
+        return False
+    if not any(c.isdigit() for c in token) and len(alnum) >= WORD_LETTERS * len(_CAMEL_WORD.findall(token)):
         return False
     has_both = any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
     if has_both and (re.fullmatch(r"[0-9a-fA-F]{8,}", token) or re.fullmatch(r"[0-9A-Z]{12,}", token)):
@@ -645,9 +654,11 @@ RAISED_DIGITS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 # (`19h12`, `14 h 30`; round 76); its minutes raised, as a poster writes them (`8⁴⁵ Uhr`), and the clock given
 # again in a second language after a slash (`2.02pm / 2.02yp`); and, from the conventions themselves, `uur`, `hrs`
 # or `u` after it, a Belgian `14u30`, and a services' clock of four digits with `hrs`, `Z` or `L` (`1430 hrs`;
-# round 77), or with `H` after it as Singapore writes it, the evening's hours too (`2245H`; round 81)
+# round 77), or with `H` after it as Singapore writes it, the evening's hours too (`2245H`; round 81); in brackets
+# with its zone, as a logger stamps a line (`[09:44 HKT] Festival control: …`; round 84)
 _CLOCK_WORD = r"(?:Uhr|uur|hrs?|h|u\.?)(?!\w)"  # what follows a clock: German's, Dutch's, the services' `hrs`, `h`, `u`
 STAMP_CLOCK = (rf"(?:\[?(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12})\]?(?: ?{_CLOCK_WORD})?|\d{{1,2}}\.\d\d ?{_CLOCK_WORD}"
+               rf"|\[(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12}) [A-Z]{{2,4}}\]"
                rf"|(?:kl\.?|klo|ore|godz\.) \d{{1,2}}[.:][0-5]\d|\d{{1,2}} ?[hu] ?[0-5]\d(?!\w)"
                rf"|\d{{1,2}}[{RAISED_DIGITS}]{{2}}(?: ?Uhr)?|(?:[01]\d|2[0-3])[0-5]\d ?(?:hrs?|[ZLH])(?!\w))"
                r"(?: / \d{1,2}[.:][0-5]\d ?[^\W\d_]{0,4}\.?)?")
@@ -974,10 +985,11 @@ def _stamped_report(old: str, new: str) -> bool:
 # a Zulu clock (`Ch 6 · 13:18 · King's Staith: …`, `11. Gang (16:21) – …`, `0937Z EGVA TWR ↔ LTNG21: …`); the
 # clock may be any `STAMP_CLOCK`, and a word may be up to 20 characters long (`Stand ☘ 12.10pm ☘ …`,
 # `Schubkärchler 33 ♦ 20:35 Uhr: …`; round 76), or a clock written with a dot alone before a colon (`Inspizienz ♫
-# 19.37: …`; round 78); the clock may name its zone before the sign (`Zebra 14 ◈ 07:45 MDT ◈ …`; round 79)
+# 19.37: …`; round 78); the clock may name its zone before the sign (`Zebra 14 ◈ 07:45 MDT ◈ …`; round 79); a clock
+# in brackets may be followed by who reports, as a logger's line is (`[09:44 HKT] Festival control: …`; round 84)
 _FIRST_STAMP = re.compile(r"((?:[^\s:]{1,20} ){0,6}?\(?)"
                           rf"({STAMP_CLOCK}|[0-2]\d[0-5]\dZ|(?:[01]?\d|2[0-3])\.[0-5]\d(?=:))(?: [A-Z]{{2,4}}(?= [^\w\s]))?"
-                          r"\)?(?: [^\w\s]|:| (?<=Z )[A-Z])")
+                          r"\)?(?: [^\w\s]|:| (?<=Z )[A-Z]| (?<=\] )[^\W\d_])")
 _QUARTER_HOUR = re.compile(r"\[?\d{1,2}(?:[:.]| ?h ?)?(?:00|15|30|45)\]?(?:[ZH]| ?(?:Uhr|hrs?|h)| ?[ap]\.?m\.?|[AP]M|[ap])?"
                            r"(?: / \d{1,2}[.:](?:00|15|30|45) ?[^\W\d_]{0,4}\.?)?"
                            r"|\d{1,2} ?[ap]\.?m\.?|12 (?:noon|midnight)")  # the hour alone (`11pm`): on the hour
