@@ -5063,3 +5063,31 @@ def test_opening_hours_set_apart_by_hyphens_edited_stay_an_edit(fpr) -> None:
     got = run_value_line(fpr, "Hours: {}", ["Fair office - 10:00 - 18:00 daily", "Fair office - 10:00 - 18:30 daily",
                                             "Fair office - 10:00 - 18:30 daily"])
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 85
+def test_boards_stamped_after_a_days_number_with_its_name_or_an_event_and_a_colon_are_values_whole(fpr) -> None:
+    """Boards stamped after the day's number in the event's run with the day's name in brackets (`Cup
+    Final Day 2 (Bank Holiday) | 3:09pm | …`), after an event on its place of five words and a colon,
+    a `;` after the clock (`Boat Race Day on Windermere: 10:49 a.m. BST; …`), after an event, a comma
+    and its night with a sign (`… , final night :: 8.55 p.m. :: …`), or with the clock as Austrian radio
+    says it (`13 Uhr 33`): only the clock moved on, the board whole (round 85)."""
+    assert_values_whole(fpr, "Ground clock: {}", [f"Cup Final Day 2 (Bank Holiday) | 3:{m}pm | afternoon session, tea at 3:40pm"
+                                                  for m in ("09", "18", "21")])
+    assert_values_whole(fpr, "Lake clock: {}", [f"Boat Race Day on Windermere: 10:{m} a.m. BST; race 7 of 31 on the water"
+                                                for m in ("49", "52", "58")])
+    assert_values_whole(fpr, "Route board: {}", [f"LANTERNS Harbour Lantern Fair, final night :: 8.{m} p.m. :: at the pier"
+                                                 for m in ("55", "58")] + ["LANTERNS Harbour Lantern Fair, final night :: "
+                                                                           "9.01 p.m. :: at the pier"])
+    assert_values_whole(fpr, "Festuhr: {}", [f"Herbstfest am Samstag: 13 Uhr {m} – am Hauptplatz: Blasmusik"
+                                             for m in ("33", "40", "47")])
+
+
+def test_a_rules_hour_after_a_place_and_a_colon_edited_stays_an_edit(fpr) -> None:
+    """The guards: a desk's hours after its place and a colon, and a day's opening hour after its number
+    and name, moved once on the quarter hour and kept: an edit."""
+    for line, values in (("Desk: {}", ["Registration desk: 10:00; closes at 16:00", "Registration desk: 10:30; closes at 16:00"]),
+                         ("Programme: {}", ["Fair Day 1 (Opening Day) | 10:00am | gates open",
+                                            "Fair Day 1 (Opening Day) | 10:30am | gates open"])):
+        got = run_value_line(fpr, line, [*values, values[1]])
+        assert got[0]["cause"] == "template_change", got

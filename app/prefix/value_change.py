@@ -307,11 +307,14 @@ _STAMP_SIGN = rf"(?:{SIGN}|::)"  # a sign, or a doubled colon (`Gallimarkt Donne
 # a dash, or a hyphen or two typed for one (`KADOOMENT road board - 5:41 pm AST - …`, `Sat, Jan 17 -- 12:55 PM PHT
 # -- …`; round 84)
 _DASH = r"(?:[–—]|--?)"
-_STAMP_PLACE = (rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,3}}(?: \d{{1,2}})?"
-                rf"(?:, | {_STAMP_SIGN} | {_DASH} | (?=\())")
+# the place: up to five words (an event on its place, `Regatta Day on Quidi Vidi: 10:49 a.m. NDT; …`, five words
+# and a colon since round 85), and a number
+_STAMP_PLACE = (rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,4}}(?: \d{{1,2}})?"
+                rf"(?:, | {_STAMP_SIGN} | {_DASH} |: | (?=\())")
 _ORDINAL = r"(?:st|nd|rd|th)?"
-# a festival's day counted in its run, in place of a date (`Day 5 of 9`, `Tag 3 von 10`, `Day 5/9`; round 83)
-_DAY_OF_RUN = r"[^\W\d_]{3,9} \d{1,2}(?: (?:of|von|de|sur) |/)\d{1,2}"
+# a festival's day counted in its run, in place of a date (`Day 5 of 9`, `Tag 3 von 10`, `Day 5/9`; round 83), or
+# its number alone with the day's name in brackets (`Day 1 (Emancipation Day)`; round 85)
+_DAY_OF_RUN = r"[^\W\d_]{3,9} \d{1,2}(?:(?: (?:of|von|de|sur) |/)\d{1,2}| \([^\W\d_][^()\n]{1,24}\))"
 _STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}})?|\d{{1,2}}(?:{_ORDINAL}|\.) (?:de )?[^\W\d_]{{3,9}}\.?"
                r"|\d{1,2}/\d{1,2}(?:/\d{2,4})?|\d{4}-\d\d-\d\d|\d{1,2}-\d{1,2}-(?:\d{4}|\d{2})"
                r"|\((?:[^\W\d_]{2,3} )?\d{1,2} [^\W\d_]{3,9}\))(?: \([^\W\d_][^()\n]{1,24}\))?"
@@ -323,8 +326,9 @@ _CLOCK_IN_WORDS = r"(?: \([^()\n]{1,30}\))?"
 # what sets the stamp apart from the board
 _STAMP_AFTER = (rf"{_CLOCK_IN_WORDS}"
                 rf"(?: (?:{_STAMP_SIGN} |{_DASH} (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
-# the words before the date: a day's name, with a comma after it or not (`Montag, 29. Juli`, `Sat, Jan 17`; round 84)
-_DAY_WORDS = r"(?:[^\W\d_]\w{1,19}\.?,? ){0,2}"
+# the words before the date: a day's name, with a comma after it or not (`Montag, 29. Juli`, `Sat, Jan 17`; round 84),
+# a sign after them (`PERAHERA Randoli Perahera, final night :: 8.55 p.m. :: …`; round 85)
+_DAY_WORDS = rf"(?:(?:[^\W\d_]\w{{1,19}}\.?,? ){{1,2}}(?:{_STAMP_SIGN} )?)?"
 _STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?{_DAY_WORDS}(?:{_STAMP_DATE})?"
                             rf"((?:{STAMP_CLOCK})(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
 # after a date, a clock written with a dot alone (an Austrian programme's `Mi 18.08. ♫ 21.01 ♫ …`; round 78): a date

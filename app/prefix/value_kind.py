@@ -655,10 +655,11 @@ RAISED_DIGITS = "⁰¹²³⁴⁵⁶⁷⁸⁹"
 # again in a second language after a slash (`2.02pm / 2.02yp`); and, from the conventions themselves, `uur`, `hrs`
 # or `u` after it, a Belgian `14u30`, and a services' clock of four digits with `hrs`, `Z` or `L` (`1430 hrs`;
 # round 77), or with `H` after it as Singapore writes it, the evening's hours too (`2245H`; round 81); in brackets
-# with its zone, as a logger stamps a line (`[09:44 HKT] Festival control: …`; round 84)
+# with its zone, as a logger stamps a line (`[09:44 HKT] Festival control: …`; round 84); the hour, `Uhr`, then the
+# minutes, as Austrian radio says the time (`13 Uhr 33`; round 85)
 _CLOCK_WORD = r"(?:Uhr|uur|hrs?|h|u\.?)(?!\w)"  # what follows a clock: German's, Dutch's, the services' `hrs`, `h`, `u`
 STAMP_CLOCK = (rf"(?:\[?(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12})\]?(?: ?{_CLOCK_WORD})?|\d{{1,2}}\.\d\d ?{_CLOCK_WORD}"
-               rf"|\[(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12}) [A-Z]{{2,4}}\]"
+               rf"|\[(?:\d{{1,2}}:\d\d(?::\d\d)?|{CLOCK_12}) [A-Z]{{2,4}}\]|\d{{1,2}} Uhr [0-5]\d(?!\d)"
                rf"|(?:kl\.?|klo|ore|godz\.) \d{{1,2}}[.:][0-5]\d|\d{{1,2}} ?[hu] ?[0-5]\d(?!\w)"
                rf"|\d{{1,2}}[{RAISED_DIGITS}]{{2}}(?: ?Uhr)?|(?:[01]\d|2[0-3])[0-5]\d ?(?:hrs?|[ZLH])(?!\w))"
                r"(?: / \d{1,2}[.:][0-5]\d ?[^\W\d_]{0,4}\.?)?")
