@@ -5091,3 +5091,55 @@ def test_a_rules_hour_after_a_place_and_a_colon_edited_stays_an_edit(fpr) -> Non
                                             "Fair Day 1 (Opening Day) | 10:30am | gates open"])):
         got = run_value_line(fpr, line, [*values, values[1]])
         assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 86
+def test_a_ticket_numbered_after_no_and_its_code_that_rose_is_a_value_whole(fpr) -> None:
+    """A ticket's record, its number after `No.` and the code it ends (`Ticket No. FAIR/27/059496 – Adult – Rs.
+    50/-` -> `… 059498 – Student – Rs. 20/-`), risen a little, the rest changed too: the newest entry, whole
+    on its first change; the sign and the code are no words before it (round 86)."""
+    assert_values_whole(fpr, "Entry ticket: {}", ["Ticket No. FAIR/27/059496 – Adult – Rs. 50/-",
+                                                   "Ticket No. FAIR/27/059498 – Student – Rs. 20/-",
+                                                   "Ticket No. FAIR/27/059503 – Adult – Rs. 50/-"])
+
+
+def test_a_state_naming_a_street_by_its_short_form_is_a_value_whole(fpr) -> None:
+    """A route's state, one of them naming a street by its short form with a dot (`parade rolling` ->
+    `streetcar back on St. Charles` -> `route cleared`): a state replaced, whole on its first change (round 86)."""
+    assert_values_whole(fpr, "Route status: {}", ["parade rolling", "streetcar back on St. Charles", "route cleared"])
+
+
+PLACE_STAMPED_REPORTS = {
+    "at": ("Control room: {}", [f"Pier control room @ {c}: {r}" for c, r in (
+        ("9:16 pm", "light drizzle, programme continues"), ("12:31 pm", "light drizzle, programme continues"),
+        ("1:07 pm", "stage 2 closed for the wind"))]),
+    "brackets": ("Leitstelle: {}", [f"Meldung der Festleitstelle ({c} Uhr): {r}" for c, r in (
+        ("17.21", "Fundgegenstand am Eingang 4 abgegeben"), ("21.53", "Fundgegenstand am Eingang 4 abgegeben"),
+        ("22.08", "Sturmwarnung für den ganzen Festplatz"))]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PLACE_STAMPED_REPORTS))
+def test_reports_stamped_after_their_place_with_an_at_or_in_brackets_are_values_whole(fpr, form: str) -> None:
+    """Reports stamped with their place, then the clock after an `@` or in brackets and a colon (`Pier
+    control room @ 9:16 pm: …`, `Meldung der Festleitstelle (17.21 Uhr): …`): the newest entry, whole on its
+    first change, the clock alone moved or the report too (round 86)."""
+    assert_values_whole(fpr, *PLACE_STAMPED_REPORTS[form])
+
+
+def test_a_tally_in_parts_set_apart_by_semicolons_is_a_value_whole(fpr) -> None:
+    """A parade's tally in parts set apart by semicolons as prose sets them, one count moved on (`floats
+    rolled 6/31; ladders on the neutral ground ~1,583; lost kids reunited 2` -> `~1,615`): the tally whole
+    (round 86)."""
+    assert_values_whole(fpr, "Parade tally: {}", ["floats rolled 6/31; ladders on the verge ~1,583; lost kids reunited 2",
+                                                  "floats rolled 6/31; ladders on the verge ~1,615; lost kids reunited 2",
+                                                  "floats rolled 7/31; ladders on the verge ~1,640; lost kids reunited 2"])
+
+
+def test_a_price_list_in_semicolons_or_a_gate_named_by_a_saint_edited_stays_an_edit(fpr) -> None:
+    """The guards: a price list set apart by semicolons with one price edited, and a meeting point whose
+    saint's name was swapped inside its phrase (`St. Mary's gate` -> `St. John's gate`): edits."""
+    for line, values in (("Prices: {}", ["adult £12; child £8; family £35", "adult £14; child £8; family £35"]),
+                         ("Meeting point: {}", ["meet at St. Mary's gate", "meet at St. John's gate"])):
+        got = run_value_line(fpr, line, [*values, values[1]])
+        assert got[0]["cause"] == "template_change", got

@@ -308,9 +308,11 @@ _STAMP_SIGN = rf"(?:{SIGN}|::)"  # a sign, or a doubled colon (`Gallimarkt Donne
 # -- …`; round 84)
 _DASH = r"(?:[–—]|--?)"
 # the place: up to five words (an event on its place, `Regatta Day on Quidi Vidi: 10:49 a.m. NDT; …`, five words
-# and a colon since round 85), and a number
+# and a colon since round 85), and a number; an `@` or a bracket may set the clock after it, a colon after the clock
+# (a report stamped with its place and clock, `Kisama control room @ 9:16 pm: …`, `Meldung der Einsatzzentrale
+# (17.21 Uhr): …`; round 86)
 _STAMP_PLACE = (rf"[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,4}}(?: \d{{1,2}})?"
-                rf"(?:, | {_STAMP_SIGN} | {_DASH} |: | (?=\())")
+                rf"(?:, | {_STAMP_SIGN} | {_DASH} |: | @ | \(|(?=\())")
 _ORDINAL = r"(?:st|nd|rd|th)?"
 # a festival's day counted in its run, in place of a date (`Day 5 of 9`, `Tag 3 von 10`, `Day 5/9`; round 83), or
 # its number alone with the day's name in brackets (`Day 1 (Emancipation Day)`; round 85)
@@ -325,7 +327,7 @@ _STAMP_DATE = (rf"(?:(?:\d{{1,2}}\.(?:\d{{1,2}}|[IVX]{{1,4}})\.(?:\d{{2}}|\d{{4}
 _CLOCK_IN_WORDS = r"(?: \([^()\n]{1,30}\))?"
 # what sets the stamp apart from the board
 _STAMP_AFTER = (rf"{_CLOCK_IN_WORDS}"
-                rf"(?: (?:{_STAMP_SIGN} |{_DASH} (?!\d{{1,2}}[:.]\d\d))|; |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
+                rf"(?: (?:{_STAMP_SIGN} |{_DASH} (?!\d{{1,2}}[:.]\d\d))|; |\)?: |(?:(?<=\d:\d\d:\d\d)|(?<=\d:\d\d:\d\d Uhr)):? )\S")
 # the words before the date: a day's name, with a comma after it or not (`Montag, 29. Juli`, `Sat, Jan 17`; round 84),
 # a sign after them (`PERAHERA Randoli Perahera, final night :: 8.55 p.m. :: …`; round 85)
 _DAY_WORDS = rf"(?:(?:[^\W\d_]\w{{1,19}}\.?,? ){{1,2}}(?:{_STAMP_SIGN} )?)?"
@@ -628,13 +630,17 @@ def _stamped_moved(prev: str, pstart: int, pend: int, cur: str, start: int, end:
     `_status_too_long`) and the clock moved on, by STAMP_STEP_MINUTES at most: the status rewritten
     whole as time goes on (`15:51 — visit 8/8 …` -> `16:02 — round done, reports syncing`; round 51). A
     clock on the quarter hour on both sides with nothing else changed is a rule's hour edited (`Einlass ::
-    14:00 (mit Ticket) :: …` -> `14:30`; round 82)."""
+    14:00 (mit Ticket) :: …` -> `14:30`; round 82), and so is a place's hour after its `@` or in brackets
+    whatever else changed (`Info desk @ 09:00: opens for the day` -> `@ 09:30: opens after the briefing`,
+    as `_stamped_report` reads it; round 86)."""
     a, b = stamp_of(prev, pstart, pend), stamp_of(cur, start, end)
     if a is None or b is None or _status_too_long(cur, start, end) or _status_too_long(prev, pstart, pend):
         return None
-    if on_quarter_hour(a.group(1)) and on_quarter_hour(b.group(1)) \
-            and prev[pstart:a.start(1)] == cur[start:b.start(1)] and prev[a.end(1):pend] == cur[b.end(1):end]:
-        return None  # the hour alone moved, on the quarter hour both: a rule's hour edited (round 82)
+    if on_quarter_hour(a.group(1)) and on_quarter_hour(b.group(1)) and prev[pstart:a.start(1)] == cur[start:b.start(1)]:
+        if prev[a.end(1):pend] == cur[b.end(1):end]:
+            return None  # the hour alone moved, on the quarter hour both: a rule's hour edited (round 82)
+        if prev[pstart:a.start(1)].endswith((" @ ", " (")):
+            return None  # a place's hour after its `@` or in brackets: a desk's rule (`Desk @ 09:00: opens …`; round 86)
     moved = (clock_minutes(b.group(1).strip("[]")) - clock_minutes(a.group(1).strip("[]"))) % (24 * 60)
     return "time" if 0 < moved <= STAMP_STEP_MINUTES else None
 

@@ -280,7 +280,8 @@ _LINE_KEY = re.compile(r"^\s*(?:[-*•]\s+)?['’]?[^\W\d_](?:[\w.,\-–/ ()'’
 # a state's words: one to six, a small number among them (`returning to base`, `unter Meldestufe 1`,
 # `Stewards' enquiry`, `ALB recovering up the slip`: round 36; `planner's controls out`: round 58;
 # `coaching on lawn 1 this morning`: round 59)
-_STATE_WORD = r"[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?"
+# a word may be a name's short form with its dot (`St. Charles`, `Mt. Hood`; round 86)
+_STATE_WORD = r"(?:[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?|[A-Z][a-z]{1,2}\.(?= [A-Z]))"
 _STATE_CODE = r"[A-Z]{1,2}\d{1,4}"  # a code among a state's words: a transition's `T2`, a road's `A484` (round 65)
 _CLOCK_24 = r"(?:[01]?\d|2[0-3]):[0-5]\d"
 _STATE_CLOCK = rf"{_CLOCK_24}(?: Uhr)?"
@@ -729,7 +730,7 @@ def _is_tally(core: str) -> bool:
         or _counted_parts(core)
 
 
-_TALLY_PARTS = re.compile(rf" (?:{SIGN}|[;–—]) ")
+_TALLY_PARTS = re.compile(rf" (?:{SIGN}|[;–—]) |; ")  # a semicolon as prose sets it too (`… 6/31; ladders …`; round 86)
 _MONEY = re.compile(r"[$€£]")  # a currency sign: sums of money
 TALLY_PARTS = 3
 
@@ -916,6 +917,12 @@ def _named_fields(a: list[str], b: list[str]) -> bool:
 # an entry's running number: three digits or more, thousands grouped or not (`CAD 5480/31Aug`, `Nr. 41.486`)
 _RUNNING_ENTRY = re.compile(r"(?<![\d.,])(\d{1,3}(?:[.,]\d{3})+|\d{3,})(?!\d|[.,]\d)")
 ENTRY_LEAD_WORDS = 2  # words before an entry's running number: it leads its record (`CAD 5480/…`, `Nr. 41.486 …`)
+# a number's sign: `#`, `Nr.`, `No.`, `Nº` (round 83)
+_SIGN_OF_NUMBER = r"(?:#|(?<![^\W\d_])(?:N[ro]\.|no\.|Nº))"
+# neither a number's sign nor the code the number ends counts among those words (`Ticket No. HBF/27/059496 – …`;
+# round 86)
+_NUMBER_SIGNS = re.compile(_SIGN_OF_NUMBER)
+_CODE_PARTS = re.compile(r"\S*[\d/]\S*")
 
 
 def _entry_rose(old: str, new: str) -> bool:
@@ -930,7 +937,7 @@ def _entry_rose(old: str, new: str) -> bool:
         return False
     a, b = _RUNNING_ENTRY.search(old), _RUNNING_ENTRY.search(new)
     if a is None or b is None or old[:a.start()] != new[:b.start()] or old[a.end():] == new[b.end():] \
-            or len(old[:a.start()].split()) > ENTRY_LEAD_WORDS:
+            or len(LETTER_RUNS.findall(_NUMBER_SIGNS.sub("", _CODE_PARTS.sub("", old[:a.start()])))) > ENTRY_LEAD_WORDS:
         return False
     before = int(re.sub(r"\D", "", a.group(1)))
     return 0 < int(re.sub(r"\D", "", b.group(1))) - before <= max(TICKET_STEP, before // 100)
@@ -1103,8 +1110,7 @@ _NUMBER_ALONE = re.compile(r"()(\d{3,})$")
 TICKET_STEP = 50  # such a number rises by this much at most between two requests, or by 1% of itself (round 81)
 
 
-# a number's sign before it: `#`, `Nr.`, `No.`, `Nº` (round 83)
-_NUMBER_SIGN = re.compile(r"(?:#|(?<![^\W\d_])(?:N[ro]\.|no\.|Nº)\s?)$")
+_NUMBER_SIGN = re.compile(_SIGN_OF_NUMBER + r"\s?$")  # the sign just before a number
 # a number grouped in thousands, one separator throughout (`129.846`, `1,204,311`, `12'400`)
 _THOUSANDS = re.compile(r"\d{1,3}(?:([.,'’])\d{3})+")
 
