@@ -31,6 +31,7 @@ from app.prefix.value_kind import (
     RECORD_CHARS,
     RECORD_PARTS,
     SIGN,
+    SIGN_OF_NUMBER,
     STAMP_CLOCK,
     STATUS_LETTERS,
     STATUS_VALUE_CHARS,
@@ -225,7 +226,7 @@ _OWN_KEY = re.compile(r"(?:[\w\]][=:]|[=/])$")  # a number's own key inside the 
 _ENTRY_NOTE = re.compile(r" [·•|–—/] [^\n]{1,40}| \([^()\n]{1,40}\)")  # what an entry is, after its id
 # what may lead an entry's id: a word or two and a number's sign (`Raffle #05153 / Miss FNPF / FJ$2`, `Fahrt Nr.
 # 590`; round 83)
-_ENTRY_LEAD = re.compile(r"(?:(?:[^\W\d_][\w'’-]{1,20} ){1,2}(#|N[ro]\. |Nº ?)?)?")
+_ENTRY_LEAD = re.compile(rf"(?:(?:[^\W\d_][\w'’-]{{1,20}} ){{1,2}}({SIGN_OF_NUMBER} ?)?)?")
 STATUS_KEY_WORDS = 2  # a status line's label: `Casks:`, `Court timer:`
 
 

@@ -918,11 +918,15 @@ def _named_fields(a: list[str], b: list[str]) -> bool:
 _RUNNING_ENTRY = re.compile(r"(?<![\d.,])(\d{1,3}(?:[.,]\d{3})+|\d{3,})(?!\d|[.,]\d)")
 ENTRY_LEAD_WORDS = 2  # words before an entry's running number: it leads its record (`CAD 5480/…`, `Nr. 41.486 …`)
 # a number's sign: `#`, `Nr.`, `No.`, `Nº` (round 83)
-_SIGN_OF_NUMBER = r"(?:#|(?<![^\W\d_])(?:N[ro]\.|no\.|Nº))"
-# neither a number's sign nor the code the number ends counts among those words (`Ticket No. HBF/27/059496 – …`;
-# round 86)
-_NUMBER_SIGNS = re.compile(_SIGN_OF_NUMBER)
+SIGN_OF_NUMBER = r"(?:#|(?<![^\W\d_])(?:N[ro]\.|no\.|Nº))"
+_NUMBER_SIGNS = re.compile(SIGN_OF_NUMBER)
 _CODE_PARTS = re.compile(r"\S*[\d/]\S*")
+
+
+def _lead_words(lead: str) -> int:
+    """The words before an entry's number; neither a number's sign nor the code the number ends counts
+    (`Ticket No. HBF/27/059496 – …` has one; round 86)."""
+    return len(LETTER_RUNS.findall(_NUMBER_SIGNS.sub("", _CODE_PARTS.sub("", lead))))
 
 
 def _entry_rose(old: str, new: str) -> bool:
@@ -937,7 +941,7 @@ def _entry_rose(old: str, new: str) -> bool:
         return False
     a, b = _RUNNING_ENTRY.search(old), _RUNNING_ENTRY.search(new)
     if a is None or b is None or old[:a.start()] != new[:b.start()] or old[a.end():] == new[b.end():] \
-            or len(LETTER_RUNS.findall(_NUMBER_SIGNS.sub("", _CODE_PARTS.sub("", old[:a.start()])))) > ENTRY_LEAD_WORDS:
+            or _lead_words(old[:a.start()]) > ENTRY_LEAD_WORDS:
         return False
     before = int(re.sub(r"\D", "", a.group(1)))
     return 0 < int(re.sub(r"\D", "", b.group(1))) - before <= max(TICKET_STEP, before // 100)
@@ -1110,7 +1114,7 @@ _NUMBER_ALONE = re.compile(r"()(\d{3,})$")
 TICKET_STEP = 50  # such a number rises by this much at most between two requests, or by 1% of itself (round 81)
 
 
-_NUMBER_SIGN = re.compile(_SIGN_OF_NUMBER + r"\s?$")  # the sign just before a number
+_NUMBER_SIGN = re.compile(SIGN_OF_NUMBER + r"\s?$")  # the sign just before a number
 # a number grouped in thousands, one separator throughout (`129.846`, `1,204,311`, `12'400`)
 _THOUSANDS = re.compile(r"\d{1,3}(?:([.,'’])\d{3})+")
 
