@@ -943,8 +943,7 @@ def _entry_rose(old: str, new: str) -> bool:
     if a is None or b is None or old[:a.start()] != new[:b.start()] or old[a.end():] == new[b.end():] \
             or _lead_words(old[:a.start()]) > ENTRY_LEAD_WORDS:
         return False
-    before = int(re.sub(r"\D", "", a.group(1)))
-    return 0 < int(re.sub(r"\D", "", b.group(1))) - before <= max(TICKET_STEP, before // 100)
+    return _rose_a_little(int(re.sub(r"\D", "", a.group(1))), int(re.sub(r"\D", "", b.group(1))))
 
 
 # a numbered item, then its report after a colon or an `@` (`Door 11: returned …`, `Steward 410 @ … : …`; since
@@ -1114,6 +1113,11 @@ _NUMBER_ALONE = re.compile(r"()(\d{3,})$")
 TICKET_STEP = 50  # such a number rises by this much at most between two requests, or by 1% of itself (round 81)
 
 
+def _rose_a_little(before: int, after: int) -> bool:
+    """Did a running number rise by TICKET_STEP at most, or by 1% of itself when that is more?"""
+    return 0 < after - before <= max(TICKET_STEP, before // 100)
+
+
 _NUMBER_SIGN = re.compile(SIGN_OF_NUMBER + r"\s?$")  # the sign just before a number
 # a number grouped in thousands, one separator throughout (`129.846`, `1,204,311`, `12'400`)
 _THOUSANDS = re.compile(r"\d{1,3}(?:([.,'’])\d{3})+")
@@ -1130,8 +1134,7 @@ def _signed_number_rose(line_prefix: str, old: str, new: str) -> bool:
         old, new = old.replace(a.group(1), ""), new.replace(b.group(1), "")
     if len(old) < 3 or not (old.isdecimal() and new.isdecimal()):
         return False
-    before = int(old)
-    return 0 < int(new) - before <= max(TICKET_STEP, before // 100)
+    return _rose_a_little(int(old), int(new))
 
 
 def _ticket_rose(shape: re.Pattern[str], x: str, y: str) -> bool:
@@ -1141,8 +1144,7 @@ def _ticket_rose(shape: re.Pattern[str], x: str, y: str) -> bool:
     mx, my = shape.match(x), shape.match(y)
     if not (mx and my) or mx.group(1) != my.group(1) or x[mx.end():] != y[my.end():] or len(mx.group(2)) != len(my.group(2)):
         return False
-    before = int(mx.group(2))
-    return 0 < int(my.group(2)) - before <= max(TICKET_STEP, before // 100)
+    return _rose_a_little(int(mx.group(2)), int(my.group(2)))
 
 
 REDRAWN_CODE_CHARS = 5  # a record's code drawn again: five capitals and digits at least (`EXC-PK3K2E`)
@@ -1370,7 +1372,7 @@ def _rising_sequence(old: str, new: str) -> bool:
         if base == 10 and len(x) >= 3 and x[0] == "0":
             # zero-padded: a formatted counter (`0000028`); a long one may rise as a long number does
             # (a rental's `#016327` -> `#016398`; round 79)
-            return 0 < v - u <= (max(50, u // 100) if len(x) >= 6 else 50)
+            return _rose_a_little(u, v) if len(x) >= 6 else 0 < v - u <= TICKET_STEP
         if base == 10 and 3 <= len(x) < 6 and any(r.isalpha() for r in a) and (len(numbers) == 1 or k == numbers[-1]):
             # the one number between a code's letters: a booking's `BK-3859-TL` (round 30); or a code's
             # last number, a year or a series before it: a flight card's `FC-26-823` (round 42)
