@@ -5143,3 +5143,62 @@ def test_a_price_list_in_semicolons_or_a_gate_named_by_a_saint_edited_stays_an_e
                          ("Meeting point: {}", ["meet at St. Mary's gate", "meet at St. John's gate"])):
         got = run_value_line(fpr, line, [*values, values[1]])
         assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 87
+MARKED_TABLE = ["i+ | fairdesk-stalls       | Book a stall and print its permit        | package",
+                "i  | fairdesk-lostproperty | Log an item found and page its owner     | package",
+                "i+ | fairdesk-rides        | Show which rides run and their queues    | package",
+                "i+ | fairdesk-raffle       | Sell a raffle ticket and print its stub  | package"]
+
+
+@pytest.mark.parametrize("order", [[2, 0, 3, 1], [1, 0, 3, 2], [0, 3, 1, 2]])
+def test_a_package_table_with_a_status_column_reordered_is_a_tool_order_change(fpr, order: list[int]) -> None:
+    """Packages as `zypper search` prints them, a table whose first column is the status mark (`i+`
+    installed on request, `i` as a dependency), its cells joined by ` | `: the mark before the first bar is
+    no part of the entry, which names its package in a cell. Reordered: a tool order change (round 87)."""
+    heading = "Tools (zypper search fairdesk)\nS  | Name | Summary | Type\n---+------+---------+-----"
+    assert reordered_listing_causes(fpr, MARKED_TABLE, heading, order) == ["tool_order", None]
+
+
+def test_a_table_of_rules_with_a_mark_column_reordered_stays_an_edit(fpr) -> None:
+    """A table of prose rules marked in a first column (`x  | Greet every guest by name | daily`), reordered:
+    no tools, an edited system text. Before round 87 the mark, two spaces after it, read as a name in
+    columns."""
+    rules = ["x  | Greet every guest by name when you can | daily", "   | Never promise a refund on the phone | always",
+             "x  | Keep answers to three sentences | always", "   | Send lost children to the first-aid tent | always"]
+    assert reordered_listing_causes(fpr, rules, "Rules", [2, 0, 3, 1])[0] == "template_change"
+
+
+@pytest.mark.parametrize("line", ["- Gates open at 9.30am on each show day; the grand parade starts at about {}.",
+                                  "Note: the grand parade starts at about {}."])
+def test_a_rules_hour_on_the_quarter_edited_off_it_stays_an_edit(fpr, line: str) -> None:
+    """A rule's hour in a bulleted rule or a note, after `at about`, on the quarter hour, edited to an hour
+    off it (`starts at about 10.45am` -> `11.10am`), other clocks and words before it on the line: a rule's
+    hour edited, no clock read (round 87)."""
+    got = run_value_line(fpr, "You answer for the show's office.\n" + line, ["10.45am", "11.10am", "11.10am"])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_a_log_line_in_a_list_whose_clock_moved_off_the_quarter_is_still_a_clock(fpr) -> None:
+    """The guard: a bulleted line of what happened now (`- Last float passed the judges at 10:45` ->
+    `10:52`), a clock that says when: a value."""
+    assert_values_found(fpr, "You answer for the show's office.\n- Last update: the float passed the judges at {}",
+                        ["10:45", "10:52", "10:58"])
+
+
+AS_OF_REPORTS = {
+    "first": ("Show ring: {}", [f"As of {c}, Class {k} of 22 is being judged in the main ring"
+                                for c, k in (("10:12 a.m.", 7), ("10:19 a.m.", 7), ("10:31 a.m.", 8))]),
+    "after its place": ("Show control: {}", [f"Show Control advisory as of {c}: {r}" for c, r in (
+        ("6:29 a.m.", "lorry park B closed for the mud"), ("6:31 a.m.", "lorry park B closed for the mud"),
+        ("6:44 a.m.", "shuttle buses running late from the station"))]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(AS_OF_REPORTS))
+def test_reports_stamped_as_of_their_clock_are_values_whole(fpr, form: str) -> None:
+    """Reports stamped `as of` their clock, first or after their place, a comma or a colon after the clock
+    (`As of 10:12 a.m., Class 7 of 22 is being judged …`, `Show Control advisory as of 6:29 a.m.: …`): the
+    newest report, whole on its first change (round 87)."""
+    assert_values_whole(fpr, *AS_OF_REPORTS[form])

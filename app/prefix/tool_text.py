@@ -259,8 +259,10 @@ def in_code_block(lines: list[str], start: int, end: int) -> bool:
 
 # what a listing puts before each entry: a logger's clock, a tree's branch (`[07:41:09] ├── clean   Removes …`,
 # gulp's `--tasks`; round 66), or a package manager's mark of one character in brackets, installed or not
-# (xbps-query's `[*] name-1.2.0_1  …`, `[-] …`; round 83)
-_LINE_LEAD = re.compile(r"^(?:\[\d{1,2}:\d\d(?::\d\d)?\]\s+)?(?:[│┃|]\s+)*(?:[├└┣┗][─━]{2}|[|`]--|\[[*+x! -]\](?= ))\s*")
+# (xbps-query's `[*] name-1.2.0_1  …`, `[-] …`; round 83), or a table's first column holding that mark, before
+# the first bar (zypper search's `i+ | name | summary | package`; round 87)
+_LINE_LEAD = re.compile(r"^(?:\[\d{1,2}:\d\d(?::\d\d)?\]\s+)?(?:[│┃|]\s+)*"
+                        r"(?:[├└┣┗][─━]{2}|[|`]--|\[[*+x! -]\](?= )|[a-z!.]{1,2}\+?(?= +[|│┃] ))\s*")
 
 
 # a line's reading (does it name a tool?) is kept per distinct line: a tenant's system text repeats on every

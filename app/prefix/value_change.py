@@ -338,13 +338,18 @@ _STAMPED_CLOCK = re.compile(rf"(?:{_STAMP_PLACE})?{_DAY_WORDS}(?:{_STAMP_DATE})?
 # before it makes it no price
 _STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?{_DAY_WORDS}{_STAMP_DATE}"
                             rf"((?:[01]?\d|2[0-3])\.[0-5]\d(?: [A-Z]{{2,4}})?){_STAMP_AFTER}")
+# a report stamped `as of` its clock, first or after its place, a comma, a colon or a dash after the clock (`As
+# of 9:48 a.m., Class 7 of 22 is being judged`, `Show Control advisory as of 6:31 a.m.: …`; round 87)
+_AS_OF_STAMP = re.compile(rf"(?:[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,4}} )??[Aa]s (?:of|at) "
+                          rf"((?:{STAMP_CLOCK})(?: [A-Z]{{2,4}})?)(?:,|:| {_DASH}) \S")
 _SIGN_AFTER = re.compile(rf"{_CLOCK_IN_WORDS} (?:{_STAMP_SIGN}|{_DASH}) ")  # a sign that sets a stamp apart from what follows it
 
 
 def stamp_of(text: str, start: int, end: int) -> re.Match[str] | None:
     """The stamp `text[start:end]` opens with, its clock as group 1: a clock (`_STAMPED_CLOCK`), or a
-    dotted clock after a date (`_STAMPED_DATED`)."""
-    return _STAMPED_CLOCK.match(text, start, end) or _STAMPED_DATED.match(text, start, end)
+    dotted clock after a date (`_STAMPED_DATED`), or a clock after `as of` (`_AS_OF_STAMP`)."""
+    return _STAMPED_CLOCK.match(text, start, end) or _STAMPED_DATED.match(text, start, end) \
+        or _AS_OF_STAMP.match(text, start, end)
 
 
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
@@ -969,9 +974,12 @@ _RANGE_DASHES = frozenset("–—-")
 
 
 # a rule's sentence in a list: a bullet or a number, then words (four or more) before the clock; or in a note, two
-# words or more after `Note:` (`Note: The parade starts at 8:00 a.m. PT.`; round 78)
-_RULE_SENTENCE = re.compile(r"[ \t]*(?:(?:[-*•]|\d{1,2}[.)]) (?:[^\W\d_][\w'’,-]* ){4,}"
-                            r"|(?:Note|NB|Hinweis|Achtung|Please note): (?:[^\W\d_][\w'’,-]* ){2,})(?:at|um|ab|from|until|bis) ")
+# words or more after `Note:` (`Note: The parade starts at 8:00 a.m. PT.`; round 78). The words may hold another
+# clause's clock, and a word of approximation may come after `at` (group 1: `- Gates open at 8.30am …; the parade
+# starts at about 10.45am.`; round 87)
+_RULE_SENTENCE = re.compile(r"[ \t]*(?:(?:[-*•]|\d{1,2}[.)]) (?:\S+ ){4,}"
+                            r"|(?:Note|NB|Hinweis|Achtung|Please note): (?:[^\W\d_][\w'’,-]* ){2,})(?:at|um|ab|from|until|bis) "
+                            r"((?:about|around|approx\.|approximately|roughly|circa|ca\.|etwa|gegen) )?")
 
 
 def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
@@ -979,11 +987,13 @@ def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
     (round 53), or both on the quarter hours (`Doors open at 19:00.` -> `18:45.`; round 61) where
     neither bounds a range (a load profile's quarter `02:00–02:15` -> `02:30–02:45` runs on)? Or one
     on the hour or the half in a rule's sentence in a list, after `at`, `from`, `until` and the like
-    (`- The Midday Dance leaves the Guildhall at 12:00 and …` -> `at 12:10 …`; round 74)."""
+    (`- The Midday Dance leaves the Guildhall at 12:00 and …` -> `at 12:10 …`; round 74), or on the
+    quarter hour after a word of approximation (`… starts at about 10.45am.` -> `11.10am.`; round 87)."""
     if _ON_THE_HOUR.fullmatch(prev, ps, pe) and _ON_THE_HOUR.fullmatch(cur, cs, ce):
         return True
-    if (_ON_THE_HOUR.fullmatch(prev, ps, pe) or _ON_THE_HOUR.fullmatch(cur, cs, ce)) \
-            and _RULE_SENTENCE.fullmatch(cur, cur.rfind("\n", 0, cs) + 1, cs) is not None:
+    rule = _RULE_SENTENCE.fullmatch(cur, cur.rfind("\n", 0, cs) + 1, cs)
+    if rule is not None and (_ON_THE_HOUR.fullmatch(prev, ps, pe) or _ON_THE_HOUR.fullmatch(cur, cs, ce)
+                             or rule.group(1) and (_ON_THE_QUARTER.fullmatch(prev, ps, pe) or _ON_THE_QUARTER.fullmatch(cur, cs, ce))):
         return True
     return not (_bounds_range(prev, ps, pe) or _bounds_range(cur, cs, ce)) \
         and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
