@@ -5202,3 +5202,49 @@ def test_reports_stamped_as_of_their_clock_are_values_whole(fpr, form: str) -> N
     (`As of 10:12 a.m., Class 7 of 22 is being judged …`, `Show Control advisory as of 6:29 a.m.: …`): the
     newest report, whole on its first change (round 87)."""
     assert_values_whole(fpr, *AS_OF_REPORTS[form])
+
+
+# ------------------------------------------------------------------ round 88
+def test_a_store_order_after_three_words_and_an_abbreviation_that_rose_is_a_value_whole(fpr) -> None:
+    """A shop's newest order, its number after three words, the first an abbreviation with its dots (`F.C.S.
+    store order #288269 – 3 x Finisher Jacket – $420.00` -> `#288290 – 2 x bobble hat – $64.00`), risen a
+    little, the rest changed: the newest entry, whole on its first change (round 88)."""
+    assert_values_whole(fpr, "Store order: {}", ["F.C.S. store order #288269 – 3 x Finisher Jacket – $420.00",
+                                                 "F.C.S. store order #288290 – 2 x bobble hat – $64.00",
+                                                 "F.C.S. store order #288335 – 3 x medal frame – $135.00"])
+    assert_values_whole(fpr, "Store order: {}", ["Club shop order No. 4471 · 2 scarves · £30.00",
+                                                 "Club shop order No. 4478 · 1 programme · £4.00",
+                                                 "Club shop order No. 4490 · 3 scarves · £45.00"])
+
+
+def test_a_rules_number_after_three_words_edited_stays_an_edit(fpr) -> None:
+    """The guard: a meeting point's number after three words and no number's sign, edited with its note
+    (`Meet at gate 212 – east side` -> `gate 214 – west side`): an edit; three words lead an entry's number
+    only with its sign."""
+    values = ["Meet at gate 212 – east side", "Meet at gate 214 – west side"]
+    got = run_value_line(fpr, "Meeting point: {}", [*values, values[1]])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_a_state_opening_with_an_ordinal_is_a_value_whole(fpr) -> None:
+    """A contest's state that opens with the round's ordinal (`Abreise, Shuttles fahren` -> `1. Durchgang
+    läuft`, `2nd heat under way`): a state replaced, whole on its first change (round 88)."""
+    assert_values_whole(fpr, "Schanzenlage: {}", ["Abreise, Shuttles fahren", "1. Durchgang läuft", "Windpause"])
+    assert_values_whole(fpr, "Pool status: {}", ["warm-up lanes open", "2nd heat under way", "medal ceremony"])
+
+
+def test_a_numbered_rule_edited_stays_an_edit(fpr) -> None:
+    """The guard: a numbered rule after its key edited in its words (`1. Check every wristband` -> `1. Check
+    every ticket`): an edit."""
+    got = run_value_line(fpr, "First rule: {}", ["1. Check every wristband at the gate", "1. Check every ticket at the gate",
+                                                 "1. Check every ticket at the gate"])
+    assert got[0]["cause"] == "template_change", got
+
+
+@pytest.mark.parametrize("line", ["Note: The youth race starts at {}.",
+                                  "- The youth race starts at {}; the fun run follows from 10:00 AM."])
+def test_a_rules_hour_moved_back_a_little_stays_an_edit(fpr, line: str) -> None:
+    """A rule's hour in a note or a bulleted rule, off the quarter hour, moved back a few minutes (`starts
+    at 9:37 AM` -> `9:35 AM`): a clock read twice never goes back, so a rule's hour edited (round 88)."""
+    got = run_value_line(fpr, "You answer for the race office.\n" + line, ["9:37 AM", "9:35 AM", "9:35 AM"])
+    assert got[0]["cause"] == "template_change", got

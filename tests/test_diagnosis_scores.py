@@ -9,8 +9,8 @@ was, `heldout4` when `heldout5` was, `heldout5` when `heldout6` was, `heldout6` 
 `heldout13` when `heldout14` was, `heldout14` when `heldout15` was, `heldout15` when `heldout16` was,
 `heldout16` when `heldout17` was, `heldout17` when `heldout18` was, `heldout18` when `heldout19` was, `heldout19`
 when `heldout20` was, `heldout20` when `heldout21` was, `heldout21` when `heldout22` was, `heldout22` when `heldout23`
-was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was, `heldout56` when `heldout57` was, `heldout57` when `heldout58` was, `heldout58` when `heldout59` was, `heldout59` when `heldout60` was, `heldout60` when `heldout61` was, `heldout61` when `heldout62` was, `heldout62` when `heldout63` was, `heldout63` when `heldout64` was, `heldout64` when `heldout65` was, `heldout65` when `heldout66` was, `heldout66` when `heldout67` was, `heldout67` when `heldout68` was, `heldout68` when `heldout69` was, `heldout69` when `heldout70` was, `heldout70` when `heldout71` was, `heldout71` when `heldout72` was, `heldout72` when `heldout73` was, `heldout73` when `heldout74` was, `heldout74` when `heldout75` was, `heldout75` when `heldout76` was, `heldout76` when `heldout77` was, `heldout77` when `heldout78` was, `heldout78` when `heldout79` was, `heldout79` when `heldout80` was, `heldout80` when `heldout81` was, `heldout81` when `heldout82` was, `heldout82` when `heldout83` was, `heldout83` when `heldout84` was, `heldout84` when `heldout85` was, `heldout85` when `heldout86` was, `heldout86` when `heldout87` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
-`heldout87` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
+was, `heldout23` when `heldout24` was, `heldout24` when `heldout25` was, `heldout25` when `heldout26` was, `heldout26` when `heldout27` was, `heldout27` when `heldout28` was, `heldout28` when `heldout29` was, `heldout29` when `heldout30` was, `heldout30` when `heldout31` was, `heldout31` when `heldout32` was, `heldout32` when `heldout33` was, `heldout33` when `heldout34` was, `heldout34` when `heldout35` was, `heldout35` when `heldout36` was, `heldout36` when `heldout37` was, `heldout37` when `heldout38` was, `heldout38` when `heldout39` was, `heldout39` when `heldout40` was, `heldout40` when `heldout41` was, `heldout41` when `heldout42` was, `heldout42` when `heldout43` was, `heldout43` when `heldout44` was, `heldout44` when `heldout45` was, `heldout45` when `heldout46` was, `heldout46` when `heldout47` was, `heldout47` when `heldout48` was, `heldout48` when `heldout49` was, `heldout49` when `heldout50` was, `heldout50` when `heldout51` was, `heldout51` when `heldout52` was, `heldout52` when `heldout53` was, `heldout53` when `heldout54` was, `heldout54` when `heldout55` was, `heldout55` when `heldout56` was, `heldout56` when `heldout57` was, `heldout57` when `heldout58` was, `heldout58` when `heldout59` was, `heldout59` when `heldout60` was, `heldout60` when `heldout61` was, `heldout61` when `heldout62` was, `heldout62` when `heldout63` was, `heldout63` when `heldout64` was, `heldout64` when `heldout65` was, `heldout65` when `heldout66` was, `heldout66` when `heldout67` was, `heldout67` when `heldout68` was, `heldout68` when `heldout69` was, `heldout69` when `heldout70` was, `heldout70` when `heldout71` was, `heldout71` when `heldout72` was, `heldout72` when `heldout73` was, `heldout73` when `heldout74` was, `heldout74` when `heldout75` was, `heldout75` when `heldout76` was, `heldout76` when `heldout77` was, `heldout77` when `heldout78` was, `heldout78` when `heldout79` was, `heldout79` when `heldout80` was, `heldout80` when `heldout81` was, `heldout81` when `heldout82` was, `heldout82` when `heldout83` was, `heldout83` when `heldout84` was, `heldout84` when `heldout85` was, `heldout85` when `heldout86` was, `heldout86` when `heldout87` was, `heldout87` when `heldout88` was) is what the detector is developed against: its scores may rise, never fall below the floors. The held-out split
+`heldout88` is measured, not tuned for: its tests assert issue 29's goal (macro-F1 >= 0.97, span exact-match F1 >= 0.92), never the
 score it happens to reach, and a further test fails when a value or key that only the held-out pool
 uses enters the detector's word lists (docs/diagnosis.md, *How the held-out split is kept apart*)."""
 
@@ -525,13 +525,17 @@ FLOORS = {
     # with its status column, the race day's rule on the quarter hour after `at about` and its reports stamped `as of`
     # their clock read by round 87's rules)
     "heldout86": (1.0, 1.0, 1.0),
+    # measured once at fce3beb (0.992 / 0.985 / 0.982, one look-alike alarm); after round 88 (its store orders after
+    # three words and an abbreviation, its state opening with an ordinal and its marathon's rule moved back two
+    # minutes read by round 88's rules)
+    "heldout87": (1.0, 1.0, 1.0),
 }
 # look-alike alarms a tune-side split keeps: an edit that two requests cannot tell from a new draw
 # (heldout11: a Nano-ID-shaped tenant prefix edited into another random-looking one; heldout13: a pinned
 # Vite asset's hash edited; heldout18: an age group edited once, `Under-18s` -> `Under-16s`; heldout20: a
 # release's `4.3`)
 LOOKALIKE_ALARMS = {"heldout11": 1, "heldout13": 1, "heldout18": 1, "heldout20": 1}
-# issue 29's goal on the held-out split (heldout87), measured once after the detector work on the tune
+# issue 29's goal on the held-out split (heldout88), measured once after the detector work on the tune
 # side (docs/diagnosis.md, *Scoring*)
 HELDOUT_GOAL_MACRO_F1 = 0.97
 HELDOUT_GOAL_SPAN_F1 = 0.92
@@ -539,7 +543,7 @@ HELDOUT_GOAL_SPAN_F1 = 0.92
 TUNE_POOLS = ("tune", "heldout", "tune2", "heldout2", "heldout3", "heldout4", "heldout5", "heldout6", "heldout7",
               "heldout8", "heldout9", "heldout10", "heldout11", "heldout12", "heldout13", "heldout14",
               "heldout15", "heldout16", "heldout17", "heldout18", "heldout19", "heldout20", "heldout21",
-              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55", "heldout56", "heldout57", "heldout58", "heldout59", "heldout60", "heldout61", "heldout62", "heldout63", "heldout64", "heldout65", "heldout66", "heldout67", "heldout68", "heldout69", "heldout70", "heldout71", "heldout72", "heldout73", "heldout74", "heldout75", "heldout76", "heldout77", "heldout78", "heldout79", "heldout80", "heldout81", "heldout82", "heldout83", "heldout84", "heldout85", "heldout86")
+              "heldout22", "heldout23", "heldout24", "heldout25", "heldout26", "heldout27", "heldout28", "heldout29", "heldout30", "heldout31", "heldout32", "heldout33", "heldout34", "heldout35", "heldout36", "heldout37", "heldout38", "heldout39", "heldout40", "heldout41", "heldout42", "heldout43", "heldout44", "heldout45", "heldout46", "heldout47", "heldout48", "heldout49", "heldout50", "heldout51", "heldout52", "heldout53", "heldout54", "heldout55", "heldout56", "heldout57", "heldout58", "heldout59", "heldout60", "heldout61", "heldout62", "heldout63", "heldout64", "heldout65", "heldout66", "heldout67", "heldout68", "heldout69", "heldout70", "heldout71", "heldout72", "heldout73", "heldout74", "heldout75", "heldout76", "heldout77", "heldout78", "heldout79", "heldout80", "heldout81", "heldout82", "heldout83", "heldout84", "heldout85", "heldout86", "heldout87")
 
 # Words the held-out pool shares with a word list by coincidence: the list held them before the pool
 # was written (word -> the commit that added them; `git log -S` shows it). Not for words added later.
@@ -617,9 +621,6 @@ def floors_of(third: int) -> Callable[[Fingerprinter, str], None]:
 test_scores_stay_at_or_above_the_floor = floors_of(0)
 
 
-@pytest.mark.xfail(strict=True, reason="one look-alike alarm on the held-out split heldout87 (measured once, 2026-12-07): "
-                                       "a marathon's rule in a note, `The elite men start at 9:37 AM;.`, edited to `9:35 AM`, "
-                                       "read as a clock; strict, so it turns red when no alarm is raised and this mark must go")
 def test_heldout_raises_no_lookalike_alarm(heldout: Scores) -> None:
     assert heldout.transitions >= 600
     assert heldout.lookalike_false_alarms == 0, heldout.errors[:10]
@@ -659,7 +660,7 @@ def _recognised_by(word: str, tune_text: str) -> list[str]:
 
 
 def test_no_value_or_key_that_only_the_heldout_pool_uses_is_in_the_detectors_word_lists() -> None:
-    """The held-out pool is `heldout87`: a value its labels name that no tune-side label names and
+    """The held-out pool is `heldout88`: a value its labels name that no tune-side label names and
     (for a word) no tune-side text contains, and a word of its dynamic lines (the system text's and
     the first user message's context block's) that no tune-side text contains, must not be
     recognised by any word list of the detector."""

@@ -225,8 +225,10 @@ _FUNCTION_WORDS = frozenset({"the", "and", "von", "der", "die", "das", "und"})
 _OWN_KEY = re.compile(r"(?:[\w\]][=:]|[=/])$")  # a number's own key inside the value (`dur=114.1`, `0-24/158`)
 _ENTRY_NOTE = re.compile(r" [·•|–—/] [^\n]{1,40}| \([^()\n]{1,40}\)")  # what an entry is, after its id
 # what may lead an entry's id: a word or two and a number's sign (`Raffle #05153 / Miss FNPF / FJ$2`, `Fahrt Nr.
-# 590`; round 83)
-_ENTRY_LEAD = re.compile(rf"(?:(?:[^\W\d_][\w'’-]{{1,20}} ){{1,2}}({SIGN_OF_NUMBER} ?)?)?")
+# 590`; round 83), or three words and the sign, a word an abbreviation with its dots (`B.A.A. store order #288290 –
+# …`; round 88)
+_LEAD_WORD = r"[^\W\d_](?:[\w'’-]{1,20}|(?:\.[^\W\d_])+\.)"
+_ENTRY_LEAD = re.compile(rf"(?:(?:{_LEAD_WORD} ){{1,2}}({SIGN_OF_NUMBER} ?)?|(?:{_LEAD_WORD} ){{3}}({SIGN_OF_NUMBER} ?))?")
 STATUS_KEY_WORDS = 2  # a status line's label: `Casks:`, `Court timer:`
 
 
@@ -261,7 +263,7 @@ def status_whole(text: str, line0: int, start: int, end: int, span: Span) -> boo
     if span.kind == "timestamp":
         return False
     if span.kind == "id" and (lead := _ENTRY_LEAD.fullmatch(text, start, span.start)) is not None \
-            and (_ENTRY_NOTE.fullmatch(text, span.end, end) or span.end == end and lead.group(1)):
+            and (_ENTRY_NOTE.fullmatch(text, span.end, end) or span.end == end and (lead.group(1) or lead.group(2))):
         return True  # an id, what the entry is after it; or an entry's number, its words and its sign before it
     if in_running_time(text, span.start, span.end, start, end) and STATUS_LETTERS.search(text, start, span.start):
         return True
@@ -993,10 +995,17 @@ def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
         return True
     rule = _RULE_SENTENCE.fullmatch(cur, cur.rfind("\n", 0, cs) + 1, cs)
     if rule is not None and (_ON_THE_HOUR.fullmatch(prev, ps, pe) or _ON_THE_HOUR.fullmatch(cur, cs, ce)
-                             or rule.group(1) and (_ON_THE_QUARTER.fullmatch(prev, ps, pe) or _ON_THE_QUARTER.fullmatch(cur, cs, ce))):
+                             or rule.group(1) and (_ON_THE_QUARTER.fullmatch(prev, ps, pe) or _ON_THE_QUARTER.fullmatch(cur, cs, ce))
+                             or _went_back(prev[ps:pe], cur[cs:ce])):
         return True
     return not (_bounds_range(prev, ps, pe) or _bounds_range(cur, cs, ce)) \
         and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
+
+
+def _went_back(old: str, new: str) -> bool:
+    """Did a clock go back, by STAMP_STEP_MINUTES at most (`starts at 9:37 AM` -> `9:35 AM`)? A clock read
+    twice never does: in a rule's sentence, its hour edited (round 88)."""
+    return 0 < (clock_minutes(old) - clock_minutes(new)) % (24 * 60) <= STAMP_STEP_MINUTES
 
 
 _CLOCK_TOKEN = re.compile(r"(?<![\w.:])\d{1,2}[:h.]\d\d(?:\s?[AaPp]\.?[Mm]\.?)?(?![\d:])")

@@ -285,7 +285,9 @@ _STATE_WORD = r"(?:[^\W\d_]{1,20}(?:['’][^\W\d_]{0,2})?|[A-Z][a-z]{1,2}\.(?= [
 _STATE_CODE = r"[A-Z]{1,2}\d{1,4}"  # a code among a state's words: a transition's `T2`, a road's `A484` (round 65)
 _CLOCK_24 = r"(?:[01]?\d|2[0-3]):[0-5]\d"
 _STATE_CLOCK = rf"{_CLOCK_24}(?: Uhr)?"
-_STATE_WORDS = re.compile(rf"(?:(?:{_STATE_WORD}|{_STATE_CODE})(?:[ -](?:{_STATE_WORD}|{_STATE_CODE}|\d{{1,2}})){{0,7}}"
+# a state may open with its round's ordinal (`1. Durchgang läuft`, `2nd heat under way`; round 88)
+_STATE_ORDINAL = r"(?:\d{1,2}(?:\.|st|nd|rd|th) (?=[^\W\d_]))?"
+_STATE_WORDS = re.compile(rf"{_STATE_ORDINAL}(?:(?:{_STATE_WORD}|{_STATE_CODE})(?:[ -](?:{_STATE_WORD}|{_STATE_CODE}|\d{{1,2}})){{0,7}}"
                           r"|[^\W\d_]{1,16}(?: [^\W\d_]{1,16}(?:-[^\W\d_]{1,16})?){5})")  # or six, hyphenated ones whole (round 45)
 # a state, with its reason in brackets on either side (`Pen 7: feeding` -> `stopped (low oxygen)`, round 24)
 # or its detail after a comma (`free flow` -> `closed, locking in and out`, round 26; or a colon, `Live:
@@ -921,12 +923,20 @@ ENTRY_LEAD_WORDS = 2  # words before an entry's running number: it leads its rec
 SIGN_OF_NUMBER = r"(?:#|(?<![^\W\d_])(?:N[ro]\.|no\.|Nº))"
 _NUMBER_SIGNS = re.compile(SIGN_OF_NUMBER)
 _CODE_PARTS = re.compile(r"\S*[\d/]\S*")
+_ABBREVIATION = re.compile(r"(?<![^\W\d_])(?:[^\W\d_]\.){2,}")  # `B.A.A.`, `U.S.`: one word
 
 
 def _lead_words(lead: str) -> int:
     """The words before an entry's number; neither a number's sign nor the code the number ends counts
-    (`Ticket No. HBF/27/059496 – …` has one; round 86)."""
-    return len(LETTER_RUNS.findall(_NUMBER_SIGNS.sub("", _CODE_PARTS.sub("", lead))))
+    (`Ticket No. HBF/27/059496 – …` has one; round 86), and an abbreviation with its dots is one word
+    (`B.A.A. store order #288290 – …` has three; round 88)."""
+    return len(LETTER_RUNS.findall(_ABBREVIATION.sub("A", _NUMBER_SIGNS.sub("", _CODE_PARTS.sub("", lead)))))
+
+
+def _lead_allows(lead: str) -> bool:
+    """May `lead` stand before an entry's running number: ENTRY_LEAD_WORDS words, or one more before the
+    number's sign (`B.A.A. store order #288290 – …`; round 88)?"""
+    return _lead_words(lead) <= ENTRY_LEAD_WORDS + (_NUMBER_SIGNS.search(lead) is not None)
 
 
 def _entry_rose(old: str, new: str) -> bool:
@@ -941,7 +951,7 @@ def _entry_rose(old: str, new: str) -> bool:
         return False
     a, b = _RUNNING_ENTRY.search(old), _RUNNING_ENTRY.search(new)
     if a is None or b is None or old[:a.start()] != new[:b.start()] or old[a.end():] == new[b.end():] \
-            or _lead_words(old[:a.start()]) > ENTRY_LEAD_WORDS:
+            or not _lead_allows(old[:a.start()]):
         return False
     return _rose_a_little(int(re.sub(r"\D", "", a.group(1))), int(re.sub(r"\D", "", b.group(1))))
 
