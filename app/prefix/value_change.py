@@ -990,22 +990,28 @@ def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
     neither bounds a range (a load profile's quarter `02:00–02:15` -> `02:30–02:45` runs on)? Or one
     on the hour or the half in a rule's sentence in a list, after `at`, `from`, `until` and the like
     (`- The Midday Dance leaves the Guildhall at 12:00 and …` -> `at 12:10 …`; round 74), or on the
-    quarter hour after a word of approximation (`… starts at about 10.45am.` -> `11.10am.`; round 87)."""
+    quarter hour after a word of approximation (`… starts at about 10.45am.` -> `11.10am.`; round 87), or
+    a clock gone back a little, whatever its minutes (`_went_back`; round 88)."""
     if _ON_THE_HOUR.fullmatch(prev, ps, pe) and _ON_THE_HOUR.fullmatch(cur, cs, ce):
         return True
     rule = _RULE_SENTENCE.fullmatch(cur, cur.rfind("\n", 0, cs) + 1, cs)
     if rule is not None and (_ON_THE_HOUR.fullmatch(prev, ps, pe) or _ON_THE_HOUR.fullmatch(cur, cs, ce)
-                             or rule.group(1) and (_ON_THE_QUARTER.fullmatch(prev, ps, pe) or _ON_THE_QUARTER.fullmatch(cur, cs, ce))
-                             or _went_back(prev[ps:pe], cur[cs:ce])):
+                             or _went_back(prev[ps:pe], cur[cs:ce]) or rule.group(1)
+                             and (_ON_THE_QUARTER.fullmatch(prev, ps, pe) or _ON_THE_QUARTER.fullmatch(cur, cs, ce))):
         return True
     return not (_bounds_range(prev, ps, pe) or _bounds_range(cur, cs, ce)) \
         and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
 
 
+_A_CLOCK = re.compile(r"(?:[01]?\d|2[0-3])[:h.][0-5]\d(?:\s?[AaPp]\.?[Mm]\.?)?(?: [A-Z]{2,4})?")
+
+
 def _went_back(old: str, new: str) -> bool:
-    """Did a clock go back, by STAMP_STEP_MINUTES at most (`starts at 9:37 AM` -> `9:35 AM`)? A clock read
-    twice never does: in a rule's sentence, its hour edited (round 88)."""
-    return 0 < (clock_minutes(old) - clock_minutes(new)) % (24 * 60) <= STAMP_STEP_MINUTES
+    """Are both clocks, the second back by STAMP_STEP_MINUTES at most (`starts at 9:37 AM` -> `9:35
+    AM`)? A clock read twice never goes back: in a rule's sentence, its hour edited (round 88). A
+    reading that fell (`holding at 8.25 nm` -> `7.80 nm`) is no clock."""
+    return _A_CLOCK.fullmatch(old) is not None and _A_CLOCK.fullmatch(new) is not None \
+        and 0 < (clock_minutes(old) - clock_minutes(new)) % (24 * 60) <= STAMP_STEP_MINUTES
 
 
 _CLOCK_TOKEN = re.compile(r"(?<![\w.:])\d{1,2}[:h.]\d\d(?:\s?[AaPp]\.?[Mm]\.?)?(?![\d:])")
