@@ -5248,3 +5248,40 @@ def test_a_rules_hour_moved_back_a_little_stays_an_edit(fpr, line: str) -> None:
     at 9:37 AM` -> `9:35 AM`): a clock read twice never goes back, so a rule's hour edited (round 88)."""
     got = run_value_line(fpr, "You answer for the race office.\n" + line, ["9:37 AM", "9:35 AM", "9:35 AM"])
     assert got[0]["cause"] == "template_change", got
+
+
+# ------------------------------------------------------------------ round 89
+def test_a_board_stamped_with_its_day_and_clock_in_brackets_is_a_value_whole(fpr) -> None:
+    """A board stamped with the day's short name and the clock in brackets, then its words (`[Sa 12:33]
+    Kirchweih – nächster Bus ab Marktplatz in 3 Min.`), the clock alone moved on: the board whole, its
+    day the stamp's own (round 89)."""
+    assert_values_whole(fpr, "Festuhr: {}", ["[Sa 12:33] Kirchweih – nächster Bus ab Marktplatz in 3 Min.",
+                                             "[Sa 12:37] Kirchweih – nächster Bus ab Marktplatz in 3 Min.",
+                                             "[Sa 12:44] Kirchweih – nächster Bus ab Marktplatz in 6 Min."])
+
+
+def test_a_board_stamped_in_brackets_whose_hour_moved_on_the_half_stays_an_edit(fpr) -> None:
+    """The guard: the same stamp on a programme's rule, its hour moved from the half to the hour and the
+    words the same (`[Sa 12:30] Bühne öffnet …` -> `[Sa 13:00] …`): a rule's hour edited."""
+    got = run_value_line(fpr, "Programm: {}", ["[Sa 12:30] Bühne öffnet mit der Blaskapelle",
+                                               "[Sa 13:00] Bühne öffnet mit der Blaskapelle",
+                                               "[Sa 13:00] Bühne öffnet mit der Blaskapelle"])
+    assert got[0]["cause"] == "template_change", got
+
+
+def test_an_entry_numbered_after_its_sign_whose_other_numbers_changed_is_a_value_whole(fpr) -> None:
+    """A shop's newest order after its sign, risen a little, its count and price changed and its words
+    the same (`Shop order #318204 – 1 x rain poncho – R625` -> `#318231 – 2 x rain poncho – R1 250`, the
+    thousands set apart by a space): the newest entry, whole on its first change (round 89)."""
+    assert_values_whole(fpr, "Shop order: {}", ["Shop order #318204 – 1 x rain poncho – R625",
+                                                "Shop order #318231 – 2 x rain poncho – R1 250",
+                                                "Shop order #318260 – 3 x sun hat – R600"])
+
+
+def test_a_rules_numbers_edited_in_the_same_words_without_a_sign_stay_an_edit(fpr) -> None:
+    """The guard: a rule's numbers edited, its words the same and no number's sign (`Gate 212 opens 2 hours
+    before – R150 parking` -> `Gate 218 opens 3 hours before – R200 parking`): an edit."""
+    got = run_value_line(fpr, "Parking: {}", ["Gate 212 opens 2 hours before – R150 parking",
+                                              "Gate 218 opens 3 hours before – R200 parking",
+                                              "Gate 218 opens 3 hours before – R200 parking"])
+    assert got[0]["cause"] == "template_change", got

@@ -344,14 +344,18 @@ _STAMPED_DATED = re.compile(rf"(?:{_STAMP_PLACE})?{_DAY_WORDS}{_STAMP_DATE}"
 # of 9:48 a.m., Class 7 of 22 is being judged`, `Show Control advisory as of 6:31 a.m.: …`; round 87)
 _AS_OF_STAMP = re.compile(rf"(?:[^\W\d_][\w'’.-]{{1,20}}(?: [^\W\d_][\w'’.-]{{1,20}}){{0,4}} )??[Aa]s (?:of|at) "
                           rf"((?:{STAMP_CLOCK})(?: [A-Z]{{2,4}})?)(?:,|:| {_DASH}) \S")
+# a clock in brackets with the day's short name before it, then the board's words (`[So 12:44] Wäldchestag – nächste
+# Straßenbahn … in 6 Min.`; round 89): the day is the stamp's own
+_BRACKETED_DAY_STAMP = re.compile(r"\[[^\W\d_]{2,3}\.? ((?:[01]?\d|2[0-3]):[0-5]\d)\] (?=[^\W\d_])")
 _SIGN_AFTER = re.compile(rf"{_CLOCK_IN_WORDS} (?:{_STAMP_SIGN}|{_DASH}) ")  # a sign that sets a stamp apart from what follows it
 
 
 def stamp_of(text: str, start: int, end: int) -> re.Match[str] | None:
     """The stamp `text[start:end]` opens with, its clock as group 1: a clock (`_STAMPED_CLOCK`), or a
-    dotted clock after a date (`_STAMPED_DATED`), or a clock after `as of` (`_AS_OF_STAMP`)."""
+    dotted clock after a date (`_STAMPED_DATED`), a clock after `as of` (`_AS_OF_STAMP`), or a clock in
+    brackets with its day's short name (`_BRACKETED_DAY_STAMP`)."""
     return _STAMPED_CLOCK.match(text, start, end) or _STAMPED_DATED.match(text, start, end) \
-        or _AS_OF_STAMP.match(text, start, end)
+        or _AS_OF_STAMP.match(text, start, end) or _BRACKETED_DAY_STAMP.match(text, start, end)
 
 
 STAMPED_STATUS_CHARS = 320  # a board of several entries (`Fri 14:35 · Fell View: … · Beck Cottage: …`; 160 before round 55, 240 before 58)
@@ -368,8 +372,9 @@ def _status_too_long(text: str, start: int, end: int) -> bool:
     value = text[start:end]
     stamp = stamp_of(text, start, end)
     # the stamp's own date is the board's when a sign sets the stamp apart (`ITC ✧ 03/06/2027 09:42:52 AKST ✧ …`;
-    # round 78); a date after it is a log's, and a dated stamp with its message after a space a log line's
-    own_date = stamp is not None and _SIGN_AFTER.match(text, stamp.end(1)) is not None
+    # round 78) or brackets hold it (`[So 12:44] …`; round 89); a date after it is a log's, and a dated stamp with its
+    # message after a space a log line's
+    own_date = stamp is not None and (_SIGN_AFTER.match(text, stamp.end(1)) is not None or stamp.re is _BRACKETED_DAY_STAMP)
     if is_dated(text[stamp.end(1):end] if own_date else value, year=stamp is None):
         return len(value) > STATUS_VALUE_CHARS
     stamped = stamp is not None

@@ -943,16 +943,19 @@ def _entry_rose(old: str, new: str) -> bool:
     """Two values up to RECORD_CHARS whose first entry's number rose by TICKET_STEP at most (or by 1%
     of itself when that is more: `Maß Nr. 320.565` -> `320.655`; round 83) after the same words, the
     rest changed in its words too (`CAD 5480/31Aug – Great Western Road` -> `CAD 5482/31Aug –
-    Ladbroke Grove`; round 70): the newest entry of a log, whatever its key says, its number leading
-    it (ENTRY_LEAD_WORDS). A rule's number edited keeps its words (`Hotline 0800 123
+    Ladbroke Grove`; round 70), or only in its numbers after a number's sign (`Expo order #216258 – 1 x
+    jacket – R950` -> `#216299 – 2 x jacket – R1 900`; round 89): the newest entry of a log, whatever
+    its key says, its number leading it (ENTRY_LEAD_WORDS). A rule's number edited keeps its words (`Hotline 0800 123
     456`), a rule's record names no entry's number (`Form 12 · …`), and a note's number deep in its
     prose is no entry's (`replaced the pump seal on unit 204 …`)."""
-    if max(len(old), len(new)) > RECORD_CHARS or LETTER_RUNS.findall(old) == LETTER_RUNS.findall(new):
+    if max(len(old), len(new)) > RECORD_CHARS:
         return False
     a, b = _RUNNING_ENTRY.search(old), _RUNNING_ENTRY.search(new)
     if a is None or b is None or old[:a.start()] != new[:b.start()] or old[a.end():] == new[b.end():] \
             or not _lead_allows(old[:a.start()]):
         return False
+    if LETTER_RUNS.findall(old) == LETTER_RUNS.findall(new) and _NUMBER_SIGNS.search(old, 0, a.start()) is None:
+        return False  # the same words: a rule's numbers edited, unless a sign numbers the entry (round 89)
     return _rose_a_little(int(re.sub(r"\D", "", a.group(1))), int(re.sub(r"\D", "", b.group(1))))
 
 
