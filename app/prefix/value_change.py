@@ -973,10 +973,16 @@ def after_glued_key(text: str, start: int, at: int) -> int:
     return m.end() if m is not None and m.end() <= at else start
 
 
+def _clock_at(minutes: str, seconds: str = r"(?:[:.]00)?") -> re.Pattern[str]:
+    """A clock whose minutes match `minutes`, with `seconds` after them, half of the day and zone
+    optional: one frame for a rule's hours and any clock."""
+    return re.compile(rf"(?:[01]?\d|2[0-3])[:h.]{minutes}{seconds}(?:\s?[AaPp]\.?[Mm]\.?)?(?: [A-Z]{{2,4}})?")
+
+
 # a rule's hour: on the hour or the half hour (`back by 17:30` -> `18:00`; round 53), or the quarter hour; its zone
 # may follow (`11:00 a.m. AKST`; round 78)
-_ON_THE_HOUR = re.compile(r"(?:[01]?\d|2[0-3])[:h.][03]0(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?(?: [A-Z]{2,4})?")
-_ON_THE_QUARTER = re.compile(r"(?:[01]?\d|2[0-3])[:h.](?:[03]0|15|45)(?:[:.]00)?(?:\s?[AaPp]\.?[Mm]\.?)?(?: [A-Z]{2,4})?")
+_ON_THE_HOUR = _clock_at(r"[03]0")
+_ON_THE_QUARTER = _clock_at(r"(?:[03]0|15|45)")
 _RANGE_DASHES = frozenset("–—-")
 
 
@@ -1008,7 +1014,7 @@ def rule_hours(prev: str, ps: int, pe: int, cur: str, cs: int, ce: int) -> bool:
         and _ON_THE_QUARTER.fullmatch(prev, ps, pe) is not None and _ON_THE_QUARTER.fullmatch(cur, cs, ce) is not None
 
 
-_A_CLOCK = re.compile(r"(?:[01]?\d|2[0-3])[:h.][0-5]\d(?:\s?[AaPp]\.?[Mm]\.?)?(?: [A-Z]{2,4})?")
+_A_CLOCK = _clock_at(r"[0-5]\d", seconds="")  # any clock to the minute
 
 
 def _went_back(old: str, new: str) -> bool:
