@@ -6,7 +6,10 @@ Diagnosis runs off the event loop, but every break of a tenant pays it, and a di
 every new head: both must cost what their window costs, not what the prompt's length costs. Cases
 (a system prompt and one user message, words from the peer harness's generator):
 - another document on one line / on lines of 200 characters (the peer harness's pool: every
-  request a break, nothing re-aligns);
+  request a break, nothing re-aligns) / on lines of ~80 characters with a question on its own
+  line after it;
+- another document in the system prompt's template (retrieval: the context between the same
+  opening and closing lines, the same question);
 - a question put before the same document (`question_first`: it re-aligns);
 - a per-request clock in the system prompt, which is one line holding the document after it (the
   value changed near the divergence);
@@ -56,9 +59,15 @@ def main() -> int:
 
     sys_ = "You are a helpful assistant."
     question = "Which paragraph says the most about the world? Answer in one line. " * 4
+    page_a, page_b = make_prompt(rng, a.size, 80), make_prompt(rng, a.size, 80)
+    context = "You answer from the context below.\nContext:\n{}\n\nAnswer in one line.\nCite the paragraph."
     pairs = {
         "another document, one line": (sketch(sys_, doc_a + " [q1]"), sketch(sys_, doc_b + " [q2]")),
         "another document, 200-char lines": (sketch(sys_, lines(doc_a)), sketch(sys_, lines(doc_b))),
+        "another document, 80-char lines, a question after it": (sketch(sys_, page_a + "\nWhat is it about?"),
+                                                                 sketch(sys_, page_b + "\nWho wrote it?")),
+        "another document in the system prompt's context, 80-char lines": (
+            sketch(context.format(page_a), "What is it about?"), sketch(context.format(page_b), "What is it about?")),
         "a question before the same document": (sketch(sys_, doc_a), sketch(sys_, question + doc_a)),
         "a clock before a one-line document": (sketch(f"Time: 2026-04-14T09:31:07Z. {doc_a}", "Hi"),
                                                sketch(f"Time: 2026-04-14T09:32:55Z. {doc_a}", "Hi")),

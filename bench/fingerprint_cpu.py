@@ -1,9 +1,10 @@
 """CPU of the prefix stage per request, warm head (issue 16, the fingerprint half).
 
-    .venv/bin/python bench/fingerprint_cpu.py [--sizes 200,100000,1000000] [--n 40] [--pool 4]
+    .venv/bin/python bench/fingerprint_cpu.py [--sizes 200,100000,1000000] [--n 40] [--pool 4] [--line-chars 0]
 
 The benchmark's request shape (bench/peerbench/load_client.py): a system prompt and a user message
-of `size` characters of words on one line, drawn from a pool of `--pool` prompts, plus a unique
+of `size` characters of words on one line (`--line-chars N`: a line break after every ~N
+characters instead, as a document has), drawn from a pool of `--pool` prompts, plus a unique
 suffix per request, all from one tenant. Each head is sent twice first (warm). Then for `--n`
 requests it measures process CPU (every thread: the worker threads' tokenising and hashing, the
 diagnosis executor; and the cold-prompt pool's processes, none of which runs when warm) from
@@ -34,9 +35,9 @@ from app.proxy.context import Arrival, RequestContext, Timings  # noqa: E402
 from app.server import build_services  # noqa: E402
 
 
-def _prompt(rng: random.Random, chars: int) -> str:
+def _prompt(rng: random.Random, chars: int, line_chars: int = 0) -> str:
     from load_client import make_prompt  # the peer harness's own prompt generator
-    return make_prompt(rng, chars)
+    return make_prompt(rng, chars, line_chars)
 
 
 def _ctx(i: int, content: str) -> RequestContext:
@@ -98,7 +99,7 @@ async def one(stage, services, i: int, content: str) -> float:
     return routed
 
 
-async def run(sizes: list[int], n: int, pool: int) -> list[tuple[int, float, float, float, str]]:
+async def run(sizes: list[int], n: int, pool: int, line_chars: int = 0) -> list[tuple[int, float, float, float, str]]:
     services = build_services(Settings(backends=[{"url": "http://127.0.0.1:9"}]))
     stage = services.prefix
     await services.store.start()
@@ -107,7 +108,7 @@ async def run(sizes: list[int], n: int, pool: int) -> list[tuple[int, float, flo
     seq = 0
     try:
         for size in sizes:
-            prompts = [_prompt(rng, size) for _ in range(pool)]
+            prompts = [_prompt(rng, size, line_chars) for _ in range(pool)]
             for k in range(pool):  # warm every head (the first is cold: tokenised whole)
                 for _ in range(2):
                     seq += 1
@@ -134,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="200,100000,1000000")
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--pool", type=int, default=4)
+    ap.add_argument("--line-chars", type=int, default=0, help="a line break every ~N characters (0: one line)")
     a = ap.parse_args(argv)
-    rows = asyncio.run(run([int(s) for s in a.sizes.split(",")], a.n, a.pool))
+    rows = asyncio.run(run([int(s) for s in a.sizes.split(",")], a.n, a.pool, a.line_chars))
     print(f"`{' '.join(['python', *sys.argv])}`\n")
     print("| prompt (head seen before) | prefix-stage CPU / request, mean | median | of which before routing, median "
           "| exact on the hot path |")

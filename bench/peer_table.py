@@ -225,6 +225,8 @@ def main(argv: list[str]) -> int:
                     help="before each measured run, every prompt of its pool once, unmeasured (the runner's --prime): "
                          "the requests measured are over heads the gateway has seen, not their first sighting")
     ap.add_argument("--sizes", default="200,100000,1000000")
+    ap.add_argument("--line-chars", type=int, default=0,
+                    help="prompts with a line break every ~N characters, as documents have (0: one line, the harness's default)")
     ap.add_argument("--conc", default=None, help="concurrencies for every size (default: the issue's per size)")
     ap.add_argument("--routers-venv", default=os.environ.get("ROUTERS_VENV", str(ROOT / ".venv-routers")))
     ap.add_argument("--harness-python", default=None, help="default: the routers' venv python")
@@ -279,7 +281,7 @@ def main(argv: list[str]) -> int:
                    "--port-base", str(base), "--backend-ports", f"{base + 200},{base + 201}",
                    "--logdir", os.path.join(tempfile.gettempdir(), "prefixgate-overhead-logs"),
                    "--header", f"authorization: Bearer {API_KEY}", *extra, *probes,
-                   *(["--prime"] if a.prime else [])]
+                   *(["--prime"] if a.prime else []), *(["--line-chars", str(a.line_chars)] if a.line_chars else [])]
             print("running:", shlex.join(cmd), file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True, cwd=ROOT, stdout=sys.stderr)
     finally:
@@ -290,6 +292,7 @@ def main(argv: list[str]) -> int:
              + ("uvloop + httptools" + (" (linked from the routers' venv)" if fast_io else "")
                 if fast_io or _has_fast_io(py) else "asyncio + h11"),
              "exact fingerprints: n/a = the gateway exports no per-request fingerprint-mode counter",
+             *([f"prompts: a line break every ~{a.line_chars} characters"] if a.line_chars else []),
              *(["primed: before each measured run, every target got each prompt of that run's pool once, one at a time "
                 "(unmeasured); the CPU is that of requests over heads already seen"] if a.prime else
                ["not primed: each round's pool (seed 1000 + round) is new to the targets, so its heads' "

@@ -27,6 +27,16 @@ from app.prefix.diagnose import diagnose, fix_for
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import RequestSketch, build_sketch
 from app.prefix.tokens import SegmentTokenizer
+from app.prefix.transcript import (
+    MAX_SUMMARY_LINES,
+    MIN_KEPT_LINES,
+    MIN_NEW_LINES,
+    SUMMARY_MIN_CHARS,
+    _summary_of_all,
+    last_user,
+    summary_replaced,
+    transcript_compacted,
+)
 
 SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "do", "gu", "fe", "hi", "jo", "bu")
 
@@ -333,3 +343,111 @@ def test_lint_names_a_compaction_in_a_messages_session(tmp_path: Path, capsys) -
     assert [r["cause"] for r in rows] == [None] * 8 + ["compaction", None, None], rows
     assert rows[8]["fix"].startswith(FIX) and status == 0
     assert all(r["continuity"] > 0.5 for r in rows[1:8])  # the turns before it continue their session
+
+
+def _summary_replaced_by_definition(p: list[str], c: list[str]) -> tuple[int, int] | None:
+    """`summary_replaced` as its docstring reads, every (k, j) tried in turn."""
+    shared = 0
+    while shared < min(len(p), len(c)) and p[shared] == c[shared]:
+        shared += 1
+    rest_p, rest_c = p[shared:-1], c[shared:]
+    for k in range(1, len(rest_p) - MIN_KEPT_LINES + 1):
+        kept = rest_p[k:]
+        for j in range(1, min(MAX_SUMMARY_LINES, len(rest_c)) + 1):
+            if rest_c[j - 1] in rest_p:
+                break
+            if rest_c[j:j + len(kept)] == kept and len(rest_c) - j - len(kept) >= MIN_NEW_LINES:
+                return shared, shared + j
+    j = _summary_of_all(rest_p, rest_c, rest_c)
+    return None if j is None else (shared, shared + j)
+
+
+def _full_transcript_compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
+    """`transcript_compacted` by its definition: every line split, every (k, j) tried."""
+    p, c = last_user(prev), last_user(cur)
+    if p is None or c is None or prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
+        return False
+    cur_lines = cur.text[c.start:c.end].split("\n")
+    found = _summary_replaced_by_definition(prev.text[p.start:p.end].split("\n"), cur_lines)
+    return found is not None and sum(len(line) for line in cur_lines[found[0]:found[1]]) >= SUMMARY_MIN_CHARS
+
+
+def test_summary_replaced_finds_what_trying_every_place_finds() -> None:
+    """The summary's place is searched only where the kept lines can start (their first line), and
+    found where trying every place finds it, on lines drawn from a few values (many repeats, blank
+    lines among them) and on compactions built to match."""
+    rng = random.Random(11)
+    found = 0
+    for _ in range(3000):
+        pool = ["", "a", "b", "Customer: c", "Assistant: d", "S1", "S2"][:rng.randint(2, 7)]
+        p = [rng.choice(pool) for _ in range(rng.randint(0, 12))]
+        if p and rng.random() < 0.5:  # a summary in place of p's first lines, the rest kept, two new
+            k = rng.randint(0, len(p))
+            c = [*p[:rng.randint(0, 2)], *["Summary " + str(i) for i in range(rng.randint(1, 4))],
+                 *p[k:-1], *[rng.choice(pool) for _ in range(rng.randint(0, 3))]]
+        else:
+            c = [rng.choice(pool) for _ in range(rng.randint(0, 12))]
+        expected = _summary_replaced_by_definition(p, c)
+        assert summary_replaced(p, c) == expected, (p, c)
+        found += expected is not None
+    assert found > 100
+
+
+def test_a_transcripts_shared_lines_skipped_read_as_every_line_split() -> None:
+    """The lines two transcript messages open with alike are skipped before the lines are split
+    (a long document asked again costs no split): the answer is the one the full split gives, on
+    transcripts that grow, are summarised, trimmed, edited inside a shared line, cut short, or
+    share nothing; both answers occur."""
+    rng = random.Random(7)
+    said_lines = [f"{'Customer' if i % 2 == 0 else 'Assistant'}: " + words(1200 + i, rng.randint(1, 12))
+                  for i in range(24)]
+    intro = "Conversation so far, kept by the chain:\n" + words(1190, 30)
+
+    def sk(lines: list[str]) -> RequestSketch:
+        content = "\n".join(lines)
+        inp = prompt_input("chat", {"model": "m", "messages": [{"role": "system", "content": "S"},
+                                                                {"role": "user", "content": content}]})
+        header = "x" * rng.randint(0, 40)  # the message starts at another place in each prompt
+        return build_sketch(inp, f"<sys>S</sys>\n<user {header}>{content}</user><assistant>")
+
+    answers = []
+    for _ in range(600):
+        k = rng.randint(0, 20)
+        prev = [intro, *said_lines[:k], "Assistant:"]
+        if rng.random() < 0.3:  # no instructions: the transcript's first line is the message's
+            prev = prev[1:]
+        shape = rng.choice(("grow", "summary", "trim", "edit", "short", "other", "same"))
+        if shape == "grow":
+            cur = [*prev[:len(prev) - k - 1], *said_lines[:k + rng.randint(1, 3)], "Assistant:"]
+        elif shape == "summary":
+            cut = rng.randint(0, k)
+            lead = rng.choice(("Summary: ", "Customer asked "))  # a summary may open as a speaker's line does
+            summary = [lead + words(1199 + i, rng.randint(1, 14)) for i in range(rng.randint(1, 3))]
+            cur = [*prev[:len(prev) - k - 1], *summary, *said_lines[cut:k + rng.randint(0, 3)], "Assistant:"]
+        elif shape == "trim":
+            cur = [*prev[:len(prev) - k - 1], *said_lines[rng.randint(0, k):k + 2], "Assistant:"]
+        elif shape == "edit":  # a character changed inside a line both hold
+            cur = list(prev)
+            i = rng.randrange(len(cur))
+            j = rng.randrange(len(cur[i]) + 1)
+            cur[i] = cur[i][:j] + "#" + cur[i][j:]
+        elif shape == "short":  # the new message is a head of the old one, cut inside a line
+            text = "\n".join(prev)
+            cur = text[:rng.randint(0, len(text))].split("\n")
+        elif shape == "other":
+            cur = [words(1300 + rng.randint(0, 99), 20), *said_lines[k:k + 3]]
+        else:
+            cur = list(prev)
+        a, b = sk(prev), sk(cur)
+        expected = _full_transcript_compacted(a, b)
+        assert transcript_compacted(a, b) == expected, (shape, k)
+        answers.append(expected)
+    assert True in answers and False in answers
+    # the fewest lines each kind of summary needs: in place of the first line (two kept, two new)
+    # and in place of the whole transcript (four summed up, a question and the reply's line)
+    long_summary = "Summary: " + words(1199, 14)
+    for prev, cur in (([intro, *said_lines[:3], "Assistant:"], [intro, long_summary, *said_lines[1:4], "Assistant:"]),
+                      ([*said_lines[:3], "Assistant:"], [long_summary, *said_lines[1:4], "Assistant:"]),
+                      ([intro, *said_lines[:4], "Assistant:"], [intro, long_summary, said_lines[4], "Assistant:"])):
+        a, b = sk(prev), sk(cur)
+        assert _full_transcript_compacted(a, b) and transcript_compacted(a, b)

@@ -7,12 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.prefix import tool_text
 from app.prefix.conversation import past_of
 from app.prefix.diagnose import diagnose, fix_for, redact, snippet
 from app.prefix.dynamic import find_dynamic_spans
 from app.prefix.fingerprint import Fingerprinter, prompt_input
 from app.prefix.sketch import build_sketch
-from app.prefix.strings import common_prefix_len
+from app.prefix.strings import common_prefix_len, shared_ends, suffix_opening
 from app.prefix.tokens import SegmentTokenizer
 
 STATIC = "You are the support assistant. Refunds within 30 days. Shipping takes 3 to 5 days.\n" * 20
@@ -48,6 +49,77 @@ def test_common_prefix_len_with_offsets() -> None:
     assert common_prefix_len("", "a") == 0
     assert common_prefix_len("hello", "help", 0, 0) == 3
     assert common_prefix_len("zzhello", "help", 2, 0) == 3
+
+
+def _shared_ends_by_definition(a: list[str], b: list[str]) -> tuple[int, int]:
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    return head, tail
+
+
+_FEW_LINES = st.lists(st.sampled_from(["", "a", "b", "c", "1. a", "2) b", "(3) c"]), max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_FEW_LINES, _FEW_LINES, _FEW_LINES)
+def test_shared_ends_and_suffix_opening_read_as_a_step_per_line(head: list[str], a: list[str], b: list[str]) -> None:
+    """Compared as slices and found by `list.index`, the lines two texts share at their ends and the
+    least k with a[k:] opening b are those a step per line finds (lines drawn from a few values:
+    runs repeat)."""
+    x, y = head + a, head + b + a[len(a) // 2:]
+    assert shared_ends(x, y) == _shared_ends_by_definition(x, y)
+    assert suffix_opening(a, b) == next(k for k in range(len(a) + 1) if b[:len(a) - k] == a[k:])
+    assert suffix_opening(a, a[len(a) // 3:] + b) == next(k for k in range(len(a) + 1)
+                                                          if (a[len(a) // 3:] + b)[:len(a) - k] == a[k:])
+
+
+def _lines_permuted_by_definition(prev_text: str, cur_text: str) -> tuple[bool, bool]:
+    """`lines_permuted` with every reading computed for every line."""
+    p, c = prev_text.splitlines(), cur_text.splitlines()
+    i, s = _shared_ends_by_definition(p, c)
+    pw, cw = p[i:len(p) - s], c[i:len(c) - s]
+    if len(pw) < 2 or pw == cw:
+        return False, False
+    if sorted(pw) == sorted(cw):
+        return True, tool_text.tool_entries(cw) or tool_text.tool_blocks(pw, cw) or \
+            tool_text.templated_blocks(pw, cw) or tool_text.in_code_block(c, i, len(c) - s)
+    pu, cu = [tool_text._ENUMERATOR.sub("", ln, count=1) for ln in pw], [tool_text._ENUMERATOR.sub("", ln, count=1) for ln in cw]
+    if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(tool_text._ENUMERATOR.match, cw))) >= 2:
+        return True, tool_text.tool_entries(cw)
+    pn, cn = [tool_text._POSITION_NUMBER.sub("#", ln) for ln in pw], [tool_text._POSITION_NUMBER.sub("#", ln) for ln in cw]
+    if pn != cn and sorted(pn) == sorted(cn) and any(tool_text._BANNER_NAME.match(ln) for ln in cn):
+        return True, tool_text.tool_blocks(pn, cn)
+    return False, False
+
+
+_TOOL_LINES = ["You are an agent.", "", "1. search: find pages", "2. fetch: read a page", "(3) shell: run a command",
+               "- search(query): find pages", "- fetch(url): read a page", "BEGIN FUNCTION #1: search",
+               "BEGIN FUNCTION #2: fetch", "END FUNCTION", "```python", "```", "def search(query): ...",
+               "Answer briefly.", "Version 2.1 of the rules."]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(_TOOL_LINES), min_size=0, max_size=14), st.randoms(use_true_random=False),
+       st.sampled_from(["shuffle", "renumber", "edit", "other"]))
+def test_lines_permuted_reads_as_every_reading_of_every_line(lines: list[str], rng, how: str) -> None:
+    """The checks that skip work (as many lines, the same set, numbered lines present, a block's
+    number anywhere) answer as computing every reading of every line does."""
+    moved = list(lines)
+    if how == "shuffle":
+        rng.shuffle(moved)
+    elif how == "renumber":
+        moved = [ln.replace("1", "2") if rng.random() < 0.5 else ln for ln in moved]
+        rng.shuffle(moved)
+    elif how == "edit" and moved:
+        moved[rng.randrange(len(moved))] = "Answer at length."
+    else:
+        moved = [rng.choice(_TOOL_LINES) for _ in range(rng.randint(0, 14))]
+    prev, cur = "\n".join(["Head.", *lines, "Tail."]), "\n".join(["Head.", *moved, "Tail."])
+    assert tool_text.lines_permuted(prev, cur) == _lines_permuted_by_definition(prev, cur)
 
 
 def test_dynamic_head_located(fpr) -> None:

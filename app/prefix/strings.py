@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 PREFIX_PROBE_CHARS = 8192  # first chunk compared when measuring a shared prefix (doubles)
 
@@ -34,11 +34,46 @@ def common_prefix_len(a: str, b: str, a0: int = 0, b0: int = 0) -> int:
 
 def shared_ends(a: Sequence[str], b: Sequence[str]) -> tuple[int, int]:
     """How many lines two texts' lines share at their start, then at their end (never overlapping):
-    what lies between is what changed."""
-    head = 0
-    while head < min(len(a), len(b)) and a[head] == b[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
-        tail += 1
+    what lies between is what changed. Compared as slices (C speed): a long system prompt changed
+    in one place costs no Python step per line it kept."""
+    n = min(len(a), len(b))
+    head = _agreeing(lambda lo, hi: a[lo:hi] == b[lo:hi], n)
+    tail = _agreeing(lambda lo, hi: a[len(a) - hi:len(a) - lo] == b[len(b) - hi:len(b) - lo], n - head)
     return head, tail
+
+
+def _agreeing(same: Callable[[int, int], bool], n: int) -> int:
+    """The most items (n at most) agreeing from the first on, where `same(lo, hi)` says whether items
+    lo..hi-1 agree: doubling runs, then a bisection inside the first run that holds a difference."""
+    lo, step = 0, 8
+    while lo < n:
+        hi = min(n, lo + step)
+        if not same(lo, hi):
+            break
+        lo, step = hi, step * 2
+    else:
+        return n
+    while hi - lo > 1:  # items before lo agree; lo..hi-1 hold a difference
+        mid = (lo + hi) // 2
+        if same(lo, mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def suffix_opening(a: Sequence[str], b: Sequence[str]) -> int:
+    """The least k such that a[k:] is how b opens (len(a): only the empty run). The run opens with
+    b[0] and ends with a[-1]: only the k where `a` holds b[0] are compared (`list.index`, then
+    slices: C speed)."""
+    a, n = list(a), len(a)
+    if not b:
+        return n
+    k = max(0, n - len(b)) - 1  # a[k:] longer than b cannot open it
+    while True:
+        try:
+            k = a.index(b[0], k + 1)
+        except ValueError:
+            return n
+        if b[n - k - 1] == a[-1] and list(b[:n - k]) == a[k:]:
+            return k

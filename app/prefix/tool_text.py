@@ -219,18 +219,21 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     p, c = prev_text.splitlines(), cur_text.splitlines()
     i, s = shared_ends(p, c)
     pw, cw = p[i:len(p) - s], c[i:len(c) - s]
-    if len(pw) < 2 or pw == cw:
+    if len(pw) < 2 or pw == cw or len(pw) != len(cw):  # each reading below moves lines: as many on both sides
         return False, False
-    if sorted(pw) == sorted(cw):
+    if set(pw) == set(cw) and sorted(pw) == sorted(cw):  # the sets first: two documents differ there at C speed
         return True, tool_entries(cw) or tool_blocks(pw, cw) or templated_blocks(pw, cw) or in_code_block(c, i, len(c) - s)
     # entries numbered by position (`1. name …`, `(1) name …`): the numbers stay, the entries move
-    pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
-    if pu != cu and sorted(pu) == sorted(cu) and sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:
-        return True, tool_entries(cw)
-    # blocks numbered by position inside their banner (`BEGIN FUNCTION #3: name`): the numbers stay
-    pn, cn = [_POSITION_NUMBER.sub("#", ln) for ln in pw], [_POSITION_NUMBER.sub("#", ln) for ln in cw]
-    if pn != cn and sorted(pn) == sorted(cn) and any(_BANNER_NAME.match(ln) for ln in cn):
-        return True, tool_blocks(pn, cn)
+    if sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:  # first: a match per line at C level, no copies
+        pu, cu = [_ENUMERATOR.sub("", ln, count=1) for ln in pw], [_ENUMERATOR.sub("", ln, count=1) for ln in cw]
+        if pu != cu and sorted(pu) == sorted(cu):
+            return True, tool_entries(cw)
+    # blocks numbered by position inside their banner (`BEGIN FUNCTION #3: name`): the numbers stay.
+    # Without such a number anywhere the blocks read as above (`pn`, `cn` would be `pw`, `cw`).
+    if _POSITION_NUMBER.search(prev_text) or _POSITION_NUMBER.search(cur_text):
+        pn, cn = [_POSITION_NUMBER.sub("#", ln) for ln in pw], [_POSITION_NUMBER.sub("#", ln) for ln in cw]
+        if pn != cn and sorted(pn) == sorted(cn) and any(_BANNER_NAME.match(ln) for ln in cn):
+            return True, tool_blocks(pn, cn)
     return False, False
 
 

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.strings import shared_ends
+from app.prefix.strings import common_prefix_len, shared_ends, suffix_opening
 
 SUMMARY_MIN_CHARS = 64  # the lines that stand in for the dropped ones hold this much text at least
 MAX_SUMMARY_LINES = 3  # ... on at most this many lines
@@ -69,16 +69,32 @@ def summary_replaced(p: Sequence[str], c: Sequence[str], texts: Sequence[str] | 
     while shared < min(len(p), len(c)) and p[shared] == c[shared]:
         shared += 1
     rest_p, rest_c = list(p[shared:-1]), list(c[shared:])
-    in_p = set(rest_p)
-    for k in range(1, len(rest_p) - MIN_KEPT_LINES + 1):
-        kept = rest_p[k:]
-        for j in range(1, min(MAX_SUMMARY_LINES, len(rest_c)) + 1):
-            if rest_c[j - 1] in in_p:
-                break  # a line the previous message had: not a new one
-            if rest_c[j:j + len(kept)] == kept and len(rest_c) - j - len(kept) >= MIN_NEW_LINES:
-                return shared, shared + j
+    j = _kept_after_summary(rest_p, rest_c)
+    if j is not None:
+        return shared, shared + j
     j = _summary_of_all(rest_p, rest_c, rest_c if texts is None else texts[shared:])
     return None if j is None else (shared, shared + j)
+
+
+def _kept_after_summary(rest_p: list[str], rest_c: list[str]) -> int | None:
+    """j: how many new lines (MAX_SUMMARY_LINES at most, none of them a line of `rest_p`) open
+    `rest_c` before the lines of `rest_p` but its first k (k >= 1, MIN_KEPT_LINES or more kept), then
+    MIN_NEW_LINES more; None when none do. The new lines end where `rest_c` first holds a line of
+    `rest_p`, so j is that place, and the kept lines open with that line: only the k where `rest_p`
+    holds it are compared (`list.index`, then slices: C speed, no Python pass over the lines)."""
+    in_p = set(rest_p)
+    j = next((i for i, line in enumerate(rest_c[:MAX_SUMMARY_LINES + 1]) if line in in_p), 0)
+    if not j:
+        return None
+    k = max(0, len(rest_p) - len(rest_c) + j + MIN_NEW_LINES - 1)  # fewer kept leave MIN_NEW_LINES after them
+    while True:
+        try:
+            k = rest_p.index(rest_c[j], k + 1, len(rest_p) - MIN_KEPT_LINES + 1)
+        except ValueError:
+            return None
+        kept = len(rest_p) - k
+        if rest_c[j + kept - 1] == rest_p[-1] and rest_c[j:j + kept] == rest_p[k:]:
+            return j
 
 
 def _summary_of_all(rest_p: Sequence[str], rest_c: Sequence[str], texts: Sequence[str]) -> int | None:
@@ -100,8 +116,44 @@ def _summary_of_all(rest_p: Sequence[str], rest_c: Sequence[str], texts: Sequenc
     return None if any(line.startswith(speakers) for line in texts[:j]) else j
 
 
-def _lines(text: str, region: Region) -> list[str]:
-    return text[region.start:region.end].split("\n")
+# Line breaks `summary_replaced` needs after the lines two messages share, at least: in the previous
+# message, a line replaced and MIN_KEPT_LINES kept before its unfinished last one (or SUMMED_MIN_LINES
+# summed up); in the new one, a summary line and MIN_NEW_LINES after it.
+_PREV_MIN_BREAKS = min(MIN_KEPT_LINES + 1, SUMMED_MIN_LINES)  # 3: `_may_keep_lines` reads two of them
+_CUR_MIN_BREAKS = MIN_NEW_LINES
+
+
+def _room_for_summary(prev: str, p0: int, p1: int, cur: str, c0: int, c1: int) -> bool:
+    """Do prev[p0:p1] and cur[c0:c1] hold the lines a summary in place of lines needs? Found from
+    their ends by memrchr, nothing copied: a one-line message is read once at C speed."""
+    return _breaks_at_least(prev, p0, p1, _PREV_MIN_BREAKS) and _breaks_at_least(cur, c0, c1, _CUR_MIN_BREAKS)
+
+
+def _breaks_at_least(text: str, start: int, end: int, n: int) -> bool:
+    for _ in range(n):
+        end = text.rfind("\n", start, end)
+        if end < 0:
+            return False
+    return True
+
+
+def _may_keep_lines(prev: str, p0: int, p1: int, cur: str, c0: int, c1: int) -> bool:
+    """After the lines both share, can a summary stand in cur[c0:c1] for lines of prev[p0:p1]? The
+    lines it leaves end with the previous message's last whole line, which the new one then holds
+    between two of its lines (a summary line before, MIN_NEW_LINES after); a summary of them all
+    leaves the new one MAX_SUMMARY_LINES + MIN_NEW_LINES lines at most (one more: a shared line may
+    end one message). Read at C speed: two long documents that share no line are told apart
+    without splitting either."""
+    if not _breaks_at_least(cur, c0, c1, MAX_SUMMARY_LINES + MIN_NEW_LINES + 1):
+        return True
+    end = prev.rfind("\n", p0, p1)  # the unfinished line follows it; `_room_for_summary` saw a break
+    start = prev.rfind("\n", p0, end) + 1  # and one before it
+    return cur.find("\n" + prev[start:end] + "\n", c0, c1) >= 0
+
+
+def _lines(text: str, region: Region, skip: int = 0) -> list[str]:
+    """The region's lines, from `skip` characters into it (the start of a line)."""
+    return text[region.start + skip:region.end].split("\n")
 
 
 def transcript_compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
@@ -110,8 +162,17 @@ def transcript_compacted(prev: RequestSketch, cur: RequestSketch) -> bool:
     p, c = last_user(prev), last_user(cur)
     if p is None or c is None or prev.system_text != cur.system_text or prev.tools_canon != cur.tools_canon:
         return False
-    cur_lines = _lines(cur.text, c)
-    found = summary_replaced(_lines(prev.text, p), cur_lines)
+    if not _room_for_summary(prev.text, p.start, p.end, cur.text, c.start, c.end):
+        return False  # a one-line message: nothing compared
+    # The whole lines both messages open with are the lines `summary_replaced` finds shared first,
+    # one by one: found here at C speed and left unsplit (a document of many lines asked again).
+    same = min(common_prefix_len(prev.text, cur.text, p.start, c.start), p.end - p.start, c.end - c.start)
+    skip = max(prev.text.rfind("\n", p.start, p.start + same) + 1 - p.start, 0)  # past the last shared line
+    if not _room_for_summary(prev.text, p.start + skip, p.end, cur.text, c.start + skip, c.end) \
+            or not _may_keep_lines(prev.text, p.start + skip, p.end, cur.text, c.start + skip, c.end):
+        return False
+    cur_lines = _lines(cur.text, c, skip)
+    found = summary_replaced(_lines(prev.text, p, skip), cur_lines)
     return found is not None and sum(len(line) for line in cur_lines[found[0]:found[1]]) >= SUMMARY_MIN_CHARS
 
 
@@ -132,9 +193,7 @@ def system_transcript(prev: RequestSketch, cur: RequestSketch) -> str | None:
     if tail == 0:
         return None  # the section's closing kept: what changed sits inside the text
     gone, added = p[head:len(p) - tail], c[head:len(c) - tail]
-    kept = next((k for k in range(len(gone) + 1) if added[:len(gone) - k] == gone[k:]), None)
-    if kept is None:
-        return None
+    kept = suffix_opening(gone, added)  # the lines gone from the front: the rest opens what was added
     new = added[len(gone) - kept:]
     if len(new) < MIN_NEW_LINES or not all(_MEMORY_SPEAKER.match(line) for line in gone[:kept] + new) \
             or not any(question in line for line in new):

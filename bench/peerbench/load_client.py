@@ -62,15 +62,25 @@ WORDS = ("the of and to in is that for it as was with be by on not he this are o
          "since against go came right used take three").split()
 
 
-def make_prompt(rng: random.Random, chars: int) -> str:
+def make_prompt(rng: random.Random, chars: int, line_chars: int = 0) -> str:
+    """`chars` characters of words on one line, or (`line_chars` > 0) a line break in place of the
+    space after every ~`line_chars` characters, as a document has."""
     out = []
     n = 0
     while n < chars:
         w = rng.choice(WORDS)
         out.append(w)
         n += len(w) + 1
-    s = " ".join(out)
-    return s[:chars]
+    s = " ".join(out)[:chars]
+    if line_chars <= 0:
+        return s
+    lines, start = [], 0
+    while start < len(s):
+        cut = s.find(" ", start + line_chars)
+        cut = len(s) if cut < 0 else cut
+        lines.append(s[start:cut])
+        start = cut + 1
+    return "\n".join(lines)
 
 
 QUICKACK = False  # --quickack: re-arm TCP_QUICKACK on every read (diagnoses Nagle x delayed-ACK stalls)
@@ -187,7 +197,7 @@ async def main_async(a):
     loop = asyncio.get_running_loop()
     targets = [Target(u) for u in a.url]
     rng = random.Random(a.seed)
-    pool = [make_prompt(rng, a.prompt_chars) for _ in range(a.pool)]
+    pool = [make_prompt(rng, a.prompt_chars, a.line_chars) for _ in range(a.pool)]
     # pre-serialise bodies around a placeholder so per-request cost is a concat
     mark = "\x00SUFFIX\x00"
     pre = []
@@ -318,6 +328,8 @@ def main():
     ap.add_argument("--count", type=int, default=0, help="stop after this many requests (0 = time-bound)")
     ap.add_argument("--prompt-chars", type=int, default=200)
     ap.add_argument("--pool", type=int, default=32)
+    ap.add_argument("--line-chars", type=int, default=0,
+                    help="a line break every ~N characters of a prompt, as in a document (0: one line)")
     ap.add_argument("--sweep", action="store_true",
                     help="send each prompt of the pool once, in order, then stop")
     ap.add_argument("--max-tokens", type=int, default=32)

@@ -160,6 +160,7 @@ def main():
     ap.add_argument("--logdir", default="/tmp/peerbench/logs",
                     help="process logs (sglang-router logs 2 INFO lines per request: ~160 MB per router for the full matrix)")
     ap.add_argument("--header", action="append", default=[], help="extra request header for every target")
+    ap.add_argument("--line-chars", type=int, default=0, help="load_client.py --line-chars (0: one-line prompts)")
     ap.add_argument("--probe", action="append", default=[],
                     help="NAME|CMD: a command run before and after each run of target NAME; its stdout "
                          "(one JSON object) is recorded as probe_before / probe_after")
@@ -238,7 +239,8 @@ def main():
             targets.append((name, ["http://127.0.0.1:%d" % port], m, cmd))
 
         expect = a.tokens + 3  # role + tokens + usage + [DONE]
-        client = [a.python, os.path.join(HERE, "load_client.py")] + sum([["--header", h] for h in a.header], [])
+        client = [a.python, os.path.join(HERE, "load_client.py"), "--line-chars", str(a.line_chars)] \
+            + sum([["--header", h] for h in a.header], [])
         for name, urls, m, cmd in targets:
             t0 = time.time()
             res = None
