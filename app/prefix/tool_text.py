@@ -101,6 +101,7 @@ _NAME_ASSIGNED = re.compile(rf"""(?i)^\s*(?:(?:let|var|const|val|static)\s+)*nam
 # a banner that opens a tool's block (OpenHands' `---- BEGIN FUNCTION #3: name ----`)
 _BANNER_NAME = re.compile(rf"(?i)^[-=#* ]*(?:BEGIN\s+)?(?:FUNCTION|TOOL|COMMAND|ACTION)\b[^:\n]{{0,12}}:\s*{_NAME}\s*[-=#* ]*$")
 _POSITION_NUMBER = re.compile(r"(?<=#)\d{1,3}\b")  # a block's number by its position: it stays, the block moves
+_NUMBER_SIGN = re.compile(r"#\d")  # where `_POSITION_NUMBER` can match (a literal search: C speed, no look-behind)
 # a name written as code in a config or a heading: snake or kebab case (`run_go_tests`, `film-order`),
 # or camel case (`pendingOrders`); a config's plain word (`server`) is none
 _SNAKE_OR_KEBAB = r"[a-z][a-z0-9]*(?:[_-][a-z0-9]+)+"
@@ -230,7 +231,7 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
             return True, tool_entries(cw)
     # blocks numbered by position inside their banner (`BEGIN FUNCTION #3: name`): the numbers stay.
     # Without such a number anywhere the blocks read as above (`pn`, `cn` would be `pw`, `cw`).
-    if _POSITION_NUMBER.search(prev_text) or _POSITION_NUMBER.search(cur_text):
+    if _NUMBER_SIGN.search(prev_text) or _NUMBER_SIGN.search(cur_text):
         pn, cn = [_POSITION_NUMBER.sub("#", ln) for ln in pw], [_POSITION_NUMBER.sub("#", ln) for ln in cw]
         if pn != cn and sorted(pn) == sorted(cn) and any(_BANNER_NAME.match(ln) for ln in cn):
             return True, tool_blocks(pn, cn)

@@ -146,8 +146,10 @@ def _parts_changed(prev: str, cur: str, value: tuple[int, int, int], kind: str, 
     trailing = line1 - min(line1, stop) if stop is not None else 0
     vend, pvend = before_space(cur, end, line1 - trailing), before_space(prev, pend, pline1 - trailing)
     rest, prest = cur[end:vend], prev[pend:pvend]
+    if rest == prest:  # before reading the parts: the rest of a one-line document is read at C speed
+        return None
     signs = _PART_TEXT.sub("", rest)
-    if rest == prest or signs != _PART_TEXT.sub("", prest) or not signs.strip():
+    if signs != _PART_TEXT.sub("", prest) or not signs.strip():
         return None
     pstart = pend - (end - line0 - vs)
     if not (_holds_entry(cur[line0 + vs:vend]) and _holds_entry(prev[max(0, pstart):pvend])):
