@@ -4,7 +4,8 @@
     (or: prefixgate bench overhead --table [...])
 
 Two vLLM-shaped fake backends (35 SSE events, 20 ms to the first token), a closed-loop client
-(prompts from a pool of 32, a unique suffix per request), every target measured beside `direct`
+(prompts from a pool of 32, a unique suffix per request; one line of words each, or with
+`--line-chars N` a line break every ~N characters, as documents have), every target measured beside `direct`
 (the client spreading over the backends itself) in the same rounds, in rotated order. Targets:
 vllm-router 0.1.17 round_robin and cache_aware, sglang-router 0.3.2 cache_aware (from
 `.venv-routers`: `pip install sglang-router==0.3.2 vllm-router==0.1.17`, as bench/routing.py), and
