@@ -75,6 +75,8 @@ def test_shared_ends_and_suffix_opening_read_as_a_step_per_line(head: list[str],
     assert suffix_opening(a, b) == next(k for k in range(len(a) + 1) if b[:len(a) - k] == a[k:])
     assert suffix_opening(a, a[len(a) // 3:] + b) == next(k for k in range(len(a) + 1)
                                                           if (a[len(a) // 3:] + b)[:len(a) - k] == a[k:])
+    for first in (1, len(a) // 2):  # the least k from `first` on
+        assert suffix_opening(a, b, first) == next((k for k in range(first, len(a)) if b[:len(a) - k] == a[k:]), len(a))
 
 
 def _lines_permuted_by_definition(prev_text: str, cur_text: str) -> tuple[bool, bool]:

@@ -62,18 +62,17 @@ def _agreeing(same: Callable[[int, int], bool], n: int) -> int:
     return lo
 
 
-def suffix_opening(a: Sequence[str], b: Sequence[str]) -> int:
-    """The least k such that a[k:] is how b opens (len(a): only the empty run). The run opens with
-    b[0] and ends with a[-1]: only the k where `a` holds b[0] are compared (`list.index`, then
-    slices: C speed)."""
+def suffix_opening(a: Sequence[str], b: Sequence[str], first: int = 0) -> int:
+    """The least k >= `first` such that a[k:] is how b opens; len(a) when no run but the empty one
+    does. A run opens with b[0] and ends with a[-1]: only the k where `a` holds b[0] are compared
+    (`list.index`, then slices: C speed)."""
     a, n = list(a), len(a)
-    if not b:
-        return n
-    k = max(0, n - len(b)) - 1  # a[k:] longer than b cannot open it
-    while True:
+    k = max(first, n - len(b)) - 1  # a[k:] longer than b cannot open it
+    while b:
         try:
             k = a.index(b[0], k + 1)
         except ValueError:
-            return n
+            break
         if b[n - k - 1] == a[-1] and list(b[:n - k]) == a[k:]:
             return k
+    return n

@@ -80,21 +80,15 @@ def _kept_after_summary(rest_p: list[str], rest_c: list[str]) -> int | None:
     """j: how many new lines (MAX_SUMMARY_LINES at most, none of them a line of `rest_p`) open
     `rest_c` before the lines of `rest_p` but its first k (k >= 1, MIN_KEPT_LINES or more kept), then
     MIN_NEW_LINES more; None when none do. The new lines end where `rest_c` first holds a line of
-    `rest_p`, so j is that place, and the kept lines open with that line: only the k where `rest_p`
-    holds it are compared (`list.index`, then slices: C speed, no Python pass over the lines)."""
+    `rest_p`, so j is that place; the kept lines are a run of `rest_p`'s end that opens what follows
+    (`suffix_opening`: C speed, no Python pass over the lines)."""
     in_p = set(rest_p)
     j = next((i for i, line in enumerate(rest_c[:MAX_SUMMARY_LINES + 1]) if line in in_p), 0)
     if not j:
         return None
-    k = max(0, len(rest_p) - len(rest_c) + j + MIN_NEW_LINES - 1)  # fewer kept leave MIN_NEW_LINES after them
-    while True:
-        try:
-            k = rest_p.index(rest_c[j], k + 1, len(rest_p) - MIN_KEPT_LINES + 1)
-        except ValueError:
-            return None
-        kept = len(rest_p) - k
-        if rest_c[j + kept - 1] == rest_p[-1] and rest_c[j:j + kept] == rest_p[k:]:
-            return j
+    fewest_dropped = max(1, len(rest_p) - len(rest_c) + j + MIN_NEW_LINES)  # more kept leave too few new lines
+    k = suffix_opening(rest_p, rest_c[j:], fewest_dropped)
+    return j if k <= len(rest_p) - MIN_KEPT_LINES else None
 
 
 def _summary_of_all(rest_p: Sequence[str], rest_c: Sequence[str], texts: Sequence[str]) -> int | None:
