@@ -232,17 +232,19 @@ def test_redaction_keeps_the_shape_of_any_text(text: str) -> None:
 
 
 
-def _realignment_per_anchor(prev: str, cur: str, d: int, material: int, pd: int | None = None):
-    """find_realignment as it was before the probe skip and the end cut: every anchor searched,
-    up to the prompt's end (the reference)."""
+def _realignment_per_anchor(prev: str, cur: str, d: int, material: int, pd: int | None = None,
+                            prev_end: int | None = None):
+    """find_realignment as it was before the probe skip, the end cut and the line tails: every
+    anchor searched, up to the prompt's end (the reference)."""
     from app.prefix.realign import ANCHOR_CHARS, _anchors, realign_at
 
     p0 = d if pd is None else pd
+    p1 = len(prev) if prev_end is None else min(len(prev), prev_end)
     for c in _anchors(cur, d + 1, len(cur)):
         anchor = cur[c:c + ANCHOR_CHARS]
         if len(anchor) < min(ANCHOR_CHARS, material) or not anchor.strip():
             continue
-        found = realign_at(prev, cur, c, p0, material)
+        found = realign_at(prev, cur, c, p0, material, p1)
         if found is not None:
             return found
     return None
@@ -253,17 +255,37 @@ _WORD = st.sampled_from(["alpha", "beta", "gamma", "delta", "x", "\n", " ", "  "
 
 @settings(max_examples=300, deadline=None)
 @given(words=st.lists(_WORD, min_size=20, max_size=400), cut=st.floats(0, 1), cut2=st.floats(0, 1),
-       insert=st.lists(_WORD, max_size=60), material=st.sampled_from([16, 24, 40, 64, 96]))
-def test_probe_skip_finds_the_same_realignment(words: list[str], cut: float, cut2: float,
-                                               insert: list[str], material: int) -> None:
-    from app.prefix.realign import find_realignment
+       insert=st.lists(_WORD, max_size=60), material=st.sampled_from([16, 24, 40, 64, 96]),
+       tails_after=st.sampled_from([0, 1, 4]), shift=st.integers(-30, 30), bound=st.none() | st.integers(0, 400))
+def test_probe_skip_finds_the_same_realignment(words: list[str], cut: float, cut2: float, insert: list[str],
+                                               material: int, tails_after: int, shift: int, bound: int | None) -> None:
+    # tails_after: line tails gathered after that many failed probes (0: from the first anchor on)
+    from unittest import mock
+
+    from app.prefix import realign
 
     prev = "".join(words)
     a = int(cut * len(prev))
     b = max(a, int(cut2 * len(prev)))
-    for cur in (prev[:a] + "".join(insert) + prev[a:], prev[:a] + prev[b:], prev[:a] + "".join(insert) + prev[b:]):
-        d = min(a, len(cur) - 1)
-        assert find_realignment(prev, cur, d, material) == _realignment_per_anchor(prev, cur, d, material)
+    with mock.patch.object(realign, "PROBES_BEFORE_TAILS", tails_after):
+        for cur in (prev[:a] + "".join(insert) + prev[a:], prev[:a] + prev[b:], prev[:a] + "".join(insert) + prev[b:]):
+            d = min(a, len(cur) - 1)
+            pd = max(0, min(len(prev), d + shift))
+            prev_end = None if bound is None else pd + bound
+            assert realign.find_realignment(prev, cur, d, material) == _realignment_per_anchor(prev, cur, d, material)
+            assert (realign.find_realignment(prev, cur, d, material, pd, prev_end)
+                    == _realignment_per_anchor(prev, cur, d, material, pd, prev_end))
+
+
+def test_a_run_whose_anchor_ends_at_the_bound_is_found() -> None:
+    # the bound is where an anchor may start (it ends before `prev_end`); the run, and the probe
+    # for it, may reach past it
+    from app.prefix.realign import Realignment, find_realignment
+
+    static = "".join(chr(0x4E00 + i) for i in range(100))  # no word starts, no repeats
+    prev, cur = "zz " + static, "yy " + static
+    assert find_realignment(prev, cur, 0, 40, 0, 27) == Realignment(3, 3, 100)
+    assert find_realignment(prev, cur, 0, 40, 0, 26) is None  # the anchor would end past it
 
 
 @settings(max_examples=300, deadline=None)
