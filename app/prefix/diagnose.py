@@ -98,11 +98,11 @@ def _similar(a: str | None, b: str | None) -> float:
     """Share of lines of `a` also in `b` (0..1); cheap similarity for edited vs replaced."""
     if not a or not b:
         return 0.0
-    la = [ln for ln in a.splitlines() if ln.strip()]
-    lb = {ln for ln in b.splitlines() if ln.strip()}
+    la = list(filter(str.strip, a.splitlines()))  # the non-blank lines, at C speed (a 1 MB system prompt)
+    lb = set(filter(str.strip, b.splitlines()))
     if not la:
         return 0.0
-    return sum(1 for ln in la if ln in lb) / len(la)
+    return sum(map(lb.__contains__, la)) / len(la)
 
 
 @dataclass

@@ -222,7 +222,8 @@ def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
     pw, cw = p[i:len(p) - s], c[i:len(c) - s]
     if len(pw) < 2 or pw == cw or len(pw) != len(cw):  # each reading below moves lines: as many on both sides
         return False, False
-    if set(pw) == set(cw) and sorted(pw) == sorted(cw):  # the sets first: two documents differ there at C speed
+    # as many characters, then the sets: two documents differ there at C speed, before any sort
+    if sum(map(len, pw)) == sum(map(len, cw)) and set(pw) == set(cw) and sorted(pw) == sorted(cw):
         return True, tool_entries(cw) or tool_blocks(pw, cw) or templated_blocks(pw, cw) or in_code_block(c, i, len(c) - s)
     # entries numbered by position (`1. name …`, `(1) name …`): the numbers stay, the entries move
     if sum(map(bool, map(_ENUMERATOR.match, cw))) >= 2:  # first: a match per line at C level, no copies
