@@ -111,6 +111,23 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return super().call(__context, __obj, *args, **kwargs)
 
 
+def _render(template: jinja2.Template, variables: dict[str, Any]) -> str:
+    """`template.render(**variables)` without Jinja's per-render copy of its globals (a ChainMap
+    read key by key, half of a short chat's render): the context's parent is one dict of the
+    globals and the variables, as `render` builds it."""
+    context = template.new_context({**_flat_globals(template), **variables}, shared=True)
+    try:
+        return template.environment.concat(template.root_render_func(context))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - re-raised by Jinja, with the template's lines in the traceback
+        template.environment.handle_exception()
+        raise  # (handle_exception always raises)
+
+
+@lru_cache(maxsize=32)
+def _flat_globals(template: jinja2.Template) -> dict[str, Any]:
+    return dict(template.globals)  # fixed once compiled: _compile sets them before from_string
+
+
 @lru_cache(maxsize=32)
 def _compile(source: str) -> jinja2.Template:
     env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
@@ -352,7 +369,7 @@ class ChatTemplate:
                          documents=list(documents) if documents else None,
                          add_generation_prompt=add_generation_prompt)
         try:
-            text = template.render(**variables)
+            text = _render(template, variables)
         except TemplateError:
             raise
         except jinja2.TemplateError as exc:
