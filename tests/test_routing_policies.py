@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -295,3 +296,45 @@ async def test_model_filter_waits_for_the_first_model_lists():
     assert len(candidates(replicas, request(doc(1, 10)))) == 2  # nothing known yet: no filter
     replicas.get("r0").models = frozenset({"m"})
     assert [r.name for r in candidates(replicas, request(doc(1, 10)))] == ["r0"]  # r1's list unknown
+
+
+class _WaitingMemoryStore(MemoryStore):
+    """The in-memory store, but saying its calls may wait (as Redis's do)."""
+
+    never_waits = False
+
+
+@pytest.mark.parametrize("store_cls", [MemoryStore, _WaitingMemoryStore])
+async def test_a_routed_request_is_learned_in_place_only_where_the_store_never_waits(store_cls):
+    store = store_cls()
+    router = PrefixAffinityRouter(fleet(), ReplicaIndex(store), AffinityOptions(block_size=B))
+    req = request(doc(3, 800))
+    decision = await router.choose(req)
+    router.on_routed(req, decision)
+    held = await store.residency_lookup(req.fingerprint.block_hashes, [decision.replica.name])
+    if store.never_waits:  # done in on_routed itself: no task left behind
+        assert len(router.writes) == 0
+        assert held[decision.replica.name] == len(req.fingerprint.block_hashes)
+    else:  # in tasks, which have not run yet
+        assert len(router.writes) == 2
+        assert held[decision.replica.name] == 0
+    await router.writes.drain()
+    assert len(router.writes) == 0
+    held = await store.residency_lookup(req.fingerprint.block_hashes, [decision.replica.name])
+    assert held[decision.replica.name] == len(req.fingerprint.block_hashes)
+
+
+async def test_an_in_place_write_that_waits_after_all_finishes_in_a_task():
+    from app.routing.background import BackgroundWrites
+
+    writes = BackgroundWrites(in_place=True)
+    done = []
+
+    async def write():
+        await asyncio.sleep(0.01)
+        done.append(1)
+
+    writes.spawn(write())
+    assert len(writes) == 1 and done == []
+    await writes.drain()
+    assert done == [1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import random
 import shutil
@@ -61,12 +62,39 @@ def make_store(kind: str, server: RedisServer, namespace: str, ttl_s: float = TT
     return ResilientStore(remote, bounded_memory(ttl_s), timeout_s=1.0, control_timeout_s=2.0)
 
 
+def _steps_once(store: MemoryStore) -> MemoryStore:
+    """`store`, with every async contract call checked to end in its first step: a store that says
+    it never waits (`Store.never_waits`) has its writes run in place by the routers
+    (app/routing/background.py), so every call of this suite checks that it never does."""
+    assert store.never_waits
+    for name in contract_methods():
+        method = getattr(store, name)
+        if not inspect.iscoroutinefunction(method):
+            continue
+
+        def checked(*args, _method=method, _name=name, **kwargs):
+            coro = _method(*args, **kwargs)
+            try:
+                coro.send(None)
+            except StopIteration as stop:
+                return _value(stop.value)
+            coro.close()
+            raise AssertionError(f"MemoryStore.{_name} waited")
+
+        setattr(store, name, checked)
+    return store
+
+
+async def _value(value):
+    return value
+
+
 @contextlib.asynccontextmanager
 async def clients(kind: str, server: RedisServer, namespace: str, ttl_s: float = TTL_S) -> AsyncIterator[tuple]:
     """Two started clients of one store of `kind` (memory: the same object twice)."""
     async with contextlib.AsyncExitStack() as stack:
         if kind == "memory":
-            one = bounded_memory(ttl_s)
+            one = _steps_once(bounded_memory(ttl_s))
             pair: tuple = (one, one)
         elif kind == "shared":
             folder = tempfile.mkdtemp(prefix="pg-store-")  # short: a UNIX socket path is <= 107 bytes

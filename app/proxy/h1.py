@@ -29,7 +29,6 @@ import collections
 import socket
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -437,31 +436,3 @@ class H1Pool:
         for conn in list(self.acquired):
             conn.close()
         self.acquired.clear()
-
-
-def drive(call: Callable[[Any], Any], message: Any) -> Any:
-    """Run `call(message)` (an ASGI send) to completion now when it does not wait; returns None
-    then, else the still-running coroutine and what it waits on, for `finish_driven`."""
-    coro = call(message)
-    try:
-        waiting = coro.send(None)
-    except StopIteration:
-        return None
-    return coro, waiting
-
-
-async def finish_driven(pending: tuple[Any, Any]) -> None:
-    """Finish a coroutine `drive` started, in the caller's task: wait for what it waits on, then
-    resume it (it reads that future's result itself, as under a task)."""
-    coro, waiting = pending
-    try:
-        while True:
-            if waiting is None:
-                await asyncio.sleep(0)
-            else:
-                await asyncio.wait([waiting])
-            waiting = coro.send(None)
-    except StopIteration:
-        return
-    finally:
-        coro.close()

@@ -18,10 +18,11 @@ import orjson
 
 from app.engines.request_metrics import client_wants_metrics, take_from_body
 from app.proxy.context import ProxyError, RequestContext
-from app.proxy.h1 import H1Response, drive, finish_driven
+from app.proxy.h1 import H1Response
 from app.proxy.ledger import ttft_parts
 from app.proxy.observer import StreamObserver
 from app.proxy.upstream import DROP_RESPONSE, UpstreamError, classify_exception
+from app.tasks import drive, finish_driven
 from app.telemetry.tracing import add_ttft_parts
 
 if TYPE_CHECKING:

@@ -7,22 +7,41 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from app.tasks import finish_driven
+
 log = logging.getLogger(__name__)
 
 
 class BackgroundWrites:
-    """Schedules coroutines on the running loop and keeps a reference until they finish (a bare
-    create_task may be garbage-collected mid-flight). Failures are logged, never raised."""
+    """Runs store writes without making the caller wait: each in a task, kept until it finishes (a
+    bare create_task may be garbage-collected mid-flight). Failures are logged, never raised.
 
-    def __init__(self) -> None:
+    `in_place` (a store that never waits, `Store.never_waits`): a write is run to its end at once,
+    with no task (two per routed request, each a task creation and a loop step). Only such a
+    store's: a write that waits would run under the caller's task, where a timeout it sets would
+    cancel the caller."""
+
+    def __init__(self, in_place: bool = False) -> None:
+        self.in_place = in_place
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         try:
-            task = asyncio.get_running_loop().create_task(coro)
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # no running loop: nothing to schedule on
             coro.close()
             return
+        if not self.in_place:
+            task = loop.create_task(coro)
+        else:
+            try:
+                waiting = coro.send(None)
+            except StopIteration:
+                return
+            except Exception as exc:  # noqa: BLE001 - a failed write is logged, as a task's would be
+                log.warning("background store write failed: %s", exc)
+                return
+            task = loop.create_task(finish_driven((coro, waiting)))  # it waited after all
         self._tasks.add(task)
         task.add_done_callback(self._done)
 

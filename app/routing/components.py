@@ -19,7 +19,7 @@ from app.telemetry.metrics import Metrics
 def forget_removed(residency: ReplicaIndex) -> Callable[[list[Replica], list[str]], None]:
     """An endpoint source's `on_change`: removed replicas' residency is cleared (a pod that comes
     back under the same IP starts cold). Shared by DNS discovery and the EPP's pool watch."""
-    writes = BackgroundWrites()
+    writes = BackgroundWrites(in_place=residency.store.never_waits)
 
     def forget(_added: list[Replica], removed: list[str]) -> None:
         for name in removed:

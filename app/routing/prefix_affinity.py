@@ -92,7 +92,7 @@ class PrefixAffinityRouter(BaseRouter):
         self.residency = residency
         self.options = options or AffinityOptions()
         self._ring = RingCache()
-        self.writes = BackgroundWrites()
+        self.writes = BackgroundWrites(in_place=residency.store.never_waits)
         self.recent = RecentShares(residency.store)  # fleet-wide, through the Store
         self.sessions = SessionBindings(residency.store, self.writes, self.options.epsilon)  # routing.session_keys
 

@@ -224,7 +224,7 @@ class SessionRouter(BaseRouter):
         self._store = store
         self._epsilon = epsilon
         self._ring = RingCache()
-        self.writes = BackgroundWrites()
+        self.writes = BackgroundWrites(in_place=store.never_waits)
         self.active = ActiveSessions()
 
     async def choose(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> RouteDecision:

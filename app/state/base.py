@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 RESPONSE_OWNER_KEY = "response:"  # binding-key prefix of response owners (never a session/tenant key)
 LIFECYCLE = frozenset({"start", "close", "up"})  # the methods that are not the shared data
@@ -29,6 +30,10 @@ def response_owner_key(response_id: str) -> str:
 
 
 class Store(ABC):
+    # True when no method ever waits on I/O (the in-memory store): the routers' background writes
+    # are then done in place, with no task each (app/routing/background.py)
+    never_waits: ClassVar[bool] = False
+
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         problems = contract_problems(cls)

@@ -29,6 +29,8 @@ DEFAULT_MAX_BINDINGS = 100_000
 class MemoryStore(Store):
     """Store protocol (app/state/base.py) on plain dicts; every structure is bounded."""
 
+    never_waits = True
+
     def __init__(
         self,
         capacity_blocks: int = DEFAULT_CAPACITY_BLOCKS,
