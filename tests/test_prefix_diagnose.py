@@ -267,7 +267,7 @@ def test_probe_skip_finds_the_same_realignment(words: list[str], cut: float, cut
     prev = "".join(words)
     a = int(cut * len(prev))
     b = max(a, int(cut2 * len(prev)))
-    with mock.patch.object(realign, "PROBES_BEFORE_TAILS", tails_after):
+    with mock.patch.object(realign, "PROBES_BEFORE_FILTERS", tails_after):
         for cur in (prev[:a] + "".join(insert) + prev[a:], prev[:a] + prev[b:], prev[:a] + "".join(insert) + prev[b:]):
             d = min(a, len(cur) - 1)
             pd = max(0, min(len(prev), d + shift))
@@ -286,6 +286,30 @@ def test_a_run_whose_anchor_ends_at_the_bound_is_found() -> None:
     prev, cur = "zz " + static, "yy " + static
     assert find_realignment(prev, cur, 0, 40, 0, 27) == Realignment(3, 3, 100)
     assert find_realignment(prev, cur, 0, 40, 0, 26) is None  # the anchor would end past it
+
+
+@pytest.mark.parametrize("material", [64, 96])
+def test_a_run_of_exactly_material_on_a_long_line_is_found_wherever_it_lies(material: int) -> None:
+    # sampled pieces (a long line from a line start): a run no longer than `material`, at every
+    # offset from the sampling grid, and with its anchor ending at the bound or not
+    from unittest import mock
+
+    from app.prefix import realign
+
+    def unique(n: int, base: int) -> str:
+        return "".join(chr(base + i) for i in range(n))
+
+    run = unique(material, 0x4E00)
+    stride = material - realign.ANCHOR_CHARS + 1
+    with mock.patch.object(realign, "PROBES_BEFORE_FILTERS", 0):
+        for shift in range(stride + 2):
+            prev = unique(40 + shift, 0x3400) + run + unique(30, 0x0400)
+            cur = unique(20, 0xAC00) + "\n" + run + unique(30, 0x0600)
+            at = 40 + shift
+            for prev_end in (None, at + realign.ANCHOR_CHARS, at + realign.ANCHOR_CHARS - 1):
+                found = realign.find_realignment(prev, cur, 0, material, 0, prev_end)
+                assert found == _realignment_per_anchor(prev, cur, 0, material, 0, prev_end)
+                assert found == (None if prev_end == at + realign.ANCHOR_CHARS - 1 else realign.Realignment(at, 21, material))
 
 
 @settings(max_examples=300, deadline=None)

@@ -14,7 +14,7 @@ MAX_ANCHORS = 160
 NEAR_WINDOW = 512  # chars after the divergence where anchors are tried at every word start
 LINE_WINDOW = 65_536  # beyond that, only at line starts
 TAIL_CHARS = 12  # a line's last characters: what the line filter compares
-PROBES_BEFORE_TAILS = 4  # failed probes before the previous prompt's line tails are gathered
+PROBES_BEFORE_FILTERS = 4  # failed probes before the previous prompt's line tails or pieces are gathered
 
 
 @dataclass
@@ -60,17 +60,22 @@ def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None 
 
     A document with lines defeats that probe: a line is shorter than the reach of a probe, and the
     next anchor is the next line, so each line cost a scan (80 per request, ~38 ms for 1 MB). So,
-    after PROBES_BEFORE_TAILS failed probes, the last TAIL_CHARS characters of every line of
-    `prev` there are gathered once (a split and a set, at C speed). An anchor whose line ends
-    within `material` characters can only re-align if `prev` holds a line ending the same way (the
-    re-aligned run holds that line end, newline included), so an anchor whose line tail is not in
-    the set is skipped without a scan. The result is the same."""
+    after PROBES_BEFORE_FILTERS failed probes, one of two filters is gathered from `prev` once, at
+    C speed, and an anchor it rules out is skipped without a scan (the result is the same):
+    - line tails, for an anchor whose line ends within `material`: the re-aligned run holds that
+      line end, newline included, so `prev` holds a line ending the same way (`line_tails`);
+    - sampled pieces, for a longer line from a line start: the anchor-long pieces of `prev` every
+      `material - ANCHOR_CHARS + 1` characters. A run of `material` characters in `prev` holds one
+      of them whole, so one of the pieces at the anchor's first that-many offsets is among them
+      (`sampled_pieces`)."""
     p0 = d if pd is None else pd
     p1 = len(prev) if prev_end is None else min(len(prev), prev_end)
     reach = material - ANCHOR_CHARS  # how far ahead one probe rules anchors out
     ruled_out = -1  # anchors at or before this cannot re-align
     failed = 0  # probes that failed
     tails: set[str] | None = None  # line tails of prev where a run may lie, once probes keep failing
+    pieces: set[str] | None = None  # the same for longer lines: pieces of prev sampled every `stride`
+    stride = material - ANCHOR_CHARS + 1
     # an anchor closer than `material` to the end cannot re-align (`realign_at` wants that many
     # chars in common): on a short prompt most word starts are there
     for c in _anchors(cur, d + 1, len(cur) - material):
@@ -79,12 +84,17 @@ def find_realignment(prev: str, cur: str, d: int, material: int, pd: int | None 
         anchor = cur[c:c + ANCHOR_CHARS]
         if len(anchor) < min(ANCHOR_CHARS, material) or not anchor.strip():
             continue
-        if failed >= PROBES_BEFORE_TAILS:
+        if failed >= PROBES_BEFORE_FILTERS:
             end = cur.find("\n", c, c + material)
-            if end - c >= TAIL_CHARS:  # (one-line text never gets here: nothing to gather)
+            if end - c >= TAIL_CHARS:
                 if tails is None:
                     tails = line_tails(prev, p0, p1 + material)
                 if cur[end - TAIL_CHARS:end] not in tails:
+                    continue
+            elif stride > 0 and cur[c - 1] == "\n":  # (word starts: the probe rules them out ten at a time)
+                if pieces is None:
+                    pieces = sampled_pieces(prev, p0, p1, stride)
+                if pieces.isdisjoint([cur[i:i + ANCHOR_CHARS] for i in range(c, c + stride)]):
                     continue
         if reach > 0:
             probe = cur[c + reach:c + reach + ANCHOR_CHARS]
@@ -104,6 +114,14 @@ def line_tails(text: str, start: int, end: int) -> set[str]:
     every run of ≥ `material` characters found by a search from `start` to `end - material`
     holds its line ends, with their tails, inside that span."""
     return {line[-TAIL_CHARS:] for line in text[start:end].split("\n")}
+
+
+def sampled_pieces(text: str, start: int, end: int, stride: int) -> set[str]:
+    """The ANCHOR_CHARS-long pieces of `text` at `start`, `start + stride`, ...: a run of
+    `stride + ANCHOR_CHARS - 1` characters or more that starts at or after `start`, and before
+    `end - ANCHOR_CHARS` (where an anchor may start), holds one of them whole."""
+    last = min(end - ANCHOR_CHARS + stride, len(text) - ANCHOR_CHARS + 1)
+    return {text[m:m + ANCHOR_CHARS] for m in range(start, last, stride)}
 
 
 def realign_at(prev: str, cur: str, c: int, p0: int, material: int, p1: int | None = None) -> Realignment | None:
