@@ -9,7 +9,7 @@ every new head: both must cost what their window costs, not what the prompt's le
   request a break, nothing re-aligns) / on lines of ~80 characters with a question on its own
   line after it;
 - another document in the system prompt's template (retrieval: the context between the same
-  opening and closing lines, the same question);
+  opening and closing lines, the same question), on ~80-character lines and on 200-character ones;
 - a question put before the same document (`question_first`: it re-aligns);
 - a per-request clock in the system prompt, which is one line holding the document after it (the
   value changed near the divergence);
@@ -68,6 +68,9 @@ def main() -> int:
                                                                  sketch(sys_, page_b + "\nWho wrote it?")),
         "another document in the system prompt's context, 80-char lines": (
             sketch(context.format(page_a), "What is it about?"), sketch(context.format(page_b), "What is it about?")),
+        "another document in the system prompt's context, 200-char lines": (
+            sketch(context.format(lines(doc_a)), "What is it about?"),
+            sketch(context.format(lines(doc_b)), "What is it about?")),
         "a question before the same document": (sketch(sys_, doc_a), sketch(sys_, question + doc_a)),
         "a clock before a one-line document": (sketch(f"Time: 2026-04-14T09:31:07Z. {doc_a}", "Hi"),
                                                sketch(f"Time: 2026-04-14T09:32:55Z. {doc_a}", "Hi")),
