@@ -36,10 +36,15 @@ def shared_ends(a: Sequence[str], b: Sequence[str]) -> tuple[int, int]:
     """How many lines two texts' lines share at their start, then at their end (never overlapping):
     what lies between is what changed. Compared as slices (C speed): a long system prompt changed
     in one place costs no Python step per line it kept."""
-    n = min(len(a), len(b))
-    head = _agreeing(lambda lo, hi: a[lo:hi] == b[lo:hi], n)
-    tail = _agreeing(lambda lo, hi: a[len(a) - hi:len(a) - lo] == b[len(b) - hi:len(b) - lo], n - head)
+    head = shared_head(a, b)
+    tail = _agreeing(lambda lo, hi: a[len(a) - hi:len(a) - lo] == b[len(b) - hi:len(b) - lo],
+                     min(len(a), len(b)) - head)
     return head, tail
+
+
+def shared_head(a: Sequence[str], b: Sequence[str]) -> int:
+    """How many items two lists share at their start, compared as slices (C speed)."""
+    return _agreeing(lambda lo, hi: a[lo:hi] == b[lo:hi], min(len(a), len(b)))
 
 
 def _agreeing(same: Callable[[int, int], bool], n: int) -> int:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 
 from app.prefix.sketch import Region, RequestSketch
-from app.prefix.strings import common_prefix_len, shared_ends, suffix_opening
+from app.prefix.strings import common_prefix_len, shared_ends, shared_head, suffix_opening
 
 SUMMARY_MIN_CHARS = 64  # the lines that stand in for the dropped ones hold this much text at least
 MAX_SUMMARY_LINES = 3  # ... on at most this many lines
@@ -65,10 +65,9 @@ def summary_replaced(p: Sequence[str], c: Sequence[str], texts: Sequence[str] | 
     conversation went on: a question put before the same pasted lines is no compaction); or a
     summary of the whole transcript (`_summary_of_all`). `texts`: the text of `c`'s lines, when `c`
     holds their keys."""
-    shared = 0
-    while shared < min(len(p), len(c)) and p[shared] == c[shared]:
-        shared += 1
-    rest_p, rest_c = list(p[shared:-1]), list(c[shared:])
+    p, c = list(p), list(c)
+    shared = shared_head(p, c)
+    rest_p, rest_c = p[shared:-1], c[shared:]
     j = _kept_after_summary(rest_p, rest_c)
     if j is not None:
         return shared, shared + j
