@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -30,7 +30,12 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any] | None) -> None:
 def drive(call: Callable[[Any], Any], message: Any) -> Any:
     """Run `call(message)` (an ASGI send) to completion now when it does not wait; returns None
     then, else the still-running coroutine and what it waits on, for `finish_driven`."""
-    coro = call(message)
+    return step(call(message))
+
+
+def step(coro: Coroutine[Any, Any, Any]) -> tuple[Any, Any] | None:
+    """Run `coro` until it first waits: None when it finished, else it and what it waits on, for
+    `finish_driven`. Its exception, if it raises, propagates."""
     try:
         waiting = coro.send(None)
     except StopIteration:

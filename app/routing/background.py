@@ -7,7 +7,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from app.tasks import finish_driven
+from app.tasks import finish_driven, step
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,13 @@ class BackgroundWrites:
             task = loop.create_task(coro)
         else:
             try:
-                waiting = coro.send(None)
-            except StopIteration:
-                return
+                pending = step(coro)
             except Exception as exc:  # noqa: BLE001 - a failed write is logged, as a task's would be
                 log.warning("background store write failed: %s", exc)
                 return
-            task = loop.create_task(finish_driven((coro, waiting)))  # it waited after all
+            if pending is None:
+                return
+            task = loop.create_task(finish_driven(pending))  # it waited after all
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
