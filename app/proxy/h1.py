@@ -222,14 +222,19 @@ class _Conn(asyncio.Protocol):
         self._parts: list[bytes] = []  # body pieces parsed from the current read
 
     # ---------------------------------------------------------------- exchange
-    def send(self, data: bytes) -> asyncio.Future[H1Response]:
+    def send(self, head: bytes, body: bytes) -> asyncio.Future[H1Response]:
+        """Write one request: its head and body as two buffers of one write (uvloop's writev), so
+        a 1 MB body is not copied behind its head first."""
         loop = self.pool.loop
         self.headers = []
         self.resp = None
         self.complete = False
         self.head = loop.create_future()
         assert self.transport is not None
-        self.transport.write(data)
+        if body:
+            self.transport.writelines((head, body))
+        else:
+            self.transport.write(head)
         self.last_read = loop.time()
         self._arm()
         return self.head
@@ -382,7 +387,7 @@ class H1Pool:
         conn = self._take(target) or await self._connect(target)
         self.acquired.add(conn)
         try:
-            head = conn.send(request_head(method, target, url.raw_path_qs, headers, len(body)) + body)
+            head = conn.send(request_head(method, target, url.raw_path_qs, headers, len(body)), body)
             return await head
         except BaseException:
             conn.done(reusable=False)
