@@ -73,10 +73,10 @@ def test_split_finds_specials_after_many_lone_first_characters() -> None:
 
 
 def test_memo_is_bounded_lru() -> None:
-    memo = TokenMemo(max_bytes=400)
+    memo = TokenMemo(max_bytes=1000)
     for i in range(20):
         memo.put(f"seg{i}", array("I", [i] * 10))
-    assert memo.bytes <= 400
+    assert memo.bytes <= 1000
     assert memo.get("seg0") is None  # evicted
     assert memo.get("seg19") == array("I", [19] * 10)
     assert memo.evictions > 0

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.prefix.blocks import proxy_chain_packed, proxy_digest
+from app.prefix.segment_key import Key, same_segment, segment_key
 
 POLITE_BLOCKS = 512  # blocks hashed between two GIL releases in a worker thread (~0.6 ms)
 POLITE_PAUSE_S = 0.0001
@@ -28,8 +29,9 @@ ROOTS_CAP = 4096  # (salt, block size) roots kept; one per tenant salt in isolat
 # Bytes one memo entry really holds besides its segment text and hashes, measured with
 # sys.getsizeof on CPython 3.11: the node (slots object, 104 B + 16 B GC header), its key tuple
 # (56 + 16 B) and key int (28 B), the tail array (80 B + 4 a token), the hashes array's header
-# (80 B), the OrderedDict's slot and link (~100 B).
-NODE_OVERHEAD_BYTES = 480
+# (80 B), the OrderedDict's slot and link (~100 B), the (segment, node) tuple (56 + 16 B) and a
+# long segment's bytes key (57 B; counted for every entry, an upper bound).
+NODE_OVERHEAD_BYTES = 610
 HASH_BYTES = 8  # a block hash in the node's packed array('Q')
 
 
@@ -117,7 +119,8 @@ class ChainMemo:
         self.max_bytes = max_bytes
         self.bytes = 0
         self.evictions = 0
-        self._data: OrderedDict[tuple[int, str], ChainNode] = OrderedDict()
+        # (parent node key, segment_key) -> (segment, node): the segment confirms a hit (same_segment)
+        self._data: OrderedDict[tuple[int, Key], tuple[str, ChainNode]] = OrderedDict()
         self._roots: OrderedDict[tuple[str | None, int], ChainNode] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -137,30 +140,37 @@ class ChainMemo:
             return node
 
     def get(self, parent: ChainNode, segment: str) -> ChainNode | None:
-        key = (parent.key, segment)
+        key = (parent.key, segment_key(segment))
         with self._lock:
-            node = self._data.get(key)
-            if node is not None:
-                self._data.move_to_end(key)
-            return node
+            entry = self._data.get(key)
+            if entry is None or not same_segment(entry[0], segment):
+                return None
+            self._data.move_to_end(key)
+            return entry[1]
 
     def discard(self, parent: ChainNode, segment: str) -> None:
+        key = (parent.key, segment_key(segment))
         with self._lock:
-            node = self._data.pop((parent.key, segment), None)
-            if node is not None:
-                self.bytes -= node_bytes(segment, node)
+            entry = self._data.get(key)
+            if entry is not None and same_segment(entry[0], segment):
+                del self._data[key]
+                self.bytes -= node_bytes(*entry)
 
     def put(self, parent: ChainNode, segment: str, node: ChainNode) -> None:
         cost = node_bytes(segment, node)
         if cost > self.max_bytes:
             return
+        key = (parent.key, segment_key(segment))
         with self._lock:
-            key = (parent.key, segment)
-            if key in self._data:
-                return
-            self._data[key] = node
+            entry = self._data.get(key)
+            if entry is not None:
+                if same_segment(entry[0], segment):
+                    return
+                del self._data[key]  # another segment under the same key: replaced
+                self.bytes -= node_bytes(*entry)
+            self._data[key] = (segment, node)
             self.bytes += cost
             while self.bytes > self.max_bytes and self._data:
-                (_, seg), old = self._data.popitem(last=False)
-                self.bytes -= node_bytes(seg, old)
+                _, old = self._data.popitem(last=False)
+                self.bytes -= node_bytes(*old)
                 self.evictions += 1

@@ -44,6 +44,7 @@ from app.prefix.fast_bpe import FastBPE
 from app.prefix.fast_bpe import build as build_fast_bpe
 from app.prefix.pool import ColdPool, encode_texts
 from app.prefix.resplit import Kept, SplitMemo
+from app.prefix.segment_key import Key, remember, same_segment, segment_key
 from app.prefix.strings import common_prefix_len
 from app.prefix.template import ChatTemplate, load_chat_template
 
@@ -175,11 +176,14 @@ class SegmentSplitter:
 
 
 # What one memo entry holds besides its text and ids (CPython 3.11, sys.getsizeof): the array
-# header (80 B) and the OrderedDict's slot and link (~100 B).
-MEMO_ENTRY_OVERHEAD_BYTES = 180
+# header (80 B), the OrderedDict's slot and link (~100 B), the (segment, ids) tuple (56 + 16 B)
+# and a long segment's bytes key (57 B; counted for every entry, an upper bound).
+MEMO_ENTRY_OVERHEAD_BYTES = 310
 
 
-HEAD_ENTRY_BYTES = 120  # a head-index slot: list slot + dict slot share (the head string is counted)
+# a head-index slot: list slot, its (segment, key) tuple (56 + 16 B), dict slot share (the head
+# string is counted)
+HEAD_ENTRY_BYTES = 192
 
 
 def memo_entry_bytes(segment: str, ids: Ids, cuts: Cuts | None = None) -> int:
@@ -195,8 +199,9 @@ def memo_entry_bytes(segment: str, ids: Ids, cuts: Cuts | None = None) -> int:
 class TokenMemo:
     """LRU segment -> ids, bounded in the bytes its entries hold (memo_entry_bytes). Thread-safe.
 
-    Long segments stored with their `Cuts` are also indexed by head (their first HEAD_CHARS chars),
-    so `candidates` finds the memoised segments a new one may share a long prefix with."""
+    Entries are filed under `segment_key` and keep their segment, which confirms a hit. Long
+    segments stored with their `Cuts` are also indexed by head (their first HEAD_CHARS chars), so
+    `candidates` finds the memoised segments a new one may share a long prefix with."""
 
     def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
         self.max_bytes = max_bytes
@@ -205,27 +210,34 @@ class TokenMemo:
         self.misses = 0
         self.evictions = 0
         self.reuses = 0  # misses served from a memoised prefix (only the tail encoded)
-        self._data: OrderedDict[str, Ids] = OrderedDict()
-        self._cuts: dict[str, Cuts] = {}
-        self._heads: dict[str, list[str]] = {}
+        self._data: OrderedDict[Key, tuple[str, Ids]] = OrderedDict()
+        self._cuts: dict[Key, Cuts] = {}
+        self._heads: dict[str, list[tuple[str, Key]]] = {}  # head -> (segment, key), oldest first
         self._lock = threading.Lock()
 
-    def _cost(self, segment: str, ids: Ids) -> int:
-        return memo_entry_bytes(segment, ids, self._cuts.get(segment))
+    def _find(self, segment: str) -> tuple[Key, Ids | None]:
+        key = segment_key(segment)
+        entry = self._data.get(key)
+        return key, (entry[1] if entry is not None and same_segment(entry[0], segment) else None)
 
-    def _unindex(self, segment: str) -> None:
-        if self._cuts.pop(segment, None) is None:
+    def _drop(self, key: Key) -> None:
+        """Forget the entry under `key` (held): its bytes and its head-index slot."""
+        segment, ids = self._data.pop(key)
+        cuts = self._cuts.pop(key, None)
+        self.bytes -= memo_entry_bytes(segment, ids, cuts)
+        if cuts is None:
             return
         head = segment[:HEAD_CHARS]
         group = self._heads.get(head)
         if group is not None:
-            group[:] = [s for s in group if s is not segment and s != segment]
+            group[:] = [(s, k) for s, k in group if k != key]
             if not group:
                 del self._heads[head]
 
     def cuts(self, segment: str) -> Cuts | None:
         with self._lock:
-            return self._cuts.get(segment)
+            key, ids = self._find(segment)
+            return self._cuts.get(key) if ids is not None else None
 
     def candidates(self, segment: str) -> list[tuple[str, Ids, Cuts]]:
         """Memoised long segments with the same head as `segment`, most recent first."""
@@ -233,15 +245,18 @@ class TokenMemo:
             group = self._heads.get(segment[:HEAD_CHARS])
             if not group:
                 return []
-            return [(s, self._data[s], self._cuts[s]) for s in reversed(group) if s in self._data]
+            found = [(s, k) for s, k in reversed(group) if k in self._data]
+            for s, k in reversed(found):  # the walk asks for a reused segment's key again
+                remember(s, k)
+            return [(s, self._data[k][1], self._cuts[k]) for s, k in found]
 
     def get(self, segment: str) -> Ids | None:
         with self._lock:
-            ids = self._data.get(segment)
+            key, ids = self._find(segment)
             if ids is None:
                 self.misses += 1
                 return None
-            self._data.move_to_end(segment)
+            self._data.move_to_end(key)
             self.hits += 1
             return ids
 
@@ -249,38 +264,37 @@ class TokenMemo:
         cost = memo_entry_bytes(segment, ids, cuts)
         if cost > self.max_bytes:
             return
+        key = segment_key(segment)
         with self._lock:
-            old = self._data.pop(segment, None)
-            if old is not None:
-                self.bytes -= self._cost(segment, old)
-                self._unindex(segment)
-            self._data[segment] = ids
+            if key in self._data:  # this segment again, or another under its key: replaced
+                self._drop(key)
+            self._data[key] = (segment, ids)
             if cuts is not None:
-                self._cuts[segment] = cuts
+                self._cuts[key] = cuts
                 group = self._heads.setdefault(segment[:HEAD_CHARS], [])
-                group.append(segment)
+                group.append((segment, key))
                 if len(group) > HEAD_CANDIDATES:
                     del group[0]  # still memoised, just no longer a reuse candidate
             self.bytes += cost
             while self.bytes > self.max_bytes and self._data:
-                key, value = self._data.popitem(last=False)
-                self.bytes -= self._cost(key, value)
-                self._unindex(key)
+                self._drop(next(iter(self._data)))
                 self.evictions += 1
 
     def discard(self, segment: str) -> None:
         """Drop `segment` (superseded: a newer segment holds all but its last stride)."""
         with self._lock:
-            ids = self._data.pop(segment, None)
+            key, ids = self._find(segment)
             if ids is not None:
-                self.bytes -= self._cost(segment, ids)
-                self._unindex(segment)
+                self._drop(key)
 
     def __len__(self) -> int:
         return len(self._data)
 
     def __contains__(self, segment: object) -> bool:
-        return segment in self._data
+        if not isinstance(segment, str):
+            return False
+        with self._lock:
+            return self._find(segment)[1] is not None
 
 
 class SegmentTokenizer:
@@ -305,6 +319,7 @@ class SegmentTokenizer:
             tid = tokenizer.token_to_id(s)
             if tid is not None:
                 self._special_ids[s] = tid
+        self._special_chars = max(map(len, self._special_ids), default=0)
         self.fast: FastBPE | None = None  # set below, once the tokenizer's own encodes verified the rest
         self.segmented = verify_segmentation(self)
         self.incremental = self.segmented and not _added_tokens_span_cuts(tokenizer, self.splitter) \
@@ -338,9 +353,14 @@ class SegmentTokenizer:
         if self.cold is not None:
             self.cold.close()
 
+    def special_id(self, segment: str) -> int | None:
+        """The id of a special token segment. A longer segment is not looked up: a dict hashes a
+        str whole (SipHash, ~0.2 ms a MB), and the memos key long segments without that."""
+        return self._special_ids.get(segment) if len(segment) <= self._special_chars else None
+
     def known(self, segment: str) -> bool:
         """Whether the ids of `segment` are at hand without encoding (no LRU touch, no count)."""
-        return segment in self._special_ids or segment in self.memo
+        return self.special_id(segment) is not None or segment in self.memo
 
     def new_chars(self, segments: Sequence[str]) -> int:
         """Characters `encode_segments` would tokenise: unknown segments past their reusable head."""
@@ -380,7 +400,7 @@ class SegmentTokenizer:
 
     def lookup(self, segment: str) -> Ids | None:
         """Known ids of a segment without encoding (specials are always known)."""
-        tid = self._special_ids.get(segment)
+        tid = self.special_id(segment)
         if tid is not None:
             return array("I", (tid,))
         return self.memo.get(segment)
@@ -497,11 +517,11 @@ class SegmentTokenizer:
     def encode_text(self, text: str) -> Ids:
         """Ids of free text (generated output) without touching the memo: such text is unique."""
         segments = self.split(text)
-        misses = [s for s in segments if s not in self._special_ids]
+        specials = [self.special_id(s) for s in segments]
+        misses = [s for s, tid in zip(segments, specials, strict=True) if tid is None]
         encoded = iter(self.encode_many(misses) if misses else [])
         out = array("I")
-        for segment in segments:
-            tid = self._special_ids.get(segment)
+        for tid in specials:
             if tid is not None:
                 out.append(tid)
             else:
@@ -563,7 +583,7 @@ def concat_matches(st: SegmentTokenizer, text: str) -> bool:
     """True when encoding the segments of `text` one by one equals encoding it whole."""
     joined = array("I")
     for segment in st.splitter.split(text):
-        tid = st._special_ids.get(segment)
+        tid = st.special_id(segment)
         joined.extend(array("I", (tid,)) if tid is not None else st.encode(segment))
     return joined == st.encode(text)
 
