@@ -231,6 +231,50 @@ def test_a_read_that_coalesced_content_events_counts_each_with_zero_gaps() -> No
     assert obs.clock.gaps == [1.0, 0.0, 0.0]
 
 
+def test_a_read_holding_the_whole_answer_is_parsed_only_up_to_its_first_token(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine (or a busy loop) that hands the whole answer over in one read: the events after
+    the first generated token take the byte scans, as later reads do, not the full parser."""
+    from app.proxy.openai_shape import OpenAIShape
+
+    classified: list[bytes] = []
+    real = OpenAIShape.classify
+    monkeypatch.setattr(OpenAIShape, "classify", lambda self, data, event=None: (
+        classified.append(data), real(self, data, event))[1])
+    events = chat_stream(["a", "b", "c", "d"])
+    obs, out, _ = observe([b"".join(events)], drop_usage=True)
+    assert classified == [events[1][len(b"data: "):-2]]  # "a" (the role chunk is told empty by its bytes)
+    assert out == b"".join(events[:-2] + events[-1:])
+    assert obs.fast and obs.output_text == "abcd" and obs.usage == USAGE and obs.done
+    assert obs.clock.content_chunks == 4 and obs.clock.gaps == [0.0, 0.0, 0.0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts, st.lists(st.integers(1, 4), max_size=8), st.booleans(), st.booleans(), st.booleans())
+def test_any_grouping_of_whole_events_forwards_and_observes_the_same(
+        words: list[str], groups: list[int], drop_usage: bool, comment: bool, blank: bool) -> None:
+    """Reads that coalesced whole events (the case the event-by-event cut serves), with a comment
+    and a stray blank line among them: the bytes and the observation of the full parser."""
+    events = chat_stream(words)
+    if comment:
+        events.insert(1, b": ping\n\n")
+    if blank:
+        events.insert(2, b"\n")
+    stream = b"".join(events)
+    parts, i = [], 0
+    for g in [*groups, len(events)]:
+        if i < len(events):
+            parts.append(b"".join(events[i:i + g]))
+            i += g
+    obs, out, _ = observe(parts, drop_usage)
+    usage = ev({**BASE, "choices": [], "usage": USAGE})
+    assert out == (stream.replace(usage, b"") if drop_usage else stream)
+    assert (obs.output_text, obs.usage, obs.done, obs.error) == reference(stream)
+    generated = [w for w in words if w]
+    assert obs.clock.content_chunks == len(generated)
+    assert len(obs.clock.gaps) == max(0, len(generated) - 1)
+
+
 def test_summary_reads_usage_when_it_opens_a_batch() -> None:
     """After the first content read, the next retained bytes may start with the usage event
     itself (short answers, time_scale 0): it must still be found (seen as a flaky missing

@@ -68,7 +68,7 @@ class StreamObserver:
         """Observe one upstream read (arrived at `now`); returns the whole events to send."""
         framer = self.framer
         if framer is None:
-            return self._feed_parsed(data, now)
+            return self._feed_until_fast(data, now)
         if not framer.held and framer.plain and data.endswith(b"\n\n"):
             events = data  # the usual read: whole events whatever the line ends (WholeEvents.push, inlined)
         else:
@@ -103,6 +103,26 @@ class StreamObserver:
             raws = events.split(b"\n\n")
         raws = [raw for raw in raws if raw]
         return sum(1 for raw in raws if shape.carries_generated(raw)), len(raws)
+
+    def _feed_until_fast(self, data: bytes, now: float) -> bytes:
+        """A read before the first generated token. A `\n`-framed read that coalesced events (an
+        engine, or a busy loop, that wrote the whole answer at once) is parsed event by event up to
+        the first generated token; the events after it take the byte scans: parsing all of them
+        cost ~0.15 ms for a 32-token answer read at once. (The parser takes reads cut anywhere:
+        cutting one at its blank lines changes no event it sees.)"""
+        if not self.shape.byte_scans or self.saw_cr or b"\r" in data:
+            return self._feed_parsed(data, now)
+        sent: list[bytes] = []
+        start = 0
+        while self.framer is None:
+            end = data.find(b"\n\n", start) + 2
+            if end < 2 or end == len(data) or self.clock.timings.first_token is not None:
+                sent.append(self._feed_parsed(data[start:] if start else data, now))  # the rest at once
+                return b"".join(sent)
+            sent.append(self._feed_parsed(data[start:end], now))  # one whole event (and blank lines)
+            start = end
+        sent.append(self.feed(data[start:], now))
+        return b"".join(sent)
 
     def _feed_parsed(self, data: bytes, now: float) -> bytes:
         if not self.saw_cr and b"\r" in data:
