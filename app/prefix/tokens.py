@@ -245,7 +245,7 @@ class TokenMemo:
             group = self._heads.get(segment[:HEAD_CHARS])
             if not group:
                 return []
-            found = [(s, k) for s, k in reversed(group) if k in self._data]
+            found = [(s, k) for s, k in reversed(group) if k in self._data and self._data[k][0] is s]
             for s, k in reversed(found):  # the walk asks for a reused segment's key again
                 remember(s, k)
             return [(s, self._data[k][1], self._cuts[k]) for s, k in found]
