@@ -66,9 +66,14 @@ class StreamObserver:
 
     def feed(self, data: bytes, now: float) -> bytes:
         """Observe one upstream read (arrived at `now`); returns the whole events to send."""
-        framer = self.framer
-        if framer is None:
+        if self.framer is None:
             return self._feed_until_fast(data, now)
+        return self._feed_fast(data, now)
+
+    def _feed_fast(self, data: bytes, now: float) -> bytes:
+        """A read past the first generated token of a byte-scannable stream."""
+        framer = self.framer
+        assert framer is not None
         if not framer.held and framer.plain and data.endswith(b"\n\n"):
             events = data  # the usual read: whole events whatever the line ends (WholeEvents.push, inlined)
         else:
@@ -121,7 +126,7 @@ class StreamObserver:
                 return b"".join(sent)
             sent.append(self._feed_parsed(data[start:end], now))  # one whole event (and blank lines)
             start = end
-        sent.append(self.feed(data[start:], now))
+        sent.append(self._feed_fast(data[start:], now))  # not `feed`: a subclass's feed sees the read once
         return b"".join(sent)
 
     def _feed_parsed(self, data: bytes, now: float) -> bytes:
