@@ -15,8 +15,8 @@ APP = pathlib.Path(__file__).resolve().parent.parent / "app"
 # Layers, lowest first (docs/pipeline.md, "Layers"). A module belongs to the longest prefix listed;
 # it may import its own layer and the ones below. Cycles are refused inside a layer too.
 LAYERS: list[tuple[str, ...]] = [
-    # 0 foundation: settings, metrics, the one error type, task and server helpers
-    ("app", "app.config", "app.errors", "app.tasks", "app.telemetry", "app.serving", "app.assets"),
+    # 0 foundation: settings, metrics, the one error type, task, thread and server helpers
+    ("app", "app.config", "app.errors", "app.tasks", "app.offloop", "app.telemetry", "app.serving", "app.assets"),
     # 1 pure cores: prompt -> blocks, hygiene findings and rewrites (no I/O of the request path)
     ("app.prefix", "app.hygiene"),
     # 2 state: the Store protocol and its implementations

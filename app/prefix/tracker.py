@@ -21,7 +21,6 @@ it diagnoses it against the same request (docs/diagnosis.md); /hygiene reads onl
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
@@ -30,11 +29,11 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from app.offloop import OffLoop
 from app.prefix.bill import BreakBill, recomputed_blocks
 from app.prefix.breakview import break_view
 from app.prefix.conversation import TenantPast, continues, last_turn_key, system_key, turn_keys
@@ -184,7 +183,7 @@ class TenantTracker:
         self._runs = 0  # runs of every tenant's tree
         self._keys = 0  # entries of every tenant's turns, systems and prompts
         self._text_bytes = 0
-        self._diagnose_pool: ThreadPoolExecutor | None = None
+        self._diagnose_thread = OffLoop("prefixgate-diagnose")
         self._diagnosing = 0  # diagnoses queued or running (DIAGNOSE_QUEUE)
         self.diagnoses = 0  # diagnoses run
         self.diagnoses_skipped = 0  # breaks recorded undiagnosed: the queue was full
@@ -330,12 +329,10 @@ class TenantTracker:
             if self._diagnosing >= DIAGNOSE_QUEUE:
                 self.diagnoses_skipped += 1
                 return None
-            if self._diagnose_pool is None:
-                self._diagnose_pool = ThreadPoolExecutor(1, thread_name_prefix="prefixgate-diagnose")
             self._diagnosing += 1
             try:
-                return await asyncio.get_running_loop().run_in_executor(
-                    self._diagnose_pool, self._diagnose_and_describe, call, sketch, matched, block_size, prev)
+                return await self._diagnose_thread.run(
+                    self._diagnose_and_describe, call, sketch, matched, block_size, prev)
             finally:
                 self._diagnosing -= 1
         except Exception as exc:  # noqa: BLE001 - a diagnosis bug must not lose the request's record
