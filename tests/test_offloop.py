@@ -10,6 +10,22 @@ import pytest
 from app.offloop import OffLoop
 
 
+class _Slow:
+    """A call that runs until released (at most 5 s)."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self) -> str:
+        self.started.set()
+        self.release.wait(5)
+        return "late"
+
+    async def running(self) -> None:
+        while not self.started.is_set():
+            await asyncio.sleep(0.001)
+
+
 def test_results_and_exceptions_come_back_in_order_from_one_named_thread() -> None:
     worker = OffLoop("test-offloop")
     ran: list[tuple[int, str]] = []
@@ -34,24 +50,18 @@ def test_results_and_exceptions_come_back_in_order_from_one_named_thread() -> No
 
 def test_a_cancelled_caller_gets_nothing_and_the_next_call_is_served() -> None:
     worker = OffLoop("test-offloop-cancel")
-    started, release = threading.Event(), threading.Event()
-
-    def slow() -> str:
-        started.set()
-        release.wait(5)
-        return "late"
+    slow = _Slow()
 
     errors: list[dict] = []
 
     async def main() -> str:
         asyncio.get_running_loop().set_exception_handler(lambda _loop, context: errors.append(context))
         task = asyncio.ensure_future(worker.run(slow))
-        while not started.is_set():
-            await asyncio.sleep(0.001)
+        await slow.running()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        release.set()
+        slow.release.set()
         return await worker.run(lambda: "next")  # queued behind the cancelled one, still served
 
     assert asyncio.run(main()) == "next"
@@ -61,20 +71,14 @@ def test_a_cancelled_caller_gets_nothing_and_the_next_call_is_served() -> None:
 
 def test_a_call_that_ends_after_its_loop_closed_leaves_the_thread_serving() -> None:
     worker = OffLoop("test-offloop-closed")
-    started, release = threading.Event(), threading.Event()
-
-    def slow() -> str:
-        started.set()
-        release.wait(5)
-        return "late"
+    slow = _Slow()
 
     async def abandon() -> None:
         asyncio.ensure_future(worker.run(slow))  # left pending: asyncio.run cancels it, then closes
-        while not started.is_set():
-            await asyncio.sleep(0.001)
+        await slow.running()
 
     asyncio.run(abandon())
-    release.set()  # the result has no loop to go to
+    slow.release.set()  # the result has no loop to go to
 
     async def again() -> int:
         return await asyncio.wait_for(worker.run(lambda: 7), 5)  # a dead thread would never answer
