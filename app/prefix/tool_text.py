@@ -214,10 +214,12 @@ def tool_change(prev: RequestSketch, cur: RequestSketch) -> tuple[bool, bool, st
     return False, set_changed, "tools added, removed or edited"
 
 
-def lines_permuted(prev_text: str, cur_text: str) -> tuple[bool, bool]:
+def lines_permuted(prev_text: str, cur_text: str,
+                   lines: tuple[list[str], list[str]] | None = None) -> tuple[bool, bool]:
     """(permuted, tool-like): the lines that differ between two system prompts are the same lines
-    in another order; tool-like when they read as tool entries (`- name(args): ...`, <tool ...>)."""
-    p, c = prev_text.splitlines(), cur_text.splitlines()
+    in another order; tool-like when they read as tool entries (`- name(args): ...`, <tool ...>).
+    `lines`: the two texts' `splitlines()`, when the caller has them (read, never changed)."""
+    p, c = lines if lines is not None else (prev_text.splitlines(), cur_text.splitlines())
     i, s = shared_ends(p, c)
     pw, cw = p[i:len(p) - s], c[i:len(c) - s]
     if len(pw) < 2 or pw == cw or len(pw) != len(cw):  # each reading below moves lines: as many on both sides

@@ -181,6 +181,8 @@ def system_transcript(prev: RequestSketch, cur: RequestSketch) -> str | None:
     if asked is None or asked.end - asked.start < 2 or prev.regions[-1] is not asked:
         return None
     question = prev.text[asked.start:asked.end].strip()
+    if question not in cur.system_text:  # no line can hold it: one scan, before splitting 1 MB twice
+        return None
     p, c = prev.system_text.split("\n"), cur.system_text.split("\n")
     head, tail = shared_ends(p, c)
     if tail == 0:
