@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.prefix.blocks import proxy_chain_packed, proxy_digest
-from app.prefix.segment_key import Key, same_segment, segment_key
+from app.prefix.segment_key import Key, held, same_segment, segment_key
 
 POLITE_BLOCKS = 512  # blocks hashed between two GIL releases in a worker thread (~0.6 ms)
 POLITE_PAUSE_S = 0.0001
@@ -142,19 +142,18 @@ class ChainMemo:
     def get(self, parent: ChainNode, segment: str) -> ChainNode | None:
         key = (parent.key, segment_key(segment))
         with self._lock:
-            entry = self._data.get(key)
-            if entry is None or not same_segment(entry[0], segment):
-                return None
-            self._data.move_to_end(key)
-            return entry[1]
+            node = held(self._data.get(key), segment)
+            if node is not None:
+                self._data.move_to_end(key)
+            return node
 
     def discard(self, parent: ChainNode, segment: str) -> None:
         key = (parent.key, segment_key(segment))
         with self._lock:
-            entry = self._data.get(key)
-            if entry is not None and same_segment(entry[0], segment):
+            node = held(self._data.get(key), segment)
+            if node is not None:
                 del self._data[key]
-                self.bytes -= node_bytes(*entry)
+                self.bytes -= node_bytes(segment, node)
 
     def put(self, parent: ChainNode, segment: str, node: ChainNode) -> None:
         cost = node_bytes(segment, node)

@@ -11,6 +11,7 @@ memo keeps the segment with its entry and compares it on a hit, so two segments 
 from __future__ import annotations
 
 import threading
+from typing import TypeVar
 
 import xxhash
 
@@ -18,6 +19,7 @@ LONG_SEGMENT_CHARS = 4096  # shorter segments are their own key (hashing them co
 RECENT_KEYS = 8  # long segments whose keys are kept, by identity: one walk asks for a key ~7 times
 
 Key = str | bytes
+V = TypeVar("V")
 
 _recent: list[tuple[str, bytes]] = []
 _lock = threading.Lock()
@@ -48,6 +50,12 @@ def remember(segment: str, key: Key) -> None:
         with _lock:
             _recent.insert(0, (segment, key))
             del _recent[RECENT_KEYS:]
+
+
+def held(entry: tuple[str, V] | None, segment: str) -> V | None:
+    """The value of a memo's (segment, value) entry, found under `segment`'s key, when it is
+    `segment`'s own; None when absent or another segment's."""
+    return entry[1] if entry is not None and same_segment(entry[0], segment) else None
 
 
 def same_segment(kept: str, segment: str) -> bool:

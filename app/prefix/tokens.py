@@ -44,7 +44,7 @@ from app.prefix.fast_bpe import FastBPE
 from app.prefix.fast_bpe import build as build_fast_bpe
 from app.prefix.pool import ColdPool, encode_texts
 from app.prefix.resplit import Kept, SplitMemo
-from app.prefix.segment_key import Key, remember, same_segment, segment_key
+from app.prefix.segment_key import Key, held, remember, segment_key
 from app.prefix.strings import common_prefix_len
 from app.prefix.template import ChatTemplate, load_chat_template
 
@@ -217,8 +217,7 @@ class TokenMemo:
 
     def _find(self, segment: str) -> tuple[Key, Ids | None]:
         key = segment_key(segment)
-        entry = self._data.get(key)
-        return key, (entry[1] if entry is not None and same_segment(entry[0], segment) else None)
+        return key, held(self._data.get(key), segment)
 
     def _drop(self, key: Key) -> None:
         """Forget the entry under `key` (held): its bytes and its head-index slot."""
