@@ -94,6 +94,11 @@ class Diagnosis:
         return self.cause is not None and self.cause not in NOT_A_PROBLEM
 
 
+def _first_text(sk: RequestSketch) -> str:
+    """What tells one agent's prompt from another's: its system text, or its first 4 KB."""
+    return sk.system_text if sk.system_text is not None else sk.text[:4096]
+
+
 def _similar(a: list[str], b: list[str]) -> float:
     """Share of the non-blank lines `a` also in `b` (0..1), both a text's `splitlines()`; cheap
     similarity for edited vs replaced."""
@@ -114,11 +119,11 @@ class _Pair:
     _system_lines: tuple[list[str], list[str]] | None = None
 
     def system_lines(self) -> tuple[list[str], list[str]]:
-        """Both system texts' `splitlines()`, split once: the reordering check and the similarity
-        of a new conversation both read them (a 1 MB context: ~0.7 ms a split)."""
+        """Both prompts' `_first_text` as `splitlines()`, split once: the reordering check (which
+        reads two system texts) and the similarity of a new conversation both read them (a 1 MB
+        context: ~0.7 ms a split)."""
         if self._system_lines is None:
-            self._system_lines = ((self.prev.system_text or "").splitlines(),
-                                  (self.cur.system_text or "").splitlines())
+            self._system_lines = (_first_text(self.prev).splitlines(), _first_text(self.cur).splitlines())
         return self._system_lines
 
     def loses(self, pd: int, cd: int) -> tuple[bool, Realignment | None]:
@@ -206,17 +211,12 @@ class _Pair:
                 return None
             skey = system_key(cur)
             known_agent = skey is not None and skey in self.past.systems and cur.system_text != prev.system_text
-            first_prev = prev.system_text if prev.system_text is not None else prev.text[:4096]
-            first_cur = cur.system_text if cur.system_text is not None else cur.text[:4096]
-            shared = common_prefix_len(first_cur or "", first_prev or "")
+            first_prev, first_cur = _first_text(prev), _first_text(cur)
+            shared = common_prefix_len(first_cur, first_prev)
             lines_prev, lines_cur = self.system_lines()
-            if prev.system_text is None:
-                lines_prev = first_prev.splitlines()
-            if cur.system_text is None:
-                lines_cur = first_cur.splitlines()
             # less than half the lines shared, and at the start less than 64 characters or than the
             # first line (two agents' prompts may open with the same sentence; round 49)
-            other = _similar(lines_cur, lines_prev) < 0.5 and (shared < 64 or "\n" not in (first_cur or "")[:shared])
+            other = _similar(lines_cur, lines_prev) < 0.5 and (shared < 64 or "\n" not in first_cur[:shared])
             if (known_agent or other) and not (cur.system_text == prev.system_text and continues(cur, self.past)):
                 return Diagnosis("new_session", cd, [], realign, "another agent's prompt: a new conversation")
             return None
