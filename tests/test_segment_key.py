@@ -78,13 +78,13 @@ def test_two_segments_under_one_key_are_a_miss_never_the_other_entry(monkeypatch
 
 def test_a_long_segments_key_is_computed_once_per_object(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    real = key_mod.xxhash.xxh3_128_digest
+    real = key_mod.xxh3_128_utf8
 
-    def counted(data: bytes) -> bytes:
-        calls.append(len(data))
-        return real(data)
+    def counted(text: str) -> bytes:
+        calls.append(len(text))
+        return real(text)
 
-    monkeypatch.setattr(key_mod.xxhash, "xxh3_128_digest", counted)
+    monkeypatch.setattr(key_mod, "xxh3_128_utf8", counted)
     seg = DOC + "once"
     assert segment_key(seg) == segment_key(seg)
     assert len(calls) == 1

@@ -19,8 +19,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
 from app.prefix.conversation import TenantPast, continues, span_key
 from app.prefix.diagnose import Diagnosis, Finding
 from app.prefix.dynamic import (
@@ -58,6 +56,7 @@ from app.prefix.tool_text import (
     tools_span,
 )
 from app.prefix.transcript import SUMMARY_MIN_CHARS, grew_by_lines, summary_replaced
+from app.prefix.utf8_hash import xxh3_128_utf8
 from app.prefix.value_change import (
     KEYED_KINDS,
     before_space,
@@ -102,9 +101,15 @@ def _key(text: str) -> str:
     over the whole, on every request that carries it. Two long units that differ inside share a
     key only when their 128-bit XXH3 collide (not adversarial: a client can only hide its own
     change from another pod's diagnosis)."""
-    raw = text.encode("utf-8", "surrogatepass")
-    if len(text) > LONG_UNIT:
-        raw = b"%d\x00%s" % (len(text), xxhash.xxh3_128_digest(raw))
+    return _range_key(text, 0, len(text))
+
+
+def _range_key(text: str, a: int, b: int) -> str:
+    """`_key(text[a:b])`, slicing only a short unit (a long one is hashed in place)."""
+    if b - a > LONG_UNIT:
+        raw = b"%d\x00%s" % (b - a, xxh3_128_utf8(text, a, b))
+    else:
+        raw = text[a:b].encode("utf-8", "surrogatepass")
     return hashlib.blake2b(raw, digest_size=LINE_KEY_BYTES).hexdigest()
 
 
@@ -330,7 +335,7 @@ class RequestDigest:
         tail = history[MAX_TURNS:][-LAST_TURNS:]
         users = [r for r in history if r.role == "user"]
         first_user, last_user = (users[0], users[-1]) if users else (None, None)
-        last = [_key(text[a:b]) for a, b in last_turn_lines(sk)]
+        last = [_range_key(text, a, b) for a, b in last_turn_lines(sk)]
         first_lines = [] if first_user is None or first_user is last_user \
             or first_user.end - first_user.start > FIRST_TURN_MAX_CHARS else first_turn_lines(sk)
         return cls(
@@ -348,7 +353,7 @@ class RequestDigest:
             last=last,
             # a single-turn request's first user message is its last one: keyed once (1 MB: ~1 ms);
             # a long one (a pasted document, not a context block) is not keyed on every turn
-            first=last if first_user is last_user else [_key(text[a:b]) for a, b in first_lines],
+            first=last if first_user is last_user else [_range_key(text, a, b) for a, b in first_lines],
         )
 
     def to_record(self) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 A dict keyed by a str hashes it with SipHash, once per str object: ~0.2 ms a MB. A prompt that is
 one long message (a document and a question) is a new str object on every request, so both memos
 paid that for every request that carried it. A long segment is keyed instead by its length and an
-XXH3-128 of its UTF-8 (~0.04 ms a MB, encoding included). The key is not trusted alone: each
-memo keeps the segment with its entry and compares it on a hit, so two segments that share a key
-(XXH3 is not collision-resistant against a client crafting one) make a miss, never a wrong entry.
+XXH3-128 of its UTF-8 (~0.02 ms a MB, hashed in place when ASCII: app/prefix/utf8_hash.py). The
+key is not trusted alone: each memo keeps the segment with its entry and compares it on a hit, so
+two segments that share a key (XXH3 is not collision-resistant against a client crafting one) make
+a miss, never a wrong entry.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import TypeVar
 
-import xxhash
+from app.prefix.utf8_hash import xxh3_128_utf8
 
 LONG_SEGMENT_CHARS = 4096  # shorter segments are their own key (hashing them costs ~1 µs)
 RECENT_KEYS = 8  # long segments whose keys are kept, by identity: one walk asks for a key ~7 times
@@ -38,7 +39,7 @@ def segment_key(segment: str) -> Key:
         for seen, key in _recent:
             if seen is segment:
                 return key
-    key = b"%d:" % len(segment) + xxhash.xxh3_128_digest(segment.encode("utf-8", "surrogatepass"))
+    key = b"%d:" % len(segment) + xxh3_128_utf8(segment)
     remember(segment, key)
     return key
 

@@ -417,9 +417,9 @@ class SegmentTokenizer:
             return None
         best: Reuse | None = None
         for prev, ids, cuts in self.memo.candidates(segment):
-            if prev == segment:
-                continue
             shared = common_prefix_len(prev, segment)
+            if shared == len(prev) == len(segment):
+                continue  # the segment itself (found by its prefix: no second compare of it)
             # a cut c is safe in both when the characters that decide it are shared: the match
             # before c and the look-ahead after it (" a" for rules 2 and 3), so c + 2 <= shared
             j = bisect_right(cuts.chars, shared - 2)
@@ -441,7 +441,10 @@ class SegmentTokenizer:
                   reuse: Reuse | None) -> tuple[Ids, Cuts | None]:
         """ids and Cuts of `text` from the encoded pieces of text[start:] (cut at `cuts`) and the
         reused prefix ids of text[:start]."""
-        ids = reuse.ids[:reuse.toks] if reuse is not None else array("I")  # one copy, C speed
+        ids = array("I")
+        if reuse is not None:  # one copy at C speed; unlike a slice, it leaves room for a short tail,
+            # which a slice's first `extend` reallocated (in the server, often a second copy)
+            ids.frombytes(memoryview(reuse.ids).cast("B")[:reuse.toks * ids.itemsize])
         chars, toks = array("Q"), array("Q")
         prev_cuts = self.memo.cuts(reuse.prev) if reuse is not None else None
         if reuse is not None and prev_cuts is not None:
