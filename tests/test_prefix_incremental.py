@@ -177,6 +177,28 @@ def test_reused_prefix_ids_equal_the_full_encode(tok: SegmentTokenizer, lines: l
     assert tok.encode_segments([again + "z", base + "q"]) == [tok.encode(again + "z"), tok.encode(base + "q")]
 
 
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(_line, min_size=3, max_size=30), edit=st.floats(0.0, 1.0), tail=_text,
+       wide=st.booleans())
+def test_reuse_takes_the_last_cut_inside_the_shared_prefix(tok: SegmentTokenizer, lines: list[str], edit: float,
+                                                          tail: str, wide: bool) -> None:
+    # the definition, against the in-place compare of the last cut that fits and its fallback
+    base = "\n".join(lines).replace("<|im_end|>", "") + ("é\n" if wide else "\nx\n")
+    base = base * (INCREMENTAL_MIN_CHARS // len(base) + 2)
+    tok.memo = TokenMemo(64 * 1024 * 1024)
+    tok.encode_segment(base)
+    cuts = tok.memo.cuts(base)  # None: no safe cut in this text for this tokenizer
+    cut = int(edit * len(base))
+    for new in (base[:cut] + tail.replace("<|im_end|>", ""), base + tail[:3], base[:-1], base[:1] + base[1:]):
+        shared = common_prefix_len(base, new)
+        fits = [c for c in cuts.chars if c + 2 <= shared] if cuts is not None else []
+        reuse = tok.reuse(new)
+        if new == base or len(new) < INCREMENTAL_MIN_CHARS or not fits:
+            assert reuse is None
+        else:
+            assert reuse is not None and reuse.prev is base and reuse.chars == fits[-1]
+
+
 def test_memo_counts_cuts_and_forgets_evicted_heads() -> None:
     memo = TokenMemo(max_bytes=14_000)  # room for one entry of ~11-13 KB
     seg = "line\n" * 2000

@@ -47,6 +47,7 @@ from app.prefix.history_shape import (
     trimmed,
 )
 from app.prefix.sketch import RequestSketch
+from app.prefix.str_bytes import xxh3_128_utf8
 from app.prefix.tool_text import (
     declares_name,
     schema_tools,
@@ -56,7 +57,6 @@ from app.prefix.tool_text import (
     tools_span,
 )
 from app.prefix.transcript import SUMMARY_MIN_CHARS, grew_by_lines, summary_replaced
-from app.prefix.utf8_hash import xxh3_128_utf8
 from app.prefix.value_change import (
     KEYED_KINDS,
     before_space,

@@ -3,7 +3,7 @@
 A dict keyed by a str hashes it with SipHash, once per str object: ~0.2 ms a MB. A prompt that is
 one long message (a document and a question) is a new str object on every request, so both memos
 paid that for every request that carried it. A long segment is keyed instead by its length and an
-XXH3-128 of its UTF-8 (~0.02 ms a MB, hashed in place when ASCII: app/prefix/utf8_hash.py). The
+XXH3-128 of its UTF-8 (~0.02 ms a MB, hashed in place when ASCII: app/prefix/str_bytes.py). The
 key is not trusted alone: each memo keeps the segment with its entry and compares it on a hit, so
 two segments that share a key (XXH3 is not collision-resistant against a client crafting one) make
 a miss, never a wrong entry.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import TypeVar
 
-from app.prefix.utf8_hash import xxh3_128_utf8
+from app.prefix.str_bytes import xxh3_128_utf8
 
 LONG_SEGMENT_CHARS = 4096  # shorter segments are their own key (hashing them costs ~1 µs)
 RECENT_KEYS = 8  # long segments whose keys are kept, by identity: one walk asks for a key ~7 times

@@ -45,6 +45,7 @@ from app.prefix.fast_bpe import build as build_fast_bpe
 from app.prefix.pool import ColdPool, encode_texts
 from app.prefix.resplit import Kept, SplitMemo
 from app.prefix.segment_key import Key, held, remember, segment_key
+from app.prefix.str_bytes import same_prefix
 from app.prefix.strings import common_prefix_len
 from app.prefix.template import ChatTemplate, load_chat_template
 
@@ -417,12 +418,22 @@ class SegmentTokenizer:
             return None
         best: Reuse | None = None
         for prev, ids, cuts in self.memo.candidates(segment):
-            shared = common_prefix_len(prev, segment)
-            if shared == len(prev) == len(segment):
-                continue  # the segment itself (found by its prefix: no second compare of it)
             # a cut c is safe in both when the characters that decide it are shared: the match
-            # before c and the look-ahead after it (" a" for rules 2 and 3), so c + 2 <= shared
-            j = bisect_right(cuts.chars, shared - 2)
+            # before c and the look-ahead after it (" a" for rules 2 and 3), so c + 2 <= shared.
+            # The usual candidate is the same document with another ending: its last cut that
+            # fits is tried first, by one compare in place; else the shared prefix is measured.
+            # A candidate equal to the segment is skipped (its cuts would make a tail to encode
+            # of a segment the memo holds whole)
+            j = bisect_right(cuts.chars, min(len(prev), len(segment)) - 2)
+            if j and same_prefix(prev, segment, cuts.chars[j - 1] + 2):
+                at = cuts.chars[j - 1] + 2
+                if len(prev) == len(segment) and prev[at:] == segment[at:]:
+                    continue
+            else:
+                shared = common_prefix_len(prev, segment)
+                if shared == len(prev) == len(segment):
+                    continue
+                j = bisect_right(cuts.chars, shared - 2)
             if j and (best is None or cuts.chars[j - 1] > best.chars):
                 best = Reuse(prev, ids, cuts.chars[j - 1], cuts.toks[j - 1], j)
                 if len(segment) - best.chars <= 2 * CUT_STRIDE:

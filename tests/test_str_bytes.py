@@ -1,4 +1,5 @@
-"""xxh3_128_utf8 hashes exactly the UTF-8 of the range asked for, read in place when ASCII."""
+"""xxh3_128_utf8 hashes exactly the UTF-8 of the range asked for, read in place when ASCII;
+same_prefix compares exactly the first n characters."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import sys
 import pytest
 import xxhash
 
-import app.prefix.utf8_hash as utf8_hash
-from app.prefix.utf8_hash import xxh3_128_utf8
+import app.prefix.str_bytes as str_bytes
+from app.prefix.str_bytes import same_prefix, xxh3_128_utf8
 
 
 def _expected(text: str, a: int, b: int) -> bytes:
@@ -31,13 +32,13 @@ def test_any_range_hashes_the_utf8_of_that_range(alphabet: str) -> None:
 
 def test_an_ascii_text_is_read_in_place_and_another_is_left_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
     views: list[int] = []
-    real = utf8_hash._view
+    real = str_bytes._view
 
     def counted(address: int, size: int, flags: int) -> memoryview:
         views.append(size)
         return real(address, size, flags)
 
-    monkeypatch.setattr(utf8_hash, "_view", counted)
+    monkeypatch.setattr(str_bytes, "_view", counted)
     ascii_text = "a line of words " * 70_000
     xxh3_128_utf8(ascii_text, 16, 1_000_016)
     assert views == [1_000_000]
@@ -46,3 +47,18 @@ def test_an_ascii_text_is_read_in_place_and_another_is_left_as_it_was(monkeypatc
     xxh3_128_utf8(wide, 0, 50_000)
     assert views == [1_000_000]
     assert sys.getsizeof(wide) == size  # no UTF-8 copy left cached on the str
+
+
+@pytest.mark.parametrize("alphabet", ["ab c\n", "ab é\n"])
+def test_same_prefix_says_whether_the_first_n_characters_agree(alphabet: str) -> None:
+    rng = random.Random(11)
+    text = "".join(rng.choice(alphabet) for _ in range(5_000))
+    for _ in range(300):
+        at = rng.randrange(0, len(text))
+        other = text[:at] + ("Z" if text[at] != "Z" else "Y") + text[at + 1:]
+        other = other[:rng.randrange(at, len(other) + 1)] if rng.random() < 0.3 else other
+        n = rng.randrange(0, len(text) + 2)
+        expected = n <= len(other) and n <= len(text) and text[:n] == other[:n]
+        assert same_prefix(text, other, n) is expected
+        assert same_prefix(other, text, n) is expected
+    assert same_prefix("", "", 0) and not same_prefix("", "a", 1)
