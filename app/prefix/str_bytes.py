@@ -24,9 +24,15 @@ _utf8.argtypes = (ctypes.py_object, ctypes.c_void_p)
 _view = ctypes.pythonapi.PyMemoryView_FromMemory  # one memoryview type for any length
 _view.restype = ctypes.py_object
 _view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
-_memcmp = ctypes.CDLL(None).memcmp
-_memcmp.restype = ctypes.c_int
-_memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+try:
+    # the C library the interpreter is linked with, called holding the GIL (PyDLL): CDLL would
+    # release it for the ~23 µs of a MB, and the loop thread would then wait for a worker thread
+    # to hand it back (up to the 5 ms switch interval)
+    _memcmp = ctypes.PyDLL(None).memcmp
+    _memcmp.restype = ctypes.c_int
+    _memcmp.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+except (OSError, AttributeError):  # none found by name (a static build): compare slices instead
+    _memcmp = None
 
 
 def xxh3_128_utf8(text: str, start: int = 0, end: int | None = None) -> bytes:
@@ -44,6 +50,6 @@ def same_prefix(a: str, b: str, n: int) -> bool:
     """Whether `a` and `b` both hold at least `n` characters and share the first `n`."""
     if n > len(a) or n > len(b):
         return False
-    if a.isascii() and b.isascii():
+    if _memcmp is not None and a.isascii() and b.isascii():
         return _memcmp(_utf8(a, None), _utf8(b, None), n) == 0
     return a.startswith(b[:n])
