@@ -425,8 +425,8 @@ class SegmentTokenizer:
             # A candidate equal to the segment is skipped (its cuts would make a tail to encode
             # of a segment the memo holds whole)
             j = bisect_right(cuts.chars, min(len(prev), len(segment)) - 2)
-            if j and same_prefix(prev, segment, cuts.chars[j - 1] + 2):
-                at = cuts.chars[j - 1] + 2
+            at = cuts.chars[j - 1] + 2 if j else 0  # what the last cut that fits needs shared
+            if j and same_prefix(prev, segment, at):
                 if len(prev) == len(segment) and prev[at:] == segment[at:]:
                     continue
             else:
