@@ -116,7 +116,7 @@ class _Pair:
     material: int
     detector: DynamicDetector
     past: TenantPast
-    _system_lines: tuple[list[str], list[str]] | None = None
+    _system_lines: tuple[list[str], list[str]] | None = field(default=None, init=False, repr=False)
 
     def system_lines(self) -> tuple[list[str], list[str]]:
         """Both prompts' `_first_text` as `splitlines()`, split once: the reordering check (which
