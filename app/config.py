@@ -291,6 +291,9 @@ class Prefix(Section):
     # shared (Redis, serve --workers, KV events): another process may have placed its prefix
     blind_wait_ms: float = Field(default=250.0, ge=0)
     tracker_texts_per_tenant: int = 4  # (the bytes all tenants' texts may hold: memory.budget_mb)
+    # the share of one core (per process) the diagnoses of breaks may take on average; past it a break
+    # is recorded undiagnosed until the share is back (app/cpu_budget.py); 0: none is diagnosed
+    diagnosis_cpu_share: float = Field(default=0.5, ge=0, le=1)
     window: int = 64  # requests per tenant the /hygiene continuity is computed over
     last_breaks: int = 5  # breaks listed per tenant in /hygiene
     # Claude Code's billing-header system block on /v1/messages: does the engine drop it before

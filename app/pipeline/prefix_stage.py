@@ -124,8 +124,10 @@ class PrefixStage:
         self.pending_wait_s = settings.prefix.pending_wait_ms / 1000.0
         # the index may hold chains this process never walked: their next turns must not route blind
         self.blind_wait_s = settings.prefix.blind_wait_ms / 1000.0 if shared_index and self.router_looks_up else 0.0
-        self._evictions_seen = 0
-        self._failures_seen = 0  # tracker.diagnoses_failed counted so far
+        self._seen: dict[str, float] = {}  # the tracker's running totals as last published (`_grown`)
+        # their counters' children, bound once (each outcome and site reads 0 from the start)
+        self._diagnosis_outcomes = {o: metrics.diagnoses.labels(o) for o in ("diagnosed", "skipped", "over_budget")}
+        self._diagnosis_cpu = {w: metrics.diagnosis_cpu.labels(w) for w in tracker.diagnosis_cpu_s}
         self._system_first: bool | None = None  # system_first(), once probed
         self.processed = 0  # requests fully processed after their response (tests poll it)
         # (request id, tenant, predicted, engine-reported) of recent requests: for audits and tests
@@ -437,17 +439,32 @@ class PrefixStage:
                 child(self.metrics.break_recomputed_tokens, tenant, obs.diagnosis.cause).inc(obs.bill.tokens)
                 if obs.bill.seconds is not None:
                     child(self.metrics.break_prefill_seconds, tenant, obs.diagnosis.cause).inc(obs.bill.seconds)
-        evicted = self.tracker.evictions - self._evictions_seen
-        if evicted > 0:
-            self.metrics.tenant_evictions.inc(evicted)
-            self._evictions_seen += evicted
-        failed = self.tracker.diagnoses_failed - self._failures_seen
-        if failed > 0:  # the request was recorded undiagnosed: a bug of ours, logged where it raised
-            self.metrics.observation_errors.labels("diagnosis").inc(failed)
-            self._failures_seen += failed
+        self._publish_tracker_totals()
         if state is not None:
             state.observation = obs
         self.processed += 1
+
+    def _publish_tracker_totals(self) -> None:
+        """The tracker's running totals (evictions, diagnoses and their CPU) into their counters:
+        what each grew by since the last request published them."""
+        tracker, metrics = self.tracker, self.metrics
+        if (n := self._grown("evictions", tracker.evictions)) > 0:
+            metrics.tenant_evictions.inc(n)
+        if (n := self._grown("failed", tracker.diagnoses_failed)) > 0:  # a bug of ours, logged where it raised
+            metrics.observation_errors.labels("diagnosis").inc(n)
+        for outcome, total in (("diagnosed", tracker.diagnoses), ("skipped", tracker.diagnoses_skipped),
+                               ("over_budget", tracker.diagnoses_over_budget)):
+            if (n := self._grown(outcome, total)) > 0:
+                self._diagnosis_outcomes[outcome].inc(n)
+        for where, seconds in tracker.diagnosis_cpu_s.items():
+            if (spent := self._grown("cpu:" + where, seconds)) > 0:
+                self._diagnosis_cpu[where].inc(spent)
+
+    def _grown(self, name: str, total: float) -> float:
+        """How much the running total `name` grew since it was last read here."""
+        grown = total - self._seen.get(name, 0)
+        self._seen[name] = total
+        return grown
 
     def _pricer(self, replica: str, block_size: int, prompt_tokens: int,
                 cached_tokens: int) -> Callable[[int], BreakBill]:
@@ -473,7 +490,8 @@ def build_prefix_stage(settings: Settings, metrics: Metrics, replicas: ReplicaSe
         tenant_max_hashes=caps.tracker_tenant_hash_bytes // (HASH_ENTRY_BYTES + HASH_SLOT_BYTES),
         texts_bytes=caps.tracker_text_bytes, texts_per_tenant=settings.prefix.tracker_texts_per_tenant,
         max_tenants=settings.tenants.max_tenants, show_text=settings.hygiene.show_text,
-        extra_patterns=settings.hygiene.dynamic_patterns, max_hash_bytes=caps.tracker_hash_bytes)
+        extra_patterns=settings.hygiene.dynamic_patterns, max_hash_bytes=caps.tracker_hash_bytes,
+        diagnosis_cpu_share=settings.prefix.diagnosis_cpu_share)
     shared_index = settings.routing.kv_events or not isinstance(store, MemoryStore)
     stage = PrefixStage(settings, metrics, replicas, residency, scraper, fingerprinter, tracker,
                         shared_index=shared_index, kv_events=kv_events, recent=caps.recent_predictions)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from app.cpu_budget import CpuBudget
 from app.offloop import OffLoop
 from app.prefix.bill import BreakBill, recomputed_blocks
 from app.prefix.breakview import break_view
@@ -52,6 +53,8 @@ DIAGNOSE_QUEUE = 8  # diagnoses queued or running at once; past it a break is re
 # Smaller prompt pairs are diagnosed inline: under the GIL a thread does not run them in parallel,
 # and its hand-off costs more CPU than the diagnosis (measured: +0.15 ms a 200 B request).
 INLINE_DIAGNOSE_CHARS = 64 * 1024
+# Where a diagnosis runs (`TenantTracker.diagnosis_cpu_s`, prefixgate_diagnosis_cpu_seconds_total)
+ON_LOOP, IN_THREAD = "event_loop", "diagnosis_thread"
 # A request continues an earlier one when its chain holds every full block of that one's prompt
 # (then what differs is in the earlier prompt's last partial block, under B tokens: less than
 # diagnosis's `material`, and a value changed there is no break). Any slack here lets a value
@@ -166,7 +169,8 @@ class TenantTracker:
     def __init__(self, store: Any, max_hashes: int = 1_000_000, tenant_max_hashes: int = 131_072,
                  texts_bytes: int = 64 * 1024 * 1024, texts_per_tenant: int = 4, max_tenants: int = 10_000,
                  show_text: bool = False, extra_patterns: Sequence[str] = (),
-                 clock: Any = time.time, max_hash_bytes: int | None = None) -> None:
+                 clock: Any = time.time, max_hash_bytes: int | None = None,
+                 diagnosis_cpu_share: float | None = None) -> None:
         self.store = store
         self.max_hashes = max_hashes
         self.max_hash_bytes = max_hash_bytes  # None: only the counts bound the hashes
@@ -188,6 +192,12 @@ class TenantTracker:
         self.diagnoses = 0  # diagnoses run
         self.diagnoses_skipped = 0  # breaks recorded undiagnosed: the queue was full
         self.diagnoses_failed = 0  # breaks recorded undiagnosed: the diagnosis raised (a bug of ours)
+        self.diagnoses_over_budget = 0  # breaks recorded undiagnosed: the CPU budget was spent
+        # the share of a core diagnoses may take (`prefix.diagnosis_cpu_share`); past it, undiagnosed.
+        # None: no bound (`prefixgate lint`, the diagnosis benchmark: every break diagnosed)
+        self._cpu_budget = CpuBudget(diagnosis_cpu_share) if diagnosis_cpu_share is not None else None
+        # CPU seconds diagnoses took (each measured on the clock of the thread it ran in), by where
+        self.diagnosis_cpu_s = {ON_LOOP: 0.0, IN_THREAD: 0.0}
         self.pod = secrets.token_hex(4)  # names this tracker's records, so it knows which it holds texts of
 
     @property
@@ -320,19 +330,23 @@ class TenantTracker:
     async def _run_diagnosis(self, call: partial, sketch: RequestSketch, matched: int, block_size: int,
                              prev: RequestSketch | None) -> tuple[Diagnosis, dict[str, Any]] | None:
         """The diagnosis and the record fields of a break: inline for a small prompt pair, else in
-        the diagnosis thread (off the event loop); None when DIAGNOSE_QUEUE diagnoses are already
-        waiting there (counted, not queued), or when the diagnosis raised: the request is still
+        the diagnosis thread (off the event loop); None when the diagnoses' share of a core is spent
+        (`prefix.diagnosis_cpu_share`), when DIAGNOSE_QUEUE diagnoses are already waiting in the
+        thread (each counted, not queued), or when the diagnosis raised: the request is still
         recorded (its continuity and chain kept), undiagnosed."""
+        if self._cpu_budget is not None and not self._cpu_budget.allows():
+            self.diagnoses_over_budget += 1
+            return None
         try:
             if len(sketch.text) + (len(prev.text) if prev is not None else 0) <= INLINE_DIAGNOSE_CHARS:
-                return self._diagnose_and_describe(call, sketch, matched, block_size, prev)
+                return self._diagnose_and_describe(call, sketch, matched, block_size, prev, ON_LOOP)
             if self._diagnosing >= DIAGNOSE_QUEUE:
                 self.diagnoses_skipped += 1
                 return None
             self._diagnosing += 1
             try:
                 return await self._diagnose_thread.run(
-                    self._diagnose_and_describe, call, sketch, matched, block_size, prev)
+                    self._diagnose_and_describe, call, sketch, matched, block_size, prev, IN_THREAD)
             finally:
                 self._diagnosing -= 1
         except Exception as exc:  # noqa: BLE001 - a diagnosis bug must not lose the request's record
@@ -343,8 +357,20 @@ class TenantTracker:
             return None
 
     def _diagnose_and_describe(self, call: partial, sketch: RequestSketch, matched: int, block_size: int,
-                               prev: RequestSketch | None) -> tuple[Diagnosis, dict[str, Any]]:
-        diag = call()
+                               prev: RequestSketch | None, where: str) -> tuple[Diagnosis, dict[str, Any]]:
+        """The diagnosis and its record fields; its CPU (raised or not) is added to
+        `diagnosis_cpu_s[where]`, read on this thread's own clock."""
+        started = time.thread_time()
+        try:
+            return self._describe(call(), sketch, matched, block_size, prev)
+        finally:
+            spent = time.thread_time() - started
+            self.diagnosis_cpu_s[where] += spent
+            if self._cpu_budget is not None:
+                self._cpu_budget.charge(spent)
+
+    def _describe(self, diag: Diagnosis, sketch: RequestSketch, matched: int, block_size: int,
+                  prev: RequestSketch | None) -> tuple[Diagnosis, dict[str, Any]]:
         self.diagnoses += 1
         if diag.cause is None:
             return diag, {}

@@ -161,6 +161,19 @@ class Metrics:
         self.tenant_evictions = Counter(
             "prefixgate_tenant_history_evictions_total",
             "Tenants or chains dropped from the bounded continuity history.", registry=r)
+        self.diagnoses = Counter(
+            "prefixgate_diagnoses_total",
+            "Requests the tenant tracker diagnosed because they did not continue their "
+            "conversation's latest request in full, by outcome: diagnosed (a cause was looked for; "
+            "none is one outcome); recorded undiagnosed: skipped (the diagnosis queue was full), "
+            "over_budget (the diagnoses' share of a core, prefix.diagnosis_cpu_share, was spent). "
+            "A diagnosis that raised counts in prefixgate_observation_errors_total{stage=\"diagnosis\"}.",
+            ["outcome"], registry=r)
+        self.diagnosis_cpu = Counter(
+            "prefixgate_diagnosis_cpu_seconds_total",
+            "CPU seconds the diagnoses took, each on the clock of the thread it ran in: where="
+            "event_loop (a small prompt pair, inline) or diagnosis_thread.",
+            ["where"], registry=r)
         self.fingerprint_mode = Gauge(
             "prefixgate_fingerprint_mode",
             "1 for the active fingerprint mode: exact (local tokenizer), engine (/tokenize), approx.",
