@@ -386,6 +386,17 @@ def prefix_cache() -> Dashboard:
             Panel("Hygiene findings by kind", "Prompt patterns that defeat prefix caching (any policy).",
                   [Target(f"sum by (kind) (rate(prefixgate_hygiene_findings_total{{{SEL_RT}}}[{RATE}]))",
                           "{{kind}}")], unit="short"),
+            Panel("Diagnoses by outcome",
+                  "Requests diagnosed because they did not continue their conversation's latest request "
+                  "in full (a stateless client: every request). diagnosed; recorded undiagnosed: skipped "
+                  "(the diagnosis queue was full), over_budget (prefix.diagnosis_cpu_share was spent).",
+                  [Target(f"sum by (outcome) (rate(prefixgate_diagnoses_total[{RATE}]))", "{{outcome}}")],
+                  unit="short", stack=True),
+            Panel("Diagnosis CPU (share of a core)",
+                  "What diagnosing breaks costs the gateway, on the event loop (small prompt pairs, inline) "
+                  "and in the diagnosis thread; prefix.diagnosis_cpu_share bounds it per process.",
+                  [Target(f"sum by (where) (rate(prefixgate_diagnosis_cpu_seconds_total[{RATE}]))",
+                          "{{where}}")], unit="percentunit", min=0, stack=True),
         ]),
         Row("What hygiene costs", [
             Panel("Recomputed tokens by tenant and cause",

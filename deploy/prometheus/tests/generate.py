@@ -140,6 +140,14 @@ tests.append({'interval': '1m', 'input_series': [
     {'eval_time': '6m', 'alertname': 'PrefixgateObservationErrors', 'exp_alerts': [
         alert('PrefixgateObservationErrors', {'instance': 'p1', 'stage': 'prefix'})]},
     {'eval_time': '25m', 'alertname': 'PrefixgateObservationErrors', 'exp_alerts': []}]})
+# --- diagnosis over budget: p1 skips breaks for 30 min, p2 diagnoses them all
+tests.append({'interval': '1m', 'input_series': [
+    {'series': f'{S}diagnoses_total{{outcome="over_budget",instance="p1"}}', 'values': '0+2x40'},
+    {'series': f'{S}diagnoses_total{{outcome="diagnosed",instance="p2"}}', 'values': '0+50x40'},
+  ], 'alert_rule_test': [
+    {'eval_time': '10m', 'alertname': 'PrefixgateDiagnosisOverBudget', 'exp_alerts': []},
+    {'eval_time': '20m', 'alertname': 'PrefixgateDiagnosisOverBudget', 'exp_alerts': [
+        alert('PrefixgateDiagnosisOverBudget', {'instance': 'p1'})]}]})
 # --- state backend: p1 down, p2 up
 tests.append({'interval': '1m', 'input_series': [
     {'series': f'{S}state_backend_up{{instance="p1"}}', 'values': '0x5'},
