@@ -11,6 +11,10 @@ diagnosis executor; and the cold-prompt pool's processes, none of which runs whe
 `before_route` to the end of the after-response work (`drain`): render, split, memo walk,
 tail tokenising, block hashing, prediction, residency write, continuity and diagnosis. The relay,
 the HTTP parsing and the router are not in it (bench/overhead.py measures the whole gateway).
+`break diagnosed`: the share of the measured requests whose break the tenant tracker diagnosed
+(in this shape a new question about one of the pool's documents: a new conversation each time),
+and what those diagnoses cost a request (their CPU on their own threads' clocks, included in the
+stage's CPU).
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ async def one(stage, services, i: int, content: str) -> float:
     return routed
 
 
-async def run(sizes: list[int], n: int, pool: int, line_chars: int = 0) -> list[tuple[int, float, float, float, str]]:
+async def run(sizes: list[int], n: int, pool: int,
+              line_chars: int = 0) -> list[tuple[int, float, float, float, str, str, float]]:
     services = build_services(Settings(backends=[{"url": "http://127.0.0.1:9"}]))
     stage = services.prefix
     await services.store.start()
@@ -114,6 +119,7 @@ async def run(sizes: list[int], n: int, pool: int, line_chars: int = 0) -> list[
                     seq += 1
                     await one(stage, services, seq, f"{prompts[k]} [q{seq}]")
             before = {m: stage.metrics.fingerprint_requests.labels(m)._value.get() for m in ("exact", "pending", "approx")}
+            diagnosed, diagnosing = stage.tracker.diagnoses, sum(stage.tracker.diagnosis_cpu_s.values())
             samples, routing = [], []
             for i in range(n):
                 seq += 1
@@ -123,7 +129,9 @@ async def run(sizes: list[int], n: int, pool: int, line_chars: int = 0) -> list[
             modes = {m: stage.metrics.fingerprint_requests.labels(m)._value.get() - before[m] for m in before}
             exact = 100.0 * modes["exact"] / max(1, sum(modes.values()))
             out.append((size, statistics.mean(samples), statistics.median(samples),
-                        statistics.median(routing), f"{exact:.0f}%"))
+                        statistics.median(routing), f"{exact:.0f}%",
+                        f"{100.0 * (stage.tracker.diagnoses - diagnosed) / n:.0f}%",
+                        (sum(stage.tracker.diagnosis_cpu_s.values()) - diagnosing) / n))
     finally:
         stage.shutdown()
         await services.store.close()
@@ -140,10 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = asyncio.run(run([int(s) for s in a.sizes.split(",")], a.n, a.pool, a.line_chars))
     print(f"`{' '.join(['python', *sys.argv])}`\n")
     print("| prompt (head seen before) | prefix-stage CPU / request, mean | median | of which before routing, median "
-          "| exact on the hot path |")
-    print("|---|---:|---:|---:|---:|")
-    for size, mean, med, routed, exact in rows:
-        print(f"| {size:,} B | {1000 * mean:.2f} ms | {1000 * med:.2f} ms | {1000 * routed:.2f} ms | {exact} |")
+          "| exact on the hot path | break diagnosed | of which diagnosing, mean |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for size, mean, med, routed, exact, diagnosed, diagnosing in rows:
+        print(f"| {size:,} B | {1000 * mean:.2f} ms | {1000 * med:.2f} ms | {1000 * routed:.2f} ms | {exact} "
+              f"| {diagnosed} | {1000 * diagnosing:.2f} ms |")
     return 0
 
 

@@ -1,14 +1,15 @@
 """What each pipeline stage costs in the whole gateway: CPU per request with stages switched off.
 
     .venv/bin/python bench/stage_cost.py [--size 100000] [--conc 16] [--seconds 8] [--rounds 2]
-        [--variants all,-prefix,-prefix-hygiene-tracing] [--routers-venv .venv-routers]
+        [--variants all,-prefix,-prefix-hygiene-tracing,py-relay] [--routers-venv .venv-routers]
 
 The peer harness's shape (bench/peerbench: two fake vLLM-shaped backends, the closed-loop client
 with a pool of 32 prompts of `--size` characters and a unique suffix per request). Each variant is
 `prefixgate serve`'s app with the named stages left out (`-prefix` drops the prefix stage: no
 fingerprint, residency learning, continuity or diagnosis; the relay, routing, metrics and the
-stream observer stay), started fresh, primed (every prompt of the pool once, then `--warm`
-seconds of load), then measured: the gateway process tree's CPU over `--seconds` of load divided
+stream observer stay; `py-relay` is bench/bare_relay.py, the same server and client with no
+feature at all: the floor of the Python stack), started fresh, primed (every prompt of the pool
+once, then `--warm` seconds of load), then measured: the gateway process tree's CPU over `--seconds` of load divided
 by the requests served. Variants run interleaved, `--rounds` times; with `--routers-venv`,
 vllm-router's round_robin runs in the same rounds as the yardstick (issue 26's ratios). The
 difference between two variants is what the dropped stages cost a request, measured where the
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--warm", type=float, default=6.0, help="seconds of unmeasured load after priming")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--variants", default="all,-prefix,-prefix-hygiene-tracing")
+    ap.add_argument("--variants", default="all,-prefix,-prefix-hygiene-tracing,py-relay")
     ap.add_argument("--routers-venv", default=None, help="run vllm-router round_robin too (its venv)")
     ap.add_argument("--port", type=int, default=18400)
     a = ap.parse_args(argv)
@@ -111,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for _ in range(a.rounds):
             for variant in variants:
-                if variant.startswith("vllm-router"):
+                if variant == "py-relay":
+                    cmd = [sys.executable, str(ROOT / "bench" / "bare_relay.py"), "--port", str(a.port),
+                           *[x for b in backends for x in ("--backend", b)]]
+                elif variant.startswith("vllm-router"):
                     cmd = [os.path.join(a.routers_venv, "bin", "vllm-router"), "--host", "127.0.0.1", "--port",
                            str(a.port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(a.port + 99),
                            "--worker-urls", *backends, "--policy", "round_robin",
@@ -140,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| variant | CPU / request, each round | median |")
     print("|---|---|---:|")
     for variant, values in rows.items():
-        label = variant if variant != "all" else "all stages (default config)"
+        label = {"all": "all stages (default config)",
+                 "py-relay": "py-relay (bench/bare_relay.py: no feature)"}.get(variant, variant)
         print(f"| {label} | {', '.join(f'{v:.2f}' for v in values)} ms | {statistics.median(values):.2f} ms |")
     return 0
 
