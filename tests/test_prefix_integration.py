@@ -370,34 +370,15 @@ def test_predictions_stay_exact_when_requests_leave_partial_blocks_and_the_repli
     assert [(p, d) for _, _, p, d in rows if p != d] == []
 
 
-def test_a_diagnosis_that_raises_is_counted_apart_and_the_request_still_tracked(fake_upstream_factory, proxy_factory,
-                                                                              monkeypatch) -> None:
-    """Through the gateway: a break whose diagnosis raises (a bug of ours) is served, counted in
-    prefixgate_observation_errors_total{stage="diagnosis"} (not as a lost `prefix` observation:
-    the request is recorded, undiagnosed), and the tenant keeps both requests."""
+def _json_answering_proxy(fake_upstream_factory: Any, proxy_factory: Any, **settings: Any) -> Any:
+    """The gateway in front of a fake replica that answers every chat request with one JSON body."""
     from fake_upstream import FakeResponse
 
-    from app.prefix import tracker as tracker_module
     from tests.test_fuzz_upstream import ANSWERS
 
-    def broken(*args, **kwargs):
-        raise ValueError("a diagnosis bug")
-
-    monkeypatch.setattr(tracker_module, "diagnose", broken)
     upstream = fake_upstream_factory(lambda req: FakeResponse(headers={"content-type": "application/json"},
                                                               chunks=[(0.0, ANSWERS[("chat", False)])]))
-    proxy = proxy_factory(upstream.url)
-    policy = "".join(f"Rule {i}: answer from the handbook and cite the section.\n" for i in range(20))
-    for head in ("Edition 1.", "Edition 2."):
-        got = httpx.post(f"{proxy.url}/v1/chat/completions", timeout=10, headers={"x-tenant-id": "acme"}, json={
-            "model": "fake", "max_tokens": 4, "messages": [{"role": "system", "content": head + "\n" + policy},
-                                                           {"role": "user", "content": "Where is my order?"}]})
-        assert got.status_code == 200
-    proxy.drain()
-    assert proxy.sample("prefixgate_observation_errors_total", stage="diagnosis") == 1
-    assert proxy.sample("prefixgate_observation_errors_total", stage="prefix") in (None, 0)
-    records = asyncio.run_coroutine_threadsafe(proxy.services.store.history_recent("acme", 8), proxy.server.loop).result()
-    assert len(records) == 2 and records[-1].get("diagnosed") is False
+    return proxy_factory(upstream.url, **settings)
 
 
 def _edition_break(proxy: Any, repeat: int) -> None:
@@ -411,19 +392,37 @@ def _edition_break(proxy: Any, repeat: int) -> None:
     proxy.drain()
 
 
+def _acme_recorded_undiagnosed(proxy: Any) -> bool:
+    """Both of acme's requests are recorded, the second `diagnosed: false`."""
+    records = asyncio.run_coroutine_threadsafe(proxy.services.store.history_recent("acme", 8), proxy.server.loop).result()
+    return len(records) == 2 and records[-1].get("diagnosed") is False
+
+
+def test_a_diagnosis_that_raises_is_counted_apart_and_the_request_still_tracked(fake_upstream_factory, proxy_factory,
+                                                                              monkeypatch) -> None:
+    """Through the gateway: a break whose diagnosis raises (a bug of ours) is served, counted in
+    prefixgate_observation_errors_total{stage="diagnosis"} (not as a lost `prefix` observation:
+    the request is recorded, undiagnosed), and the tenant keeps both requests."""
+    from app.prefix import tracker as tracker_module
+
+    def broken(*args, **kwargs):
+        raise ValueError("a diagnosis bug")
+
+    monkeypatch.setattr(tracker_module, "diagnose", broken)
+    proxy = _json_answering_proxy(fake_upstream_factory, proxy_factory)
+    _edition_break(proxy, 1)
+    assert proxy.sample("prefixgate_observation_errors_total", stage="diagnosis") == 1
+    assert proxy.sample("prefixgate_observation_errors_total", stage="prefix") in (None, 0)
+    assert _acme_recorded_undiagnosed(proxy)
+
+
 @pytest.mark.parametrize(("repeat", "where"), [(1, "event_loop"), (60, "diagnosis_thread")])
 def test_a_diagnosed_break_is_counted_with_its_cpu_where_it_ran(fake_upstream_factory, proxy_factory,
                                                                repeat: int, where: str) -> None:
     """Through the gateway: the break is counted in prefixgate_diagnoses_total{outcome="diagnosed"}
     and its diagnosis's CPU in prefixgate_diagnosis_cpu_seconds_total under where it ran (a small
     prompt pair inline on the event loop; ~190 KB in the diagnosis thread), nothing under the other."""
-    from fake_upstream import FakeResponse
-
-    from tests.test_fuzz_upstream import ANSWERS
-
-    upstream = fake_upstream_factory(lambda req: FakeResponse(headers={"content-type": "application/json"},
-                                                              chunks=[(0.0, ANSWERS[("chat", False)])]))
-    proxy = proxy_factory(upstream.url)
+    proxy = _json_answering_proxy(fake_upstream_factory, proxy_factory)
     _edition_break(proxy, repeat)
     assert proxy.sample("prefixgate_diagnoses_total", outcome="diagnosed") == 1
     assert proxy.sample("prefixgate_diagnoses_total", outcome="skipped") in (None, 0)
@@ -438,21 +437,15 @@ def test_a_break_past_a_full_diagnosis_queue_is_counted_skipped(fake_upstream_fa
     """Through the gateway, with no room in the diagnosis queue: a large prompt pair's break is
     recorded undiagnosed and counted in prefixgate_diagnoses_total{outcome="skipped"}, with no
     diagnosis CPU."""
-    from fake_upstream import FakeResponse
-
     from app.prefix import tracker as tracker_module
-    from tests.test_fuzz_upstream import ANSWERS
 
     monkeypatch.setattr(tracker_module, "DIAGNOSE_QUEUE", 0)
-    upstream = fake_upstream_factory(lambda req: FakeResponse(headers={"content-type": "application/json"},
-                                                              chunks=[(0.0, ANSWERS[("chat", False)])]))
-    proxy = proxy_factory(upstream.url)
+    proxy = _json_answering_proxy(fake_upstream_factory, proxy_factory)
     _edition_break(proxy, 60)
     assert proxy.sample("prefixgate_diagnoses_total", outcome="skipped") == 1
     assert proxy.sample("prefixgate_diagnoses_total", outcome="diagnosed") in (None, 0)
     assert proxy.sample("prefixgate_diagnosis_cpu_seconds_total", where="diagnosis_thread") in (None, 0)
-    records = asyncio.run_coroutine_threadsafe(proxy.services.store.history_recent("acme", 8), proxy.server.loop).result()
-    assert len(records) == 2 and records[-1].get("diagnosed") is False
+    assert _acme_recorded_undiagnosed(proxy)
 
 
 def test_with_no_cpu_share_for_diagnoses_a_break_is_recorded_undiagnosed(fake_upstream_factory,
@@ -460,17 +453,10 @@ def test_with_no_cpu_share_for_diagnoses_a_break_is_recorded_undiagnosed(fake_up
     """Through the gateway with `prefix.diagnosis_cpu_share: 0`: the break is served and recorded
     (both requests, the second `diagnosed: false`), counted in
     prefixgate_diagnoses_total{outcome="over_budget"}, and no diagnosis runs."""
-    from fake_upstream import FakeResponse
-
-    from tests.test_fuzz_upstream import ANSWERS
-
-    upstream = fake_upstream_factory(lambda req: FakeResponse(headers={"content-type": "application/json"},
-                                                              chunks=[(0.0, ANSWERS[("chat", False)])]))
-    proxy = proxy_factory(upstream.url, prefix={"diagnosis_cpu_share": 0})
+    proxy = _json_answering_proxy(fake_upstream_factory, proxy_factory, prefix={"diagnosis_cpu_share": 0})
     _edition_break(proxy, 1)
     assert proxy.sample("prefixgate_diagnoses_total", outcome="over_budget") == 1
     assert proxy.sample("prefixgate_diagnoses_total", outcome="diagnosed") in (None, 0)
     assert proxy.sample("prefixgate_diagnosis_cpu_seconds_total", where="event_loop") in (None, 0)
     assert proxy.services.prefix.tracker.diagnoses == 0
-    records = asyncio.run_coroutine_threadsafe(proxy.services.store.history_recent("acme", 8), proxy.server.loop).result()
-    assert len(records) == 2 and records[-1].get("diagnosed") is False
+    assert _acme_recorded_undiagnosed(proxy)
