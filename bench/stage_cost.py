@@ -9,11 +9,11 @@ with a pool of 32 prompts of `--size` characters and a unique suffix per request
 fingerprint, residency learning, continuity or diagnosis; the relay, routing, metrics and the
 stream observer stay; `py-relay` is bench/bare_relay.py, the same server and client with no
 feature at all: the floor of the Python stack), started fresh, primed (every prompt of the pool
-once, then `--warm` seconds of load), then measured: the gateway process tree's CPU over `--seconds` of load divided
-by the requests served. Variants run interleaved, `--rounds` times; with `--routers-venv`,
-vllm-router's round_robin runs in the same rounds as the yardstick (issue 26's ratios). The
-difference between two variants is what the dropped stages cost a request, measured where the
-issue measures it (the whole process, not in-process).
+once, then `--warm` seconds of load), then measured: the gateway process tree's CPU over
+`--seconds` of load divided by the requests served. Variants run interleaved, `--rounds` times;
+with `--routers-venv`, vllm-router's round_robin runs in the same rounds as the yardstick (issue
+26's ratios). The difference between two variants is what the dropped stages cost a request,
+measured where the issue measures it (the whole process, not in-process).
 """
 
 from __future__ import annotations
