@@ -126,7 +126,7 @@ class PrefixStage:
         self.blind_wait_s = settings.prefix.blind_wait_ms / 1000.0 if shared_index and self.router_looks_up else 0.0
         self._seen: dict[str, float] = {}  # the tracker's running totals as last published (`_grown`)
         # their counters' children, bound once (each outcome and site reads 0 from the start)
-        self._diagnosis_outcomes = {o: metrics.diagnoses.labels(o) for o in ("diagnosed", "skipped", "over_budget")}
+        self._diagnosis_outcomes = {o: metrics.diagnoses.labels(o) for o in tracker.diagnosis_outcomes}
         self._diagnosis_cpu = {w: metrics.diagnosis_cpu.labels(w) for w in tracker.diagnosis_cpu_s}
         self._system_first: bool | None = None  # system_first(), once probed
         self.processed = 0  # requests fully processed after their response (tests poll it)
@@ -452,8 +452,7 @@ class PrefixStage:
             metrics.tenant_evictions.inc(n)
         if (n := self._grown("failed", tracker.diagnoses_failed)) > 0:  # a bug of ours, logged where it raised
             metrics.observation_errors.labels("diagnosis").inc(n)
-        for outcome, total in (("diagnosed", tracker.diagnoses), ("skipped", tracker.diagnoses_skipped),
-                               ("over_budget", tracker.diagnoses_over_budget)):
+        for outcome, total in tracker.diagnosis_outcomes.items():
             if (n := self._grown(outcome, total)) > 0:
                 self._diagnosis_outcomes[outcome].inc(n)
         for where, seconds in tracker.diagnosis_cpu_s.items():

@@ -201,6 +201,13 @@ class TenantTracker:
         self.pod = secrets.token_hex(4)  # names this tracker's records, so it knows which it holds texts of
 
     @property
+    def diagnosis_outcomes(self) -> dict[str, int]:
+        """Requests taken up for diagnosis so far, by outcome (prefixgate_diagnoses_total): run, and
+        recorded undiagnosed for a full queue or a spent budget (failures: `diagnoses_failed`)."""
+        return {"diagnosed": self.diagnoses, "skipped": self.diagnoses_skipped,
+                "over_budget": self.diagnoses_over_budget}
+
+    @property
     def hash_count(self) -> int:
         return self._hash_count
 
