@@ -256,6 +256,10 @@ class StateOptions(Section):
     redis_timeout_s: float = 0.05  # budget for the one pre-forward round trip
     redis_timeout_per_1k_blocks_s: float = 0.002  # the lookup's budget grows with the chain sent
     key_ttl_s: float = 3600.0
+    # an add to a replica's residency set in Redis does not rewrite the head of a chain used within
+    # this many seconds, only the blocks after it: recency exact to this much, a write per new block
+    # rather than per block (docs/routing.md, "The Redis set"); 0: every add rewrites the whole chain
+    residency_refresh_s: float = Field(default=1.0, ge=0)
     namespace: str = "prefixgate"  # keys are <namespace>:v1:...; gateways sharing a Redis may differ
     control_timeout_s: float = 1.0  # budget for batched writes, hygiene reads and reconnect probes
     flush_interval_s: float = 0.0  # extra wait to gather writes; 0: writes queued while a batch is in flight form the next one

@@ -12,7 +12,9 @@ vllm-router 0.1.17 round_robin and cache_aware, sglang-router 0.3.2 cache_aware 
 prefixgate three times: the default config, what multi-pod users run (`cache_salt` on, Redis state,
 a `rewrite` tenant, API keys), and the default config with `--workers` (default `auto`); and, on
 request (`py_relay`), a Python relay without features on prefixgate's own server and client
-(bench/bare_relay.py), the floor of its stack. Prompt sizes 200 B / 100 KB / 1 MB; concurrency 1 / 16 / 128
+(bench/bare_relay.py), the floor of its stack. With `--ref-tree`, the default config (`pg_ref`) and,
+when `pg_mp` runs, the multi-pod config (`pg_mp_ref`, its own Redis namespace) of another checkout
+in the same rounds. Prompt sizes 200 B / 100 KB / 1 MB; concurrency 1 / 16 / 128
 (1 MB: 1 / 4, as the issue). Columns (medians over rounds; "added" = target - direct of the same
 round): added TTFT p50, throughput vs direct, gateway CPU per request (from /proc, summed over the
 target's whole process tree: workers, tokeniser processes), and the share of prefixgate's requests
@@ -46,6 +48,7 @@ LABELS = {"direct": "direct", "vl_rr": "vllm-router 0.1.17 round_robin", "vl_ca"
           "pg_mp": "prefixgate, multi-pod (salt, Redis, rewrite tenant, API keys)",
           "pg_w": "prefixgate (default config, --workers)",
           "pg_ref": "prefixgate (default config) at --ref-tree",
+          "pg_mp_ref": "prefixgate, multi-pod, at --ref-tree",
           "py_relay": "Python relay without features (prefixgate's server and client; bench/bare_relay.py)"}
 COMPLETED = "approx, completed after the response"  # probe's key for the deferred counter
 GROUPS = ((200, "1,16,128"), (100_000, "1,16,128"), (1_000_000, "1,4"))
@@ -200,11 +203,11 @@ def gateway_command(py: str, workers: int, config: str | None, env: str = "") ->
     return cmd + (f" --config {shlex.quote(config)}" if config else "")
 
 
-def multipod_config(path: str, redis_url: str) -> None:
+def multipod_config(path: str, redis_url: str, namespace: str = "prefixgate") -> None:
     import yaml
 
     Path(path).write_text(yaml.safe_dump({
-        "state": redis_url,
+        "state": redis_url, "state_options": {"namespace": namespace},
         "tenants": {"api_keys": {API_KEY: "team-a"}, "overrides": {"team-a": {"policy": "rewrite"}},
                     "cache_salt": {"enabled": True}},
     }))
@@ -248,21 +251,29 @@ def main(argv: list[str]) -> int:
     me = f"{shlex.quote(py)} {shlex.quote(str(Path(__file__)))}"
     redis = RedisServer().start() if "pg_mp" in names else None
     cfg = tempfile.mkstemp(prefix="prefixgate-multipod-", suffix=".yaml")[1]
+    cfg_ref = tempfile.mkstemp(prefix="prefixgate-multipod-ref-", suffix=".yaml")[1]
     try:
         extra: list[str] = []
         probes: list[str] = []
         fast_io = _fast_io_path(py, a.routers_venv)
         env = f"env PYTHONPATH={shlex.quote(str(ROOT) + fast_io)} "
-        mp_env = env + f"PREFIXGATE_SALT_SECRET=bench-salt-secret-0123456789abcdef PREFIXGATE_ADMIN_TOKEN={ADMIN_TOKEN} "
+        mp_vars = f"PREFIXGATE_SALT_SECRET=bench-salt-secret-0123456789abcdef PREFIXGATE_ADMIN_TOKEN={ADMIN_TOKEN} "
+        mp_env = env + mp_vars
         if redis is not None:
             multipod_config(cfg, redis.url)
+            multipod_config(cfg_ref, redis.url, namespace="prefixgate-ref")
         gateways = {"pg": ("1", None, env, ""), "pg_mp": ("1", cfg, mp_env, f" --probe-token {ADMIN_TOKEN}"),
                     "pg_w": (a.workers, None, env, "")}
         if a.ref_tree:
             if "pg_ref" not in names:
                 names.append("pg_ref")
             ref = str(Path(a.ref_tree).resolve())  # `python -m` imports from the working directory first
-            gateways["pg_ref"] = ("1", None, f"env -C {shlex.quote(ref)} PYTHONPATH={shlex.quote(ref + fast_io)} ", "")
+            ref_env = f"env -C {shlex.quote(ref)} PYTHONPATH={shlex.quote(ref + fast_io)} "
+            gateways["pg_ref"] = ("1", None, ref_env, "")
+            if "pg_mp" in names:  # the multi-pod config at the reference too (its own Redis namespace)
+                names.append("pg_mp_ref")
+                gateways["pg_mp_ref"] = ("1", cfg_ref, ref_env + mp_vars,
+                                         f" --probe-token {ADMIN_TOKEN}")
         for name, (workers, config, gw_env, token) in gateways.items():
             if name in names:  # the runner numbers add-targets from port_base+50, in this order
                 port = base + 50 + len(extra) // 2
@@ -289,6 +300,7 @@ def main(argv: list[str]) -> int:
         if redis is not None:
             redis.stop()
         os.unlink(cfg)
+        os.unlink(cfg_ref)
     notes = [f"prefixgate: one process, except the --workers row ({a.workers}); HTTP stack: "
              + ("uvloop + httptools" + (" (linked from the routers' venv)" if fast_io else "")
                 if fast_io or _has_fast_io(py) else "asyncio + h11"),

@@ -26,7 +26,7 @@ KINDS = ["memory", "redis", "resilient"]
 def make_store(kind: str, server: RedisServer, namespace: str, capacity: int):
     if kind == "memory":
         return MemoryStore(capacity_blocks=capacity)
-    remote = RedisStore(server.url, namespace=namespace, capacity_blocks=capacity)
+    remote = RedisStore(server.url, namespace=namespace, capacity_blocks=capacity, refresh_s=0.0)  # exact LRU
     if kind == "redis":
         return remote
     return ResilientStore(remote, MemoryStore(capacity_blocks=capacity), timeout_s=1.0, control_timeout_s=2.0)

@@ -43,3 +43,11 @@ def test_chain_scores_decrease_and_next_chain_outranks_the_previous() -> None:
 def test_redacted_hides_the_password_only() -> None:
     assert redacted("redis://user:secret@h:6379/0") == "redis://user:***@h:6379/0"
     assert redacted("redis://h:6379/0") == "redis://h:6379/0"
+
+
+def test_pack_takes_a_packed_chain_and_folds_wider_hashes() -> None:
+    from array import array
+
+    assert pack_hashes(array("Q", [1, 2**64 - 1])) == pack_hashes([1, 2**64 - 1])
+    assert pack_hashes([-3, (7 << 64) | 5]) == pack_hashes([fold64(-3), 5 ^ 7])
+    assert pack_hashes([]) == b""

@@ -52,11 +52,12 @@ def bounded_memory(ttl_s: float = TTL_S) -> MemoryStore:
 
 
 def make_store(kind: str, server: RedisServer, namespace: str, ttl_s: float = TTL_S):
-    """A RedisStore or ResilientStore (the stores a test drives op by op against MemoryStore)."""
+    """A RedisStore or ResilientStore (the stores a test drives op by op against MemoryStore). Exact
+    LRU (`refresh_s=0`): what recency a fresh head keeps is tested in test_state_refresh.py."""
     if kind == "memory":
         return bounded_memory(ttl_s)
     remote = RedisStore(server.url, namespace=namespace, capacity_blocks=CAPACITY, ttl_s=ttl_s,
-                        key_ttl_s=ttl_s, history_len=HISTORY, max_tenants=MAX_TENANTS)
+                        key_ttl_s=ttl_s, history_len=HISTORY, max_tenants=MAX_TENANTS, refresh_s=0.0)
     if kind == "redis":
         return remote
     return ResilientStore(remote, bounded_memory(ttl_s), timeout_s=1.0, control_timeout_s=2.0)

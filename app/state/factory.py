@@ -52,7 +52,7 @@ def build_store(settings: Settings, metrics: Metrics, shared_path: str | None = 
         connect(settings.state, socket_timeout_s=max(opts.control_timeout_s, opts.redis_timeout_s)),
         namespace=opts.namespace, capacity_blocks=settings.routing.kv_blocks,
         ttl_s=settings.routing.index_ttl_s, key_ttl_s=opts.key_ttl_s,
-        max_tenants=settings.tenants.max_tenants)
+        max_tenants=settings.tenants.max_tenants, refresh_s=opts.residency_refresh_s)
     metrics.state_backend_up.set(0)  # until start() reached Redis
     return ResilientStore(
         remote, build_memory_store(settings), metrics, timeout_s=opts.redis_timeout_s,

@@ -16,7 +16,8 @@ chain is always more recent than its tail (see `chain_scores`).
 
 from __future__ import annotations
 
-import struct
+import sys
+from array import array
 from collections.abc import Sequence
 
 VERSION = "v1"
@@ -69,11 +70,16 @@ def fold64(block_hash: int) -> int:
 
 
 def pack_hashes(block_hashes: Sequence[int]) -> bytes:
-    """The chain as one blob of 8-byte members, in chain order."""
+    """The chain as one blob of 8-byte big-endian members, in chain order. At C speed: a copy into
+    (or of) an unsigned 64-bit array, byte-swapped in place (struct.pack of a 14k-block chain took
+    a Python int per block)."""
     try:
-        return struct.pack(f">{len(block_hashes)}Q", *block_hashes)
-    except struct.error:  # a hash outside 0..2**64-1: fold them (rare, engine digests)
-        return struct.pack(f">{len(block_hashes)}Q", *(fold64(h) for h in block_hashes))
+        packed = array("Q", block_hashes)
+    except OverflowError:  # a hash outside 0..2**64-1: fold them (rare, engine digests)
+        packed = array("Q", [fold64(h) for h in block_hashes])
+    if sys.byteorder == "little":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def unpack_members(blob: bytes) -> list[bytes]:

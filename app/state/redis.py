@@ -38,7 +38,10 @@ from app.state.memory import (
     DEFAULT_TTL_S,
 )
 
-DEFAULT_SOCKET_TIMEOUT_S = 2.0  # a backstop; callers bound each call with their own budget
+DEFAULT_SOCKET_TIMEOUT_S = 2.0
+# How stale a chain's recency may get in a residency set before an add rewrites it (seconds):
+# `state_options.residency_refresh_s`, docs/routing.md, "The Redis set"
+DEFAULT_REFRESH_S = 1.0  # a backstop; callers bound each call with their own budget
 
 # KEYS: residency keys; ARGV[1]: packed chain, ARGV[2]: score cutoff (expired below it).
 # Returns the leading resident run per key. Relies on the sets being prefix-closed.
@@ -65,18 +68,51 @@ return out
 
 
 # KEYS[1]: a residency key; ARGV: packed chain, base score, expiry cutoff, capacity, key TTL ms,
-# and "XX" for a touch (refresh present members only) or "" for an add.
+# "XX" for a touch (refresh present members only) or "" for an add, and the fresh floor (a score).
 # Block i scores base - i (keys.chain_scores); GT keeps newer scores. Scores are formatted with
 # %d because Lua would print a 16-digit number with only 14 significant digits.
+# What it writes follows what is new (docs/routing.md, "The Redis set"):
+# - a chain is cut at the capacity: a block at position >= capacity can never be held;
+# - k, the leading run present and unexpired, and m <= k, its leading blocks scored at or above
+#   the fresh floor (used within `residency_refresh_s`), are each found by a binary search (scores
+#   fall along a chain);
+# - blocks [m, n) (a touch: [m, k)) are written, continuing the scores of block m - 1 when m > 0
+#   (its base), else from `base`: the recent head is not rewritten, and every parent still
+#   outscores its children.
 _ADD_LUA = """
 local key = KEYS[1]
 local blob = ARGV[1]
 local base = tonumber(ARGV[2])
-local n = math.floor(#blob / 8)
-local i = 0
+local cutoff = tonumber(ARGV[3])
+local fresh = tonumber(ARGV[7])
+local n = math.min(math.floor(#blob / 8), tonumber(ARGV[4]))
+local function score(j)
+  local s = redis.call('ZSCORE', key, string.sub(blob, j * 8 + 1, j * 8 + 8))
+  if s then return tonumber(s) end
+  return nil
+end
+local function leading(hi, floor)
+  local lo = 0
+  while lo < hi do
+    local mid = math.floor((lo + hi + 1) / 2)
+    local s = score(mid - 1)
+    if s and s >= floor then lo = mid else hi = mid - 1 end
+  end
+  return lo
+end
+local k = leading(n, cutoff)
+local from = 0
+if k > 0 and fresh < base then
+  local m = leading(k, fresh)
+  if m > 0 then
+    base = score(m - 1) + m - 1
+    from = m
+  end
+end
+if ARGV[6] == 'XX' then n = k end
+local i = from
 while i < n do
   local args = {'GT'}
-  if ARGV[6] == 'XX' then args = {'XX', 'GT'} end
   local last = math.min(n, i + 1000)
   for j = i, last - 1 do
     args[#args + 1] = string.format('%d', base - j)
@@ -88,7 +124,7 @@ end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. ARGV[3])
 redis.call('ZREMRANGEBYRANK', key, 0, -tonumber(ARGV[4]) - 1)
 redis.call('PEXPIRE', key, ARGV[5])
-return n
+return n - from
 """
 
 
@@ -140,8 +176,12 @@ class RedisStore(Store):
         history_len: int = DEFAULT_HISTORY,
         max_tenants: int = DEFAULT_MAX_TENANTS,
         clock: Callable[[], float] = time.time,
+        refresh_s: float = DEFAULT_REFRESH_S,
     ) -> None:
         self.client = connect(client) if isinstance(client, str) else client
+        # an add does not rewrite a chain's head used within this many seconds (_ADD_LUA);
+        # 0: every add rewrites the whole chain (exact LRU, a write per block)
+        self.refresh_s = refresh_s
         self.keys = KeySpace(namespace)
         self.default_capacity = capacity_blocks
         self.ttl_s = ttl_s
@@ -175,6 +215,7 @@ class RedisStore(Store):
         self._capacity[replica] = max(1, capacity_blocks)
 
     def residency_add_op(self, replica: str, block_hashes: Sequence[int], only_present: bool = False) -> ops.ResidencyAdd:
+        block_hashes = block_hashes[:self.capacity(replica)]  # the rest can never be held (the script cuts too)
         n = len(block_hashes)
         self._last_base = next_base(_us(self._clock()), self._last_base, n)
         return ops.ResidencyAdd(replica, pack_hashes(block_hashes), self._last_base, only_present)
@@ -188,21 +229,30 @@ class RedisStore(Store):
     # ------------------------------------------------------------- batched writes
     async def apply(self, batch: list[ops.WriteOp]) -> None:
         """Every op of `batch` in one MULTI/EXEC round trip (all or nothing), then, only when the
-        tenant registry outgrew its bound, one more to evict the oldest tenants."""
+        tenant registry outgrew its bound, one more to evict the oldest tenants. A key the batch
+        writes gets its TTL once, and each tenant it touches is registered once (a request's
+        history record and counters were ~40 commands, 17 of them PEXPIRE)."""
         if not batch:
             return
         pipe = self.client.pipeline(transaction=True)
-        touched_tenants = False
+        expiring: dict[str, None] = {}  # keys written, in order, each to get the key TTL once
+        touched: dict[str, float] = {}  # tenant -> its latest write in the batch
         for op in batch:
-            touched_tenants |= self._queue(pipe, op)
-        if touched_tenants:
+            self._queue(pipe, op, expiring, touched)
+        ttl_ms = int(self.key_ttl_s * 1000)
+        for key in expiring:
+            pipe.pexpire(key, ttl_ms)
+        if touched:
+            pipe.zadd(self.keys.tenants(), touched, gt=True)  # GT still adds new members
+            pipe.pexpire(self.keys.tenants(), ttl_ms)
             pipe.zcard(self.keys.tenants())
         results = await pipe.execute()
-        if touched_tenants and int(results[-1]) > self.max_tenants:
+        if touched and int(results[-1]) > self.max_tenants:
             await self._evict_tenants(int(results[-1]) - self.max_tenants)
 
-    def _queue(self, pipe: Any, op: ops.WriteOp) -> bool:
-        """Adds the op's commands to the pipeline; True when it touched the tenant registry."""
+    def _queue(self, pipe: Any, op: ops.WriteOp, expiring: dict[str, None], touched: dict[str, float]) -> None:
+        """Adds the op's commands to the pipeline; the keys it writes that take the key TTL go to
+        `expiring`, a tenant it touches to `touched` (apply gives each its TTL and registration once)."""
         ttl_ms = int(self.key_ttl_s * 1000)
         if isinstance(op, ops.ResidencyAdd | ops.CapacityTrim):
             # EVAL, not EVALSHA: a Redis restarted between two batches has no script cache, and
@@ -211,7 +261,8 @@ class RedisStore(Store):
             base = op.base_us if isinstance(op, ops.ResidencyAdd) else 0
             touch = "XX" if isinstance(op, ops.ResidencyAdd) and op.only_present else ""
             pipe.eval(_ADD_LUA, 1, self.keys.residency(op.replica), blob, base,
-                      _us(self._clock() - self.ttl_s), self.capacity(op.replica), int(self.ttl_s * 1000), touch)
+                      _us(self._clock() - self.ttl_s), self.capacity(op.replica), int(self.ttl_s * 1000), touch,
+                      base - _us(self.refresh_s))
         elif isinstance(op, ops.ResidencyRemove):
             if op.blob:
                 pipe.zrem(self.keys.residency(op.replica), *unpack_members(op.blob))
@@ -226,22 +277,15 @@ class RedisStore(Store):
             key = self.keys.history(op.tenant)
             pipe.rpush(key, op.record)
             pipe.ltrim(key, -self.history_len, -1)
-            pipe.pexpire(key, ttl_ms)
-            self._register_tenant(pipe, op.tenant, op.at, ttl_ms)
-            return True
+            expiring[key] = None
+            touched[op.tenant] = max(op.at, touched.get(op.tenant, op.at))
         elif isinstance(op, ops.CounterIncr):
             key = self.keys.counters(op.tenant)
             pipe.hincrbyfloat(key, op.field, op.amount)
-            pipe.pexpire(key, ttl_ms)
-            self._register_tenant(pipe, op.tenant, op.at, ttl_ms)
-            return True
+            expiring[key] = None
+            touched[op.tenant] = max(op.at, touched.get(op.tenant, op.at))
         else:  # pragma: no cover - exhaustive over ops.WriteOp
             raise TypeError(f"unknown op {op!r}")
-        return False
-
-    def _register_tenant(self, pipe: Any, tenant: str, at: float, ttl_ms: int) -> None:
-        pipe.zadd(self.keys.tenants(), {tenant: at}, gt=True)  # GT still adds new members
-        pipe.pexpire(self.keys.tenants(), ttl_ms)
 
     async def _evict_tenants(self, excess: int) -> None:
         popped = await self.client.zpopmin(self.keys.tenants(), excess)
@@ -257,8 +301,9 @@ class RedisStore(Store):
         if not block_hashes:
             return dict.fromkeys(replicas, 0)
         cutoff = _us(self._clock() - self.ttl_s)
+        held = max(self.capacity(r) for r in replicas)  # no set holds a block past its capacity
         counts = await self._lookup(keys=[self.keys.residency(r) for r in replicas],
-                                    args=[pack_hashes(block_hashes), cutoff])
+                                    args=[pack_hashes(block_hashes[:held]), cutoff])
         return {r: int(c) for r, c in zip(replicas, counts, strict=True)}
 
     async def residency_add(self, replica: str, block_hashes: Sequence[int]) -> None:
