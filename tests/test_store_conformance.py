@@ -468,3 +468,27 @@ async def test_random_sequences_match_memory_store(redis_server: RedisServer, re
             assert await redis.residency_count(r) == memory.residency_size(r)
     finally:
         await redis.close()
+
+
+async def test_one_batch_writes_each_tenants_records_in_order_and_its_counters(
+        redis_server: RedisServer, redis_namespace: str) -> None:
+    """RedisStore.apply writes what a batch holds for a tenant in one script call: its records in
+    order (trimmed to the history's length), every increment, a TTL on each key; the tenants it
+    touched registered, past `max_tenants` the least recent evicted."""
+    store = make_store("redis", redis_server, redis_namespace)
+    await store.start()
+    batch = [store.history_op("a", {"n": 0}), store.counter_op("a", "requests", 1.0),
+             store.history_op("b", {"n": 0}), store.counter_op("a", "requests", 2.5),
+             store.counter_op("b", "blocks", 4.0)]
+    batch += [store.history_op("a", {"n": n}) for n in range(1, HISTORY + 2)]
+    await store.apply(batch)
+    assert [r["n"] for r in await store.history_recent("a", 100)] == list(range(2, HISTORY + 2))
+    assert await store.history_recent("b", 100) == [{"n": 0}]
+    assert await store.counters("a") == {"requests": 3.5}
+    assert await store.counters("b") == {"blocks": 4.0}
+    keys = store.keys
+    for key in (keys.history("a"), keys.counters("a"), keys.history("b"), keys.counters("b"), keys.tenants()):
+        assert 0 < await store.client.pttl(key) <= TTL_S * 1000
+    await store.apply([store.counter_op(t, "requests", 1.0) for t in ("c", "d", "e")])
+    assert sorted(await store.tenants()) == ["c", "d", "e"]  # a and b, the least recent, went
+    await store.close()
