@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "peerbench"))
 
 from runner import proc_cpu  # noqa: E402  (the harness's process-tree CPU, from /proc)
-from stage_cost import HARNESS, _load, _wait  # noqa: E402
+from stage_cost import HARNESS, _load, _wait, stop  # noqa: E402
 
 from tests.redis_server import RedisServer  # noqa: E402
 
@@ -70,12 +70,7 @@ def _run(tree: Path, redis: bool, a: argparse.Namespace, backends: list[str]) ->
             return float("nan"), float("nan"), float("nan")
         return 1000 * gcpu / n, 1000 * rcpu / n, float(result.get("ttft_p50_ms", float("nan")))
     finally:
-        gw.terminate()
-        try:
-            gw.wait(20)
-        except subprocess.TimeoutExpired:
-            gw.kill()
-            gw.wait()
+        stop(gw)
         if server is not None:
             server.stop()
         cfg.unlink()

@@ -67,6 +67,16 @@ def _wait(url: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{url} never answered")
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """Terminate a gateway, killed if it has not ended within 20 s."""
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _load(url: str, a: argparse.Namespace, *extra: str) -> dict:
     cmd = [sys.executable, str(HARNESS / "load_client.py"), "--url", url, "--warmup", "0",
            "--prompt-chars", str(a.size), *extra]
@@ -128,12 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     rows[variant].append(measure(url, gw, a))
                 finally:
-                    gw.terminate()
-                    try:
-                        gw.wait(20)
-                    except subprocess.TimeoutExpired:
-                        gw.kill()
-                        gw.wait()
+                    stop(gw)
     finally:
         for p in procs:
             p.terminate()
