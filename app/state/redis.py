@@ -38,10 +38,10 @@ from app.state.memory import (
     DEFAULT_TTL_S,
 )
 
-DEFAULT_SOCKET_TIMEOUT_S = 2.0
+DEFAULT_SOCKET_TIMEOUT_S = 2.0  # a backstop; callers bound each call with their own budget
 # How stale a chain's recency may get in a residency set before an add rewrites it (seconds):
 # `state_options.residency_refresh_s`, docs/routing.md, "The Redis set"
-DEFAULT_REFRESH_S = 1.0  # a backstop; callers bound each call with their own budget
+DEFAULT_REFRESH_S = 1.0
 
 # KEYS: residency keys; ARGV[1]: packed chain, ARGV[2]: score cutoff (expired below it).
 # Returns the leading resident run per key. Relies on the sets being prefix-closed.
