@@ -5,18 +5,11 @@ from __future__ import annotations
 import threading
 
 from app.cpu_budget import CpuBudget
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fake_clock import FakeClock
 
 
 def test_work_runs_until_the_burst_is_spent_then_at_the_share_of_a_core() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     budget = CpuBudget(0.25, burst_s=2.0, clock=clock)  # 0.5 CPU-s of burst, refilled 0.25 s per s
     ran = 0
     while budget.allows():
@@ -38,7 +31,7 @@ def test_work_runs_until_the_burst_is_spent_then_at_the_share_of_a_core() -> Non
 
 
 def test_a_long_job_takes_the_bucket_below_zero_and_what_follows_waits_for_the_refill() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     budget = CpuBudget(0.5, burst_s=2.0, clock=clock)
     assert budget.allows()
     budget.charge(3.0)  # one job of 3 s against a bucket of 1 s: 2 s in debt
@@ -49,7 +42,7 @@ def test_a_long_job_takes_the_bucket_below_zero_and_what_follows_waits_for_the_r
 
 
 def test_an_idle_spell_refills_no_more_than_the_burst() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     budget = CpuBudget(0.5, burst_s=2.0, clock=clock)
     clock.now += 3600
     ran = 0
@@ -60,7 +53,7 @@ def test_an_idle_spell_refills_no_more_than_the_burst() -> None:
 
 
 def test_a_share_of_zero_runs_nothing() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     budget = CpuBudget(0.0, clock=clock)
     assert not budget.allows()
     clock.now += 1000
@@ -68,7 +61,7 @@ def test_a_share_of_zero_runs_nothing() -> None:
 
 
 def test_charges_from_other_threads_are_all_counted() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     job = 2.0 ** -10
     budget = CpuBudget(1.0, burst_s=10_000 * job, clock=clock)  # ~9.8 CPU-s, what the jobs below take
 

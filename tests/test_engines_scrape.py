@@ -25,18 +25,11 @@ from app.routing.base import Replica
 from app.routing.replicas import ReplicaSet
 from app.serving import ServerThread
 from app.telemetry.metrics import Metrics
+from tests.fake_clock import FakeClock
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engines"
 REAL_SGLANG = Path(__file__).parent / "fixtures" / "real_sglang"  # recorded from SGLang 0.5.23 on CPU
 REAL = Path(__file__).parent / "fixtures" / "real_vllm"
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class ExpositionServer:
@@ -74,7 +67,7 @@ def server() -> Iterator[ExpositionServer]:
 def make(url: str, name: str = "b0", timeout_s: float = 2.0, window_s: float = 3600, **replica: Any):
     replicas = ReplicaSet([Replica(name=name, url=url, **replica)])
     metrics = Metrics()
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     settings = Settings(scrape={"interval_s": 0.05, "timeout_s": timeout_s, "window_s": window_s})
     return EngineScraper(replicas, metrics, settings, clock=clock), replicas, metrics, clock
 
@@ -87,7 +80,7 @@ async def two_scrapes(scraper: EngineScraper, server: ExpositionServer, clock: F
                       first: str, second: str, dt: float = 5.0) -> None:
     server.serve(first)
     await scraper.scrape_once()
-    clock.t += dt
+    clock.now += dt
     server.serve(second)
     await scraper.scrape_once()
 
@@ -99,7 +92,7 @@ async def test_vllm_pair_gives_window_ratios_gauges_and_replica_geometry(server:
         await scraper.scrape_once()
         assert gauge(metrics, "engine_prefix_cache_hit_ratio") is None  # one sample: no window yet
         assert gauge(metrics, "engine_prefix_caching_enabled") == 1.0  # config says on
-        clock.t += 5
+        clock.now += 5
         server.serve("vllm-0.33-spec-b.txt")
         await scraper.scrape_once()
     finally:
@@ -127,7 +120,7 @@ async def test_real_vllm_capture_pair(server: ExpositionServer) -> None:
     try:
         server.text = (REAL / "metrics_idle.txt").read_text()
         await scraper.scrape_once()
-        clock.t += 30
+        clock.now += 30
         server.text = (REAL / "metrics_after.txt").read_text()
         await scraper.scrape_once()
         verdict = scraper.status()["b0"]["verdict"]
@@ -144,7 +137,7 @@ async def test_restart_gives_no_negative_or_spiking_rate(server: ExpositionServe
     try:
         await two_scrapes(scraper, server, clock, "vllm-0.33-spec-a.txt", "vllm-0.33-spec-b.txt")
         before = gauge(metrics, "engine_prefix_cache_hit_ratio")
-        clock.t += 5
+        clock.now += 5
         server.serve("vllm-0.33-restart.txt")  # counters went back: a new process
         await scraper.scrape_once()
         after = gauge(metrics, "engine_prefix_cache_hit_ratio")
@@ -164,7 +157,7 @@ async def test_hybrid_model_prompts_without_queries_flip_to_off_with_one_warning
     try:
         await two_scrapes(scraper, server, clock, "vllm-0.33-hybrid-a.txt", "vllm-0.33-hybrid-b.txt")
         status = scraper.status()["b0"]
-        clock.t += 5
+        clock.now += 5
         await scraper.scrape_once()  # still OFF: no second warning
     finally:
         await scraper.stop()
@@ -192,7 +185,7 @@ async def test_a_long_prefill_ending_in_a_window_without_new_requests_is_not_cac
     try:
         await two_scrapes(scraper, server, clock, "vllm-0.33-spec-a.txt", "vllm-0.33-spec-b.txt")
         assert gauge(metrics, "engine_prefix_caching_enabled") == 1.0
-        clock.t += 5  # the next window: a 57k-token prefill ends, no new request is scheduled
+        clock.now += 5  # the next window: a 57k-token prefill ends, no new request is scheduled
         server.text = spec_b.replace('vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 133000.0',
                                      'vllm:prompt_tokens_total{engine="0",model_name="Qwen/Qwen3-8B"} 190000.0')
         await scraper.scrape_once()
@@ -286,7 +279,7 @@ async def test_prediction_fidelity_gauge(server: ExpositionServer) -> None:
         scraper.record_prediction("nope", 1000, 0)  # unknown backend: ignored
         await scraper.scrape_once()
         assert gauge(metrics, "prediction_fidelity_ratio") == pytest.approx(0.5)
-        clock.t += 7200  # the window forgot them
+        clock.now += 7200  # the window forgot them
         await scraper.scrape_once()
     finally:
         await scraper.stop()

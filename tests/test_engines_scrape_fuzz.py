@@ -119,7 +119,7 @@ async def test_bent_engine_pages_are_read_or_refused(server: ExpositionServer, p
                 if server.info is not None and r.random() < 0.5:
                     server.info = bend_info(server.info, r)
                 await scraper.scrape_once()
-                clock.t += 5
+                clock.now += 5
             bad = _check(metrics, replicas, scraper)
             server.info = json.loads(info.read_text()) if info is not None else None
             server.text = second.read_text()  # a good page after bent ones is read as usual

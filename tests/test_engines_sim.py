@@ -15,17 +15,10 @@ from app.routing.base import Replica
 from app.routing.replicas import ReplicaSet
 from app.sim.testing import SimCluster
 from app.telemetry.metrics import Metrics
+from tests.fake_clock import FakeClock
 
 SYSTEM = "You are a careful assistant for the billing team. Answer briefly. " * 12
 SPEC_MEAN = 2.5
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def gauge(metrics: Metrics, name: str) -> float | None:
@@ -70,11 +63,11 @@ async def test_gauges_equal_simulator_counters_over_the_window(flavor: str, cach
         try:
             traffic(sim, [f"{i} cold start {SYSTEM}" for i in range(3)])  # before the window
             await scraper.scrape_once()
-            clock.t += 5
+            clock.now += 5
             traffic(sim, [f"{SYSTEM} question {i}" for i in range(2)])
             base = snapshot(sim)
             await scraper.scrape_once()  # the window's base (window_s = 5: the first sample drops)
-            clock.t += 5
+            clock.now += 5
             traffic(sim, [f"{SYSTEM} question {i}" for i in range(4)] + [f"{SYSTEM} other"])
             last = snapshot(sim)
             await scraper.scrape_once()
@@ -132,7 +125,7 @@ async def test_simulator_restart_gives_no_negative_or_spiking_rate() -> None:
     try:
         traffic(first, [f"{SYSTEM} q{i % 2}" for i in range(6)])
         await scraper.scrape_once()
-        clock.t += 5
+        clock.now += 5
         traffic(first, [f"{SYSTEM} q{i % 2}" for i in range(6)])
         await scraper.scrape_once()
         before = gauge(metrics, "engine_prefix_cache_hit_ratio")
@@ -140,13 +133,13 @@ async def test_simulator_restart_gives_no_negative_or_spiking_rate() -> None:
 
         second = SimCluster(replicas=1, time_scale=0, ports=[port]).start()  # counters start at 0
         traffic(second, [f"{i} fresh {SYSTEM}" for i in range(2)])  # all misses after the restart
-        clock.t += 5
+        clock.now += 5
         await scraper.scrape_once()
         right_after = gauge(metrics, "engine_prefix_cache_hit_ratio")
         base = snapshot(second)
         traffic(second, [f"{SYSTEM} q0", f"{SYSTEM} q0"])
         last = snapshot(second)
-        clock.t += 5
+        clock.now += 5
         await scraper.scrape_once()
         status = scraper.status()["r0"]
     finally:

@@ -6,25 +6,18 @@ Real redis-server, a fake clock (the stores' scores are the clock's microseconds
 from __future__ import annotations
 
 from app.state.redis import RedisStore
+from tests.fake_clock import FakeClock
 from tests.redis_server import RedisServer
 from tests.test_store_conformance import chain
 
 CAPACITY = 8
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def _held(store: RedisStore, *chains: list[int]) -> list[int]:
     return [(await store.residency_lookup(c, ["r"]))["r"] for c in chains]
 
 
-async def _two_chains_and_a_longer_first(store: RedisStore, clock: Clock) -> None:
+async def _two_chains_and_a_longer_first(store: RedisStore, clock: FakeClock) -> None:
     """Chain 1 (4 blocks), then chain 2 (4: the set is full), then chain 1 again with two more."""
     await store.residency_add("r", chain(1, 4))
     clock.now += 0.1
@@ -35,7 +28,7 @@ async def _two_chains_and_a_longer_first(store: RedisStore, clock: Clock) -> Non
 
 async def test_a_head_used_within_the_window_keeps_its_place_and_its_new_blocks_rank_below_it(
         redis_server: RedisServer, redis_namespace: str) -> None:
-    clock = Clock()
+    clock = FakeClock(1_700_000_000.0)
     store = RedisStore(redis_server.url, namespace=redis_namespace, capacity_blocks=CAPACITY, refresh_s=1.0,
                        clock=clock)
     await _two_chains_and_a_longer_first(store, clock)
@@ -51,7 +44,7 @@ async def test_a_head_used_within_the_window_keeps_its_place_and_its_new_blocks_
 
 async def test_no_window_rewrites_every_add(redis_server: RedisServer, redis_namespace: str) -> None:
     """`refresh_s: 0`: the same adds as above give exact LRU order at once, as MemoryStore does."""
-    clock = Clock()
+    clock = FakeClock(1_700_000_000.0)
     store = RedisStore(redis_server.url, namespace=redis_namespace, capacity_blocks=CAPACITY, refresh_s=0.0,
                        clock=clock)
     await _two_chains_and_a_longer_first(store, clock)
@@ -62,7 +55,7 @@ async def test_no_window_rewrites_every_add(redis_server: RedisServer, redis_nam
 async def test_a_touch_within_the_window_moves_nothing_and_past_it_refreshes_the_head(
         redis_server: RedisServer, redis_namespace: str) -> None:
     """KV-event mode touches a hit's resident head; a touch never inserts, fresh or not."""
-    clock = Clock()
+    clock = FakeClock(1_700_000_000.0)
     store = RedisStore(redis_server.url, namespace=redis_namespace, capacity_blocks=CAPACITY, refresh_s=1.0,
                        clock=clock)
     await store.residency_add("r", chain(1, 4))
