@@ -38,15 +38,19 @@ def _chain(rng: random.Random, n: int) -> list[int]:
     return [rng.getrandbits(64) for _ in range(n)]
 
 
+def _length(shape: str, blocks: int) -> int:
+    """The chain a row adds: three times the capacity (`blocks`) for `3x capacity`, else `blocks`."""
+    return 3 * blocks if shape == "3x capacity" else blocks
+
+
 async def _row(server: RedisServer, refresh_s: float, blocks: int, adds: int, shape: str) -> float:
     """Redis CPU per add, in ms."""
-    capacity = blocks if shape == "3x capacity" else 4 * blocks
+    long = _length(shape, blocks) > blocks
     store = RedisStore(server.url, namespace=f"bench-{shape}-{blocks}-{refresh_s}".replace(" ", ""),
-                       capacity_blocks=capacity, refresh_s=refresh_s)
+                       capacity_blocks=blocks if long else 4 * blocks, refresh_s=refresh_s)
     await store.start()
     rng = random.Random(blocks)
-    length = 3 * blocks if shape == "3x capacity" else blocks
-    chain = _chain(rng, length)
+    chain = _chain(rng, _length(shape, blocks))
     await store.residency_add("r", chain)
     assert server.proc is not None
     before = _cpu_s(server.proc.pid)
@@ -85,5 +89,4 @@ if __name__ == "__main__":
     print("| add | chain | Redis CPU / add, refresh_s 0 (exact LRU) | refresh_s 1 (default) |")
     print("|---|---:|---:|---:|")
     for shape, n, exact, window in out:
-        length = 3 * n if shape == "3x capacity" else n
-        print(f"| {shape} | {length:,} blocks | {exact:.2f} ms | {window:.2f} ms |")
+        print(f"| {shape} | {_length(shape, n):,} blocks | {exact:.2f} ms | {window:.2f} ms |")
